@@ -1,0 +1,47 @@
+# featureline: the two commands of the README, and their parts.
+#   make demo   run the demo pipeline end to end (arrives with the batch loader issue)
+#   make test   venv + services + generated-file check + the whole test suite
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: test venv up down status lint lock help
+
+help:
+	@echo "make test    create/reuse .venv, start services (features dev up), run every test"
+	@echo "make up|down|status   the local services"
+	@echo "make lint    ruff"
+
+# Reinstall only when the lock or the project metadata changed.
+$(STAMP): requirements.lock pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -r requirements.lock
+	$(BIN)/python -m pip install -q --no-deps -e .
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+up: venv
+	$(BIN)/features dev up
+
+down: venv
+	$(BIN)/features dev down
+
+status: venv
+	$(BIN)/features dev status
+
+lint: venv
+	$(BIN)/ruff check features jobs tests bench
+
+# pytest exits 5 when no test ran; that is a failure here, as is any other non-zero code.
+test: up
+	$(BIN)/pytest -p no:cacheprovider
+
+# Refresh the lock after changing dependencies in pyproject.toml.
+lock: venv
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^-e' > requirements.lock

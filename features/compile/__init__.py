@@ -1,0 +1,61 @@
+"""Schema -> CompiledSchema: every artefact the entry points use, from one schema.
+
+``compile_schema(schema)`` is pure and deterministic: the same schema gives the same
+fingerprint, Arrow schema, rules, DDL bytes and expectation suite.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from features.compile.rules import Rule, compile_rules
+from features.schema.model import Schema
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+
+@dataclass(frozen=True, eq=False)
+class CompiledSchema:
+    """The compiled artefacts of one schema. Build with :func:`compile_schema`.
+
+    Heavy artefacts (Arrow schema, DDL, GX suite) are computed on first use and cached.
+    """
+
+    schema: Schema
+    fingerprint: str
+    rules: tuple[Rule, ...]
+
+    @property
+    def name(self) -> str:
+        return self.schema.name
+
+    @cached_property
+    def arrow_schema(self) -> pa.Schema:
+        """The declared Arrow schema of the input fields (the type of ``valid``)."""
+        from features.compile.arrow import arrow_schema
+
+        return arrow_schema(self.schema)
+
+    @cached_property
+    def ddl(self) -> str:
+        """Postgres DDL (``sql/<name>.sql``); requires a loadable schema for tables."""
+        from features.compile.postgres import render_ddl
+
+        return render_ddl(self)
+
+    @cached_property
+    def expectations(self) -> dict[str, Any]:
+        """The Great Expectations 1.x suite (``expectations/<name>.json``) as a dict."""
+        from features.compile.expectations import render_suite
+
+        return render_suite(self)
+
+
+def compile_schema(schema: Schema) -> CompiledSchema:
+    """Compile ``schema``. Raises CompileError when an artefact cannot be built."""
+    from features.compile.fingerprint import fingerprint
+
+    return CompiledSchema(schema=schema, fingerprint=fingerprint(schema), rules=compile_rules(schema))

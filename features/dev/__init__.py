@@ -1,0 +1,1 @@
+"""Local development services: PostgreSQL, Redis, Kafka (KRaft) and Flink connector jars."""

@@ -1,0 +1,37 @@
+"""``features dev up | down | status``: the real local services tests and demos use."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_parser(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "dev", help="start, stop or check the local services (Postgres, Redis, Kafka, Flink jars)",
+        description="Install if missing and start, on loopback only, PostgreSQL and Redis (Debian "
+        "packages), Apache Kafka in KRaft mode (Maven Central jars) and the Flink Kafka connector jar. "
+        "Data lives in .dev/, downloads in .cache/. A service whose FEATURES_POSTGRES_DSN / "
+        "FEATURES_REDIS_URL / FEATURES_KAFKA_BOOTSTRAP points elsewhere than the default is external: "
+        "it is checked, never started or stopped.",
+    )
+    verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
+    verbs.add_parser("up", help="install what is missing and start everything (idempotent)")
+    verbs.add_parser("down", help="stop what `up` started (pid files under .dev/pids)")
+    verbs.add_parser("status", help="print each service with address, version and health; "
+                     "exit 1 when any is down")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from features.config import resolve_settings
+    from features.dev import services
+
+    settings = resolve_settings()
+    if args.verb == "down":
+        services.down(settings)
+        return 0
+    rows = services.up(settings) if args.verb == "up" else services.status(settings)
+    for row in rows:
+        print(row.line())
+    return 0 if all(r.healthy for r in rows) else 1

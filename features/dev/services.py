@@ -1,0 +1,612 @@
+"""Real local services for development and tests, on loopback only.
+
+``features dev up`` installs what is missing and starts, with data under the repo's
+ignored ``.dev/`` folder and downloads cached under ``.cache/``:
+
+- PostgreSQL (Debian package ``postgresql``), a ``featureline`` role and database;
+- Redis (Debian package ``redis-server``), no persistence;
+- Apache Kafka 4.x, single node in KRaft mode, from Maven Central artefacts fetched
+  with ``mvn dependency:copy-dependencies`` (``dev/kafka/pom.xml``) and started with
+  ``java -cp``;
+- the Flink Kafka SQL connector jar matching the pinned PyFlink (``dev/flink/pom.xml``).
+
+A service whose ``FEATURES_*`` variable points somewhere other than the default is
+*external*: ``up`` does not start it, ``status`` only checks it. ``down`` stops only
+processes whose pid files ``up`` wrote.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from features.config import (
+    DEFAULT_KAFKA_BOOTSTRAP,
+    DEFAULT_POSTGRES_DSN,
+    DEFAULT_REDIS_URL,
+    Settings,
+)
+from features.errors import ServiceError
+
+ROOT = Path(__file__).resolve().parents[2]
+"""The repository root (the folder holding ``features/`` and ``dev/``)."""
+STATE = ROOT / ".dev"
+CACHE = ROOT / ".cache"
+KAFKA_LIBS = CACHE / "kafka-libs"
+FLINK_JARS = CACHE / "flink-jars"
+M2 = CACHE / "m2"
+
+KAFKA_CONNECTOR_ARTIFACT = "flink-sql-connector-kafka"
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    """One line of ``features dev status``."""
+
+    name: str
+    address: str
+    healthy: bool
+    version: str
+    managed: bool
+    """True when ``up`` started it (pid file under ``.dev/``); False when external."""
+    detail: str = ""
+
+    def line(self) -> str:
+        state = "healthy" if self.healthy else "DOWN"
+        owner = "managed" if self.managed else "external"
+        extra = f"  {self.detail}" if self.detail else ""
+        return f"{self.name:<16} {state:<8} {self.address:<22} {self.version:<28} {owner}{extra}"
+
+
+def _say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def _run(cmd: Sequence[str], *, service: str, user: str | None = None, **kw: object) -> str:
+    """Run ``cmd`` (as ``user`` when root), return stdout; raise ServiceError on failure."""
+    full = list(cmd)
+    if user and os.geteuid() == 0:
+        full = ["runuser", "-u", user, "--", *full]
+    proc = subprocess.run(full, capture_output=True, text=True, **kw)  # type: ignore[call-overload]
+    if proc.returncode != 0:
+        raise ServiceError(
+            f"command failed ({proc.returncode}): {' '.join(full)}\n{proc.stderr.strip()[-2000:]}",
+            service=service,
+        )
+    return str(proc.stdout)
+
+
+def _apt_install(package: str, *, service: str) -> None:
+    if os.geteuid() != 0:
+        raise ServiceError(
+            f"{package} is not installed and installing it needs root: run `sudo apt-get install {package}`",
+            service=service,
+        )
+    _say(f"{service}: installing Debian package {package} ...")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    try:
+        _run(["apt-get", "install", "-y", "-q", package], service=service, env=env)
+    except ServiceError:
+        _run(["apt-get", "update", "-q"], service=service, env=env)
+        _run(["apt-get", "install", "-y", "-q", package], service=service, env=env)
+
+
+def _port_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (exited child not yet reaped) still answers kill(0): check its state.
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        pid = int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if _pid_alive(pid) else None
+
+
+def _wait(what: str, check: Callable[[], bool], *, service: str, timeout: float, log: Path | None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.25)
+    raise ServiceError(f"timed out after {timeout:.0f}s waiting for {what}", service=service,
+                       log=str(log) if log else None)
+
+
+def _stop_pid(pid: int, *, timeout: float = 30.0) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and _pid_alive(pid):
+        time.sleep(0.2)
+    if _pid_alive(pid):
+        os.kill(pid, signal.SIGKILL)
+
+
+def _host_port(address: str, default_port: int) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return (host or "127.0.0.1"), int(port or default_port)
+
+
+def _ensure_traversable(path: Path, user: str) -> None:
+    """Make every parent of ``path`` searchable by ``user`` (Postgres must not run as root)."""
+    if os.geteuid() != 0:
+        return
+    for parent in reversed(path.parents):
+        if subprocess.run(["runuser", "-u", user, "--", "test", "-x", str(parent)]).returncode != 0:
+            parent.chmod(parent.stat().st_mode | 0o001)
+
+
+class Postgres:
+    name = "postgres"
+
+    def __init__(self, settings: Settings) -> None:
+        self.dsn = settings.postgres_dsn
+        self.external = self.dsn != DEFAULT_POSTGRES_DSN
+        parts = urlsplit(self.dsn) if "://" in self.dsn else None
+        self.host = (parts.hostname if parts else None) or "127.0.0.1"
+        self.port = (parts.port if parts else None) or 5432
+        self.dir = STATE / "postgres"
+        self.data = self.dir / "data"
+        self.run_dir = self.dir / "run"
+        self.log = self.dir / "postgres.log"
+        self.pidfile = STATE / "pids" / "postgres.pid"
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def _bin(self) -> Path | None:
+        found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"),
+                       key=lambda p: int(p.parts[-3]) if p.parts[-3].isdigit() else 0)
+        found = [p for p in found if (p.parent / "postgres").exists()]
+        return found[-1].parent if found else None
+
+    def install(self) -> None:
+        if self._bin() is None:
+            _apt_install("postgresql", service=self.name)
+        if self._bin() is None:
+            raise ServiceError("postgresql installed but no server binaries found under "
+                               "/usr/lib/postgresql/*/bin", service=self.name)
+
+    def _user(self) -> str | None:
+        return "postgres" if os.geteuid() == 0 else None
+
+    def running(self) -> bool:
+        return _read_pid(self.pidfile) is not None
+
+    def start(self) -> str:
+        if self.running() and self.healthy():
+            return "already running"
+        bindir = self._bin()
+        assert bindir is not None  # install() ran first
+        user = self._user()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.pidfile.parent.mkdir(parents=True, exist_ok=True)
+        if user:
+            _ensure_traversable(self.dir, user)
+            shutil.chown(self.dir, user, user)
+            shutil.chown(self.run_dir, user, user)
+        if not (self.data / "PG_VERSION").exists():
+            self.data.mkdir(parents=True, exist_ok=True)
+            if user:
+                shutil.chown(self.data, user, user)
+            pwfile = self.dir / "pwfile"
+            pwfile.write_text("postgres\n")
+            if user:
+                shutil.chown(pwfile, user, user)
+            _run([str(bindir / "initdb"), "-D", str(self.data), "-U", "postgres", "-E", "UTF8",
+                  "--locale=C.UTF-8", "--auth-local=trust", "--auth-host=scram-sha-256",
+                  f"--pwfile={pwfile}"], service=self.name, user=user)
+            pwfile.unlink()
+        if _port_open(self.host, self.port):
+            raise ServiceError(f"port {self.port} is already in use by a process that is not ours; "
+                               "stop it or set FEATURES_POSTGRES_DSN to use it", service=self.name)
+        # A throwaway dev/test cluster: durability settings off for speed (never for production).
+        opts = (f"-c listen_addresses={self.host} -p {self.port} -c unix_socket_directories={self.run_dir} "
+                "-c fsync=off -c full_page_writes=off -c synchronous_commit=off "
+                "-c max_connections=200 -c shared_buffers=256MB")
+        _run([str(bindir / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-o", opts, "-w",
+              "-t", "60", "start"], service=self.name, user=user)
+        pid = (self.data / "postmaster.pid").read_text().split()[0]
+        self.pidfile.write_text(pid + "\n")
+        self._ensure_role()
+        return "started"
+
+    def _psql(self, sql: str, db: str = "postgres") -> str:
+        bindir = self._bin()
+        psql = str(bindir / "psql") if bindir and (bindir / "psql").exists() else "psql"
+        return _run([psql, "-h", str(self.run_dir), "-p", str(self.port), "-U", "postgres", "-d", db,
+                     "-v", "ON_ERROR_STOP=1", "-Atc", sql], service=self.name, user=self._user())
+
+    def _ensure_role(self) -> None:
+        parts = urlsplit(self.dsn)
+        role, password = parts.username or "featureline", parts.password or "featureline"
+        db = (parts.path or "/featureline").lstrip("/") or "featureline"
+        for ident in (role, db):
+            if not re.fullmatch(r"[a-z_][a-z0-9_]*", ident):
+                raise ServiceError(f"unsafe role/database name {ident!r} in the default DSN", service=self.name)
+        if self._psql(f"SELECT 1 FROM pg_roles WHERE rolname = '{role}'").strip() != "1":
+            self._psql(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
+        if self._psql(f"SELECT 1 FROM pg_database WHERE datname = '{db}'").strip() != "1":
+            self._psql(f"CREATE DATABASE {db} OWNER {role}")
+
+    def stop(self) -> str:
+        pid = _read_pid(self.pidfile)
+        if pid is None:
+            return "not running"
+        bindir = self._bin()
+        if bindir is not None:
+            try:
+                _run([str(bindir / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop"],
+                     service=self.name, user=self._user())
+            except ServiceError:
+                _stop_pid(pid)
+        else:
+            _stop_pid(pid)
+        self.pidfile.unlink(missing_ok=True)
+        return "stopped"
+
+    def healthy(self) -> bool:
+        try:
+            import psycopg
+
+            with psycopg.connect(self.dsn, connect_timeout=3) as conn:
+                conn.execute("SELECT 1")
+            return True
+        except Exception:  # any failure means "not healthy"; status reports it, never raises
+            return False
+
+    def version(self) -> str:
+        try:
+            import psycopg
+
+            with psycopg.connect(self.dsn, connect_timeout=3) as conn:
+                row = conn.execute("SHOW server_version").fetchone()
+            return f"PostgreSQL {row[0].split()[0]}" if row else "?"
+        except Exception:  # unreachable: report "unknown" rather than fail status
+            return "unknown"
+
+
+class Redis:
+    name = "redis"
+
+    def __init__(self, settings: Settings) -> None:
+        self.url = settings.redis_url
+        self.external = self.url != DEFAULT_REDIS_URL
+        parts = urlsplit(self.url)
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or 6379
+        self.dir = STATE / "redis"
+        self.log = self.dir / "redis.log"
+        self.pidfile = STATE / "pids" / "redis.pid"
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def install(self) -> None:
+        if shutil.which("redis-server") is None:
+            _apt_install("redis-server", service=self.name)
+
+    def running(self) -> bool:
+        return _read_pid(self.pidfile) is not None
+
+    def start(self) -> str:
+        if self.running() and self.healthy():
+            return "already running"
+        if _port_open(self.host, self.port):
+            raise ServiceError(f"port {self.port} is already in use by a process that is not ours; "
+                               "stop it or set FEATURES_REDIS_URL to use it", service=self.name)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.pidfile.parent.mkdir(parents=True, exist_ok=True)
+        _run(["redis-server", "--bind", self.host, "--port", str(self.port), "--save", "",
+              "--appendonly", "no", "--daemonize", "yes", "--pidfile", str(self.pidfile),
+              "--logfile", str(self.log), "--dir", str(self.dir), "--protected-mode", "yes"],
+             service=self.name)
+        _wait("redis to answer PING", self.healthy, service=self.name, timeout=30, log=self.log)
+        return "started"
+
+    def stop(self) -> str:
+        pid = _read_pid(self.pidfile)
+        if pid is None:
+            return "not running"
+        _stop_pid(pid)
+        self.pidfile.unlink(missing_ok=True)
+        return "stopped"
+
+    def healthy(self) -> bool:
+        try:
+            import redis
+
+            return bool(redis.Redis.from_url(self.url, socket_timeout=2).ping())
+        except Exception:  # any failure means "not healthy"
+            return False
+
+    def version(self) -> str:
+        try:
+            import redis
+
+            info = redis.Redis.from_url(self.url, socket_timeout=2).info("server")
+            return f"Redis {info['redis_version']}"
+        except Exception:  # unreachable: report "unknown"
+            return "unknown"
+
+
+def _maven_fetch(pom: Path, out: Path, *, service: str, extra: Sequence[str] = ()) -> None:
+    """Fetch ``pom``'s dependencies into ``out`` (cached: skipped when the pom is unchanged)."""
+    stamp = out / ".pom"
+    if stamp.exists() and stamp.read_text() == pom.read_text():
+        return
+    if shutil.which("mvn") is None:
+        _apt_install("maven", service=service)
+    _say(f"{service}: fetching jars from Maven Central into {out.relative_to(ROOT)} ...")
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    _run(["mvn", "-q", "-B", f"-Dmaven.repo.local={M2}", "-f", str(pom),
+          "dependency:copy-dependencies", f"-DoutputDirectory={out}", *extra], service=service)
+    stamp.write_text(pom.read_text())
+
+
+class Kafka:
+    name = "kafka"
+
+    def __init__(self, settings: Settings) -> None:
+        self.bootstrap = settings.kafka_bootstrap
+        self.external = self.bootstrap != DEFAULT_KAFKA_BOOTSTRAP
+        self.host, self.port = _host_port(self.bootstrap.split(",")[0], 9092)
+        self.controller_port = self.port + 1
+        self.dir = STATE / "kafka"
+        self.data = self.dir / "data"
+        self.log = self.dir / "kafka.log"
+        self.pidfile = STATE / "pids" / "kafka.pid"
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def install(self) -> None:
+        java = shutil.which("java")
+        if java is None:
+            _apt_install("openjdk-17-jre-headless", service=self.name)
+        _maven_fetch(ROOT / "dev" / "kafka" / "pom.xml", KAFKA_LIBS, service=self.name,
+                     extra=["-DincludeScope=runtime"])
+
+    def _java(self) -> list[str]:
+        return ["java", "-Xms512m", "-Xmx512m", "-cp", f"{KAFKA_LIBS}/*",
+                f"-Dlog4j2.configurationFile=file:{self.dir / 'log4j2.properties'}"]
+
+    def _write_config(self) -> Path:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        h, p, c = self.host, self.port, self.controller_port
+        props = self.dir / "server.properties"
+        props.write_text("\n".join([
+            "process.roles=broker,controller",
+            "node.id=1",
+            f"controller.quorum.bootstrap.servers={h}:{c}",
+            f"listeners=PLAINTEXT://{h}:{p},CONTROLLER://{h}:{c}",
+            f"advertised.listeners=PLAINTEXT://{h}:{p},CONTROLLER://{h}:{c}",
+            "controller.listener.names=CONTROLLER",
+            "inter.broker.listener.name=PLAINTEXT",
+            "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            f"log.dirs={self.data}",
+            "num.partitions=2",
+            "offsets.topic.replication.factor=1",
+            "offsets.topic.num.partitions=4",
+            "transaction.state.log.replication.factor=1",
+            "transaction.state.log.min.isr=1",
+            "share.coordinator.state.topic.replication.factor=1",
+            "share.coordinator.state.topic.min.isr=1",
+            "group.initial.rebalance.delay.ms=0",
+            "auto.create.topics.enable=true",
+            "",
+        ]))
+        (self.dir / "log4j2.properties").write_text("\n".join([
+            "status = warn",
+            "appender.console.type = Console",
+            "appender.console.name = STDOUT",
+            "appender.console.layout.type = PatternLayout",
+            "appender.console.layout.pattern = [%d] %p %m (%c)%n",
+            "rootLogger.level = info",
+            "rootLogger.appenderRef.stdout.ref = STDOUT",
+            "logger.kafka.name = kafka",
+            "logger.kafka.level = warn",
+            "logger.ak.name = org.apache.kafka",
+            "logger.ak.level = warn",
+            "",
+        ]))
+        return props
+
+    def running(self) -> bool:
+        return _read_pid(self.pidfile) is not None
+
+    def start(self) -> str:
+        if self.running() and self.healthy():
+            return "already running"
+        if _port_open(self.host, self.port) or _port_open(self.host, self.controller_port):
+            raise ServiceError(f"port {self.port} or {self.controller_port} is already in use by a process "
+                               "that is not ours; stop it or set FEATURES_KAFKA_BOOTSTRAP to use it",
+                               service=self.name)
+        props = self._write_config()
+        if not (self.data / "meta.properties").exists():
+            cluster_id = _run([*self._java(), "kafka.tools.StorageTool", "random-uuid"],
+                              service=self.name).strip().splitlines()[-1]
+            _run([*self._java(), "kafka.tools.StorageTool", "format", "--standalone", "-t", cluster_id,
+                  "-c", str(props)], service=self.name)
+        self.pidfile.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("ab") as log:
+            proc = subprocess.Popen([*self._java(), "kafka.Kafka", str(props)], stdout=log,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+        self.pidfile.write_text(f"{proc.pid}\n")
+
+        def ready() -> bool:
+            if proc.poll() is not None:
+                raise ServiceError(f"broker exited with code {proc.returncode} during start-up",
+                                   service=self.name, log=str(self.log))
+            return self.healthy()
+
+        _wait("the Kafka broker to accept connections", ready, service=self.name, timeout=90, log=self.log)
+        return "started"
+
+    def stop(self) -> str:
+        pid = _read_pid(self.pidfile)
+        if pid is None:
+            return "not running"
+        _stop_pid(pid, timeout=45)
+        self.pidfile.unlink(missing_ok=True)
+        return "stopped"
+
+    def healthy(self) -> bool:
+        if not _port_open(self.host, self.port):
+            return False
+        try:
+            from confluent_kafka.admin import AdminClient
+
+            admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+            meta = admin.list_topics(timeout=3)
+            return bool(meta.brokers)
+        except Exception:  # KafkaException or timeout: not healthy yet
+            return False
+
+    def version(self) -> str:
+        jars = sorted(KAFKA_LIBS.glob("kafka_2.13-*.jar"))
+        if self.external or not jars:
+            return "Kafka (external)" if self.external else "unknown"
+        return "Kafka " + jars[-1].stem.removeprefix("kafka_2.13-") + " (KRaft)"
+
+
+class FlinkConnector:
+    """Not a process: the Kafka connector jar PyFlink jobs load (``pipeline.jars``)."""
+
+    name = "flink-connector"
+    external = False
+
+    def __init__(self, settings: Settings) -> None:
+        self.pom = ROOT / "dev" / "flink" / "pom.xml"
+
+    @property
+    def address(self) -> str:
+        jar = self.jar()
+        return str(jar.relative_to(ROOT)) if jar else str(FLINK_JARS.relative_to(ROOT))
+
+    def jar(self) -> Path | None:
+        return _connector_jar()
+
+    def install(self) -> None:
+        _maven_fetch(self.pom, FLINK_JARS, service=self.name, extra=["-DexcludeTransitive=true"])
+
+    def running(self) -> bool:
+        return self.jar() is not None
+
+    def start(self) -> str:
+        return "ready"
+
+    def stop(self) -> str:
+        return "nothing to stop"
+
+    def healthy(self) -> bool:
+        jar = self.jar()
+        return jar is not None and jar.stat().st_size > 1_000_000
+
+    def version(self) -> str:
+        jar = self.jar()
+        if jar is None:
+            return "missing"
+        try:
+            import pyflink.version
+
+            flink = pyflink.version.__version__
+        except ImportError:
+            flink = "?"
+        return f"{jar.stem.removeprefix(KAFKA_CONNECTOR_ARTIFACT + '-')} (PyFlink {flink})"
+
+
+Service = Postgres | Redis | Kafka | FlinkConnector
+
+
+def services(settings: Settings) -> list[Service]:
+    """The four parts, in start order."""
+    return [Postgres(settings), Redis(settings), Kafka(settings), FlinkConnector(settings)]
+
+
+def up(settings: Settings) -> list[ServiceStatus]:
+    """Install what is missing and start every managed service; idempotent."""
+    for svc in services(settings):
+        if svc.external:
+            _say(f"{svc.name}: external ({svc.address}), not starting it")
+            continue
+        svc.install()
+        t0 = time.monotonic()
+        outcome = svc.start()
+        _say(f"{svc.name}: {outcome} ({svc.address}, {time.monotonic() - t0:.1f}s)")
+    return status(settings)
+
+
+def down(settings: Settings) -> None:
+    """Stop, in reverse order, only the processes ``up`` started (pid files)."""
+    for svc in reversed(services(settings)):
+        if svc.external:
+            continue
+        outcome = svc.stop()
+        if outcome != "nothing to stop":
+            _say(f"{svc.name}: {outcome}")
+
+
+def status(settings: Settings) -> list[ServiceStatus]:
+    """Check every service (managed or external); never raises for a down service."""
+    out = []
+    for svc in services(settings):
+        healthy = svc.healthy()
+        detail = ""
+        if not healthy and not svc.external and not svc.running():
+            detail = "(not started: run `features dev up`)"
+        out.append(ServiceStatus(svc.name, svc.address, healthy,
+                                 svc.version() if healthy else "-", not svc.external, detail))
+    return out
+
+
+def _connector_jar() -> Path | None:
+    jars = sorted(FLINK_JARS.glob(f"{KAFKA_CONNECTOR_ARTIFACT}-*.jar"))
+    return jars[-1] if jars else None
+
+
+def kafka_connector_jar() -> Path:
+    """The Flink Kafka connector jar; raises ServiceError when ``features dev up`` has not run."""
+    jar = _connector_jar()
+    if jar is None:
+        raise ServiceError(f"no Flink Kafka connector jar under {FLINK_JARS}: run `features dev up`",
+                           service="flink-connector")
+    return jar
+

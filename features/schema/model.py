@@ -1,0 +1,226 @@
+"""The schema model: an immutable, typed picture of one ``schemas/*.yaml`` file.
+
+A ``Schema`` is what the YAML says, checked for internal consistency by
+``features.schema.parse``; it knows nothing of Arrow, Postgres or Redis. The
+compiler (``features.compile``) turns it into artefacts.
+
+Terms:
+- a *field* is an input column, validated by its type and constraints;
+- a *feature* is a stored output: a field stored as it is (``store:`` on the field)
+  or a derived feature (``features:`` section) computed by transform steps;
+- a schema without ``entity``/``event_time`` is *validation-only*: it compiles and
+  validates, but cannot be loaded into the stores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+from enum import StrEnum
+from typing import Literal
+
+ScalarValue = bool | int | float | str | Decimal | None
+
+
+class TypeKind(StrEnum):
+    """The closed set of field types a schema may declare."""
+
+    STRING = "string"
+    BOOL = "bool"
+    INT8 = "int8"
+    INT16 = "int16"
+    INT32 = "int32"
+    INT64 = "int64"
+    FLOAT32 = "float32"
+    FLOAT64 = "float64"
+    DECIMAL = "decimal"
+    DATE = "date"
+    TIMESTAMP = "timestamp"
+    ENUM = "enum"
+
+
+INTEGER_KINDS = frozenset({TypeKind.INT8, TypeKind.INT16, TypeKind.INT32, TypeKind.INT64})
+FLOAT_KINDS = frozenset({TypeKind.FLOAT32, TypeKind.FLOAT64})
+NUMERIC_KINDS = INTEGER_KINDS | FLOAT_KINDS | {TypeKind.DECIMAL}
+TimeUnit = Literal["s", "ms", "us", "ns"]
+
+
+@dataclass(frozen=True)
+class FieldType:
+    """A declared type. ``precision``/``scale`` only for decimal; ``unit``/``tz`` only
+    for timestamp (``tz`` None means a naive timestamp; a zone such as ``UTC`` means
+    values must carry a zone and are stored as instants)."""
+
+    kind: TypeKind
+    precision: int | None = None
+    scale: int | None = None
+    unit: TimeUnit | None = None
+    tz: str | None = None
+
+    def __str__(self) -> str:
+        if self.kind is TypeKind.DECIMAL:
+            return f"decimal({self.precision},{self.scale})"
+        if self.kind is TypeKind.TIMESTAMP:
+            return f"timestamp({self.unit}, {self.tz})" if self.tz else f"timestamp({self.unit})"
+        return self.kind.value
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """Rules on one field's values. None means "no such rule".
+
+    - ``required``: the column must be present and every value non-null.
+    - ``nullable``: null allowed (default True unless ``required``). NaN is never valid.
+    - ``min``/``max``: inclusive bounds; Decimal for decimal and float fields, int for
+      integers, ISO string for date/timestamp (compared after conversion).
+    - ``pattern``: a regex that must match the whole string (string fields).
+    - ``min_length``/``max_length``: string length in characters.
+    - ``default``: fills a missing column or a null value before the other rules run.
+    - ``empty_as_null``: an empty string counts as null (default False).
+    """
+
+    required: bool = False
+    nullable: bool = True
+    min: ScalarValue = None
+    max: ScalarValue = None
+    pattern: str | None = None
+    min_length: int | None = None
+    max_length: int | None = None
+    default: ScalarValue = None
+    has_default: bool = False
+    empty_as_null: bool = False
+
+
+StoreTarget = Literal["hot", "cold"]
+
+
+@dataclass(frozen=True)
+class Field:
+    """One input column: its name, type, constraints, enum values and placement.
+
+    ``store`` is the set of stores this field is written to as it is (empty: not
+    stored, only validated). ``accept_strings``: string input such as ``"12.50"`` is
+    parsed exactly into a numeric/date/timestamp/bool type (default False: a string in
+    a numeric column is a type reject). ``line`` is the 1-based line of the field.
+    """
+
+    name: str
+    type: FieldType
+    constraints: Constraints = Constraints()
+    values: tuple[str, ...] = ()
+    store: frozenset[StoreTarget] = frozenset()
+    accept_strings: bool = False
+    description: str = ""
+    line: int | None = None
+
+
+OpName = Literal[
+    "fill_null", "clip", "log1p", "zscore", "minmax", "bucketize", "ratio",
+    "time_since", "hash_bucket", "one_hot", "cast",
+]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One transform op with its arguments (names as in the YAML, values checked)."""
+
+    op: OpName
+    args: tuple[tuple[str, ScalarValue | tuple[ScalarValue, ...]], ...] = ()
+
+    def arg(self, name: str) -> ScalarValue | tuple[ScalarValue, ...]:
+        for key, value in self.args:
+            if key == name:
+                return value
+        raise KeyError(name)
+
+
+OnInvalid = Literal["null", "reject"]
+
+
+@dataclass(frozen=True)
+class Feature:
+    """A derived feature: ``steps`` applied, in order, to the field ``source``.
+
+    ``dtype`` is the declared output type (never inferred). ``on_invalid`` says what
+    happens where a step would produce NaN or ±inf: the value becomes null, or the
+    row is rejected with a field-level message.
+    """
+
+    name: str
+    source: str
+    steps: tuple[Step, ...]
+    dtype: FieldType
+    store: frozenset[StoreTarget]
+    on_invalid: OnInvalid = "null"
+    description: str = ""
+    line: int | None = None
+
+
+@dataclass(frozen=True)
+class EvolutionRule:
+    """A declared decision about one field's change (``features schema diff``)."""
+
+    field: str
+    breaking_change: bool
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class HotStore:
+    """Redis placement: TTL in seconds (None: no expiry)."""
+
+    ttl_seconds: int | None = None
+
+
+@dataclass(frozen=True)
+class Payload:
+    """How stream records are encoded on Kafka."""
+
+    format: Literal["json"] = "json"
+    max_bytes: int = 1_048_576
+
+
+@dataclass(frozen=True)
+class Schema:
+    """One schema file, parsed and checked. Immutable; build with ``parse_schema``.
+
+    ``version`` is semver ``(major, minor, patch)``. ``entity`` and ``event_time``
+    name fields; both None for a validation-only schema.
+    """
+
+    name: str
+    version: tuple[int, int, int]
+    fields: tuple[Field, ...]
+    entity: str | None = None
+    event_time: str | None = None
+    features: tuple[Feature, ...] = ()
+    hot: HotStore = HotStore()
+    payload: Payload = Payload()
+    evolution_rules: tuple[EvolutionRule, ...] = ()
+    description: str = ""
+    path: str | None = None
+
+    @property
+    def version_str(self) -> str:
+        return ".".join(str(p) for p in self.version)
+
+    @property
+    def loadable(self) -> bool:
+        """True when the schema can be written to the stores (entity + event time)."""
+        return self.entity is not None and self.event_time is not None
+
+    def field(self, name: str) -> Field:
+        for f in self.fields:
+            if f.name == name:
+                return f
+        raise KeyError(name)
+
+    @property
+    def field_names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.fields)
+
+
+__all__ = [
+    "Constraints", "EvolutionRule", "Feature", "Field", "FieldType", "HotStore",
+    "Payload", "Schema", "Step", "TypeKind", "FLOAT_KINDS", "INTEGER_KINDS", "NUMERIC_KINDS",
+]

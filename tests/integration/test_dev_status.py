@@ -1,0 +1,32 @@
+"""`features dev status` after `up` (the test command runs `up` first): four healthy parts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.services
+
+
+def test_status_shows_four_healthy_parts() -> None:
+    proc = subprocess.run([sys.executable, "-m", "features.cli", "dev", "status"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = {line.split()[0]: line for line in proc.stdout.splitlines() if line.strip()}
+    assert set(lines) == {"postgres", "redis", "kafka", "flink-connector"}
+    for name, line in lines.items():
+        assert line.split()[1] == "healthy", line
+    assert "PostgreSQL 1" in lines["postgres"] and "127.0.0.1:5433" in lines["postgres"]
+    assert "Redis 7" in lines["redis"]
+    assert "Kafka 4." in lines["kafka"] and "KRaft" in lines["kafka"]
+    assert "PyFlink 2.2" in lines["flink-connector"]
+
+
+def test_up_is_idempotent() -> None:
+    proc = subprocess.run([sys.executable, "-m", "features.cli", "dev", "up"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for name in ("postgres", "redis", "kafka"):
+        assert f"{name}: already running" in proc.stdout
