@@ -208,6 +208,11 @@ class Postgres:
     def start(self) -> str:
         if self.running() and self.healthy():
             return "already running"
+        if _port_open(self.host, self.port):
+            if self.healthy():
+                return "reusing the server already listening there (not started by this checkout)"
+            raise ServiceError(f"port {self.port} is already in use by a process that is not ours; "
+                               "stop it or set FEATURES_POSTGRES_DSN to use it", service=self.name)
         bindir = self._bin()
         assert bindir is not None  # install() ran first
         user = self._user()
@@ -229,9 +234,6 @@ class Postgres:
                   "--locale=C.UTF-8", "--auth-local=trust", "--auth-host=scram-sha-256",
                   f"--pwfile={pwfile}"], service=self.name, user=user)
             pwfile.unlink()
-        if _port_open(self.host, self.port):
-            raise ServiceError(f"port {self.port} is already in use by a process that is not ours; "
-                               "stop it or set FEATURES_POSTGRES_DSN to use it", service=self.name)
         # A throwaway dev/test cluster: durability settings off for speed (never for production).
         opts = (f"-c listen_addresses={self.host} -p {self.port} -c unix_socket_directories={self.run_dir} "
                 "-c fsync=off -c full_page_writes=off -c synchronous_commit=off "
@@ -326,6 +328,8 @@ class Redis:
         if self.running() and self.healthy():
             return "already running"
         if _port_open(self.host, self.port):
+            if self.healthy():
+                return "reusing the server already listening there (not started by this checkout)"
             raise ServiceError(f"port {self.port} is already in use by a process that is not ours; "
                                "stop it or set FEATURES_REDIS_URL to use it", service=self.name)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -454,6 +458,8 @@ class Kafka:
     def start(self) -> str:
         if self.running() and self.healthy():
             return "already running"
+        if _port_open(self.host, self.port) and self.healthy():
+            return "reusing the broker already listening there (not started by this checkout)"
         if _port_open(self.host, self.port) or _port_open(self.host, self.controller_port):
             raise ServiceError(f"port {self.port} or {self.controller_port} is already in use by a process "
                                "that is not ours; stop it or set FEATURES_KAFKA_BOOTSTRAP to use it",
