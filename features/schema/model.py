@@ -71,11 +71,15 @@ class Constraints:
 
     - ``required``: the column must be present and every value non-null.
     - ``nullable``: null allowed (default True unless ``required``). NaN is never valid.
-    - ``min``/``max``: inclusive bounds; Decimal for decimal and float fields, int for
-      integers, ISO string for date/timestamp (compared after conversion).
+    - ``min``/``max``: inclusive bounds, typed like ``default``: Decimal (exact, from the
+      YAML text, at the field's scale) for decimal fields, float for float fields, int
+      for integers, ISO string for date/timestamp (a zoned timestamp's bound is in UTC,
+      ``+00:00``; compared after conversion). Never set on bool/enum/string fields.
     - ``pattern``: a regex that must match the whole string (string fields).
     - ``min_length``/``max_length``: string length in characters.
-    - ``default``: fills a missing column or a null value before the other rules run.
+    - ``default``: fills a missing column or a null value before the other rules run;
+      typed like ``min`` (str for string/enum, bool for bool). ``has_default`` tells a
+      ``default: null`` apart from no default.
     - ``empty_as_null``: an empty string counts as null (default False).
     """
 
@@ -221,6 +225,17 @@ class Schema:
 
 
 __all__ = [
-    "Constraints", "EvolutionRule", "Feature", "Field", "FieldType", "HotStore",
-    "Payload", "Schema", "Step", "TypeKind", "FLOAT_KINDS", "INTEGER_KINDS", "NUMERIC_KINDS",
+    "FLOAT_KINDS",
+    "INTEGER_KINDS",
+    "NUMERIC_KINDS",
+    "Constraints",
+    "EvolutionRule",
+    "Feature",
+    "Field",
+    "FieldType",
+    "HotStore",
+    "Payload",
+    "Schema",
+    "Step",
+    "TypeKind",
 ]

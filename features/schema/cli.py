@@ -1,0 +1,133 @@
+"""``features schema``: commands on schema files.
+
+``features schema diff OLD NEW [--json]`` classifies every change from the schema
+file OLD to the schema file NEW (see :mod:`features.schema.diff`), prints each one,
+then the migration DDL of the compatible changes.
+
+Exit codes: 0 the change is allowed (compatible, or breaking with a new major
+version); 1 refused (a breaking change without a major version bump); 2 a usage
+error or a schema file that does not parse.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from features.schema.diff import Change, SchemaDiff
+    from features.schema.model import Schema
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``schema`` and its sub-subcommands on the ``features`` parser."""
+    parser = subparsers.add_parser("schema", help="inspect schema files (diff two versions)")
+    sub = parser.add_subparsers(dest="schema_command", metavar="SUBCOMMAND", required=True)
+    diff = sub.add_parser(
+        "diff",
+        help="classify the changes between two versions of a schema",
+        description="Classify every change from OLD to NEW as compatible or BREAKING, honour "
+        "NEW's evolution_rules, gate the version, and print the migration DDL. Exit 0 when "
+        "allowed, 1 when refused (breaking without a major version bump), 2 on errors.",
+    )
+    diff.add_argument("old", metavar="OLD", help="the current schema file (YAML)")
+    diff.add_argument("new", metavar="NEW", help="the proposed schema file (YAML)")
+    diff.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+    diff.set_defaults(func=run_diff)
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    """Diff ``args.old`` against ``args.new``; returns the exit code (module docstring).
+
+    A file that cannot be read or parsed raises (SchemaError) or, for an OS error,
+    prints it and returns 2.
+    """
+    from features.schema.diff import diff_schemas
+    from features.schema.parse import load_schema
+
+    try:
+        old = load_schema(args.old)
+        new = load_schema(args.new)
+    except OSError as exc:
+        print(f"features schema diff: error: {exc}", file=sys.stderr)
+        return 2
+    result = diff_schemas(old, new)
+    if args.json:
+        print(json.dumps(_as_json(result), indent=2))
+    else:
+        _print_text(result)
+    if result.refusal is not None:
+        print(f"features schema diff: refused: {result.refusal}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _rule_json(change: Change) -> dict[str, Any] | None:
+    rule = change.honoured_rule
+    if rule is None:
+        return None
+    return {"field": rule.field, "breaking_change": rule.breaking_change, "description": rule.description}
+
+
+def _as_json(result: SchemaDiff) -> dict[str, Any]:
+    def side(schema: Schema) -> dict[str, Any]:
+        return {"name": schema.name, "version": schema.version_str, "path": schema.path}
+
+    return {
+        "old": side(result.old),
+        "new": side(result.new),
+        "allowed": result.allowed,
+        "compatible": result.compatible,
+        "refusal": result.refusal,
+        "warnings": list(result.warnings),
+        "changes": [
+            {
+                "field": c.field,
+                "old_field": c.old_field,
+                "kind": c.kind.value,
+                "scope": c.scope,
+                "compatible": c.compatible,
+                "classified_compatible": c.classified_compatible,
+                "detail": c.detail,
+                "rule": _rule_json(c),
+                "ddl": list(c.ddl),
+            }
+            for c in result.changes
+        ],
+        "migration_ddl": list(result.migration_ddl),
+    }
+
+
+def _print_text(result: SchemaDiff) -> None:
+    old, new = result.old, result.new
+    title = old.name if old.name == new.name else f"{old.name} -> {new.name}"
+    print(f"schema {title}: {old.version_str} -> {new.version_str}")
+    if not result.changes:
+        print("  no changes")
+    width = max((len(c.field) for c in result.changes), default=0)
+    for c in result.changes:
+        label = "compatible" if c.compatible else "BREAKING"
+        line = f"  {label:<10}  {c.field:<{width}}  {c.kind.value}: {c.detail}"
+        if c.honoured_rule is not None and not c.overridden:  # an override says so in the detail
+            rule = c.honoured_rule
+            line += f"  (rule honoured: {rule.field} breaking_change={str(rule.breaking_change).lower()})"
+        print(line)
+    for warning in result.warnings:
+        print(f"warning: {warning}")
+    if result.migration_ddl:
+        print()
+        if result.compatible:
+            print("-- migration DDL")
+        else:
+            print("-- partial migration DDL: only the compatible changes; breaking changes need a "
+                  "manual migration")
+        print("BEGIN;")
+        for statement in result.migration_ddl:
+            print(f"{statement};")
+        print("COMMIT;")
+    elif result.changes and result.compatible:
+        print("\n-- no migration DDL: the cold table does not change")
+    elif result.breaking and result.allowed:
+        print("\n-- no migration DDL: breaking changes need a manual migration (or a new table)")

@@ -1,0 +1,803 @@
+"""Schema evolution: classify every change between two versions of one schema.
+
+``diff_schemas(old, new)`` compares two parsed schemas and returns a
+:class:`SchemaDiff`: one :class:`Change` per difference that matters to producers,
+readers or the stores, each classified *compatible* (old producers and readers keep
+working; the cold table can be migrated in place) or *breaking*. The
+``evolution_rules`` of the NEW schema then override the classification for the field
+or derived feature they name. Finally the version is gated: a breaking change needs a
+new major version, and compatible changes should bump the version.
+
+Classification (``kind``: compatible / breaking):
+
+=================  ==========================================================
+field_added        compatible when nullable (and not required) or with a
+                   default: ADD COLUMN; breaking when required or not nullable
+                   without a default (old producers do not send it)
+field_removed      breaking (readers lose it)
+field_renamed      a removed and an added field of the same type: breaking,
+                   reported as ``renamed?``
+type               widening (int8 < int16 < int32 < int64, float32 < float64,
+                   decimal(p,s) -> decimal(p',s') with s' >= s and
+                   p'-s' >= p-s): compatible, ALTER COLUMN TYPE; narrowing, a
+                   kind change, a timestamp unit or zone change: breaking
+nullable           false -> true compatible (DROP NOT NULL); true -> false breaking
+required           removed compatible; added breaking
+min, max,          loosened (min lowered or removed, max raised or removed,
+min_length,        pattern removed, lengths relaxed): compatible, the CHECK is
+max_length,        dropped and re-added; tightened or added: breaking; a changed
+pattern            pattern is breaking (no regex is proven a superset of another)
+enum               values only added: compatible, the CHECK is replaced; any
+                   value removed: breaking
+default            added or changed: compatible (SET DEFAULT); removed: breaking
+                   when the field is not nullable, else compatible (DROP DEFAULT)
+accept_strings     false -> true compatible; true -> false breaking
+empty_as_null      changed either way: breaking (empty strings change meaning)
+store              ``cold`` added: compatible (ADD COLUMN) when the column can be
+                   added (as for field_added) or no cold table exists yet;
+                   ``hot`` added: compatible;
+                   a store removed: breaking
+feature_added      compatible (ADD COLUMN when stored cold)
+feature_removed    breaking
+feature_changed    source, steps, dtype or on_invalid changed: breaking (the
+                   values change meaning)
+entity,            changed or removed: breaking (the table key changes); set on a
+event_time         validation-only schema: compatible (the table is created new)
+name               breaking (another table)
+hot_ttl            compatible
+payload            format changed or max_bytes lowered: breaking; max_bytes
+                   raised: compatible
+=================  ==========================================================
+
+Descriptions, field order and the evolution rules themselves are not changes.
+
+Evolution rules name a field or derived feature (a renamed field by either name):
+``breaking_change: false`` makes every change to it compatible (the detail says
+so), ``breaking_change: true`` makes every change to it breaking. Schema-level
+changes (``name``, ``entity``, ``event_time``, ``hot_ttl``, ``payload``) are not
+field changes and no rule overrides them.
+
+Migration DDL touches only the cold table (named after the schema, identifiers
+always quoted, unqualified) and only columns stored cold there; constraint names are
+``<column>__<kind>`` as in the generated DDL. It is generated for compatible changes
+(including ones made compatible by a rule) when both schemas are loadable under the
+same name: all constraint drops first, then column changes, then constraint adds.
+When the diff is allowed and has no breaking change it ends by recording the new
+version and fingerprint in ``featureline_schemas``. A breaking change has no
+generated migration: a major version means a manual migration or a new table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from enum import StrEnum
+from typing import Literal
+
+from features.compile.postgres import (
+    SCHEMAS_TABLE,
+    cold_table_name,
+    constraint_name,
+    pg_type,
+    quote_ident,
+    quote_literal,
+    sql_value,
+)
+
+# The migration must write the very same CHECK text as the generated DDL, so it uses
+# the DDL's own (module-private) expression builder rather than a copy of it.
+from features.compile.postgres import _check_expr as check_expr
+from features.compile.rules import ReasonCode, field_rules
+from features.schema.model import (
+    INTEGER_KINDS,
+    EvolutionRule,
+    Feature,
+    Field,
+    FieldType,
+    ScalarValue,
+    Schema,
+    StoreTarget,
+    TypeKind,
+)
+
+
+class ChangeKind(StrEnum):
+    """What changed. Constraint kinds share their name with the CHECK suffix."""
+
+    NAME = "name"
+    ENTITY = "entity"
+    EVENT_TIME = "event_time"
+    HOT_TTL = "hot_ttl"
+    PAYLOAD = "payload"
+    FIELD_ADDED = "field_added"
+    FIELD_REMOVED = "field_removed"
+    FIELD_RENAMED = "field_renamed"
+    TYPE = "type"
+    NULLABLE = "nullable"
+    REQUIRED = "required"
+    MIN = "min"
+    MAX = "max"
+    PATTERN = "pattern"
+    MIN_LENGTH = "min_length"
+    MAX_LENGTH = "max_length"
+    ENUM = "enum"
+    DEFAULT = "default"
+    ACCEPT_STRINGS = "accept_strings"
+    EMPTY_AS_NULL = "empty_as_null"
+    STORE = "store"
+    FEATURE_ADDED = "feature_added"
+    FEATURE_REMOVED = "feature_removed"
+    FEATURE_CHANGED = "feature_changed"
+
+
+#: Kinds that concern the schema as a whole; evolution rules never override them.
+SCHEMA_KINDS = frozenset(
+    {ChangeKind.NAME, ChangeKind.ENTITY, ChangeKind.EVENT_TIME, ChangeKind.HOT_TTL, ChangeKind.PAYLOAD}
+)
+
+#: Change kinds whose DDL is exactly the CHECK constraint ``<column>__<kind>``.
+_CHECK_KINDS = frozenset(
+    {ChangeKind.MIN, ChangeKind.MAX, ChangeKind.PATTERN, ChangeKind.MIN_LENGTH,
+     ChangeKind.MAX_LENGTH, ChangeKind.ENUM}
+)
+
+Scope = Literal["schema", "field", "feature"]
+
+
+@dataclass(frozen=True)
+class Change:
+    """One classified difference between the old and the new schema.
+
+    - ``field``: the field or derived feature concerned (the NEW name of a renamed
+      field; ``old_field`` holds the old one), or the YAML key of a schema-level
+      change (``name``, ``entity``, ``event_time``, ``hot.ttl``, ``payload``).
+    - ``compatible``: the final classification, after evolution rules;
+      ``classified_compatible`` is the classification before them.
+    - ``honoured_rule``: the evolution rule of the new schema that applies to this
+      change (whether it confirmed or overrode the classification), else None.
+    - ``ddl``: the statements that would apply this change to the cold table, in
+      order; empty when nothing in Postgres changes or the change is breaking.
+    """
+
+    field: str
+    kind: ChangeKind
+    compatible: bool
+    detail: str
+    honoured_rule: EvolutionRule | None = None
+    classified_compatible: bool = True
+    scope: Scope = "field"
+    old_field: str | None = None
+    ddl: tuple[str, ...] = ()
+
+    @property
+    def overridden(self) -> bool:
+        """True when an evolution rule changed the classification."""
+        return self.compatible != self.classified_compatible
+
+
+@dataclass(frozen=True)
+class SchemaDiff:
+    """The classified changes from ``old`` to ``new`` and the verdict on the version.
+
+    - ``allowed``: False only when there is a breaking change and the new major
+      version is not greater than the old one; ``refusal`` then names every
+      breaking change.
+    - ``warnings``: problems that do not refuse the change (a compatible change
+      without a version bump, a version going backwards).
+    - ``migration_ddl``: the statements migrating the cold table for the
+      compatible changes (see the module docstring), without trailing semicolons,
+      meant to run in one transaction; ``complete`` is False when breaking changes
+      exist (they have no generated migration, and the fingerprint is not updated).
+    """
+
+    old: Schema
+    new: Schema
+    changes: tuple[Change, ...]
+    migration_ddl: list[str]
+    allowed: bool
+    refusal: str | None = None
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def breaking(self) -> tuple[Change, ...]:
+        return tuple(c for c in self.changes if not c.compatible)
+
+    @property
+    def compatible(self) -> bool:
+        """True when no change is breaking (an empty diff is compatible)."""
+        return not self.breaking
+
+    @property
+    def complete(self) -> bool:
+        return self.compatible
+
+
+# --------------------------------------------------------------------------- DDL
+# Columns, CHECKs and defaults come from features.compile.postgres, the same code
+# that writes the cold table, so a migrated table equals a freshly created one.
+
+
+def _checks(f: Field) -> dict[str, str]:
+    """The CHECK constraints of ``f``'s cold column: constraint name -> expression.
+
+    Raises CompileError where the generated DDL would (a pattern Postgres cannot
+    match like RE2, a bound that is not a value of the type)."""
+    out: dict[str, str] = {}
+    for rule in field_rules(f):
+        expr = check_expr(f, rule)
+        if expr is not None:
+            out[constraint_name(f.name, rule.kind)] = expr
+    return out
+
+
+def _not_null(f: Field) -> bool:
+    """As the not_null rule: required, or not nullable."""
+    return f.constraints.required or not f.constraints.nullable
+
+
+def _default_sql(f: Field) -> str | None:
+    """The column DEFAULT expression, or None (as in the generated DDL)."""
+    c = f.constraints
+    if not c.has_default or c.default is None:
+        return None
+    return sql_value(c.default, f.type, f"field {f.name} default")
+
+
+@dataclass
+class _Ddl:
+    """Statements of one change, by phase (drops, column changes, adds)."""
+
+    drops: list[str] = field(default_factory=list)
+    alters: list[str] = field(default_factory=list)
+    adds: list[str] = field(default_factory=list)
+
+    def all(self) -> tuple[str, ...]:
+        return (*self.drops, *self.alters, *self.adds)
+
+
+class _Table:
+    """The cold table a migration runs against: builds its ALTER TABLE statements."""
+
+    def __init__(self, schema: Schema) -> None:
+        self.name = quote_ident(cold_table_name(schema))
+        self.keys = frozenset({schema.entity or "", schema.event_time or ""})
+
+    def alter(self, action: str) -> str:
+        return f"ALTER TABLE {self.name} {action}"
+
+    def add_column(self, f: Field, ddl: _Ddl) -> None:
+        parts = [f"ADD COLUMN {quote_ident(f.name)} {pg_type(f.type)}"]
+        if _not_null(f):
+            parts.append("NOT NULL")
+        if (default := _default_sql(f)) is not None:
+            parts.append(f"DEFAULT {default}")
+        ddl.alters.append(self.alter(" ".join(parts)))
+        self.add_checks(_checks(f), {}, ddl)
+
+    def add_feature_column(self, feat: Feature, ddl: _Ddl) -> None:
+        ddl.alters.append(self.alter(f"ADD COLUMN {quote_ident(feat.name)} {pg_type(feat.dtype)}"))
+
+    def drop_checks(self, old: dict[str, str], new: dict[str, str], ddl: _Ddl) -> set[str]:
+        """Drop each constraint of ``old`` that ``new`` lacks or words differently;
+        returns the names dropped."""
+        names = {name for name, expr in old.items() if new.get(name) != expr}
+        ddl.drops.extend(
+            self.alter(f"DROP CONSTRAINT IF EXISTS {quote_ident(name)}") for name in old if name in names
+        )
+        return names
+
+    def add_checks(self, new: dict[str, str], old: dict[str, str], ddl: _Ddl) -> set[str]:
+        """Add each constraint of ``new`` that ``old`` lacks or words differently;
+        returns the names added."""
+        names = {name for name, expr in new.items() if old.get(name) != expr}
+        ddl.adds.extend(
+            self.alter(f"ADD CONSTRAINT {quote_ident(name)} CHECK ({expr})")
+            for name, expr in new.items() if name in names
+        )
+        return names
+
+
+# ------------------------------------------------------------------ comparisons
+
+_INT_RANK = {TypeKind.INT8: 8, TypeKind.INT16: 16, TypeKind.INT32: 32, TypeKind.INT64: 64}
+
+
+def _type_change(old: FieldType, new: FieldType) -> tuple[bool, str]:
+    """(compatible, detail) for a changed type."""
+    if old.kind in INTEGER_KINDS and new.kind in INTEGER_KINDS:
+        if _INT_RANK[new.kind] > _INT_RANK[old.kind]:
+            return True, f"type widened from {old} to {new}"
+        return False, f"type narrowed from {old} to {new}"
+    if old.kind is TypeKind.FLOAT32 and new.kind is TypeKind.FLOAT64:
+        return True, f"type widened from {old} to {new}"
+    if old.kind is TypeKind.FLOAT64 and new.kind is TypeKind.FLOAT32:
+        return False, f"type narrowed from {old} to {new}"
+    if old.kind is TypeKind.DECIMAL and new.kind is TypeKind.DECIMAL:
+        p, s, p2, s2 = old.precision or 0, old.scale or 0, new.precision or 0, new.scale or 0
+        if s2 >= s and p2 - s2 >= p - s:
+            return True, f"type widened from {old} to {new}"
+        return False, (
+            f"type narrowed from {old} to {new} (needs scale >= {s} and "
+            f"precision - scale >= {p - s})"
+        )
+    if old.kind is TypeKind.TIMESTAMP and new.kind is TypeKind.TIMESTAMP:
+        what = []
+        if old.unit != new.unit:
+            what.append(f"unit {old.unit} -> {new.unit}")
+        if old.tz != new.tz:
+            what.append(f"zone {old.tz or 'none'} -> {new.tz or 'none'}")
+        return False, f"timestamp {' and '.join(what)} (stored instants change meaning)"
+    return False, f"type changed from {old} to {new}"
+
+
+def _show(value: object) -> str:
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _ordered(value: ScalarValue) -> Decimal | dt.date | dt.datetime | None:
+    """A bound as an orderable value, or None when it cannot be ordered."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int | Decimal):
+        return Decimal(value)
+    if isinstance(value, float):
+        return Decimal(repr(value))
+    for parse in (dt.date.fromisoformat, dt.datetime.fromisoformat):
+        try:
+            return parse(value)
+        except ValueError:
+            continue
+    try:
+        return Decimal(value)
+    except InvalidOperation:
+        return None
+
+
+def _lower(a: ScalarValue, b: ScalarValue) -> bool | None:
+    """True when ``b < a``, False when ``b > a``, None when they cannot be ordered."""
+    x, y = _ordered(a), _ordered(b)
+    if isinstance(x, Decimal) and isinstance(y, Decimal):
+        return y < x
+    # datetime is a date subclass: compare only values of the very same class.
+    if isinstance(x, dt.datetime) and isinstance(y, dt.datetime):
+        try:
+            return y < x
+        except TypeError:  # a naive and an aware timestamp cannot be ordered
+            return None
+    if type(x) is dt.date and type(y) is dt.date:
+        return y < x
+    return None
+
+
+def _same(a: ScalarValue, b: ScalarValue) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    return a == b
+
+
+def _bound_change(
+    kind: ChangeKind, old: ScalarValue, new: ScalarValue, loosen_down: bool
+) -> tuple[bool, str] | None:
+    """(compatible, detail) for a bound; ``loosen_down``: lowering loosens (min)."""
+    if _same(old, new):
+        return None
+    name = kind.value
+    if new is None:
+        return True, f"{name} removed (was {_show(old)})"
+    if old is None:
+        return False, f"{name} added: {_show(new)}"
+    lower = _lower(old, new)
+    if lower is None:
+        return False, f"{name} changed from {_show(old)} to {_show(new)} (not comparable)"
+    verb = "lowered" if lower else "raised"
+    return lower == loosen_down, f"{name} {verb} from {_show(old)} to {_show(new)}"
+
+
+# ----------------------------------------------------------------------- differ
+
+
+class _Differ:
+    """Collects the changes of one diff, with the DDL of each."""
+
+    def __init__(self, old: Schema, new: Schema) -> None:
+        self.old, self.new = old, new
+        self.rules = {r.field: r for r in new.evolution_rules}
+        self.changes: list[tuple[Change, _Ddl]] = []
+        same_table = old.loadable and new.loadable and old.name == new.name
+        self.table = _Table(new) if same_table else None
+
+    # -- recording ------------------------------------------------------------
+
+    def add(
+        self, name: str, kind: ChangeKind, compatible: bool, detail: str, *,
+        scope: Scope = "field", old_name: str | None = None, ddl: _Ddl | None = None,
+    ) -> None:
+        rule = None
+        if scope != "schema":
+            rule = self.rules.get(name) or (self.rules.get(old_name) if old_name else None)
+        final = compatible if rule is None else not rule.breaking_change
+        if rule is not None and final != compatible:
+            why = f": {rule.description}" if rule.description else ""
+            verdict = "compatible" if final else "breaking"
+            detail = f"{detail} [declared {verdict} by evolution rule for {rule.field}{why}]"
+        self.changes.append((
+            Change(name, kind, final, detail, rule, compatible, scope, old_name), ddl or _Ddl(),
+        ))
+
+    def in_cold(self, f: Field | Feature, schema: Schema) -> bool:
+        if self.table is None:
+            return False
+        return "cold" in f.store or f.name in (schema.entity, schema.event_time)
+
+    # -- schema level -----------------------------------------------------------
+
+    def schema_level(self) -> None:
+        old, new = self.old, self.new
+        if old.name != new.name:
+            self.add("name", ChangeKind.NAME, False,
+                     f"schema renamed from {old.name!r} to {new.name!r} (another table)", scope="schema")
+        for kind, a, b in (
+            (ChangeKind.ENTITY, old.entity, new.entity),
+            (ChangeKind.EVENT_TIME, old.event_time, new.event_time),
+        ):
+            if a == b:
+                continue
+            if a is None:
+                self.add(kind.value, kind, True,
+                         f"{kind.value} set to {b!r}: the schema becomes loadable (its tables are "
+                         "created new by `features compile`)", scope="schema")
+            elif b is None:
+                self.add(kind.value, kind, False,
+                         f"{kind.value} {a!r} removed: the schema is no longer loadable", scope="schema")
+            else:
+                self.add(kind.value, kind, False,
+                         f"{kind.value} changed from {a!r} to {b!r} (the table key changes)", scope="schema")
+        if old.hot.ttl_seconds != new.hot.ttl_seconds:
+            def ttl(s: int | None) -> str:
+                return "no expiry" if s is None else f"{s}s"
+            self.add("hot.ttl", ChangeKind.HOT_TTL, True,
+                     f"hot ttl changed from {ttl(old.hot.ttl_seconds)} to {ttl(new.hot.ttl_seconds)}",
+                     scope="schema")
+        if old.payload.format != new.payload.format:
+            self.add("payload", ChangeKind.PAYLOAD, False,
+                     f"payload format changed from {old.payload.format} to {new.payload.format}",
+                     scope="schema")
+        a_max, b_max = old.payload.max_bytes, new.payload.max_bytes
+        if a_max != b_max:
+            self.add("payload", ChangeKind.PAYLOAD, b_max > a_max,
+                     f"payload max_bytes {'raised' if b_max > a_max else 'lowered'} from {a_max} to {b_max}",
+                     scope="schema")
+
+    # -- fields -----------------------------------------------------------------
+
+    def fields(self) -> None:
+        old_by = {f.name: f for f in self.old.fields}
+        new_by = {f.name: f for f in self.new.fields}
+        removed = [f for f in self.old.fields if f.name not in new_by]
+        added = [f for f in self.new.fields if f.name not in old_by]
+        renames: dict[str, Field] = {}  # new name -> old field
+        for gone in removed:
+            for f in added:
+                if f.name not in renames and f.type == gone.type:
+                    renames[f.name] = gone
+                    break
+        renamed_old = {f.name for f in renames.values()}
+        for f in self.new.fields:
+            if f.name in renames:
+                self.renamed(renames[f.name], f)
+            elif f.name in old_by:
+                self.modified(old_by[f.name], f)
+            else:
+                self.field_added(f)
+        for f in removed:
+            if f.name not in renamed_old:
+                self.field_removed(f)
+
+    def addable(self, f: Field) -> bool:
+        """Whether old producers (and history rows) can do without ``f``."""
+        return f.constraints.has_default or not _not_null(f)
+
+    def field_added(self, f: Field) -> None:
+        ddl = _Ddl()
+        if self.in_cold(f, self.new):
+            assert self.table is not None
+            self.table.add_column(f, ddl)
+        where = f" (stored {', '.join(sorted(f.store))})" if f.store else ""
+        if self.addable(f):
+            detail = f"field added as {f.type}{where}, " + (
+                f"default {_show(f.constraints.default)}" if f.constraints.has_default else "nullable"
+            )
+            self.add(f.name, ChangeKind.FIELD_ADDED, True, detail, ddl=ddl)
+        else:
+            what = "required" if f.constraints.required else "not nullable"
+            self.add(f.name, ChangeKind.FIELD_ADDED, False,
+                     f"field added as {f.type}{where}, {what} without a default: "
+                     "old producers do not send it", ddl=ddl)
+
+    def keep_history(self, f: Field, ddl: _Ddl) -> None:
+        """DDL for a column no longer written: kept for history, nulls allowed."""
+        if self.in_cold(f, self.old) and self.table is not None and f.name not in self.table.keys:
+            if _not_null(f):
+                ddl.alters.append(self.table.alter(f"ALTER COLUMN {quote_ident(f.name)} DROP NOT NULL"))
+
+    def field_removed(self, f: Field) -> None:
+        ddl = _Ddl()
+        self.keep_history(f, ddl)
+        self.add(f.name, ChangeKind.FIELD_REMOVED, False,
+                 f"field {f.name} ({f.type}) removed: readers lose it", ddl=ddl)
+
+    def renamed(self, old: Field, new: Field) -> None:
+        ddl = _Ddl()
+        if self.table is not None and self.in_cold(old, self.old) and self.in_cold(new, self.new):
+            ddl.alters.append(self.table.alter(
+                f"RENAME COLUMN {quote_ident(old.name)} TO {quote_ident(new.name)}"))
+            for rule in field_rules(old):
+                if check_expr(old, rule) is not None:
+                    ddl.alters.append(self.table.alter(
+                        f"RENAME CONSTRAINT {quote_ident(constraint_name(old.name, rule.kind))} "
+                        f"TO {quote_ident(constraint_name(new.name, rule.kind))}"))
+        self.add(new.name, ChangeKind.FIELD_RENAMED, False,
+                 f"renamed? field {old.name} removed and {new.name} added with the same type "
+                 f"{new.type}: readers of {old.name} break", old_name=old.name, ddl=ddl)
+        # Whatever else differs is compared under the new name.
+        self.modified(dataclasses.replace(old, name=new.name), new, old_name=old.name)
+
+    def modified(self, old: Field, new: Field, old_name: str | None = None) -> None:
+        """Changes to a field present in both schemas (under ``new``'s name)."""
+        name = new.name
+        a, b = old.constraints, new.constraints
+        table = self.table if self.in_cold(old, self.old) and self.in_cold(new, self.new) else None
+        old_checks, new_checks = (_checks(old), _checks(new)) if table is not None else ({}, {})
+        dropped: set[str] = set()  # CHECKs some change drops (and maybe re-adds)
+        added: set[str] = set()
+
+        def add(kind: ChangeKind, compatible: bool, detail: str, ddl: _Ddl | None = None) -> None:
+            self.add(name, kind, compatible, detail, old_name=old_name, ddl=ddl)
+
+        def check_ddl(*kinds: ReasonCode, ddl: _Ddl | None = None) -> _Ddl:
+            """Drop and re-add the CHECKs of ``kinds`` whose expression changed."""
+            ddl = ddl or _Ddl()
+            names = {constraint_name(name, k) for k in kinds}
+            if table is not None:
+                before = {k: v for k, v in old_checks.items() if k in names}
+                after = {k: v for k, v in new_checks.items() if k in names}
+                dropped.update(table.drop_checks(before, after, ddl))
+                added.update(table.add_checks(after, before, ddl))
+            return ddl
+
+        # Bounds and lengths, enum values.
+        for kind, code, x, y, down in (
+            (ChangeKind.MIN, ReasonCode.MIN, a.min, b.min, True),
+            (ChangeKind.MAX, ReasonCode.MAX, a.max, b.max, False),
+            (ChangeKind.MIN_LENGTH, ReasonCode.MIN_LENGTH, a.min_length, b.min_length, True),
+            (ChangeKind.MAX_LENGTH, ReasonCode.MAX_LENGTH, a.max_length, b.max_length, False),
+        ):
+            verdict = _bound_change(kind, x, y, down)
+            if verdict is not None:
+                add(kind, verdict[0], verdict[1], check_ddl(code))
+        if a.pattern != b.pattern:
+            if b.pattern is None:
+                verdict = True, f"pattern removed (was {a.pattern!r})"
+            elif a.pattern is None:
+                verdict = False, f"pattern added: {b.pattern!r}"
+            else:
+                verdict = False, f"pattern changed from {a.pattern!r} to {b.pattern!r}"
+            add(ChangeKind.PATTERN, verdict[0], verdict[1], check_ddl(ReasonCode.PATTERN))
+        if old.type.kind is TypeKind.ENUM and new.type.kind is TypeKind.ENUM and old.values != new.values:
+            gained = [v for v in new.values if v not in old.values]
+            lost = [v for v in old.values if v not in new.values]
+            parts = []
+            if gained:
+                parts.append("values added: " + ", ".join(map(repr, gained)))
+            if lost:
+                parts.append("values removed: " + ", ".join(map(repr, lost)))
+            add(ChangeKind.ENUM, not lost, "enum " + ("; ".join(parts) or "values reordered"),
+                check_ddl(ReasonCode.ENUM))
+
+        # Nulls: `required` and `nullable` are reported apart; NOT NULL (and the
+        # empty-string CHECK of empty_as_null) follow the not_null rule they make.
+        null_ddl = _Ddl()
+        if table is not None and name not in table.keys and _not_null(old) != _not_null(new):
+            action = "SET NOT NULL" if _not_null(new) else "DROP NOT NULL"
+            null_ddl.alters.append(table.alter(f"ALTER COLUMN {quote_ident(name)} {action}"))
+        check_ddl(ReasonCode.NOT_NULL, ddl=null_ddl)
+        null_changes: list[tuple[ChangeKind, bool, str]] = []
+        if a.required != b.required:
+            null_changes.append((ChangeKind.REQUIRED, not b.required,
+                                 "required removed" if a.required
+                                 else "required added: the column must now be present"))
+        # `required` implies not nullable: a nullable change that only follows it is no news.
+        follows_required = a.required != b.required and b.nullable != b.required
+        if a.nullable != b.nullable and not follows_required:
+            null_changes.append((ChangeKind.NULLABLE, b.nullable,
+                                 "nullable false -> true: nulls now accepted" if b.nullable
+                                 else "nullable true -> false: nulls now rejected"))
+        if a.empty_as_null != b.empty_as_null:
+            null_changes.append((ChangeKind.EMPTY_AS_NULL, False,
+                                 f"empty_as_null {_show(a.empty_as_null)} -> {_show(b.empty_as_null)}: "
+                                 "empty strings change meaning"))
+        for i, (kind, compatible, detail) in enumerate(null_changes):
+            add(kind, compatible, detail, null_ddl if i == 0 else None)
+
+        # The type; it also owns every CHECK no other change handles (the int8 range,
+        # NaN, bounds whose SQL changes with the type). When the column type changes,
+        # Postgres keeps the old casts inside CHECKs and DEFAULT (``'NaN'::real``):
+        # they are written again so the table equals a freshly created one.
+        old_default, new_default = _default_sql(old), _default_sql(new)
+        retyped = pg_type(new.type) != pg_type(old.type)
+        default_changed = a.has_default != b.has_default or not _same(a.default, b.default)
+        if old.type != new.type:
+            compatible, detail = _type_change(old.type, new.type)
+            ddl = _Ddl()
+            if table is not None:
+                rest_old = {k: v for k, v in old_checks.items() if k not in dropped}
+                rest_new = {k: v for k, v in new_checks.items() if k not in added}
+                table.drop_checks(rest_old, {} if retyped else rest_new, ddl)
+                if retyped:
+                    col = quote_ident(name)
+                    pg = pg_type(new.type)
+                    ddl.alters.append(table.alter(f"ALTER COLUMN {col} TYPE {pg} USING {col}::{pg}"))
+                    if new_default is not None and not default_changed:
+                        ddl.alters.append(table.alter(f"ALTER COLUMN {col} SET DEFAULT {new_default}"))
+                table.add_checks(rest_new, {} if retyped else rest_old, ddl)
+            add(ChangeKind.TYPE, compatible, detail, ddl)
+
+        if default_changed:
+            ddl = _Ddl()
+            if table is not None and (old_default != new_default or retyped):
+                col = quote_ident(name)
+                action = "DROP DEFAULT" if new_default is None else f"SET DEFAULT {new_default}"
+                ddl.alters.append(table.alter(f"ALTER COLUMN {col} {action}"))
+            if not a.has_default:
+                verdict = True, f"default added: {_show(b.default)}"
+            elif b.has_default:
+                verdict = True, f"default changed from {_show(a.default)} to {_show(b.default)}"
+            elif _not_null(new):
+                verdict = False, f"default removed (was {_show(a.default)}): missing values are now rejected"
+            else:
+                verdict = True, f"default removed (was {_show(a.default)}): missing values stay null"
+            add(ChangeKind.DEFAULT, verdict[0], verdict[1], ddl)
+
+        if old.accept_strings != new.accept_strings:
+            add(ChangeKind.ACCEPT_STRINGS, new.accept_strings,
+                "accept_strings false -> true: string input now parsed" if new.accept_strings
+                else "accept_strings true -> false: string input now rejected")
+
+        self.stores(old, new, self.addable(new))
+
+    def stores(self, old: Field | Feature, new: Field | Feature, addable: bool) -> None:
+        targets: tuple[StoreTarget, ...] = ("hot", "cold")
+        for target in targets:
+            if target in new.store and target not in old.store:
+                ddl = _Ddl()
+                if target == "cold" and self.table is not None and old.name not in self.table.keys:
+                    if isinstance(new, Field):
+                        self.table.add_column(new, ddl)
+                    else:
+                        self.table.add_feature_column(new, ddl)
+                # Without a cold table yet (the schema just became loadable) there is
+                # no history to fill.
+                ok = addable or target == "hot" or self.table is None
+                why = "" if ok else " (not nullable without a default: history rows have no value)"
+                self.add(new.name, ChangeKind.STORE, ok, f"now stored {target}{why}", ddl=ddl,
+                         scope="field" if isinstance(new, Field) else "feature")
+            elif target in old.store and target not in new.store:
+                ddl = _Ddl()
+                if target == "cold" and isinstance(old, Field):
+                    self.keep_history(old, ddl)
+                self.add(new.name, ChangeKind.STORE, False, f"no longer stored {target}: readers lose it",
+                         ddl=ddl, scope="field" if isinstance(new, Field) else "feature")
+
+    # -- derived features -------------------------------------------------------
+
+    def features(self) -> None:
+        old_by = {f.name: f for f in self.old.features}
+        new_names = {f.name for f in self.new.features}
+        for feat in self.new.features:
+            before = old_by.get(feat.name)
+            if before is None:
+                ddl = _Ddl()
+                if self.table is not None and "cold" in feat.store:
+                    self.table.add_feature_column(feat, ddl)
+                self.add(feat.name, ChangeKind.FEATURE_ADDED, True,
+                         f"derived feature added ({feat.dtype} from {feat.source}, stored "
+                         f"{', '.join(sorted(feat.store))})", scope="feature", ddl=ddl)
+                continue
+            what = []
+            if before.source != feat.source:
+                what.append(f"source {before.source} -> {feat.source}")
+            if before.steps != feat.steps:
+                what.append("steps changed")
+            if before.dtype != feat.dtype:
+                what.append(f"dtype {before.dtype} -> {feat.dtype}")
+            if before.on_invalid != feat.on_invalid:
+                what.append(f"on_invalid {before.on_invalid} -> {feat.on_invalid}")
+            if what:
+                self.add(feat.name, ChangeKind.FEATURE_CHANGED, False,
+                         f"derived feature {', '.join(what)}: its values change meaning", scope="feature")
+            self.stores(before, feat, True)
+        for before in self.old.features:
+            if before.name not in new_names:
+                self.add(before.name, ChangeKind.FEATURE_REMOVED, False,
+                         "derived feature removed: readers lose it", scope="feature")
+
+
+# ------------------------------------------------------------------ public API
+
+
+def _phases(ddls: Iterable[_Ddl]) -> list[str]:
+    items = list(ddls)
+    return [s for d in items for s in d.drops] + [s for d in items for s in d.alters] + [
+        s for d in items for s in d.adds
+    ]
+
+
+def _record_fingerprint(new: Schema, fingerprint: str) -> str:
+    """Upsert the new version and fingerprint into ``featureline_schemas`` (the table
+    ``features compile``'s DDL creates, keyed by schema name)."""
+    columns = ("schema_name", "version", "fingerprint", "applied_at")
+    name, version, fp, applied = (quote_ident(c) for c in columns)
+    values = ", ".join(quote_literal(v) for v in (new.name, new.version_str, fingerprint))
+    return (
+        f"INSERT INTO {quote_ident(SCHEMAS_TABLE)} ({name}, {version}, {fp}) VALUES ({values}) "
+        f"ON CONFLICT ({name}) DO UPDATE SET {version} = EXCLUDED.{version}, "
+        f"{fp} = EXCLUDED.{fp}, {applied} = now()"
+    )
+
+
+def _version_verdict(old: Schema, new: Schema, changes: Sequence[Change]) -> tuple[str | None, list[str]]:
+    """(refusal, warnings) for the version step between ``old`` and ``new``."""
+    warnings: list[str] = []
+    breaking = [c for c in changes if not c.compatible]
+    if breaking and new.version[0] <= old.version[0]:
+        lines = "\n".join(f"  - {c.field}: {c.detail}" for c in breaking)
+        return (
+            f"{len(breaking)} breaking change(s) need a new major version, but {old.name} goes "
+            f"from {old.version_str} to {new.version_str} (expected {old.version[0] + 1}.0.0 or "
+            f"later):\n{lines}"
+        ), warnings
+    if new.version < old.version:
+        warnings.append(f"version goes backwards: {old.version_str} -> {new.version_str}")
+    elif changes and new.version == old.version:
+        warnings.append(
+            f"version not bumped: {len(changes)} change(s) but {new.name} stays at {new.version_str} "
+            f"(compatible changes need a minor or patch bump)"
+        )
+    return None, warnings
+
+
+def diff_schemas(old: Schema, new: Schema) -> SchemaDiff:
+    """Classify every change from ``old`` to ``new`` and gate the version.
+
+    Pure: reads only the two schemas. Never raises for a refused change: the result
+    says ``allowed=False`` with a ``refusal`` message. Raises whatever
+    ``features.compile.fingerprint.fingerprint`` raises when the diff is allowed,
+    compatible and has a migration to record.
+    """
+    differ = _Differ(old, new)
+    differ.schema_level()
+    differ.fields()
+    differ.features()
+    changes = tuple(
+        dataclasses.replace(c, ddl=d.all() if c.compatible else ()) for c, d in differ.changes
+    )
+    refusal, warnings = _version_verdict(old, new, changes)
+    migration = _phases(d for c, d in differ.changes if c.compatible)
+    if changes and refusal is None and all(c.compatible for c in changes) and differ.table is not None:
+        from features.compile.fingerprint import fingerprint
+
+        migration.append(_record_fingerprint(new, fingerprint(new)))
+    return SchemaDiff(
+        old=old, new=new, changes=changes, migration_ddl=migration,
+        allowed=refusal is None, refusal=refusal, warnings=tuple(warnings),
+    )
+
+
+__all__ = ["SCHEMA_KINDS", "Change", "ChangeKind", "SchemaDiff", "diff_schemas"]

@@ -1,0 +1,342 @@
+"""Reading a composed YAML node tree with places attached.
+
+``NodeReader`` holds the helpers every part of the schema parser uses: check that a
+node is a mapping with known keys (reporting unknown, duplicate and missing keys), a
+list, a string, a bool, an int or an exact number, and convert a constraint value
+exactly to a field's type. Each helper records a :class:`SchemaError` with the
+node's 1-based line and the key path, and returns None (or ``INVALID``) instead of
+raising, so one pass collects every problem in a file.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from decimal import Context, Decimal, InvalidOperation
+from typing import Any, Final
+
+from yaml.constructor import SafeConstructor
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from features.errors import SchemaError
+from features.schema.model import FLOAT_KINDS, INTEGER_KINDS, FieldType, ScalarValue, TypeKind
+from features.schema.syntax import suggest
+
+_T: Final = "tag:yaml.org,2002:"
+STR: Final = _T + "str"
+INT: Final = _T + "int"
+FLOAT: Final = _T + "float"
+BOOL: Final = _T + "bool"
+NULL: Final = _T + "null"
+TIMESTAMP: Final = _T + "timestamp"
+_SCALAR_TAGS: Final = frozenset({STR, INT, FLOAT, BOOL, NULL, TIMESTAMP})
+
+_INT_RANGES: Final = {
+    TypeKind.INT8: (-(2**7), 2**7 - 1),
+    TypeKind.INT16: (-(2**15), 2**15 - 1),
+    TypeKind.INT32: (-(2**31), 2**31 - 1),
+    TypeKind.INT64: (-(2**63), 2**63 - 1),
+}
+_FLOAT32_MAX: Final = 3.4028234663852886e38
+#: a YAML int spelled in decimal (YAML 1.1 also reads 0o17, 017, 0x1F, 0b101, 1:30)
+_DECIMAL_INT_RE: Final = re.compile(r"^[-+]?(?:0|[1-9][0-9_]*)$")
+#: an exact context wide enough for any decimal(38, s) value.
+_EXACT: Final = Context(prec=100)
+
+
+def line_of(node: Node | None) -> int | None:
+    """The node's 1-based line, or None without a node."""
+    return None if node is None else node.start_mark.line + 1
+
+
+def join_path(base: str, key: str | int) -> str:
+    """``fields`` + 2 -> ``fields[2]``; ``fields[2]`` + ``type`` -> ``fields[2].type``."""
+    if isinstance(key, int):
+        return f"{base}[{key}]"
+    return f"{base}.{key}" if base else key
+
+
+def is_null(node: Node | None) -> bool:
+    """True for a YAML null (``~``, ``null`` or an empty value)."""
+    return isinstance(node, ScalarNode) and node.tag == NULL
+
+
+def describe(node: Node) -> str:
+    """How an error message names what it found: ``a list``, ``string 'x'``, ``int 5``."""
+    if isinstance(node, MappingNode):
+        return "a mapping"
+    if isinstance(node, SequenceNode):
+        return "a list"
+    if node.tag == NULL:
+        return "null"
+    if node.tag == STR:
+        return f"string {node.value!r}"
+    return f"{str(node.tag).rsplit(':', 1)[-1]} {node.value}"
+
+
+@dataclass
+class YamlMap:
+    """A checked YAML mapping: its node, key path and ``key -> (key node, value node)``
+    for the allowed keys that were given."""
+
+    node: MappingNode
+    path: str
+    entries: dict[str, tuple[Node, Node]]
+
+    def get(self, key: str) -> Node | None:
+        entry = self.entries.get(key)
+        return None if entry is None else entry[1]
+
+    def present(self, key: str) -> bool:
+        """True when the key is given with a non-null value."""
+        node = self.get(key)
+        return node is not None and not is_null(node)
+
+    def at(self, key: str) -> str:
+        return join_path(self.path, key)
+
+
+class Invalid:
+    """Marker: a value was wrong and its error recorded (None is a valid value)."""
+
+
+INVALID: Final = Invalid()
+
+
+class NodeReader:
+    """Reads nodes of one YAML document; every problem is appended to ``errors``."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.errors: list[SchemaError] = []
+        self._constructor = SafeConstructor()
+
+    # ---- error and scalar helpers
+
+    def error(self, node: Node | None, key_path: str, reason: str) -> None:
+        self.errors.append(SchemaError(reason, path=self.path, line=line_of(node), key_path=key_path))
+
+    def construct(self, node: ScalarNode) -> Any:
+        return self._constructor.construct_object(node, deep=True)
+
+    def mapping(
+        self, node: Node, kp: str, allowed: Sequence[str], required: Sequence[str], what: str,
+    ) -> YamlMap | None:
+        if not isinstance(node, MappingNode):
+            self.error(node, kp, f"expected {what} (a mapping), got {describe(node)}")
+            return None
+        if node.tag != _T + "map":
+            self.error(node, kp, f"unsupported YAML tag {node.tag}")
+            return None
+        entries: dict[str, tuple[Node, Node]] = {}
+        for knode, vnode in node.value:
+            if knode.tag == _T + "merge":
+                self.error(knode, kp, "merge keys (<<) are not supported; write the keys out")
+                continue
+            if not isinstance(knode, ScalarNode):
+                self.error(knode, kp, f"keys must be plain names, got {describe(knode)}")
+                continue
+            key = str(knode.value)
+            if key in entries:
+                first = line_of(entries[key][0])
+                self.error(knode, join_path(kp, key), f"duplicate key '{key}' (first at line {first})")
+                continue
+            entries[key] = (knode, vnode)
+            if key not in allowed:
+                hint = suggest(key, allowed) or f"; expected one of: {', '.join(allowed)}"
+                self.error(knode, join_path(kp, key), f"unknown key '{key}' in {what}{hint}")
+        for key in required:
+            if key not in entries:
+                self.error(node, join_path(kp, key), f"missing required key '{key}' in {what}")
+        return YamlMap(node, kp, {k: v for k, v in entries.items() if k in allowed})
+
+    def sequence(self, node: Node, kp: str, what: str) -> list[Node] | None:
+        if not isinstance(node, SequenceNode):
+            self.error(node, kp, f"expected {what} (a list), got {describe(node)}")
+            return None
+        if node.tag != _T + "seq":
+            self.error(node, kp, f"unsupported YAML tag {node.tag}")
+            return None
+        return list(node.value)
+
+    def scalar(self, node: Node, kp: str, what: str) -> ScalarNode | None:
+        if not isinstance(node, ScalarNode):
+            self.error(node, kp, f"expected {what}, got {describe(node)}")
+            return None
+        if node.tag not in _SCALAR_TAGS:
+            self.error(node, kp, f"unsupported YAML tag {node.tag}")
+            return None
+        return node
+
+    def string(self, node: Node, kp: str, what: str = "a string") -> str | None:
+        s = self.scalar(node, kp, what)
+        if s is None:
+            return None
+        if s.tag != STR:
+            quote = f" (quote it: '{s.value}')" if s.tag in (BOOL, INT, FLOAT, TIMESTAMP) else ""
+            self.error(s, kp, f"expected {what}, got {describe(s)}{quote}")
+            return None
+        return str(s.value)
+
+    def boolean(self, node: Node, kp: str) -> bool | None:
+        s = self.scalar(node, kp, "true or false")
+        if s is None:
+            return None
+        if s.tag != BOOL:
+            self.error(s, kp, f"expected true or false, got {describe(s)}")
+            return None
+        return bool(self.construct(s))
+
+    def integer(self, node: Node, kp: str, what: str, minimum: int) -> int | None:
+        """A YAML int written in decimal, ``>= minimum`` (bools and floats refused)."""
+        s = self.scalar(node, kp, what)
+        if s is None:
+            return None
+        if s.tag != INT:
+            self.error(s, kp, f"expected {what}, got {describe(s)}")
+            return None
+        value = self.number(s, kp, what)
+        if value is None:
+            return None
+        if value < minimum:
+            self.error(s, kp, f"{what} must be >= {minimum}, got {value}")
+            return None
+        return int(value)
+
+    def number(self, node: Node, kp: str, what: str) -> Decimal | None:
+        """An exact, finite number from the scalar's text (``1e10`` and ``0.01`` included).
+
+        Only decimal spellings are numbers: YAML 1.1's octal (``010`` is 8), hex, binary
+        and base-60 (``1:30``) forms are refused rather than silently converted.
+        """
+        s = self.scalar(node, kp, f"{what} (a number)")
+        if s is None:
+            return None
+        text = str(s.value)
+        if not (s.tag in (INT, FLOAT) or (s.tag == STR and s.style is None)):
+            self.error(s, kp, f"{what} must be a number, got {describe(s)}")
+            return None
+        if s.tag == FLOAT and text.lower().lstrip("+-") in (".inf", ".nan"):
+            self.error(s, kp, f"{what} must be a finite number, got {text}")
+            return None
+        if s.tag == INT and not _DECIMAL_INT_RE.match(text):
+            self.error(s, kp, f"{what} {text} is not written in decimal (YAML 1.1 would read it as "
+                              f"{self.construct(s)}); write the number in decimal")
+            return None
+        try:
+            value = Decimal(text)
+        except InvalidOperation:
+            what_it_is = describe(s) if s.tag == STR else f"{text} (not a decimal number)"
+            self.error(s, kp, f"{what} must be a number, got {what_it_is}")
+            return None
+        if not value.is_finite():
+            self.error(s, kp, f"{what} must be a finite number, got {text}")
+            return None
+        return value
+
+    def plain_number(self, node: Node, kp: str, what: str) -> int | float | None:
+        """A step argument: int when written as a YAML int, else float."""
+        value = self.number(node, kp, what)
+        if value is None:
+            return None
+        if node.tag == INT:
+            return int(value)
+        return float(value)
+
+    # ---- typed values (constraints and defaults)
+
+    def typed_value(self, node: Node, kp: str, ftype: FieldType, what: str) -> ScalarValue | Invalid:
+        """``node`` converted exactly to a value of ``ftype`` (see the module docstring)."""
+        kind = ftype.kind
+        if kind in INTEGER_KINDS:
+            d = self.number(node, kp, what)
+            if d is None:
+                return INVALID
+            if d != d.to_integral_value():
+                self.error(node, kp, f"{what} {node.value} is not an integer, {ftype} needs one")
+                return INVALID
+            lo, hi = _INT_RANGES[kind]
+            if not lo <= int(d) <= hi:
+                self.error(node, kp, f"{what} {int(d)} is not representable in {ftype} (range {lo}..{hi})")
+                return INVALID
+            return int(d)
+        if kind is TypeKind.DECIMAL:
+            d = self.number(node, kp, what)
+            if d is None:
+                return INVALID
+            precision, scale = ftype.precision or 0, ftype.scale or 0
+            places = max(0, -int(d.normalize(_EXACT).as_tuple().exponent))
+            if places > scale:
+                self.error(
+                    node, kp, f"{what} {node.value} has {places} decimal places, {ftype} allows {scale}",
+                )
+                return INVALID
+            q = _EXACT.quantize(d, Decimal((0, (1,), -scale)))
+            digits = precision - scale
+            if q != 0 and q.adjusted() >= digits:
+                self.error(
+                    node, kp, f"{what} {node.value} is not representable in {ftype} (at most {digits} "
+                              "integer digits)",
+                )
+                return INVALID
+            return q
+        if kind in FLOAT_KINDS:
+            d = self.number(node, kp, what)
+            if d is None:
+                return INVALID
+            f = float(d)
+            if math.isinf(f) or (kind is TypeKind.FLOAT32 and abs(f) > _FLOAT32_MAX):
+                self.error(node, kp, f"{what} {node.value} is not representable in {ftype}")
+                return INVALID
+            return f
+        s = self.scalar(node, kp, what)
+        if s is None:
+            return INVALID
+        if kind is TypeKind.BOOL:
+            if s.tag != BOOL:
+                self.error(s, kp, f"{what} must be true or false for a bool field, got {describe(s)}")
+                return INVALID
+            return bool(self.construct(s))
+        if kind in (TypeKind.STRING, TypeKind.ENUM):
+            if s.tag != STR:
+                self.error(s, kp, f"{what} must be a string for {ftype} fields, got {describe(s)} "
+                                  f"(quote it: '{s.value}')")
+                return INVALID
+            return str(s.value)
+        if s.tag not in (STR, TIMESTAMP):
+            self.error(s, kp, f"{what} must be an ISO {kind.value}, got {describe(s)}")
+            return INVALID
+        text = str(s.value)
+        if kind is TypeKind.DATE:
+            try:
+                return date.fromisoformat(text).isoformat()
+            except ValueError:
+                self.error(s, kp, f"{what} '{text}' is not an ISO date (YYYY-MM-DD)")
+                return INVALID
+        try:
+            dt = datetime.fromisoformat(text)
+        except ValueError:
+            self.error(s, kp, f"{what} '{text}' is not an ISO timestamp (e.g. 2024-01-31T12:00:00Z)")
+            return INVALID
+        if ftype.tz is not None and dt.tzinfo is None:
+            self.error(s, kp, f"{what} '{text}' needs a UTC offset for {ftype} (e.g. 2024-01-31T12:00:00Z)")
+            return INVALID
+        if ftype.tz is None and dt.tzinfo is not None:
+            self.error(s, kp, f"{what} '{text}' must not carry a UTC offset for naive {ftype}")
+            return INVALID
+        if (ftype.unit == "s" and dt.microsecond) or (ftype.unit == "ms" and dt.microsecond % 1000):
+            self.error(s, kp, f"{what} '{text}' is not representable in {ftype} (finer than {ftype.unit})")
+            return INVALID
+        if dt.tzinfo is not None:
+            dt = dt.astimezone(UTC)
+        return dt.isoformat()
+
+
+def order_key(value: ScalarValue) -> Any:
+    """A sort key for a converted bound: numbers as they are, ISO strings as dates/datetimes."""
+    if isinstance(value, str):
+        return datetime.fromisoformat(value) if "T" in value else date.fromisoformat(value)
+    return value

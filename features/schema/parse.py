@@ -1,0 +1,741 @@
+"""YAML -> Schema: read a schema file, check it, and report every problem with its place.
+
+The YAML is composed into a node tree (``yaml.compose`` with the safe loader) and
+walked by hand, so every value keeps its 1-based line and its original text. That
+gives two things a plain ``yaml.safe_load`` cannot: errors that point at
+``file:line`` and a key path such as ``fields[2].constraints.min``, and exact numbers
+(a decimal bound ``0.01`` becomes ``Decimal("0.01")`` from the text, never via float).
+
+Every problem in a file is collected; the parser raises one
+:class:`~features.errors.SchemaErrors` listing them all (sorted by line), so a user
+fixes a file in one go. A YAML syntax error stops at once with a single
+:class:`~features.errors.SchemaError` at the line PyYAML reports.
+
+Value conversion (what lands in :class:`~features.schema.model.Constraints`):
+
+===================  ==============================================================
+field type           ``min`` / ``max`` / ``default``
+===================  ==============================================================
+int8 .. int64        ``int`` (must be integral and inside the type's range)
+float32 / float64    ``float`` (finite; float32 bounds inside +-3.4028235e38)
+decimal(p,s)         ``Decimal`` from the scalar's text, quantized to scale ``s``
+                     (at most ``s`` decimal places, at most ``p - s`` integer digits)
+date                 ISO string ``YYYY-MM-DD``
+timestamp(u)         ISO string, naive (an offset is refused)
+timestamp(u, TZ)     ISO string in UTC (``...+00:00``); the value must carry an offset
+string / enum        ``str`` (``default`` only)
+bool                 ``bool`` (``default`` only; bool has no order)
+===================  ==============================================================
+
+Nothing here touches Arrow, Postgres or Redis; the compiler does.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Final, cast
+
+import yaml
+from yaml.nodes import Node, ScalarNode, SequenceNode
+
+from features.errors import SchemaError, SchemaErrors
+from features.schema.model import (
+    INTEGER_KINDS,
+    Constraints,
+    EvolutionRule,
+    Feature,
+    Field,
+    FieldType,
+    HotStore,
+    OnInvalid,
+    Payload,
+    ScalarValue,
+    Schema,
+    StoreTarget,
+    TypeKind,
+)
+from features.schema.nodes import (
+    INT,
+    NULL,
+    STR,
+    Invalid,
+    YamlMap,
+    describe,
+    is_null,
+    join_path,
+    line_of,
+    order_key,
+)
+from features.schema.steps import StepReader
+from features.schema.syntax import (
+    MAX_SCHEMA_NAME,
+    duration_seconds,
+    identifier_problem,
+    parse_type,
+    regex_problem,
+    suggest,
+)
+
+__all__ = ["load_schema", "load_schemas", "parse_schema"]
+
+_TOP_KEYS: Final = (
+    "name", "version", "description", "entity", "event_time", "hot", "payload", "fields",
+    "features", "evolution_rules",
+)
+_FIELD_KEYS: Final = ("name", "type", "description", "store", "accept_strings", "values", "constraints")
+_CONSTRAINT_KEYS: Final = (
+    "required", "nullable", "min", "max", "pattern", "min_length", "max_length", "default",
+    "empty_as_null",
+)
+_FEATURE_KEYS: Final = ("name", "from", "steps", "dtype", "store", "on_invalid", "description")
+_RULE_KEYS: Final = ("field", "breaking_change", "description")
+
+_SEMVER_RE: Final = re.compile(r"^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)$")
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def parse_schema(text: str, path: str | None = None) -> Schema:
+    """Parse and check one schema from YAML ``text``.
+
+    ``path`` is used in error messages and, when the YAML has no ``name:``, its file
+    stem names a validation-only schema. Returns an immutable :class:`Schema`.
+
+    Raises :class:`SchemaError` for a YAML syntax error or an empty file, and
+    :class:`SchemaErrors` (a SchemaError whose ``errors`` lists one SchemaError per
+    problem, each with ``path``, ``line``, ``key_path`` and ``reason``) for every
+    other problem. Never returns a partially checked schema.
+    """
+    schema, _ = _parse(text, path)
+    return schema
+
+
+def load_schema(path: str | Path) -> Schema:
+    """Read and parse the schema file at ``path`` (UTF-8). Raises like :func:`parse_schema`,
+    and SchemaError when the file cannot be read."""
+    return _parse(_read(Path(path)), str(path))[0]
+
+
+def load_schemas(paths_or_dir: str | Path | Iterable[str | Path]) -> dict[str, Schema]:
+    """Load every schema: a directory (its ``*.yaml``/``*.yml`` files, sorted), one file, or
+    an iterable of files and directories. Returns ``{schema name: Schema}`` in file order.
+
+    Problems in all files are collected and raised together as one SchemaErrors; two
+    files declaring the same schema name is such a problem (reported on the second).
+    """
+    if isinstance(paths_or_dir, (str, Path)):
+        paths_or_dir = [paths_or_dir]
+    files: list[Path] = []
+    for item in paths_or_dir:
+        p = Path(item)
+        if p.is_dir():
+            files.extend(sorted(q for q in p.iterdir() if q.suffix in (".yaml", ".yml") and q.is_file()))
+        else:
+            files.append(p)
+    schemas: dict[str, Schema] = {}
+    errors: list[SchemaError] = []
+    for file in files:
+        try:
+            schema, name_line = _parse(_read(file), str(file))
+        except SchemaErrors as exc:
+            errors.extend(exc.errors)
+            continue
+        except SchemaError as exc:
+            errors.append(exc)
+            continue
+        if schema.name in schemas:
+            first = schemas[schema.name].path
+            errors.append(SchemaError(
+                f"duplicate schema name '{schema.name}' (also declared in {first})",
+                path=str(file), line=name_line, key_path="name",
+            ))
+            continue
+        schemas[schema.name] = schema
+    if errors:
+        raise SchemaErrors(errors)
+    return schemas
+
+
+# --------------------------------------------------------------------------- plumbing
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SchemaError(f"cannot read the schema file: {exc}", path=str(path)) from None
+
+
+def _parse(text: str, path: str | None) -> tuple[Schema, int | None]:
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        problem = exc.problem or exc.context or "syntax error"
+        raise SchemaError(
+            f"invalid YAML: {problem}", path=path, line=None if mark is None else mark.line + 1,
+        ) from None
+    except yaml.YAMLError as exc:
+        raise SchemaError(f"invalid YAML: {exc}", path=path) from None
+    if root is None:
+        raise SchemaError("the file is empty: a schema needs at least version and fields", path=path)
+    parser = _SchemaParser(path)
+    schema = parser.parse(root)
+    if schema is None:
+        assert parser.errors, "the parser returns None only after recording an error"
+        errors = sorted(parser.errors, key=lambda e: (e.line is None, e.line or 0))
+        raise SchemaErrors(errors)
+    return schema, parser.name_line
+
+
+class _SchemaParser(StepReader):
+    """Walks one composed schema document; ``errors`` collects every problem."""
+
+    def __init__(self, path: str | None) -> None:
+        super().__init__(path)
+        #: the line of ``name:`` (for duplicate-name errors across files)
+        self.name_line: int | None = None
+
+    def parse(self, root: Node) -> Schema | None:
+        """The Schema, or None when any problem was recorded in ``errors``."""
+        top = self.mapping(root, "", _TOP_KEYS, ("version", "fields"), "a schema")
+        if top is None:
+            return None
+        version = self.parse_version(top)
+        description = self.optional_string(top, "description") or ""
+        entity = self.optional_string(top, "entity")
+        event_time = self.optional_string(top, "event_time")
+        loadable = top.present("entity") and top.present("event_time")
+        for key, other in (("entity", "event_time"), ("event_time", "entity")):
+            if top.present(key) and not top.present(other):
+                self.error(
+                    top.get(key), key,
+                    f"{key} needs {other} too: a loadable schema has both, a validation-only one neither",
+                )
+        name = self.parse_name(top, loadable)
+        hot = self.parse_hot(top)
+        payload = self.parse_payload(top)
+        fields = self.parse_fields(top, loadable)
+        if fields is not None:
+            self.check_keys(top, fields, entity, event_time)
+        features = self.parse_features(top, fields, loadable, event_time)
+        rules = self.parse_rules(top)
+        if self.errors or None in (name, version, fields, features, rules):
+            return None
+        assert name is not None and version is not None and fields is not None
+        assert features is not None and rules is not None
+        return Schema(
+            name=name, version=version, fields=tuple(f for f, _ in fields),
+            entity=entity, event_time=event_time, features=features, hot=hot, payload=payload,
+            evolution_rules=rules, description=description, path=self.path,
+        )
+
+    def optional_string(self, m: YamlMap, key: str) -> str | None:
+        node = m.get(key)
+        return None if node is None else self.string(node, m.at(key))
+
+    def parse_version(self, top: YamlMap) -> tuple[int, int, int] | None:
+        node = top.get("version")
+        if node is None:
+            return None
+        s = self.scalar(node, "version", "a version such as 1.0.0")
+        if s is None:
+            return None
+        match = _SEMVER_RE.match(str(s.value)) if s.tag != NULL else None
+        if match is None:
+            self.error(s, "version", f"version '{s.value}' is not semver MAJOR.MINOR.PATCH (e.g. 1.0.0)")
+            return None
+        return int(match[1]), int(match[2]), int(match[3])
+
+    def parse_name(self, top: YamlMap, loadable: bool) -> str | None:
+        node = top.get("name")
+        if node is None:
+            if loadable:
+                self.error(top.node, "name", "a loadable schema (entity, event_time) needs an explicit name")
+                return None
+            if self.path is None:
+                self.error(top.node, "name", "missing required key 'name' (there is no file name to use)")
+                return None
+            name = Path(self.path).stem
+            source = f"the file name '{name}'"
+        else:
+            self.name_line = line_of(node)
+            parsed = self.string(node, "name")
+            if parsed is None:
+                return None
+            name = parsed
+            source = f"schema name '{name}'"
+        problem = identifier_problem(name)
+        if problem is None and len(name) > MAX_SCHEMA_NAME:
+            problem = (f"it is too long ({len(name)} characters, at most {MAX_SCHEMA_NAME} to leave room "
+                       "for __rejects)")
+        if problem is None and (name.endswith("__rejects") or name == "featureline_schemas"):
+            problem = "it clashes with a table featureline creates"
+        if problem is not None:
+            hint = "" if node is not None else "; add name:"
+            self.error(node if node is not None else top.node, "name", f"invalid {source}: {problem}{hint}")
+            return None
+        return name
+
+    def parse_hot(self, top: YamlMap) -> HotStore:
+        node = top.get("hot")
+        if node is None or is_null(node):
+            return HotStore()
+        m = self.mapping(node, "hot", ("ttl",), (), "hot store settings")
+        if m is None or (ttl_node := m.get("ttl")) is None:
+            return HotStore()
+        kp = m.at("ttl")
+        s = self.scalar(ttl_node, kp, "a TTL")
+        if s is None or is_null(s):
+            return HotStore()
+        if s.tag == INT:
+            seconds: int | None = int(self.construct(s))
+        else:
+            seconds = duration_seconds(str(s.value)) if s.tag == STR else None
+        if seconds is None:
+            self.error(s, kp, f"ttl {describe(s)} is not a duration: use seconds (86400) "
+                              "or a duration such as 7d, 12h, 30m, 45s, 1d12h")
+            return HotStore()
+        if seconds <= 0:
+            self.error(s, kp, f"ttl must be > 0 seconds, got {s.value}")
+            return HotStore()
+        return HotStore(ttl_seconds=seconds)
+
+    def parse_payload(self, top: YamlMap) -> Payload:
+        node = top.get("payload")
+        if node is None or is_null(node):
+            return Payload()
+        m = self.mapping(node, "payload", ("format", "max_bytes"), (), "payload settings")
+        if m is None:
+            return Payload()
+        max_bytes = Payload().max_bytes
+        if (fmt_node := m.get("format")) is not None:
+            fmt = self.string(fmt_node, m.at("format"))
+            if fmt is not None and fmt != "json":
+                self.error(fmt_node, m.at("format"), f"payload format '{fmt}' is not supported (only json)")
+        if (mb_node := m.get("max_bytes")) is not None:
+            value = self.integer(mb_node, m.at("max_bytes"), "max_bytes", 1)
+            if value is not None:
+                max_bytes = value
+        return Payload(format="json", max_bytes=max_bytes)
+
+    # ---- fields
+
+    def parse_fields(self, top: YamlMap, loadable: bool) -> list[tuple[Field, Node]] | None:
+        node = top.get("fields")
+        if node is None:
+            return None
+        items = self.sequence(node, "fields", "the list of fields")
+        if items is None:
+            return None
+        if not items:
+            self.error(node, "fields", "fields must list at least one field")
+            return None
+        out: list[tuple[Field, Node]] = []
+        seen: dict[str, int | None] = {}
+        ok = True
+        for i, item in enumerate(items):
+            parsed = self.parse_field(item, join_path("fields", i), loadable)
+            if parsed is None:
+                ok = False
+                continue
+            field, name_node = parsed
+            if field.name in seen:
+                self.error(name_node, join_path(join_path("fields", i), "name"),
+                           f"duplicate field name '{field.name}' (first at line {seen[field.name]})")
+                ok = False
+                continue
+            seen[field.name] = line_of(name_node)
+            out.append(parsed)
+        return out if ok else None
+
+    def parse_field(self, node: Node, kp: str, loadable: bool) -> tuple[Field, Node] | None:
+        m = self.mapping(node, kp, _FIELD_KEYS, ("name", "type"), "a field")
+        if m is None:
+            return None
+        name = self.parse_identifier(m, "field")
+        ftype: FieldType | None = None
+        if (type_node := m.get("type")) is not None:
+            text = self.string(type_node, m.at("type"), "a type name")
+            if text is not None:
+                ftype, reason = parse_type(text)
+                if reason is not None:
+                    self.error(type_node, m.at("type"), reason)
+        values = self.parse_values(m, ftype)
+        accept_strings = False
+        if (as_node := m.get("accept_strings")) is not None:
+            flag = self.boolean(as_node, m.at("accept_strings"))
+            accept_strings = bool(flag)
+            if flag and ftype is not None and ftype.kind in (TypeKind.STRING, TypeKind.ENUM):
+                self.error(as_node, m.at("accept_strings"),
+                           f"accept_strings applies to non-string fields, this one is {ftype}")
+        constraints = Constraints()
+        if (c_node := m.get("constraints")) is not None and not is_null(c_node):
+            parsed = self.parse_constraints(c_node, m.at("constraints"), ftype, values)
+            constraints = parsed if parsed is not None else constraints
+        store: frozenset[StoreTarget] = frozenset({"cold"}) if loadable else frozenset()
+        if (store_node := m.get("store")) is not None:
+            parsed_store = self.parse_store(store_node, m.at("store"), allow_none=True)
+            if parsed_store is not None:
+                store = parsed_store
+                if store and not loadable:
+                    self.error(store_node, m.at("store"),
+                               f"field '{name}' is stored ({', '.join(sorted(store))}) but the schema is "
+                               "validation-only: add entity and event_time to make it loadable")
+        description = self.optional_string(m, "description") or ""
+        if name is None or ftype is None or values is None:
+            return None
+        field = Field(
+            name=name, type=ftype, constraints=constraints, values=values, store=store,
+            accept_strings=accept_strings, description=description, line=line_of(node),
+        )
+        name_node = m.get("name")
+        assert name_node is not None
+        return field, name_node
+
+    def parse_identifier(self, m: YamlMap, what: str) -> str | None:
+        node = m.get("name")
+        if node is None:
+            return None
+        name = self.string(node, m.at("name"), f"a {what} name")
+        if name is None:
+            return None
+        problem = identifier_problem(name)
+        if problem is not None:
+            self.error(node, m.at("name"), f"invalid {what} name '{name}': {problem}")
+            return None
+        return name
+
+    def parse_values(self, m: YamlMap, ftype: FieldType | None) -> tuple[str, ...] | None:
+        node = m.get("values")
+        is_enum = ftype is not None and ftype.kind is TypeKind.ENUM
+        if node is None:
+            if is_enum:
+                self.error(m.node, m.at("values"), "an enum field needs values: [a, b, ...]")
+                return None
+            return ()
+        if ftype is not None and not is_enum:
+            self.error(node, m.at("values"), f"values applies only to enum fields, this one is {ftype}")
+            return None
+        items = self.sequence(node, m.at("values"), "enum values")
+        if items is None:
+            return None
+        if not items:
+            self.error(node, m.at("values"), "enum values must not be empty")
+            return None
+        out: list[str] = []
+        ok = True
+        for i, item in enumerate(items):
+            kp = join_path(m.at("values"), i)
+            value = self.string(item, kp, "an enum value (a string)")
+            if value is None:
+                ok = False
+            elif value == "":
+                self.error(item, kp, "enum values must not be empty strings")
+                ok = False
+            elif value in out:
+                self.error(item, kp, f"duplicate enum value '{value}'")
+                ok = False
+            else:
+                out.append(value)
+        return tuple(out) if ok else None
+
+    def parse_store(self, node: Node, kp: str, *, allow_none: bool) -> frozenset[StoreTarget] | None:
+        choices = ("hot", "cold", "none") if allow_none else ("hot", "cold")
+        expected = "hot, cold, none or a list of hot/cold" if allow_none else "hot, cold or [hot, cold]"
+        if isinstance(node, ScalarNode) and node.tag == STR:
+            items: list[Node] = [node]
+            if allow_none and node.value == "none":
+                return frozenset()
+        elif isinstance(node, SequenceNode):
+            items = list(node.value)
+        else:
+            self.error(node, kp, f"store must be {expected}, got {describe(node)}")
+            return None
+        out: set[StoreTarget] = set()
+        for i, item in enumerate(items):
+            ikp = kp if item is node else join_path(kp, i)
+            value = self.string(item, ikp, "a store name")
+            if value is None:
+                return None
+            if value == "none" and not allow_none:
+                self.error(item, ikp, f"a feature must be stored: {expected}")
+                return None
+            if value not in ("hot", "cold"):
+                hint = suggest(value, choices)
+                self.error(item, ikp, f"unknown store '{value}'{hint} (expected {expected})")
+                return None
+            if value in out:
+                self.error(item, ikp, f"duplicate store '{value}'")
+                return None
+            out.add(cast(StoreTarget, value))
+        if not out and not allow_none:
+            self.error(node, kp, f"a feature must be stored: {expected}")
+            return None
+        return frozenset(out)
+
+    # ---- constraints
+
+    def parse_constraints(
+        self, node: Node, kp: str, ftype: FieldType | None, values: tuple[str, ...] | None,
+    ) -> Constraints | None:
+        m = self.mapping(node, kp, _CONSTRAINT_KEYS, (), "constraints")
+        if m is None:
+            return None
+        flags: dict[str, bool] = {}
+        for key in ("required", "nullable", "empty_as_null"):
+            if (n := m.get(key)) is not None:
+                flag = self.boolean(n, m.at(key))
+                if flag is not None:
+                    flags[key] = flag
+        required = flags.get("required", False)
+        if required and flags.get("nullable") is True:
+            self.error(m.get("nullable"), m.at("nullable"), "nullable: true contradicts required: true")
+        nullable = flags.get("nullable", not required) and not required
+        kind = None if ftype is None else ftype.kind
+        is_text = kind in (TypeKind.STRING, TypeKind.ENUM)
+        if flags.get("empty_as_null") and kind is not None and not is_text:
+            self.error(m.get("empty_as_null"), m.at("empty_as_null"),
+                       f"empty_as_null applies to string and enum fields, this one is {ftype}")
+
+        bounds: dict[str, ScalarValue] = {}
+        for key in ("min", "max"):
+            if (n := m.get(key)) is None or ftype is None:
+                continue
+            if kind in (TypeKind.BOOL, TypeKind.ENUM, TypeKind.STRING):
+                extra = "; use min_length/max_length" if kind is TypeKind.STRING else ""
+                self.error(n, m.at(key), f"{key} does not apply to {ftype} fields: they have no order{extra}")
+                continue
+            value = self.typed_value(n, m.at(key), ftype, key)
+            if not isinstance(value, Invalid):
+                bounds[key] = value
+        if "min" in bounds and "max" in bounds and order_key(bounds["min"]) > order_key(bounds["max"]):
+            self.error(m.get("min"), m.at("min"), f"min {bounds['min']} is greater than max {bounds['max']}")
+
+        pattern = self.parse_pattern(m, ftype)
+        lengths: dict[str, int] = {}
+        for key in ("min_length", "max_length"):
+            if (n := m.get(key)) is None:
+                continue
+            if kind is not None and kind is not TypeKind.STRING:
+                self.error(n, m.at(key), f"{key} applies to string fields, this one is {ftype}")
+                continue
+            value = self.integer(n, m.at(key), key, 0)
+            if value is not None:
+                lengths[key] = value
+        lo_len, hi_len = lengths.get("min_length"), lengths.get("max_length")
+        if lo_len is not None and hi_len is not None and lo_len > hi_len:
+            self.error(m.get("min_length"), m.at("min_length"),
+                       f"min_length {lo_len} is greater than max_length {hi_len}")
+
+        default: ScalarValue = None
+        has_default = False
+        if (n := m.get("default")) is not None:
+            has_default = True
+            if is_null(n):
+                if not nullable:
+                    why = "required: true" if required else "nullable: false"
+                    self.error(n, m.at("default"), f"default: null contradicts {why}")
+            elif required:
+                self.error(n, m.at("default"),
+                           "default contradicts required: true (a required column must be given; "
+                           "a default fills it in)")
+            elif ftype is not None:
+                value = self.typed_value(n, m.at("default"), ftype, "default")
+                if not isinstance(value, Invalid):
+                    default = value
+                    self.check_default(n, m.at("default"), value, bounds, pattern, lengths, values)
+        return Constraints(
+            required=required, nullable=nullable, min=bounds.get("min"), max=bounds.get("max"),
+            pattern=pattern, min_length=lengths.get("min_length"), max_length=lengths.get("max_length"),
+            default=default, has_default=has_default, empty_as_null=flags.get("empty_as_null", False),
+        )
+
+    def parse_pattern(self, m: YamlMap, ftype: FieldType | None) -> str | None:
+        node = m.get("pattern")
+        if node is None:
+            return None
+        kp = m.at("pattern")
+        if ftype is not None and ftype.kind is not TypeKind.STRING:
+            self.error(node, kp, f"pattern applies to string fields, this one is {ftype}")
+            return None
+        pattern = self.string(node, kp, "a regex")
+        if pattern is None:
+            return None
+        problem = regex_problem(pattern)
+        if problem is not None:
+            self.error(node, kp, f"pattern {pattern!r}: {problem}")
+            return None
+        return pattern
+
+    def check_default(
+        self, node: Node, kp: str, value: ScalarValue, bounds: dict[str, ScalarValue],
+        pattern: str | None, lengths: dict[str, int], values: tuple[str, ...] | None,
+    ) -> None:
+        """The default must pass the field's own rules (it is filled in before they run)."""
+        if "min" in bounds and order_key(value) < order_key(bounds["min"]):
+            self.error(node, kp, f"default {value} violates min: expected >= {bounds['min']}")
+        if "max" in bounds and order_key(value) > order_key(bounds["max"]):
+            self.error(node, kp, f"default {value} violates max: expected <= {bounds['max']}")
+        if not isinstance(value, str):
+            return
+        if pattern is not None and re.fullmatch(pattern, value) is None:
+            self.error(node, kp, f"default {value!r} violates pattern: expected a full match of {pattern}")
+        lo_len, hi_len = lengths.get("min_length"), lengths.get("max_length")
+        if lo_len is not None and len(value) < lo_len:
+            self.error(node, kp, f"default {value!r} violates min_length: expected >= {lo_len}")
+        if hi_len is not None and len(value) > hi_len:
+            self.error(node, kp, f"default {value!r} violates max_length: expected <= {hi_len}")
+        if values and value not in values:
+            self.error(node, kp, f"default {value!r} violates enum: expected one of {', '.join(values)}")
+
+    # ---- entity / event time
+
+    def check_keys(
+        self, top: YamlMap, fields: list[tuple[Field, Node]], entity: str | None, event_time: str | None,
+    ) -> None:
+        by_name = {f.name: f for f, _ in fields}
+        for key, name in (("entity", entity), ("event_time", event_time)):
+            node = top.get(key)
+            if name is None or node is None:
+                continue
+            field = by_name.get(name)
+            if field is None:
+                hint = suggest(name, by_name)
+                self.error(node, key, f"{key} '{name}' is not a field of this schema{hint}")
+                continue
+            kind = field.type.kind
+            if key == "entity" and kind is not TypeKind.STRING and kind not in INTEGER_KINDS:
+                self.error(node, key, f"entity field '{name}' has type {field.type}; "
+                                      "an entity must be a string or integer field")
+            if key == "event_time" and kind not in (TypeKind.TIMESTAMP, TypeKind.DATE):
+                self.error(node, key, f"event_time field '{name}' has type {field.type}; "
+                                      "it must be a timestamp or date field")
+            if field.constraints.nullable:
+                self.error(node, key, f"{key} field '{name}' is nullable; mark it required: true "
+                                      "(or nullable: false): it is part of the primary key")
+
+    # ---- features
+
+    def parse_features(
+        self, top: YamlMap, fields: list[tuple[Field, Node]] | None, loadable: bool, event_time: str | None,
+    ) -> tuple[Feature, ...] | None:
+        node = top.get("features")
+        if node is None or is_null(node):
+            return ()
+        items = self.sequence(node, "features", "the list of features")
+        if items is None:
+            return None
+        if items and not loadable:
+            self.error(node, "features", "features need a loadable schema: add entity and event_time "
+                                         "(a validation-only schema stores nothing)")
+            return None
+        by_name = None if fields is None else {f.name: f for f, _ in fields}
+        out: list[Feature] = []
+        seen: dict[str, int | None] = {}
+        ok = True
+        for i, item in enumerate(items):
+            feature = self.parse_feature(item, join_path("features", i), by_name, event_time)
+            if feature is None:
+                ok = False
+                continue
+            if feature.name in seen:
+                self.error(item, join_path(join_path("features", i), "name"),
+                           f"duplicate feature name '{feature.name}' (first at line {seen[feature.name]})")
+                ok = False
+                continue
+            seen[feature.name] = feature.line
+            out.append(feature)
+        return tuple(out) if ok else None
+
+    def parse_feature(
+        self, node: Node, kp: str, fields: dict[str, Field] | None, event_time: str | None,
+    ) -> Feature | None:
+        m = self.mapping(node, kp, _FEATURE_KEYS, ("name", "from", "steps", "dtype", "store"), "a feature")
+        if m is None:
+            return None
+        name = self.parse_identifier(m, "feature")
+        if name is not None and fields is not None and name in fields:
+            self.error(m.get("name"), m.at("name"),
+                       f"feature name '{name}' clashes with the field '{name}' (one column each)")
+            name = None
+        source: Field | None = None
+        source_name = None
+        if (from_node := m.get("from")) is not None:
+            source_name = self.string(from_node, m.at("from"), "a field name")
+            if source_name is not None and fields is not None:
+                source = fields.get(source_name)
+                if source is None:
+                    hint = suggest(source_name, fields)
+                    self.error(from_node, m.at("from"),
+                               f"from '{source_name}' is not a field of this schema{hint}")
+        dtype: FieldType | None = None
+        if (dtype_node := m.get("dtype")) is not None:
+            dtype = self.parse_dtype(dtype_node, m.at("dtype"))
+        store = None
+        if (store_node := m.get("store")) is not None:
+            store = self.parse_store(store_node, m.at("store"), allow_none=False)
+        on_invalid: OnInvalid | None = "null"
+        if (oi_node := m.get("on_invalid")) is not None:
+            on_invalid = self.parse_on_invalid(oi_node, m.at("on_invalid"))
+        steps = None
+        if (steps_node := m.get("steps")) is not None:
+            steps = self.parse_steps(steps_node, m.at("steps"), source, fields, event_time)
+        description = self.optional_string(m, "description") or ""
+        if None in (name, source, dtype, store, on_invalid, steps):
+            return None
+        assert name is not None and source_name is not None and dtype is not None
+        assert store is not None and on_invalid is not None and steps is not None
+        return Feature(
+            name=name, source=source_name, steps=steps, dtype=dtype, store=store,
+            on_invalid=on_invalid, description=description, line=line_of(node),
+        )
+
+    def parse_on_invalid(self, node: Node, kp: str) -> OnInvalid | None:
+        if is_null(node):
+            return "null"  # YAML reads `on_invalid: null` as null, not the string
+        value = self.string(node, kp, "null or reject")
+        if value is None:
+            return None
+        if value in ("null", "reject"):
+            return cast(OnInvalid, value)
+        self.error(node, kp, f"on_invalid must be null or reject, got '{value}'")
+        return None
+
+    # ---- evolution rules
+
+    def parse_rules(self, top: YamlMap) -> tuple[EvolutionRule, ...] | None:
+        node = top.get("evolution_rules")
+        if node is None or is_null(node):
+            return ()
+        items = self.sequence(node, "evolution_rules", "the list of evolution rules")
+        if items is None:
+            return None
+        out: list[EvolutionRule] = []
+        seen: set[str] = set()
+        ok = True
+        for i, item in enumerate(items):
+            kp = join_path("evolution_rules", i)
+            m = self.mapping(item, kp, _RULE_KEYS, ("field", "breaking_change"), "an evolution rule")
+            if m is None:
+                ok = False
+                continue
+            # The field may not (yet, or any more) be in this schema: rules describe changes.
+            field = None if (n := m.get("field")) is None else self.string(n, m.at("field"), "a field name")
+            breaking = None if (n := m.get("breaking_change")) is None else self.boolean(
+                n, m.at("breaking_change"))
+            description = self.optional_string(m, "description") or ""
+            if field is not None and field in seen:
+                self.error(m.get("field"), m.at("field"), f"duplicate evolution rule for field '{field}'")
+                ok = False
+                continue
+            if field is None or breaking is None:
+                ok = False
+                continue
+            seen.add(field)
+            out.append(EvolutionRule(field=field, breaking_change=breaking, description=description))
+        return tuple(out) if ok else None
+
