@@ -21,7 +21,13 @@ from features.errors import FeaturesError
 
 #: subcommand name -> module with ``add_parser(subparsers)``, in ``--help`` order.
 COMMANDS: dict[str, str] = {
+    "compile": "features.compile.cli",
+    "demo": "features.demo",
     "dev": "features.dev.cli",
+    "load": "features.load.cli",
+    "kernels": "features.kernels.cli",
+    "schema": "features.schema.cli",
+    "validate": "features.validate.cli",
 }
 
 

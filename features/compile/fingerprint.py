@@ -1,0 +1,64 @@
+"""The fingerprint: sha256 of the canonical JSON of a schema's semantics.
+
+Two schemas with the same fingerprint validate, transform and store data the same
+way. Descriptions, the file path and line numbers do not count (editing a comment
+or moving a file changes nothing); everything else does, including the name and the
+version, field order, enum value order and evolution rules.
+
+The canonical JSON is deterministic across processes and platforms: sorted keys,
+no whitespace, sets (``store``) as sorted lists, Decimals as their exact strings
+(``"0.01"``), floats as ``repr``, enums as their values, ASCII-only output. A
+``"fingerprint_format"`` key versions the encoding itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from decimal import Decimal
+from enum import Enum
+from typing import Any, Final
+
+from features.schema.model import Schema
+
+__all__ = ["canonical_json", "fingerprint"]
+
+#: bump when the encoding below changes (every fingerprint changes with it).
+FINGERPRINT_FORMAT: Final = 1
+#: dataclass attributes that carry no semantics.
+_IGNORED: Final = frozenset({"description", "path", "line"})
+
+
+def _canonical(value: Any) -> Any:
+    """A JSON-ready picture of a model value; raises TypeError for a type it does not know."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {
+            f.name: _canonical(getattr(value, f.name))
+            for f in dataclasses.fields(value)
+            if f.name not in _IGNORED
+        }
+    if isinstance(value, Enum):
+        return _canonical(value.value)
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return value
+    if isinstance(value, float):
+        return value  # json writes repr(); NaN/inf never reach a parsed schema
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, (frozenset, set)):
+        return sorted(_canonical(v) for v in value)
+    if isinstance(value, (tuple, list)):
+        return [_canonical(v) for v in value]
+    raise TypeError(f"cannot fingerprint a {type(value).__name__}: {value!r}")
+
+
+def canonical_json(schema: Schema) -> str:
+    """The canonical JSON text of ``schema``'s semantics (see the module docstring)."""
+    doc = {"fingerprint_format": FINGERPRINT_FORMAT, "schema": _canonical(schema)}
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
+def fingerprint(schema: Schema) -> str:
+    """Hex sha256 (64 lowercase characters) of :func:`canonical_json`. Pure and deterministic."""
+    return hashlib.sha256(canonical_json(schema).encode("ascii")).hexdigest()
