@@ -1,0 +1,675 @@
+"""features.schema.diff and ``features schema diff``: every change kind, rules, versions."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from features.cli import main
+from features.compile.fingerprint import fingerprint
+from features.schema.diff import Change, ChangeKind, SchemaDiff, diff_schemas
+from features.schema.model import Schema
+from features.schema.parse import parse_schema
+
+KEYS = """\
+  - name: application_id
+    type: string
+    constraints: {required: true}
+  - name: submitted_at
+    type: timestamp(us, UTC)
+    constraints: {required: true}
+"""
+
+
+def schema(fields: str = "", *, version: str = "1.0.0", extra: str = "", head: str = "") -> Schema:
+    """A loadable schema ``applicants`` with its key fields plus ``fields`` (YAML)."""
+    text = (
+        f"name: applicants\nversion: {version}\n"
+        + (head or "entity: application_id\nevent_time: submitted_at\n")
+        + "fields:\n" + KEYS + fields + extra
+    )
+    return parse_schema(text, "applicants.yaml")
+
+
+def field(name: str, type_: str, constraints: str = "", more: str = "") -> str:
+    out = f"  - name: {name}\n    type: {type_}\n"
+    if more:
+        out += "".join(f"    {line}\n" for line in more.splitlines())
+    if constraints:
+        out += f"    constraints: {{{constraints}}}\n"
+    return out
+
+
+def only(d: SchemaDiff) -> Change:
+    assert len(d.changes) == 1, d.changes
+    return d.changes[0]
+
+
+def diff(old_fields: str, new_fields: str, *, old_v: str = "1.0.0", new_v: str = "1.1.0",
+         old_extra: str = "", new_extra: str = "") -> SchemaDiff:
+    return diff_schemas(
+        schema(old_fields, version=old_v, extra=old_extra),
+        schema(new_fields, version=new_v, extra=new_extra),
+    )
+
+
+T = '"applicants"'
+
+
+# ------------------------------------------------------------------ no change
+
+
+def test_identical_schemas_have_no_changes_and_no_ddl() -> None:
+    f = field("income", "decimal(15,2)", "min: 0.01")
+    d = diff(f, f, new_v="1.0.0")
+    assert d.changes == ()
+    assert d.migration_ddl == []
+    assert d.allowed and d.compatible and d.warnings == ()
+
+
+def test_description_and_field_order_are_not_changes() -> None:
+    a, b = field("a", "int32"), field("b", "int32")
+    d = diff(a + b, b + field("a", "int32", more="description: now documented"), new_v="1.0.0")
+    assert d.changes == ()
+
+
+# -------------------------------------------------------------- fields added
+
+
+def test_field_added_nullable_is_compatible_with_add_column() -> None:
+    d = diff("", field("score", "int32", "max: 100"))
+    c = only(d)
+    assert (c.field, c.kind, c.compatible) == ("score", ChangeKind.FIELD_ADDED, True)
+    assert d.migration_ddl[:2] == [
+        f'ALTER TABLE {T} ADD COLUMN "score" integer',
+        f'ALTER TABLE {T} ADD CONSTRAINT "score__max" CHECK ("score" <= 100)',
+    ]
+
+
+def test_field_added_not_nullable_with_default_is_compatible() -> None:
+    d = diff("", field("months", "int32", "nullable: false, default: 0"))
+    c = only(d)
+    assert c.compatible and c.kind is ChangeKind.FIELD_ADDED
+    assert d.migration_ddl[0] == f'ALTER TABLE {T} ADD COLUMN "months" integer NOT NULL DEFAULT 0'
+
+
+@pytest.mark.parametrize("constraints", ["required: true", "nullable: false"])
+def test_field_added_required_without_default_is_breaking(constraints: str) -> None:
+    c = only(diff("", field("months", "int32", constraints), new_v="2.0.0"))
+    assert (c.kind, c.compatible) == (ChangeKind.FIELD_ADDED, False)
+    assert "without a default" in c.detail
+
+
+# ------------------------------------------------------ removed and renamed
+
+
+def test_field_removed_is_breaking() -> None:
+    d = diff(field("score", "int32"), "", new_v="2.0.0")
+    c = only(d)
+    assert (c.field, c.kind, c.compatible) == ("score", ChangeKind.FIELD_REMOVED, False)
+    assert d.allowed
+    assert d.migration_ddl == []
+
+
+def test_field_renamed_is_detected_as_a_breaking_rename_hint() -> None:
+    d = diff(field("score", "int32", "min: 0"), field("points", "int32", "min: 0"), new_v="2.0.0")
+    c = only(d)
+    assert (c.field, c.old_field, c.kind) == ("points", "score", ChangeKind.FIELD_RENAMED)
+    assert not c.compatible
+    assert "renamed?" in c.detail
+
+
+def test_removed_and_added_fields_of_different_types_are_not_a_rename() -> None:
+    d = diff(field("score", "int32"), field("label", "string"), new_v="2.0.0")
+    assert [(c.field, c.kind) for c in d.changes] == [
+        ("label", ChangeKind.FIELD_ADDED), ("score", ChangeKind.FIELD_REMOVED),
+    ]
+
+
+# -------------------------------------------------------------------- types
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "pg"),
+    [
+        ("int16", "int32", "integer"),
+        ("int32", "int64", "bigint"),
+        ("int16", "int64", "bigint"),
+        ("float32", "float64", "double precision"),
+        ("decimal(15,2)", "decimal(18,2)", "numeric(18,2)"),
+        ("decimal(10,2)", "decimal(12,3)", "numeric(12,3)"),
+    ],
+)
+def test_type_widening_is_compatible_with_alter_column_type(old: str, new: str, pg: str) -> None:
+    d = diff(field("x", old), field("x", new))
+    c = only(d)
+    assert (c.kind, c.compatible) == (ChangeKind.TYPE, True)
+    assert f"widened from {old} to {new}" in c.detail
+    assert f'ALTER TABLE {T} ALTER COLUMN "x" TYPE {pg} USING "x"::{pg}' in d.migration_ddl
+
+
+def test_int8_to_int16_drops_the_int8_range_check_without_retyping() -> None:
+    d = diff(field("x", "int8"), field("x", "int16"))
+    c = only(d)
+    assert c.compatible
+    assert c.ddl == (f'ALTER TABLE {T} DROP CONSTRAINT IF EXISTS "x__type"',)  # both are smallint
+
+
+def test_retyping_rewrites_checks_and_default_that_keep_the_old_cast() -> None:
+    # Postgres keeps `'NaN'::real` inside a CHECK across ALTER TYPE: it is re-added.
+    d = diff(field("r", "float32", "default: 0.5"), field("r", "float64", "default: 0.5"))
+    c = only(d)
+    assert c.ddl == (
+        f'ALTER TABLE {T} DROP CONSTRAINT IF EXISTS "r__type"',
+        f'ALTER TABLE {T} DROP CONSTRAINT IF EXISTS "r__nan"',
+        f'ALTER TABLE {T} ALTER COLUMN "r" TYPE double precision USING "r"::double precision',
+        f"ALTER TABLE {T} ALTER COLUMN \"r\" SET DEFAULT '0.5'::double precision",
+        f"ALTER TABLE {T} ADD CONSTRAINT \"r__type\" CHECK (\"r\" NOT IN ('Infinity', '-Infinity'))",
+        f'ALTER TABLE {T} ADD CONSTRAINT "r__nan" CHECK ("r" <> \'NaN\')',
+    )
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "word"),
+    [
+        ("int64", "int32", "narrowed"),
+        ("int16", "int8", "narrowed"),
+        ("float64", "float32", "narrowed"),
+        ("decimal(18,2)", "decimal(15,2)", "narrowed"),
+        ("decimal(10,2)", "decimal(10,3)", "narrowed"),  # integer digits 8 -> 7
+        ("decimal(10,2)", "decimal(12,1)", "narrowed"),  # scale lost
+        ("int32", "string", "changed"),
+        ("int64", "float64", "changed"),
+        ("int32", "decimal(18,0)", "changed"),
+        ("date", "timestamp(us)", "changed"),
+    ],
+)
+def test_type_narrowing_or_kind_change_is_breaking(old: str, new: str, word: str) -> None:
+    d = diff(field("x", old), field("x", new), new_v="2.0.0")
+    c = only(d)
+    assert (c.kind, c.compatible) == (ChangeKind.TYPE, False)
+    assert f"{word} from {old} to {new}" in c.detail
+    assert d.migration_ddl == []
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "what"),
+    [
+        ("timestamp(ms)", "timestamp(us)", "unit ms -> us"),
+        ("timestamp(us)", "timestamp(us, UTC)", "zone none -> UTC"),
+        ("timestamp(us, UTC)", "timestamp(us, Europe/Paris)", "zone UTC -> Europe/Paris"),
+    ],
+)
+def test_timestamp_unit_or_zone_change_is_breaking(old: str, new: str, what: str) -> None:
+    c = only(diff(field("seen_at", old), field("seen_at", new), new_v="2.0.0"))
+    assert (c.kind, c.compatible) == (ChangeKind.TYPE, False)
+    assert what in c.detail
+
+
+# ------------------------------------------------------- nullable, required
+
+
+def test_nullable_false_to_true_is_compatible_drop_not_null() -> None:
+    d = diff(field("x", "int32", "nullable: false"), field("x", "int32", "nullable: true"))
+    c = only(d)
+    assert (c.kind, c.compatible) == (ChangeKind.NULLABLE, True)
+    assert d.migration_ddl[0] == f'ALTER TABLE {T} ALTER COLUMN "x" DROP NOT NULL'
+
+
+def test_nullable_true_to_false_is_breaking() -> None:
+    old, new = field("x", "int32", "nullable: true"), field("x", "int32", "nullable: false")
+    c = only(diff(old, new, new_v="2.0.0"))
+    assert (c.kind, c.compatible) == (ChangeKind.NULLABLE, False)
+
+
+def test_required_added_is_breaking() -> None:
+    c = only(diff(field("x", "int32"), field("x", "int32", "required: true"), new_v="2.0.0"))
+    assert (c.kind, c.compatible) == (ChangeKind.REQUIRED, False)
+
+
+def test_required_removed_is_compatible_and_drops_not_null() -> None:
+    d = diff(field("x", "int32", "required: true"), field("x", "int32"))
+    c = only(d)
+    assert (c.kind, c.compatible) == (ChangeKind.REQUIRED, True)
+    assert f'ALTER TABLE {T} ALTER COLUMN "x" DROP NOT NULL' in d.migration_ddl
+
+
+# -------------------------------------------------------------- constraints
+
+
+@pytest.mark.parametrize(
+    ("type_", "old", "new", "kind", "detail"),
+    [
+        ("int32", "min: 10", "min: 5", ChangeKind.MIN, "min lowered from 10 to 5"),
+        ("int32", "min: 10", "", ChangeKind.MIN, "min removed (was 10)"),
+        ("decimal(18,2)", "max: 100.00", "max: 250.50", ChangeKind.MAX, "max raised from 100.00 to 250.50"),
+        ("int32", "max: 100", "", ChangeKind.MAX, "max removed (was 100)"),
+        ("string", "pattern: '^[a-z]+$'", "", ChangeKind.PATTERN, "pattern removed"),
+        ("string", "min_length: 3", "min_length: 1", ChangeKind.MIN_LENGTH, "lowered from 3 to 1"),
+        ("string", "max_length: 8", "max_length: 64", ChangeKind.MAX_LENGTH, "raised from 8 to 64"),
+        ("date", "min: '2020-01-01'", "min: '2019-06-30'", ChangeKind.MIN, "min lowered"),
+    ],
+)
+def test_constraint_loosened_is_compatible_and_replaces_the_check(
+    type_: str, old: str, new: str, kind: ChangeKind, detail: str
+) -> None:
+    d = diff(field("x", type_, old), field("x", type_, new))
+    c = only(d)
+    assert (c.kind, c.compatible) == (kind, True)
+    assert detail in c.detail
+    name = f'"x__{kind.value}"'
+    assert d.migration_ddl[0] == f"ALTER TABLE {T} DROP CONSTRAINT IF EXISTS {name}"
+    re_added = [s for s in d.migration_ddl if f"ADD CONSTRAINT {name}" in s]
+    assert len(re_added) == (1 if new else 0)
+
+
+def test_loosened_min_re_adds_the_check_with_the_new_bound() -> None:
+    d = diff(field("x", "int32", "min: 10"), field("x", "int32", "min: 5"))
+    assert d.migration_ddl[:2] == [
+        f'ALTER TABLE {T} DROP CONSTRAINT IF EXISTS "x__min"',
+        f'ALTER TABLE {T} ADD CONSTRAINT "x__min" CHECK ("x" >= 5)',
+    ]
+
+
+@pytest.mark.parametrize(
+    ("type_", "old", "new", "kind", "detail"),
+    [
+        ("int32", "min: 5", "min: 10", ChangeKind.MIN, "min raised from 5 to 10"),
+        ("int32", "", "min: 0", ChangeKind.MIN, "min added: 0"),
+        ("int32", "max: 100", "max: 99", ChangeKind.MAX, "max lowered from 100 to 99"),
+        ("string", "", "pattern: '^[a-z]+$'", ChangeKind.PATTERN, "pattern added"),
+        ("string", "pattern: '^[a-z]+$'", "pattern: '^[a-z0-9]+$'", ChangeKind.PATTERN, "pattern changed"),
+        ("string", "max_length: 64", "max_length: 8", ChangeKind.MAX_LENGTH, "max_length lowered"),
+        ("string", "", "min_length: 1", ChangeKind.MIN_LENGTH, "min_length added: 1"),
+    ],
+)
+def test_constraint_tightened_is_breaking(
+    type_: str, old: str, new: str, kind: ChangeKind, detail: str
+) -> None:
+    d = diff(field("x", type_, old), field("x", type_, new), new_v="2.0.0")
+    c = only(d)
+    assert (c.kind, c.compatible) == (kind, False)
+    assert detail in c.detail
+    assert d.migration_ddl == []
+
+
+def test_enum_value_added_is_compatible_and_replaces_the_check() -> None:
+    old = field("status", "enum", more="values: [a, b]")
+    d = diff(old, field("status", "enum", more="values: [a, b, c]"))
+    c = only(d)
+    assert (c.kind, c.compatible) == (ChangeKind.ENUM, True)
+    assert "values added: 'c'" in c.detail
+    assert d.migration_ddl[:2] == [
+        f'ALTER TABLE {T} DROP CONSTRAINT IF EXISTS "status__enum"',
+        f'ALTER TABLE {T} ADD CONSTRAINT "status__enum" CHECK ("status" IN (\'a\', \'b\', \'c\'))',
+    ]
+
+
+def test_enum_value_removed_is_breaking() -> None:
+    c = only(diff(field("status", "enum", more="values: [a, b]"), field("status", "enum", more="values: [a]"),
+                  new_v="2.0.0"))
+    assert (c.kind, c.compatible) == (ChangeKind.ENUM, False)
+    assert "values removed: 'b'" in c.detail
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "sql"),
+    [("default: 0", "default: 5", "SET DEFAULT 5"), ("", "default: 7", "SET DEFAULT 7")],
+)
+def test_default_added_or_changed_is_compatible_set_default(old: str, new: str, sql: str) -> None:
+    d = diff(field("x", "int32", old), field("x", "int32", new))
+    c = only(d)
+    assert (c.kind, c.compatible) == (ChangeKind.DEFAULT, True)
+    assert d.migration_ddl[0] == f'ALTER TABLE {T} ALTER COLUMN "x" {sql}'
+
+
+def test_default_removed_from_a_not_nullable_field_is_breaking() -> None:
+    old = field("x", "int32", "nullable: false, default: 0")
+    c = only(diff(old, field("x", "int32", "nullable: false"), new_v="2.0.0"))
+    assert (c.kind, c.compatible) == (ChangeKind.DEFAULT, False)
+
+
+def test_accept_strings_loosened_is_compatible_tightened_is_breaking() -> None:
+    strict, lenient = field("x", "int32"), field("x", "int32", more="accept_strings: true")
+    assert only(diff(strict, lenient)).compatible
+    tightened = only(diff(lenient, strict, new_v="2.0.0"))
+    assert (tightened.kind, tightened.compatible) == (ChangeKind.ACCEPT_STRINGS, False)
+
+
+# --------------------------------------------------------- schema level keys
+
+
+def test_entity_changed_is_breaking() -> None:
+    old = schema(field("customer_id", "string", "required: true"))
+    new = parse_schema(
+        "name: applicants\nversion: 2.0.0\nentity: customer_id\nevent_time: submitted_at\nfields:\n"
+        + KEYS + field("customer_id", "string", "required: true"),
+        "applicants.yaml",
+    )
+    c = only(diff_schemas(old, new))
+    assert (c.kind, c.compatible, c.scope) == (ChangeKind.ENTITY, False, "schema")
+    assert "application_id" in c.detail and "customer_id" in c.detail
+
+
+def test_event_time_changed_is_breaking() -> None:
+    fields = field("decided_at", "timestamp(us, UTC)", "required: true")
+    old = schema(fields)
+    new = schema(fields, version="2.0.0", head="entity: application_id\nevent_time: decided_at\n")
+    c = only(diff_schemas(old, new))
+    assert (c.kind, c.compatible) == (ChangeKind.EVENT_TIME, False)
+
+
+def test_validation_only_schema_becoming_loadable_is_compatible_without_ddl() -> None:
+    fields = field("months", "int32", "nullable: false")
+    old = schema(fields, head="\n")
+    new = schema(fields, version="1.1.0")
+    d = diff_schemas(old, new)
+    assert not old.loadable and new.loadable
+    assert {c.kind for c in d.changes} == {ChangeKind.ENTITY, ChangeKind.EVENT_TIME, ChangeKind.STORE}
+    assert d.compatible and d.allowed
+    assert d.migration_ddl == []  # `features compile` creates the tables
+
+
+def test_hot_ttl_change_is_compatible_without_ddl() -> None:
+    d = diff("", "", old_extra="hot:\n  ttl: 7d\n", new_extra="hot:\n  ttl: 1d\n")
+    c = only(d)
+    assert (c.kind, c.compatible) == (ChangeKind.HOT_TTL, True)
+    assert "604800s" in c.detail and "86400s" in c.detail
+    assert len(d.migration_ddl) == 1 and d.migration_ddl[0].startswith('INSERT INTO "featureline_schemas"')
+
+
+# --------------------------------------------------------------------- stores
+
+
+def test_cold_store_added_is_compatible_with_add_column() -> None:
+    d = diff(field("x", "int32", more="store: hot"), field("x", "int32", more="store: [hot, cold]"))
+    c = only(d)
+    assert (c.kind, c.compatible) == (ChangeKind.STORE, True)
+    assert d.migration_ddl[0] == f'ALTER TABLE {T} ADD COLUMN "x" integer'
+
+
+def test_hot_store_added_is_compatible_without_ddl() -> None:
+    d = diff(field("x", "int32", more="store: cold"), field("x", "int32", more="store: [hot, cold]"))
+    c = only(d)
+    assert (c.kind, c.compatible, c.ddl) == (ChangeKind.STORE, True, ())
+
+
+@pytest.mark.parametrize(("old", "new"), [("[hot, cold]", "cold"), ("[hot, cold]", "hot")])
+def test_store_removed_is_breaking(old: str, new: str) -> None:
+    c = only(diff(field("x", "int32", more=f"store: {old}"), field("x", "int32", more=f"store: {new}"),
+                  new_v="2.0.0"))
+    assert (c.kind, c.compatible) == (ChangeKind.STORE, False)
+
+
+def test_changes_to_fields_not_stored_cold_touch_no_column() -> None:
+    old = field("x", "int32", "min: 5", more="store: hot")
+    d = diff(old, field("x", "int32", "min: 1", more="store: hot"))
+    assert only(d).compatible
+    assert not any('"x' in s for s in d.migration_ddl)
+
+
+# ----------------------------------------------------------- derived features
+
+INCOME = field("income", "float64")
+
+
+def feature(steps: str = "[log1p]", store: str = "cold") -> str:
+    return (
+        "features:\n  - name: income_log\n    from: income\n"
+        f"    steps: {steps}\n    dtype: float64\n    store: {store}\n"
+    )
+
+
+def test_derived_feature_added_is_compatible_with_add_column_when_cold() -> None:
+    d = diff(INCOME, INCOME, new_extra=feature())
+    c = only(d)
+    assert (c.field, c.kind, c.scope) == ("income_log", ChangeKind.FEATURE_ADDED, "feature")
+    assert c.compatible
+    assert d.migration_ddl[0] == f'ALTER TABLE {T} ADD COLUMN "income_log" double precision'
+
+
+def test_derived_feature_removed_is_breaking() -> None:
+    c = only(diff(INCOME, INCOME, old_extra=feature(), new_v="2.0.0"))
+    assert (c.kind, c.compatible) == (ChangeKind.FEATURE_REMOVED, False)
+
+
+def test_derived_feature_steps_changed_is_breaking() -> None:
+    c = only(diff(INCOME, INCOME, old_extra=feature(), new_extra=feature("[log1p, {clip: {lo: 0, hi: 20}}]"),
+                  new_v="2.0.0"))
+    assert (c.kind, c.compatible) == (ChangeKind.FEATURE_CHANGED, False)
+    assert "steps changed" in c.detail
+
+
+# ---------------------------------------------------------- evolution rules
+
+
+def rule(name: str, breaking: bool, description: str = "") -> str:
+    text = f"evolution_rules:\n  - field: {name}\n    breaking_change: {str(breaking).lower()}\n"
+    return text + (f"    description: {description}\n" if description else "")
+
+
+def test_rule_breaking_change_false_makes_a_narrowing_compatible_with_a_note() -> None:
+    d = diff(field("x", "int64"), field("x", "int32"), new_extra=rule("x", False, "values never exceed 2^31"))
+    c = only(d)
+    assert c.compatible and not c.classified_compatible and c.overridden
+    assert c.honoured_rule is not None and c.honoured_rule.field == "x"
+    assert "declared compatible by evolution rule for x: values never exceed 2^31" in c.detail
+    assert d.allowed
+    assert f'ALTER TABLE {T} ALTER COLUMN "x" TYPE integer USING "x"::integer' in d.migration_ddl
+
+
+def test_rule_breaking_change_true_makes_a_new_enum_value_breaking() -> None:
+    old = field("status", "enum", more="values: [a, b]")
+    new = field("status", "enum", more="values: [a, b, c]")
+    d = diff(old, new, new_extra=rule("status", True, "models must be retrained"))
+    c = only(d)
+    assert (c.compatible, c.classified_compatible) == (False, True)
+    assert c.honoured_rule is not None and c.honoured_rule.breaking_change is True
+    assert not d.allowed
+    assert d.refusal is not None and "status" in d.refusal
+
+
+def test_rule_that_agrees_is_reported_but_overrides_nothing() -> None:
+    d = diff(field("x", "decimal(15,2)"), field("x", "decimal(18,2)"), new_extra=rule("x", False))
+    c = only(d)
+    assert c.compatible and not c.overridden and c.honoured_rule is not None
+
+
+def test_rule_for_a_renamed_field_applies_under_the_old_name() -> None:
+    extra = rule("score", False, "all readers moved")
+    d = diff(field("score", "int32"), field("points", "int32"), new_extra=extra)
+    c = only(d)
+    assert (c.kind, c.compatible) == (ChangeKind.FIELD_RENAMED, True)
+    assert d.migration_ddl[0] == f'ALTER TABLE {T} RENAME COLUMN "score" TO "points"'
+
+
+def test_rules_do_not_override_schema_level_changes() -> None:
+    fields = field("decided_at", "timestamp(us, UTC)", "required: true")
+    old = schema(fields)
+    new = schema(fields + rule("decided_at", False), version="1.1.0",
+                 head="entity: application_id\nevent_time: decided_at\n")
+    c = only(diff_schemas(old, new))
+    assert (c.kind, c.compatible, c.honoured_rule) == (ChangeKind.EVENT_TIME, False, None)
+
+
+def test_design_example_widening_with_rule_is_allowed_as_a_minor_bump() -> None:
+    def text(version: str, decimal: str) -> str:
+        return f"""\
+version: {version}
+fields:
+  - name: application_id
+    type: string
+    constraints:
+      pattern: ^APP-[0-9]{{12}}$
+      required: true
+  - name: income_monthly
+    type: {decimal}
+    constraints:
+      min: 0.01
+      max: 99999999.99
+      nullable: false
+evolution_rules:
+  - field: income_monthly
+    breaking_change: false
+    description: widening from decimal(15,2) to decimal(18,2) is allowed
+  - field: employment_status
+    breaking_change: true
+"""
+    d = diff_schemas(parse_schema(text("3.1.0", "decimal(15,2)"), "credit.yaml"),
+                     parse_schema(text("3.2.1", "decimal(18,2)"), "credit.yaml"))
+    c = only(d)
+    assert (c.field, c.kind, c.compatible, c.overridden) == ("income_monthly", ChangeKind.TYPE, True, False)
+    assert d.allowed and d.warnings == ()
+    assert d.migration_ddl == []  # validation-only: no cold table to migrate
+
+
+# --------------------------------------------------------------- versioning
+
+
+def test_breaking_change_without_major_bump_is_refused_naming_each_change() -> None:
+    d = diff(field("a", "int32") + field("b", "int64"), field("b", "int32"), new_v="1.5.0")
+    assert not d.allowed
+    assert {c.field for c in d.breaking} == {"a", "b"}
+    assert d.refusal is not None
+    assert "2 breaking change(s)" in d.refusal and "expected 2.0.0" in d.refusal
+    assert "  - b: type narrowed from int64 to int32" in d.refusal
+    assert "  - a: field a (int32) removed" in d.refusal
+
+
+def test_breaking_change_with_major_bump_is_allowed_without_fingerprint_update() -> None:
+    old = field("a", "int32") + field("b", "int32", "max: 9")
+    d = diff(old, field("b", "int32", "max: 99"), new_v="2.0.0")
+    assert d.allowed and not d.compatible and not d.complete
+    assert not any("featureline_schemas" in s for s in d.migration_ddl)
+    assert f'ALTER TABLE {T} ADD CONSTRAINT "b__max" CHECK ("b" <= 99)' in d.migration_ddl
+
+
+def test_compatible_change_without_bump_is_allowed_with_a_warning() -> None:
+    d = diff(field("a", "int32", "max: 9"), field("a", "int32", "max: 99"), new_v="1.0.0")
+    assert d.allowed
+    assert len(d.warnings) == 1 and "version not bumped" in d.warnings[0]
+
+
+@pytest.mark.parametrize("new_v", ["1.0.1", "1.1.0", "2.0.0"])
+def test_compatible_change_with_a_bump_ends_with_the_fingerprint_update(new_v: str) -> None:
+    old = schema(field("a", "int32", "max: 9"))
+    new = schema(field("a", "int32", "max: 99"), version=new_v)
+    d = diff_schemas(old, new)
+    assert d.allowed and d.warnings == ()
+    assert d.migration_ddl[-1] == (
+        'INSERT INTO "featureline_schemas" ("schema_name", "version", "fingerprint") '
+        f"VALUES ('applicants', '{new_v}', '{fingerprint(new)}') "
+        'ON CONFLICT ("schema_name") DO UPDATE SET "version" = EXCLUDED."version", '
+        '"fingerprint" = EXCLUDED."fingerprint", "applied_at" = now()'
+    )
+
+
+def test_version_going_backwards_warns() -> None:
+    d = diff(field("a", "int32", "max: 9"), field("a", "int32", "max: 99"), old_v="1.2.0", new_v="1.1.0")
+    assert any("backwards" in w for w in d.warnings)
+
+
+# -------------------------------------------------------------------- quoting
+
+
+def test_every_identifier_in_the_migration_is_quoted() -> None:
+    d = diff(field("a", "int32", "required: true"),
+             field("a", "int64") + field("b", "string", "max_length: 4", more="store: cold"))
+    assert d.migration_ddl
+    for statement in d.migration_ddl[:-1]:
+        assert statement.startswith(f"ALTER TABLE {T} ")
+    # no bare (unquoted) column names: every reference to a or b is quoted
+    body = " ".join(d.migration_ddl)
+    assert not re.search(r'(?<!["\w])(a|b)(?!["\w])', body.replace("'", " "))
+
+
+# ------------------------------------------------------------------------ CLI
+
+
+def write(tmp_path: Path, name: str, s_fields: str, version: str) -> str:
+    path = tmp_path / name
+    path.write_text(
+        f"name: applicants\nversion: {version}\nentity: application_id\nevent_time: submitted_at\n"
+        "fields:\n" + KEYS + s_fields
+    )
+    return str(path)
+
+
+def test_cli_exit_0_for_a_compatible_change(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    old = write(tmp_path, "old.yaml", field("x", "int32", "max: 9"), "1.0.0")
+    new = write(tmp_path, "new.yaml", field("x", "int32", "max: 99"), "1.1.0")
+    assert main(["schema", "diff", old, new]) == 0
+    out = capsys.readouterr().out
+    assert "compatible" in out and "max raised from 9 to 99" in out
+    assert 'ALTER TABLE "applicants" ADD CONSTRAINT "x__max" CHECK ("x" <= 99);' in out
+    assert "BEGIN;" in out and "COMMIT;" in out
+
+
+def test_cli_exit_1_for_a_breaking_change_without_major(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    old = write(tmp_path, "old.yaml", field("x", "int64"), "1.0.0")
+    new = write(tmp_path, "new.yaml", field("x", "int32"), "1.1.0")
+    assert main(["schema", "diff", old, new]) == 1
+    captured = capsys.readouterr()
+    assert "BREAKING" in captured.out and "narrowed" in captured.out
+    assert "refused" in captured.err and "x: type narrowed" in captured.err
+
+
+def test_cli_exit_0_for_a_breaking_change_with_major(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    old = write(tmp_path, "old.yaml", field("x", "int64"), "1.0.0")
+    new = write(tmp_path, "new.yaml", field("x", "int32"), "2.0.0")
+    assert main(["schema", "diff", old, new]) == 0
+    assert "BREAKING" in capsys.readouterr().out
+
+
+def test_cli_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    old = write(tmp_path, "old.yaml", field("x", "int64"), "1.0.0")
+    new = write(tmp_path, "new.yaml", field("x", "int32"), "1.0.1")
+    assert main(["schema", "diff", old, new, "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["allowed"] is False
+    assert doc["changes"] == [{
+        "field": "x", "old_field": None, "kind": "type", "scope": "field", "compatible": False,
+        "classified_compatible": False, "detail": "type narrowed from int64 to int32", "rule": None,
+        "ddl": [],
+    }]
+
+
+def test_cli_exit_2_for_a_bad_schema_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    old = write(tmp_path, "old.yaml", field("x", "int32"), "1.0.0")
+    bad = write(tmp_path, "bad.yaml", field("x", "int128"), "1.0.1")
+    assert main(["schema", "diff", old, bad]) == 2
+    assert "int128" in capsys.readouterr().err
+
+
+def test_cli_exit_2_for_a_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    old = write(tmp_path, "old.yaml", field("x", "int32"), "1.0.0")
+    assert main(["schema", "diff", old, str(tmp_path / "nope.yaml")]) == 2
+    assert "nope.yaml" in capsys.readouterr().err
+
+
+def test_cli_usage_error_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["schema", "diff", "only-one.yaml"])
+    assert exc.value.code == 2
+    with pytest.raises(SystemExit) as exc:
+        main(["schema"])
+    assert exc.value.code == 2
+
+
+def test_cli_prints_rule_overrides_and_agreements(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rules = rule("x", False, "no value exceeds 2^31") + "  - field: y\n    breaking_change: false\n"
+    old = write(tmp_path, "old.yaml", field("x", "int64") + field("y", "int32"), "1.0.0")
+    new = write(tmp_path, "new.yaml", field("x", "int32") + field("y", "int64") + rules, "1.1.0")
+    assert main(["schema", "diff", old, new]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    x_line = next(line for line in lines if " x " in line)
+    y_line = next(line for line in lines if " y " in line)
+    assert "declared compatible by evolution rule for x: no value exceeds 2^31" in x_line
+    assert "rule honoured: y breaking_change=false" in y_line
