@@ -1,0 +1,342 @@
+"""The fused CuPy kernel: one generated ``cupy.ElementwiseKernel`` per schema.
+
+Source generation is pure Python (no CuPy needed), so ``features kernels
+--show-source`` works on any machine. One GPU thread computes every kernel feature of
+one row, all steps in registers: one read of the packed inputs, one write of the
+packed outputs, one pass over device memory.
+
+Memory layout (row-major, ``N`` = rows in the batch)::
+
+    inp   float64[slots * N]       slot s of row i at inp[s * N + i]; NaN = null
+    outp  float64[2 * K * N]       value of kernel feature j at outp[j * N + i]
+                                   status of feature j at outp[(K + j) * N + i]
+
+Per batch: the host packs every slot into one pinned buffer, uploads it in one copy,
+launches the kernel once, and downloads the outputs in one copy. Device and pinned
+buffers are kept and reused (grown to the largest batch seen), so steady-state
+batches allocate nothing.
+
+Exactness: constants are written as hexadecimal float literals (exact; C++17, hence
+``--std=c++17``), the kernel is compiled with ``--fmad=false`` (no fused multiply-add
+contraction), and ``log1p`` is the portable ``fl_log1p`` (``numpy_backend.log1p``), so
+every value equals the NumPy program's bit for bit.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+
+from features.kernels.columns import SlotValues
+from features.kernels.numpy_backend import (
+    LN2_HI,
+    LN2_LO,
+    LP,
+    NUMPY_DTYPES,
+    SMALL_HI,
+    SMALL_LO,
+    SQRT_HALF,
+    TWO53,
+    UNROLLED_BOUNDARIES,
+    KernelOutput,
+    load_slot,
+)
+from features.kernels.ops import (
+    INT_BOUNDS,
+    INVALID_BASE,
+    NULL,
+    OK,
+    Bucketize,
+    Cast,
+    Clip,
+    FeaturePlan,
+    FillNull,
+    HashSlot,
+    KernelOp,
+    Log1p,
+    MinMax,
+    ProgramPlan,
+    Ratio,
+    Slot,
+    TimeSince,
+    TimeSlot,
+    ZScore,
+    op_name,
+)
+from features.schema.model import TypeKind
+
+IN_PARAMS: Final = "raw float64 inp, int64 nrows"
+OUT_PARAMS: Final = "raw float64 outp"
+#: NVRTC options. C++17 for hexadecimal float literals (CuPy would otherwise pick C++11
+#: or C++14); no contraction of a * b + c into an fma, which rounds once instead of twice.
+NVRTC_OPTIONS: Final = ("--std=c++17", "--fmad=false")
+
+
+def c_double(value: float) -> str:
+    """An exact C literal for ``value`` (hexadecimal float, parenthesised)."""
+    return f"({float(value).hex()})"
+
+
+def _log1p_source() -> str:
+    lp = [c_double(v) for v in LP]
+    poly = f"{lp[5]} + z * {lp[6]}"
+    for coeff in reversed(lp[:5]):
+        poly = f"{coeff} + z * ({poly})"
+    return f"""\
+/* ln(1 + x) for x > -1: fdlibm's log1p with +, -, *, / and frexp only (each correctly
+   rounded), so it equals features.kernels.numpy_backend.log1p bit for bit. */
+__device__ double fl_log1p(double x) {{
+    double u = 1.0 + x;
+    double c = (x - (u - 1.0)) / u;
+    if (x >= {c_double(TWO53)}) {{ u = x; c = 0.0; }}
+    int e;
+    double m = frexp(u, &e);
+    double k = (double)e;
+    if (m < {c_double(SQRT_HALF)}) {{ m = m + m; k = (double)(e - 1); }}
+    double f = m - 1.0;
+    if (x > {c_double(SMALL_LO)} && x < {c_double(SMALL_HI)}) {{ f = x; k = 0.0; c = 0.0; }}
+    double hfsq = (f * 0.5) * f;
+    double s = f / (f + 2.0);
+    double z = s * s;
+    double r = z * ({poly});
+    return k * {c_double(LN2_HI)} - ((hfsq - (s * (hfsq + r) + (k * {c_double(LN2_LO)} + c))) - f);
+}}
+"""
+
+
+_UPPER_BOUND = """\
+/* Number of b[j] <= x (b sorted, strictly increasing): C++ upper_bound. */
+__device__ int fl_upper_bound(const double* b, int nb, double x) {
+    int lo = 0, hi = nb;
+    while (lo < hi) { int mid = (lo + hi) / 2; if (b[mid] <= x) lo = mid + 1; else hi = mid; }
+    return lo;
+}
+"""
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    """The generated kernel: what ``cupy.ElementwiseKernel`` is built from."""
+
+    name: str
+    in_params: str
+    out_params: str
+    preamble: str
+    operation: str
+    options: tuple[str, ...] = NVRTC_OPTIONS
+
+    def render(self) -> str:
+        """The whole source as one readable text (``features kernels --show-source``)."""
+        return (
+            f"// cupy.ElementwiseKernel {self.name!r}\n"
+            f"//   in_params:  {self.in_params}\n"
+            f"//   out_params: {self.out_params}\n"
+            f"//   options:    {' '.join(self.options)}\n"
+            f"// ---- preamble ----\n{self.preamble}"
+            f"// ---- operation (once per row i) ----\n{self.operation}"
+        )
+
+
+def _describe(op: KernelOp) -> str:
+    name = op_name(op)
+    if isinstance(op, FillNull):
+        return f"{name} {op.value!r}"
+    if isinstance(op, Clip):
+        return f"{name} lo={op.lo!r} hi={op.hi!r}"
+    if isinstance(op, ZScore):
+        return f"{name} mean={op.mean!r} std={op.std!r}"
+    if isinstance(op, MinMax):
+        return f"{name} lo={op.lo!r} span={op.span!r}"
+    if isinstance(op, Bucketize):
+        return f"{name} {len(op.boundaries)} boundaries"
+    if isinstance(op, Ratio):
+        return f"{name} denominator=slot {op.slot} on_zero={op.on_zero!r}"
+    if isinstance(op, TimeSince):
+        return f"{name} unit={op.unit}"
+    if isinstance(op, Cast):
+        return f"{name} {op.kind.value}{' (declared dtype)' if op.implicit else ''}"
+    return name
+
+
+def _describe_slot(slot: Slot) -> str:
+    if isinstance(slot, HashSlot):
+        fill = "" if slot.fill is None else f" after fill_null {slot.fill!r}"
+        return f"hash_bucket({slot.field}, n={slot.n}){fill}, hashed on the host"
+    if isinstance(slot, TimeSlot):
+        ref = slot.reference_field or "reference_time"
+        return f"{ref} - {slot.field} in microseconds, from the host"
+    return slot.field
+
+
+def _op_source(op: KernelOp, fidx: int, preamble: list[str]) -> str:
+    """C for one op; ``x`` is the value, ``st`` the status (both locals)."""
+    bad = INVALID_BASE + op.step
+    if isinstance(op, FillNull):
+        return f"if (st == {NULL}) {{ x = {c_double(op.value)}; st = {OK}; }}"
+    if isinstance(op, Clip):
+        parts = []
+        if op.lo is not None:
+            parts.append(f"if (x < {c_double(op.lo)}) x = {c_double(op.lo)};")
+        if op.hi is not None:
+            parts.append(f"if (x > {c_double(op.hi)}) x = {c_double(op.hi)};")
+        return f"if (st == {OK}) {{ {' '.join(parts)} }}"
+    if isinstance(op, Log1p):
+        return f"if (st == {OK}) {{ if (x > -1.0) x = fl_log1p(x); else st = {bad}; }}"
+    if isinstance(op, ZScore | MinMax):
+        shift, scale = (op.mean, op.std) if isinstance(op, ZScore) else (op.lo, op.span)
+        return (f"if (st == {OK}) {{ double r = (x - {c_double(shift)}) / {c_double(scale)}; "
+                f"if (isfinite(r)) x = r; else st = {bad}; }}")
+    if isinstance(op, Bucketize):
+        if len(op.boundaries) <= UNROLLED_BOUNDARIES:
+            terms = " + ".join(f"(x >= {c_double(b)})" for b in op.boundaries)
+            return f"if (st == {OK}) {{ x = (double)({terms}); }}"
+        table = f"fl_bounds_{fidx}_{op.step}"
+        values = ", ".join(c_double(b) for b in op.boundaries)
+        preamble.append(f"__device__ const double {table}[{len(op.boundaries)}] = {{{values}}};\n")
+        return f"if (st == {OK}) {{ x = (double)fl_upper_bound({table}, {len(op.boundaries)}, x); }}"
+    if isinstance(op, Ratio):
+        zero = f"st = {NULL};" if op.on_zero is None else f"x = {c_double(op.on_zero)};"
+        return (f"if (st == {OK}) {{ double d = inp[{op.slot} * N + i]; "
+                f"if (isnan(d)) st = {NULL}; else if (d == 0.0) {{ {zero} }} "
+                f"else {{ double r = x / d; if (isfinite(r)) x = r; else st = {bad}; }} }}")
+    if isinstance(op, TimeSince):
+        return f"if (st == {OK}) {{ x = x / {c_double(op.divisor)}; }}"
+    assert isinstance(op, Cast)
+    if op.kind is TypeKind.FLOAT64:
+        return "/* float64: nothing to do */"
+    if op.exact:
+        return "/* values are already integers in range: nothing to do */"
+    if op.kind in INT_BOUNDS:
+        lo, hi = INT_BOUNDS[op.kind]
+        return (f"if (st == {OK}) {{ double r = rint(x) + 0.0; "
+                f"if (r >= {c_double(lo)} && r < {c_double(hi)}) x = r; else st = {bad}; }}")
+    if op.kind is TypeKind.FLOAT32:
+        return f"if (st == {OK}) {{ double r = (double)(float)x; if (isfinite(r)) x = r; else st = {bad}; }}"
+    if op.kind is TypeKind.BOOL:
+        return f"if (st == {OK}) {{ x = (x != 0.0) ? 1.0 : 0.0; }}"
+    raise AssertionError(f"unhandled cast to {op.kind}")
+
+
+def kernel_name(plan: ProgramPlan) -> str:
+    return "fl_transform_" + re.sub(r"[^A-Za-z0-9_]", "_", plan.schema_name)
+
+
+def generate_source(plan: ProgramPlan) -> KernelSource:
+    """The fused kernel of ``plan`` (deterministic: same plan, same text)."""
+    preamble = [
+        f"// featureline transform kernel for schema {plan.schema_name} {plan.schema_version}.\n"
+        "// Generated by features.kernels.cupy_backend; semantics in features/kernels/ops.py.\n",
+        _log1p_source(),
+    ]
+    needs_search = False
+    n_kernel = len(plan.kernel)
+    body = ["const ptrdiff_t N = (ptrdiff_t)nrows;\n"]
+    for j, fidx in enumerate(plan.kernel):
+        fp: FeaturePlan = plan.features[fidx]
+        assert fp.slot is not None
+        body.append(f"{{ /* feature {j}: {fp.name} <- {fp.feature.source} ({fp.dtype}) */\n")
+        body.append(f"    double x = inp[{fp.slot} * N + i];  /* {_describe_slot(plan.slots[fp.slot])} */\n")
+        body.append(f"    int st = isnan(x) ? {NULL} : {OK};\n")
+        for op in fp.ops:
+            if isinstance(op, Bucketize) and len(op.boundaries) > UNROLLED_BOUNDARIES:
+                needs_search = True
+            body.append(f"    /* step {op.step}: {_describe(op)} */\n")
+            body.append(f"    {_op_source(op, fidx, preamble)}\n")
+        body.append(f"    outp[{j} * N + i] = x;\n")
+        body.append(f"    outp[{n_kernel + j} * N + i] = (double)st;\n")
+        body.append("}\n")
+    if needs_search:
+        preamble.insert(2, _UPPER_BOUND)
+    return KernelSource(kernel_name(plan), IN_PARAMS, OUT_PARAMS, "".join(preamble), "".join(body))
+
+
+class CupyBackend:
+    """Runs a plan's kernel features on the GPU with the generated fused kernel.
+
+    Holds device and pinned host buffers between runs (grown to the largest batch),
+    so one instance must not run two batches at once from different threads.
+    """
+
+    device = "gpu"
+
+    def __init__(self, plan: ProgramPlan, cupy: ModuleType) -> None:
+        self.plan = plan
+        self.cp = cupy
+        self.source = generate_source(plan)
+        self._kernel: Any = None
+        self._capacity = 0
+        self._dev_in: Any = None
+        self._dev_out: Any = None
+        self._host_in: npt.NDArray[np.float64] = np.empty(0)
+        self._host_out: npt.NDArray[np.float64] = np.empty(0)
+
+    @property
+    def kernel(self) -> Any:
+        """The ``cupy.ElementwiseKernel`` (compiled by CuPy on first launch, then cached)."""
+        if self._kernel is None:
+            src = self.source
+            self._kernel = self.cp.ElementwiseKernel(
+                src.in_params, src.out_params, src.operation, src.name,
+                preamble=src.preamble, options=src.options,
+            )
+        return self._kernel
+
+    def _reserve(self, rows: int) -> None:
+        if rows <= self._capacity:
+            return
+        import cupyx
+
+        n_in = max(len(self.plan.slots), 1) * rows
+        n_out = 2 * len(self.plan.kernel) * rows
+        self._dev_in = self._dev_out = None  # free the old device buffers first
+        self._dev_in = self.cp.empty(n_in, dtype=np.float64)
+        self._dev_out = self.cp.empty(n_out, dtype=np.float64)
+        self._host_in = cupyx.empty_pinned((n_in,), dtype=np.float64)
+        self._host_out = cupyx.empty_pinned((n_out,), dtype=np.float64)
+        self._capacity = rows
+
+    def upload(self, slots: Sequence[SlotValues], rows: int) -> None:
+        """Pack every slot into the pinned buffer and copy it to the device (one copy)."""
+        self._reserve(rows)
+        n_in = len(self.plan.slots) * rows
+        packed = self._host_in[:n_in].reshape(len(self.plan.slots), rows)
+        with np.errstate(all="ignore"):
+            for s, slot in enumerate(slots):
+                load_slot(packed[s], slot, 0, rows)
+        self._dev_in[:n_in].set(self._host_in[:n_in])
+
+    def launch(self, rows: int) -> None:
+        """Run the fused kernel over ``rows`` rows of the uploaded inputs."""
+        n_in = len(self.plan.slots) * rows
+        n_out = 2 * len(self.plan.kernel) * rows
+        self.kernel(self._dev_in[:n_in], np.int64(rows), self._dev_out[:n_out], size=rows)
+
+    def download(self, rows: int) -> KernelOutput:
+        """Copy the outputs back (one copy) and convert them to the declared dtypes."""
+        k = len(self.plan.kernel)
+        n_out = 2 * k * rows
+        host = self._host_out[:n_out]
+        self._dev_out[:n_out].get(out=host)
+        packed = host.reshape(2 * k, rows)
+        values: list[npt.NDArray[np.generic]] = []
+        with np.errstate(all="ignore"):
+            for j, fidx in enumerate(self.plan.kernel):
+                dtype = NUMPY_DTYPES[self.plan.features[fidx].dtype.kind]
+                values.append(packed[j].astype(dtype))  # always a copy: the buffer is reused
+        status = packed[k:].astype(np.int8)
+        return KernelOutput(values, status)
+
+    def run(self, slots: Sequence[SlotValues], rows: int) -> KernelOutput:
+        """All kernel features over ``rows`` rows: upload, one launch, download."""
+        self.upload(slots, rows)
+        self.launch(rows)
+        return self.download(rows)
+
+
+__all__ = ["IN_PARAMS", "OUT_PARAMS", "CupyBackend", "KernelSource", "c_double", "generate_source"]
