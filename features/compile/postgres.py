@@ -269,7 +269,7 @@ def sql_value(value: ScalarValue, ft: FieldType, what: str) -> str:
 # --- constraints ------------------------------------------------------------------
 
 
-def _check_expr(f: Field, rule: Rule) -> str | None:
+def check_expr(f: Field, rule: Rule) -> str | None:
     """The CHECK expression enforcing ``rule`` on column ``f``, or None when the rule
     is enforced by the column itself (type, NOT NULL) or has no column meaning."""
     col = quote_ident(f.name)
@@ -339,7 +339,7 @@ def _field_checks(f: Field, rules: tuple[Rule, ...]) -> list[str]:
     for rule in rules:
         if rule.field != f.name:
             continue
-        expr = _check_expr(f, rule)
+        expr = check_expr(f, rule)
         if expr is not None:
             checks.append(f"CONSTRAINT {quote_ident(constraint_name(f.name, rule.kind))} CHECK ({expr})")
     return checks
@@ -355,7 +355,7 @@ def constraint_rule_ids(compiled: CompiledSchema) -> dict[str, str]:
     fields = {f.name: f for f in compiled.schema.fields}
     for rule in compiled.rules:
         f = fields.get(rule.field)
-        if f is not None and _check_expr(f, rule) is not None:
+        if f is not None and check_expr(f, rule) is not None:
             out[constraint_name(rule.field, rule.kind)] = rule.id
     return out
 

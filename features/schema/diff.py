@@ -77,8 +77,10 @@ from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 from typing import Literal
 
+# The migration writes the very same CHECK text as the generated DDL (check_expr).
 from features.compile.postgres import (
     SCHEMAS_TABLE,
+    check_expr,
     cold_table_name,
     constraint_name,
     pg_type,
@@ -86,10 +88,6 @@ from features.compile.postgres import (
     quote_literal,
     sql_value,
 )
-
-# The migration must write the very same CHECK text as the generated DDL, so it uses
-# the DDL's own (module-private) expression builder rather than a copy of it.
-from features.compile.postgres import _check_expr as check_expr
 from features.compile.rules import ReasonCode, field_rules
 from features.schema.model import (
     INTEGER_KINDS,
