@@ -1,0 +1,18 @@
+"""Validation: run a compiled schema's rules over a batch.
+
+``validate(data, compiled)`` returns a :class:`ValidationResult` with the valid rows
+(in the declared Arrow schema), the reject rows (:data:`REJECT_SCHEMA`) and counts.
+Bad rows are data, never exceptions; see :mod:`features.validate.validator`.
+"""
+
+from __future__ import annotations
+
+from features.validate.result import (
+    REJECT_SCHEMA,
+    ReasonCode,
+    ValidationCounts,
+    ValidationResult,
+)
+from features.validate.validator import validate
+
+__all__ = ["REJECT_SCHEMA", "ReasonCode", "ValidationCounts", "ValidationResult", "validate"]

@@ -1,0 +1,180 @@
+"""``features validate``: check Parquet files against a schema, without loading them.
+
+``features validate --schema NAME [--schemas-dir DIR] [--json] [--top N] FILE...``
+
+The schema NAME is looked up among the schema files of ``--schemas-dir`` (else the
+``schemas_dir`` setting, ``schemas/`` by default). Each file is read batch by batch
+(only the declared columns) and validated with the compiled rules. Printed: the row
+counts, then the rules that rejected rows, most frequent first, each with its count
+and up to 3 example messages (``file#row: message``). ``--json`` prints one JSON
+document instead.
+
+Exit codes: 0 every row is valid; 1 some rows were rejected; 2 usage errors (unknown
+schema, unreadable file, invalid schema files).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from features.compile import CompiledSchema
+
+#: Rows per batch read from a Parquet file.
+BATCH_ROWS = 1 << 20
+EXAMPLES_PER_RULE = 3
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``validate`` on the ``features`` parser."""
+    p = subparsers.add_parser(
+        "validate",
+        help="validate Parquet files against a schema (counts and top reject reasons)",
+        description="Validate Parquet files against the schema NAME: print the row counts and "
+        "the rules that rejected rows with example messages. Exit 0 when every row is valid, "
+        "1 when some rows were rejected, 2 on usage errors.",
+    )
+    p.add_argument("files", nargs="+", metavar="FILE", help="Parquet files to validate")
+    p.add_argument("--schema", required=True, metavar="NAME", help="schema name (its `name:` key)")
+    p.add_argument("--schemas-dir", metavar="DIR", help="schema folder (default: the schemas_dir setting)")
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+    p.add_argument("--top", type=int, default=10, metavar="N", help="show the N most frequent rules (10)")
+    p.set_defaults(func=run_validate)
+
+
+@dataclass
+class Summary:
+    """Counts over every file, and example messages per rule id."""
+
+    schema: str
+    version: str
+    fingerprint: str
+    files: list[str] = field(default_factory=list)
+    input_rows: int = 0
+    valid_rows: int = 0
+    rejected_rows: int = 0
+    by_rule: Counter[str] = field(default_factory=Counter)
+    examples: dict[str, list[str]] = field(default_factory=dict)
+
+    def as_json(self, top: int) -> dict[str, Any]:
+        return {
+            "schema": self.schema,
+            "version": self.version,
+            "fingerprint": self.fingerprint,
+            "files": self.files,
+            "input_rows": self.input_rows,
+            "valid_rows": self.valid_rows,
+            "rejected_rows": self.rejected_rows,
+            "by_rule": dict(self.by_rule.most_common()),
+            "top": [
+                {"rule": rule, "count": count, "examples": self.examples.get(rule, [])}
+                for rule, count in self.by_rule.most_common(top)
+            ],
+        }
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    """Validate ``args.files`` against ``args.schema``; returns the exit code."""
+    from features.compile import compile_schema
+    from features.errors import SchemaError
+    from features.schema.parse import load_schemas
+
+    schemas_dir = args.schemas_dir
+    if schemas_dir is None:
+        from features.config import resolve_settings
+
+        schemas_dir = resolve_settings().schemas_dir
+    if args.top < 0:
+        return _usage("--top must be >= 0")
+    try:
+        schemas = load_schemas(schemas_dir)
+    except SchemaError as exc:
+        return _usage(f"invalid schema files:\n{exc}")
+    schema = schemas.get(args.schema)
+    if schema is None:
+        known = ", ".join(sorted(schemas)) or "none"
+        return _usage(f"no schema named {args.schema!r} in {schemas_dir} (found: {known})")
+    compiled = compile_schema(schema)
+    summary = Summary(schema.name, schema.version_str, compiled.fingerprint)
+    for path in args.files:
+        error = _validate_file(path, compiled, summary)
+        if error:
+            return _usage(error)
+    if args.json:
+        print(json.dumps(summary.as_json(args.top), indent=2))
+    else:
+        _print_text(summary, args.top)
+    return 1 if summary.rejected_rows else 0
+
+
+def _usage(message: str) -> int:
+    print(f"features validate: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _validate_file(path: str, compiled: CompiledSchema, summary: Summary) -> str | None:
+    """Validate one file into ``summary``; returns an error message, or None."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from features.validate import validate
+
+    try:
+        pf = pq.ParquetFile(path)
+    except (OSError, pa.ArrowException) as exc:
+        return f"cannot read {path}: {exc}"
+    present = set(pf.schema_arrow.names)
+    columns = [name for name in compiled.schema.field_names if name in present]
+    summary.files.append(path)
+    offset = 0
+    try:
+        batches = pf.iter_batches(batch_size=BATCH_ROWS, columns=columns)
+        for batch in batches:
+            result = validate(batch, compiled)
+            counts = result.counts
+            summary.input_rows += counts.input_rows
+            summary.valid_rows += counts.valid_rows
+            summary.rejected_rows += counts.rejected_rows
+            summary.by_rule.update(counts.by_rule)
+            if result.rejects.num_rows:
+                _collect_examples(result.rejects, path, offset, summary)
+            offset += batch.num_rows
+    except (OSError, pa.ArrowException) as exc:
+        return f"cannot read {path}: {exc}"
+    return None
+
+
+def _collect_examples(rejects: Any, path: str, offset: int, summary: Summary) -> None:
+    import pyarrow.compute as pc
+
+    for rule in pc.unique(rejects.column("rule")).to_pylist():
+        have = summary.examples.setdefault(rule, [])
+        if len(have) >= EXAMPLES_PER_RULE:
+            continue
+        rows = rejects.filter(pc.equal(rejects.column("rule"), rule)).slice(0, EXAMPLES_PER_RULE - len(have))
+        pairs = zip(rows.column("row").to_pylist(), rows.column("message").to_pylist(), strict=True)
+        for row, message in pairs:
+            have.append(f"{path}#{offset + row}: {message}")
+
+
+def _print_text(s: Summary, top: int) -> None:
+    share = f" ({s.rejected_rows / s.input_rows:.2%})" if s.input_rows else ""
+    files = f"{len(s.files)} file" + ("s" if len(s.files) != 1 else "")
+    print(
+        f"{s.schema} {s.version} ({s.fingerprint[:12]}): {files}, {s.input_rows:,} rows: "
+        f"{s.valid_rows:,} valid, {s.rejected_rows:,} rejected{share}"
+    )
+    if not s.by_rule:
+        return
+    shown = s.by_rule.most_common(top)
+    print(f"top reasons ({len(shown)} of {len(s.by_rule)} rules):")
+    width = max(len(rule) for rule, _ in shown) if shown else 0
+    for rule, count in shown:
+        print(f"  {rule:<{width}}  {count:,}")
+        for example in s.examples.get(rule, []):
+            print(f"    {example}")
