@@ -8,9 +8,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test venv up down status lint lock help
+.PHONY: demo test venv up down status lint lock help
 
 help:
+	@echo "make demo    the main job: services, compile, example data, batch load, summary"
 	@echo "make test    create/reuse .venv, start services (features dev up), run every test"
 	@echo "make up|down|status   the local services"
 	@echo "make lint    ruff"
@@ -25,6 +26,9 @@ $(STAMP): requirements.lock pyproject.toml
 
 venv: $(STAMP)
 
+demo: venv
+	$(BIN)/features demo
+
 up: venv
 	$(BIN)/features dev up
 
@@ -38,7 +42,10 @@ lint: venv
 	$(BIN)/ruff check features jobs tests bench
 
 # pytest exits 5 when no test ran; that is a failure here, as is any other non-zero code.
+# Generated sql/ and expectations/ must match the schemas (features compile --check).
 test: up
+	$(BIN)/ruff check features jobs tests bench
+	$(BIN)/features compile --check
 	$(BIN)/pytest -p no:cacheprovider
 
 # Refresh the lock after changing dependencies in pyproject.toml.

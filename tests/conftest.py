@@ -68,7 +68,7 @@ def redis_prefix(request: pytest.FixtureRequest, settings: Settings) -> Iterator
         pytest.fail(f"Redis unreachable at {settings.redis_url}: run `features dev up` ({exc})")
     prefix = _unique(request, "t") + ":"
     yield prefix
-    keys = list(client.scan_iter(match=prefix + "*", count=1000))
+    keys = list(client.scan_iter(match=prefix + "*", count=10_000))
     if keys:
         client.delete(*keys)
     client.close()

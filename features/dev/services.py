@@ -257,7 +257,8 @@ class Postgres:
         db = (parts.path or "/featureline").lstrip("/") or "featureline"
         for ident in (role, db):
             if not re.fullmatch(r"[a-z_][a-z0-9_]*", ident):
-                raise ServiceError(f"unsafe role/database name {ident!r} in the default DSN", service=self.name)
+                raise ServiceError(f"unsafe role/database name {ident!r} in the default DSN",
+                                   service=self.name)
         if self._psql(f"SELECT 1 FROM pg_roles WHERE rolname = '{role}'").strip() != "1":
             self._psql(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
         if self._psql(f"SELECT 1 FROM pg_database WHERE datname = '{db}'").strip() != "1":

@@ -16,7 +16,7 @@ def test_status_shows_four_healthy_parts() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = {line.split()[0]: line for line in proc.stdout.splitlines() if line.strip()}
     assert set(lines) == {"postgres", "redis", "kafka", "flink-connector"}
-    for name, line in lines.items():
+    for _name, line in lines.items():
         assert line.split()[1] == "healthy", line
     assert "PostgreSQL 1" in lines["postgres"] and "127.0.0.1:5433" in lines["postgres"]
     assert "Redis 7" in lines["redis"]

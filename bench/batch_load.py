@@ -1,0 +1,212 @@
+"""Benchmark: the batch loader end to end against the limits of the same machine.
+
+Usage::
+
+    .venv/bin/python bench/batch_load.py [--rows 1000000] [--batch-rows 131072]
+
+On ``--rows`` applicant rows (deterministic, ~2% invalid; ``schemas/credit_applicant.yaml``)
+it measures, in one run, against the local services (``features dev up``):
+
+1. **read**: ``pq.read_table`` of the file alone;
+2. **raw Redis**: the same hot hashes (hot fields, derived hot features and lineage of
+   every valid row) as Redis protocol bytes built beforehand (``HSET key f v ...``),
+   written over one connection and their replies read, as ``redis-cli --pipe`` does;
+3. **raw Postgres**: a psycopg binary ``COPY`` (``write_row``) of the same cold rows,
+   built as Python tuples beforehand, into an empty table with the same DDL;
+4. **featureline**: ``features.load.load`` — read, validate, transform, write both
+   stores (newest-wins script in Redis, COPY + ledger in Postgres), rejects.
+
+It prints rows/s for each and our time as a ratio to ``read + max(raw Redis, raw
+Postgres)``; the target is <= 2.0. Each store gets a fresh namespace (a Postgres schema
+``bench_*`` and Redis database 12/13), dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from features.config import resolve_settings  # noqa: E402
+from features.examples import applicant_schema, applicants  # noqa: E402
+
+CACHE = ROOT / ".cache" / "bench"
+
+
+def dataset(rows: int) -> Path:
+    CACHE.mkdir(parents=True, exist_ok=True)
+    path = CACHE / f"batch_load_{rows}.parquet"
+    if not path.exists():
+        tmp = path.with_suffix(".tmp")
+        pq.write_table(applicants(rows, seed=42), tmp, row_group_size=131_072)
+        tmp.rename(path)
+    return path
+
+
+def prepared_rows(path: Path, compiled: Any, settings: Any) -> pa.Table:
+    """The valid, transformed rows with lineage, exactly what the sinks receive."""
+    import datetime as dt
+
+    from features.lineage import RunContext
+    from features.load import transform_program
+    from features.runner import process_batch
+    from features.sources.parquet import ParquetSource
+
+    program = transform_program(compiled, settings)
+    ctx = RunContext(compiled.name, compiled.schema.version_str, compiled.fingerprint, "bench-raw",
+                     dt.datetime.now(dt.UTC))
+    parts = [process_batch(sb, compiled, program, ctx, ctx.ingested_at).rows
+             for sb in ParquetSource([path], compiled).batches()]
+    return pa.concat_tables(parts)
+
+
+def raw_redis(rows: pa.Table, compiled: Any, url: str) -> float:
+    """Seconds to write pre-built HSET protocol bytes of the hot hashes and read the replies."""
+    import numpy as np
+    import pyarrow.compute as pc
+    import redis
+
+    from features.sinks.redis import RedisSink, _bulk, _concat_bytes, _const_bulk, encode_column
+
+    sink = RedisSink(url, compiled)
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    n = rows.num_rows
+    keys = pc.binary_join_element_wise(f"features:{compiled.name}:{{",
+                                       encode_column(rows.column(sink.entity).combine_chunks()), "}", "")
+    names = [*sink.hot_columns, "_source", "_schema_version", "_schema_fingerprint", "_run_id",
+             "_ingested_at"]
+    present = np.zeros(n, dtype=np.int64)
+    pairs = []
+    for name in names:
+        v = encode_column(rows.column(name).combine_chunks())
+        present += np.asarray(v.is_valid(), dtype=np.int64)
+        pairs.append(pc.fill_null(pc.binary_join_element_wise(_const_bulk(name), _bulk(v), ""), ""))
+    cmds = pc.binary_join_element_wise("*", pa.array(2 + 2 * present).cast(pa.string()), "\r\n",
+                                       _const_bulk("HSET"), _bulk(keys), *pairs, "")
+    chunks = [_concat_bytes(cmds.slice(s, 50_000)) for s in range(0, n, 50_000)]
+    host, port = sink.host, sink.port
+    sock = socket.create_connection((host, port))
+    if sink.db:
+        sock.sendall(f"*2\r\n$6\r\nSELECT\r\n${len(str(sink.db))}\r\n{sink.db}\r\n".encode())
+        sock.recv(100)
+    t0 = time.perf_counter()
+    for i, chunk in enumerate(chunks):
+        sock.sendall(chunk)
+        expected = min(50_000, n - i * 50_000)
+        got = 0
+        while got < expected:
+            got += sock.recv(1 << 20).count(b"\r\n")
+    seconds = time.perf_counter() - t0
+    sock.close()
+    assert client.dbsize() == n, (client.dbsize(), n)
+    client.flushdb()
+    client.close()
+    return seconds
+
+
+def raw_postgres(rows: pa.Table, compiled: Any, dsn: str) -> float:
+    """Seconds for a psycopg binary COPY (write_row) of pre-built tuples into an empty table."""
+    import psycopg
+
+    from features.sinks.postgres import PostgresSink
+
+    columns = PostgresSink(dsn, compiled).columns
+    data = rows.select(list(columns))
+    tuples = list(zip(*[c.to_pylist() for c in data.columns], strict=True))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP SCHEMA IF EXISTS bench_raw CASCADE")
+        conn.execute("CREATE SCHEMA bench_raw")
+        conn.execute("SET search_path = bench_raw")
+        conn.execute(compiled.ddl)
+        oids = {r[0]: r[1] for r in conn.execute(
+            "SELECT attname, atttypid::int FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0",
+            (f'"{compiled.name}"',)).fetchall()}
+        cols = ", ".join(f'"{c}"' for c in columns)
+        t0 = time.perf_counter()
+        copy_sql = f'COPY "{compiled.name}" ({cols}) FROM STDIN (FORMAT BINARY)'
+        with conn.cursor() as cur, cur.copy(copy_sql) as cp:
+            cp.set_types([oids[c] for c in columns])
+            for t in tuples:
+                cp.write_row(t)
+        seconds = time.perf_counter() - t0
+        count = conn.execute(f'SELECT count(*) FROM "{compiled.name}"').fetchone()[0]
+        assert count == rows.num_rows
+        conn.execute("DROP SCHEMA bench_raw CASCADE")
+    return seconds
+
+
+def ours(path: Path, compiled: Any, settings: Any, batch_rows: int) -> tuple[float, Any]:
+    import psycopg
+    import redis
+
+    from features.load import load
+
+    with psycopg.connect(settings.postgres_dsn, autocommit=True) as conn:
+        conn.execute("DROP SCHEMA IF EXISTS bench_ours CASCADE")
+        conn.execute("CREATE SCHEMA bench_ours")
+    redis.Redis.from_url(settings.redis_url).flushdb()
+    t0 = time.perf_counter()
+    summary = load([path], compiled, settings, batch_rows=batch_rows, search_path="bench_ours")
+    seconds = time.perf_counter() - t0
+    assert summary.adds_up and summary.stored + summary.rejected == summary.read
+    with psycopg.connect(settings.postgres_dsn, autocommit=True) as conn:
+        conn.execute("DROP SCHEMA bench_ours CASCADE")
+    redis.Redis.from_url(settings.redis_url).flushdb()
+    return seconds, summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--batch-rows", type=int, default=131_072)
+    args = ap.parse_args(argv)
+
+    base = resolve_settings(root=ROOT)
+    redis_base = base.redis_url.rsplit("/", 1)[0]
+    compiled = applicant_schema()
+    path = dataset(args.rows)
+    n = args.rows
+    print(f"{n:,} applicant rows, {path.stat().st_size / 1e6:.0f} MB Parquet ({path.name})")
+
+    t0 = time.perf_counter()
+    table = pq.read_table(path)
+    read_s = time.perf_counter() - t0
+    del table
+    rows = prepared_rows(path, compiled, base)
+    valid = rows.num_rows
+    redis_s = raw_redis(rows, compiled, f"{redis_base}/13")
+    pg_s = raw_postgres(rows, compiled, base.postgres_dsn)
+    del rows
+    settings = dataclasses.replace(base, redis_url=f"{redis_base}/12")
+    ours_s, summary = ours(path, compiled, settings, args.batch_rows)
+
+    limit = read_s + max(redis_s, pg_s)
+    print(f"{'step':<34}{'seconds':>9}{'rows/s':>14}")
+    for name, secs, count in [
+        ("parquet read alone", read_s, n),
+        (f"raw Redis HSET pipe ({valid:,} hashes)", redis_s, valid),
+        (f"raw Postgres binary COPY ({valid:,})", pg_s, valid),
+        ("featureline load (end to end)", ours_s, n),
+    ]:
+        print(f"{name:<34}{secs:>9.2f}{count / secs:>14,.0f}")
+    print(f"limit = read + slower raw write = {limit:.2f}s; "
+          f"ours / limit = {ours_s / limit:.2f} (target <= 2.0)")
+    print(f"summary: read {summary.read:,} = stored {summary.stored:,} + rejected {summary.rejected:,} + "
+          f"already present {summary.already_present:,}; sink seconds "
+          + ", ".join(f"{k} {v.seconds:.1f}" for k, v in summary.sinks.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

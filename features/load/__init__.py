@@ -1,0 +1,90 @@
+"""The batch loader: Parquet files -> validate -> transform -> Redis (hot) + Postgres (cold)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from features.compile import CompiledSchema, compile_schema
+from features.config import Settings
+from features.errors import ConfigError
+from features.lineage import RunContext, new_run_id
+from features.runner import Progress, RunSummary, run
+from features.sources.parquet import DEFAULT_BATCH_ROWS, ParquetSource
+
+
+def find_schema(name: str, schemas_dir: str | Path) -> CompiledSchema:
+    """Compile the schema called ``name`` from ``schemas_dir`` (ConfigError when absent)."""
+    from features.schema import load_schemas
+
+    schemas = load_schemas(Path(schemas_dir))
+    if name not in schemas:
+        known = ", ".join(sorted(schemas)) or "none"
+        raise ConfigError(f"no schema named {name!r} in {schemas_dir} (known: {known})", key="schema",
+                          looked_in=[str(schemas_dir)])
+    return compile_schema(schemas[name])
+
+
+def transform_program(compiled: CompiledSchema, settings: Settings) -> Any:
+    """The compiled transform program for the schema's derived features, or None."""
+    if not compiled.schema.features:
+        return None
+    from features.kernels import compile_transforms
+
+    return compile_transforms(compiled.schema, device=settings.device)
+
+
+def load(paths: Sequence[str | Path], compiled: CompiledSchema, settings: Settings, *,
+         batch_rows: int = DEFAULT_BATCH_ROWS, search_path: str | None = None, key_prefix: str = "",
+         progress: bool = False, run_id: str | None = None) -> RunSummary:
+    """Load Parquet ``paths`` into both stores; returns the run's summary.
+
+    Raises SourceError before writing anything when a file is unreadable or does not
+    fit the schema, SinkUnavailable when a store is unreachable at start (nothing is
+    written), SinkError on a fingerprint mismatch. Re-running the same input stores
+    nothing twice (commit ledger in both stores).
+    """
+    from features.sinks.postgres import PostgresSink
+    from features.sinks.redis import RedisSink
+
+    source = ParquetSource(paths, compiled, batch_rows=batch_rows)
+    program = transform_program(compiled, settings)
+    pg = PostgresSink(settings.postgres_dsn, compiled, search_path=search_path)
+    hot = RedisSink(settings.redis_url, compiled, key_prefix=key_prefix)
+    sinks = [pg, hot]  # the first is the primary: its commit decides "stored"
+    try:
+        # Redis first: its open() writes no data, so a store that is down stops the
+        # run before Postgres applies any DDL or row.
+        for s in (hot, pg):
+            s.open()
+        now = dt.datetime.now(dt.UTC)
+        ctx = RunContext(compiled.name, compiled.schema.version_str, compiled.fingerprint,
+                         run_id or new_run_id(), now)
+        return run(source, compiled, sinks, ctx=ctx, program=program,
+                   progress=Progress(source.total_rows, enabled=progress))
+    finally:
+        for s in sinks:
+            s.close()  # idempotent; also frees a sink whose open() failed half way
+
+
+def render_summary(s: RunSummary, *, rejects_table: str) -> str:
+    """The human summary every run prints."""
+    lines = [
+        f"run {s.run_id}: schema {s.schema}",
+        f"  read {s.read:,} = stored {s.stored:,} + rejected {s.rejected:,} + already present "
+        f"{s.already_present:,}  [{'adds up' if s.adds_up else 'DOES NOT ADD UP'}]",
+        f"  {s.units} batches ({s.skipped_units} already committed, skipped), {s.seconds:.1f}s, "
+        f"{(s.read / s.seconds if s.seconds else 0):,.0f} rows/s",
+    ]
+    for name, st in s.sinks.items():
+        lines.append(f"  {name}: wrote {st.written:,}, unchanged {st.unchanged:,}, "
+                     f"skipped {st.skipped_units} batches, {st.seconds:.1f}s")
+    if s.by_rule:
+        lines.append("  top reject reasons:")
+        for rule, count, examples in s.top_reasons(5):
+            lines.append(f"    {count:>9,}  {rule}" + (f"   e.g. {examples[0]}" if examples else ""))
+        lines.append(f"  rejects are in Postgres table {rejects_table!r} "
+                     f"(SELECT _source, errors, raw FROM \"{rejects_table}\" WHERE _run_id = '{s.run_id}')")
+    return "\n".join(lines)

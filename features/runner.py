@@ -1,0 +1,350 @@
+"""The loop both jobs share: source -> validate -> transform -> sinks, with exact counts.
+
+``run(source, compiled, sinks, ...)`` reads every batch of ``source``, validates it
+with the compiled rules, runs the transform program on the valid rows, attaches
+lineage, and hands each sink one :class:`~features.sinks.base.WriteUnit`. The batch
+loader and the streaming job call this same code (the stream through
+:func:`process_batch`, one micro-batch at a time).
+
+Counts are conserved for every run: ``read == stored + rejected + already_present``
+where ``already_present`` counts valid rows the cold store already held and every row
+of a unit the ledger says is committed. Rejected rows are never dropped: each goes to
+the rejects table with its raw values, all its errors and its lineage.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from features.compile import CompiledSchema
+from features.lineage import LINEAGE_COLUMNS, RunContext
+from features.sinks.base import Sink, SupportsEncode, WriteResult, WriteUnit
+from features.sources.base import Source, SourceBatch
+from features.validate import validate
+
+#: One row per rejected input row, as the rejects table stores it.
+REJECTS_SCHEMA = pa.schema([
+    pa.field("_source", pa.string(), nullable=False),
+    pa.field("row_index", pa.int64()),
+    pa.field("raw", pa.string()),        # JSON object of the input values
+    pa.field("errors", pa.string()),     # JSON array of {field, rule, reason, message, value}
+    pa.field("event_time", pa.timestamp("us", "UTC")),
+    pa.field("_schema_name", pa.string()),
+    pa.field("_schema_version", pa.string()),
+    pa.field("_schema_fingerprint", pa.string()),
+    pa.field("_run_id", pa.string()),
+    pa.field("_ingested_at", pa.timestamp("us", "UTC")),
+])
+
+_MAX_EXAMPLES = 3
+
+
+@dataclass
+class SinkStats:
+    """Per-sink totals: rows written, rows left as they were, units skipped, seconds."""
+
+    written: int = 0
+    unchanged: int = 0
+    skipped_units: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class RunSummary:
+    """What a run did. ``read == stored + rejected + already_present`` always."""
+
+    run_id: str
+    schema: str
+    read: int = 0
+    stored: int = 0
+    rejected: int = 0
+    already_present: int = 0
+    units: int = 0
+    skipped_units: int = 0
+    by_rule: Counter[str] = field(default_factory=Counter)
+    examples: dict[str, list[str]] = field(default_factory=dict)
+    sinks: dict[str, SinkStats] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def adds_up(self) -> bool:
+        return self.read == self.stored + self.rejected + self.already_present
+
+    def top_reasons(self, n: int = 5) -> list[tuple[str, int, list[str]]]:
+        return [(rule, count, self.examples.get(rule, [])) for rule, count in self.by_rule.most_common(n)]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id, "schema": self.schema, "read": self.read, "stored": self.stored,
+            "rejected": self.rejected, "already_present": self.already_present,
+            "adds_up": self.adds_up, "units": self.units, "skipped_units": self.skipped_units,
+            "seconds": round(self.seconds, 3),
+            "rows_per_second": round(self.read / self.seconds) if self.seconds else None,
+            "top_reasons": [{"rule": r, "count": c, "examples": e} for r, c, e in self.top_reasons(10)],
+            "sinks": {k: vars(v) for k, v in self.sinks.items()},
+        }
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One source batch after validation and transforms: what the sinks receive."""
+
+    rows: pa.Table
+    rejects: pa.Table
+    rejected_rows: int
+    reject_rules: Counter[str]
+    examples: dict[str, list[str]]
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return str(value)
+
+
+def _raw_json(batch: pa.RecordBatch, rows: np.ndarray) -> list[str]:
+    """The input values of ``rows`` as JSON objects (only rejected rows come here)."""
+    taken = batch.take(pa.array(rows, pa.int64())).to_pylist()
+    return [json.dumps(r, default=_json_default, ensure_ascii=False, allow_nan=True) for r in taken]
+
+
+def _group_rejects(rejects: pa.Table, batch: pa.RecordBatch, row_uris: Callable[[pa.Array], pa.Array],
+                   ctx: RunContext, raw: Callable[[np.ndarray], list[str]] | None = None) -> pa.Table:
+    """Reject entries (one per failed rule) -> one row per rejected input row."""
+    if rejects.num_rows == 0:
+        return REJECTS_SCHEMA.empty_table()
+    rejects = rejects.sort_by([("row", "ascending")])
+    rows = rejects.column("row").to_numpy()
+    uniq, starts = np.unique(rows, return_index=True)
+    entries = rejects.select(["field", "rule", "reason", "message", "value"]).to_pylist()
+    bounds = [*starts.tolist(), len(entries)]
+    errors = [json.dumps(entries[bounds[i]:bounds[i + 1]], ensure_ascii=False)
+              for i in range(len(uniq))]  # loop over rejected rows only: the exception path
+    raws = raw(uniq) if raw is not None else _raw_json(batch, uniq)
+    idx = pa.array(uniq, pa.int64())
+    lineage = ctx.columns(row_uris(idx))
+    n = len(uniq)
+    return pa.table({
+        "_source": lineage["_source"],
+        "row_index": idx,
+        "raw": pa.array(raws, pa.string()),
+        "errors": pa.array(errors, pa.string()),
+        "event_time": pa.nulls(n, pa.timestamp("us", "UTC")),
+        **{k: v for k, v in lineage.items() if k != "_source"},
+    }, schema=REJECTS_SCHEMA)
+
+
+def process_batch(sb: SourceBatch, compiled: CompiledSchema, program: Any, ctx: RunContext,
+                  reference_time: dt.datetime,
+                  raw: Callable[[np.ndarray], list[str]] | None = None,
+                  extra_rejects: pa.Table | None = None) -> Prepared:
+    """Validate, transform and attach lineage to one source batch.
+
+    ``program`` is a compiled transform program (``features.kernels``) or None. Its
+    rejects (a transform producing NaN/inf under ``on_invalid: reject``) join the
+    validator's. ``extra_rejects`` (same columns as validator rejects) lets a stream
+    add decode failures for rows it could not even parse. Pure: writes nothing.
+    """
+    batch = sb.batch
+    result = validate(batch, compiled)
+    valid = result.valid
+    valid_index = result.valid_row_index.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    reject_parts = [result.rejects]
+    if extra_rejects is not None and extra_rejects.num_rows:
+        reject_parts.append(extra_rejects.select(result.rejects.column_names).cast(result.rejects.schema))
+    columns: dict[str, pa.Array] = {name: valid.column(i) for i, name in enumerate(valid.schema.names)}
+    kept_index = valid_index
+    if program is not None:
+        out = program.run(valid, reference_time=reference_time)
+        if out.rejects.num_rows:
+            # transform rejects index rows of ``valid``: map them back to input rows
+            bad = out.rejects.column("row").to_numpy()
+            mapped = out.rejects.set_column(out.rejects.schema.get_field_index("row"), "row",
+                                            pa.array(valid_index[bad], pa.int64()))
+            reject_parts.append(mapped.select(result.rejects.column_names).cast(result.rejects.schema))
+            kept = out.kept_row_index
+            columns = {name: arr.take(kept) for name, arr in columns.items()}
+            kept_index = valid_index[kept.to_numpy()]
+        for i, name in enumerate(out.features.schema.names):
+            columns[name] = out.features.column(i)
+    data = dict(columns)
+    data.update(ctx.columns(sb.lineage.row_uris(pa.array(kept_index, pa.int64()))))
+    rows = pa.table(data)
+    rejects = pa.concat_tables(reject_parts) if len(reject_parts) > 1 else reject_parts[0]
+    grouped = _group_rejects(rejects, batch, sb.lineage.row_uris, ctx, raw)
+    rule_counts: Counter[str] = Counter()
+    if rejects.num_rows:
+        for entry in pc.value_counts(rejects.column("rule").combine_chunks()).to_pylist():
+            rule_counts[str(entry["values"])] = int(entry["counts"])
+    examples: dict[str, list[str]] = {}
+    if rejects.num_rows:
+        for rule, message in zip(rejects.column("rule").to_pylist()[:200],
+                                 rejects.column("message").to_pylist()[:200], strict=True):
+            ex = examples.setdefault(rule, [])
+            if len(ex) < _MAX_EXAMPLES:
+                ex.append(message)
+    return Prepared(rows, grouped, grouped.num_rows, rule_counts, examples)
+
+
+class Progress:
+    """A one-line progress display on a terminal (rows/s, rejects so far); silent otherwise."""
+
+    def __init__(self, total: int | None, *, enabled: bool, stream: Any = None) -> None:
+        import sys
+
+        self.total = total
+        self.stream = stream or sys.stderr
+        self.enabled = enabled and bool(getattr(self.stream, "isatty", lambda: False)())
+        self.t0 = time.perf_counter()
+        self.last = 0.0
+
+    def update(self, s: RunSummary, *, force: bool = False) -> None:
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        if not force and now - self.last < 0.2:
+            return
+        self.last = now
+        rate = s.read / max(now - self.t0, 1e-9)
+        done = f"{s.read:,}" + (f"/{self.total:,} ({100 * s.read / self.total:.0f}%)" if self.total else "")
+        self.stream.write(f"\r{s.schema}: {done} rows  {rate:,.0f} rows/s  rejected {s.rejected:,}  "
+                          f"stored {s.stored:,}   ")
+        self.stream.flush()
+
+    def close(self, s: RunSummary) -> None:
+        if self.enabled:
+            self.update(s, force=True)
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def account(summary: RunSummary, prepared: Prepared, read: int, results: dict[str, Any],
+            primary: str) -> None:
+    """Add one unit's outcome to ``summary``; ``primary`` is the sink whose stored count
+    defines ``stored`` (the cold store)."""
+    summary.read += read
+    summary.units += 1
+    res = results.get(primary)
+    if res is not None and res.skipped:
+        summary.already_present += read
+        summary.skipped_units += 1
+        return
+    summary.rejected += prepared.rejected_rows
+    summary.by_rule.update(prepared.reject_rules)
+    for rule, ex in prepared.examples.items():
+        have = summary.examples.setdefault(rule, [])
+        have.extend(ex[: _MAX_EXAMPLES - len(have)])
+    valid = prepared.rows.num_rows
+    stored = res.stored if res is not None else valid
+    summary.stored += stored
+    summary.already_present += valid - stored
+
+
+def _finish_unit(summary: RunSummary, pending: _Pending, primary: str, progress: Progress | None) -> None:
+    """Wait for one unit's writes (in submission order) and account for them."""
+    results: dict[str, Any] = {}
+    for name, fut in pending.futures.items():
+        res = fut.result()  # a sink's final error (after its retries) propagates here
+        results[name] = res
+        stats = summary.sinks[name]
+        stats.seconds += res.seconds
+        if res.skipped:
+            stats.skipped_units += 1
+        else:
+            stats.written += res.stored
+            stats.unchanged += res.already_present
+    for name in pending.skipped:
+        summary.sinks[name].skipped_units += 1
+    if primary and primary not in results:
+        # the primary committed this unit in an earlier run; only other sinks caught up
+        results[primary] = WriteResult(skipped=True)
+    account(summary, pending.prepared, pending.read, results, primary)
+    if progress:
+        progress.update(summary)
+
+
+@dataclass
+class _Pending:
+    prepared: Prepared
+    read: int
+    futures: dict[str, Future[WriteResult]]
+    skipped: list[str]
+
+
+def run(source: Source, compiled: CompiledSchema, sinks: Sequence[Sink], *, ctx: RunContext,
+        program: Any = None, reference_time: dt.datetime | None = None, progress: Progress | None = None,
+        batches: Iterable[SourceBatch] | None = None, in_flight: int = 2) -> RunSummary:
+    """Load everything ``source`` yields into ``sinks``; see the module docstring.
+
+    The first sink is the primary (cold) store whose commit decides ``stored``.
+    Sinks must be opened by the caller (so an unreachable store fails before any
+    work). Each sink writes on its own thread, units in source order, while the next
+    batch is validated and transformed: the stores work in parallel with each other
+    and with us. At most ``in_flight`` units are prepared but not yet written, which
+    bounds memory. A sink's error (after its own bounded retries) stops the run once
+    the writes already started have finished, so every commit is accounted for.
+    """
+    summary = RunSummary(run_id=ctx.run_id, schema=compiled.name)
+    summary.sinks = {s.name: SinkStats() for s in sinks}
+    primary = sinks[0].name if sinks else ""
+    committed = {s.name: s.committed_units() for s in sinks}
+    ref = reference_time or ctx.ingested_at
+    t0 = time.perf_counter()
+    pools = {s.name: ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sink-{s.name}") for s in sinks}
+    queue: deque[_Pending] = deque()
+    try:
+        for sb in (batches if batches is not None else source.batches()):
+            unit = sb.lineage.unit
+            todo = [s for s in sinks if unit is None or unit not in committed[s.name]]
+            if not todo:
+                summary.read += sb.batch.num_rows
+                summary.units += 1
+                summary.already_present += sb.batch.num_rows
+                summary.skipped_units += 1
+                for s in sinks:
+                    summary.sinks[s.name].skipped_units += 1
+                if progress:
+                    progress.update(summary)
+                continue
+            prepared = process_batch(sb, compiled, program, ctx, ref)
+            while len(queue) >= in_flight:
+                _finish_unit(summary, queue.popleft(), primary, progress)
+            write = WriteUnit(prepared.rows, prepared.rejects, unit, sb.batch.num_rows)
+            futures = {}
+            for s in todo:
+                if isinstance(s, SupportsEncode):  # encode here, overlapping the sinks' I/O
+                    futures[s.name] = pools[s.name].submit(s.write_encoded, write, s.encode(write))
+                else:
+                    futures[s.name] = pools[s.name].submit(s.write, write)
+            queue.append(_Pending(prepared, sb.batch.num_rows, futures,
+                                  [s.name for s in sinks if s not in todo]))
+        while queue:
+            _finish_unit(summary, queue.popleft(), primary, progress)
+    finally:
+        # On an error, let the writes already submitted finish (they commit or fail on
+        # their own) before the caller closes the sinks.
+        for pool in pools.values():
+            pool.shutdown(wait=True, cancel_futures=True)
+    summary.seconds = time.perf_counter() - t0
+    if progress:
+        progress.close(summary)
+    return summary
+
+
+__all__ = ["LINEAGE_COLUMNS", "REJECTS_SCHEMA", "Prepared", "Progress", "RunSummary", "process_batch", "run"]

@@ -1,0 +1,75 @@
+"""Sinks write one unit of work (stored rows + rejects) to one store.
+
+A *unit* is what the runner hands a sink for one source batch: the rows to store (in
+the declared Arrow types plus lineage columns), the rejected rows (raw payload,
+errors, lineage), and, for sources with stable batches (files), a ledger key. A sink
+that keeps a commit ledger records the key in the same transaction as the rows, so a
+re-run skips what is already stored; without a key (streams) it writes idempotently
+(keyed upserts), so a replay changes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import pyarrow as pa
+
+
+@dataclass(frozen=True)
+class WriteUnit:
+    """What one sink write receives.
+
+    - ``rows``: valid, transformed rows: entity, event time, fields, features and
+      lineage columns (each sink picks the columns it stores);
+    - ``rejects``: one row per rejected input row (see ``features.runner.REJECTS_SCHEMA``);
+    - ``unit``: ledger key, or None for idempotent (stream) writes;
+    - ``read``: how many input rows the unit covers (for the ledger's counts).
+    """
+
+    rows: pa.Table
+    rejects: pa.Table
+    unit: str | None
+    read: int
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """``stored``: rows newly written; ``already_present``: rows the store already held
+    (same key), left as they were; ``skipped``: True when the ledger said the unit was
+    already committed and nothing was written."""
+
+    stored: int = 0
+    already_present: int = 0
+    rejects_stored: int = 0
+    skipped: bool = False
+    seconds: float = 0.0
+
+
+@runtime_checkable
+class Sink(Protocol):
+    """A store. ``open`` checks it is reachable and compatible (raising SinkUnavailable /
+    SinkError before anything is written); ``write`` writes one unit; ``close`` frees it."""
+
+    name: str
+
+    def open(self) -> None: ...
+
+    def committed_units(self) -> set[str]: ...
+
+    def write(self, unit: WriteUnit) -> WriteResult: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class SupportsEncode(Protocol):
+    """A sink whose CPU work (encoding rows for the wire) can run apart from its I/O.
+
+    The runner calls ``encode`` on its own thread, overlapping it with the previous
+    unit's I/O, then ``write_encoded`` on the sink's writer thread.
+    """
+
+    def encode(self, unit: WriteUnit) -> object: ...
+
+    def write_encoded(self, unit: WriteUnit, encoded: object) -> WriteResult: ...

@@ -1,0 +1,285 @@
+"""PostgreSQL (cold) sink: full history keyed by (entity, event time), rejects, ledger.
+
+Contract:
+
+- ``open()`` connects (an unreachable server raises SinkUnavailable naming the
+  address), applies the generated DDL when the cold table is missing, and refuses to
+  write (SinkError) when ``featureline_schemas`` records another fingerprint for the
+  schema: the message names both versions and the migration command.
+- ``write(unit)`` runs one transaction: the rows, the rejects, and (for a unit with a
+  ledger key) a ``featureline_ledger`` row. Either all of it commits or none of it.
+- Rows go in with ``COPY ... FROM STDIN (FORMAT csv)``, the CSV produced by Arrow
+  (no Python loop over rows). **Policy for rows whose (entity, event time) is already
+  stored: the stored row wins** (first write wins); the new row is counted as
+  ``already_present`` and not written. Only when COPY hits such a conflict does the
+  unit take the slower path: COPY into a temporary table, then ``INSERT ... SELECT ...
+  ORDER BY input order ON CONFLICT DO NOTHING``. Within one unit, the first of two
+  rows with the same key wins.
+- Rejects are unique per (``_source``, fingerprint): a replay inserts none twice.
+- Connection losses during a write are retried with exponential backoff (the
+  transaction was rolled back, so a retry is exact); after ``retries`` attempts the
+  write raises SinkUnavailable.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+
+from features.compile import CompiledSchema
+from features.compile.postgres import (
+    SCHEMAS_TABLE,
+    cold_table_name,
+    quote_ident,
+    rejects_table_name,
+)
+from features.errors import SinkError, SinkUnavailable
+from features.sinks.base import WriteResult, WriteUnit
+
+LEDGER_TABLE = "featureline_ledger"
+LEDGER_DDL = f"""
+CREATE TABLE IF NOT EXISTS {quote_ident(LEDGER_TABLE)} (
+    "schema_name" text NOT NULL,
+    "fingerprint" text NOT NULL,
+    "unit" text NOT NULL,
+    "run_id" text NOT NULL,
+    "read" bigint NOT NULL,
+    "stored" bigint NOT NULL,
+    "already_present" bigint NOT NULL,
+    "rejected" bigint NOT NULL,
+    "committed_at" timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY ("schema_name", "fingerprint", "unit")
+)
+"""
+
+T = TypeVar("T")
+_CSV = pacsv.WriteOptions(include_header=False, quoting_style="needed")
+
+
+def _address(dsn: str) -> str:
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+
+        info = conninfo_to_dict(dsn)
+    except Exception:  # an unparsable DSN: show nothing rather than leak a password
+        return "<unparsable DSN>"
+    return f"{info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
+
+
+def _csv(table: pa.Table) -> bytes:
+    """``table`` as CSV for ``COPY ... (FORMAT csv)``: nulls unquoted-empty, strings quoted.
+
+    Zoned timestamps are written as their UTC wall clock without a zone (Arrow formats
+    those 20x faster); the sink's sessions run with ``TimeZone=UTC``, so Postgres reads
+    them as the same instants.
+    """
+    columns = []
+    for col in table.columns:
+        t = col.type
+        if pa.types.is_timestamp(t) and t.tz is not None:
+            col = col.cast(pa.timestamp(t.unit, "UTC")).cast(pa.timestamp(t.unit))
+        columns.append(col)
+    buf = io.BytesIO()
+    pacsv.write_csv(pa.table(columns, names=table.column_names), buf, _CSV)
+    return buf.getvalue()
+
+
+class PostgresSink:
+    """Cold rows, rejects and the commit ledger in one Postgres database."""
+
+    name = "postgres"
+
+    def __init__(self, dsn: str, compiled: CompiledSchema, *, search_path: str | None = None,
+                 retries: int = 5, backoff_s: float = 0.5) -> None:
+        if not compiled.schema.loadable:
+            raise SinkError(f"schema {compiled.name!r} is validation-only (no entity/event_time): "
+                            "it cannot be loaded into Postgres", store=self.name)
+        self.dsn = dsn
+        self.address = _address(dsn)
+        self.compiled = compiled
+        self.search_path = search_path
+        self.retries = retries
+        self.backoff_s = backoff_s
+        schema = compiled.schema
+        self.table = cold_table_name(schema)
+        self.rejects_table = rejects_table_name(schema)
+        keys = (schema.entity, schema.event_time)
+        stored = [f.name for f in schema.fields if f.name not in keys and "cold" in f.store]
+        features = [f.name for f in schema.features if "cold" in f.store]
+        from features.lineage import LINEAGE_COLUMNS
+
+        self.columns: tuple[str, ...] = (*keys, *stored, *features, *LINEAGE_COLUMNS)  # type: ignore[arg-type]
+        self.reject_columns = ("_source", "row_index", "raw", "errors", "event_time", "_schema_name",
+                               "_schema_version", "_schema_fingerprint", "_run_id", "_ingested_at")
+        self._conn: Any = None
+
+    # --- connection ---------------------------------------------------------------
+
+    def _connect(self) -> Any:
+        import psycopg
+        from psycopg.conninfo import conninfo_to_dict
+
+        # TimeZone=UTC: COPY data carries zoned timestamps as UTC wall clock (see _csv).
+        # Appended to any options the DSN already has (e.g. its own search_path).
+        options = " ".join(filter(None, [str(conninfo_to_dict(self.dsn).get("options") or ""),
+                                         "-c TimeZone=UTC",
+                                         f"-c search_path={self.search_path}" if self.search_path else ""]))
+        try:
+            conn = psycopg.connect(self.dsn, connect_timeout=5, options=options)
+        except psycopg.OperationalError as exc:
+            raise SinkUnavailable(f"Postgres unreachable at {self.address}: {str(exc).strip()}",
+                                  store=self.name, address=self.address) from exc
+        return conn
+
+    def _retrying(self, what: str, fn: Callable[[Any], T]) -> T:
+        """Run ``fn(conn)``; on a lost connection reconnect and retry with backoff."""
+        import psycopg
+
+        delay = self.backoff_s
+        for attempt in range(1, self.retries + 1):
+            try:
+                if self._conn is None or self._conn.closed:
+                    self._conn = self._connect()
+                return fn(self._conn)
+            except (psycopg.OperationalError, SinkUnavailable) as exc:
+                if self._conn is not None:
+                    self._conn.close()
+                self._conn = None
+                if attempt == self.retries:
+                    raise SinkUnavailable(
+                        f"Postgres at {self.address}: {what} failed after {attempt} attempts: "
+                        f"{str(exc).strip()}", store=self.name, address=self.address) from exc
+                time.sleep(delay)
+                delay *= 2
+        raise AssertionError("unreachable")
+
+    def open(self) -> None:
+        self._conn = self._connect()
+        try:
+            self._retrying("schema check", self._prepare)
+        except BaseException:
+            self.close()
+            raise
+
+    def _prepare(self, conn: Any) -> None:
+        schema = self.compiled.schema
+        with conn.transaction():
+            # One applier at a time: concurrent loaders must not race on CREATE TABLE.
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"featureline:{schema.name}",))
+            exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
+                                  (quote_ident(self.table),)).fetchone()[0]
+            if not exists:
+                conn.execute(self.compiled.ddl)
+            conn.execute(LEDGER_DDL)
+            row = conn.execute(
+                f"SELECT version, fingerprint FROM {quote_ident(SCHEMAS_TABLE)} WHERE schema_name = %s",
+                (schema.name,)).fetchone()
+        if row is None:
+            raise SinkError(f"table {self.table!r} exists but {SCHEMAS_TABLE} has no fingerprint for "
+                            f"schema {schema.name!r}; apply sql/{schema.name}.sql", store=self.name,
+                            address=self.address)
+        version, fp = row
+        if fp != self.compiled.fingerprint:
+            raise SinkError(
+                f"table {self.table!r} was created for schema {schema.name} {version} "
+                f"(fingerprint {fp[:12]}), but this schema is {schema.version_str} "
+                f"(fingerprint {self.compiled.fingerprint[:12]}): run "
+                f"`features schema diff OLD.yaml {schema.path or 'NEW.yaml'}` and apply its migration "
+                "before loading", store=self.name, address=self.address)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    # --- ledger -------------------------------------------------------------------
+
+    def committed_units(self) -> set[str]:
+        """Ledger keys already committed for this schema fingerprint."""
+        def fetch(conn: Any) -> set[str]:
+            rows = conn.execute(
+                f"SELECT unit FROM {quote_ident(LEDGER_TABLE)} WHERE schema_name = %s AND fingerprint = %s",
+                (self.compiled.name, self.compiled.fingerprint)).fetchall()
+            conn.rollback()
+            return {r[0] for r in rows}
+
+        return self._retrying("ledger read", fetch)
+
+    # --- writes -------------------------------------------------------------------
+
+    def write(self, unit: WriteUnit) -> WriteResult:
+        t0 = time.perf_counter()
+        result = self._retrying("write", lambda conn: self._write(conn, unit))
+        return WriteResult(result.stored, result.already_present, result.rejects_stored,
+                           result.skipped, time.perf_counter() - t0)
+
+    def _write(self, conn: Any, unit: WriteUnit) -> WriteResult:
+        import psycopg
+
+        with conn.transaction():
+            if unit.unit is not None:
+                done = conn.execute(
+                    f"SELECT 1 FROM {quote_ident(LEDGER_TABLE)} WHERE schema_name = %s AND "
+                    "fingerprint = %s AND unit = %s FOR UPDATE",
+                    (self.compiled.name, self.compiled.fingerprint, unit.unit)).fetchone()
+                if done:
+                    return WriteResult(skipped=True)
+            rows = unit.rows.select(list(self.columns))
+            stored = 0
+            if rows.num_rows:
+                if unit.unit is not None:
+                    try:
+                        with conn.transaction():  # savepoint: a key conflict falls back below
+                            self._copy(conn, self.table, self.columns, rows)
+                        stored = rows.num_rows
+                    except psycopg.errors.UniqueViolation:
+                        stored = self._insert_new(conn, self.table, self.columns, rows)
+                else:
+                    stored = self._insert_new(conn, self.table, self.columns, rows)
+            rejects_stored = 0
+            if unit.rejects.num_rows:
+                rejects = unit.rejects.select(list(self.reject_columns))
+                rejects_stored = self._insert_new(conn, self.rejects_table, self.reject_columns, rejects,
+                                                  raw_json=True)
+            if unit.unit is not None:
+                conn.execute(
+                    f"INSERT INTO {quote_ident(LEDGER_TABLE)} (schema_name, fingerprint, unit, run_id, "
+                    "read, stored, already_present, rejected) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                    (self.compiled.name, self.compiled.fingerprint, unit.unit,
+                     _first(unit.rows, unit.rejects, "_run_id"), unit.read, stored,
+                     rows.num_rows - stored, unit.rejects.num_rows))
+        return WriteResult(stored, rows.num_rows - stored, rejects_stored)
+
+    def _copy(self, conn: Any, table: str, columns: tuple[str, ...], data: pa.Table) -> None:
+        cols = ", ".join(quote_ident(c) for c in columns)
+        with conn.cursor() as cur, cur.copy(
+                f"COPY {quote_ident(table)} ({cols}) FROM STDIN (FORMAT csv)") as copy:
+            copy.write(_csv(data))
+
+    def _insert_new(self, conn: Any, table: str, columns: tuple[str, ...], data: pa.Table, *,
+                    raw_json: bool = False) -> int:
+        """COPY into a temporary table, then insert the rows whose key is new, first
+        occurrence (input order) winning. Returns how many rows were inserted."""
+        stage = f"_stage_{table}"[:63]
+        cols = ", ".join(quote_ident(c) for c in columns)
+        conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {quote_ident(stage)} "
+                     f"(LIKE {quote_ident(table)} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS")
+        conn.execute(f"ALTER TABLE {quote_ident(stage)} ADD COLUMN IF NOT EXISTS \"_ord\" bigserial")
+        self._copy(conn, stage, columns, data)
+        cur = conn.execute(
+            f"INSERT INTO {quote_ident(table)} ({cols}) SELECT {cols} FROM {quote_ident(stage)} "
+            f"ORDER BY \"_ord\" ON CONFLICT DO NOTHING")
+        conn.execute(f"TRUNCATE {quote_ident(stage)}")
+        return int(cur.rowcount)
+
+
+def _first(rows: pa.Table, rejects: pa.Table, column: str) -> str:
+    for t in (rows, rejects):
+        if t.num_rows:
+            return str(t.column(column)[0].as_py())
+    return ""

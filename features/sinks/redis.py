@@ -1,0 +1,415 @@
+"""Redis (hot) sink: the latest value per entity, newest event wins, atomically.
+
+Layout (encoding version 1, documented in ``docs/redis.md``):
+
+- one hash per entity, key ``features:<schema>:{<entity>}`` (the braces are a Redis
+  Cluster hash tag, so every key of one entity maps to one slot);
+- a field per hot feature holding its value as text (see :func:`encode_column`); a
+  null value is an **absent field**;
+- ``_event_time`` (integer microseconds since the Unix epoch, UTC), ``_enc`` (``1``)
+  and the lineage fields ``_source``, ``_schema_version``, ``_schema_fingerprint``,
+  ``_run_id``, ``_ingested_at``;
+- a TTL of ``hot.ttl`` seconds from the write (none when the schema sets no TTL).
+
+Every write runs the Lua script :data:`NEWEST_WINS` for one key: it replaces the hash
+only when the stored ``_event_time`` is absent or strictly older. **Equal event
+times: the stored value stays** (first write wins, as in Postgres), so replays and
+re-runs are no-ops and the order of arrival of duplicates cannot change the result.
+
+Writes are built as Redis protocol bytes with Arrow string kernels (no Python loop
+over rows) and sent over one connection, ``redis-cli --pipe`` style; replies are
+counted in bulk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import ssl
+import time
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from features.compile import CompiledSchema
+from features.errors import SinkError, SinkUnavailable
+from features.lineage import INGESTED_AT, RUN_ID, SCHEMA_FINGERPRINT, SCHEMA_VERSION, SOURCE
+from features.sinks.base import WriteResult, WriteUnit
+
+ENCODING_VERSION = "1"
+KEY_PREFIX = "features"
+
+NEWEST_WINS = """
+-- KEYS: entity hashes. ARGV: ttl, then the run's constant fields as name/value pairs
+-- (ARGV[2] = their count), then per key: event_time, n, and n field/value arguments
+-- (null values are absent).
+local ttl = tonumber(ARGV[1]); local nc = tonumber(ARGV[2])
+local p = 3 + nc; local written = 0
+for k = 1, #KEYS do
+  local et = ARGV[p]; local n = tonumber(ARGV[p + 1])
+  local cur = redis.call('HGET', KEYS[k], '_event_time')
+  if (not cur) or tonumber(cur) < tonumber(et) then
+    if cur then redis.call('DEL', KEYS[k]) end
+    redis.call('HSET', KEYS[k], '_event_time', et, unpack(ARGV, p + 2, p + 1 + n))
+    if ttl > 0 then redis.call('EXPIRE', KEYS[k], ttl) end
+    written = written + 1
+  end
+  p = p + 2 + n
+end
+return written
+"""
+NEWEST_WINS_SHA = hashlib.sha1(NEWEST_WINS.encode()).hexdigest()
+
+#: Lineage that is the same for every row of a run: sent once per script call.
+_CONSTANT_LINEAGE = (SCHEMA_VERSION, SCHEMA_FINGERPRINT, RUN_ID, INGESTED_AT)
+_KEYS_PER_CALL = 256      # standalone Redis: rows per script call (one slot per call in a cluster)
+_CALLS_PER_ROUND = 256    # script calls sent before their replies are read
+
+
+def entity_key(schema_name: str, entity: str) -> str:
+    """The Redis key of one entity (what readers such as the SDK compute)."""
+    return f"{KEY_PREFIX}:{schema_name}:{{{entity}}}"
+
+
+def ledger_key(schema_name: str) -> str:
+    return f"{KEY_PREFIX}:{schema_name}:__ledger__"
+
+
+def encode_column(arr: pa.Array) -> pa.Array:
+    """Values as the text Redis stores (nulls stay null, i.e. absent fields).
+
+    strings/enums: as they are (UTF-8); integers: decimal; floats: the shortest text
+    that parses back to the same value (``0.1``, ``1e+20``); decimals: with their scale
+    (``1234.50``); bools: ``true``/``false``; dates: ``YYYY-MM-DD``; timestamps with a
+    zone: converted to UTC, ``YYYY-MM-DD HH:MM:SS.ffffffZ``; naive timestamps: the same
+    without ``Z``.
+    """
+    t = arr.type
+    if pa.types.is_dictionary(t):
+        arr = arr.cast(t.value_type)
+        t = arr.type
+    if pa.types.is_string(t):
+        return arr
+    if pa.types.is_large_string(t):
+        return arr.cast(pa.string())
+    if pa.types.is_timestamp(t) and t.tz is not None:
+        # Formatting a zoned timestamp consults the zone database per value (~5 µs);
+        # the UTC wall clock of the same instant formats 20x faster, then gets its Z.
+        naive = arr.cast(pa.timestamp(t.unit, "UTC")).cast(pa.timestamp(t.unit))
+        return pc.binary_join_element_wise(pc.cast(naive, pa.string()), "Z", "")
+    return pc.cast(arr, pa.string())
+
+
+def event_time_micros(arr: pa.Array) -> pa.Array:
+    """Event times (timestamp or date) as int64 microseconds since the epoch (UTC)."""
+    t = arr.type
+    if pa.types.is_date(t):
+        arr = arr.cast(pa.date32()).cast(pa.int32()).cast(pa.int64())
+        return pc.multiply(arr, 86_400_000_000)
+    if pa.types.is_timestamp(t):
+        return arr.cast(pa.timestamp("us", t.tz)).cast(pa.int64())
+    raise SinkError(f"event time column has type {t}, expected a timestamp or date", store="redis")
+
+
+def _bulk(values: pa.Array) -> pa.Array:
+    """``$<bytes>\\r\\n<value>\\r\\n`` per value (null stays null)."""
+    lengths = pc.cast(pc.binary_length(values), pa.string())
+    return pc.binary_join_element_wise("$", lengths, "\r\n", values, "\r\n", "")
+
+
+def _const_bulk(text: str) -> str:
+    return f"${len(text.encode())}\r\n{text}\r\n"
+
+
+def _concat_bytes(arr: pa.Array) -> bytes:
+    """The bytes of a null-free string array laid end to end."""
+    arr = arr.cast(pa.large_string()) if not pa.types.is_large_string(arr.type) else arr
+    if isinstance(arr, pa.ChunkedArray):
+        return b"".join(_concat_bytes(c) for c in arr.chunks)
+    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset: arr.offset + len(arr) + 1]
+    if len(offsets) == 0:
+        return b""
+    data = arr.buffers()[2]
+    return data.to_pybytes()[int(offsets[0]):int(offsets[-1])] if data is not None else b""
+
+
+def _offsets(arr: pa.Array) -> np.ndarray:
+    """Start offsets (plus the end) of each value in ``_concat_bytes(arr)``."""
+    lengths = pc.binary_length(arr).to_numpy(zero_copy_only=False).astype(np.int64)
+    out = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=out[1:])
+    return out
+
+
+class RedisSink:
+    """Hot features, newest event per entity. See the module docstring for the layout."""
+
+    name = "redis"
+
+    def __init__(self, url: str, compiled: CompiledSchema, *, key_prefix: str = "",
+                 retries: int = 5, backoff_s: float = 0.5, timeout_s: float = 30.0) -> None:
+        schema = compiled.schema
+        if not schema.loadable:
+            raise SinkError(f"schema {compiled.name!r} is validation-only: it cannot be loaded into Redis",
+                            store=self.name)
+        self.url = url
+        parts = urlsplit(url)
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or 6379
+        self.tls = parts.scheme == "rediss"
+        self.username = unquote(parts.username) if parts.username else None
+        self.password = unquote(parts.password) if parts.password else None
+        self.db = int((parts.path or "/0").lstrip("/") or 0)
+        self.address = f"{self.host}:{self.port}"
+        self.compiled = compiled
+        self.key_prefix = key_prefix
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.timeout_s = timeout_s
+        self.ttl = schema.hot.ttl_seconds or 0
+        entity, event_time = schema.entity, schema.event_time
+        assert entity is not None and event_time is not None
+        self.entity = entity
+        self.event_time = event_time
+        self.fields = tuple(f.name for f in schema.fields if "hot" in f.store)
+        self.features = tuple(f.name for f in schema.features if "hot" in f.store)
+        self._sock: socket.socket | ssl.SSLSocket | None = None
+        self.keys_per_call = _KEYS_PER_CALL
+
+    @property
+    def hot_columns(self) -> tuple[str, ...]:
+        return (*self.fields, *self.features)
+
+    # --- connection ---------------------------------------------------------------
+
+    def _connect(self) -> socket.socket | ssl.SSLSocket:
+        try:
+            sock: socket.socket | ssl.SSLSocket = socket.create_connection((self.host, self.port),
+                                                                             timeout=self.timeout_s)
+            if self.tls:
+                sock = ssl.create_default_context().wrap_socket(sock, server_hostname=self.host)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError as exc:
+            raise SinkUnavailable(f"Redis unreachable at {self.address}: {exc}", store=self.name,
+                                  address=self.address) from exc
+        self._sock = sock
+        if self.password is not None:
+            args = ["AUTH", *([self.username] if self.username else []), self.password]
+            self._call(args, what="AUTH")
+        if self.db:
+            self._call(["SELECT", str(self.db)], what="SELECT")
+        return sock
+
+    def _command(self, args: Sequence[str]) -> bytes:
+        return (f"*{len(args)}\r\n" + "".join(_const_bulk(a) for a in args)).encode()
+
+    def _call(self, args: Sequence[str], *, what: str) -> bytes:
+        """Send one command, return its raw reply; errors become SinkError."""
+        assert self._sock is not None
+        self._sock.sendall(self._command(args))
+        reply = self._read_replies(1)
+        if reply.startswith(b"-"):
+            text = reply.decode(errors="replace").strip()
+            raise SinkError(f"Redis at {self.address} refused {what}: {text}", store=self.name,
+                            address=self.address)
+        return reply
+
+    def _read_replies(self, n: int) -> bytes:
+        """Read exactly ``n`` simple replies (``:int``, ``+ok``, ``-err``, or bulk/array
+        headers of the small commands we send) and return their bytes."""
+        assert self._sock is not None
+        chunks: list[bytes] = []
+        lines = 0
+        need = n
+        tail = b""
+        while lines < need:
+            chunk = self._sock.recv(1 << 20)
+            if not chunk:
+                raise ConnectionError("connection closed by Redis")
+            chunks.append(chunk)
+            # count CRLFs in the new bytes only (plus one straddling the boundary)
+            lines += (tail + chunk).count(b"\r\n") - tail.count(b"\r\n")
+            tail = chunk[-1:]
+            if lines >= n and n == 1:
+                need = 1 + self._extra_lines(b"".join(chunks), 1)
+        return b"".join(chunks)
+
+    @staticmethod
+    def _extra_lines(buf: bytes, n: int) -> int:
+        # Bulk strings ($len) and arrays (*count) span more lines; only control calls
+        # (SMEMBERS, HGET) produce them, and those are read one reply at a time.
+        if n == 1 and buf[:1] in (b"$", b"*"):
+            if buf[:1] == b"$":
+                return 0 if buf.startswith(b"$-1") else 1
+            count = int(bytes(buf[1:buf.index(b"\r\n")]))
+            return max(count, 0) * 2
+        return 0
+
+    def _retrying(self, what: str, fn: Any) -> Any:
+        delay = self.backoff_s
+        for attempt in range(1, self.retries + 1):
+            try:
+                if self._sock is None:
+                    self._connect()
+                return fn()
+            except (OSError, ConnectionError, SinkUnavailable) as exc:
+                self.close()
+                if attempt == self.retries:
+                    raise SinkUnavailable(f"Redis at {self.address}: {what} failed after {attempt} "
+                                          f"attempts: {exc}", store=self.name, address=self.address) from exc
+                time.sleep(delay)
+                delay *= 2
+        raise AssertionError("unreachable")
+
+    def open(self) -> None:
+        """Check the server (unreachable: SinkUnavailable naming the address), load the
+        script, and choose the call size: many keys per call on a standalone server, one
+        per call on a cluster (a script's keys must share a slot there)."""
+        import redis
+
+        client = redis.Redis.from_url(self.url, socket_timeout=self.timeout_s)
+        try:
+            info = client.info("cluster")
+        except redis.ConnectionError as exc:
+            raise SinkUnavailable(f"Redis unreachable at {self.address}: {exc}", store=self.name,
+                                  address=self.address) from exc
+        except redis.RedisError as exc:
+            raise SinkError(f"Redis at {self.address} refused INFO: {exc}", store=self.name,
+                            address=self.address) from exc
+        finally:
+            client.close()
+        self.keys_per_call = 1 if info.get("cluster_enabled") else _KEYS_PER_CALL
+        self._connect()
+        self._load_script()
+
+    def _load_script(self) -> None:
+        reply = self._call(["SCRIPT", "LOAD", NEWEST_WINS], what="SCRIPT LOAD")
+        if NEWEST_WINS_SHA.encode() not in reply:
+            raise SinkError(f"unexpected SCRIPT LOAD reply {reply[:80]!r}", store=self.name)
+
+    def close(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            finally:
+                self._sock = None
+
+    # --- ledger -------------------------------------------------------------------
+
+    def _ledger(self) -> str:
+        return self.key_prefix + ledger_key(self.compiled.name)
+
+    def committed_units(self) -> set[str]:
+        def fetch() -> set[str]:
+            import redis
+
+            client = redis.Redis.from_url(self.url, socket_timeout=self.timeout_s)
+            try:
+                members = client.smembers(self._ledger())
+            except redis.ConnectionError as exc:
+                raise SinkUnavailable(f"Redis unreachable at {self.address}: {exc}", store=self.name,
+                                      address=self.address) from exc
+            finally:
+                client.close()
+            prefix = self.compiled.fingerprint[:16] + " "
+            return {m.decode()[len(prefix):] for m in members if m.decode().startswith(prefix)}
+
+        result: set[str] = self._retrying("ledger read", fetch)
+        return result
+
+    # --- writes -------------------------------------------------------------------
+
+    def _row_blobs(self, rows: pa.Table) -> tuple[bytes, np.ndarray, bytes, np.ndarray, np.ndarray, bytes]:
+        """Protocol bytes, built with Arrow string kernels (no loop over rows): the key
+        argument of every row; each row's arguments (event time, count, field/value
+        pairs of its non-null values); offsets; per-row argument counts; and the
+        per-call constant arguments (TTL and the run's constant lineage)."""
+        keys = _bulk(pc.binary_join_element_wise(
+            f"{self.key_prefix}{KEY_PREFIX}:{self.compiled.name}:{{",
+            pc.cast(encode_column(rows.column(self.entity).combine_chunks()), pa.string()), "}", ""))
+        micros = pc.cast(event_time_micros(rows.column(self.event_time).combine_chunks()), pa.string())
+        present = np.zeros(rows.num_rows, dtype=np.int64)
+        pairs: list[pa.Array] = []
+        for name in (*self.hot_columns, SOURCE):
+            v = encode_column(rows.column(name).combine_chunks())
+            present += np.asarray(v.is_valid(), dtype=np.int64)
+            pairs.append(pc.fill_null(pc.binary_join_element_wise(_const_bulk(name), _bulk(v), ""), ""))
+        # The run's constant lineage, taken from the first row (same text as encode_column).
+        constants = {c: str(encode_column(rows.column(c).slice(0, 1).combine_chunks())[0].as_py())
+                     for c in _CONSTANT_LINEAGE}
+        constants["_enc"] = ENCODING_VERSION
+        const = "".join(_const_bulk(n) + _const_bulk(v) for n, v in constants.items())
+        present += len(constants)
+        count = pa.array(2 * present).cast(pa.string())
+        per_row = pc.binary_join_element_wise(_bulk(micros), _bulk(count), const, *pairs, "")
+        head = (_const_bulk(str(self.ttl)) + _const_bulk(str(2 * len(constants)))
+                + "".join(_const_bulk(n) + _const_bulk(v) for n, v in constants.items()))
+        return (_concat_bytes(keys), _offsets(keys), _concat_bytes(per_row), _offsets(per_row),
+                2 + 2 * present, head.encode())
+
+    def calls(self, rows: pa.Table) -> list[bytes]:
+        """The EVALSHA calls writing ``rows``: one per group of up to ``keys_per_call``
+        rows (a Python loop over groups, not rows)."""
+        n = rows.num_rows
+        if n == 0:
+            return []
+        kb, koff, rb, roff, nargs, head = self._row_blobs(rows)
+        fixed = 3 + 2 + 2 * (len(_CONSTANT_LINEAGE) + 1)  # EVALSHA sha numkeys, ttl, nc, constants
+        args_before = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(nargs, out=args_before[1:])
+        out = []
+        k = self.keys_per_call
+        for s in range(0, n, k):
+            e = min(n, s + k)
+            m = e - s
+            total = fixed + m + int(args_before[e] - args_before[s])
+            out.append(b"".join((
+                f"*{total}\r\n$7\r\nEVALSHA\r\n$40\r\n{NEWEST_WINS_SHA}\r\n{_const_bulk(str(m))}".encode(),
+                kb[koff[s]:koff[e]], head, rb[roff[s]:roff[e]])))
+        return out
+
+    def encode(self, unit: WriteUnit) -> list[bytes]:
+        """The protocol bytes of ``unit`` (CPU only; no I/O)."""
+        return self.calls(unit.rows)
+
+    def write(self, unit: WriteUnit) -> WriteResult:
+        return self.write_encoded(unit, self.encode(unit))
+
+    def write_encoded(self, unit: WriteUnit, encoded: object) -> WriteResult:
+        t0 = time.perf_counter()
+        rows = unit.rows
+        written = 0
+        calls: list[bytes] = encoded  # type: ignore[assignment]  # from encode()
+        if calls:
+            written = int(self._retrying("write", lambda: self._send(calls)))
+        if unit.unit is not None:
+            member = f"{self.compiled.fingerprint[:16]} {unit.unit}"
+            self._retrying("ledger write", lambda: self._call(["SADD", self._ledger(), member],
+                                                              what="SADD ledger"))
+        return WriteResult(stored=written, already_present=rows.num_rows - written,
+                           seconds=time.perf_counter() - t0)
+
+    def _send(self, calls: list[bytes]) -> int:
+        written = 0
+        for start in range(0, len(calls), _CALLS_PER_ROUND):
+            part = calls[start:start + _CALLS_PER_ROUND]
+            assert self._sock is not None
+            self._sock.sendall(b"".join(part))
+            replies = self._read_replies(len(part))
+            if b"-" in replies:
+                errors = [r for r in replies.split(b"\r\n") if r.startswith(b"-")]
+                if errors and errors[0].startswith(b"-NOSCRIPT"):
+                    self._load_script()  # Redis restarted and lost the script: redo this round
+                    self._sock.sendall(b"".join(part))
+                    replies = self._read_replies(len(part))
+                    errors = [r for r in replies.split(b"\r\n") if r.startswith(b"-")]
+                if errors:
+                    raise SinkError(f"Redis at {self.address} rejected a write: "
+                                    f"{errors[0].decode(errors='replace')}", store=self.name,
+                                    address=self.address)
+            written += sum(int(x) for x in replies[1:].split(b"\r\n:") if x.strip())
+        return written

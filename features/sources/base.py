@@ -1,0 +1,31 @@
+"""Sources yield Arrow batches with their lineage; they know nothing of sinks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import pyarrow as pa
+
+from features.lineage import BatchLineage
+
+
+@dataclass(frozen=True)
+class SourceBatch:
+    """One batch of input rows (column names as in the source) and where it came from."""
+
+    batch: pa.RecordBatch
+    lineage: BatchLineage
+
+
+@runtime_checkable
+class Source(Protocol):
+    """Something that yields batches. ``total_rows`` is None when unknown (streams)."""
+
+    name: str
+
+    def batches(self) -> Iterator[SourceBatch]: ...
+
+    @property
+    def total_rows(self) -> int | None: ...
