@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from features.schema.model import FLOAT_KINDS, Field, Schema, ScalarValue, TypeKind
+from features.schema.model import FLOAT_KINDS, Field, ScalarValue, Schema, TypeKind
 
 
 class ReasonCode(StrEnum):
