@@ -5,6 +5,8 @@ Public names only; every other module is an implementation detail.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from features.errors import (
     CompileError,
     ConfigError,
@@ -16,16 +18,44 @@ from features.errors import (
     SourceError,
 )
 
+if TYPE_CHECKING:
+    from features.compile import CompiledSchema, compile_schema
+    from features.schema import Schema, load_schema, parse_schema
+    from features.validate import ValidationResult, validate
+
 __version__ = "0.1.0"
+
+# Public names that need pyarrow/pyyaml load on first use, so `import features` stays light.
+_LAZY = {
+    "Schema": "features.schema", "load_schema": "features.schema", "parse_schema": "features.schema",
+    "CompiledSchema": "features.compile", "compile_schema": "features.compile",
+    "ValidationResult": "features.validate", "validate": "features.validate",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'features' has no attribute {name!r}")
+
 
 __all__ = [
     "CompileError",
+    "CompiledSchema",
     "ConfigError",
     "FeaturesError",
     "RowsRejected",
+    "Schema",
     "SchemaError",
     "SinkError",
     "SinkUnavailable",
     "SourceError",
+    "ValidationResult",
     "__version__",
+    "compile_schema",
+    "load_schema",
+    "parse_schema",
+    "validate",
 ]
