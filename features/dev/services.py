@@ -170,17 +170,19 @@ def _ensure_traversable(path: Path, user: str) -> None:
 class Postgres:
     name = "postgres"
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, state: Path = STATE) -> None:
+        """``state``: the folder for data, socket, log and pid file (tests start private
+        servers in their own folder)."""
         self.dsn = settings.postgres_dsn
-        self.external = self.dsn != DEFAULT_POSTGRES_DSN
+        self.external = self.dsn != DEFAULT_POSTGRES_DSN and state == STATE
         parts = urlsplit(self.dsn) if "://" in self.dsn else None
         self.host = (parts.hostname if parts else None) or "127.0.0.1"
         self.port = (parts.port if parts else None) or 5432
-        self.dir = STATE / "postgres"
+        self.dir = state / "postgres"
         self.data = self.dir / "data"
         self.run_dir = self.dir / "run"
         self.log = self.dir / "postgres.log"
-        self.pidfile = STATE / "pids" / "postgres.pid"
+        self.pidfile = state / "pids" / "postgres.pid"
 
     @property
     def address(self) -> str:

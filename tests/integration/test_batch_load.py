@@ -335,3 +335,64 @@ def test_cli_json_summary(tmp_path: Path, settings: Settings, pg_schema: str) ->
     assert summary["read"] == summary["stored"] + summary["rejected"] + summary["already_present"]
     assert summary["top_reasons"] and summary["top_reasons"][0]["examples"]
     redis.Redis.from_url(settings.redis_url.rsplit("/", 1)[0] + "/13").flushdb()
+
+
+@pytest.fixture()
+def own_postgres(settings: Settings) -> Any:
+    """A private PostgreSQL server (own cluster, free port) that the test may kill."""
+    import shutil
+    import uuid
+
+    from features.dev.services import STATE, Postgres
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    state = STATE / f"test-pg-{uuid.uuid4().hex[:8]}"
+    dsn = f"postgresql://featureline:featureline@127.0.0.1:{port}/featureline"
+    pg = Postgres(dataclasses.replace(settings, postgres_dsn=dsn), state=state)
+    pg.start()
+    yield pg
+    pg.stop()
+    shutil.rmtree(state, ignore_errors=True)
+
+
+def test_postgres_lost_mid_run_fails_after_retries_then_rerun_completes_exactly(
+        tmp_path: Path, settings: Settings, compiled: CompiledSchema, redis_prefix: str,
+        own_postgres: Any) -> None:
+    pg = own_postgres
+    paths = write_files(tmp_path, 6_000, files=1, row_group=1_000)
+    cold = dataclasses.replace(settings, postgres_dsn=pg.dsn)
+    from features import runner
+
+    killed = {"done": False}
+    real = runner.process_batch
+
+    def process_and_kill_once(*a: Any, **kw: Any) -> Any:
+        out = real(*a, **kw)
+        if not killed["done"] and a[0].lineage.first_row >= 2_000:
+            killed["done"] = True
+            os.kill(int((pg.data / "postmaster.pid").read_text().split()[0]), signal.SIGKILL)
+        return out
+
+    runner.process_batch = process_and_kill_once
+    try:
+        with pytest.raises(SinkUnavailable) as info:
+            load(paths, compiled, cold, batch_rows=1_000, key_prefix=redis_prefix)
+    finally:
+        runner.process_batch = real
+    assert info.value.store == "postgres" and f"127.0.0.1:{pg.port}" in str(info.value)
+    assert "after 5 attempts" in str(info.value)
+    pg.pidfile.unlink(missing_ok=True)
+    (pg.data / "postmaster.pid").unlink(missing_ok=True)  # killed server: stale pid file
+    pg.start()  # crash recovery replays the WAL: committed units survive
+    s = load(paths, compiled, cold, batch_rows=1_000, key_prefix=redis_prefix)
+    assert s.adds_up and s.skipped_units >= 1  # what committed before the crash is not redone
+    with psycopg.connect(pg.dsn) as conn:
+        stored = conn.execute("SELECT count(*), count(DISTINCT (application_id, submitted_at)) "
+                              "FROM credit_applicant").fetchone()
+        rejects = conn.execute("SELECT count(*) FROM credit_applicant__rejects").fetchone()[0]
+        ledger = conn.execute("SELECT sum(read), sum(stored) + sum(already_present) + sum(rejected) "
+                              "FROM featureline_ledger").fetchone()
+    assert stored[0] == stored[1]  # no duplicates
+    assert stored[0] + rejects == 6_000 and ledger == (6_000, 6_000)
