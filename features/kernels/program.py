@@ -11,12 +11,13 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Final, Protocol
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from features.compile.arrow import arrow_type
 from features.compile.rules import ReasonCode
 from features.config import Device
 from features.kernels.columns import SlotValues, one_hot_values, prepare_slots
@@ -37,34 +38,13 @@ from features.kernels.ops import (
     invalid_message,
     plan_program,
 )
-from features.schema.model import FieldType, Schema, TypeKind
-
-#: The fixed reject columns; the same as ``features.validate.REJECT_SCHEMA`` (a test
-#: checks it), kept here so the kernels import without the validator.
-REJECT_SCHEMA: Final = pa.schema(
-    [
-        pa.field("row", pa.int64(), nullable=False),
-        pa.field("field", pa.string(), nullable=False),
-        pa.field("rule", pa.string(), nullable=False),
-        pa.field("reason", pa.string(), nullable=False),
-        pa.field("message", pa.string(), nullable=False),
-        pa.field("value", pa.string(), nullable=True),
-    ]
-)
-_ARROW_TYPES: Final[dict[TypeKind, pa.DataType]] = {
-    TypeKind.INT8: pa.int8(),
-    TypeKind.INT16: pa.int16(),
-    TypeKind.INT32: pa.int32(),
-    TypeKind.INT64: pa.int64(),
-    TypeKind.FLOAT32: pa.float32(),
-    TypeKind.FLOAT64: pa.float64(),
-    TypeKind.BOOL: pa.bool_(),
-}
+from features.schema.model import FieldType, Schema
+from features.validate.result import REJECT_SCHEMA
 
 
 def arrow_dtype(dtype: FieldType) -> pa.DataType:
     """The Arrow type of a feature's declared dtype (int*, float*, bool)."""
-    return _ARROW_TYPES[dtype.kind]
+    return arrow_type(dtype)
 
 
 class Backend(Protocol):
