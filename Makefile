@@ -40,11 +40,13 @@ status: venv
 
 lint: venv
 	$(BIN)/ruff check features jobs tests bench
+	$(BIN)/mypy features
 
 # pytest exits 5 when no test ran; that is a failure here, as is any other non-zero code.
 # Generated sql/ and expectations/ must match the schemas (features compile --check).
 test: up
 	$(BIN)/ruff check features jobs tests bench
+	$(BIN)/mypy features
 	$(BIN)/features compile --check
 	$(BIN)/pytest -p no:cacheprovider
 

@@ -103,12 +103,13 @@ def _read_back(settings: Any, compiled: Any) -> None:
 
     r = redis.Redis.from_url(settings.redis_url)
     key = entity_key(compiled.name, "APP-001000000007")
-    hot = {k.decode(): v.decode() for k, v in r.hgetall(key).items()}
+    raw: dict[bytes, bytes] = r.hgetall(key)  # type: ignore[assignment]  # sync client
+    hot = {k.decode(): v.decode() for k, v in raw.items()}
     shown = {k: hot[k] for k in ("income_monthly", "income_log", "debt_to_income", "_source") if k in hot}
     print(f"redis    HGETALL {key}: {shown}")
     with psycopg.connect(settings.postgres_dsn) as conn:
-        n, = conn.execute(f'SELECT count(*) FROM "{compiled.name}"').fetchone()
-        nr, = conn.execute(f'SELECT count(*) FROM "{compiled.name}__rejects"').fetchone()
+        n = conn.execute(f'SELECT count(*) FROM "{compiled.name}"').fetchone()[0]  # type: ignore[index]
+        nr = conn.execute(f'SELECT count(*) FROM "{compiled.name}__rejects"').fetchone()[0]  # type: ignore[index]
         sample = conn.execute(f'SELECT _source, errors->0->>\'message\' FROM "{compiled.name}__rejects" '
                               "ORDER BY id LIMIT 1").fetchone()
     print(f"postgres {compiled.name}: {n:,} rows; {compiled.name}__rejects: {nr:,} rows")

@@ -25,6 +25,7 @@ from decimal import Decimal
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -118,14 +119,17 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
-def _raw_json(batch: pa.RecordBatch, rows: np.ndarray) -> list[str]:
+def _raw_json(batch: pa.RecordBatch, rows: npt.NDArray[np.int64]) -> list[str]:
     """The input values of ``rows`` as JSON objects (only rejected rows come here)."""
     taken = batch.take(pa.array(rows, pa.int64())).to_pylist()
     return [json.dumps(r, default=_json_default, ensure_ascii=False, allow_nan=True) for r in taken]
 
 
+RowsToJson = Callable[[npt.NDArray[np.int64]], list[str]]
+
+
 def _group_rejects(rejects: pa.Table, batch: pa.RecordBatch, row_uris: Callable[[pa.Array], pa.Array],
-                   ctx: RunContext, raw: Callable[[np.ndarray], list[str]] | None = None) -> pa.Table:
+                   ctx: RunContext, raw: RowsToJson | None = None) -> pa.Table:
     """Reject entries (one per failed rule) -> one row per rejected input row."""
     if rejects.num_rows == 0:
         return REJECTS_SCHEMA.empty_table()
@@ -152,7 +156,7 @@ def _group_rejects(rejects: pa.Table, batch: pa.RecordBatch, row_uris: Callable[
 
 def process_batch(sb: SourceBatch, compiled: CompiledSchema, program: Any, ctx: RunContext,
                   reference_time: dt.datetime,
-                  raw: Callable[[np.ndarray], list[str]] | None = None,
+                  raw: RowsToJson | None = None,
                   extra_rejects: pa.Table | None = None) -> Prepared:
     """Validate, transform and attach lineage to one source batch.
 

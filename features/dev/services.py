@@ -364,7 +364,8 @@ class Redis:
         try:
             import redis
 
-            info = redis.Redis.from_url(self.url, socket_timeout=2).info("server")
+            client = redis.Redis.from_url(self.url, socket_timeout=2)
+            info: dict[str, object] = client.info("server")  # type: ignore[assignment]  # sync client
             return f"Redis {info['redis_version']}"
         except Exception:  # unreachable: report "unknown"
             return "unknown"

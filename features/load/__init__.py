@@ -12,6 +12,7 @@ from features.config import Settings
 from features.errors import ConfigError
 from features.lineage import RunContext, new_run_id
 from features.runner import Progress, RunSummary, run
+from features.sinks.base import Sink
 from features.sources.parquet import DEFAULT_BATCH_ROWS, ParquetSource
 
 
@@ -53,12 +54,12 @@ def load(paths: Sequence[str | Path], compiled: CompiledSchema, settings: Settin
     program = transform_program(compiled, settings)
     pg = PostgresSink(settings.postgres_dsn, compiled, search_path=search_path)
     hot = RedisSink(settings.redis_url, compiled, key_prefix=key_prefix)
-    sinks = [pg, hot]  # the first is the primary: its commit decides "stored"
+    sinks: list[Sink] = [pg, hot]  # the first is the primary: its commit decides "stored"
     try:
         # Redis first: its open() writes no data, so a store that is down stops the
         # run before Postgres applies any DDL or row.
-        for s in (hot, pg):
-            s.open()
+        for first in (hot, pg):
+            first.open()
         now = dt.datetime.now(dt.UTC)
         ctx = RunContext(compiled.name, compiled.schema.version_str, compiled.fingerprint,
                          run_id or new_run_id(), now)

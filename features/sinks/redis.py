@@ -32,6 +32,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -137,7 +138,10 @@ def _concat_bytes(arr: pa.Array) -> bytes:
     return data.to_pybytes()[int(offsets[0]):int(offsets[-1])] if data is not None else b""
 
 
-def _offsets(arr: pa.Array) -> np.ndarray:
+Offsets = npt.NDArray[np.int64]
+
+
+def _offsets(arr: pa.Array) -> Offsets:
     """Start offsets (plus the end) of each value in ``_concat_bytes(arr)``."""
     lengths = pc.binary_length(arr).to_numpy(zero_copy_only=False).astype(np.int64)
     out = np.zeros(len(lengths) + 1, dtype=np.int64)
@@ -282,7 +286,8 @@ class RedisSink:
                             address=self.address) from exc
         finally:
             client.close()
-        self.keys_per_call = 1 if info.get("cluster_enabled") else _KEYS_PER_CALL
+        cluster = bool(info.get("cluster_enabled"))  # type: ignore[union-attr]  # sync client
+        self.keys_per_call = 1 if cluster else _KEYS_PER_CALL
         self._connect()
         self._load_script()
 
@@ -316,14 +321,15 @@ class RedisSink:
             finally:
                 client.close()
             prefix = self.compiled.fingerprint[:16] + " "
-            return {m.decode()[len(prefix):] for m in members if m.decode().startswith(prefix)}
+            return {m.decode()[len(prefix):] for m in members  # type: ignore[union-attr]  # sync client
+                    if m.decode().startswith(prefix)}
 
         result: set[str] = self._retrying("ledger read", fetch)
         return result
 
     # --- writes -------------------------------------------------------------------
 
-    def _row_blobs(self, rows: pa.Table) -> tuple[bytes, np.ndarray, bytes, np.ndarray, np.ndarray, bytes]:
+    def _row_blobs(self, rows: pa.Table) -> tuple[bytes, Offsets, bytes, Offsets, Offsets, bytes]:
         """Protocol bytes, built with Arrow string kernels (no loop over rows): the key
         argument of every row; each row's arguments (event time, count, field/value
         pairs of its non-null values); offsets; per-row argument counts; and the
