@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
@@ -119,10 +120,22 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
+def _json_safe(value: Any) -> Any:
+    """NaN and ±inf are not JSON (and Postgres jsonb refuses them): keep them as text."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # 'nan', 'inf', '-inf'
+    return value
+
+
 def _raw_json(batch: pa.RecordBatch, rows: npt.NDArray[np.int64]) -> list[str]:
-    """The input values of ``rows`` as JSON objects (only rejected rows come here)."""
+    """The input values of ``rows`` as JSON objects (only rejected rows come here).
+
+    Always valid JSON: decimals, dates and times become strings, NaN/inf become the
+    strings ``nan``/``inf``/``-inf``, bytes are decoded as UTF-8 with replacement.
+    """
     taken = batch.take(pa.array(rows, pa.int64())).to_pylist()
-    return [json.dumps(r, default=_json_default, ensure_ascii=False, allow_nan=True) for r in taken]
+    return [json.dumps({k: _json_safe(v) for k, v in r.items()}, default=_json_default,
+                       ensure_ascii=False, allow_nan=False) for r in taken]
 
 
 RowsToJson = Callable[[npt.NDArray[np.int64]], list[str]]

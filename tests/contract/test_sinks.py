@@ -200,3 +200,58 @@ def test_equal_event_time_first_write_wins(sink_factory: Any, compiled: Compiled
             assert hot[b"price"] == b"1.00"
     finally:
         sink.close()
+
+
+FLOATS = """
+name: contract_floats
+version: 1.0.0
+entity: item_id
+event_time: seen_at
+fields:
+  - name: item_id
+    type: string
+    constraints: {required: true}
+  - name: seen_at
+    type: timestamp(us, UTC)
+    constraints: {required: true}
+  - name: score
+    type: float64
+    constraints: {min: 0}
+"""
+
+
+def test_rejected_nan_and_inf_inputs_are_stored_with_valid_json(settings: Settings, pg_schema: str) -> None:
+    """NaN/inf are rejected, and the reject row's raw JSON must still be valid jsonb."""
+    import json
+
+    import psycopg
+
+    from features.lineage import BatchLineage
+    from features.runner import process_batch
+    from features.sinks.postgres import PostgresSink
+    from features.sources.base import SourceBatch
+
+    floats = compile_schema(parse_schema(FLOATS, "contract_floats.yaml"))
+    batch = pa.RecordBatch.from_pydict({
+        "item_id": ["a", "b", "c", "d"],
+        "seen_at": pa.array([_ts(1)] * 4, pa.timestamp("us", "UTC")),
+        "score": [1.5, float("nan"), float("inf"), -1.0],
+    })
+    ctx = RunContext(floats.name, "1.0.0", floats.fingerprint, "run-nan", _ts(28))
+    prepared = process_batch(SourceBatch(batch, BatchLineage("file:///nan.parquet", 0, 4, "u0")), floats,
+                             None, ctx, _ts(28))
+    assert (prepared.rows.num_rows, prepared.rejected_rows) == (1, 3)
+    sink = PostgresSink(settings.postgres_dsn, floats, search_path=pg_schema)
+    sink.open()
+    try:
+        res = sink.write(WriteUnit(prepared.rows, prepared.rejects, "u0", 4))
+    finally:
+        sink.close()
+    assert (res.stored, res.rejects_stored) == (1, 3)
+    with psycopg.connect(settings.postgres_dsn, options=f"-c search_path={pg_schema}") as conn:
+        raws = conn.execute("SELECT raw->>'score', errors FROM contract_floats__rejects "
+                            "ORDER BY row_index").fetchall()
+    assert [r[0] for r in raws] == ["nan", "inf", "-1.0"]
+    assert [e["rule"] for e in raws[0][1]] == ["score.nan"]
+    assert [e["rule"] for e in raws[1][1]] == ["score.type"]
+    assert json.loads(json.dumps(raws[2][1]))[0]["rule"] == "score.min"
