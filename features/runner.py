@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import re
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
@@ -120,6 +121,11 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
+# jsonb refuses the escape \u0000 (a NUL character): keep it as the six characters
+# \u0000 instead. Only an escape, i.e. one preceded by an even run of backslashes.
+_NUL_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\u0000")
+
+
 def _json_safe(value: Any) -> Any:
     """NaN and ±inf are not JSON (and Postgres jsonb refuses them): keep them as text."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -130,12 +136,18 @@ def _json_safe(value: Any) -> Any:
 def _raw_json(batch: pa.RecordBatch, rows: npt.NDArray[np.int64]) -> list[str]:
     """The input values of ``rows`` as JSON objects (only rejected rows come here).
 
-    Always valid JSON: decimals, dates and times become strings, NaN/inf become the
-    strings ``nan``/``inf``/``-inf``, bytes are decoded as UTF-8 with replacement.
+    Always valid JSON that Postgres jsonb accepts: decimals, dates and times become
+    strings, NaN/inf become the strings ``nan``/``inf``/``-inf``, bytes are decoded as
+    UTF-8 with replacement, a NUL character becomes the text ``\\u0000``.
     """
     taken = batch.take(pa.array(rows, pa.int64())).to_pylist()
-    return [json.dumps({k: _json_safe(v) for k, v in r.items()}, default=_json_default,
-                       ensure_ascii=False, allow_nan=False) for r in taken]
+    return [_dumps({k: _json_safe(v) for k, v in r.items()}) for r in taken]
+
+
+def _dumps(obj: Any) -> str:
+    """JSON text that Postgres jsonb accepts (see :func:`_raw_json`)."""
+    text = json.dumps(obj, default=_json_default, ensure_ascii=False, allow_nan=False)
+    return _NUL_ESCAPE.sub(r"\1\\\\u0000", text)
 
 
 RowsToJson = Callable[[npt.NDArray[np.int64]], list[str]]
@@ -151,7 +163,7 @@ def _group_rejects(rejects: pa.Table, batch: pa.RecordBatch, row_uris: Callable[
     uniq, starts = np.unique(rows, return_index=True)
     entries = rejects.select(["field", "rule", "reason", "message", "value"]).to_pylist()
     bounds = [*starts.tolist(), len(entries)]
-    errors = [json.dumps(entries[bounds[i]:bounds[i + 1]], ensure_ascii=False)
+    errors = [_dumps(entries[bounds[i]:bounds[i + 1]])
               for i in range(len(uniq))]  # loop over rejected rows only: the exception path
     raws = raw(uniq) if raw is not None else _raw_json(batch, uniq)
     idx = pa.array(uniq, pa.int64())

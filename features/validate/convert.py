@@ -232,6 +232,11 @@ def convert(
     if t == target:
         if kind in (TypeKind.FLOAT32, TypeKind.FLOAT64):
             return _finish(raw, raw, ~_np(pc.is_inf(raw), False))
+        if pa.types.is_string(t):
+            # A NUL character is valid UTF-8 but no Postgres text can hold it: a type reject.
+            nul = pc.match_substring(raw, "\x00")
+            if pc.any(nul).as_py():
+                return _finish(raw, raw, ~_np(nul, False))
         return Converted(raw, _EMPTY_INDEX, _NO_TEXT, _NO_TEXT)
     if pa.types.is_string(t) and kind not in (TypeKind.STRING, TypeKind.ENUM):
         if not accept_strings:

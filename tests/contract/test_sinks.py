@@ -220,8 +220,9 @@ fields:
 """
 
 
-def test_rejected_nan_and_inf_inputs_are_stored_with_valid_json(settings: Settings, pg_schema: str) -> None:
-    """NaN/inf are rejected, and the reject row's raw JSON must still be valid jsonb."""
+def test_rejected_nan_inf_and_nul_inputs_are_stored_with_valid_json(settings: Settings,
+                                                                      pg_schema: str) -> None:
+    """NaN/inf/NUL are rejected, and the reject row's raw JSON must still be valid jsonb."""
     import json
 
     import psycopg
@@ -233,25 +234,29 @@ def test_rejected_nan_and_inf_inputs_are_stored_with_valid_json(settings: Settin
 
     floats = compile_schema(parse_schema(FLOATS, "contract_floats.yaml"))
     batch = pa.RecordBatch.from_pydict({
-        "item_id": ["a", "b", "c", "d"],
-        "seen_at": pa.array([_ts(1)] * 4, pa.timestamp("us", "UTC")),
-        "score": [1.5, float("nan"), float("inf"), -1.0],
+        "item_id": ["a", "b", "c", "d", "e\x00"],
+        "seen_at": pa.array([_ts(1)] * 5, pa.timestamp("us", "UTC")),
+        "score": [1.5, float("nan"), float("inf"), -1.0, 2.0],
     })
     ctx = RunContext(floats.name, "1.0.0", floats.fingerprint, "run-nan", _ts(28))
-    prepared = process_batch(SourceBatch(batch, BatchLineage("file:///nan.parquet", 0, 4, "u0")), floats,
+    prepared = process_batch(SourceBatch(batch, BatchLineage("file:///nan.parquet", 0, 5, "u0")), floats,
                              None, ctx, _ts(28))
-    assert (prepared.rows.num_rows, prepared.rejected_rows) == (1, 3)
+    assert (prepared.rows.num_rows, prepared.rejected_rows) == (1, 4)
     sink = PostgresSink(settings.postgres_dsn, floats, search_path=pg_schema)
     sink.open()
     try:
-        res = sink.write(WriteUnit(prepared.rows, prepared.rejects, "u0", 4))
+        res = sink.write(WriteUnit(prepared.rows, prepared.rejects, "u0", 5))
     finally:
         sink.close()
-    assert (res.stored, res.rejects_stored) == (1, 3)
+    assert (res.stored, res.rejects_stored) == (1, 4)
     with psycopg.connect(settings.postgres_dsn, options=f"-c search_path={pg_schema}") as conn:
         raws = conn.execute("SELECT raw->>'score', errors FROM contract_floats__rejects "
                             "ORDER BY row_index").fetchall()
-    assert [r[0] for r in raws] == ["nan", "inf", "-1.0"]
+        nul = conn.execute("SELECT raw->>'item_id' FROM contract_floats__rejects "
+                           "WHERE row_index = 4").fetchone()
+    assert [r[0] for r in raws] == ["nan", "inf", "-1.0", "2.0"]
+    assert nul == ("e\\u0000",)  # the NUL kept as text; Postgres cannot store the character
+    assert [e["rule"] for e in raws[3][1]] == ["item_id.type"]
     assert [e["rule"] for e in raws[0][1]] == ["score.nan"]
     assert [e["rule"] for e in raws[1][1]] == ["score.type"]
     assert json.loads(json.dumps(raws[2][1]))[0]["rule"] == "score.min"
