@@ -51,16 +51,10 @@ from features.kernels import compile_transforms  # noqa: E402 - after the sys.pa
 from features.kernels.columns import SlotValues, prepare_slots  # noqa: E402
 from features.kernels.numpy_backend import (  # noqa: E402
     DEFAULT_CHUNK_ROWS,
-    LN2_HI,
-    LN2_LO,
-    LP,
     NUMPY_DTYPES,
-    SMALL_HI,
-    SMALL_LO,
-    SQRT_HALF,
-    TWO53,
     KernelOutput,
     NumpyBackend,
+    log1p,
 )
 from features.kernels.ops import (  # noqa: E402
     INT_BOUNDS,
@@ -164,29 +158,6 @@ def generate(rows: int, seed: int = SEED) -> pa.RecordBatch:
 # --- the naive chain: one full-array pass per op, temporaries and masks per op ----------------------
 
 
-def naive_log1p(x: Any, xp: Any) -> Any:
-    """numpy_backend.log1p written against ``xp`` (numpy or cupy), same operation order."""
-    u = 1.0 + x
-    c = (x - (u - 1.0)) / u
-    big = x >= TWO53
-    u = xp.where(big, x, u)
-    c = xp.where(big, 0.0, c)
-    m, e = xp.frexp(u)
-    low = m < SQRT_HALF
-    m = xp.where(low, m + m, m)
-    k = (e - low).astype(xp.float64)
-    f = m - 1.0
-    small = (x > SMALL_LO) & (x < SMALL_HI)
-    f = xp.where(small, x, f)
-    k = xp.where(small, 0.0, k)
-    c = xp.where(small, 0.0, c)
-    hfsq = (0.5 * f) * f
-    s = f / (2.0 + f)
-    z = s * s
-    r = z * (LP[0] + z * (LP[1] + z * (LP[2] + z * (LP[3] + z * (LP[4] + z * (LP[5] + z * LP[6]))))))
-    return k * LN2_HI - ((hfsq - (s * (hfsq + r) + (k * LN2_LO + c))) - f)
-
-
 def naive_inputs(slots: Sequence[SlotValues], xp: Any) -> list[Any]:
     """Each slot as a float64 array with NaN for null (full-array conversion)."""
     out = []
@@ -219,7 +190,7 @@ def naive_chain(plan: ProgramPlan, inputs: Sequence[Any], xp: Any) -> tuple[list
                     x = xp.where(x > op.hi, op.hi, x)
             elif isinstance(op, Log1p):
                 st = xp.where((x <= -1.0) & (st == OK), bad_code, st).astype(xp.int8)
-                x = naive_log1p(x, xp)
+                x = log1p(x, xp)
             elif isinstance(op, ZScore | MinMax):
                 shift, scale = (op.mean, op.std) if isinstance(op, ZScore) else (op.lo, op.span)
                 x = (x - shift) / scale
