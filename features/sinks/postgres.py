@@ -84,8 +84,14 @@ def _csv(table: pa.Table) -> bytes:
         if pa.types.is_timestamp(t) and t.tz is not None:
             col = col.cast(pa.timestamp(t.unit, "UTC")).cast(pa.timestamp(t.unit))
         columns.append(col)
+    data = pa.table(columns, names=table.column_names)
     buf = io.BytesIO()
-    pacsv.write_csv(pa.table(columns, names=table.column_names), buf, _CSV)
+    # Batch by batch, skipping empty ones: pyarrow 16's write_csv emits garbage (NUL
+    # bytes, a repeated header) for a table whose first chunk is empty.
+    with pacsv.CSVWriter(buf, data.schema, write_options=_CSV) as writer:
+        for batch in data.to_batches():
+            if batch.num_rows:
+                writer.write_batch(batch)
     return buf.getvalue()
 
 
