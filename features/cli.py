@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "load": "features.load.cli",
     "kernels": "features.kernels.cli",
     "schema": "features.schema.cli",
+    "stream": "features.stream.cli",
     "validate": "features.validate.cli",
 }
 

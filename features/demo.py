@@ -3,9 +3,10 @@
 Steps: start the local services (``features dev up``; external ones are only
 checked), compile every schema in ``schemas/``, generate the example applicant data
 (deterministic, with about 2% invalid rows) under ``data/demo/``, load it into Redis
-and Postgres with the batch loader, read a few features back, and print the summary.
-Running it twice stores nothing twice: the second run reports every row as already
-present.
+and Postgres with the batch loader, stream example events (invalid, out-of-order,
+duplicated and undecodable ones among them) through Kafka and the PyFlink job, read a
+few features back, and print the summary of both paths. Running it twice stores
+nothing twice: the second run reports every row as already present.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--rows", type=int, default=300_000, help="applicant rows to generate (default 300000)")
     p.add_argument("--files", type=int, default=3, help="Parquet files to split them into (default 3)")
     p.add_argument("--out", default=str(ROOT / "data" / "demo"), help="where the example data goes")
+    p.add_argument("--events", type=int, default=20_000,
+                   help="example events to stream through Kafka and the Flink job (default 20000; 0: skip)")
+    p.add_argument("--topic", default="featureline-demo-applications", help="Kafka topic for the events")
     p.add_argument("--no-services", action="store_true", help="do not run `features dev up` first")
     p.set_defaults(func=run)
 
@@ -88,11 +92,57 @@ def run(args: argparse.Namespace) -> int:
     compiled = find_schema("credit_applicant", ROOT / settings.schemas_dir)
     summary = load(paths, compiled, settings, progress=True)
     print(render_summary(summary, rejects_table=rejects_table_name(compiled.schema)))
+    stream: dict[str, Any] | None = None
+    if args.events:
+        _step(f"stream: {args.events:,} events -> Kafka {args.topic} -> PyFlink job -> Redis + Postgres")
+        stream = _stream(settings, args.topic, args.events)
+        if stream is None:
+            return 1
     _step("read back")
     _read_back(settings, compiled)
-    print(f"\ndemo finished in {time.perf_counter() - t0:.1f}s: read {summary.read:,} = stored "
-          f"{summary.stored:,} + rejected {summary.rejected:,} + already present {summary.already_present:,}")
-    return 0 if summary.adds_up else 1
+    print(f"\ndemo finished in {time.perf_counter() - t0:.1f}s")
+    print(f"  batch  (Parquet): read {summary.read:,} = stored {summary.stored:,} + rejected "
+          f"{summary.rejected:,} + already present {summary.already_present:,}")
+    if stream is not None:
+        print(f"  stream (Kafka):   read {stream['read']:,} = stored {stream['stored']:,} + rejected "
+              f"{stream['rejected']:,} + already present {stream['already_present']:,} "
+              f"(dead-letter topic {args.topic}.rejects: {stream['dead_letters']:,} messages)")
+    return 0 if summary.adds_up and (stream is None or stream["adds_up"]) else 1
+
+
+def _stream(settings: Any, topic: str, events: int) -> dict[str, Any] | None:
+    """Produce the example events once (a topic that already holds them is reused), then
+    run the bounded stream job over the whole topic with a fresh consumer group."""
+    import json
+    import subprocess
+    import uuid
+
+    from features.examples import applicant_events
+    from features.stream.cli import render
+    from features.stream.kafka import ensure_topic, entity_keys, produce, topic_size
+
+    ensure_topic(settings.kafka_bootstrap, topic, partitions=2)
+    ensure_topic(settings.kafka_bootstrap, f"{topic}.rejects", partitions=1)
+    have = topic_size(settings.kafka_bootstrap, topic)
+    if have == 0:
+        values = applicant_events(events)
+        produce(settings.kafka_bootstrap, topic, values, keys=entity_keys(values, "application_id"))
+        print(f"produced {len(values):,} records ({events:,} events, duplicates and undecodable ones "
+              f"among them) to {topic}")
+    else:
+        print(f"{topic} already holds {have:,} records: reusing them")
+    cmd = [sys.executable, str(ROOT / "jobs" / "stream_job.py"), "--schema", "credit_applicant",
+           "--topic", topic, "--bounded", "--group-id", f"featureline-demo-{uuid.uuid4().hex[:8]}",
+           "--json"]
+    print("$ " + " ".join(["python", "jobs/stream_job.py", *cmd[2:]]), flush=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(proc.stderr[-4000:], file=sys.stderr)
+        print(f"features demo: the stream job failed (exit {proc.returncode})", file=sys.stderr)
+        return None
+    summary: dict[str, Any] = json.loads(proc.stdout)
+    print(render(summary, "credit_applicant"))
+    return summary
 
 
 def _read_back(settings: Any, compiled: Any) -> None:

@@ -138,6 +138,55 @@ def applicants(rows: int, seed: int = SEED, *, first_id: int = 10**9, invalid_sh
     return pa.Table.from_arrays([columns[f.name] for f in file_schema], schema=file_schema)
 
 
+#: Payloads that are not events: every one must end as a ``_payload.decode`` reject.
+UNDECODABLE: tuple[bytes | None, ...] = (
+    b'{"application_id": "APP-000000000001", "submitted_at": ',   # truncated JSON
+    b"\xff\xfe not utf-8 \xc3\x28",                               # invalid UTF-8
+    b'["an", "array", "not", "an", "object"]',                       # JSON, not an object
+    b"null",
+    None,                                                             # a tombstone
+    b'{"a": ' * 5_000 + b"1" + b"}" * 5_000,                          # nested too deeply (35 KB)
+    b'{"application_id": "' + b"x" * 70_000 + b'"}',                # over payload.max_bytes (64 KiB)
+)
+
+
+def applicant_events(events: int, seed: int = SEED, *, entities: int | None = None,
+                     duplicate_share: float = 0.02, undecodable_every: int = 500,
+                     invalid_share: float = INVALID_SHARE) -> list[bytes | None]:
+    """Kafka record values (JSON) for ``schemas/credit_applicant.yaml``, as a producer
+    would send them: ``events`` application events over ``entities`` application ids
+    (default ``events // 3``, so most ids get several events, in random event-time
+    order: out-of-order arrivals), about ``duplicate_share`` of them sent twice (the
+    same bytes again, later), ~``invalid_share`` breaking a rule (see
+    :func:`applicants`), and one of :data:`UNDECODABLE` after every
+    ``undecodable_every`` events. Timestamps and dates are ISO 8601 text, decimals
+    decimal text. Deterministic for a seed; a test-data generator (a loop over rows)."""
+    import json
+    import re
+
+    rng = np.random.default_rng(seed + 1)
+    rows = applicants(events, seed, invalid_share=invalid_share).to_pylist()
+    pool = rng.integers(0, max(entities or events // 3, 1), events)
+    good_id = re.compile(r"^APP-[0-9]{12}$")
+    out: list[bytes | None] = []
+    dupes: list[bytes] = []
+    bad = 0
+    for i, row in enumerate(rows):
+        if isinstance(row["application_id"], str) and good_id.match(row["application_id"]):
+            row["application_id"] = f"APP-{7 * 10**11 + int(pool[i]):012d}"
+        value = json.dumps(row, default=str).encode()
+        out.append(value)
+        if rng.random() < duplicate_share:
+            dupes.append(value)
+        if dupes and rng.random() < 0.1:
+            out.append(dupes.pop(0))
+        if undecodable_every and (i + 1) % undecodable_every == 0:
+            out.append(UNDECODABLE[bad % len(UNDECODABLE)])
+            bad += 1
+    out.extend(dupes)
+    return out
+
+
 def _cents(cents: npt.NDArray[np.int64], null: npt.NDArray[np.bool_] | None) -> pa.Array:
     """decimal128(18, 2) from integer cents, built from its 16-byte storage."""
     cents = np.asarray(cents, dtype=np.int64)

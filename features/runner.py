@@ -144,6 +144,11 @@ def _raw_json(batch: pa.RecordBatch, rows: npt.NDArray[np.int64]) -> list[str]:
     return [_dumps({k: _json_safe(v) for k, v in r.items()}) for r in taken]
 
 
+def raw_json_rows(rows: Sequence[dict[str, Any]], index: npt.NDArray[np.int64]) -> list[str]:
+    """Like :func:`_raw_json` for decoded JSON objects (a stream's rows)."""
+    return [_dumps({k: _json_safe(v) for k, v in rows[int(i)].items()}) for i in index]
+
+
 def _dumps(obj: Any) -> str:
     """JSON text that Postgres jsonb accepts (see :func:`_raw_json`)."""
     text = json.dumps(obj, default=_json_default, ensure_ascii=False, allow_nan=False)
@@ -153,7 +158,7 @@ def _dumps(obj: Any) -> str:
 RowsToJson = Callable[[npt.NDArray[np.int64]], list[str]]
 
 
-def _group_rejects(rejects: pa.Table, batch: pa.RecordBatch, row_uris: Callable[[pa.Array], pa.Array],
+def group_rejects(rejects: pa.Table, batch: Any, row_uris: Callable[[pa.Array], pa.Array],
                    ctx: RunContext, raw: RowsToJson | None = None) -> pa.Table:
     """Reject entries (one per failed rule) -> one row per rejected input row."""
     if rejects.num_rows == 0:
@@ -216,7 +221,7 @@ def process_batch(sb: SourceBatch, compiled: CompiledSchema, program: Any, ctx: 
     data.update(ctx.columns(sb.lineage.row_uris(pa.array(kept_index, pa.int64()))))
     rows = pa.table(data)
     rejects = pa.concat_tables(reject_parts) if len(reject_parts) > 1 else reject_parts[0]
-    grouped = _group_rejects(rejects, batch, sb.lineage.row_uris, ctx, raw)
+    grouped = group_rejects(rejects, batch, sb.lineage.row_uris, ctx, raw)
     rule_counts: Counter[str] = Counter()
     if rejects.num_rows:
         for entry in pc.value_counts(rejects.column("rule").combine_chunks()).to_pylist():
@@ -316,64 +321,104 @@ class _Pending:
     skipped: list[str]
 
 
+class BatchWriter:
+    """Prepares batches and writes them to every sink, counting exactly.
+
+    The batch loader (:func:`run`) and the streaming job share it. Each sink writes on
+    its own thread, units in submission order, while the caller prepares the next
+    batch: the stores work in parallel with each other and with us. At most
+    ``in_flight`` units are prepared but not yet written, which bounds memory.
+    :meth:`drain` waits for everything submitted (the stream calls it at the end of each
+    micro-batch, so a checkpoint never covers rows that are not written). A sink's
+    error (after its own bounded retries) propagates from :meth:`submit` or
+    :meth:`drain` once the writes already started have finished.
+    """
+
+    def __init__(self, compiled: CompiledSchema, sinks: Sequence[Sink], *, summary: RunSummary,
+                 program: Any = None, progress: Progress | None = None, in_flight: int = 2,
+                 committed: dict[str, set[str]] | None = None) -> None:
+        self.compiled = compiled
+        self.sinks = list(sinks)
+        self.summary = summary
+        self.program = program
+        self.progress = progress
+        self.in_flight = in_flight
+        self.primary = self.sinks[0].name if self.sinks else ""
+        self.committed = committed if committed is not None else {s.name: set() for s in self.sinks}
+        for s in self.sinks:
+            summary.sinks.setdefault(s.name, SinkStats())
+        self._pools = {s.name: ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sink-{s.name}")
+                       for s in self.sinks}
+        self._queue: deque[_Pending] = deque()
+
+    def submit(self, sb: SourceBatch, *, ctx: RunContext, reference_time: dt.datetime | None = None,
+               prepared: Prepared | None = None, read: int | None = None) -> None:
+        """Prepare ``sb`` (unless ``prepared`` is given) and start its writes. ``read``
+        overrides the unit's input row count (a stream's micro-batch also holds records
+        that never decoded into rows; ``prepared`` then carries their rejects)."""
+        summary = self.summary
+        unit = sb.lineage.unit
+        n = read if read is not None else (len(sb.batch) if isinstance(sb.batch, list) else sb.batch.num_rows)
+        todo = [s for s in self.sinks if unit is None or unit not in self.committed[s.name]]
+        if not todo:
+            summary.read += n
+            summary.units += 1
+            summary.already_present += n
+            summary.skipped_units += 1
+            for s in self.sinks:
+                summary.sinks[s.name].skipped_units += 1
+            if self.progress:
+                self.progress.update(summary)
+            return
+        if prepared is None:
+            prepared = process_batch(sb, self.compiled, self.program, ctx, reference_time or ctx.ingested_at)
+        while len(self._queue) >= self.in_flight:
+            _finish_unit(summary, self._queue.popleft(), self.primary, self.progress)
+        write = WriteUnit(prepared.rows, prepared.rejects, unit, n)
+        futures = {}
+        for s in todo:
+            if isinstance(s, SupportsEncode):  # encode here, overlapping the sinks' I/O
+                futures[s.name] = self._pools[s.name].submit(s.write_encoded, write, s.encode(write))
+            else:
+                futures[s.name] = self._pools[s.name].submit(s.write, write)
+        self._queue.append(_Pending(prepared, n, futures, [s.name for s in self.sinks if s not in todo]))
+
+    def drain(self) -> None:
+        """Wait for every submitted write and account for it."""
+        while self._queue:
+            _finish_unit(self.summary, self._queue.popleft(), self.primary, self.progress)
+
+    def close(self) -> None:
+        """Let the writes already submitted finish (they commit or fail on their own)."""
+        for pool in self._pools.values():
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
 def run(source: Source, compiled: CompiledSchema, sinks: Sequence[Sink], *, ctx: RunContext,
         program: Any = None, reference_time: dt.datetime | None = None, progress: Progress | None = None,
         batches: Iterable[SourceBatch] | None = None, in_flight: int = 2) -> RunSummary:
-    """Load everything ``source`` yields into ``sinks``; see the module docstring.
+    """Load everything ``source`` yields into ``sinks`` (see :class:`BatchWriter`).
 
     The first sink is the primary (cold) store whose commit decides ``stored``.
     Sinks must be opened by the caller (so an unreachable store fails before any
-    work). Each sink writes on its own thread, units in source order, while the next
-    batch is validated and transformed: the stores work in parallel with each other
-    and with us. At most ``in_flight`` units are prepared but not yet written, which
-    bounds memory. A sink's error (after its own bounded retries) stops the run once
-    the writes already started have finished, so every commit is accounted for.
+    work). Units a sink's ledger already holds are skipped for that sink.
     """
     summary = RunSummary(run_id=ctx.run_id, schema=compiled.name)
-    summary.sinks = {s.name: SinkStats() for s in sinks}
-    primary = sinks[0].name if sinks else ""
     committed = {s.name: s.committed_units() for s in sinks}
-    ref = reference_time or ctx.ingested_at
     t0 = time.perf_counter()
-    pools = {s.name: ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sink-{s.name}") for s in sinks}
-    queue: deque[_Pending] = deque()
+    writer = BatchWriter(compiled, sinks, summary=summary, program=program, progress=progress,
+                         in_flight=in_flight, committed=committed)
     try:
         for sb in (batches if batches is not None else source.batches()):
-            unit = sb.lineage.unit
-            todo = [s for s in sinks if unit is None or unit not in committed[s.name]]
-            if not todo:
-                summary.read += sb.batch.num_rows
-                summary.units += 1
-                summary.already_present += sb.batch.num_rows
-                summary.skipped_units += 1
-                for s in sinks:
-                    summary.sinks[s.name].skipped_units += 1
-                if progress:
-                    progress.update(summary)
-                continue
-            prepared = process_batch(sb, compiled, program, ctx, ref)
-            while len(queue) >= in_flight:
-                _finish_unit(summary, queue.popleft(), primary, progress)
-            write = WriteUnit(prepared.rows, prepared.rejects, unit, sb.batch.num_rows)
-            futures = {}
-            for s in todo:
-                if isinstance(s, SupportsEncode):  # encode here, overlapping the sinks' I/O
-                    futures[s.name] = pools[s.name].submit(s.write_encoded, write, s.encode(write))
-                else:
-                    futures[s.name] = pools[s.name].submit(s.write, write)
-            queue.append(_Pending(prepared, sb.batch.num_rows, futures,
-                                  [s.name for s in sinks if s not in todo]))
-        while queue:
-            _finish_unit(summary, queue.popleft(), primary, progress)
+            writer.submit(sb, ctx=ctx, reference_time=reference_time)
+        writer.drain()
     finally:
-        # On an error, let the writes already submitted finish (they commit or fail on
-        # their own) before the caller closes the sinks.
-        for pool in pools.values():
-            pool.shutdown(wait=True, cancel_futures=True)
+        writer.close()
     summary.seconds = time.perf_counter() - t0
     if progress:
         progress.close(summary)
     return summary
 
 
-__all__ = ["LINEAGE_COLUMNS", "REJECTS_SCHEMA", "Prepared", "Progress", "RunSummary", "process_batch", "run"]
+__all__ = ["LINEAGE_COLUMNS", "REJECTS_SCHEMA", "BatchWriter", "Prepared", "Progress", "RunSummary",
+           "group_rejects", "process_batch", "raw_json_rows", "run"]

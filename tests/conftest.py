@@ -90,3 +90,17 @@ def kafka_topic(request: pytest.FixtureRequest, settings: Settings) -> Iterator[
                     f"`features dev up` ({exc})")
     yield name
     admin.delete_topics([name], operation_timeout=15)
+
+
+@pytest.fixture()
+def stream_topic(settings: Settings) -> Iterator[str]:
+    """A fresh 2-partition topic and its dead-letter topic ``<name>.rejects``, deleted after."""
+    from confluent_kafka.admin import AdminClient
+
+    from features.stream.kafka import ensure_topic
+
+    name = f"t_stream_{uuid.uuid4().hex[:8]}"
+    ensure_topic(settings.kafka_bootstrap, name, partitions=2)
+    ensure_topic(settings.kafka_bootstrap, name + ".rejects", partitions=1)
+    yield name
+    AdminClient({"bootstrap.servers": settings.kafka_bootstrap}).delete_topics([name, name + ".rejects"])

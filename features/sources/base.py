@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import pyarrow as pa
 
@@ -13,9 +13,13 @@ from features.lineage import BatchLineage
 
 @dataclass(frozen=True)
 class SourceBatch:
-    """One batch of input rows (column names as in the source) and where it came from."""
+    """One batch of input rows (column names as in the source) and where it came from.
 
-    batch: pa.RecordBatch
+    ``batch`` is an Arrow record batch (files), or decoded JSON objects (streams: each
+    record keeps its own Python types, so a wrong type is a per-row reject).
+    """
+
+    batch: pa.RecordBatch | list[dict[str, Any]]
     lineage: BatchLineage
 
 

@@ -412,6 +412,9 @@ def _timestamp_bound(f: Field, target: pa.DataType, value: object, is_min: bool)
 # --------------------------------------------------------------------------- input
 
 
+_TEMPORAL_KINDS = frozenset({TypeKind.DATE, TypeKind.TIMESTAMP})
+
+
 class _Input:
     """Columns of the input by name: Arrow arrays, or Python values of a list of dicts."""
 
@@ -458,7 +461,9 @@ class _Input:
         if len(absent):
             for i in absent:
                 values[i] = None
-        return convert_pylist(values, fp.field, fp.target), absent.astype(np.int64)
+        # JSON has no date or time type: in decoded objects those are ISO 8601 text.
+        text_ok = True if fp.field.type.kind in _TEMPORAL_KINDS else None
+        return convert_pylist(values, fp.field, fp.target, accept_strings=text_ok), absent.astype(np.int64)
 
 
 # --------------------------------------------------------------------------- validate

@@ -771,9 +771,16 @@ def test_list_of_dicts_datetimes() -> None:
         {"t": dt.datetime(2024, 1, 1, 12, tzinfo=dt.timezone(dt.timedelta(hours=2))),
          "d": dt.date(2024, 1, 1)},
         {"t": dt.datetime(2024, 1, 1, 12), "d": "2024-01-01"},
+        # JSON has no date/time type: ISO 8601 text is accepted for them in dict rows
+        {"t": "2024-01-01T12:00:00+02:00", "d": "2024-01-02"},
+        {"t": "2024-01-01T12:00:00", "d": "2024-13-01"},
     ], c)
-    assert r.valid.to_pylist() == [{"t": dt.datetime(2024, 1, 1, 10, tzinfo=UTC), "d": dt.date(2024, 1, 1)}]
-    assert rejects(r) == [(1, "t.type"), (1, "d.type")]
+    assert r.valid.to_pylist() == [
+        {"t": dt.datetime(2024, 1, 1, 10, tzinfo=UTC), "d": dt.date(2024, 1, 1)},
+        {"t": dt.datetime(2024, 1, 1, 10, tzinfo=UTC), "d": dt.date(2024, 1, 2)},
+    ]
+    # naive datetime / naive text into a zoned field, and an impossible date: type rejects
+    assert rejects(r) == [(1, "t.type"), (3, "t.type"), (3, "d.type")]
 
 
 # --------------------------------------------------------------------------- fast paths

@@ -1,0 +1,273 @@
+"""One micro-batch of Kafka records -> validate -> transform -> Redis + Postgres + dead letters.
+
+:class:`StreamProcessor` is what the PyFlink job runs inside its Python operator, and
+what the benchmark's plain confluent-kafka consumer loop calls: the decode step is
+stream-specific, everything after it is the batch loader's code
+(:func:`features.runner.process_batch` and :class:`features.runner.BatchWriter`).
+
+``process(...)`` returns only after every row of the micro-batch is written to both
+stores and every reject is in the rejects table and acknowledged by the dead-letter
+topic, so a Flink checkpoint taken after it never covers a row that is not stored.
+Writes are idempotent (Postgres: first write of an (entity, event time) wins; Redis:
+newest event wins; rejects: unique per source record), so a replay after a failure
+changes nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from features.compile import CompiledSchema
+from features.config import Settings
+from features.errors import SinkError
+from features.lineage import BatchLineage, RunContext
+from features.runner import BatchWriter, Prepared, RunSummary, group_rejects, process_batch, raw_json_rows
+from features.sources.base import SourceBatch
+from features.stream.decode import decode, payload_json, record_uris
+
+log = logging.getLogger("features.stream")
+
+#: Latency histogram: 1 ms buckets up to 10 minutes (the last bucket holds the rest).
+_LATENCY_BUCKETS = 600_000
+
+
+@dataclass
+class StreamStats:
+    """Counts and timings of one processor (one Flink subtask, or the consumer loop)."""
+
+    summary: RunSummary
+    batches: int = 0
+    dead_letters: int = 0
+    unknown_fields: Counter[str] = field(default_factory=Counter)
+    offsets: dict[str, int] = field(default_factory=dict)     # "topic/partition" -> next offset
+    lag: dict[str, int] = field(default_factory=dict)          # "topic/partition" -> records behind
+    newest_event_time: str | None = None
+    latency_ms: npt.NDArray[np.int64] = field(
+        default_factory=lambda: np.zeros(_LATENCY_BUCKETS, dtype=np.int64))
+    started: float = field(default_factory=time.time)
+
+    def latency_quantile(self, q: float) -> float | None:
+        """The q-quantile (0..1) of produce -> stored latency in ms (1 ms resolution)."""
+        total = int(self.latency_ms.sum())
+        if total == 0:
+            return None
+        cum = np.cumsum(self.latency_ms)
+        return float(np.searchsorted(cum, q * total, side="left"))
+
+    def as_dict(self) -> dict[str, Any]:
+        s = self.summary
+        elapsed = max(time.time() - self.started, 1e-9)
+        return {
+            **s.as_dict(), "seconds": round(elapsed, 3), "rows_per_second": round(s.read / elapsed),
+            "batches": self.batches, "dead_letters": self.dead_letters,
+            "unknown_fields": dict(self.unknown_fields), "next_offsets": dict(self.offsets),
+            "lag": dict(self.lag), "lag_total": sum(self.lag.values()) if self.lag else None,
+            "newest_event_time": self.newest_event_time,
+            "latency_ms": {"p50": self.latency_quantile(0.5), "p99": self.latency_quantile(0.99)},
+        }
+
+
+class StreamProcessor:
+    """Validate, transform and write micro-batches of Kafka records (see module docstring)."""
+
+    def __init__(self, compiled: CompiledSchema, settings: Settings, *, run_id: str,
+                 dead_letter_topic: str | None, search_path: str | None = None, key_prefix: str = "",
+                 log_every_s: float = 10.0) -> None:
+        from features.load import transform_program
+        from features.sinks.postgres import PostgresSink
+        from features.sinks.redis import RedisSink
+
+        self.compiled = compiled
+        self.settings = settings
+        self.run_id = run_id
+        self.dead_letter_topic = dead_letter_topic
+        self.log_every_s = log_every_s
+        self.program = transform_program(compiled, settings)
+        schema = compiled.schema
+        self.known = frozenset(f.name for f in schema.fields)
+        self.max_bytes = schema.payload.max_bytes
+        self.pg = PostgresSink(settings.postgres_dsn, compiled, search_path=search_path)
+        self.hot = RedisSink(settings.redis_url, compiled, key_prefix=key_prefix)
+        self.stats = StreamStats(RunSummary(run_id=run_id, schema=compiled.name))
+        self._writer: BatchWriter | None = None
+        self._producer: Any = None
+        self._lag_client: Any = None
+        self._last_log = time.time()
+        self._delivery_errors: list[str] = []
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Connect to both stores (an unreachable one raises SinkUnavailable naming it)
+        and to Kafka for the dead-letter topic."""
+        for sink in (self.hot, self.pg):
+            sink.open()
+        self._writer = BatchWriter(self.compiled, [self.pg, self.hot], summary=self.stats.summary,
+                                   program=self.program, in_flight=1)
+        if self.dead_letter_topic:
+            from confluent_kafka import Producer
+
+            self._producer = Producer({
+                "bootstrap.servers": self.settings.kafka_bootstrap,
+                "enable.idempotence": True, "acks": "all", "linger.ms": 5,
+                "message.max.bytes": max(2 * self.max_bytes + 65_536, 1_048_576),
+            })
+
+    def close(self) -> None:
+        try:
+            if self._producer is not None:
+                self._producer.flush(30)
+            if self._writer is not None:
+                self._writer.close()
+        finally:
+            for sink in (self.pg, self.hot):
+                sink.close()
+            if self._lag_client is not None:
+                self._lag_client.close()
+                self._lag_client = None
+
+    # --- one micro-batch -------------------------------------------------------------
+
+    def process(self, values: Sequence[bytes | None], topics: pa.Array, partitions: pa.Array,
+                offsets: pa.Array, timestamps_ms: npt.NDArray[np.int64] | None = None
+                ) -> npt.NDArray[np.int8]:
+        """Write one micro-batch; returns per record 0 (a row for the stores) or 1 (rejected)."""
+        assert self._writer is not None, "open() first"
+        n = len(values)
+        outcome = np.zeros(n, dtype=np.int8)
+        if n == 0:
+            return outcome
+        now = dt.datetime.now(dt.UTC)
+        ctx = RunContext(self.compiled.name, self.compiled.schema.version_str, self.compiled.fingerprint,
+                         self.run_id, now)
+        uris = record_uris(topics, partitions, offsets)
+        offs = np.asarray(pa.array(offsets).cast(pa.int64()).to_numpy(zero_copy_only=False), dtype=np.int64)
+        dec = decode(values, max_bytes=self.max_bytes, known=self.known)
+        rows = dec.rows
+        sb = SourceBatch(rows, BatchLineage("kafka://", 0, len(rows), unit=None,
+                                            explicit=uris.take(pa.array(dec.index, pa.int64()))))
+        prepared = process_batch(sb, self.compiled, self.program, ctx, now,
+                                 raw=lambda idx: raw_json_rows(rows, idx))
+        valid_rejects = _with_offsets(prepared.rejects, offs[dec.index] if len(dec.index) else offs[:0])
+        decode_rejects = _with_offsets(
+            group_rejects(dec.rejects, None, lambda idx: uris.take(idx), ctx,
+                          raw=lambda idx: [payload_json(values[int(i)]) for i in idx]), offs)
+        rule_counts = Counter(prepared.reject_rules)
+        examples = dict(prepared.examples)
+        if dec.rejects.num_rows:
+            rule_counts["_payload.decode"] += dec.rejects.num_rows
+            examples.setdefault("_payload.decode", dec.rejects.column("message").to_pylist()[:3])
+        rejects = pa.concat_tables([decode_rejects, valid_rejects])
+        merged = Prepared(prepared.rows, rejects, rejects.num_rows, rule_counts, examples)
+        self._writer.submit(sb, ctx=ctx, prepared=merged, read=n)
+        self._writer.drain()
+        self._dead_letters(rejects, topics, partitions, offsets, timestamps_ms)
+        self._account(dec, merged, uris, topics, partitions, offs, timestamps_ms, outcome)
+        return outcome
+
+    def _dead_letters(self, rejects: pa.Table, topics: pa.Array, partitions: pa.Array, offsets: pa.Array,
+                      timestamps_ms: npt.NDArray[np.int64] | None) -> None:
+        """Every reject to the dead-letter topic (key: the record's kafka:// URI), acknowledged
+        before returning. A loop over rejects only: the exception path."""
+        if self._producer is None or rejects.num_rows == 0:
+            return
+        meta = {"schema": self.compiled.name, "schema_version": self.compiled.schema.version_str,
+                "schema_fingerprint": self.compiled.fingerprint, "run_id": self.run_id}
+        head = json.dumps(meta)[1:-1]
+        errors: list[str] = []
+
+        def delivered(err: Any, msg: Any) -> None:
+            if err is not None:
+                errors.append(str(err))
+
+        for src, raw, errs in zip(rejects.column("_source").to_pylist(), rejects.column("raw").to_pylist(),
+                                  rejects.column("errors").to_pylist(), strict=True):
+            value = f'{{"source": {json.dumps(src)}, {head}, "errors": {errs}, "raw": {raw}}}'
+            while True:
+                try:
+                    self._producer.produce(self.dead_letter_topic, key=src.encode(), value=value.encode(),
+                                           on_delivery=delivered)
+                    break
+                except BufferError:
+                    self._producer.poll(0.1)
+        left = self._producer.flush(60)
+        if left or errors:
+            raise SinkError(f"dead-letter topic {self.dead_letter_topic!r}: {left} messages not acknowledged"
+                            + (f"; {errors[0]}" if errors else ""), store="kafka",
+                            address=self.settings.kafka_bootstrap)
+        self.stats.dead_letters += rejects.num_rows
+
+    def _account(self, dec: Any, merged: Prepared, uris: pa.Array, topics: pa.Array, partitions: pa.Array,
+                 offs: npt.NDArray[np.int64], timestamps_ms: npt.NDArray[np.int64] | None,
+                 outcome: npt.NDArray[np.int8]) -> None:
+        stats = self.stats
+        stats.batches += 1
+        stats.unknown_fields.update(dec.unknown_fields)
+        if merged.rejects.num_rows:
+            hit = pc.is_in(uris, value_set=merged.rejects.column("_source").combine_chunks())
+            outcome[np.asarray(hit.to_numpy(zero_copy_only=False), dtype=np.bool_)] = 1
+        done = time.time()
+        if timestamps_ms is not None and len(timestamps_ms):
+            ms = np.clip((done * 1000 - timestamps_ms).astype(np.int64), 0, _LATENCY_BUCKETS - 1)
+            stats.latency_ms += np.bincount(ms, minlength=_LATENCY_BUCKETS)
+        keys = pa.table({"t": topics, "p": partitions, "o": pa.array(offs)}).group_by(["t", "p"]).aggregate(
+            [("o", "max")])
+        for t, p, o in zip(keys.column("t").to_pylist(), keys.column("p").to_pylist(),
+                           keys.column("o_max").to_pylist(), strict=True):
+            stats.offsets[f"{t}/{p}"] = max(stats.offsets.get(f"{t}/{p}", 0), int(o) + 1)
+        if merged.rows.num_rows:
+            et = merged.rows.column(str(self.compiled.schema.event_time))
+            newest = pc.max(et).as_py()
+            if newest is not None:
+                text = newest.isoformat() if hasattr(newest, "isoformat") else str(newest)
+                if stats.newest_event_time is None or text > stats.newest_event_time:
+                    stats.newest_event_time = text
+        if done - self._last_log >= self.log_every_s:
+            self._last_log = done
+            self.update_lag()
+            log.info("stream %s", json.dumps(self.status_line()))
+
+    def update_lag(self) -> None:
+        """Consumer lag per partition seen: the partition's end offset minus our next offset."""
+        if not self.stats.offsets:
+            return
+        try:
+            from confluent_kafka import Consumer, TopicPartition
+
+            if self._lag_client is None:
+                self._lag_client = Consumer({"bootstrap.servers": self.settings.kafka_bootstrap,
+                                             "group.id": f"featureline-lag-{self.run_id}",
+                                             "enable.auto.commit": False})
+            for key, nxt in self.stats.offsets.items():
+                topic, part = key.rsplit("/", 1)
+                _, high = self._lag_client.get_watermark_offsets(TopicPartition(topic, int(part)), timeout=5)
+                self.stats.lag[key] = max(int(high) - nxt, 0)
+        except Exception as exc:  # lag is for display only: never fail the job over it
+            log.warning("stream: could not read end offsets for the lag: %s", exc)
+
+    def status_line(self) -> dict[str, Any]:
+        d = self.stats.as_dict()
+        return {k: d[k] for k in ("run_id", "schema", "read", "stored", "rejected", "already_present",
+                                  "rows_per_second", "batches", "lag_total", "newest_event_time",
+                                  "latency_ms")}
+
+
+def _with_offsets(rejects: pa.Table, offsets: npt.NDArray[np.int64]) -> pa.Table:
+    """Rejects of Kafka records: ``row_index`` is the record's offset in its partition."""
+    if rejects.num_rows == 0:
+        return rejects
+    pos = rejects.column("row_index").to_numpy()
+    i = rejects.schema.get_field_index("row_index")
+    return rejects.set_column(i, "row_index", pa.array(offsets[pos], pa.int64()))

@@ -1,0 +1,305 @@
+"""The PyFlink streaming job: Kafka -> micro-batches -> the batch loader's core -> stores.
+
+Pipeline (Table API, so each record keeps its Kafka metadata)::
+
+    Kafka topic --(connector: value BYTES + topic, partition, offset, timestamp)-->
+      featureline_process(...)   a vectorised (pandas) Python UDF: one call per micro-batch
+        -> features.stream.core.StreamProcessor.process  (validate, transform, write)
+      --> blackhole
+
+**Micro-batches.** Flink's Python runner hands the UDF Arrow batches of at most
+``batch_size`` records (``python.fn-execution.arrow.batch.size`` and ``bundle.size``)
+and at most ``max_wait_ms`` old (``python.fn-execution.bundle.time``).
+
+**Effectively once.** Before a checkpoint barrier passes a Python operator, Flink
+finishes the open bundle (``prepareSnapshotPreBarrier`` -> ``invokeFinishBundle``): the
+UDF has returned for every record before the barrier, and it returns only after the
+micro-batch is written to both stores and the dead-letter topic. The operator keeps no
+state of its own, so a checkpoint's only state is the Kafka offsets, and the source
+commits them to the consumer group when the checkpoint completes. After a failure
+the job resumes from the last checkpoint (``--from-checkpoint``, or the group offsets,
+which the source committed with that checkpoint): the records after it are replayed,
+and the idempotent writes make the replay a no-op.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import re
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+from features.config import Device
+from features.errors import ConfigError
+
+log = logging.getLogger("features.stream")
+
+_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamConfig:
+    """Everything the job needs; plain values so the UDF can be shipped to workers."""
+
+    schema_path: str
+    topic: str
+    bootstrap: str
+    postgres_dsn: str
+    redis_url: str
+    device: Device = "auto"
+    group_id: str | None = None
+    dead_letter_topic: str | None = None      # None: "<topic>.rejects"; "" disables it
+    batch_size: int = 2000
+    max_wait_ms: int = 500
+    parallelism: int = 1
+    checkpoint_interval_ms: int = 5000
+    checkpoint_dir: str | None = None
+    from_checkpoint: str | None = None
+    bounded: bool = False
+    startup: str = "group-offsets"            # or "earliest-offset" / "latest-offset"
+    run_id: str = ""
+    summary_dir: str | None = None
+    search_path: str | None = None
+    key_prefix: str = ""
+    restart_attempts: int = 3
+    log_every_s: float = 10.0
+
+    @property
+    def group(self) -> str:
+        return self.group_id or f"featureline-{Path(self.schema_path).stem}"
+
+    @property
+    def dlq(self) -> str | None:
+        if self.dead_letter_topic == "":
+            return None
+        return self.dead_letter_topic or f"{self.topic}.rejects"
+
+    def check(self) -> None:
+        for name, value in (("topic", self.topic), ("dead-letter topic", self.dlq)):
+            if value is not None and not _TOPIC.match(value):
+                raise ConfigError(f"{name} {value!r} is not a valid Kafka topic name "
+                                  "(letters, digits, '.', '_', '-'; at most 249)", key=name)
+        numbers = {"batch size": self.batch_size, "max wait ms": self.max_wait_ms,
+                   "parallelism": self.parallelism, "checkpoint interval ms": self.checkpoint_interval_ms}
+        for label, number in numbers.items():
+            if number < 1:
+                raise ConfigError(f"{label} must be >= 1, got {number}", key=label)
+        if self.bounded and self.from_checkpoint:
+            # FLINK-31006 (open in flink-connector-kafka 5.0.0): a bounded KafkaSource restored
+            # from a checkpoint reads to its stopping offsets and then never finishes.
+            raise ConfigError(
+                "--bounded with --from-checkpoint never finishes (Kafka connector bug FLINK-31006: a "
+                "restored bounded source never signals its end). Restart a bounded job without "
+                "--from-checkpoint: it resumes from the consumer group's offsets, which the source "
+                "committed with the last completed checkpoint", key="from_checkpoint")
+        if self.startup not in ("group-offsets", "earliest-offset", "latest-offset"):
+            raise ConfigError(f"startup mode {self.startup!r}: expected group-offsets, earliest-offset "
+                              "or latest-offset", key="startup")
+
+
+def _sql_string(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+# --------------------------------------------------------------------------- the UDF
+
+
+def _make_udf(cfg: StreamConfig) -> Any:
+    import pandas as pd
+    from pyflink.table import DataTypes
+    from pyflink.table.udf import FunctionContext, ScalarFunction, udf
+
+    class FeaturelineProcess(ScalarFunction):  # type: ignore[misc]  # untyped base class
+        """One call per micro-batch; see features.stream.core.StreamProcessor."""
+
+        def __init__(self, config: StreamConfig) -> None:
+            self.cfg = config
+            self.proc: Any = None
+
+        def open(self, function_context: FunctionContext) -> None:
+            from features.compile import compile_schema
+            from features.config import Settings
+            from features.schema import load_schema
+            from features.stream.core import StreamProcessor
+
+            _log_setup()
+            c = self.cfg
+            compiled = compile_schema(load_schema(c.schema_path))
+            settings = Settings(postgres_dsn=c.postgres_dsn, redis_url=c.redis_url,
+                                kafka_bootstrap=c.bootstrap, device=c.device)
+            self.proc = StreamProcessor(compiled, settings, run_id=c.run_id, dead_letter_topic=c.dlq,
+                                        search_path=c.search_path, key_prefix=c.key_prefix,
+                                        log_every_s=c.log_every_s)
+            self.proc.open()
+            s = self.proc.stats.summary
+            group = function_context.get_metric_group().add_group("featureline")
+            for name in ("read", "stored", "rejected", "already_present"):
+                group.gauge(name, lambda n=name: int(getattr(s, n)))
+            group.gauge("lag", lambda: int(sum(self.proc.stats.lag.values())))
+            self.instance = uuid.uuid4().hex[:8]
+
+        def eval(self, value: Any, topic: Any, partition: Any, offset: Any, ts: Any) -> Any:
+            import numpy as np
+            import pyarrow as pa
+
+            values = [None if v is None else bytes(v) for v in value.tolist()]
+            stamps = pd.to_datetime(ts, utc=True)
+            epoch = pd.Timestamp(0, tz="UTC")
+            ms = ((stamps - epoch) // pd.Timedelta(milliseconds=1)).to_numpy(dtype=np.int64)
+            out = self.proc.process(values, pa.array(topic.tolist(), pa.string()),
+                                    pa.array(partition.tolist(), pa.int32()),
+                                    pa.array(offset.tolist(), pa.int64()), ms)
+            return pd.Series(out.astype(np.int32))
+
+        def close(self) -> None:
+            if self.proc is None:
+                return
+            self.proc.update_lag()
+            stats = self.proc.stats.as_dict()
+            log.info("stream finished %s", json.dumps(stats))
+            if self.cfg.summary_dir:
+                out = Path(self.cfg.summary_dir)
+                out.mkdir(parents=True, exist_ok=True)
+                tmp = out / f".{self.cfg.run_id}-{self.instance}.json.tmp"
+                tmp.write_text(json.dumps(stats, default=str))
+                tmp.rename(out / f"{self.cfg.run_id}-{self.instance}.json")
+            self.proc.close()
+
+    return udf(FeaturelineProcess(cfg), result_type=DataTypes.INT(), func_type="pandas")
+
+
+def _log_setup() -> None:
+    if not logging.getLogger("features").handlers:
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logging.getLogger("features").addHandler(h)
+        logging.getLogger("features").setLevel(logging.INFO)
+
+
+# --------------------------------------------------------------------------- the job
+
+
+def build(cfg: StreamConfig) -> tuple[Any, Any]:
+    """The configured Flink environment and the job's statement set (not started)."""
+    from pyflink.common import Configuration
+    from pyflink.datastream import StreamExecutionEnvironment
+    from pyflink.table import EnvironmentSettings, StreamTableEnvironment
+
+    from features.dev.services import kafka_connector_jar
+
+    cfg.check()
+    conf = Configuration()
+    conf.set_string("python.executable", sys.executable)
+    conf.set_string("python.client.executable", sys.executable)
+    conf.set_string("pipeline.name", f"featureline stream {Path(cfg.schema_path).stem} <- {cfg.topic}")
+    conf.set_string("python.fn-execution.bundle.size", str(cfg.batch_size))
+    conf.set_string("python.fn-execution.arrow.batch.size", str(cfg.batch_size))
+    conf.set_string("python.fn-execution.bundle.time", str(cfg.max_wait_ms))
+    conf.set_string("execution.checkpointing.interval", f"{cfg.checkpoint_interval_ms} ms")
+    conf.set_string("execution.checkpointing.mode", "EXACTLY_ONCE")
+    if cfg.checkpoint_dir:
+        conf.set_string("execution.checkpointing.dir", Path(cfg.checkpoint_dir).resolve().as_uri())
+        conf.set_string("execution.checkpointing.externalized-checkpoint-retention",
+                        "RETAIN_ON_CANCELLATION")
+    if cfg.from_checkpoint:
+        conf.set_string("execution.state-recovery.path", cfg.from_checkpoint)
+    if cfg.restart_attempts > 0:
+        conf.set_string("restart-strategy.type", "fixed-delay")
+        conf.set_string("restart-strategy.fixed-delay.attempts", str(cfg.restart_attempts))
+        conf.set_string("restart-strategy.fixed-delay.delay", "2 s")
+    else:
+        conf.set_string("restart-strategy.type", "none")
+    env = StreamExecutionEnvironment.get_execution_environment(conf)
+    # Appended to pipeline.jars: under `flink run` that list already holds flink-python,
+    # which replacing it would drop (ClassNotFoundException for the Python operator).
+    env.add_jars(kafka_connector_jar().as_uri())
+    env.set_parallelism(cfg.parallelism)
+    t_env = StreamTableEnvironment.create(env, EnvironmentSettings.in_streaming_mode())
+    options = {
+        "connector": "kafka",
+        "topic": cfg.topic,
+        "properties.bootstrap.servers": cfg.bootstrap,
+        "properties.group.id": cfg.group,
+        "properties.auto.offset.reset": "earliest",
+        "properties.commit.offsets.on.checkpoint": "true",
+        "properties.request.timeout.ms": "15000",
+        "properties.default.api.timeout.ms": "30000",
+        "scan.startup.mode": cfg.startup,
+        "format": "raw",
+    }
+    if cfg.bounded:
+        options["scan.bounded.mode"] = "latest-offset"
+    with_clause = ",\n".join(f"{_sql_string(k)} = {_sql_string(v)}" for k, v in options.items())
+    t_env.execute_sql(f"""
+        CREATE TEMPORARY TABLE featureline_source (
+          `value` BYTES,
+          `topic` STRING METADATA VIRTUAL,
+          `partition` INT METADATA VIRTUAL,
+          `offset` BIGINT METADATA VIRTUAL,
+          `ts` TIMESTAMP_LTZ(3) METADATA FROM 'timestamp' VIRTUAL
+        ) WITH ({with_clause})""")
+    t_env.execute_sql("CREATE TEMPORARY TABLE featureline_done (outcome INT) "
+                      "WITH ('connector' = 'blackhole')")
+    t_env.create_temporary_function("featureline_process", _make_udf(cfg))
+    stmt = t_env.create_statement_set()
+    stmt.add_insert_sql("INSERT INTO featureline_done SELECT featureline_process(`value`, `topic`, "
+                        "`partition`, `offset`, `ts`) FROM featureline_source")
+    return env, stmt
+
+
+def run(cfg: StreamConfig, *, wait: bool = True) -> Any:
+    """Submit the job (to the mini-cluster when run locally, to the cluster under
+    ``flink run``). With ``wait``, block until it ends (a bounded job ends at the end
+    offsets seen at start) and return its TableResult."""
+    _log_setup()
+    _, stmt = build(cfg)
+    log.info("stream: submitting %s", json.dumps({k: v for k, v in dataclasses.asdict(cfg).items()
+                                                   if k not in ("postgres_dsn", "redis_url")}))
+    result = stmt.execute()
+    if wait:
+        result.wait()
+    return result
+
+
+def merged_summary(summary_dir: str | Path, run_id: str) -> dict[str, Any]:
+    """The counts of every subtask of run ``run_id`` (each writes one file when it closes)."""
+    parts = [json.loads(p.read_text()) for p in sorted(Path(summary_dir).glob(f"{run_id}-*.json"))]
+    keys = ("read", "stored", "rejected", "already_present", "batches", "dead_letters")
+    total: dict[str, Any] = {k: sum(int(p.get(k) or 0) for p in parts) for k in keys}
+    total["run_id"] = run_id
+    total["subtasks"] = len(parts)
+    total["adds_up"] = total["read"] == total["stored"] + total["rejected"] + total["already_present"]
+    rules: dict[str, int] = {}
+    for p in parts:
+        for r in p.get("top_reasons", []):
+            rules[r["rule"]] = rules.get(r["rule"], 0) + int(r["count"])
+    total["by_rule"] = dict(sorted(rules.items(), key=lambda kv: -kv[1]))
+    lat = [p["latency_ms"] for p in parts if p.get("latency_ms", {}).get("p50") is not None]
+    total["latency_ms"] = {"p50": max((x["p50"] for x in lat), default=None),
+                           "p99": max((x["p99"] for x in lat), default=None)}
+    total["unknown_fields"] = {}
+    for p in parts:
+        for k, v in (p.get("unknown_fields") or {}).items():
+            total["unknown_fields"][k] = total["unknown_fields"].get(k, 0) + int(v)
+    return total
+
+
+def latest_checkpoint(checkpoint_dir: str | Path) -> str | None:
+    """The newest completed checkpoint under ``checkpoint_dir`` (``<job>/chk-N`` with a
+    ``_metadata`` file), as a path for ``--from-checkpoint``; None when there is none."""
+    best: tuple[float, int, Path] | None = None
+    for meta in Path(checkpoint_dir).glob("*/chk-*/_metadata"):
+        chk = meta.parent
+        key = (meta.stat().st_mtime, int(chk.name.split("-")[1]), chk)
+        if best is None or key[:2] > best[:2]:
+            best = key
+    return str(best[2]) if best else None
+
+
+__all__ = ["StreamConfig", "build", "latest_checkpoint", "merged_summary", "run"]
+
+
