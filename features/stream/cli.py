@@ -55,6 +55,8 @@ def add_parser(sub: Any) -> None:
                    help="stop at the end offsets seen at start (tests, backfills)")
     p.add_argument("--restart-attempts", type=int, default=3,
                    help="Flink restarts after a failure before the job fails (default 3; 0: none)")
+    p.add_argument("--log-every-s", type=float, default=10.0,
+                   help="seconds between a subtask's JSON status lines (default 10)")
     p.add_argument("--run-id", default=None, help="run id for lineage (default: a fresh one)")
     p.add_argument("--detach", action="store_true",
                    help="submit and return at once, printing the job id (for long-running jobs on a "
@@ -95,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         checkpoint_interval_ms=args.checkpoint_interval_ms,
         checkpoint_dir=str(state / "checkpoints"), from_checkpoint=checkpoint, bounded=args.bounded,
         startup=args.startup, run_id=run_id, summary_dir=str((state / "summaries").resolve()),
-        restart_attempts=args.restart_attempts)
+        restart_attempts=args.restart_attempts, log_every_s=args.log_every_s)
     cfg.check()
     result = run_job(cfg, wait=not args.detach)
     if args.detach:

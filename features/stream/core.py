@@ -84,7 +84,7 @@ class StreamProcessor:
 
     def __init__(self, compiled: CompiledSchema, settings: Settings, *, run_id: str,
                  dead_letter_topic: str | None, search_path: str | None = None, key_prefix: str = "",
-                 log_every_s: float = 10.0) -> None:
+                 log_every_s: float = 10.0, instance: str = "") -> None:
         from features.load import transform_program
         from features.sinks.postgres import PostgresSink
         from features.sinks.redis import RedisSink
@@ -94,6 +94,7 @@ class StreamProcessor:
         self.run_id = run_id
         self.dead_letter_topic = dead_letter_topic
         self.log_every_s = log_every_s
+        self.instance = instance
         self.program = transform_program(compiled, settings)
         schema = compiled.schema
         self.known = frozenset(f.name for f in schema.fields)
@@ -258,8 +259,9 @@ class StreamProcessor:
             log.warning("stream: could not read end offsets for the lag: %s", exc)
 
     def status_line(self) -> dict[str, Any]:
-        d = self.stats.as_dict()
-        return {k: d[k] for k in ("run_id", "schema", "read", "stored", "rejected", "already_present",
+        d = {**self.stats.as_dict(), "instance": self.instance}
+        return {k: d[k] for k in ("run_id", "instance", "schema", "read", "stored", "rejected",
+                                  "already_present",
                                   "rows_per_second", "batches", "lag_total", "newest_event_time",
                                   "latency_ms")}
 

@@ -131,16 +131,16 @@ def _make_udf(cfg: StreamConfig) -> Any:
             compiled = compile_schema(load_schema(c.schema_path))
             settings = Settings(postgres_dsn=c.postgres_dsn, redis_url=c.redis_url,
                                 kafka_bootstrap=c.bootstrap, device=c.device)
+            self.instance = uuid.uuid4().hex[:8]
             self.proc = StreamProcessor(compiled, settings, run_id=c.run_id, dead_letter_topic=c.dlq,
                                         search_path=c.search_path, key_prefix=c.key_prefix,
-                                        log_every_s=c.log_every_s)
+                                        log_every_s=c.log_every_s, instance=self.instance)
             self.proc.open()
             s = self.proc.stats.summary
             group = function_context.get_metric_group().add_group("featureline")
             for name in ("read", "stored", "rejected", "already_present"):
                 group.gauge(name, lambda n=name: int(getattr(s, n)))
             group.gauge("lag", lambda: int(sum(self.proc.stats.lag.values())))
-            self.instance = uuid.uuid4().hex[:8]
 
         def eval(self, value: Any, topic: Any, partition: Any, offset: Any, ts: Any) -> Any:
             import numpy as np
