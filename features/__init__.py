@@ -21,6 +21,7 @@ from features.errors import (
 if TYPE_CHECKING:
     from features.compile import CompiledSchema, compile_schema
     from features.schema import Schema, load_schema, parse_schema
+    from features.store import FeatureStore
     from features.validate import ValidationResult, validate
 
 __version__ = "0.1.0"
@@ -30,6 +31,7 @@ _LAZY = {
     "Schema": "features.schema", "load_schema": "features.schema", "parse_schema": "features.schema",
     "CompiledSchema": "features.compile", "compile_schema": "features.compile",
     "ValidationResult": "features.validate", "validate": "features.validate",
+    "FeatureStore": "features.store",
 }
 
 
@@ -45,6 +47,7 @@ __all__ = [
     "CompileError",
     "CompiledSchema",
     "ConfigError",
+    "FeatureStore",
     "FeaturesError",
     "RowsRejected",
     "Schema",

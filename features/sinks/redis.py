@@ -28,6 +28,7 @@ import socket
 import ssl
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -149,6 +150,71 @@ def _offsets(arr: pa.Array) -> Offsets:
     return out
 
 
+@dataclass(frozen=True)
+class RedisEndpoint:
+    """Where a ``redis://`` / ``rediss://`` URL points, and how to open a raw connection
+    there (TLS, AUTH, SELECT): shared by the sink and the SDK's reader."""
+
+    host: str
+    port: int
+    tls: bool
+    username: str | None
+    password: str | None
+    db: int
+
+    @classmethod
+    def from_url(cls, url: str) -> RedisEndpoint:
+        parts = urlsplit(url)
+        return cls(host=parts.hostname or "127.0.0.1", port=parts.port or 6379, tls=parts.scheme == "rediss",
+                   username=unquote(parts.username) if parts.username else None,
+                   password=unquote(parts.password) if parts.password else None,
+                   db=int((parts.path or "/0").lstrip("/") or 0))
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def connect(self, timeout_s: float, store: str = "redis") -> socket.socket | ssl.SSLSocket:
+        """A connected, authenticated socket on the right database. Unreachable:
+        SinkUnavailable naming the address; AUTH or SELECT refused: SinkError."""
+        try:
+            sock: socket.socket | ssl.SSLSocket = socket.create_connection((self.host, self.port),
+                                                                             timeout=timeout_s)
+            if self.tls:
+                sock = ssl.create_default_context().wrap_socket(sock, server_hostname=self.host)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError as exc:
+            raise SinkUnavailable(f"Redis unreachable at {self.address}: {exc}", store=store,
+                                  address=self.address) from exc
+        setup: list[list[str]] = []
+        if self.password is not None:
+            setup.append(["AUTH", *([self.username] if self.username else []), self.password])
+        if self.db:
+            setup.append(["SELECT", str(self.db)])
+        try:
+            for cmd in setup:
+                sock.sendall(command_bytes(cmd))
+                reply = b""
+                while not reply.endswith(b"\r\n"):
+                    chunk = sock.recv(4096)
+                    if not chunk:
+                        raise ConnectionError("connection closed by Redis")
+                    reply += chunk
+                if not reply.startswith(b"+"):
+                    raise SinkError(f"Redis at {self.address} refused {cmd[0]}: "
+                                    f"{reply.decode(errors='replace').strip()}", store=store,
+                                    address=self.address)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+
+def command_bytes(args: Sequence[str]) -> bytes:
+    """One Redis command as protocol bytes."""
+    return (f"*{len(args)}\r\n" + "".join(_const_bulk(a) for a in args)).encode()
+
+
 class RedisSink:
     """Hot features, newest event per entity. See the module docstring for the layout."""
 
@@ -161,14 +227,9 @@ class RedisSink:
             raise SinkError(f"schema {compiled.name!r} is validation-only: it cannot be loaded into Redis",
                             store=self.name)
         self.url = url
-        parts = urlsplit(url)
-        self.host = parts.hostname or "127.0.0.1"
-        self.port = parts.port or 6379
-        self.tls = parts.scheme == "rediss"
-        self.username = unquote(parts.username) if parts.username else None
-        self.password = unquote(parts.password) if parts.password else None
-        self.db = int((parts.path or "/0").lstrip("/") or 0)
-        self.address = f"{self.host}:{self.port}"
+        self.endpoint = RedisEndpoint.from_url(url)
+        self.host, self.port, self.db = self.endpoint.host, self.endpoint.port, self.endpoint.db
+        self.address = self.endpoint.address
         self.compiled = compiled
         self.key_prefix = key_prefix
         self.retries = retries
@@ -191,25 +252,11 @@ class RedisSink:
     # --- connection ---------------------------------------------------------------
 
     def _connect(self) -> socket.socket | ssl.SSLSocket:
-        try:
-            sock: socket.socket | ssl.SSLSocket = socket.create_connection((self.host, self.port),
-                                                                             timeout=self.timeout_s)
-            if self.tls:
-                sock = ssl.create_default_context().wrap_socket(sock, server_hostname=self.host)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError as exc:
-            raise SinkUnavailable(f"Redis unreachable at {self.address}: {exc}", store=self.name,
-                                  address=self.address) from exc
-        self._sock = sock
-        if self.password is not None:
-            args = ["AUTH", *([self.username] if self.username else []), self.password]
-            self._call(args, what="AUTH")
-        if self.db:
-            self._call(["SELECT", str(self.db)], what="SELECT")
-        return sock
+        self._sock = self.endpoint.connect(self.timeout_s, store=self.name)
+        return self._sock
 
     def _command(self, args: Sequence[str]) -> bytes:
-        return (f"*{len(args)}\r\n" + "".join(_const_bulk(a) for a in args)).encode()
+        return command_bytes(args)
 
     def _call(self, args: Sequence[str], *, what: str) -> bytes:
         """Send one command, return its raw reply; errors become SinkError."""
