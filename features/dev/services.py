@@ -563,12 +563,58 @@ class FlinkConnector:
         return f"{jar.stem.removeprefix(KAFKA_CONNECTOR_ARTIFACT + '-')} (PyFlink {flink})"
 
 
-Service = Postgres | Redis | Kafka | FlinkConnector
+class Chromium:
+    """Not a process: Debian's headless-capable Chromium, which the report tests use to
+    render ``report.html`` (``chromium --headless --screenshot``)."""
+
+    name = "chromium"
+    external = False
+
+    def __init__(self, settings: Settings) -> None:
+        pass
+
+    @property
+    def address(self) -> str:
+        return self.binary() or "-"
+
+    @staticmethod
+    def binary() -> str | None:
+        return shutil.which("chromium")
+
+    def install(self) -> None:
+        if self.binary() is None:
+            _apt_install("chromium", service=self.name)
+
+    def running(self) -> bool:
+        return self.binary() is not None
+
+    def start(self) -> str:
+        return "ready"
+
+    def stop(self) -> str:
+        return "nothing to stop"
+
+    def healthy(self) -> bool:
+        return self.binary() is not None
+
+    def version(self) -> str:
+        binary = self.binary()
+        if binary is None:
+            return "missing"
+        try:
+            out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.SubprocessError):
+            return "unknown"
+        return out.strip().removeprefix("Chromium ").split()[0] if out.strip() else "unknown"
+
+
+Service = Postgres | Redis | Kafka | FlinkConnector | Chromium
 
 
 def services(settings: Settings) -> list[Service]:
-    """The four parts, in start order."""
-    return [Postgres(settings), Redis(settings), Kafka(settings), FlinkConnector(settings)]
+    """The parts, in start order."""
+    return [Postgres(settings), Redis(settings), Kafka(settings), FlinkConnector(settings),
+            Chromium(settings)]
 
 
 def up(settings: Settings) -> list[ServiceStatus]:

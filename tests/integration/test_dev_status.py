@@ -15,7 +15,7 @@ def test_status_shows_four_healthy_parts() -> None:
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = {line.split()[0]: line for line in proc.stdout.splitlines() if line.strip()}
-    assert set(lines) == {"postgres", "redis", "kafka", "flink-connector"}
+    assert set(lines) == {"postgres", "redis", "kafka", "flink-connector", "chromium"}
     for _name, line in lines.items():
         assert line.split()[1] == "healthy", line
     assert "PostgreSQL 1" in lines["postgres"] and "127.0.0.1:5433" in lines["postgres"]
