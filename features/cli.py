@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "dev": "features.dev.cli",
     "load": "features.load.cli",
     "kernels": "features.kernels.cli",
+    "report": "features.report.cli",
     "schema": "features.schema.cli",
     "stream": "features.stream.cli",
     "validate": "features.validate.cli",

@@ -159,8 +159,9 @@ RowsToJson = Callable[[npt.NDArray[np.int64]], list[str]]
 
 
 def group_rejects(rejects: pa.Table, batch: Any, row_uris: Callable[[pa.Array], pa.Array],
-                   ctx: RunContext, raw: RowsToJson | None = None) -> pa.Table:
-    """Reject entries (one per failed rule) -> one row per rejected input row."""
+                   ctx: RunContext, raw: RowsToJson | None = None, row_offset: int = 0) -> pa.Table:
+    """Reject entries (one per failed rule) -> one row per rejected input row.
+    ``row_index`` is the row in the source (the batch's first row + its row in the batch)."""
     if rejects.num_rows == 0:
         return REJECTS_SCHEMA.empty_table()
     rejects = rejects.sort_by([("row", "ascending")])
@@ -176,7 +177,7 @@ def group_rejects(rejects: pa.Table, batch: Any, row_uris: Callable[[pa.Array], 
     n = len(uniq)
     return pa.table({
         "_source": lineage["_source"],
-        "row_index": idx,
+        "row_index": pc.add(idx, row_offset) if row_offset else idx,
         "raw": pa.array(raws, pa.string()),
         "errors": pa.array(errors, pa.string()),
         "event_time": pa.nulls(n, pa.timestamp("us", "UTC")),
@@ -221,7 +222,7 @@ def process_batch(sb: SourceBatch, compiled: CompiledSchema, program: Any, ctx: 
     data.update(ctx.columns(sb.lineage.row_uris(pa.array(kept_index, pa.int64()))))
     rows = pa.table(data)
     rejects = pa.concat_tables(reject_parts) if len(reject_parts) > 1 else reject_parts[0]
-    grouped = group_rejects(rejects, batch, sb.lineage.row_uris, ctx, raw)
+    grouped = group_rejects(rejects, batch, sb.lineage.row_uris, ctx, raw, row_offset=sb.lineage.first_row)
     rule_counts: Counter[str] = Counter()
     if rejects.num_rows:
         for entry in pc.value_counts(rejects.column("rule").combine_chunks()).to_pylist():

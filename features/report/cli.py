@@ -1,0 +1,106 @@
+"""``features report``: a data-quality report of Parquet files, the cold table or the
+rejects table, as ``DIR/report.json`` (every number) and ``DIR/report.html`` (one
+self-contained page).
+
+``features report --schema NAME (--parquet PATH... | --table | --rejects [--since TIME]) --out DIR``
+
+Exit codes: 0 the checks pass (no rejected row, every GX expectation met; for
+``--rejects``: no reject row in the window), 1 they fail, 2 usage errors (bad
+arguments, unknown schema, missing file, store unreachable, table absent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import re
+from typing import Any
+
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+def parse_since(text: str) -> dt.datetime:
+    """``--since``: an ISO 8601 date or time (naive means UTC) or an age such as ``90m``,
+    ``12h``, ``7d``, ``2w`` (that long before now)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([smhdw])\s*", text)
+    if m:
+        return dt.datetime.now(dt.UTC) - dt.timedelta(**{_UNITS[m.group(2)]: int(m.group(1))})
+    try:
+        moment = dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid time {text!r}: expected ISO 8601 (2024-05-01, 2024-05-01T12:00:00Z) "
+            "or an age like 90m, 12h, 7d") from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.UTC)
+
+
+def add_parser(sub: Any) -> None:
+    """Register ``report`` on the ``features`` parser."""
+    p: argparse.ArgumentParser = sub.add_parser(
+        "report", help="data-quality report (GX suite + validator) as JSON and one HTML page",
+        description="Check Parquet files (--parquet) or the schema's cold table (--table) with the "
+        "generated Great Expectations suite and the compiled validator, batch by batch, or group the "
+        "rejects table by field and rule (--rejects). Writes DIR/report.json and DIR/report.html (one "
+        "self-contained page). Exit 0 when the checks pass, 1 when they fail, 2 on usage errors, an "
+        "unknown schema, a missing file or an unreachable store.",
+    )
+    p.add_argument("--schema", required=True, metavar="NAME", help="schema name (its `name:` key)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--parquet", nargs="+", metavar="PATH", help="Parquet files, folders or globs")
+    src.add_argument("--table", action="store_true",
+                     help="the schema's cold table in Postgres (found through the DSN's search_path)")
+    src.add_argument("--rejects", action="store_true", help="the <schema>__rejects table in Postgres")
+    p.add_argument("--since", type=parse_since, metavar="TIME",
+                   help="with --rejects: only rows ingested at or after TIME (ISO 8601, or an age: 12h, 7d)")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder for report.json and report.html")
+    p.add_argument("--schemas-dir", default=None, metavar="DIR",
+                   help="folder of schema YAML files (default: the schemas_dir setting)")
+    p.add_argument("--batch-rows", type=int, default=None, metavar="N",
+                   help="rows per batch (default: 131072 for Parquet, 50000 for Postgres)")
+    p.add_argument("--no-progress", action="store_true", help="no progress line even on a terminal")
+    p.set_defaults(func=run, report_parser=p)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from features.config import resolve_settings
+    from features.load import find_schema
+    from features.report.build import parquet_report, rejects_report, table_report, write_report
+    from features.report.sources import PG_BATCH_ROWS
+    from features.sources.parquet import DEFAULT_BATCH_ROWS
+
+    parser: argparse.ArgumentParser = args.report_parser
+    if args.since is not None and not args.rejects:
+        parser.error("--since applies to --rejects only")
+    if args.batch_rows is not None and args.batch_rows < 1:
+        parser.error("--batch-rows must be >= 1")
+    settings = resolve_settings(schemas_dir=args.schemas_dir)
+    compiled = find_schema(args.schema, settings.schemas_dir)
+    progress = not args.no_progress
+    if args.parquet:
+        report = parquet_report(args.parquet, compiled, batch_rows=args.batch_rows or DEFAULT_BATCH_ROWS,
+                                progress=progress)
+    elif args.table:
+        report = table_report(settings.postgres_dsn, compiled, batch_rows=args.batch_rows or PG_BATCH_ROWS,
+                              progress=progress)
+    else:
+        report = rejects_report(settings.postgres_dsn, compiled, since=args.since,
+                                batch_rows=args.batch_rows or PG_BATCH_ROWS, progress=progress)
+    json_path, html_path = write_report(report, Path(args.out))
+    print(summary_line(report))
+    print(f"  report: {html_path}\n  numbers: {json_path}")
+    return 0 if report["verdict"] == "PASS" else 1
+
+
+def summary_line(r: dict[str, Any]) -> str:
+    """One line: schema, verdict and the main counts."""
+    s, c = r["schema"], r["counts"]
+    head = f"{s['name']} {s['version']} ({r['mode']}): {r['verdict']}"
+    if r["mode"] == "rejects":
+        return f"{head}: {c['reject_rows']:,} rejected rows, {c['errors']:,} errors"
+    n = c["input_rows"]
+    share = f" ({c['rejected_rows'] / n:.2%})" if n else ""
+    gx = r["gx"]
+    return (f"{head}: {n:,} rows, {c['rejected_rows']:,} rejected{share}; "
+            f"GX {gx['passed']}/{gx['expectations']} expectations passed")

@@ -1,0 +1,247 @@
+"""Where the report's rows come from: Parquet files or Postgres, read in batches.
+
+- Parquet: :class:`features.sources.parquet.ParquetSource` (row group by row group,
+  declared columns only, at most ``batch_rows`` rows a batch).
+- Postgres: a server-side (named) cursor in a read-only transaction, fetched
+  ``batch_rows`` rows at a time; tables are looked up through the connection's
+  ``search_path`` (set it in the DSN: ``options=-csearch_path%3D<schema>``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import pyarrow as pa
+
+from features.compile import CompiledSchema
+from features.errors import SinkError, SinkUnavailable, SourceError
+from features.report.core import Chunk
+
+#: Rows fetched per round trip from a Postgres cursor.
+PG_BATCH_ROWS = 50_000
+
+
+# --------------------------------------------------------------------------- Parquet
+
+
+@dataclass(frozen=True)
+class _FileRows:
+    """Row ``i`` of a batch -> ``file:///path#<first + i>`` (the loader's ``_source``)."""
+
+    prefix: str
+    first: int
+
+    def __call__(self, i: int) -> str | None:
+        return f"{self.prefix}#{self.first + i}"
+
+
+def parquet_input(paths: Sequence[str | Path], compiled: CompiledSchema, batch_rows: int
+                  ) -> tuple[dict[str, Any], int, Iterator[Chunk]]:
+    """(lineage, total rows, chunks) of Parquet ``paths``; SourceError when a path
+    matches no file, a file is unreadable or does not fit the schema."""
+    from features.sources.parquet import ParquetSource
+
+    source = ParquetSource(paths, compiled, batch_rows=batch_rows)
+    files = [{"uri": f.uri, "rows": int(f.meta.num_rows), "row_groups": int(f.meta.num_row_groups),
+              "footer_digest": f.digest, "columns": list(f.columns)} for f in source.files]
+    lineage: dict[str, Any] = {"kind": "parquet", "files": files, "batch_rows": batch_rows}
+
+    def chunks() -> Iterator[Chunk]:
+        first = 0
+        for sb in source.batches():
+            batch = sb.batch
+            if not isinstance(batch, pa.RecordBatch):  # pragma: no cover - Parquet yields Arrow
+                raise SourceError("Parquet source yielded a non-Arrow batch")
+            prefix, start = sb.lineage.prefix, sb.lineage.first_row
+            yield Chunk(batch, first, _FileRows(prefix, start))
+            first += batch.num_rows
+
+    return lineage, source.total_rows, chunks()
+
+
+# --------------------------------------------------------------------------- Postgres
+
+
+def _address(dsn: str) -> str:
+    """``host:port/dbname`` of a DSN (URL or key=value), never its credentials."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        d = conninfo_to_dict(dsn)
+    except Exception:  # a malformed DSN: connect() reports it; show nothing of it here
+        return "(unparsable DSN)"
+    return f"{d.get('host') or 'localhost'}:{d.get('port') or 5432}/{d.get('dbname') or ''}"
+
+
+class Postgres:
+    """A read-only connection for the report; every failure becomes a FeaturesError."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.conn: Any = None
+
+    def __enter__(self) -> Postgres:
+        import psycopg
+
+        try:
+            self.conn = psycopg.connect(self.dsn, connect_timeout=5)
+            self.conn.read_only = True
+        except psycopg.Error as exc:
+            raise SinkUnavailable(
+                f"Postgres unreachable at {_address(self.dsn)}: {str(exc).strip()} "
+                "(is it running? `features dev up`)", store="postgres", address=_address(self.dsn),
+            ) from exc
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self.conn is not None:
+            self.conn.close()
+
+    def _fail(self, exc: Exception, what: str) -> SinkError:
+        return SinkError(f"Postgres at {_address(self.dsn)}: {what}: {str(exc).strip()}", store="postgres",
+                         address=_address(self.dsn))
+
+    def resolve(self, table: str) -> tuple[str, str, list[str], int | None]:
+        """(schema, table, columns, estimated rows) of ``table`` on the search_path;
+        SinkError naming the search_path when there is none."""
+        import psycopg
+        from psycopg import sql
+
+        try:
+            ident = sql.Identifier(table).as_string(self.conn)
+            row = self.conn.execute(
+                "SELECT n.nspname, c.relname, c.reltuples::bigint FROM pg_class c "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass(%s)", (ident,),
+            ).fetchone()
+            if row is None:
+                path = self.conn.execute("SHOW search_path").fetchone()[0]
+                self.conn.rollback()
+                raise SinkError(
+                    f"no table {table!r} on search_path {path!r} in Postgres at {_address(self.dsn)} "
+                    "(load data with `features load` first, or set the search_path in the DSN)",
+                    store="postgres", address=_address(self.dsn))
+            columns = [r[0] for r in self.conn.execute(
+                "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0 "
+                "AND NOT attisdropped ORDER BY attnum", (ident,)).fetchall()]
+        except psycopg.Error as exc:
+            raise self._fail(exc, f"cannot look up table {table!r}") from exc
+        estimate = int(row[2]) if row[2] is not None and row[2] >= 0 else None
+        return str(row[0]), str(row[1]), columns, estimate
+
+    def stream(self, query: Any, params: Sequence[Any], batch_rows: int, what: str
+               ) -> Iterator[tuple[list[str], list[tuple[Any, ...]]]]:
+        """(column names, rows) pages of ``query`` through a server-side cursor."""
+        import psycopg
+
+        try:
+            with self.conn.transaction(), self.conn.cursor(name="features_report") as cur:
+                cur.itersize = batch_rows
+                cur.execute(query, params)
+                names: list[str] | None = None
+                while True:
+                    rows = cur.fetchmany(batch_rows)
+                    if names is None:
+                        names = [d.name for d in cur.description]
+                    if not rows:
+                        break
+                    yield names, rows
+        except psycopg.Error as exc:
+            raise self._fail(exc, f"reading {what} failed") from exc
+
+
+def _column(values: list[Any], target: pa.DataType, name: str) -> pa.Array:
+    """Python values from Postgres as Arrow: the declared type when they fit it
+    exactly, else Arrow's own inference (the validator then rejects what does not fit)."""
+    try:
+        return pa.array(values, type=target)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        pass
+    try:
+        return pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+        raise SourceError(f"column {name!r}: values do not convert to Arrow: {exc}") from exc
+
+
+def table_input(pg: Postgres, compiled: CompiledSchema, batch_rows: int
+                ) -> tuple[dict[str, Any], int | None, list[str], Iterator[Chunk]]:
+    """(lineage, estimated rows, declared fields not in the table, chunks) of the
+    schema's cold table."""
+    from psycopg import sql
+
+    from features import lineage as lin
+    from features.compile.postgres import cold_table_name
+    from features.report.core import BoundedSet, Range, origin
+
+    nsp, table, columns, estimate = pg.resolve(cold_table_name(compiled.schema))
+    declared = [f.name for f in compiled.schema.fields if f.name in columns]
+    absent = [f.name for f in compiled.schema.fields if f.name not in columns]
+    extra = [c for c in (lin.SOURCE, lin.RUN_ID, lin.INGESTED_AT) if c in columns]
+    wanted = declared + extra
+    query = sql.SQL("SELECT {} FROM {}.{}").format(
+        sql.SQL(", ").join(sql.Identifier(c) for c in wanted) if wanted else sql.SQL("NULL"),
+        sql.Identifier(nsp), sql.Identifier(table))
+    runs, origins, ingested = BoundedSet(), BoundedSet(), Range()
+    lineage: dict[str, Any] = {"kind": "table", "table": f"{nsp}.{table}", "postgres": _address(pg.dsn),
+                               "columns": columns, "batch_rows": batch_rows,
+                               # filled while the chunks are read; see features.report.build.finish
+                               "run_ids": runs, "origins": origins, "ingested_at": ingested}
+    targets = compiled.arrow_schema
+
+    def chunks() -> Iterator[Chunk]:
+        first = 0
+        for names, rows in pg.stream(query, (), batch_rows, f"table {nsp}.{table}"):
+            cols = list(zip(*rows, strict=True)) if rows else [() for _ in names]
+            by_name = dict(zip(names, cols, strict=True))
+            arrays = {n: _column(list(by_name[n]), targets.field(n).type, n) for n in declared}
+            batch = (pa.RecordBatch.from_pydict(arrays) if arrays
+                     else pa.RecordBatch.from_pydict({"__none__": pa.nulls(len(rows))}))
+            sources = [str(s) if s is not None else None for s in by_name.get(lin.SOURCE, [None] * len(rows))]
+            runs.update(str(r) for r in by_name.get(lin.RUN_ID, []))
+            origins.update(origin(s) for s in sources)
+            ingested.update(by_name.get(lin.INGESTED_AT, []))
+            yield Chunk(batch, first, sources.__getitem__)
+            first += len(rows)
+
+    return lineage, estimate, absent, chunks()
+
+
+def rejects_input(pg: Postgres, compiled: CompiledSchema, since: dt.datetime | None, batch_rows: int
+                  ) -> tuple[dict[str, Any], int | None, Iterator[list[dict[str, Any]]]]:
+    """(lineage, estimated rows, pages of reject records) of ``<schema>__rejects``,
+    only rows ingested at or after ``since`` when given."""
+    from psycopg import sql
+
+    from features.compile.postgres import rejects_table_name
+
+    nsp, table, columns, estimate = pg.resolve(rejects_table_name(compiled.schema))
+    wanted = [c for c in ("_source", "row_index", "errors", "event_time", "_ingested_at", "_run_id",
+                          "_schema_fingerprint") if c in columns]
+    if "errors" not in wanted:
+        raise SourceError(f"table {nsp}.{table} has no errors column: not a rejects table")
+    query = sql.SQL("SELECT {} FROM {}.{}").format(
+        sql.SQL(", ").join(sql.Identifier(c) for c in wanted), sql.Identifier(nsp), sql.Identifier(table))
+    params: list[Any] = []
+    if since is not None:
+        if "_ingested_at" not in columns:
+            raise SourceError(f"table {nsp}.{table} has no _ingested_at column: --since cannot apply")
+        query = sql.SQL("{} WHERE {} >= %s").format(query, sql.Identifier("_ingested_at"))
+        params.append(since)
+    if "id" in columns:
+        query = sql.SQL("{} ORDER BY {}").format(query, sql.Identifier("id"))
+    lineage: dict[str, Any] = {"kind": "rejects", "table": f"{nsp}.{table}", "postgres": _address(pg.dsn),
+                               "since": since.isoformat() if since else None, "batch_rows": batch_rows}
+
+    def pages() -> Iterator[list[dict[str, Any]]]:
+        for names, rows in pg.stream(query, params, batch_rows, f"table {nsp}.{table}"):
+            yield [dict(zip(names, r, strict=True)) for r in rows]
+
+    return lineage, (None if since is not None else estimate), pages()
+
+
+__all__ = ["PG_BATCH_ROWS", "Postgres", "parquet_input", "rejects_input", "table_input"]
