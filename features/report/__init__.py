@@ -11,6 +11,10 @@ Three inputs, all read in batches with bounded memory:
 - The ``<schema>__rejects`` table (:func:`rejects_report`): reject rows grouped by
   the field and rule of their errors, optionally since an ingestion time.
 
+With a reference (``--reference-parquet`` / ``--reference-table``) the data's fields
+are compared with it: KS and PSI for numeric fields, PSI and total variation
+distance for categorical ones, in bounded memory (see :mod:`features.report.drift`).
+
 :func:`write_report` writes both files; the page is self-contained and escapes
 every value.
 """

@@ -1,7 +1,8 @@
 """Assemble ``report.json`` (every number) and ``report.html`` for one run.
 
-The verdict is PASS when the validator rejected no row and every GX expectation
-succeeded (``--parquet``, ``--table``), or when the rejects table holds no row in the
+The verdict is PASS when the validator rejected no row, every GX expectation
+succeeded and (with a reference) no field drifted above a fail threshold
+(``--parquet``, ``--table``), or when the rejects table holds no row in the
 window (``--rejects``); FAIL otherwise.
 """
 
@@ -17,6 +18,7 @@ from typing import Any
 from features.compile import CompiledSchema, compile_schema
 from features.errors import ConfigError
 from features.report.core import DataTally, Progress, RejectsTally, iso_now, iterate
+from features.report.drift import DriftOptions, Side
 from features.report.stats import jsonable
 
 REPORT_VERSION = 1
@@ -61,8 +63,10 @@ def _base(mode: str, compiled: CompiledSchema, lineage: dict[str, Any]) -> dict[
     }
 
 
-def _data_report(mode: str, compiled: CompiledSchema, tally: DataTally, lineage: dict[str, Any]
-                 ) -> dict[str, Any]:
+def _data_report(mode: str, compiled: CompiledSchema, tally: DataTally, lineage: dict[str, Any],
+                 drift: dict[str, Any] | None = None) -> dict[str, Any]:
+    from features.report.drift import verdict_reason
+
     report = _base(mode, compiled, lineage)
     report["schema"] = _schema_json(compiled, tally.compiled)
     event_time = compiled.schema.event_time
@@ -76,6 +80,9 @@ def _data_report(mode: str, compiled: CompiledSchema, tally: DataTally, lineage:
         reasons.append(f"{tally.rejected_rows:,} of {tally.input_rows:,} rows rejected by the validator")
     if gx["failed"]:
         reasons.append(f"{gx['failed']} of {gx['expectations']} GX expectations failed")
+    drift_reason = verdict_reason(drift) if drift is not None else None
+    if drift_reason:
+        reasons.append(drift_reason)
     groups = tally.groups()
     report.update({
         "verdict": "FAIL" if reasons else "PASS",
@@ -87,20 +94,63 @@ def _data_report(mode: str, compiled: CompiledSchema, tally: DataTally, lineage:
         "fields": tally.fields_json(),
         "rejects": {"source": "validator", "rows": tally.rejected_rows,
                     "errors": sum(g.count for g in groups), "groups": [g.as_json() for g in groups]},
+        "drift": drift,
     })
     report["lineage"] = finish(lineage)
     return report
 
 
+def _reference(options: DriftOptions, compiled: CompiledSchema, progress: bool
+               ) -> tuple[Side, dict[str, Any]]:
+    """The reference side of a drift comparison, read in full (values only: no checks)."""
+    from features.report.sources import PG_BATCH_ROWS, Postgres, parquet_input, table_input
+
+    side = Side(compiled, sample_size=options.sample_size)
+    if options.table:
+        if options.dsn is None:
+            raise ConfigError("--reference-table needs a Postgres DSN", key="postgres_dsn")
+        if not compiled.schema.loadable:
+            raise ConfigError(f"schema {compiled.name!r} is validation-only (no entity/event_time): "
+                              "it has no cold table to use as the reference", key="schema")
+        with Postgres(options.dsn) as pg:
+            lineage, total, absent, chunks = table_input(pg, _cold_fields(compiled), PG_BATCH_ROWS)
+            bar = Progress(f"{compiled.name} reference", total, enabled=progress)
+            for chunk in chunks:
+                side.add(chunk)
+                bar.update(side.rows, 0)
+            bar.close(side.rows, 0)
+        lineage["fields_not_in_table"] = absent
+    else:
+        lineage, total, chunks = parquet_input(options.paths, compiled, options.batch_rows)
+        bar = Progress(f"{compiled.name} reference", total, enabled=progress)
+        for chunk in chunks:
+            side.add(chunk)
+            bar.update(side.rows, 0)
+        bar.close(side.rows, 0)
+    return side, finish(lineage)
+
+
+def _drift(options: DriftOptions | None, reference: tuple[Side, dict[str, Any]] | None,
+           data: Side | None) -> dict[str, Any] | None:
+    from features.report.drift import compare
+
+    if options is None or reference is None or data is None:
+        return None
+    return compare(reference[0], data, options.thresholds, reference[1], sample_size=options.sample_size)
+
+
 def parquet_report(paths: Sequence[str | Path], compiled: CompiledSchema, *, batch_rows: int,
-                   progress: bool = False) -> dict[str, Any]:
-    """The report of Parquet ``paths`` (SourceError for missing or unfit files)."""
+                   progress: bool = False, drift: DriftOptions | None = None) -> dict[str, Any]:
+    """The report of Parquet ``paths`` (SourceError for missing or unfit files), compared
+    with ``drift``'s reference when given (see :mod:`features.report.drift`)."""
     from features.report.sources import parquet_input
 
     lineage, total, chunks = parquet_input(paths, compiled, batch_rows)
-    tally = DataTally(compiled)
+    reference = _reference(drift, compiled, progress) if drift is not None else None
+    data = Side(compiled, sample_size=drift.sample_size) if drift is not None else None
+    tally = DataTally(compiled, drift=data)
     iterate(chunks, tally, Progress(f"{compiled.name} report", total, enabled=progress))
-    return _data_report("parquet", compiled, tally, lineage)
+    return _data_report("parquet", compiled, tally, lineage, _drift(drift, reference, data))
 
 
 def _cold_fields(compiled: CompiledSchema) -> CompiledSchema:
@@ -114,8 +164,8 @@ def _cold_fields(compiled: CompiledSchema) -> CompiledSchema:
     return compile_schema(dataclasses.replace(s, fields=stored, features=(), evolution_rules=()))
 
 
-def table_report(dsn: str, compiled: CompiledSchema, *, batch_rows: int, progress: bool = False
-                 ) -> dict[str, Any]:
+def table_report(dsn: str, compiled: CompiledSchema, *, batch_rows: int, progress: bool = False,
+                 drift: DriftOptions | None = None) -> dict[str, Any]:
     """The report of the schema's cold table (SinkUnavailable when Postgres is down,
     SinkError when the table is absent)."""
     from features.report.sources import Postgres, table_input
@@ -124,12 +174,14 @@ def table_report(dsn: str, compiled: CompiledSchema, *, batch_rows: int, progres
         raise ConfigError(f"schema {compiled.name!r} is validation-only (no entity/event_time): "
                           "it has no cold table", key="schema")
     checked = _cold_fields(compiled)
-    tally = DataTally(checked)
+    reference = _reference(drift, checked, progress) if drift is not None else None
+    data = Side(checked, sample_size=drift.sample_size) if drift is not None else None
+    tally = DataTally(checked, drift=data)
     with Postgres(dsn) as pg:
         lineage, total, absent, chunks = table_input(pg, checked, batch_rows)
         iterate(chunks, tally, Progress(f"{compiled.name} report", total, enabled=progress))
     lineage["fields_not_in_table"] = absent
-    return _data_report("table", compiled, tally, lineage)
+    return _data_report("table", compiled, tally, lineage, _drift(drift, reference, data))
 
 
 def rejects_report(dsn: str, compiled: CompiledSchema, *, since: dt.datetime | None, batch_rows: int,
@@ -166,6 +218,7 @@ def rejects_report(dsn: str, compiled: CompiledSchema, *, since: dt.datetime | N
         "fields": [],
         "rejects": {"source": "rejects table", "rows": tally.rows, "errors": tally.errors,
                     "groups": [g.as_json() for g in groups]},
+        "drift": None,
     })
     return report
 

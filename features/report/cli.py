@@ -3,6 +3,11 @@ rejects table, as ``DIR/report.json`` (every number) and ``DIR/report.html`` (on
 self-contained page).
 
 ``features report --schema NAME (--parquet PATH... | --table | --rejects [--since TIME]) --out DIR``
+``[--reference-parquet PATH... | --reference-table] [--psi-threshold X] [--psi-warn X] [--ks-threshold X]``
+
+With a reference, every numeric and categorical field is compared with it (KS, PSI,
+total variation distance; see :mod:`features.report.drift`); a field above a fail
+threshold makes the verdict FAIL.
 
 Exit codes: 0 the checks pass (no rejected row, every GX expectation met; for
 ``--rejects``: no reject row in the window), 1 they fail, 2 usage errors (bad
@@ -34,6 +39,16 @@ def parse_since(text: str) -> dt.datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.UTC)
 
 
+def _nonnegative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
 def add_parser(sub: Any) -> None:
     """Register ``report`` on the ``features`` parser."""
     p: argparse.ArgumentParser = sub.add_parser(
@@ -58,6 +73,29 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--batch-rows", type=int, default=None, metavar="N",
                    help="rows per batch (default: 131072 for Parquet, 50000 for Postgres)")
     p.add_argument("--no-progress", action="store_true", help="no progress line even on a terminal")
+    d = p.add_argument_group(
+        "drift", "compare the data (--parquet or --table) with a reference. Numeric fields (int, float, "
+        "decimal): two-sample KS statistic max|F_ref - F_data| and PSI = sum (q - p) ln(q / p) over 10 bins "
+        "at the reference's deciles (right-closed), shares floored at 1e-4. Categorical fields (string, "
+        "enum, bool): PSI over categories and total variation distance 0.5 sum |q - p|. The entity key, "
+        "dates and timestamps are not compared; nulls and NaN are left out (their shares are reported). "
+        "Numeric values are kept as a seeded uniform sample of --drift-sample values per field and side "
+        "(exact below that; KS error about 1.36*sqrt(2/N) at 95%); categories are counted exactly (fields "
+        "with more than 1,000 distinct values are skipped). A field fails when PSI > --psi-threshold or "
+        "KS > --ks-threshold (FAIL verdict, exit 1) and warns when PSI > --psi-warn.")
+    ref = d.add_mutually_exclusive_group()
+    ref.add_argument("--reference-parquet", nargs="+", metavar="PATH",
+                     help="reference Parquet files, folders or globs")
+    ref.add_argument("--reference-table", action="store_true",
+                     help="the schema's cold table in Postgres as the reference")
+    d.add_argument("--psi-threshold", type=_nonnegative, default=0.25, metavar="X",
+                   help="PSI above which a field fails (default 0.25)")
+    d.add_argument("--psi-warn", type=_nonnegative, default=0.1, metavar="X",
+                   help="PSI above which a field warns (default 0.1)")
+    d.add_argument("--ks-threshold", type=_nonnegative, default=0.2, metavar="X",
+                   help="KS statistic above which a numeric field fails (default 0.2)")
+    d.add_argument("--drift-sample", type=int, default=None, metavar="N",
+                   help="values sampled per numeric field and side (default 100000)")
     p.set_defaults(func=run, report_parser=p)
 
 
@@ -67,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
     from features.config import resolve_settings
     from features.load import find_schema
     from features.report.build import parquet_report, rejects_report, table_report, write_report
+    from features.report.drift import SAMPLE_SIZE, DriftOptions, Thresholds
     from features.report.sources import PG_BATCH_ROWS
     from features.sources.parquet import DEFAULT_BATCH_ROWS
 
@@ -75,15 +114,29 @@ def run(args: argparse.Namespace) -> int:
         parser.error("--since applies to --rejects only")
     if args.batch_rows is not None and args.batch_rows < 1:
         parser.error("--batch-rows must be >= 1")
+    with_reference = bool(args.reference_parquet) or args.reference_table
+    if with_reference and args.rejects:
+        parser.error("--reference-parquet/--reference-table apply to --parquet and --table only")
+    if args.drift_sample is not None and args.drift_sample < 2:
+        parser.error("--drift-sample must be >= 2")
+    if args.psi_warn > args.psi_threshold:
+        parser.error("--psi-warn must not exceed --psi-threshold")
     settings = resolve_settings(schemas_dir=args.schemas_dir)
     compiled = find_schema(args.schema, settings.schemas_dir)
     progress = not args.no_progress
+    drift = None
+    if with_reference:
+        drift = DriftOptions(
+            paths=tuple(args.reference_parquet or ()), table=args.reference_table, dsn=settings.postgres_dsn,
+            thresholds=Thresholds(psi_warn=args.psi_warn, psi_fail=args.psi_threshold,
+                                  ks_fail=args.ks_threshold),
+            sample_size=args.drift_sample or SAMPLE_SIZE, batch_rows=args.batch_rows or DEFAULT_BATCH_ROWS)
     if args.parquet:
         report = parquet_report(args.parquet, compiled, batch_rows=args.batch_rows or DEFAULT_BATCH_ROWS,
-                                progress=progress)
+                                progress=progress, drift=drift)
     elif args.table:
         report = table_report(settings.postgres_dsn, compiled, batch_rows=args.batch_rows or PG_BATCH_ROWS,
-                              progress=progress)
+                              progress=progress, drift=drift)
     else:
         report = rejects_report(settings.postgres_dsn, compiled, since=args.since,
                                 batch_rows=args.batch_rows or PG_BATCH_ROWS, progress=progress)
@@ -102,5 +155,11 @@ def summary_line(r: dict[str, Any]) -> str:
     n = c["input_rows"]
     share = f" ({c['rejected_rows'] / n:.2%})" if n else ""
     gx = r["gx"]
-    return (f"{head}: {n:,} rows, {c['rejected_rows']:,} rejected{share}; "
+    line = (f"{head}: {n:,} rows, {c['rejected_rows']:,} rejected{share}; "
             f"GX {gx['passed']}/{gx['expectations']} expectations passed")
+    drift = r.get("drift")
+    if drift:
+        line += f"; drift: {len(drift['failed'])} field(s) failed, {len(drift['warned'])} warned"
+        if drift["failed"]:
+            line += f" (failed: {', '.join(drift['failed'])})"
+    return line

@@ -28,7 +28,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -38,6 +38,9 @@ from features.compile.expectations import META_KEY, render_suite, run_suite_deta
 from features.report.stats import FieldStats, jsonable
 from features.validate import validate
 from features.validate.convert import convert
+
+if TYPE_CHECKING:
+    from features.report.drift import Side
 
 #: Example values kept per expectation, per rule and per rejects group.
 EXAMPLES = 5
@@ -153,9 +156,11 @@ class GxTally:
 class DataTally:
     """Validator counts, GX results and field statistics over every batch of a stream."""
 
-    def __init__(self, compiled: CompiledSchema, *, run_gx: bool = True) -> None:
+    def __init__(self, compiled: CompiledSchema, *, run_gx: bool = True, drift: Side | None = None) -> None:
         self.compiled = compiled
         self.run_gx = run_gx
+        #: when set, also fed every converted column (the data side of a drift comparison)
+        self.drift = drift
         self.rules = list(compiled.rules)
         self.by_rule: Counter[str] = Counter()
         self.rule_examples: dict[str, list[dict[str, Any]]] = {}
@@ -213,15 +218,22 @@ class DataTally:
         arrow_schema = self.compiled.arrow_schema
         names = data.schema.names
         columns: dict[str, pa.Array] = {}
+        drift = self.drift
+        if drift is not None:
+            drift.rows += n
         for f in self.compiled.schema.fields:
             stats = self.fields[f.name]
             if f.name not in names:
                 stats.add(None, n)
+                if drift is not None:
+                    drift.add_values(f, None, n)
                 continue
             col = data.column(names.index(f.name))
             target = arrow_schema.field(f.name).type
             converted = convert(col, f, target)
             stats.add(converted.values, n, len(converted.fail_rows))
+            if drift is not None:
+                drift.add_values(f, converted.values, n)
             columns[f.name] = col if col.type == target else converted.values
         if not columns:
             return pa.table({"__no_declared_column__": pa.nulls(n)})

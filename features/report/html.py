@@ -37,6 +37,9 @@ dl.kv{display:grid;grid-template-columns:max-content 1fr;gap:2px 14px;background
 dl.kv dt{color:#5a6372}dl.kv dd{margin:0}
 .warn{background:#fff4e5;border:1px solid #f0b46a;border-radius:6px;padding:10px 14px;margin:12px 0}
 footer{margin:32px 0 8px;color:#7a8291;font-size:12px}
+.warnt{color:#a15c00;font-weight:700}
+svg.chart{display:block;background:#fafbfc;border:1px solid #e6e9ee}
+.legend i{display:inline-block;width:10px;height:10px;margin:0 4px 0 10px;vertical-align:middle}
 """
 
 
@@ -120,6 +123,10 @@ def _summary(r: dict[str, Any]) -> str:
         gx = r.get("gx") or {}
         cards.append(_card(f"{_num(gx.get('passed'))} / {_num(gx.get('expectations'))}",
                            "GX expectations passed"))
+        drift = r.get("drift")
+        if drift:
+            cards.append(_card(f"{_num(len(drift['failed']))} / {_num(len(drift['warned']))}",
+                               "fields drifted: fail / warn"))
     return '<div class="cards">' + "".join(cards) + "</div>"
 
 
@@ -220,6 +227,102 @@ def _rejects(r: dict[str, Any]) -> str:
     return f"<h2>{esc(title)}</h2>" + _table(headers, rows)
 
 
+_REF_COLOR = "#4c6ef5"
+_DATA_COLOR = "#f08c00"
+_W, _H = 260, 80
+
+
+def _f(x: float) -> str:
+    return f"{x:.1f}"
+
+
+def _histogram_svg(h: dict[str, Any]) -> str:
+    """Overlaid histograms (shares): reference and data bars over the same bins."""
+    ref, data, edges = h.get("reference") or [], h.get("data") or [], h.get("edges") or []
+    if not ref or len(edges) != len(ref) + 1:
+        return ""
+    top = max(max(ref), max(data), 1e-12)
+    bw = _W / len(ref)
+    bars = []
+    for series, color in ((ref, _REF_COLOR), (data, _DATA_COLOR)):
+        for i, share in enumerate(series):
+            height = (_H - 14) * share / top
+            if height <= 0:
+                continue
+            bars.append(f'<rect x="{_f(i * bw)}" y="{_f(_H - 12 - height)}" width="{_f(max(bw - 1, 0.5))}" '
+                        f'height="{_f(height)}" fill="{color}" fill-opacity="0.5"/>')
+    lo, hi = _num(edges[0]), _num(edges[-1])
+    labels = (f'<text x="2" y="{_H - 2}" font-size="9" fill="#5a6372">{esc(lo)}</text>'
+              f'<text x="{_W - 2}" y="{_H - 2}" font-size="9" fill="#5a6372" '
+              f'text-anchor="end">{esc(hi)}</text>')
+    return (f'<svg class="chart" width="{_W}" height="{_H}" viewBox="0 0 {_W} {_H}" role="img" '
+            f'aria-label="histogram: reference vs data">{"".join(bars)}{labels}</svg>')
+
+
+def _categories_svg(categories: list[dict[str, Any]]) -> str:
+    """Paired horizontal bars (reference above data) for the top categories."""
+    cats = categories[:8]
+    if not cats:
+        return ""
+    row, label_w = 18, 90
+    height = row * len(cats) + 4
+    top = max(max(c["reference_share"], c["data_share"]) for c in cats) or 1.0
+    span = _W - label_w - 4
+    parts = []
+    for i, c in enumerate(cats):
+        y = 2 + i * row
+        text = str(c["value"])
+        text = text if len(text) <= 14 else text[:13] + "…"
+        parts.append(f'<text x="{label_w - 4}" y="{y + 12}" font-size="10" fill="#1d2430" '
+                     f'text-anchor="end">{esc(text)}</text>')
+        for j, (key, color) in enumerate((("reference_share", _REF_COLOR), ("data_share", _DATA_COLOR))):
+            w = span * float(c[key]) / top
+            parts.append(f'<rect x="{label_w}" y="{y + 1 + j * 8}" width="{_f(w)}" height="7" '
+                         f'fill="{color}"/>')
+    return (f'<svg class="chart" width="{_W}" height="{height}" viewBox="0 0 {_W} {height}" role="img" '
+            f'aria-label="category shares: reference vs data">{"".join(parts)}</svg>')
+
+
+def _drift(r: dict[str, Any]) -> str:
+    d = r.get("drift")
+    if not d:
+        return ""
+    t = d["thresholds"]
+    ref = d["reference"]
+    where = ref.get("table") or ", ".join(f["uri"] for f in ref.get("files") or []) or "—"
+    note = (f'<p class="sub">Reference: <code>{esc(where)}</code> ({_num(d["reference_rows"])} rows) vs the '
+            f'data ({_num(d["data_rows"])} rows). Fail: PSI &gt; {esc(t["psi_fail"])} or KS &gt; '
+            f'{esc(t["ks_fail"])}; warn: PSI &gt; {esc(t["psi_warn"])}. KS: max |F<sub>ref</sub> &minus; '
+            "F<sub>data</sub>|; PSI: Σ (q &minus; p) ln(q / p) over the reference's decile bins (numeric) "
+            f"or the categories, shares floored at {esc(d['epsilon'])}; TVD: ½ Σ |q &minus; p|. Numeric "
+            "values: a seeded "
+            f"uniform sample of at most {_num(d['sample_size'])} per side (exact below that).</p>"
+            f'<p class="legend sub"><i style="background:{_REF_COLOR}"></i>reference'
+            f'<i style="background:{_DATA_COLOR}"></i>data</p>')
+    rows = []
+    for f in d["fields"]:
+        status = f["status"]
+        mark = {"ok": '<span class="ok">ok</span>', "warn": '<span class="warnt">warn</span>',
+                "fail": '<span class="bad">FAIL</span>'}.get(status, '<span class="muted">skipped</span>')
+        if status == "skipped":
+            chart = f'<span class="muted">{esc(f.get("reason"))}</span>'
+        elif f["kind"] == "numeric":
+            chart = _histogram_svg(f.get("histogram") or {})
+        else:
+            chart = _categories_svg(f.get("categories") or [])
+        ks = f.get("ks")
+        shares = "—"
+        if f.get("reference_null_share") is not None and f.get("data_null_share") is not None:
+            shares = f'{100 * f["reference_null_share"]:.1f}% / {100 * f["data_null_share"]:.1f}%'
+        sampled = " (sampled)" if f.get("sampled") else ""
+        ks_cell = _num(ks) + esc(sampled) if ks is not None else "—"
+        rows.append([f'<code>{esc(f["field"])}</code>', esc(f["kind"]), mark, ks_cell, _num(f.get("psi")),
+                     _num(f.get("tvd")), shares, chart])
+    headers = [("field", False), ("kind", False), ("drift", False), ("KS", True), ("PSI", True),
+               ("TVD", True), ("nulls ref / data", True), ("reference vs data", False)]
+    return "<h2>Drift against the reference</h2>" + note + _table(headers, rows)
+
+
 def render_html(r: dict[str, Any]) -> str:
     """The whole page for a report dict (as written to ``report.json``)."""
     verdict = str(r["verdict"])
@@ -241,7 +344,7 @@ def render_html(r: dict[str, Any]) -> str:
         _identity(r),
     ]
     if r["mode"] != "rejects":
-        parts += [_expectations(r), _fields(r)]
+        parts += [_expectations(r), _fields(r), _drift(r)]
     parts.append(_rejects(r))
     parts.append("<footer>featureline · checks ran locally (GX ephemeral context; nothing was sent "
                  "anywhere) · all numbers are in report.json</footer>")
