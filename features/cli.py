@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "compile": "features.compile.cli",
     "demo": "features.demo",
     "dev": "features.dev.cli",
+    "health": "features.health",
     "load": "features.load.cli",
     "kernels": "features.kernels.cli",
     "report": "features.report.cli",
