@@ -6,7 +6,7 @@ Usage::
                                      [--profile] [--keep] [--reuse]
 
 Setup: ``--rows`` applicant rows (deterministic, ~2% invalid; ``schemas/credit_applicant.yaml``,
-cached under ``.cache/bench``) are loaded with the batch loader (``features.load.load``)
+the batch-load benchmark's cached file) are loaded with the batch loader (``features.load.load``)
 into a scratch Postgres schema ``bench_online`` and Redis database 11. Then, in one run:
 
 1. **online**: p50/p99 latency of ``fs.online("credit_applicant", ids)`` for 1 id and for
@@ -40,28 +40,19 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from batch_load import dataset  # noqa: E402  (the same cached 1M-row file)
 
 from features.config import resolve_settings  # noqa: E402
-from features.examples import applicant_schema, applicants  # noqa: E402
+from features.examples import applicant_schema  # noqa: E402
 
-CACHE = ROOT / ".cache" / "bench"
 PG_SCHEMA = "bench_online"
 REDIS_DB = 11
 SCHEMA = "credit_applicant"
-
-
-def dataset(rows: int) -> Path:
-    CACHE.mkdir(parents=True, exist_ok=True)
-    path = CACHE / f"online_{rows}.parquet"
-    if not path.exists():
-        tmp = path.with_suffix(".tmp")
-        pq.write_table(applicants(rows, seed=42), tmp, row_group_size=131_072)
-        tmp.rename(path)
-    return path
 
 
 def setup(path: Path, compiled: Any, settings: Any, *, reuse: bool) -> tuple[float, Any]:
@@ -186,7 +177,7 @@ def historical_pg_only(settings: Any, fs: Any, entity_df: pa.Table, *, fetch: bo
     import psycopg
     from psycopg import sql
 
-    from features.store import _csv
+    from features.sinks.postgres import copy_csv
 
     c = fs.schema(SCHEMA)
     names = [n for n in fs.historical(SCHEMA, entity_df.slice(0, 1)).column_names
@@ -208,7 +199,7 @@ def historical_pg_only(settings: Any, fs: Any, entity_df: pa.Table, *, fetch: bo
         with conn.transaction():
             conn.execute("CREATE TEMP TABLE _asof (e text, t timestamptz, o bigint) ON COMMIT DROP")
             with conn.cursor() as cur, cur.copy("COPY _asof (e, t, o) FROM STDIN (FORMAT csv)") as cp:
-                cp.write(_csv(stage))
+                cp.write(copy_csv(stage))
             conn.execute("ANALYZE _asof")
             rows = conn.execute(query).fetchall()
         seconds = time.perf_counter() - t0

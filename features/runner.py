@@ -237,36 +237,59 @@ def process_batch(sb: SourceBatch, compiled: CompiledSchema, program: Any, ctx: 
     return Prepared(rows, grouped, grouped.num_rows, rule_counts, examples)
 
 
-class Progress:
-    """A one-line progress display on a terminal (rows/s, rejects so far); silent otherwise."""
+class LineProgress:
+    """A one-line progress display on a terminal (rows, rows/s, rejects so far, an optional
+    tail); silent when the stream is not a TTY. The loader's, the stream's and the
+    report's progress lines."""
 
-    def __init__(self, total: int | None, *, enabled: bool, stream: Any = None) -> None:
+    def __init__(self, label: str, total: int | None, *, enabled: bool, stream: Any = None) -> None:
         import sys
 
+        self.label = label
         self.total = total
         self.stream = stream or sys.stderr
         self.enabled = enabled and bool(getattr(self.stream, "isatty", lambda: False)())
         self.t0 = time.perf_counter()
         self.last = 0.0
 
-    def update(self, s: RunSummary, *, force: bool = False) -> None:
+    def update(self, rows: int, rejected: int, *, force: bool = False, tail: str = "") -> None:
         if not self.enabled:
             return
         now = time.perf_counter()
         if not force and now - self.last < 0.2:
             return
         self.last = now
-        rate = s.read / max(now - self.t0, 1e-9)
-        done = f"{s.read:,}" + (f"/{self.total:,} ({100 * s.read / self.total:.0f}%)" if self.total else "")
-        self.stream.write(f"\r{s.schema}: {done} rows  {rate:,.0f} rows/s  rejected {s.rejected:,}  "
-                          f"stored {s.stored:,}   ")
+        rate = rows / max(now - self.t0, 1e-9)
+        done = f"{rows:,}"
+        if self.total:
+            done += f"/{self.total:,} ({min(100.0, 100 * rows / self.total):.0f}%)"
+        self.stream.write(f"\r{self.label}: {done} rows  {rate:,.0f} rows/s  rejected {rejected:,}{tail}   ")
         self.stream.flush()
 
-    def close(self, s: RunSummary) -> None:
+    def close(self, rows: int, rejected: int, *, tail: str = "") -> None:
         if self.enabled:
-            self.update(s, force=True)
+            self.update(rows, rejected, force=True, tail=tail)
             self.stream.write("\n")
             self.stream.flush()
+
+
+class Progress:
+    """The loader's progress line, fed with its :class:`RunSummary`."""
+
+    def __init__(self, total: int | None, *, enabled: bool, stream: Any = None) -> None:
+        self.line = LineProgress("", total, enabled=enabled, stream=stream)
+
+    @property
+    def enabled(self) -> bool:
+        return self.line.enabled
+
+    def update(self, s: RunSummary, *, force: bool = False) -> None:
+        self.line.label = s.schema
+        self.line.update(s.read, s.rejected, force=force, tail=f"  stored {s.stored:,}")
+
+    def close(self, s: RunSummary) -> None:
+        self.line.label = s.schema
+        self.line.close(s.read, s.rejected, tail=f"  stored {s.stored:,}")
 
 
 def account(summary: RunSummary, prepared: Prepared, read: int, results: dict[str, Any],
@@ -421,5 +444,5 @@ def run(source: Source, compiled: CompiledSchema, sinks: Sequence[Sink], *, ctx:
     return summary
 
 
-__all__ = ["LINEAGE_COLUMNS", "REJECTS_SCHEMA", "BatchWriter", "Prepared", "Progress", "RunSummary",
-           "group_rejects", "process_batch", "raw_json_rows", "run"]
+__all__ = ["LINEAGE_COLUMNS", "REJECTS_SCHEMA", "BatchWriter", "LineProgress", "Prepared", "Progress",
+           "RunSummary", "group_rejects", "process_batch", "raw_json_rows", "run"]

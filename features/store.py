@@ -15,7 +15,6 @@ Every table comes back in the schema's declared Arrow types. See ``docs/sdk.md``
 from __future__ import annotations
 
 import datetime as dt
-import io
 from collections.abc import Sequence
 from itertools import chain
 from pathlib import Path
@@ -64,7 +63,6 @@ class FeatureStore:
         self.key_prefix = key_prefix
         self.timeout_s = timeout_s
         self._compiled: dict[str, CompiledSchema] = {}
-        self._redis: Any = None
         self._aredis: Any = None
         self._raw: _RawRedis | None = None
         self._pg: Any = None
@@ -88,9 +86,6 @@ class FeatureStore:
         if self._raw is not None:
             self._raw.close()
             self._raw = None
-        if self._redis is not None:
-            self._redis.close()
-            self._redis = None
         if self._pg is not None:
             self._pg.close()
             self._pg = None
@@ -140,14 +135,6 @@ class FeatureStore:
 
     # --- connections ----------------------------------------------------------------------
 
-    def _redis_client(self) -> Any:
-        if self._redis is None:
-            import redis
-
-            self._redis = redis.Redis.from_url(self.redis_url, socket_timeout=self.timeout_s,
-                                               socket_connect_timeout=self.timeout_s)
-        return self._redis
-
     def _postgres(self) -> Any:
         if self._pg is None or self._pg.closed:
             import psycopg
@@ -185,6 +172,14 @@ class FeatureStore:
                               f"{where}; it has: {', '.join(have)}", key="features")
         return list(features)
 
+    def _online_request(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None
+                        ) -> tuple[CompiledSchema, list[str], list[str], list[str], list[str]]:
+        """(schema, feature names, id texts, Redis keys, HMGET fields) of one online call."""
+        c = self._loadable(schema)
+        names = self._features(c, features, "hot")
+        ids = [_entity_text(i) for i in entity_ids]
+        return c, names, ids, self._redis_keys(c, ids), [*names, *_CHECKED, "_event_time"]
+
     def _redis_keys(self, c: CompiledSchema, ids: Sequence[str]) -> list[str]:
         from features.sinks.redis import entity_key
 
@@ -202,11 +197,7 @@ class FeatureStore:
         older than ``max_age``). Ids found nowhere come back as nulls with ``_found``
         false; this never raises for a missing id.
         """
-        c = self._loadable(schema)
-        names = self._features(c, features, "hot")
-        ids = [_entity_text(i) for i in entity_ids]
-        keys = self._redis_keys(c, ids)
-        fields = [*names, *_CHECKED, "_event_time"]
+        c, names, ids, keys, fields = self._online_request(schema, entity_ids, features)
         if self._raw is None:
             self._raw = _RawRedis(self.redis_url, self.timeout_s)
         replies = self._raw.hmget_many(keys, fields)
@@ -221,11 +212,7 @@ class FeatureStore:
 
         import redis.asyncio as aredis
 
-        c = self._loadable(schema)
-        names = self._features(c, features, "hot")
-        ids = [_entity_text(i) for i in entity_ids]
-        keys = self._redis_keys(c, ids)
-        fields = [*names, *_CHECKED, "_event_time"]
+        c, names, ids, keys, fields = self._online_request(schema, entity_ids, features)
         if self._aredis is None:
             self._aredis = aredis.Redis.from_url(self.redis_url, socket_timeout=self.timeout_s)
         pipe = self._aredis.pipeline(transaction=False)
@@ -402,6 +389,8 @@ class FeatureStore:
 
         s = c.schema
         entity, event_time = str(s.entity), str(s.event_time)
+        from features.sinks.postgres import copy_csv
+
         conn = self._postgres()
         ids = pc.cast(entity_df.column(entity), pa.string())
         # Event times are microseconds: flooring a finer timestamp keeps the as-of answer.
@@ -414,7 +403,7 @@ class FeatureStore:
                          "(e text, t timestamptz, o bigint) ON COMMIT DELETE ROWS")
             copy = "COPY _featureline_asof (e, t, o) FROM STDIN (FORMAT csv)"
             with conn.cursor() as cur, cur.copy(copy) as cp:
-                cp.write(_csv(stage))
+                cp.write(copy_csv(stage))
             conn.execute("ANALYZE _featureline_asof")
             cols = sql.SQL(", ").join(sql.SQL("f.{}").format(sql.Identifier(x))
                                       for x in [event_time, *names])
@@ -586,13 +575,6 @@ def _from_text(c: CompiledSchema, name: str, text: pa.Array) -> pa.Array:
                         f"{target}: {exc}", store="redis") from exc
 
 
-def _field(c: CompiledSchema, name: str) -> Any:
-    for f in c.schema.fields:
-        if f.name == name:
-            return f
-    return None
-
-
 def _scatter(base: pa.Array, rows: npt.NDArray[np.int64], values: pa.Array) -> pa.Array:
     """``base`` with ``values`` placed at ``rows``."""
     idx = np.arange(len(base), dtype=np.int64)
@@ -615,20 +597,6 @@ def _rows_to_table(c: CompiledSchema, names: list[str], rows: Sequence[Sequence[
             values = [v.astimezone(dt.UTC) if v is not None else None for v in values]
         out[name] = pa.array(values, t)
     return pa.table(out)
-
-
-def _csv(table: pa.Table) -> bytes:
-    import pyarrow.csv as pacsv
-
-    buf = io.BytesIO()
-    cols = [col.cast(pa.timestamp("us", "UTC")).cast(pa.timestamp("us")) if pa.types.is_timestamp(col.type)
-            else col for col in table.columns]
-    with pacsv.CSVWriter(buf, pa.schema([(n, x.type) for n, x in zip(table.column_names, cols, strict=True)]),
-                         write_options=pacsv.WriteOptions(include_header=False)) as w:
-        for batch in pa.table(cols, names=table.column_names).to_batches():
-            if batch.num_rows:
-                w.write_batch(batch)
-    return buf.getvalue()
 
 
 __all__ = ["AGE", "EVENT_TIME", "FOUND", "FROM", "FeatureStore"]

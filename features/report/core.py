@@ -24,11 +24,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -36,6 +35,7 @@ import pyarrow.compute as pc
 from features.compile import CompiledSchema
 from features.compile.expectations import META_KEY, render_suite, run_suite_detailed
 from features.report.stats import FieldStats, jsonable
+from features.runner import LineProgress as Progress
 from features.validate import validate
 from features.validate.convert import convert
 
@@ -66,40 +66,6 @@ class Chunk:
     data: pa.RecordBatch
     first_row: int
     source: Callable[[int], str | None]
-
-
-class Progress:
-    """A one-line progress display on a terminal (stderr); silent otherwise."""
-
-    def __init__(self, label: str, total: int | None, *, enabled: bool, stream: TextIO | None = None) -> None:
-        import sys
-
-        self.label = label
-        self.total = total
-        self.stream = stream or sys.stderr
-        self.enabled = enabled and bool(getattr(self.stream, "isatty", lambda: False)())
-        self.t0 = time.perf_counter()
-        self.last = 0.0
-
-    def update(self, rows: int, rejected: int, *, force: bool = False) -> None:
-        if not self.enabled:
-            return
-        now = time.perf_counter()
-        if not force and now - self.last < 0.2:
-            return
-        self.last = now
-        rate = rows / max(now - self.t0, 1e-9)
-        done = f"{rows:,}"
-        if self.total:
-            done += f"/{self.total:,} ({min(100.0, 100 * rows / self.total):.0f}%)"
-        self.stream.write(f"\r{self.label}: {done} rows  {rate:,.0f} rows/s  rejected {rejected:,}   ")
-        self.stream.flush()
-
-    def close(self, rows: int, rejected: int) -> None:
-        if self.enabled:
-            self.update(rows, rejected, force=True)
-            self.stream.write("\n")
-            self.stream.flush()
 
 
 # --------------------------------------------------------------------------- tallies

@@ -71,7 +71,7 @@ def _address(dsn: str) -> str:
     return f"{info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
 
 
-def _csv(table: pa.Table) -> bytes:
+def copy_csv(table: pa.Table) -> bytes:
     """``table`` as CSV for ``COPY ... (FORMAT csv)``: nulls unquoted-empty, strings quoted.
 
     Zoned timestamps are written as their UTC wall clock without a zone (Arrow formats
@@ -130,7 +130,7 @@ class PostgresSink:
         import psycopg
         from psycopg.conninfo import conninfo_to_dict
 
-        # TimeZone=UTC: COPY data carries zoned timestamps as UTC wall clock (see _csv).
+        # TimeZone=UTC: COPY data carries zoned timestamps as UTC wall clock (see copy_csv).
         # Appended to any options the DSN already has (e.g. its own search_path).
         options = " ".join(filter(None, [str(conninfo_to_dict(self.dsn).get("options") or ""),
                                          "-c TimeZone=UTC",
@@ -265,7 +265,7 @@ class PostgresSink:
         cols = ", ".join(quote_ident(c) for c in columns)
         with conn.cursor() as cur, cur.copy(
                 f"COPY {quote_ident(table)} ({cols}) FROM STDIN (FORMAT csv)") as copy:
-            copy.write(_csv(data))
+            copy.write(copy_csv(data))
 
     def _insert_new(self, conn: Any, table: str, columns: tuple[str, ...], data: pa.Table, *,
                     raw_json: bool = False) -> int:
