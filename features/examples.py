@@ -200,3 +200,101 @@ def _cents(cents: npt.NDArray[np.int64], null: npt.NDArray[np.bool_] | None) -> 
         pa.decimal128(18, 2), len(cents), [validity, pa.py_buffer(words.tobytes())],
         null_count=-1 if validity is not None else 0,
     )
+
+
+def clicks_schema() -> CompiledSchema:
+    from features.schema import load_schema
+
+    return compile_schema(load_schema(ROOT / "schemas" / "clicks.yaml"))
+
+
+CLICKS_START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+
+
+def click_history(events: int, seed: int = SEED, *, users: int = 3000, days: float = 9.0,
+                  late_share: float = 0.002, duplicate_share: float = 0.01, invalid_share: float = 0.004,
+                  edge_share: float = 0.03) -> pa.Table:
+    """An event history for ``schemas/clicks.yaml``, in arrival order, that exercises
+    every aggregation rule: about ``events`` events of ``users`` users over ``days``
+    days; ~30% arrive out of order within the allowed lateness (up to 50 minutes
+    behind); ``late_share`` arrive 1-30 hours behind their user's newest event (too
+    late); ``duplicate_share`` are sent again a little later (same event id and
+    time); ``edge_share`` sit exactly
+    on a window edge (1 h or 24 h after another event of the user, or on a UTC
+    midnight); long quiet gaps; ``invalid_share`` break a field rule. Types are the
+    schema's (Parquet-ready); :func:`click_records` gives the same rows as Kafka JSON.
+    Deterministic for a seed; vectorised."""
+    rng = np.random.default_rng(seed + 7)
+    hour_ms, day_ms = 3_600_000, 86_400_000
+    n = events
+    weights = 1.0 / np.arange(1, users + 1) ** 0.8                       # a few busy users
+    user = rng.choice(users, size=n, p=weights / weights.sum())
+    # each user is active in bursts: quiet gaps of days between them
+    base = CLICKS_START_MS + (rng.random(n) * days * day_ms).astype(np.int64)
+    burst = (user * 7919) % 5 == 0
+    base[burst] = CLICKS_START_MS + (((base[burst] - CLICKS_START_MS) // (2 * day_ms)) * 2 * day_ms
+                                     + rng.integers(0, 2 * hour_ms, burst.sum()))
+    base = (base // 1000) * 1000                                          # whole seconds: ties happen
+    k = int(n * edge_share)
+    src = rng.integers(0, n, k)
+    shift = rng.choice(np.array([hour_ms, day_ms], dtype=np.int64), k)
+    edge_t = base[src] + shift
+    midnight = rng.random(k) < 0.3
+    edge_t[midnight] = (base[src][midnight] // day_ms + 1) * day_ms
+    user = np.concatenate([user, user[src]])
+    base = np.concatenate([base, edge_t])
+    order = np.argsort(base, kind="stable")
+    user, base = user[order], base[order]
+    m = len(base)
+    t = base.copy()
+    ooo = rng.random(m) < 0.3
+    t[ooo] -= rng.integers(0, 50 * 60_000, ooo.sum())
+    # too late: more than the allowed lateness (1 h) behind the user's newest event so far
+    import pandas as pd
+
+    prev = pd.Series(t).groupby(user).cummax().groupby(user).shift(1).to_numpy(dtype=np.float64,
+                                                                                na_value=np.nan)
+    late = (rng.random(m) < late_share) & ~np.isnan(prev)
+    t[late] = prev[late].astype(np.int64) - rng.integers(hour_ms + 60_000, 30 * hour_ms, late.sum())
+    items = rng.integers(0, 400, m)
+    kinds = rng.choice(np.array(["view", "click", "add_to_cart", "purchase"]), m, p=[0.55, 0.3, 0.1, 0.05])
+    dwell = rng.integers(0, 120_000, m)
+    dwell_null = rng.random(m) < 0.1
+    price = rng.integers(0, 50_000, m)
+    price_null = (kinds == "view") & (rng.random(m) < 0.7)
+    user_txt = np.char.add("u", user.astype(str)).astype(object)
+    bad = rng.random(m) < invalid_share
+    user_txt[bad] = np.char.add("bad-", user[bad].astype(str))
+    ids = np.char.add("e", np.arange(m).astype(str)).astype(object)
+    # duplicates: the same event again, 1-20 positions later (a producer's retry)
+    d = int(m * duplicate_share)
+    dsrc = rng.integers(0, m, d)
+    pos = np.concatenate([np.arange(m), np.minimum(dsrc + rng.integers(1, 20, d), m - 1) + 0.5])
+    idx = np.concatenate([np.arange(m), dsrc])[np.argsort(pos, kind="stable")]
+    return pa.table({
+        "event_id": pa.array(ids[idx], pa.string()),
+        "user_id": pa.array(user_txt[idx], pa.string()),
+        "item_id": pa.array(np.char.add("i", items[idx].astype(str)).astype(object), pa.string()),
+        "event_type": pa.array(kinds[idx].astype(object), pa.string()),
+        "event_time": pa.array(t[idx], pa.timestamp("ms", "UTC")),
+        "dwell_ms": pa.array(dwell[idx].astype(np.int32), pa.int32(), mask=dwell_null[idx]),
+        "price": _cents(price[idx], price_null[idx]).cast(pa.decimal128(12, 2)),
+        "session_id": pa.array(np.char.add("s", (user[idx] * 31 + t[idx] // (6 * hour_ms)).astype(str))
+                               .astype(object), pa.string()),
+    })
+
+
+def click_records(history: pa.Table) -> list[tuple[bytes, bytes]]:
+    """``(key, value)`` Kafka records of :func:`click_history` rows, in the same order:
+    keyed by user id (so each user's events keep their order in one partition), values
+    JSON with ISO 8601 times and decimal text prices."""
+    import json
+
+    cols = {name: history.column(name).to_pylist() for name in history.column_names}
+    out = []
+    for i in range(history.num_rows):  # test-data generator: a loop over rows
+        row = {k: v[i] for k, v in cols.items()}
+        row["event_time"] = row["event_time"].isoformat().replace("+00:00", "Z")
+        row["price"] = None if row["price"] is None else str(row["price"])
+        out.append((row["user_id"].encode(), json.dumps(row).encode()))
+    return out

@@ -80,10 +80,13 @@ class RunSummary:
     examples: dict[str, list[str]] = field(default_factory=dict)
     sinks: dict[str, SinkStats] = field(default_factory=dict)
     seconds: float = 0.0
+    #: the windowed aggregations' counts (``features.aggregate.writer.AggregateCounts``), if any
+    aggregations: dict[str, Any] | None = None
 
     @property
     def adds_up(self) -> bool:
-        return self.read == self.stored + self.rejected + self.already_present
+        agg_ok = self.aggregations is None or bool(self.aggregations.get("adds_up"))
+        return self.read == self.stored + self.rejected + self.already_present and agg_ok
 
     def top_reasons(self, n: int = 5) -> list[tuple[str, int, list[str]]]:
         return [(rule, count, self.examples.get(rule, [])) for rule, count in self.by_rule.most_common(n)]
@@ -97,6 +100,7 @@ class RunSummary:
             "rows_per_second": round(self.read / self.seconds) if self.seconds else None,
             "top_reasons": [{"rule": r, "count": c, "examples": e} for r, c, e in self.top_reasons(10)],
             "sinks": {k: vars(v) for k, v in self.sinks.items()},
+            **({"aggregations": self.aggregations} if self.aggregations is not None else {}),
         }
 
 
@@ -360,8 +364,12 @@ class BatchWriter:
 
     def __init__(self, compiled: CompiledSchema, sinks: Sequence[Sink], *, summary: RunSummary,
                  program: Any = None, progress: Progress | None = None, in_flight: int = 2,
-                 committed: dict[str, set[str]] | None = None) -> None:
+                 committed: dict[str, set[str]] | None = None,
+                 observer: Callable[[pa.Table], None] | None = None) -> None:
         self.compiled = compiled
+        #: called with every batch's valid rows, in order, committed units included (the
+        #: aggregations' backfill reads them)
+        self.observer = observer
         self.sinks = list(sinks)
         self.summary = summary
         self.program = program
@@ -384,6 +392,11 @@ class BatchWriter:
         unit = sb.lineage.unit
         n = read if read is not None else (len(sb.batch) if isinstance(sb.batch, list) else sb.batch.num_rows)
         todo = [s for s in self.sinks if unit is None or unit not in self.committed[s.name]]
+        if self.observer is not None:
+            if prepared is None:
+                prepared = process_batch(sb, self.compiled, self.program, ctx,
+                                         reference_time or ctx.ingested_at)
+            self.observer(prepared.rows)
         if not todo:
             summary.read += n
             summary.units += 1
@@ -420,7 +433,8 @@ class BatchWriter:
 
 def run(source: Source, compiled: CompiledSchema, sinks: Sequence[Sink], *, ctx: RunContext,
         program: Any = None, reference_time: dt.datetime | None = None, progress: Progress | None = None,
-        batches: Iterable[SourceBatch] | None = None, in_flight: int = 2) -> RunSummary:
+        batches: Iterable[SourceBatch] | None = None, in_flight: int = 2,
+        observer: Callable[[pa.Table], None] | None = None) -> RunSummary:
     """Load everything ``source`` yields into ``sinks`` (see :class:`BatchWriter`).
 
     The first sink is the primary (cold) store whose commit decides ``stored``.
@@ -431,7 +445,7 @@ def run(source: Source, compiled: CompiledSchema, sinks: Sequence[Sink], *, ctx:
     committed = {s.name: s.committed_units() for s in sinks}
     t0 = time.perf_counter()
     writer = BatchWriter(compiled, sinks, summary=summary, program=program, progress=progress,
-                         in_flight=in_flight, committed=committed)
+                         in_flight=in_flight, committed=committed, observer=observer)
     try:
         for sb in (batches if batches is not None else source.batches()):
             writer.submit(sb, ctx=ctx, reference_time=reference_time)

@@ -28,6 +28,9 @@ __all__ = ["canonical_json", "fingerprint"]
 FINGERPRINT_FORMAT: Final = 1
 #: dataclass attributes that carry no semantics.
 _IGNORED: Final = frozenset({"description", "path", "line"})
+#: attributes added after format 1 shipped: left out while unset, so the fingerprints
+#: of schemas that do not use them stay what they were.
+_OMIT_WHEN_NONE: Final = frozenset({"aggregations"})
 
 
 def _canonical(value: Any) -> Any:
@@ -36,7 +39,7 @@ def _canonical(value: Any) -> Any:
         return {
             f.name: _canonical(getattr(value, f.name))
             for f in dataclasses.fields(value)
-            if f.name not in _IGNORED
+            if f.name not in _IGNORED and not (f.name in _OMIT_WHEN_NONE and getattr(value, f.name) is None)
         }
     if isinstance(value, Enum):
         return _canonical(value.value)

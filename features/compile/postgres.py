@@ -47,6 +47,7 @@ from features.errors import CompileError
 from features.schema.model import (
     FLOAT_KINDS,
     INTEGER_KINDS,
+    Aggregation,
     Feature,
     Field,
     FieldType,
@@ -148,6 +149,11 @@ def cold_table_name(schema: Schema) -> str:
 def rejects_table_name(schema: Schema) -> str:
     """The rejects table: ``<schema>__rejects``."""
     return f"{schema.name}__rejects"
+
+
+def aggregates_table_name(schema: Schema) -> str:
+    """The cold aggregation table: ``<schema>__aggregates`` (hashed when over 63 bytes)."""
+    return _bounded(schema.name, "__aggregates")
 
 
 def check_table_name(schema: Schema) -> str:
@@ -414,6 +420,39 @@ def _cold_table(compiled: CompiledSchema) -> str:
     return _create_table(table, lines)
 
 
+def aggregation_pg_type(schema: Schema | CompiledSchema, agg: Aggregation) -> str:
+    """The Postgres type of a stored aggregation of ``schema`` (see ``AggSpec.output_type``)."""
+    if not isinstance(schema, Schema):
+        schema = schema.schema
+    f = agg.function
+    if f in ("count", "count_distinct"):
+        return "bigint"
+    if f in ("mean", "ratio"):
+        return "double precision"
+    assert agg.of is not None
+    ft = schema.field(agg.of).type
+    if f == "sum":
+        return "bigint" if ft.kind in INTEGER_KINDS else f"numeric(38,{ft.scale})"
+    return pg_type(ft)
+
+
+def render_aggregates_table(schema: Schema) -> str:
+    """``CREATE TABLE IF NOT EXISTS <schema>__aggregates (...);`` for a loadable schema
+    with aggregations: the entity and event time (the key), a column per aggregation
+    stored cold, and lineage. The same text ``render_ddl`` writes; ``features schema
+    diff`` uses it when a schema gains its first aggregations."""
+    assert schema.entity is not None and schema.event_time is not None and schema.aggregations is not None
+    keys = (schema.entity, schema.event_time)
+    lines = [f"{quote_ident(k)} {pg_type(schema.field(k).type)} NOT NULL" for k in keys]
+    lines += [f"{quote_ident(a.name)} {aggregation_pg_type(schema, a)}"
+              for a in schema.aggregations.features if "cold" in a.store]
+    lines.extend(f"{quote_ident(name)} {typ} NOT NULL" for name, typ in LINEAGE_COLUMNS)
+    table = aggregates_table_name(schema)
+    pkey = quote_ident(_bounded(table, "__pkey"))
+    lines.append(f"CONSTRAINT {pkey} PRIMARY KEY ({', '.join(quote_ident(k) for k in keys)})")
+    return _create_table(table, lines)
+
+
 def _rejects_table(compiled: CompiledSchema) -> str:
     schema = compiled.schema
     assert schema.event_time is not None
@@ -482,8 +521,13 @@ def render_ddl(compiled: CompiledSchema) -> str:
             "-- Cold store: full history keyed by (entity, event time), with lineage.\n"
             + _cold_table(compiled),
             "-- Rejected rows: raw payload, every error, and lineage.\n" + _rejects_table(compiled),
-            _record_fingerprint(compiled),
         ]
+        if schema.aggregations is not None:
+            parts.append(
+                "-- Windowed aggregations: each value as of its event's time, keyed like the history.\n"
+                + render_aggregates_table(schema)
+            )
+        parts.append(_record_fingerprint(compiled))
     else:
         parts += [
             "-- validation-only schema: no tables for features or rejects (no entity/event_time).\n"

@@ -11,7 +11,7 @@ from features.compile import CompiledSchema, compile_schema
 from features.config import Settings
 from features.errors import ConfigError
 from features.lineage import RunContext, new_run_id
-from features.runner import Progress, RunSummary, run
+from features.runner import LineProgress, Progress, RunSummary, run
 from features.sinks.base import Sink
 from features.sources.parquet import DEFAULT_BATCH_ROWS, ParquetSource
 
@@ -47,6 +47,9 @@ def load(paths: Sequence[str | Path], compiled: CompiledSchema, settings: Settin
     written), SinkError on a fingerprint mismatch. Re-running the same input stores
     nothing twice (commit ledger in both stores).
     """
+    from features.aggregate.backfill import Collector, backfill
+    from features.aggregate.engine import AggSpec
+    from features.aggregate.writer import AggregateWriter
     from features.sinks.postgres import PostgresSink
     from features.sinks.redis import RedisSink
 
@@ -55,19 +58,34 @@ def load(paths: Sequence[str | Path], compiled: CompiledSchema, settings: Settin
     pg = PostgresSink(settings.postgres_dsn, compiled, search_path=search_path)
     hot = RedisSink(settings.redis_url, compiled, key_prefix=key_prefix)
     sinks: list[Sink] = [pg, hot]  # the first is the primary: its commit decides "stored"
+    spec = AggSpec.of(compiled.schema)
+    aggs = None if spec is None else AggregateWriter(compiled, settings.postgres_dsn, settings.redis_url,
+                                                     search_path=search_path, key_prefix=key_prefix)
+    collector = None if spec is None else Collector(spec)
     try:
         # Redis first: its open() writes no data, so a store that is down stops the
         # run before Postgres applies any DDL or row.
         for first in (hot, pg):
             first.open()
+        if aggs is not None:
+            aggs.open()
         now = dt.datetime.now(dt.UTC)
         ctx = RunContext(compiled.name, compiled.schema.version_str, compiled.fingerprint,
                          run_id or new_run_id(), now)
-        return run(source, compiled, sinks, ctx=ctx, program=program,
-                   progress=Progress(source.total_rows, enabled=progress))
+        summary = run(source, compiled, sinks, ctx=ctx, program=program,
+                      progress=Progress(source.total_rows, enabled=progress), observer=collector)
+        if spec is not None and aggs is not None and collector is not None:
+            inputs = collector.inputs()
+            line = LineProgress("aggregations", None, enabled=progress)
+            counts = backfill(spec, inputs, aggs, ctx, progress=line)
+            line.close(counts.accepted, counts.late)
+            summary.aggregations = counts.as_dict()
+        return summary
     finally:
         for s in sinks:
             s.close()  # idempotent; also frees a sink whose open() failed half way
+        if aggs is not None:
+            aggs.close()
 
 
 def render_summary(s: RunSummary, *, rejects_table: str) -> str:
@@ -82,6 +100,12 @@ def render_summary(s: RunSummary, *, rejects_table: str) -> str:
     for name, st in s.sinks.items():
         lines.append(f"  {name}: wrote {st.written:,}, unchanged {st.unchanged:,}, "
                      f"skipped {st.skipped_units} batches, {st.seconds:.1f}s")
+    if (a := s.aggregations) is not None:
+        lines.append(
+            f"  aggregations: {a['events']:,} events = accepted {a['accepted']:,} + late {a['late']:,} + "
+            f"duplicates {a['duplicates']:,}  [{'adds up' if a['adds_up'] else 'DOES NOT ADD UP'}]; "
+            f"postgres rows written/changed {a['rows_written']:,}, redis entities {a['hot_written']:,}, "
+            f"{a['seconds']:.1f}s")
     if s.by_rule:
         lines.append("  top reject reasons:")
         for rule, count, examples in s.top_reasons(5):

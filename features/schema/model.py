@@ -184,6 +184,64 @@ class Payload:
     max_bytes: int = 1_048_576
 
 
+AggFunction = Literal["count", "sum", "mean", "min", "max", "last", "count_distinct", "ratio"]
+WindowKind = Literal["sliding", "tumbling"]
+
+
+@dataclass(frozen=True)
+class Window:
+    """An event-time window of ``size_s`` seconds, relative to each event's time ``t``.
+
+    - ``sliding``: the events of the entity with time in ``(t - size, t]``;
+    - ``tumbling``: the events of the entity in ``t``'s epoch-aligned bucket
+      ``[floor(t / size) * size, t]`` (a running value that restarts every bucket).
+    """
+
+    size_s: int
+    kind: WindowKind = "sliding"
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    """One windowed aggregation feature, computed per entity as of each event's time.
+
+    ``function`` over the field ``of`` (None: ``count`` counts events) within
+    ``window``, counting only the events whose fields match ``where`` (field ->
+    allowed values; all must match). ``ratio`` divides two other aggregations
+    (``numerator`` / ``denominator``, no window of its own) and is ``on_zero`` where the
+    denominator is 0 or null. See ``docs/aggregations.md`` for the exact semantics.
+    """
+
+    name: str
+    function: AggFunction
+    store: frozenset[StoreTarget]
+    of: str | None = None
+    window: Window | None = None
+    where: tuple[tuple[str, tuple[ScalarValue, ...]], ...] = ()
+    numerator: str | None = None
+    denominator: str | None = None
+    on_zero: float | None = None
+    description: str = ""
+    line: int | None = None
+
+
+@dataclass(frozen=True)
+class Aggregations:
+    """The ``aggregations:`` section: the allowed lateness and the aggregation features.
+
+    An event of an entity more than ``allowed_lateness_s`` older than the newest event of
+    that entity seen before it (in arrival order) is *late*: it is still stored in the
+    history table, but it updates no aggregation and goes to the rejects table.
+    """
+
+    allowed_lateness_s: int
+    features: tuple[Aggregation, ...]
+
+    @property
+    def max_window_s(self) -> int:
+        return max((a.window.size_s for a in self.features if a.window is not None), default=0)
+
+
 @dataclass(frozen=True)
 class Schema:
     """One schema file, parsed and checked. Immutable; build with ``parse_schema``.
@@ -201,6 +259,7 @@ class Schema:
     hot: HotStore = HotStore()
     payload: Payload = Payload()
     evolution_rules: tuple[EvolutionRule, ...] = ()
+    aggregations: Aggregations | None = None
     description: str = ""
     path: str | None = None
 
@@ -228,6 +287,9 @@ __all__ = [
     "FLOAT_KINDS",
     "INTEGER_KINDS",
     "NUMERIC_KINDS",
+    "AggFunction",
+    "Aggregation",
+    "Aggregations",
     "Constraints",
     "EvolutionRule",
     "Feature",
@@ -238,4 +300,5 @@ __all__ = [
     "Schema",
     "Step",
     "TypeKind",
+    "Window",
 ]

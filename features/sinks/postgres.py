@@ -34,6 +34,7 @@ import pyarrow.csv as pacsv
 from features.compile import CompiledSchema
 from features.compile.postgres import (
     SCHEMAS_TABLE,
+    aggregates_table_name,
     cold_table_name,
     quote_ident,
     rejects_table_name,
@@ -120,6 +121,11 @@ class PostgresSink:
         from features.lineage import LINEAGE_COLUMNS
 
         self.columns: tuple[str, ...] = (*keys, *stored, *features, *LINEAGE_COLUMNS)  # type: ignore[arg-type]
+        aggs = schema.aggregations.features if schema.aggregations else ()
+        self.aggregates_table = aggregates_table_name(schema)
+        self.aggregate_values = tuple(a.name for a in aggs if "cold" in a.store)
+        self.aggregate_columns: tuple[str, ...] = (
+            *keys, *self.aggregate_values, *LINEAGE_COLUMNS)  # type: ignore[arg-type]
         self.reject_columns = ("_source", "row_index", "raw", "errors", "event_time", "_schema_name",
                                "_schema_version", "_schema_fingerprint", "_run_id", "_ingested_at")
         self._conn: Any = None
@@ -260,6 +266,51 @@ class PostgresSink:
                      _first(unit.rows, unit.rejects, "_run_id"), unit.read, stored,
                      rows.num_rows - stored, unit.rejects.num_rows))
         return WriteResult(stored, rows.num_rows - stored, rejects_stored)
+
+    def insert_rejects(self, rejects: pa.Table) -> int:
+        """Reject rows alone (the aggregations' late events); replays insert nothing."""
+        if rejects.num_rows == 0:
+            return 0
+
+        def run(conn: Any) -> int:
+            with conn.transaction():
+                return self._insert_new(conn, self.rejects_table, self.reject_columns,
+                                        rejects.select(list(self.reject_columns)), raw_json=True)
+
+        return self._retrying("rejects write", run)
+
+    def upsert_aggregates(self, rows: pa.Table) -> int:
+        """Aggregation values, one row per (entity, event time): a new key is inserted, an
+        existing one updated only where a value differs (a late event changed it). Rows
+        must hold each key once. Returns how many rows were inserted or changed."""
+        if rows.num_rows == 0:
+            return 0
+        table, cols = self.aggregates_table, self.aggregate_columns
+        keys = cols[:2]
+        names = ", ".join(quote_ident(c) for c in cols)
+        values = [quote_ident(c) for c in self.aggregate_values]
+        if values:
+            sets = ", ".join(f"{quote_ident(c)} = EXCLUDED.{quote_ident(c)}" for c in cols[2:])
+            target = ", ".join(f"t.{v}" for v in values)
+            excluded = ", ".join(f"EXCLUDED.{v}" for v in values)
+            action = (f"DO UPDATE SET {sets} WHERE ({target}, NULL) IS DISTINCT FROM ({excluded}, NULL)")
+        else:
+            action = "DO NOTHING"
+        stage = f"_stage_{table}"[:63]
+
+        def run(conn: Any) -> int:
+            with conn.transaction():
+                conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {quote_ident(stage)} "
+                             f"(LIKE {quote_ident(table)} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS")
+                self._copy(conn, stage, cols, rows.select(list(cols)))
+                cur = conn.execute(
+                    f"INSERT INTO {quote_ident(table)} AS t ({names}) "
+                    f"SELECT {names} FROM {quote_ident(stage)} "
+                    f"ON CONFLICT ({', '.join(quote_ident(k) for k in keys)}) {action}")
+                conn.execute(f"TRUNCATE {quote_ident(stage)}")
+                return int(cur.rowcount)
+
+        return self._retrying("aggregates write", run)
 
     def _copy(self, conn: Any, table: str, columns: tuple[str, ...], data: pa.Table) -> None:
         cols = ", ".join(quote_ident(c) for c in columns)

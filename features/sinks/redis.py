@@ -65,6 +65,10 @@ end
 return written
 """
 NEWEST_WINS_SHA = hashlib.sha1(NEWEST_WINS.encode()).hexdigest()
+#: The aggregates' variant: an equal event time replaces too, because a late event
+#: (within the allowed lateness) updates the aggregation values of the newest event.
+NEWEST_OR_EQUAL_WINS = NEWEST_WINS.replace("tonumber(cur) < tonumber(et)", "tonumber(cur) <= tonumber(et)")
+NEWEST_OR_EQUAL_WINS_SHA = hashlib.sha1(NEWEST_OR_EQUAL_WINS.encode()).hexdigest()
 
 #: Lineage that is the same for every row of a run: sent once per script call.
 _CONSTANT_LINEAGE = (SCHEMA_VERSION, SCHEMA_FINGERPRINT, RUN_ID, INGESTED_AT)
@@ -75,6 +79,11 @@ _CALLS_PER_ROUND = 256    # script calls sent before their replies are read
 def entity_key(schema_name: str, entity: str) -> str:
     """The Redis key of one entity (what readers such as the SDK compute)."""
     return f"{KEY_PREFIX}:{schema_name}:{{{entity}}}"
+
+
+def aggregates_key(schema_name: str, entity: str) -> str:
+    """The hash of one entity's hot aggregations: ``features:<schema>__aggregates:{<entity>}``."""
+    return entity_key(f"{schema_name}__aggregates", entity)
 
 
 def ledger_key(schema_name: str) -> str:
@@ -221,7 +230,8 @@ class RedisSink:
     name = "redis"
 
     def __init__(self, url: str, compiled: CompiledSchema, *, key_prefix: str = "",
-                 retries: int = 5, backoff_s: float = 0.5, timeout_s: float = 30.0) -> None:
+                 retries: int = 5, backoff_s: float = 0.5, timeout_s: float = 30.0,
+                 aggregates: bool = False) -> None:
         schema = compiled.schema
         if not schema.loadable:
             raise SinkError(f"schema {compiled.name!r} is validation-only: it cannot be loaded into Redis",
@@ -241,7 +251,20 @@ class RedisSink:
         self.entity = entity
         self.event_time = event_time
         self.fields = tuple(f.name for f in schema.fields if "hot" in f.store)
-        self.features = tuple(f.name for f in schema.features if "hot" in f.store)
+        # a one_hot feature is one column per enum value: <feature>__<value>
+        self.features = tuple(
+            col for f in schema.features if "hot" in f.store
+            for col in ([f"{f.name}__{v}" for v in schema.field(f.source).values]
+                        if any(step.op == "one_hot" for step in f.steps) else [f.name]))
+        #: ``aggregates``: this sink writes the hot aggregations instead (their own hash per
+        #: entity, see :func:`aggregates_key`; an equal event time replaces the values).
+        self.hash_name = compiled.name
+        self.script, self.script_sha = NEWEST_WINS, NEWEST_WINS_SHA
+        if aggregates:
+            aggs = schema.aggregations.features if schema.aggregations else ()
+            self.fields, self.features = (), tuple(a.name for a in aggs if "hot" in a.store)
+            self.hash_name = f"{compiled.name}__aggregates"
+            self.script, self.script_sha = NEWEST_OR_EQUAL_WINS, NEWEST_OR_EQUAL_WINS_SHA
         self._sock: socket.socket | ssl.SSLSocket | None = None
         self.keys_per_call = _KEYS_PER_CALL
 
@@ -339,8 +362,8 @@ class RedisSink:
         self._load_script()
 
     def _load_script(self) -> None:
-        reply = self._call(["SCRIPT", "LOAD", NEWEST_WINS], what="SCRIPT LOAD")
-        if NEWEST_WINS_SHA.encode() not in reply:
+        reply = self._call(["SCRIPT", "LOAD", self.script], what="SCRIPT LOAD")
+        if self.script_sha.encode() not in reply:
             raise SinkError(f"unexpected SCRIPT LOAD reply {reply[:80]!r}", store=self.name)
 
     def close(self) -> None:
@@ -382,7 +405,7 @@ class RedisSink:
         pairs of its non-null values); offsets; per-row argument counts; and the
         per-call constant arguments (TTL and the run's constant lineage)."""
         keys = _bulk(pc.binary_join_element_wise(
-            f"{self.key_prefix}{KEY_PREFIX}:{self.compiled.name}:{{",
+            f"{self.key_prefix}{KEY_PREFIX}:{self.hash_name}:{{",
             pc.cast(encode_column(rows.column(self.entity).combine_chunks()), pa.string()), "}", ""))
         micros = pc.cast(event_time_micros(rows.column(self.event_time).combine_chunks()), pa.string())
         present = np.zeros(rows.num_rows, dtype=np.int64)
@@ -421,7 +444,7 @@ class RedisSink:
             m = e - s
             total = fixed + m + int(args_before[e] - args_before[s])
             out.append(b"".join((
-                f"*{total}\r\n$7\r\nEVALSHA\r\n$40\r\n{NEWEST_WINS_SHA}\r\n{_const_bulk(str(m))}".encode(),
+                f"*{total}\r\n$7\r\nEVALSHA\r\n$40\r\n{self.script_sha}\r\n{_const_bulk(str(m))}".encode(),
                 kb[koff[s]:koff[e]], head, rb[roff[s]:roff[e]])))
         return out
 

@@ -107,6 +107,8 @@ class StreamProcessor:
         self._lag_client: Any = None
         self._last_log = time.time()
         self._delivery_errors: list[str] = []
+        self.last_rows: pa.Table = pa.table({})
+        self.last_uris: pa.Array = pa.array([], pa.string())
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -176,7 +178,26 @@ class StreamProcessor:
         self._writer.drain()
         self._dead_letters(rejects, topics, partitions, offsets, timestamps_ms)
         self._account(dec, merged, uris, topics, partitions, offs, timestamps_ms, outcome)
+        self.last_rows, self.last_uris = merged.rows, uris
         return outcome
+
+    def aggregation_inputs(self, spec: Any) -> list[str | None]:
+        """Per record of the last micro-batch: the JSON ``[entity, event time us, source,
+        contributions]`` the keyed aggregation stage reads (None: the record was rejected).
+        Valid rows already present in the history count too: after a restore from a
+        checkpoint, the aggregation state must see them again."""
+        from features.aggregate.engine import contributions, extract
+
+        rows, uris = self.last_rows, self.last_uris
+        out: list[str | None] = [None] * len(uris)
+        if rows.num_rows == 0:
+            return out
+        inputs = extract(spec, rows)
+        pos = pc.index_in(rows.column("_source"), value_set=uris).to_numpy(zero_copy_only=False)
+        for p, e, t, src, c in zip(pos.tolist(), inputs.entity.to_pylist(), inputs.time_us.tolist(),
+                                   inputs.source.to_pylist(), contributions(spec, inputs), strict=True):
+            out[p] = json.dumps([e, t, src, c])  # the keyed stage is per event anyway (PyFlink)
+        return out
 
     def _dead_letters(self, rejects: pa.Table, topics: pa.Array, partitions: pa.Array, offsets: pa.Array,
                       timestamps_ms: npt.NDArray[np.int64] | None) -> None:

@@ -1,0 +1,529 @@
+"""Windowed aggregations: one definition, two engines that give identical results.
+
+Semantics (``docs/aggregations.md`` has the long form). For each entity, in **arrival
+order** (file row order for a backfill, partition order for a Kafka topic whose
+producer keys records by entity):
+
+1. an event is **late** when its time is more than ``allowed_lateness`` older than
+   the newest event of the entity seen before it; a late event updates nothing and
+   is reported as a reject (rule ``aggregation.lateness``);
+2. an event whose (entity, event time) was already accepted is a **duplicate**: the
+   first one counts, the others are ignored (as in the history table);
+3. every other event is **accepted**, and gets one value per aggregation *as of its
+   own time*, over the accepted events of its entity in its window (sliding
+   ``(t - size, t]``; tumbling ``[floor(t / size) * size, t]``), counting only the
+   events that match ``where`` and (with ``of``) have a non-null value. Events that
+   arrive after it with an earlier time (out of order, within the lateness) are
+   included: the value is final once the lateness has passed.
+
+Both engines compute the same **raw accumulators**, exactly (integers for counts and
+for integer/decimal sums; min, max and last are values, never arithmetic), and one
+vectorised :func:`finalize` turns them into the stored columns (the mean's division,
+a ratio's ``on_zero``), so floating-point rounding cannot differ between the paths:
+
+- :func:`compute` (batch backfill): vectorised NumPy/pandas over all events at once;
+- :class:`KeyState` (stream): per entity, event by event, inside Flink keyed state.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from features.schema.model import FLOAT_KINDS, INTEGER_KINDS, Aggregation, Aggregations, Schema, TypeKind
+
+I64 = npt.NDArray[np.int64]
+Mask = npt.NDArray[np.bool_]
+
+#: raw accumulator components per function (each an int64 or float64 column, nullable)
+RAW_PARTS: dict[str, tuple[str, ...]] = {
+    "count": ("n",), "sum": ("s",), "mean": ("s", "n"), "min": ("v",), "max": ("v",), "last": ("v",),
+    "count_distinct": ("d",),
+}
+LATE_RULE = "aggregation.lateness"
+_US = 1_000_000
+
+
+# --------------------------------------------------------------------------- the spec
+
+
+@dataclass(frozen=True)
+class AggSpec:
+    """The compiled aggregations of one schema: what both engines need."""
+
+    schema: Schema
+    aggregations: Aggregations
+    windowed: tuple[Aggregation, ...]        # everything but ratios, in declaration order
+    lateness_us: int
+    horizon_us: int                          # lateness + the longest window: state kept per entity
+
+    @classmethod
+    def of(cls, schema: Schema) -> AggSpec | None:
+        aggs = schema.aggregations
+        if aggs is None:
+            return None
+        windowed = tuple(a for a in aggs.features if a.function != "ratio")
+        lateness = aggs.allowed_lateness_s * _US
+        return cls(schema, aggs, windowed, lateness, lateness + aggs.max_window_s * _US)
+
+    def value_kind(self, agg: Aggregation) -> str:
+        """How a contribution is carried: ``int`` (integers, scaled decimals), ``float``,
+        ``key`` (count_distinct: the value itself) or ``one`` (count of events)."""
+        if agg.of is None:
+            return "one"
+        if agg.function == "count_distinct":
+            return "key"
+        kind = self.schema.field(agg.of).type.kind
+        if agg.function == "count":
+            return "one"
+        return "float" if kind in FLOAT_KINDS else "int"
+
+    def raw_names(self) -> list[str]:
+        return [f"{a.name}.{p}" for a in self.windowed for p in RAW_PARTS[a.function]]
+
+    def output_type(self, agg: Aggregation) -> pa.DataType:
+        """The Arrow type of a stored aggregation column."""
+        f = agg.function
+        if f in ("count", "count_distinct"):
+            return pa.int64()
+        if f in ("mean", "ratio"):
+            return pa.float64()
+        assert agg.of is not None
+        ft = self.schema.field(agg.of).type
+        if f == "sum":
+            return pa.int64() if ft.kind in INTEGER_KINDS else pa.decimal128(38, int(ft.scale or 0))
+        from features.compile.arrow import arrow_type
+
+        return arrow_type(ft)
+
+    def stored(self, target: str) -> tuple[Aggregation, ...]:
+        return tuple(a for a in self.aggregations.features if target in a.store)
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+@dataclass
+class Inputs:
+    """The events, in arrival order, reduced to what the aggregations read."""
+
+    entity: pa.Array                       # the entity key column
+    time_us: I64                           # event time, microseconds since the epoch (UTC)
+    source: pa.Array                       # lineage URI per event
+    contrib: dict[str, Mask]               # per windowed aggregation: does the event count?
+    values: dict[str, Any]                 # per aggregation with a value: int64/float64 array,
+    #                                        or an Arrow array (count_distinct)
+
+    def __len__(self) -> int:
+        return len(self.time_us)
+
+
+def _scaled_decimal(arr: pa.Array) -> I64:
+    """decimal128 values as int64 unscaled integers (exact; nulls become 0)."""
+    arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+    words = np.frombuffer(arr.buffers()[1], dtype=np.int64)[2 * arr.offset: 2 * (arr.offset + len(arr))]
+    low, high = words[0::2], words[1::2]
+    valid = np.asarray(arr.is_valid(), dtype=np.bool_)
+    if np.any((high != (low >> 63)) & valid):
+        raise OverflowError("a decimal value does not fit in 64 bits: cannot aggregate it exactly")
+    return np.where(valid, low, 0)
+
+
+def _numeric(arr: pa.Array, kind: TypeKind) -> npt.NDArray[Any]:
+    if kind is TypeKind.DECIMAL:
+        return _scaled_decimal(arr)
+    if kind in FLOAT_KINDS:
+        return np.asarray(pc.fill_null(arr.cast(pa.float64()), 0.0).to_numpy(zero_copy_only=False))
+    return np.asarray(pc.fill_null(arr.cast(pa.int64()), 0).to_numpy(zero_copy_only=False))
+
+
+def extract(spec: AggSpec, rows: pa.Table) -> Inputs:
+    """The aggregation inputs of ``rows`` (valid rows with their lineage, arrival order)."""
+    from features.sinks.redis import event_time_micros
+
+    schema = spec.schema
+    assert schema.entity is not None and schema.event_time is not None
+    n = rows.num_rows
+    t = np.asarray(event_time_micros(rows.column(schema.event_time).combine_chunks()).to_numpy(
+        zero_copy_only=False), dtype=np.int64)
+    contrib: dict[str, Mask] = {}
+    values: dict[str, Any] = {}
+    for agg in spec.windowed:
+        mask = np.ones(n, dtype=np.bool_)
+        for name, allowed in agg.where:
+            col = rows.column(name).combine_chunks()
+            if pa.types.is_dictionary(col.type):
+                col = col.cast(col.type.value_type)
+            hit = pc.is_in(col, value_set=pa.array(list(allowed), col.type))
+            mask &= np.asarray(pc.fill_null(hit, False).to_numpy(zero_copy_only=False), dtype=np.bool_)
+        if agg.of is not None:
+            col = rows.column(agg.of).combine_chunks()
+            mask &= np.asarray(col.is_valid(), dtype=np.bool_)
+            kind = spec.value_kind(agg)
+            if kind == "key":
+                values[agg.name] = col.cast(col.type.value_type) if pa.types.is_dictionary(col.type) else col
+            elif kind != "one":
+                values[agg.name] = _numeric(col, schema.field(agg.of).type.kind)
+        contrib[agg.name] = mask
+    return Inputs(rows.column(schema.entity).combine_chunks(), t,
+                  rows.column("_source").combine_chunks(), contrib, values)
+
+
+def contributions(spec: AggSpec, inputs: Inputs) -> list[list[Any]]:
+    """Per event, per windowed aggregation: its contribution (None: it does not count).
+    The stream's wire form (``KeyState.add``); column-wise conversions, one list per event."""
+    cols: list[list[Any]] = []
+    for agg in spec.windowed:
+        mask = inputs.contrib[agg.name]
+        kind = spec.value_kind(agg)
+        if kind == "one":
+            vals: list[Any] = np.where(mask, 1, 0).tolist()
+        elif kind == "key":
+            vals = inputs.values[agg.name].to_pylist()
+        else:
+            vals = inputs.values[agg.name].tolist()
+        cols.append([v if m else None for v, m in zip(vals, mask.tolist(), strict=True)])
+    return [list(r) for r in zip(*cols, strict=True)] if cols else [[] for _ in range(len(inputs))]
+
+
+# --------------------------------------------------------------------------- batch engine
+
+
+@dataclass
+class Computed:
+    """The outcome for a batch of events (arrival-order indices into the inputs)."""
+
+    accepted: I64           # input indices of the accepted events, sorted by (entity, time)
+    late: I64               # input indices of late events (arrival order)
+    duplicate: I64          # input indices of duplicates (arrival order)
+    raw: dict[str, pa.Array]  # "<aggregation>.<part>" -> one value per accepted event
+    previous_newest_us: I64 = field(default_factory=lambda: np.zeros(0, np.int64))  # per late event
+
+
+def _group_codes(entity: pa.Array) -> I64:
+    enc = pc.dictionary_encode(entity, null_encoding="encode")
+    return np.asarray(enc.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def classify(codes: I64, t: I64, lateness_us: int) -> tuple[Mask, Mask, I64]:
+    """Late and duplicate masks (arrival order) and each event's previous newest time."""
+    s = pd.Series(t)
+    prev = s.groupby(codes).cummax().groupby(codes).shift(1)
+    prev_arr = prev.to_numpy(dtype=np.float64, na_value=np.nan)
+    has_prev = ~np.isnan(prev_arr)
+    prev_i = np.where(has_prev, np.nan_to_num(prev_arr), 0).astype(np.int64)
+    late = has_prev & (t < prev_i - lateness_us)
+    frame = pd.DataFrame({"k": codes, "t": t})
+    dup = np.zeros(len(t), dtype=np.bool_)
+    keep = ~late
+    dup[keep] = frame[keep].duplicated(keep="first").to_numpy()
+    return late, dup, prev_i
+
+
+def _window_starts(codes: I64, t: I64, agg: Aggregation) -> I64:
+    """For events sorted by (entity, time) with unique times per entity: the first
+    position of each event's window."""
+    assert agg.window is not None
+    size = agg.window.size_s * _US
+    uniq = np.unique(t)
+    span = len(uniq) + 1
+    comp = codes * span + np.searchsorted(uniq, t)
+    if agg.window.kind == "sliding":
+        bound = np.searchsorted(uniq, t - size, side="right")
+    else:
+        bound = np.searchsorted(uniq, np.floor_divide(t, size) * size, side="left")
+    return np.searchsorted(comp, codes * span + bound, side="left").astype(np.int64)
+
+
+def _prefix(x: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    out = np.zeros(len(x) + 1, dtype=x.dtype)
+    np.cumsum(x, out=out[1:])
+    return out
+
+
+def _range_extreme(v: npt.NDArray[Any], lo: I64, op: Any, fill: Any) -> npt.NDArray[Any]:
+    """op.reduce over v[lo[i]..i] for every i (a sparse table: O(n log n), vectorised)."""
+    n = len(v)
+    table = [v]
+    k = 1
+    while 2 * k <= n:
+        prev = table[-1]
+        table.append(op(prev[:-k], prev[k:]) if len(prev) > k else prev[:0])
+        k *= 2
+    idx = np.arange(n)
+    length = idx - lo + 1
+    out = np.full(n, fill, dtype=v.dtype)
+    level = np.floor(np.log2(np.maximum(length, 1))).astype(np.int64)
+    for j, row in enumerate(table):
+        sel = level == j
+        if not sel.any():
+            continue
+        a = lo[sel]
+        b = idx[sel] - (1 << j) + 1
+        out[sel] = op(row[a], row[b])
+    return out
+
+
+def _distinct_counts(codes: I64, vcodes: I64, mask: Mask, lo: I64, chunk: int = 4_000_000) -> I64:
+    """Distinct ``vcodes`` among contributing events in each window [lo[i], i]."""
+    n = len(codes)
+    pos = np.arange(n)
+    prev_same = np.full(n, -1, dtype=np.int64)
+    m = np.flatnonzero(mask)
+    if len(m):
+        order = np.lexsort((m, vcodes[m], codes[m]))
+        sm = m[order]
+        same = (codes[sm][1:] == codes[sm][:-1]) & (vcodes[sm][1:] == vcodes[sm][:-1])
+        prev_same[sm[1:][same]] = sm[:-1][same]
+    first = mask & True
+    out = np.zeros(n, dtype=np.int64)
+    lengths = pos - lo + 1
+    start = 0
+    while start < n:  # chunks of windows bound the expanded (window, member) pairs
+        csum = np.cumsum(lengths[start:])
+        stop = start + max(1, int(np.searchsorted(csum, chunk, side="right")))
+        ln = lengths[start:stop]
+        owner = np.repeat(np.arange(start, stop), ln)
+        offs = np.arange(int(ln.sum())) - np.repeat(np.cumsum(ln) - ln, ln)
+        member = lo[owner] + offs
+        new = first[member] & (prev_same[member] < lo[owner])
+        out[start:stop] = np.bincount(owner - start, weights=new, minlength=stop - start).astype(np.int64)
+        start = stop
+    return out
+
+
+def compute(spec: AggSpec, inputs: Inputs) -> Computed:
+    """The batch engine: every event's outcome and, for accepted ones, raw accumulators."""
+    n = len(inputs)
+    if n == 0:
+        empty = np.zeros(0, np.int64)
+        return Computed(empty, empty, empty, {k: pa.array([], _raw_type(spec, k)) for k in spec.raw_names()})
+    codes = _group_codes(inputs.entity)
+    t = inputs.time_us
+    late, dup, prev = classify(codes, t, spec.lateness_us)
+    acc = np.flatnonzero(~late & ~dup)
+    order = acc[np.lexsort((t[acc], codes[acc]))]
+    c, ts = codes[order], t[order]
+    pos = np.arange(len(order))
+    raw: dict[str, pa.Array] = {}
+    for agg in spec.windowed:
+        lo = _window_starts(c, ts, agg)
+        mask = inputs.contrib[agg.name][order]
+        cnt = _prefix(mask.astype(np.int64))
+        n_in = cnt[pos + 1] - cnt[lo]
+        f = agg.function
+        if f == "count":
+            raw[f"{agg.name}.n"] = pa.array(n_in, pa.int64())
+            continue
+        if f == "count_distinct":
+            vcodes = _group_codes(inputs.values[agg.name].take(pa.array(order)))
+            raw[f"{agg.name}.d"] = pa.array(_distinct_counts(c, vcodes, mask, lo), pa.int64())
+            continue
+        v = inputs.values[agg.name][order]
+        if f in ("sum", "mean"):
+            vv = np.where(mask, v, 0).astype(np.int64)
+            if len(vv) and int(np.abs(vv).max()) * len(vv) >= 2**62:
+                raise OverflowError(f"aggregation {agg.name}: the sums could overflow 64-bit integers")
+            ps = _prefix(vv)
+            raw[f"{agg.name}.s"] = pa.array(ps[pos + 1] - ps[lo], pa.int64())
+            if f == "mean":
+                raw[f"{agg.name}.n"] = pa.array(n_in, pa.int64())
+            continue
+        empty = n_in == 0
+        if f == "last":
+            last = np.maximum.accumulate(np.where(mask, pos, -1)) if len(pos) else pos
+            out = v[np.maximum(last, 0)]
+        else:
+            is_float = v.dtype.kind == "f"
+            if f == "min":
+                fill = np.inf if is_float else np.iinfo(np.int64).max
+                out = _range_extreme(np.where(mask, v, fill), lo, np.minimum, fill)
+            else:
+                fill = -np.inf if is_float else np.iinfo(np.int64).min
+                out = _range_extreme(np.where(mask, v, fill), lo, np.maximum, fill)
+        raw[f"{agg.name}.v"] = pa.array(out, mask=empty)
+    late_idx = np.flatnonzero(late)
+    return Computed(order, late_idx, np.flatnonzero(dup), raw, prev[late_idx])
+
+
+def _raw_type(spec: AggSpec, name: str) -> pa.DataType:
+    agg_name, part = name.rsplit(".", 1)
+    agg = next(a for a in spec.windowed if a.name == agg_name)
+    if part == "v" and spec.value_kind(agg) == "float":
+        return pa.float64()
+    return pa.int64()
+
+
+def raw_schema(spec: AggSpec) -> pa.Schema:
+    return pa.schema([pa.field(n, _raw_type(spec, n)) for n in spec.raw_names()])
+
+
+# --------------------------------------------------------------------------- stream engine
+
+
+class KeyState:
+    """One entity's aggregation state in the stream (kept in Flink keyed state).
+
+    Holds the accepted events of the last ``horizon`` (lateness + longest window)
+    before the entity's newest event, sorted by time. :meth:`add` applies one event in
+    arrival order and returns what to emit: ``"late"``, ``"duplicate"``, or the raw
+    accumulators of every event whose value it changed (itself and the later events
+    whose window it falls in), to be upserted.
+    """
+
+    __slots__ = ("contribs", "newest", "released", "sources", "times")
+
+    def __init__(self) -> None:
+        self.newest: int | None = None
+        self.released = False       # the event list was dropped by :meth:`release`
+        self.times: list[int] = []
+        self.sources: list[str] = []
+        self.contribs: list[Sequence[Any]] = []
+
+    def add(self, spec: AggSpec, t: int, source: str, contrib: Sequence[Any]
+            ) -> str | list[tuple[int, str, list[Any]]]:
+        if self.newest is not None and t < self.newest - spec.lateness_us:
+            return "late"
+        longest = max((a.window.size_s for a in spec.windowed if a.window), default=0) * _US
+        if self.released:
+            assert self.newest is not None
+            if t <= self.newest - 1 + longest:
+                return "released"  # its windows reach events this state no longer holds
+            self.released = False
+        i = bisect.bisect_left(self.times, t)
+        if i < len(self.times) and self.times[i] == t:
+            return "duplicate"
+        self.times.insert(i, t)
+        self.sources.insert(i, source)
+        self.contribs.insert(i, contrib)
+        if self.newest is None or t > self.newest:
+            self.newest = t
+            cut = bisect.bisect_left(self.times, t - spec.horizon_us)
+            if cut:
+                del self.times[:cut], self.sources[:cut], self.contribs[:cut]
+                i -= cut
+        out = []
+        j = i
+        while j < len(self.times) and self.times[j] < t + longest:
+            out.append((self.times[j], self.sources[j], self.raw_at(spec, j)))
+            j += 1
+        return out
+
+    def raw_at(self, spec: AggSpec, j: int) -> list[Any]:
+        """The raw accumulators of the event at position ``j`` (RAW_PARTS order)."""
+        t = self.times[j]
+        out: list[Any] = []
+        for a, agg in enumerate(spec.windowed):
+            assert agg.window is not None
+            size = agg.window.size_s * _US
+            lo_t = t - size if agg.window.kind == "sliding" else (t // size) * size
+            lo = bisect.bisect_right(self.times, lo_t) if agg.window.kind == "sliding" \
+                else bisect.bisect_left(self.times, lo_t)
+            vals = [c[a] for c in self.contribs[lo:j + 1] if c[a] is not None]
+            f = agg.function
+            if f == "count":
+                out.append(len(vals))
+            elif f == "count_distinct":
+                out.append(len(set(vals)))
+            elif f == "sum":
+                out.append(sum(vals))
+            elif f == "mean":
+                out.extend((sum(vals), len(vals)))
+            elif f == "min":
+                out.append(min(vals) if vals else None)
+            elif f == "max":
+                out.append(max(vals) if vals else None)
+            else:  # last
+                out.append(vals[-1] if vals else None)
+        return out
+
+    def expired(self, spec: AggSpec, watermark_us: int) -> bool:
+        """True once the watermark is a whole horizon past the newest event: no event
+        that is on time for its Kafka partition can need the held events any more."""
+        return self.newest is not None and watermark_us >= self.newest + spec.horizon_us
+
+    def release(self) -> None:
+        """Drop the held events, keep the newest time (lateness stays exact for the
+        entity). An event that would still need them is refused as ``"released"``."""
+        self.times, self.sources, self.contribs = [], [], []
+        self.released = True
+
+
+# --------------------------------------------------------------------------- finalize
+
+
+def _decimal_from_scaled(v: I64, valid: Mask, scale: int, precision: int = 38) -> pa.Array:
+    words = np.empty(2 * len(v), dtype=np.int64)
+    words[0::2] = v
+    words[1::2] = v >> 63
+    validity = pa.array(valid).buffers()[1] if not valid.all() else None
+    return pa.Array.from_buffers(pa.decimal128(precision, scale), len(v),
+                                 [validity, pa.py_buffer(words.tobytes())])
+
+
+def _np(arr: pa.Array, dtype: Any, fill: Any) -> tuple[npt.NDArray[Any], Mask]:
+    arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+    valid = np.asarray(arr.is_valid(), dtype=np.bool_)
+    return np.asarray(pc.fill_null(arr, fill).to_numpy(zero_copy_only=False), dtype=dtype), valid
+
+
+def finalize(spec: AggSpec, raw: pa.Table) -> dict[str, pa.Array]:
+    """Raw accumulators -> every aggregation column, typed as stored. Vectorised; the
+    one place where floating-point arithmetic happens, shared by both engines."""
+    out: dict[str, pa.Array] = {}
+    n = raw.num_rows
+    for agg in spec.aggregations.features:
+        f = agg.function
+        if f == "ratio":
+            continue
+        if f in ("count", "count_distinct"):
+            out[agg.name] = raw.column(f"{agg.name}.{RAW_PARTS[f][0]}").combine_chunks().cast(pa.int64())
+            continue
+        assert agg.of is not None
+        ft = spec.schema.field(agg.of).type
+        scale = int(ft.scale or 0) if ft.kind is TypeKind.DECIMAL else 0
+        if f == "mean":
+            s, _ = _np(raw.column(f"{agg.name}.s"), np.int64, 0)
+            c, _ = _np(raw.column(f"{agg.name}.n"), np.int64, 0)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                mean = s.astype(np.float64) / c.astype(np.float64)
+                if scale:
+                    mean = mean / np.float64(10 ** scale)
+            out[agg.name] = pa.array(mean, pa.float64(), mask=c == 0)
+            continue
+        col = raw.column(f"{agg.name}.{RAW_PARTS[f][0]}")
+        target = spec.output_type(agg)
+        if ft.kind is TypeKind.DECIMAL:
+            v, valid = _np(col, np.int64, 0)
+            if f == "sum":
+                valid = np.ones(n, dtype=np.bool_)
+            precision = 38 if f == "sum" else int(ft.precision or 38)
+            out[agg.name] = _decimal_from_scaled(v, valid, scale, precision)
+        elif f == "sum":
+            out[agg.name] = pc.fill_null(col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col,
+                                         0).cast(pa.int64())
+        else:
+            out[agg.name] = col.cast(target)
+    for agg in spec.aggregations.features:
+        if agg.function != "ratio":
+            continue
+        assert agg.numerator is not None and agg.denominator is not None
+        num, num_ok = _np(out[agg.numerator].cast(pa.float64()), np.float64, 0.0)
+        den, den_ok = _np(out[agg.denominator].cast(pa.float64()), np.float64, 0.0)
+        zero = ~den_ok | (den == 0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(zero, np.float64(agg.on_zero or 0.0), num / np.where(zero, 1.0, den))
+        out[agg.name] = pa.array(ratio, pa.float64(), mask=~num_ok & ~zero)
+    return {a.name: out[a.name] for a in spec.aggregations.features}
+
+
+__all__ = ["LATE_RULE", "RAW_PARTS", "AggSpec", "Computed", "Inputs", "KeyState", "classify", "compute",
+           "contributions", "extract", "finalize", "raw_schema"]

@@ -1,0 +1,171 @@
+"""Writing aggregation results: Postgres (``<schema>__aggregates``), Redis, late rejects.
+
+The batch backfill and the stream job both end here. Writes are idempotent: Postgres
+upserts one row per (entity, event time) and changes it only when a value differs;
+Redis keeps each entity's newest event (an equal event time replaces, so an update by
+a late event lands); a late event's reject is unique per source record.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from features.aggregate.engine import LATE_RULE, AggSpec
+from features.compile import CompiledSchema
+from features.lineage import RunContext
+
+I64 = npt.NDArray[np.int64]
+
+
+@dataclass
+class AggregateCounts:
+    """What the aggregation stage did: ``events == accepted + late + duplicates``."""
+
+    events: int = 0
+    accepted: int = 0
+    late: int = 0
+    duplicates: int = 0
+    rows_written: int = 0       # Postgres rows inserted or changed
+    hot_written: int = 0        # Redis entities updated
+    late_rejects_stored: int = 0
+    seconds: float = 0.0
+
+    @property
+    def adds_up(self) -> bool:
+        return self.events == self.accepted + self.late + self.duplicates
+
+    def add(self, other: AggregateCounts) -> None:
+        for k in vars(self):
+            setattr(self, k, getattr(self, k) + getattr(other, k))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**vars(self), "seconds": round(self.seconds, 3), "adds_up": self.adds_up}
+
+
+def event_time_array(spec: AggSpec, time_us: I64) -> pa.Array:
+    """Microseconds since the epoch -> the schema's event time type."""
+    from features.compile.arrow import arrow_type
+
+    assert spec.schema.event_time is not None
+    target = arrow_type(spec.schema.field(spec.schema.event_time).type)
+    if pa.types.is_date(target):
+        return pa.array(np.floor_divide(time_us, 86_400_000_000).astype(np.int32), pa.date32()).cast(target)
+    us = pa.array(time_us, pa.timestamp("us", getattr(target, "tz", None)))
+    return us.cast(target, safe=False) if target != us.type else us
+
+
+def _iso(us: int) -> str:
+    return (dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=us)).isoformat()
+
+
+def late_rejects(spec: AggSpec, ctx: RunContext, entity: pa.Array, time_us: I64, sources: pa.Array,
+                 newest_us: I64, released: npt.NDArray[np.bool_] | None = None) -> pa.Table:
+    """One reject row per late event. A loop over late events only: the exception path."""
+    from features.runner import REJECTS_SCHEMA
+
+    n = len(time_us)
+    if n == 0:
+        return REJECTS_SCHEMA.empty_table()
+    schema = spec.schema
+    assert schema.entity is not None and schema.event_time is not None
+    et, ent = schema.event_time, schema.entity
+    late_s = spec.aggregations.allowed_lateness_s
+    raws, errors = [], []
+    flags = released.tolist() if released is not None else [False] * n
+    for e, t, newest, rel in zip(entity.to_pylist(), time_us.tolist(), newest_us.tolist(), flags,
+                                 strict=True):
+        got, floor = _iso(t), _iso(newest - spec.lateness_us)
+        raws.append(json.dumps({ent: e, et: got}))
+        why = (f"expected >= {floor} (the newest event of {ent} {e!r} seen before it is at {_iso(newest)}; "
+               f"allowed lateness {late_s}s)")
+        if rel:
+            why = (f"the stream's watermark had passed the newest event of {ent} {e!r} ({_iso(newest)}) by a "
+                   "whole window plus the allowed lateness, so the events its windows need were released; "
+                   "the event is more than the allowed lateness behind its Kafka partition")
+        errors.append(json.dumps([{
+            "field": et, "rule": LATE_RULE, "reason": "lateness", "value": got,
+            "message": (f"field {et} violates {LATE_RULE}: got {got}, {why}. "
+                        "The row is stored in the history table but updates no aggregation"),
+        }]))
+    index = pc.cast(pc.extract_regex(sources, r"(?P<n>[0-9]+)$").field("n"), pa.int64())
+    lineage = ctx.columns(sources)
+    return pa.table({
+        "_source": sources, "row_index": index, "raw": pa.array(raws, pa.string()),
+        "errors": pa.array(errors, pa.string()),
+        "event_time": pa.array(time_us, pa.timestamp("us", "UTC")),
+        **{k: v for k, v in lineage.items() if k != "_source"},
+    }, schema=REJECTS_SCHEMA)
+
+
+@dataclass
+class AggregateWriter:
+    """Writes aggregation rows and late rejects for one schema (both paths use it)."""
+
+    compiled: CompiledSchema
+    postgres_dsn: str
+    redis_url: str
+    search_path: str | None = None
+    key_prefix: str = ""
+    _pg: Any = field(default=None, init=False)
+    _hot: Any = field(default=None, init=False)
+
+    def open(self) -> None:
+        from features.sinks.postgres import PostgresSink
+        from features.sinks.redis import RedisSink
+
+        self._hot = RedisSink(self.redis_url, self.compiled, key_prefix=self.key_prefix, aggregates=True)
+        self._pg = PostgresSink(self.postgres_dsn, self.compiled, search_path=self.search_path)
+        for sink in (self._hot, self._pg):
+            sink.open()
+
+    def close(self) -> None:
+        for sink in (self._hot, self._pg):
+            if sink is not None:
+                sink.close()
+
+    def write(self, spec: AggSpec, ctx: RunContext, entity: pa.Array, time_us: I64, sources: pa.Array,
+              values: dict[str, pa.Array], late: pa.Table | None = None) -> AggregateCounts:
+        """Upsert aggregation ``values`` (one row per emitted event, in emission order:
+        for a key emitted twice the last one wins) and store ``late`` rejects."""
+        from features.sinks.base import WriteUnit
+
+        assert self._pg is not None and self._hot is not None, "open() first"
+        schema = spec.schema
+        assert schema.entity is not None and schema.event_time is not None
+        counts = AggregateCounts()
+        n = len(time_us)
+        if n:
+            codes = pc.dictionary_encode(entity).indices.to_numpy(zero_copy_only=False)
+            frame = pd.DataFrame({"k": codes, "t": time_us})
+            keep = np.flatnonzero(~frame.duplicated(keep="last").to_numpy())
+            take = pa.array(keep)
+            rows = pa.table({
+                schema.entity: entity.take(take),
+                schema.event_time: event_time_array(spec, time_us[keep]),
+                **{name: arr.take(take) for name, arr in values.items()},
+                **ctx.columns(sources.take(take)),
+            })
+            counts.rows_written = self._pg.upsert_aggregates(rows)
+            if self._hot.features:
+                # only each entity's newest event can be the hot value
+                kc, kt = codes[keep], time_us[keep]
+                order = np.lexsort((np.arange(len(keep)), kt, kc))
+                last = order[np.r_[kc[order][1:] != kc[order][:-1], True]]
+                newest = rows.take(pa.array(last))
+                counts.hot_written = self._hot.write(WriteUnit(newest, newest.slice(0, 0), None,
+                                                               newest.num_rows)).stored
+        if late is not None and late.num_rows:
+            counts.late_rejects_stored = self._pg.insert_rejects(late)
+        return counts
+
+
+__all__ = ["AggregateCounts", "AggregateWriter", "event_time_array", "late_rejects"]
