@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -158,11 +159,12 @@ class FeatureStore:
     # --- online -----------------------------------------------------------------------------
 
     def _features(self, c: CompiledSchema, features: Sequence[str] | None, store: str) -> list[str]:
-        """The requested stored columns (default: all of the store's), checked by name."""
+        """The requested stored columns (default: all of the store's features, then its
+        aggregations, in schema order), checked by name."""
         schema = c.schema
         keys = {schema.entity, schema.event_time}
         columns = _hot_columns(c) if store == "hot" else _cold_columns(c)
-        have = [n for n in columns if n not in keys]
+        have = [n for n in columns if n not in keys] + _aggregation_names(c, store)
         if features is None:
             return have
         unknown = [f for f in features if f not in have]
@@ -173,35 +175,42 @@ class FeatureStore:
         return list(features)
 
     def _online_request(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None
-                        ) -> tuple[CompiledSchema, list[str], list[str], list[str], list[str]]:
-        """(schema, feature names, id texts, Redis keys, HMGET fields) of one online call."""
+                        ) -> _OnlineRequest:
+        """What one online call reads, for the sync and the async path alike: the entity
+        hashes, then (when hot aggregations are requested) the aggregates hashes."""
+        from features.sinks.redis import aggregates_key, entity_key
+
         c = self._loadable(schema)
-        names = self._features(c, features, "hot")
+        columns = self._features(c, features, "hot")
+        hot_aggs = set(_aggregation_names(c, "hot"))
+        names = [x for x in columns if x not in hot_aggs]
+        aggs = [x for x in columns if x in hot_aggs]
         ids = [_entity_text(i) for i in entity_ids]
-        return c, names, ids, self._redis_keys(c, ids), [*names, *_CHECKED, "_event_time"]
-
-    def _redis_keys(self, c: CompiledSchema, ids: Sequence[str]) -> list[str]:
-        from features.sinks.redis import entity_key
-
-        return [self.key_prefix + entity_key(c.name, i) for i in ids]
+        reads = [([self.key_prefix + entity_key(c.name, i) for i in ids], [*names, *_CHECKED, EVENT_TIME])]
+        if aggs:
+            reads.append(([self.key_prefix + aggregates_key(c.name, i) for i in ids],
+                          [*aggs, *_CHECKED, EVENT_TIME]))
+        return _OnlineRequest(c, ids, columns, names, aggs, reads)
 
     def online(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None = None, *,
                fallback: bool | None = None, max_age: dt.timedelta | None = None) -> pa.Table:
         """The latest features of ``entity_ids``: one row per id, in request order.
 
-        Columns: the entity, the requested features (default: every hot feature) in their
-        declared types, ``_event_time`` (the row's event time), ``_age_seconds`` (now minus
-        the event time), ``_from`` (``redis``, ``postgres`` or null) and ``_found``.
-        One Redis round trip for all ids (pipelined ``HMGET``); ids missing from Redis
-        take one Postgres query together (their latest row, unless ``fallback=False``, or
-        older than ``max_age``). Ids found nowhere come back as nulls with ``_found``
-        false; this never raises for a missing id.
+        Columns: the entity, the requested features and aggregations (default: every hot
+        feature, then every hot aggregation) in their declared types, ``_event_time`` (the
+        row's event time), ``_age_seconds`` (now minus the event time), ``_from``
+        (``redis``, ``postgres`` or null) and ``_found``. One Redis round trip for all ids
+        (pipelined ``HMGET`` of the entity hash and, for aggregations, of the aggregates
+        hash); ids missing from Redis take one Postgres query together (their latest row
+        and their newest aggregation row, unless ``fallback=False``, or older than
+        ``max_age``; hot-only aggregations stay null there). Ids found nowhere come back
+        as nulls with ``_found`` false; this never raises for a missing id.
         """
-        c, names, ids, keys, fields = self._online_request(schema, entity_ids, features)
+        req = self._online_request(schema, entity_ids, features)
         if self._raw is None:
             self._raw = _RawRedis(self.redis_url, self.timeout_s)
-        replies = self._raw.hmget_many(keys, fields)
-        return self._finish_online(c, ids, names, replies, fallback, max_age)
+        replies = self._raw.hmget_many(req.reads)
+        return self._finish_online(req, replies, fallback, max_age)
 
     async def online_async(self, schema: str, entity_ids: Sequence[Any],
                            features: Sequence[str] | None = None, *, fallback: bool | None = None,
@@ -212,18 +221,19 @@ class FeatureStore:
 
         import redis.asyncio as aredis
 
-        c, names, ids, keys, fields = self._online_request(schema, entity_ids, features)
+        req = self._online_request(schema, entity_ids, features)
         if self._aredis is None:
             self._aredis = aredis.Redis.from_url(self.redis_url, socket_timeout=self.timeout_s)
         pipe = self._aredis.pipeline(transaction=False)
-        for k in keys:
-            pipe.hmget(k, fields)
+        for keys, fields in req.reads:
+            for k in keys:
+                pipe.hmget(k, fields)
         try:
             replies = await pipe.execute()
         except (aredis.ConnectionError, aredis.TimeoutError) as exc:
             raise SinkUnavailable(f"Redis unreachable at {self.redis_url.split('@')[-1]}: {exc}",
                                   store="redis") from exc
-        return await asyncio.to_thread(self._finish_online, c, ids, names, replies, fallback, max_age)
+        return await asyncio.to_thread(self._finish_online, req, replies, fallback, max_age)
 
     async def aclose(self) -> None:
         if self._aredis is not None:
@@ -231,42 +241,58 @@ class FeatureStore:
             self._aredis = None
         self.close()
 
-    def _finish_online(self, c: CompiledSchema, ids: list[str], names: list[str], replies: list[Any],
-                       fallback: bool | None, max_age: dt.timedelta | None) -> pa.Table:
-        schema = c.schema
-        n = len(ids)
+    def _decode_hashes(self, c: CompiledSchema, names: list[str], replies: Sequence[Any],
+                       what: str) -> tuple[dict[str, pa.Array], pa.Array]:
+        """HMGET replies (the ``names``, then ``_enc``, ``_schema_fingerprint`` and
+        ``_event_time``) -> the columns in their declared types and the event times (int64
+        microseconds, null where the hash is absent). Checks every hash found first."""
+        n = len(replies)
         width = len(names) + len(_CHECKED) + 1
         # One Arrow array over every reply value, then one strided take per column.
         flat = pa.array(list(chain.from_iterable(replies)), pa.binary()).cast(pa.string())
         # column-major: one take, then a zero-copy slice per column
         cols = flat.take(pa.array((np.arange(n, dtype=np.int64)[None, :] * width
                                    + np.arange(width, dtype=np.int64)[:, None]).ravel()))
-        self._check_hashes(c, cols.slice(len(names) * n, 2 * n), n)
-        columns: dict[str, pa.Array] = {}
-        for j, name in enumerate(names):
-            columns[name] = _from_text(c, name, cols.slice(j * n, n))
-        micros = cols.slice((width - 1) * n, n).cast(pa.int64())
+        self._check_hashes(c, cols.slice(len(names) * n, 2 * n), n, what)
+        columns = {name: _from_text(c, name, cols.slice(j * n, n)) for j, name in enumerate(names)}
+        return columns, cols.slice((width - 1) * n, n).cast(pa.int64())
+
+    def _finish_online(self, req: _OnlineRequest, replies: list[Any], fallback: bool | None,
+                       max_age: dt.timedelta | None) -> pa.Table:
+        c, ids = req.c, req.ids
+        schema = c.schema
+        n = len(ids)
+        columns, micros = self._decode_hashes(c, req.names, replies[:n], "hashes")
         found = np.asarray(micros.is_valid().to_numpy(zero_copy_only=False), dtype=np.bool_)
+        if req.aggs:
+            aggs, _ = self._decode_hashes(c, req.aggs, replies[n:2 * n], "aggregates hashes")
+            # A row's values come from one place: the aggregates of an id without an entity
+            # hash are dropped (the Postgres fallback, or nulls, give that row).
+            keep = pa.array(np.arange(n, dtype=np.int64), mask=~found)
+            columns.update({name: arr.take(keep) for name, arr in aggs.items()})
         event = micros.cast(_ts_utc())
         source = pc.if_else(pa.array(found), pa.scalar("redis"), pa.scalar(None, pa.string()))
         data: dict[str, pa.Array] = {str(schema.entity): pa.array([None if i == _NULL_ID else i for i in ids],
-                                                                  pa.string()), **columns,
-                                     EVENT_TIME: event}
+                                                                  pa.string()),
+                                     **{name: columns[name] for name in req.columns}, EVENT_TIME: event}
         table = pa.table(data)
         use_fallback = self.fallback if fallback is None else fallback
         missing = np.flatnonzero(~found & pa.array(ids).is_valid().to_numpy(zero_copy_only=False)
                                  & np.array([i != _NULL_ID for i in ids], dtype=np.bool_))
         if use_fallback and len(missing):
             cold = set(_cold_columns(c))
-            wanted = [x for x in names if x in cold]
+            wanted = [x for x in req.names if x in cold]
+            cold_aggs = set(_aggregation_names(c, "cold"))
+            wanted_aggs = [x for x in req.aggs if x in cold_aggs]  # hot-only ones stay null
             got = self._latest_cold(c, [ids[i] for i in missing], wanted,
-                                    max_age if max_age is not None else self.max_age, missing_ok=True)
+                                    max_age if max_age is not None else self.max_age, aggs=wanted_aggs,
+                                    missing_ok=True)
             if got.num_rows:
                 pos = {e: i for i, e in enumerate(got.column(schema.entity).to_pylist())}
                 hit = np.array([pos.get(ids[i], -1) for i in missing], dtype=np.int64)
                 rows_at = missing[hit >= 0]
                 take = pa.array(hit[hit >= 0])
-                for name in [*wanted, EVENT_TIME]:
+                for name in [*wanted, *wanted_aggs, EVENT_TIME]:
                     src = got.column(schema.event_time if name == EVENT_TIME else name).combine_chunks()
                     if name == EVENT_TIME:  # a date or another zone: the column is timestamp(us, UTC)
                         src = src.cast(_ts_utc())
@@ -281,37 +307,38 @@ class FeatureStore:
         return table.append_column(AGE, age).append_column(FROM, source).append_column(
             FOUND, pa.array(found))
 
-    def _check_hashes(self, c: CompiledSchema, checked: pa.Array, n: int) -> None:
+    def _check_hashes(self, c: CompiledSchema, checked: pa.Array, n: int, what: str) -> None:
         """Every hash found must be encoding v1 of this schema's fingerprint (docs/redis.md).
-        ``checked``: the ``_enc`` values of the ``n`` hashes, then their fingerprints."""
+        ``checked``: the ``_enc`` values of the ``n`` hashes, then their fingerprints;
+        ``what`` names the hashes in the message (``hashes``, ``aggregates hashes``)."""
         from features.sinks.redis import ENCODING_VERSION
 
         encs = set(pc.unique(checked.slice(0, n)).to_pylist()) - {None}
         fps = set(pc.unique(checked.slice(n, n)).to_pylist()) - {None}
         if encs - {ENCODING_VERSION}:
-            raise SinkError(f"Redis holds {c.name} hashes with encoding version "
+            raise SinkError(f"Redis holds {c.name} {what} with encoding version "
                             f"{sorted(encs - {ENCODING_VERSION})[0]}; this reader knows version "
                             f"{ENCODING_VERSION}", store="redis")
         if fps - {c.fingerprint}:
-            raise SinkError(f"Redis holds {c.name} hashes written with schema fingerprint "
+            raise SinkError(f"Redis holds {c.name} {what} written with schema fingerprint "
                             f"{sorted(fps - {c.fingerprint})[0][:12]}, but {self.schemas_path} has "
                             f"{c.schema.version_str} (fingerprint {c.fingerprint[:12]}): use the schema the "
                             "data was written with, or migrate the stores", store="redis")
 
     def _latest_cold(self, c: CompiledSchema, ids: list[str], names: list[str],
-                     max_age: dt.timedelta | None, *, missing_ok: bool = False) -> pa.Table:
-        """The latest Postgres row of each of ``ids`` (one query for all of them). With
-        ``missing_ok``, a database without the schema's tables has no rows (instead of
-        SinkError)."""
+                     max_age: dt.timedelta | None, *, aggs: Sequence[str] = (),
+                     missing_ok: bool = False) -> pa.Table:
+        """The latest Postgres row of each of ``ids`` with the cold ``aggs`` of the id's newest
+        ``<schema>__aggregates`` row (one query for all of them). With ``missing_ok``, a
+        database without the schema's tables has no rows (instead of SinkError)."""
         from psycopg import errors
-
 
         schema = c.schema
         try:
-            return self._latest_cold_query(c, ids, names, max_age)
+            return self._latest_cold_query(c, ids, names, max_age, list(aggs))
         except errors.UndefinedTable as exc:
             if missing_ok:
-                return _rows_to_table(c, [str(schema.entity), str(schema.event_time), *names], [])
+                return _rows_to_table(c, [str(schema.entity), str(schema.event_time), *names, *aggs], [])
             raise self._no_table(c, exc) from exc
 
     def _no_table(self, c: CompiledSchema, exc: Exception) -> SinkError:
@@ -323,26 +350,30 @@ class FeatureStore:
                          store="postgres")
 
     def _latest_cold_query(self, c: CompiledSchema, ids: list[str], names: list[str],
-                           max_age: dt.timedelta | None) -> pa.Table:
-        from psycopg import sql
-
-        from features.compile.postgres import cold_table_name
+                           max_age: dt.timedelta | None, aggs: list[str]) -> pa.Table:
+        from features.compile.postgres import aggregates_table_name, cold_table_name, quote_ident
 
         self._check_fingerprint(c)
         schema = c.schema
-        ent, et = sql.Identifier(str(schema.entity)), sql.Identifier(str(schema.event_time))
-        cols = sql.SQL(", ").join(sql.Identifier(x)
-                                  for x in [str(schema.entity), str(schema.event_time), *names])
-        where = sql.SQL("{} = ANY(%s)").format(ent)
+        keys = [str(schema.entity), str(schema.event_time)]
+        ent, et = (quote_ident(k) for k in keys)
+        where = f"{ent} = ANY(%s)"
         params: list[Any] = [ids]
         if max_age is not None:
-            where = sql.SQL("{} AND {} >= now() - %s").format(where, et)
+            where += f" AND {et} >= now() - %s"
             params.append(max_age)
-        query = sql.SQL("SELECT DISTINCT ON ({ent}) {cols} FROM {table} WHERE {where} "
-                        "ORDER BY {ent}, {et} DESC").format(
-            ent=ent, et=et, cols=cols, table=sql.Identifier(cold_table_name(schema)), where=where)
+        query = (f"SELECT DISTINCT ON ({ent}) {', '.join(quote_ident(x) for x in [*keys, *names])} "
+                 f"FROM {quote_ident(cold_table_name(schema))} WHERE {where} ORDER BY {ent}, {et} DESC")
+        if aggs:
+            # the newest aggregation row, whatever max_age: it decided on the history row
+            outer = ", ".join([f"m.{quote_ident(x)}" for x in [*keys, *names]]
+                              + [f"a.{quote_ident(x)}" for x in aggs])
+            query = (f"SELECT {outer} FROM ({query}) m LEFT JOIN LATERAL ("
+                     f"SELECT {', '.join(quote_ident(x) for x in aggs)} "
+                     f"FROM {quote_ident(aggregates_table_name(schema))} g WHERE g.{ent} = m.{ent} "
+                     f"ORDER BY g.{et} DESC LIMIT 1) a ON true")
         rows = self._postgres().execute(query, params).fetchall()
-        return _rows_to_table(c, [str(schema.entity), str(schema.event_time), *names], rows)
+        return _rows_to_table(c, [*keys, *names, *aggs], rows)
 
     # --- historical -------------------------------------------------------------------------
 
@@ -353,11 +384,16 @@ class FeatureStore:
         zoned timestamp), the latest stored values at or before its timestamp, never a
         later one (and none older than ``max_age``). Done in Postgres: the entity rows go
         in with one COPY into a temporary table, then one ``LEFT JOIN LATERAL`` as-of
-        query. Returns the input rows in order with the features and ``_event_time``
-        (null where nothing qualifies).
+        query. Returns the input rows in order with the requested columns (default: every
+        cold feature, then every cold aggregation) and ``_event_time`` (the history row's
+        event time; null where nothing qualifies).
+
+        An aggregation column holds the ``<schema>__aggregates`` row of the entity's
+        newest aggregated event at or before the timestamp: the value the online store
+        served at that time (not the window re-evaluated at the timestamp).
         """
         c = self._loadable(schema)
-        names = self._features(c, features, "cold")
+        columns = self._features(c, features, "cold")
         entity = str(c.schema.entity)
         if not isinstance(entity_df, pa.Table):
             entity_df = pa.Table.from_pandas(entity_df, preserve_index=False)
@@ -365,7 +401,7 @@ class FeatureStore:
             if col not in entity_df.column_names:
                 raise ConfigError(f"entity_df has no column {col!r} (it has "
                                   f"{', '.join(entity_df.column_names)})", key="entity_df")
-        clash = [x for x in [*names, EVENT_TIME] if x in entity_df.column_names]
+        clash = [x for x in [*columns, EVENT_TIME] if x in entity_df.column_names]
         if clash:
             raise ConfigError(f"entity_df already has column(s) {', '.join(clash)}, which the result adds; "
                               "rename them first", key="entity_df")
@@ -377,20 +413,20 @@ class FeatureStore:
 
         try:
             self._check_fingerprint(c)
-            return self._historical(c, entity_df, names, ts, timestamp_column, max_age)
+            return self._historical(c, entity_df, columns, ts, max_age)
         except errors.UndefinedTable as exc:
             raise self._no_table(c, exc) from exc
 
-    def _historical(self, c: CompiledSchema, entity_df: pa.Table, names: list[str], ts: Any,
-                    timestamp_column: str, max_age: dt.timedelta | None) -> pa.Table:
-        from psycopg import sql
-
-        from features.compile.postgres import cold_table_name
+    def _historical(self, c: CompiledSchema, entity_df: pa.Table, columns: list[str], ts: Any,
+                    max_age: dt.timedelta | None) -> pa.Table:
+        from features.compile.postgres import aggregates_table_name, cold_table_name, quote_ident
+        from features.sinks.postgres import copy_csv
 
         s = c.schema
         entity, event_time = str(s.entity), str(s.event_time)
-        from features.sinks.postgres import copy_csv
-
+        cold_aggs = set(_aggregation_names(c, "cold"))
+        names = [x for x in columns if x not in cold_aggs]
+        aggs = [x for x in columns if x in cold_aggs]
         conn = self._postgres()
         ids = pc.cast(entity_df.column(entity), pa.string())
         # Event times are microseconds: flooring a finer timestamp keeps the as-of answer.
@@ -398,6 +434,20 @@ class FeatureStore:
             ts = pc.floor_temporal(ts, unit="microsecond")
         stage = pa.table({"e": ids, "t": ts.cast(_ts_utc()),
                           "o": pa.array(np.arange(entity_df.num_rows, dtype=np.int64))})
+        # One as-of lateral join per table: the history (features, event time), then the
+        # aggregation rows (newest aggregated event at or before q.t) when any are asked for.
+        joins = [("f", cold_table_name(s), [event_time, *names])]
+        if aggs:
+            joins.append(("g", aggregates_table_name(s), aggs))
+        ent, et = quote_ident(entity), quote_ident(event_time)
+        age = f"AND h.{et} >= q.t - %s " if max_age is not None else ""
+        select = ", ".join(f"{alias}.{quote_ident(x)}" for alias, _, cols in joins for x in cols)
+        laterals = " ".join(
+            f"LEFT JOIN LATERAL (SELECT {', '.join(quote_ident(x) for x in cols)} "
+            f"FROM {quote_ident(table)} h WHERE h.{ent} = q.e AND h.{et} <= q.t {age}"
+            f"ORDER BY h.{et} DESC LIMIT 1) {alias} ON true"
+            for alias, table, cols in joins)
+        query = f"SELECT {select} FROM _featureline_asof q {laterals} ORDER BY q.o"
         with conn.transaction():
             conn.execute("CREATE TEMP TABLE IF NOT EXISTS _featureline_asof "
                          "(e text, t timestamptz, o bigint) ON COMMIT DELETE ROWS")
@@ -405,21 +455,10 @@ class FeatureStore:
             with conn.cursor() as cur, cur.copy(copy) as cp:
                 cp.write(copy_csv(stage))
             conn.execute("ANALYZE _featureline_asof")
-            cols = sql.SQL(", ").join(sql.SQL("f.{}").format(sql.Identifier(x))
-                                      for x in [event_time, *names])
-            inner = sql.SQL(", ").join(sql.Identifier(x) for x in [event_time, *names])
-            age = sql.SQL("AND h.{et} >= q.t - %s").format(et=sql.Identifier(event_time)) \
-                if max_age is not None else sql.SQL("")
-            query = sql.SQL(
-                "SELECT {cols} FROM _featureline_asof q LEFT JOIN LATERAL ("
-                "SELECT {inner} FROM {table} h WHERE h.{ent} = q.e AND h.{et} <= q.t {age} "
-                "ORDER BY h.{et} DESC LIMIT 1) f ON true ORDER BY q.o").format(
-                cols=cols, inner=inner, table=sql.Identifier(cold_table_name(s)),
-                ent=sql.Identifier(entity), et=sql.Identifier(event_time), age=age)
-            rows = conn.execute(query, [max_age] if max_age is not None else []).fetchall()
-        got = _rows_to_table(c, [event_time, *names], rows)
+            rows = conn.execute(query, [max_age] * len(joins) if max_age is not None else []).fetchall()
+        got = _rows_to_table(c, [event_time, *names, *aggs], rows)
         out = entity_df
-        for name in names:
+        for name in columns:
             out = out.append_column(name, got.column(name))
         return out.append_column(EVENT_TIME, got.column(event_time).cast(_ts_utc()))
 
@@ -437,6 +476,21 @@ class FeatureStore:
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+@dataclass(frozen=True)
+class _OnlineRequest:
+    """What one ``online``/``online_async`` call reads from Redis (built once, for both)."""
+
+    c: CompiledSchema
+    ids: list[str]                  # the ids as text, in request order (null: ``_NULL_ID``)
+    columns: list[str]              # the requested features and aggregations, in result order
+    names: list[str]                # ... those read from the entity hash
+    aggs: list[str]                 # ... those read from the aggregates hash
+    #: per hash kind, its keys (one per id) and HMGET fields (the values, ``_enc``,
+    #: ``_schema_fingerprint``, ``_event_time``): the entity hashes, then the aggregates
+    #: hashes when ``aggs``. Sent as one pipeline: one round trip.
+    reads: list[tuple[list[str], list[str]]]
 
 
 class _RawRedis:
@@ -462,14 +516,17 @@ class _RawRedis:
             finally:
                 self._sock = None
 
-    def hmget_many(self, keys: Sequence[str], fields: Sequence[str]) -> list[list[bytes | None]]:
-        request = _hmget_request(keys, fields)
+    def hmget_many(self, reads: Sequence[tuple[Sequence[str], Sequence[str]]]) -> list[list[bytes | None]]:
+        """One ``HMGET key *fields`` per key of each ``(keys, fields)`` group, every group
+        sent in one write (one round trip); the replies in the same order."""
+        request = b"".join(_hmget_request(keys, fields) for keys, fields in reads)
+        widths = [len(fields) for keys, fields in reads for _ in keys]
         for attempt in (1, 2):
             try:
                 if self._sock is None:
                     self._connect()
                 self._sock.sendall(request)
-                return self._read_arrays(len(keys), len(fields))
+                return self._read_arrays(widths)
             except (OSError, ConnectionError) as exc:
                 self.close()
                 if attempt == 2:
@@ -480,8 +537,9 @@ class _RawRedis:
                 raise
         raise AssertionError("unreachable")
 
-    def _read_arrays(self, n: int, width: int) -> list[list[bytes | None]]:
-        """``n`` replies, each an array of ``width`` bulk strings (or an error)."""
+    def _read_arrays(self, widths: Sequence[int]) -> list[list[bytes | None]]:
+        """One reply per item of ``widths``, each an array of that many bulk strings (or an
+        error)."""
         buf = bytearray()
         out: list[list[bytes | None]] = []
         pos = 0
@@ -493,7 +551,8 @@ class _RawRedis:
                 raise ConnectionError("connection closed by Redis")
             buf.extend(chunk)
 
-        while len(out) < n:
+        while len(out) < len(widths):
+            width = widths[len(out)]
             start = pos
             try:
                 row: list[bytes | None] = []
@@ -531,20 +590,34 @@ def _hmget_request(keys: Sequence[str], fields: Sequence[str]) -> bytes:
 
 def _hot_columns(c: CompiledSchema) -> list[str]:
     s = c.schema
-    return [f.name for f in s.fields if "hot" in f.store] + [f.name for f in s.features if "hot" in f.store]
+    return [f.name for f in s.fields if "hot" in f.store] + list(s.stored_features("hot"))
 
 
 def _cold_columns(c: CompiledSchema) -> list[str]:
     s = c.schema
-    return [f.name for f in s.fields if "cold" in f.store] + [f.name for f in s.features if "cold" in f.store]
+    return [f.name for f in s.fields if "cold" in f.store] + list(s.stored_features("cold"))
+
+
+def _aggregation_names(c: CompiledSchema, store: str) -> list[str]:
+    """The schema's aggregations stored in ``store`` (``hot``/``cold``), in schema order."""
+    aggs = c.schema.aggregations
+    return [a.name for a in aggs.features if store in a.store] if aggs is not None else []
 
 
 def _declared_type(c: CompiledSchema, name: str) -> pa.DataType:
     from features.compile.arrow import arrow_type
 
     for feature in c.schema.features:
-        if feature.name == name:
+        if name in c.schema.feature_columns(feature):
             return arrow_type(feature.dtype)
+    aggs = c.schema.aggregations
+    for agg in aggs.features if aggs is not None else ():
+        if agg.name == name:
+            from features.aggregate.engine import AggSpec
+
+            spec = AggSpec.of(c.schema)
+            assert spec is not None
+            return spec.output_type(agg)
     return c.arrow_schema.field(name).type
 
 

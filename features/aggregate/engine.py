@@ -28,6 +28,8 @@ a ratio's ``on_zero``), so floating-point rounding cannot differ between the pat
 from __future__ import annotations
 
 import bisect
+import functools
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,6 +66,8 @@ class AggSpec:
     windowed: tuple[Aggregation, ...]        # everything but ratios, in declaration order
     lateness_us: int
     horizon_us: int                          # lateness + the longest window: state kept per entity
+    longest_us: int                          # the longest window
+    plan: tuple[tuple[str, int, bool], ...]  # per windowed aggregation: function, size us, sliding?
 
     @classmethod
     def of(cls, schema: Schema) -> AggSpec | None:
@@ -72,7 +76,10 @@ class AggSpec:
             return None
         windowed = tuple(a for a in aggs.features if a.function != "ratio")
         lateness = aggs.allowed_lateness_s * _US
-        return cls(schema, aggs, windowed, lateness, lateness + aggs.max_window_s * _US)
+        plan = tuple((a.function, a.window.size_s * _US, a.window.kind == "sliding")
+                     for a in windowed if a.window is not None)
+        longest = aggs.max_window_s * _US
+        return cls(schema, aggs, windowed, lateness, lateness + longest, longest, plan)
 
     def value_kind(self, agg: Aggregation) -> str:
         """How a contribution is carried: ``int`` (integers, scaled decimals), ``float``,
@@ -145,12 +152,14 @@ def _numeric(arr: pa.Array, kind: TypeKind) -> npt.NDArray[Any]:
     return np.asarray(pc.fill_null(arr.cast(pa.int64()), 0).to_numpy(zero_copy_only=False))
 
 
-def extract(spec: AggSpec, rows: pa.Table) -> Inputs:
+def extract(spec: AggSpec, rows: pa.Table | pa.RecordBatch) -> Inputs:
     """The aggregation inputs of ``rows`` (valid rows with their lineage, arrival order)."""
     from features.sinks.redis import event_time_micros
 
     schema = spec.schema
     assert schema.entity is not None and schema.event_time is not None
+    if isinstance(rows, pa.RecordBatch):
+        rows = pa.Table.from_batches([rows])
     n = rows.num_rows
     t = np.asarray(event_time_micros(rows.column(schema.event_time).combine_chunks()).to_numpy(
         zero_copy_only=False), dtype=np.int64)
@@ -373,76 +382,87 @@ class KeyState:
     """One entity's aggregation state in the stream (kept in Flink keyed state).
 
     Holds the accepted events of the last ``horizon`` (lateness + longest window)
-    before the entity's newest event, sorted by time. :meth:`add` applies one event in
-    arrival order and returns what to emit: ``"late"``, ``"duplicate"``, or the raw
-    accumulators of every event whose value it changed (itself and the later events
-    whose window it falls in), to be upserted.
+    before the entity's newest event, sorted by time, column-wise (one list of
+    contributions per aggregation, None where an event does not count). :meth:`add`
+    applies one event in arrival order and returns what to emit: ``"late"``,
+    ``"duplicate"``, ``"released"``, or the raw accumulators of every event whose value
+    it changed (itself and the later events whose window it falls in), to be upserted.
+    Window reductions run as C-level builtins over list slices (``sum``, ``min``,
+    ``set``, ``list.count``): this is the per-record hot path of the stream.
     """
 
-    __slots__ = ("contribs", "newest", "released", "sources", "times")
+    __slots__ = ("cols", "newest", "released", "sources", "times")
 
     def __init__(self) -> None:
         self.newest: int | None = None
         self.released = False       # the event list was dropped by :meth:`release`
         self.times: list[int] = []
         self.sources: list[str] = []
-        self.contribs: list[Sequence[Any]] = []
+        self.cols: list[list[Any]] = []
 
     def add(self, spec: AggSpec, t: int, source: str, contrib: Sequence[Any]
             ) -> str | list[tuple[int, str, list[Any]]]:
         if self.newest is not None and t < self.newest - spec.lateness_us:
             return "late"
-        longest = max((a.window.size_s for a in spec.windowed if a.window), default=0) * _US
+        longest = spec.longest_us
         if self.released:
             assert self.newest is not None
             if t <= self.newest - 1 + longest:
                 return "released"  # its windows reach events this state no longer holds
             self.released = False
-        i = bisect.bisect_left(self.times, t)
-        if i < len(self.times) and self.times[i] == t:
+        times = self.times
+        i = bisect.bisect_left(times, t)
+        if i < len(times) and times[i] == t:
             return "duplicate"
-        self.times.insert(i, t)
+        if not self.cols:
+            self.cols = [[] for _ in spec.windowed]
+        times.insert(i, t)
         self.sources.insert(i, source)
-        self.contribs.insert(i, contrib)
+        for col, value in zip(self.cols, contrib, strict=True):
+            col.insert(i, value)
         if self.newest is None or t > self.newest:
             self.newest = t
-            cut = bisect.bisect_left(self.times, t - spec.horizon_us)
+            cut = bisect.bisect_left(times, t - spec.horizon_us)
             if cut:
-                del self.times[:cut], self.sources[:cut], self.contribs[:cut]
+                del times[:cut], self.sources[:cut]
+                for col in self.cols:
+                    del col[:cut]
                 i -= cut
         out = []
         j = i
-        while j < len(self.times) and self.times[j] < t + longest:
-            out.append((self.times[j], self.sources[j], self.raw_at(spec, j)))
+        end = t + longest
+        while j < len(times) and times[j] < end:
+            out.append((times[j], self.sources[j], self.raw_at(spec, j)))
             j += 1
         return out
 
     def raw_at(self, spec: AggSpec, j: int) -> list[Any]:
         """The raw accumulators of the event at position ``j`` (RAW_PARTS order)."""
-        t = self.times[j]
+        times = self.times
+        t = times[j]
         out: list[Any] = []
-        for a, agg in enumerate(spec.windowed):
-            assert agg.window is not None
-            size = agg.window.size_s * _US
-            lo_t = t - size if agg.window.kind == "sliding" else (t // size) * size
-            lo = bisect.bisect_right(self.times, lo_t) if agg.window.kind == "sliding" \
-                else bisect.bisect_left(self.times, lo_t)
-            vals = [c[a] for c in self.contribs[lo:j + 1] if c[a] is not None]
-            f = agg.function
-            if f == "count":
-                out.append(len(vals))
-            elif f == "count_distinct":
-                out.append(len(set(vals)))
-            elif f == "sum":
-                out.append(sum(vals))
-            elif f == "mean":
-                out.extend((sum(vals), len(vals)))
-            elif f == "min":
-                out.append(min(vals) if vals else None)
-            elif f == "max":
-                out.append(max(vals) if vals else None)
+        not_none = _NOT_NONE
+        for col, (function, size, sliding) in zip(self.cols, spec.plan, strict=True):
+            if sliding:
+                lo = bisect.bisect_right(times, t - size, 0, j)
+            else:
+                lo = bisect.bisect_left(times, t - t % size, 0, j)
+            window = col[lo:j + 1]
+            if function == "count":
+                out.append(len(window) - window.count(None))
+            elif function == "count_distinct":
+                distinct = set(window)
+                out.append(len(distinct) - (None in distinct))
+            elif function == "sum":
+                out.append(sum(filter(not_none, window)))
+            elif function == "mean":
+                out.extend((sum(filter(not_none, window)), len(window) - window.count(None)))
+            elif function == "min":
+                out.append(min(filter(not_none, window), default=None))
+            elif function == "max":
+                out.append(max(filter(not_none, window), default=None))
             else:  # last
-                out.append(vals[-1] if vals else None)
+                out.append(next(filter(not_none, reversed(window)), None))
         return out
 
     def expired(self, spec: AggSpec, watermark_us: int) -> bool:
@@ -453,8 +473,11 @@ class KeyState:
     def release(self) -> None:
         """Drop the held events, keep the newest time (lateness stays exact for the
         entity). An event that would still need them is refused as ``"released"``."""
-        self.times, self.sources, self.contribs = [], [], []
+        self.times, self.sources, self.cols = [], [], []
         self.released = True
+
+
+_NOT_NONE = functools.partial(operator.is_not, None)  # filter(_NOT_NONE, xs): non-None values, at C speed
 
 
 # --------------------------------------------------------------------------- finalize

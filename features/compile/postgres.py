@@ -410,7 +410,8 @@ def _cold_table(compiled: CompiledSchema) -> str:
     lines = [_field_column(f, compiled.rules, force_not_null=f.name in keys) for f in columns]
     for feature in schema.features:
         if "cold" in feature.store:
-            lines.append(f"{quote_ident(feature.name)} {_feature_type(feature)}")
+            typ = _feature_type(feature)
+            lines.extend(f"{quote_ident(col)} {typ}" for col in schema.feature_columns(feature))
     lines.extend(f"{quote_ident(name)} {typ} NOT NULL" for name, typ in LINEAGE_COLUMNS)
     for f in columns:
         lines.extend(_field_checks(f, compiled.rules))

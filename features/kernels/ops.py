@@ -333,7 +333,8 @@ class _Builder:
                     raise self.error(feature, f"one_hot needs an enum field, got {source.type}")
                 if k != len(feature.steps) - 1:
                     raise self.error(feature, "one_hot must be the last step")
-                columns = tuple(OutputColumn(f"{feature.name}__{v}", feature.dtype) for v in source.values)
+                names = self.schema.feature_columns(feature)
+                columns = tuple(OutputColumn(name, feature.dtype) for name in names)
                 return FeaturePlan(feature, columns, one_hot=OneHot(source.name, source.values, fill))
             if cls in ("string", "enum"):
                 fill, slot = self._categorical_step(feature, source, step, fill)

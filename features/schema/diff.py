@@ -4,8 +4,8 @@
 :class:`SchemaDiff`: one :class:`Change` per difference that matters to producers,
 readers or the stores, each classified *compatible* (old producers and readers keep
 working; the cold table can be migrated in place) or *breaking*. The
-``evolution_rules`` of the NEW schema then override the classification for the field
-or derived feature they name. Finally the version is gated: a breaking change needs a
+``evolution_rules`` of the NEW schema then override the classification for the field,
+derived feature or aggregation they name. Finally the version is gated: a breaking change needs a
 new major version, and compatible changes should bump the version.
 
 Classification (``kind``: compatible / breaking):
@@ -41,6 +41,21 @@ feature_added      compatible (ADD COLUMN when stored cold)
 feature_removed    breaking
 feature_changed    source, steps, dtype or on_invalid changed: breaking (the
                    values change meaning)
+aggregation_added  compatible: the CREATE TABLE of ``<schema>__aggregates`` when
+                   the old schema had no aggregations, else ADD COLUMN there
+                   when stored cold
+aggregation_       breaking
+removed
+aggregation_       function, of, window, where, numerator, denominator or
+changed            on_zero changed, or a windowed aggregation a ratio divides:
+                   breaking (the stored values were computed differently; a
+                   backfill is needed)
+allowed_lateness   changed: breaking, as aggregation_changed for every one
+store (of an       as for derived features (``cold`` added: ADD COLUMN in the
+aggregation)       aggregates table)
+type (of an        the output of an unchanged sum/min/max/last follows its
+aggregation)       field's new type: compatible when the field's type change is,
+                   ALTER COLUMN TYPE in the aggregates table
 entity,            changed or removed: breaking (the table key changes); set on a
 event_time         validation-only schema: compatible (the table is created new)
 name               breaking (another table)
@@ -51,20 +66,23 @@ payload            format changed or max_bytes lowered: breaking; max_bytes
 
 Descriptions, field order and the evolution rules themselves are not changes.
 
-Evolution rules name a field or derived feature (a renamed field by either name):
-``breaking_change: false`` makes every change to it compatible (the detail says
-so), ``breaking_change: true`` makes every change to it breaking. Schema-level
-changes (``name``, ``entity``, ``event_time``, ``hot_ttl``, ``payload``) are not
-field changes and no rule overrides them.
+Evolution rules name a field, derived feature or aggregation (a renamed field by
+either name): ``breaking_change: false`` makes every change to it compatible (the
+detail says so), ``breaking_change: true`` makes every change to it breaking.
+Schema-level changes (``name``, ``entity``, ``event_time``, ``hot_ttl``,
+``payload``, ``allowed_lateness``) are not field changes and no rule overrides them.
 
 Migration DDL touches only the cold table (named after the schema, identifiers
-always quoted, unqualified) and only columns stored cold there; constraint names are
-``<column>__<kind>`` as in the generated DDL. It is generated for compatible changes
-(including ones made compatible by a rule) when both schemas are loadable under the
-same name: all constraint drops first, then column changes, then constraint adds.
-When the diff is allowed and has no breaking change it ends by recording the new
-version and fingerprint in ``featureline_schemas``. A breaking change has no
-generated migration: a major version means a manual migration or a new table.
+always quoted, unqualified) and the aggregates table (``<schema>__aggregates``), and
+only columns stored cold there; constraint names are ``<column>__<kind>`` as in the
+generated DDL. It is generated for compatible changes (including ones made
+compatible by a rule) when both schemas are loadable under the same name: all
+constraint drops first, then column changes, then constraint adds. When the
+schema gains its first aggregations, the CREATE TABLE of the aggregates table (the
+text ``features compile`` writes) is among the column changes. When the diff is
+allowed and has no breaking change it ends by recording the new version and
+fingerprint in ``featureline_schemas``. A breaking change has no generated
+migration: a major version means a manual migration or a new table.
 """
 
 from __future__ import annotations
@@ -80,17 +98,21 @@ from typing import Literal
 # The migration writes the very same CHECK text as the generated DDL (check_expr).
 from features.compile.postgres import (
     SCHEMAS_TABLE,
+    aggregates_table_name,
+    aggregation_pg_type,
     check_expr,
     cold_table_name,
     constraint_name,
     pg_type,
     quote_ident,
     quote_literal,
+    render_aggregates_table,
     sql_value,
 )
 from features.compile.rules import ReasonCode, field_rules
 from features.schema.model import (
     INTEGER_KINDS,
+    Aggregation,
     EvolutionRule,
     Feature,
     Field,
@@ -129,11 +151,16 @@ class ChangeKind(StrEnum):
     FEATURE_ADDED = "feature_added"
     FEATURE_REMOVED = "feature_removed"
     FEATURE_CHANGED = "feature_changed"
+    AGGREGATION_ADDED = "aggregation_added"
+    AGGREGATION_REMOVED = "aggregation_removed"
+    AGGREGATION_CHANGED = "aggregation_changed"
+    ALLOWED_LATENESS = "allowed_lateness"
 
 
 #: Kinds that concern the schema as a whole; evolution rules never override them.
 SCHEMA_KINDS = frozenset(
-    {ChangeKind.NAME, ChangeKind.ENTITY, ChangeKind.EVENT_TIME, ChangeKind.HOT_TTL, ChangeKind.PAYLOAD}
+    {ChangeKind.NAME, ChangeKind.ENTITY, ChangeKind.EVENT_TIME, ChangeKind.HOT_TTL, ChangeKind.PAYLOAD,
+     ChangeKind.ALLOWED_LATENESS}
 )
 
 #: Change kinds whose DDL is exactly the CHECK constraint ``<column>__<kind>``.
@@ -142,22 +169,24 @@ _CHECK_KINDS = frozenset(
      ChangeKind.MAX_LENGTH, ChangeKind.ENUM}
 )
 
-Scope = Literal["schema", "field", "feature"]
+Scope = Literal["schema", "field", "feature", "aggregation"]
 
 
 @dataclass(frozen=True)
 class Change:
     """One classified difference between the old and the new schema.
 
-    - ``field``: the field or derived feature concerned (the NEW name of a renamed
-      field; ``old_field`` holds the old one), or the YAML key of a schema-level
-      change (``name``, ``entity``, ``event_time``, ``hot.ttl``, ``payload``).
+    - ``field``: the field, derived feature or aggregation concerned (the NEW name of
+      a renamed field; ``old_field`` holds the old one), or the YAML key of a
+      schema-level change (``name``, ``entity``, ``event_time``, ``hot.ttl``,
+      ``payload``, ``aggregations.allowed_lateness``).
     - ``compatible``: the final classification, after evolution rules;
       ``classified_compatible`` is the classification before them.
     - ``honoured_rule``: the evolution rule of the new schema that applies to this
       change (whether it confirmed or overrode the classification), else None.
-    - ``ddl``: the statements that would apply this change to the cold table, in
-      order; empty when nothing in Postgres changes or the change is breaking.
+    - ``ddl``: the statements that would apply this change to the cold table (or the
+      aggregates table), in order; empty when nothing in Postgres changes or the
+      change is breaking.
     """
 
     field: str
@@ -257,14 +286,24 @@ class _Ddl:
 
 
 class _Table:
-    """The cold table a migration runs against: builds its ALTER TABLE statements."""
+    """The cold table a migration runs against (and the aggregates table beside it):
+    builds their ALTER TABLE statements. ``schema`` is the NEW schema."""
 
     def __init__(self, schema: Schema) -> None:
+        self.schema = schema
         self.name = quote_ident(cold_table_name(schema))
+        self.aggregates = quote_ident(aggregates_table_name(schema))
         self.keys = frozenset({schema.entity or "", schema.event_time or ""})
 
     def alter(self, action: str) -> str:
         return f"ALTER TABLE {self.name} {action}"
+
+    def alter_aggregates(self, action: str) -> str:
+        return f"ALTER TABLE {self.aggregates} {action}"
+
+    def add_aggregation_column(self, agg: Aggregation, ddl: _Ddl) -> None:
+        ddl.alters.append(self.alter_aggregates(
+            f"ADD COLUMN {quote_ident(agg.name)} {aggregation_pg_type(self.schema, agg)}"))
 
     def add_column(self, f: Field, ddl: _Ddl) -> None:
         parts = [f"ADD COLUMN {quote_ident(f.name)} {pg_type(f.type)}"]
@@ -396,6 +435,50 @@ def _bound_change(
         return False, f"{name} changed from {_show(old)} to {_show(new)} (not comparable)"
     verb = "lowered" if lower else "raised"
     return lower == loosen_down, f"{name} {verb} from {_show(old)} to {_show(new)}"
+
+
+_RECOMPUTED = "the values already stored were computed differently (a backfill is needed)"
+
+
+def _window(agg: Aggregation) -> str:
+    return "none" if agg.window is None else f"{agg.window.size_s}s {agg.window.kind}"
+
+
+def _where(agg: Aggregation) -> dict[str, frozenset[ScalarValue]]:
+    """The filter as field -> allowed values (the order of values does not matter)."""
+    return {name: frozenset(values) for name, values in agg.where}
+
+
+def _where_text(agg: Aggregation) -> str:
+    if not agg.where:
+        return "none"
+    return ", ".join(f"{name} in ({', '.join(_show(v) for v in values)})" for name, values in agg.where)
+
+
+def _agg_summary(agg: Aggregation) -> str:
+    if agg.function == "ratio":
+        return f"ratio {agg.numerator} / {agg.denominator}, {agg.on_zero} on zero"
+    text = agg.function + (f" of {agg.of}" if agg.of is not None else "") + f" over {_window(agg)}"
+    return text + (f" where {_where_text(agg)}" if agg.where else "")
+
+
+def _agg_redefined(old: Aggregation, new: Aggregation) -> list[str]:
+    """What changed in the definition of an aggregation (empty: its values do not change)."""
+    what = []
+    if old.function != new.function:
+        what.append(f"function {old.function} -> {new.function}")
+    if old.of != new.of:
+        what.append(f"of {old.of or 'none'} -> {new.of or 'none'}")
+    if old.window != new.window:
+        what.append(f"window {_window(old)} -> {_window(new)}")
+    if _where(old) != _where(new):
+        what.append(f"where {_where_text(old)} -> {_where_text(new)}")
+    for key, a, b in (("numerator", old.numerator, new.numerator),
+                      ("denominator", old.denominator, new.denominator),
+                      ("on_zero", old.on_zero, new.on_zero)):
+        if a != b:
+            what.append(f"{key} {a} -> {b}")
+    return what
 
 
 # ----------------------------------------------------------------------- differ
@@ -670,28 +753,32 @@ class _Differ:
 
         self.stores(old, new, self.addable(new))
 
-    def stores(self, old: Field | Feature, new: Field | Feature, addable: bool) -> None:
+    def stores(self, old: Field | Feature | Aggregation, new: Field | Feature | Aggregation,
+               addable: bool) -> None:
         targets: tuple[StoreTarget, ...] = ("hot", "cold")
+        scope: Scope = "field" if isinstance(new, Field) else (
+            "aggregation" if isinstance(new, Aggregation) else "feature")
         for target in targets:
             if target in new.store and target not in old.store:
                 ddl = _Ddl()
                 if target == "cold" and self.table is not None and old.name not in self.table.keys:
                     if isinstance(new, Field):
                         self.table.add_column(new, ddl)
+                    elif isinstance(new, Aggregation):
+                        self.table.add_aggregation_column(new, ddl)
                     else:
                         self.table.add_feature_column(new, ddl)
                 # Without a cold table yet (the schema just became loadable) there is
                 # no history to fill.
                 ok = addable or target == "hot" or self.table is None
                 why = "" if ok else " (not nullable without a default: history rows have no value)"
-                self.add(new.name, ChangeKind.STORE, ok, f"now stored {target}{why}", ddl=ddl,
-                         scope="field" if isinstance(new, Field) else "feature")
+                self.add(new.name, ChangeKind.STORE, ok, f"now stored {target}{why}", ddl=ddl, scope=scope)
             elif target in old.store and target not in new.store:
                 ddl = _Ddl()
                 if target == "cold" and isinstance(old, Field):
                     self.keep_history(old, ddl)
                 self.add(new.name, ChangeKind.STORE, False, f"no longer stored {target}: readers lose it",
-                         ddl=ddl, scope="field" if isinstance(new, Field) else "feature")
+                         ddl=ddl, scope=scope)
 
     # -- derived features -------------------------------------------------------
 
@@ -725,6 +812,71 @@ class _Differ:
             if before.name not in new_names:
                 self.add(before.name, ChangeKind.FEATURE_REMOVED, False,
                          "derived feature removed: readers lose it", scope="feature")
+
+    # -- aggregations -----------------------------------------------------------
+
+    def aggregations(self) -> None:
+        old_section, new_section = self.old.aggregations, self.new.aggregations
+        if old_section is not None and new_section is not None:
+            a, b = old_section.allowed_lateness_s, new_section.allowed_lateness_s
+            if a != b:
+                self.add("aggregations.allowed_lateness", ChangeKind.ALLOWED_LATENESS, False,
+                         f"allowed_lateness changed from {a}s to {b}s: other events count as late, so "
+                         f"{_RECOMPUTED}", scope="schema")
+        old_by = {a.name: a for a in (old_section.features if old_section is not None else ())}
+        new_aggs = new_section.features if new_section is not None else ()
+        new_names = {a.name for a in new_aggs}
+        # Windowed aggregations whose values change: the ratios over them change too.
+        redefined = {a.name for a in new_aggs if a.name in old_by and _agg_redefined(old_by[a.name], a)}
+        for agg in new_aggs:
+            before = old_by.get(agg.name)
+            if before is None:
+                ddl = _Ddl()
+                # Without aggregations before there is no aggregates table to alter: it is
+                # created below with every cold aggregation in it.
+                if self.table is not None and old_section is not None and "cold" in agg.store:
+                    self.table.add_aggregation_column(agg, ddl)
+                self.add(agg.name, ChangeKind.AGGREGATION_ADDED, True,
+                         f"aggregation added ({_agg_summary(agg)}, stored {', '.join(sorted(agg.store))})",
+                         scope="aggregation", ddl=ddl)
+                continue
+            what = _agg_redefined(before, agg)
+            for role, ref, was in (("numerator", agg.numerator, before.numerator),
+                                   ("denominator", agg.denominator, before.denominator)):
+                if ref is not None and ref == was and ref in redefined:
+                    what.append(f"its {role} {ref} changed")
+            if what:
+                self.add(agg.name, ChangeKind.AGGREGATION_CHANGED, False,
+                         f"aggregation {', '.join(what)}: {_RECOMPUTED}", scope="aggregation")
+            else:
+                self.aggregation_type(before, agg)
+            self.stores(before, agg, True)
+        for before in old_by.values():
+            if before.name not in new_names:
+                self.add(before.name, ChangeKind.AGGREGATION_REMOVED, False,
+                         "aggregation removed: readers lose it", scope="aggregation")
+        if old_section is None and new_section is not None and self.table is not None:
+            create = render_aggregates_table(self.new).rstrip().removesuffix(";")
+            for change, ddl in self.changes:
+                if change.kind is ChangeKind.AGGREGATION_ADDED and change.compatible:
+                    ddl.alters.insert(0, create)
+                    break
+
+    def aggregation_type(self, old: Aggregation, new: Aggregation) -> None:
+        """An unchanged sum/min/max/last whose output type follows its field's new type."""
+        before, after = aggregation_pg_type(self.old, old), aggregation_pg_type(self.new, new)
+        if before == after or new.of is None:
+            return
+        old_type, new_type = self.old.field(new.of).type, self.new.field(new.of).type
+        compatible, _ = _type_change(old_type, new_type)
+        ddl = _Ddl()
+        if self.table is not None and "cold" in old.store and "cold" in new.store:
+            col = quote_ident(new.name)
+            ddl.alters.append(self.table.alter_aggregates(
+                f"ALTER COLUMN {col} TYPE {after} USING {col}::{after}"))
+        self.add(new.name, ChangeKind.TYPE, compatible,
+                 f"output type {before} -> {after}, following field {new.of} ({old_type} -> {new_type})",
+                 scope="aggregation", ddl=ddl)
 
 
 # ------------------------------------------------------------------ public API
@@ -783,6 +935,7 @@ def diff_schemas(old: Schema, new: Schema) -> SchemaDiff:
     differ.schema_level()
     differ.fields()
     differ.features()
+    differ.aggregations()
     changes = tuple(
         dataclasses.replace(c, ddl=d.all() if c.compatible else ()) for c, d in differ.changes
     )

@@ -282,6 +282,17 @@ class Schema:
     def field_names(self) -> tuple[str, ...]:
         return tuple(f.name for f in self.fields)
 
+    def feature_columns(self, feature: Feature) -> tuple[str, ...]:
+        """The stored columns of a derived feature: its name, or for ``one_hot`` one column
+        per enum value of its source, ``<feature>__<value>``."""
+        if any(step.op == "one_hot" for step in feature.steps):
+            return tuple(f"{feature.name}__{v}" for v in self.field(feature.source).values)
+        return (feature.name,)
+
+    def stored_features(self, store: StoreTarget) -> tuple[str, ...]:
+        """Every stored column of the derived features placed in ``store``, in order."""
+        return tuple(col for f in self.features if store in f.store for col in self.feature_columns(f))
+
 
 __all__ = [
     "FLOAT_KINDS",

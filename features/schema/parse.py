@@ -785,7 +785,7 @@ class _SchemaParser(StepReader):
             if agg.name in taken:
                 self.error(name_node, join_path(kp, "name"),
                            f"aggregation name '{agg.name}' clashes with the {taken[agg.name]} '{agg.name}' "
-                           "(both become columns)")
+                           "(fields, features and aggregations share one set of names)")
                 ok = False
                 continue
             first_line[agg.name] = line_of(name_node)

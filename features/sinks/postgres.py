@@ -117,7 +117,7 @@ class PostgresSink:
         self.rejects_table = rejects_table_name(schema)
         keys = (schema.entity, schema.event_time)
         stored = [f.name for f in schema.fields if f.name not in keys and "cold" in f.store]
-        features = [f.name for f in schema.features if "cold" in f.store]
+        features = list(schema.stored_features("cold"))
         from features.lineage import LINEAGE_COLUMNS
 
         self.columns: tuple[str, ...] = (*keys, *stored, *features, *LINEAGE_COLUMNS)  # type: ignore[arg-type]

@@ -251,11 +251,7 @@ class RedisSink:
         self.entity = entity
         self.event_time = event_time
         self.fields = tuple(f.name for f in schema.fields if "hot" in f.store)
-        # a one_hot feature is one column per enum value: <feature>__<value>
-        self.features = tuple(
-            col for f in schema.features if "hot" in f.store
-            for col in ([f"{f.name}__{v}" for v in schema.field(f.source).values]
-                        if any(step.op == "one_hot" for step in f.steps) else [f.name]))
+        self.features = schema.stored_features("hot")  # a one_hot feature: one column per value
         #: ``aggregates``: this sink writes the hot aggregations instead (their own hash per
         #: entity, see :func:`aggregates_key`; an equal event time replaces the values).
         self.hash_name = compiled.name

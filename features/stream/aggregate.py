@@ -58,7 +58,10 @@ def make_keyed_function(schema_path: str) -> Any:
 
             from features.aggregate.engine import KeyState
 
-            entity, t, source, contrib = tuple(value)
+            line = value[0]
+            if not line:
+                return  # a rejected record: nothing to aggregate
+            entity, t, source, contrib = json.loads(line.split("\x1f", 1)[1])
             st = self.state.value() or KeyState()
             before = st.newest
             out = st.add(self.spec, t, source, contrib)

@@ -182,8 +182,8 @@ class StreamProcessor:
         return outcome
 
     def aggregation_inputs(self, spec: Any) -> list[str | None]:
-        """Per record of the last micro-batch: the JSON ``[entity, event time us, source,
-        contributions]`` the keyed aggregation stage reads (None: the record was rejected).
+        """Per record of the last micro-batch: ``<entity>\x1f<JSON [entity, event time us,
+        source, contributions]>`` for the keyed aggregation stage (None: the record was rejected).
         Valid rows already present in the history count too: after a restore from a
         checkpoint, the aggregation state must see them again."""
         from features.aggregate.engine import contributions, extract
@@ -196,7 +196,8 @@ class StreamProcessor:
         pos = pc.index_in(rows.column("_source"), value_set=uris).to_numpy(zero_copy_only=False)
         for p, e, t, src, c in zip(pos.tolist(), inputs.entity.to_pylist(), inputs.time_us.tolist(),
                                    inputs.source.to_pylist(), contributions(spec, inputs), strict=True):
-            out[p] = json.dumps([e, t, src, c])  # the keyed stage is per event anyway (PyFlink)
+            # "<entity>\x1f<json>": the key selector splits off the key without parsing JSON
+            out[p] = f"{e}\x1f{json.dumps([e, t, src, c])}"
         return out
 
     def _dead_letters(self, rejects: pa.Table, topics: pa.Array, partitions: pa.Array, offsets: pa.Array,

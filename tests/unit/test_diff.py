@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from features.cli import main
+from features.compile import compile_schema
 from features.compile.fingerprint import fingerprint
 from features.schema.diff import Change, ChangeKind, SchemaDiff, diff_schemas
 from features.schema.model import Schema
@@ -443,6 +444,184 @@ def test_derived_feature_steps_changed_is_breaking() -> None:
     assert "steps changed" in c.detail
 
 
+# ---------------------------------------------------------------- aggregations
+
+AGG_FIELDS = (
+    field("kind", "enum", more="values: [view, click, buy]") + field("qty", "int32")
+    + field("amount", "decimal(12,2)")
+)
+A = '"applicants__aggregates"'
+CLICKS = "    - {name: clicks_1h, function: count, where: {kind: click}, window: 1h, store: cold}\n"
+VIEWS = "    - {name: views_1h, function: count, where: {kind: view}, window: 1h, store: [hot, cold]}\n"
+CTR = ("    - {name: ctr_1h, function: ratio, numerator: clicks_1h, denominator: views_1h, on_zero: 0, "
+       "store: hot}\n")
+
+
+def aggs(*items: str, lateness: str = "") -> str:
+    head = f"  allowed_lateness: {lateness}\n" if lateness else ""
+    return "aggregations:\n" + head + "  features:\n" + "".join(items)
+
+
+def agg_diff(old: str, new: str, *, new_v: str = "1.1.0", fields: str = AGG_FIELDS,
+             new_fields: str | None = None) -> SchemaDiff:
+    return diff(fields, fields if new_fields is None else new_fields, new_v=new_v, old_extra=old,
+                new_extra=new)
+
+
+def test_identical_aggregations_are_no_change() -> None:
+    section = aggs(CLICKS, VIEWS, CTR, lateness="10m")
+    assert agg_diff(section, section, new_v="1.0.0").changes == ()
+
+
+def test_first_aggregations_create_the_aggregates_table_as_compile_does() -> None:
+    d = agg_diff("", aggs(CLICKS, VIEWS, CTR))
+    assert [(c.field, c.kind, c.scope, c.compatible) for c in d.changes] == [
+        ("clicks_1h", ChangeKind.AGGREGATION_ADDED, "aggregation", True),
+        ("views_1h", ChangeKind.AGGREGATION_ADDED, "aggregation", True),
+        ("ctr_1h", ChangeKind.AGGREGATION_ADDED, "aggregation", True),
+    ]
+    assert "count over 3600s sliding where kind in ('click')" in d.changes[0].detail
+    create = d.migration_ddl[0]
+    assert d.changes[0].ddl == (create,)  # one CREATE TABLE, not one per aggregation
+    assert create.startswith(f"CREATE TABLE IF NOT EXISTS {A} (\n")
+    assert '"clicks_1h" bigint' in create and '"ctr_1h"' not in create  # ctr_1h is hot only
+    # The very text `features compile` writes (without the statement's semicolon).
+    assert create + ";\n" in compile_schema(d.new).ddl
+    assert len(d.migration_ddl) == 2 and d.migration_ddl[1].startswith('INSERT INTO "featureline_schemas"')
+
+
+def test_first_aggregations_of_a_schema_becoming_loadable_need_no_ddl() -> None:
+    old = schema(AGG_FIELDS, head="\n")
+    new = schema(AGG_FIELDS + aggs(CLICKS), version="1.1.0")
+    d = diff_schemas(old, new)
+    assert d.compatible and d.migration_ddl == []  # `features compile` creates every table
+
+
+@pytest.mark.parametrize(("spec", "pg"), [
+    ("function: count", "bigint"),
+    ("function: count_distinct, of: kind", "bigint"),
+    ("function: sum, of: qty", "bigint"),
+    ("function: sum, of: amount", "numeric(38,2)"),
+    ("function: mean, of: amount", "double precision"),
+    ("function: max, of: qty", "integer"),
+    ("function: last, of: amount", "numeric(12,2)"),
+])
+def test_aggregation_added_to_a_section_adds_a_typed_column(spec: str, pg: str) -> None:
+    added = f"    - {{name: new_one, {spec}, window: 2h, store: [hot, cold]}}\n"
+    d = agg_diff(aggs(CLICKS), aggs(CLICKS, added))
+    c = only(d)
+    assert (c.field, c.kind, c.compatible) == ("new_one", ChangeKind.AGGREGATION_ADDED, True)
+    assert d.migration_ddl[0] == f'ALTER TABLE {A} ADD COLUMN "new_one" {pg}'
+    assert f'"new_one" {pg},' in compile_schema(d.new).ddl  # as a fresh table has it
+
+
+def test_aggregation_added_hot_only_touches_no_table() -> None:
+    d = agg_diff(aggs(CLICKS, VIEWS), aggs(CLICKS, VIEWS, CTR))
+    c = only(d)
+    assert (c.kind, c.compatible, c.ddl) == (ChangeKind.AGGREGATION_ADDED, True, ())
+    assert len(d.migration_ddl) == 1  # only the fingerprint record
+
+
+def test_aggregation_removed_is_breaking() -> None:
+    d = agg_diff(aggs(CLICKS, VIEWS), aggs(CLICKS), new_v="2.0.0")
+    c = only(d)
+    assert (c.field, c.kind, c.compatible, c.scope) == ("views_1h", ChangeKind.AGGREGATION_REMOVED, False,
+                                                         "aggregation")
+    assert d.allowed and d.migration_ddl == []
+
+
+@pytest.mark.parametrize(("old", "new", "what"), [
+    (CLICKS, CLICKS.replace("function: count", "function: count_distinct, of: qty"),
+     "function count -> count_distinct, of none -> qty"),
+    (CLICKS.replace("count", "sum, of: qty"), CLICKS.replace("count", "sum, of: amount"), "of qty -> amount"),
+    (CLICKS, CLICKS.replace("window: 1h", "window: 2h"), "window 3600s sliding -> 7200s sliding"),
+    (CLICKS, CLICKS.replace("window: 1h", "window: {size: 1h, type: tumbling}"),
+     "window 3600s sliding -> 3600s tumbling"),
+    (CLICKS, CLICKS.replace("{kind: click}", "{kind: [click, buy]}"),
+     "where kind in ('click') -> kind in ('click', 'buy')"),
+    (CLICKS, CLICKS.replace("where: {kind: click}, ", ""), "where kind in ('click') -> none"),
+    (CTR, CTR.replace("on_zero: 0", "on_zero: 1"), "on_zero 0.0 -> 1.0"),
+    (CTR, CTR.replace("clicks_1h, denominator: views_1h", "views_1h, denominator: clicks_1h"),
+     "numerator clicks_1h -> views_1h, denominator views_1h -> clicks_1h"),
+], ids=["function", "of", "window_size", "window_type", "where_values", "where_removed", "on_zero",
+        "operands"])
+def test_aggregation_redefined_is_breaking_and_needs_a_backfill(old: str, new: str, what: str) -> None:
+    others = (CLICKS, VIEWS) if "ctr_1h" in old else (VIEWS,)  # a ratio needs its two aggregations
+    d = agg_diff(aggs(*others, old), aggs(*others, new), new_v="1.1.0")
+    c = only(d)
+    assert (c.kind, c.compatible, c.scope) == (ChangeKind.AGGREGATION_CHANGED, False, "aggregation")
+    assert c.detail == (f"aggregation {what}: the values already stored were computed differently "
+                        "(a backfill is needed)")
+    assert not d.allowed and d.refusal is not None and "expected 2.0.0" in d.refusal
+
+
+def test_a_ratio_changes_with_the_aggregation_it_divides() -> None:
+    d = agg_diff(aggs(CLICKS, VIEWS, CTR), aggs(CLICKS, VIEWS.replace("window: 1h", "window: 1d"), CTR),
+                 new_v="2.0.0")
+    assert [(c.field, c.kind, c.compatible) for c in d.changes] == [
+        ("views_1h", ChangeKind.AGGREGATION_CHANGED, False),
+        ("ctr_1h", ChangeKind.AGGREGATION_CHANGED, False),
+    ]
+    assert d.changes[1].detail.startswith("aggregation its denominator views_1h changed: ")
+
+
+def test_where_values_in_another_order_are_no_change() -> None:
+    two = "    - {name: seen, function: count, where: {kind: [view, click]}, window: 1h, store: cold}\n"
+    d = agg_diff(aggs(two), aggs(two.replace("[view, click]", "[click, view]")), new_v="1.0.0")
+    assert d.changes == ()
+
+
+def test_allowed_lateness_changed_is_breaking_and_no_rule_overrides_it() -> None:
+    rules = rule("clicks_1h", False) + "  - {field: aggregations.allowed_lateness, breaking_change: false}\n"
+    d = agg_diff(aggs(CLICKS, lateness="1h"), aggs(CLICKS, lateness="2h") + rules)
+    c = only(d)
+    assert (c.field, c.kind, c.scope, c.compatible) == (
+        "aggregations.allowed_lateness", ChangeKind.ALLOWED_LATENESS, "schema", False)
+    assert c.honoured_rule is None
+    assert "from 3600s to 7200s" in c.detail and "a backfill is needed" in c.detail
+
+
+def test_aggregation_cold_store_added_is_compatible_with_add_column() -> None:
+    cold_ctr = CTR.replace("store: hot", "store: [hot, cold]")
+    d = agg_diff(aggs(CLICKS, VIEWS, CTR), aggs(CLICKS, VIEWS, cold_ctr))
+    c = only(d)
+    assert (c.field, c.kind, c.scope, c.compatible) == ("ctr_1h", ChangeKind.STORE, "aggregation", True)
+    assert d.migration_ddl[0] == f'ALTER TABLE {A} ADD COLUMN "ctr_1h" double precision'
+
+
+def test_aggregation_hot_store_added_is_compatible_without_ddl() -> None:
+    c = only(agg_diff(aggs(CLICKS), aggs(CLICKS.replace("store: cold", "store: [cold, hot]"))))
+    assert (c.kind, c.compatible, c.ddl) == (ChangeKind.STORE, True, ())
+
+
+@pytest.mark.parametrize(("old", "new"), [("[hot, cold]", "hot"), ("[hot, cold]", "cold")])
+def test_aggregation_store_removed_is_breaking(old: str, new: str) -> None:
+    views = VIEWS.replace("[hot, cold]", old)
+    c = only(agg_diff(aggs(views), aggs(views.replace(f"store: {old}", f"store: {new}")), new_v="2.0.0"))
+    assert (c.kind, c.compatible, c.scope) == (ChangeKind.STORE, False, "aggregation")
+    assert "no longer stored" in c.detail
+
+
+def test_rule_makes_an_aggregation_change_compatible() -> None:
+    new = aggs(CLICKS.replace("window: 1h", "window: 2h")) + rule("clicks_1h", False, "dashboards only")
+    d = agg_diff(aggs(CLICKS), new)
+    c = only(d)
+    assert (c.kind, c.compatible, c.classified_compatible) == (ChangeKind.AGGREGATION_CHANGED, True, False)
+    assert "declared compatible by evolution rule for clicks_1h: dashboards only" in c.detail
+    assert d.allowed
+
+
+def test_aggregation_output_type_follows_its_widened_field() -> None:
+    top = "    - {name: top_qty, function: max, of: qty, window: 1h, store: cold}\n"
+    widened = AGG_FIELDS.replace("type: int32", "type: int64")
+    d = agg_diff(aggs(top), aggs(top), new_fields=widened)
+    assert [(c.field, c.kind, c.scope, c.compatible) for c in d.changes] == [
+        ("qty", ChangeKind.TYPE, "field", True), ("top_qty", ChangeKind.TYPE, "aggregation", True),
+    ]
+    assert d.changes[1].detail == "output type integer -> bigint, following field qty (int32 -> int64)"
+    assert f'ALTER TABLE {A} ALTER COLUMN "top_qty" TYPE bigint USING "top_qty"::bigint' in d.migration_ddl
+
+
 # ---------------------------------------------------------- evolution rules
 
 
@@ -673,3 +852,17 @@ def test_cli_prints_rule_overrides_and_agreements(tmp_path: Path, capsys: pytest
     y_line = next(line for line in lines if " y " in line)
     assert "declared compatible by evolution rule for x: no value exceeds 2^31" in x_line
     assert "rule honoured: y breaking_change=false" in y_line
+
+
+def test_cli_prints_the_aggregates_table_of_new_aggregations(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    old = write(tmp_path, "old.yaml", AGG_FIELDS, "1.0.0")
+    new = write(tmp_path, "new.yaml", AGG_FIELDS + aggs(CLICKS), "1.1.0")
+    assert main(["schema", "diff", old, new]) == 0
+    out = capsys.readouterr().out
+    assert "compatible  clicks_1h  aggregation_added: aggregation added (count over 3600s sliding" in out
+    body = out[out.index("BEGIN;"):out.index("COMMIT;")]
+    assert 'CREATE TABLE IF NOT EXISTS "applicants__aggregates" (\n' in body
+    pkey = '"applicants__aggregates__pkey" PRIMARY KEY ("application_id", "submitted_at")\n);'
+    assert f"    CONSTRAINT {pkey}" in body

@@ -1,0 +1,197 @@
+"""Benchmark: windowed aggregations, batch backfill and stream, against the same work without them.
+
+Usage::
+
+    .venv/bin/python bench/aggregations.py [--batch-events 1000000] [--stream-events 100000]
+
+Data: ``features.examples.click_history`` (``schemas/clicks.yaml``: out-of-order events,
+duplicates, late events, ~0.4% invalid), ``--users`` users (default 20,000).
+
+1. **Batch backfill** (``features load`` = ``features.load.load``), one Parquet file:
+   - baseline A: ``pyarrow.parquet.read_table`` of the file (plain read);
+   - baseline B: the loader with the clicks schema *without* its ``aggregations:``
+     section (validate, transform, history to Postgres, hot values to Redis);
+   - the loader with all 8 aggregations of ``schemas/clicks.yaml``;
+   - the aggregation stage alone (its own ``seconds``: classify, compute, finalize,
+     upsert Postgres, write Redis), as rows/s of the events it aggregated.
+2. **Stream** (``jobs/stream_job.py --bounded``, parallelism 1, 2-partition topic keyed
+   by user, the records produced before the job starts):
+   - baseline: the clicks schema without aggregations;
+   - the clicks schema with **three** windowed aggregations (``clicks_24h`` count with a
+     ``where``, ``dwell_mean_1h`` mean, ``items_7d`` count_distinct over 7 days).
+   Rates are records / wall time of the subprocess (JVM start included) and "job only":
+   records / the main UDF's ``seconds`` (open to last micro-batch; the keyed stage
+   back-pressures it, so this covers the whole pipeline but not the JVM start).
+
+Postgres: fresh ``bench_agg_*`` schemas; Redis database 12 (flushed); topics and
+schemas are dropped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from features.config import resolve_settings  # noqa: E402
+from features.examples import click_history, click_records  # noqa: E402
+
+REDIS_DB = 12
+THREE = """aggregations:
+  allowed_lateness: 1h
+  features:
+    - {name: clicks_24h, function: count, where: {event_type: click}, window: 24h, store: [hot, cold]}
+    - {name: dwell_mean_1h, function: mean, of: dwell_ms, window: 1h, store: [hot, cold]}
+    - {name: items_7d, function: count_distinct, of: item_id, window: 7d, store: cold}
+"""
+
+
+def variants(tmp: Path) -> dict[str, Path]:
+    """Schema folders: clicks as shipped (8 aggregations), without, and with three."""
+    text = (ROOT / "schemas" / "clicks.yaml").read_text()
+    start, end = text.index("aggregations:"), text.index("evolution_rules:")
+    out = {}
+    for name, body in (("all", text), ("none", text[:start] + text[end:]),
+                       ("three", text[:start] + THREE + text[end:])):
+        d = tmp / f"schemas_{name}"
+        d.mkdir()
+        (d / "clicks.yaml").write_text(body)
+        out[name] = d
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import psycopg
+    import pyarrow.parquet as pq
+    import redis
+    from confluent_kafka.admin import AdminClient
+
+    from features.compile import compile_schema
+    from features.load import load
+    from features.schema import load_schema
+    from features.stream.job import merged_summary
+    from features.stream.kafka import ensure_topic, produce
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batch-events", type=int, default=1_000_000)
+    ap.add_argument("--stream-events", type=int, default=100_000)
+    ap.add_argument("--users", type=int, default=20_000)
+    args = ap.parse_args(argv)
+    base = resolve_settings(root=ROOT)
+    tag = uuid.uuid4().hex[:8]
+    tmp = Path(tempfile.mkdtemp(prefix="bench_agg_"))
+    dirs = variants(tmp)
+    url = base.redis_url.rsplit("/", 1)[0] + f"/{REDIS_DB}"
+    settings = dataclasses.replace(base, redis_url=url)
+    r = redis.Redis.from_url(url)
+    admin = psycopg.connect(base.postgres_dsn, autocommit=True)
+    schemas: list[str] = []
+    topics: list[str] = []
+    rows: list[tuple[str, float, int, str]] = []
+
+    def fresh() -> str:
+        name = f"bench_agg_{tag}_{len(schemas)}"
+        admin.execute(f'CREATE SCHEMA "{name}"')
+        schemas.append(name)
+        r.flushdb()
+        return name
+
+    try:
+        if args.batch_events:
+            history = click_history(args.batch_events, users=args.users)
+            path = tmp / "clicks.parquet"
+            pq.write_table(history, path)
+            n = history.num_rows
+            t0 = time.perf_counter()
+            pq.read_table(path)
+            read_s = time.perf_counter() - t0
+            rows.append(("batch: plain Parquet read (baseline A)", read_s, n, ""))
+            runs = {}
+            for label, key in (("batch: load, no aggregations (baseline B)", "none"),
+                               ("batch: load + 8 aggregations", "all")):
+                compiled = compile_schema(load_schema(dirs[key] / "clicks.yaml"))
+                t0 = time.perf_counter()
+                s = load([path], compiled, settings, search_path=fresh())
+                runs[key] = (time.perf_counter() - t0, s)
+                assert s.adds_up, s.as_dict()
+                rows.append((label, runs[key][0], n, ""))
+            agg = runs["all"][1].aggregations
+            assert agg is not None
+            rows.append(("batch: the aggregation stage alone", agg["seconds"], agg["events"],
+                         f"accepted {agg['accepted']:,}, late {agg['late']:,}, dup {agg['duplicates']:,}"))
+            b_none, b_all = runs["none"][0], runs["all"][0]
+            ratio_b = f"{b_all / b_none:.2f}x the time of baseline B, {b_all / read_s:.1f}x baseline A"
+        if args.stream_events:
+            history = click_history(args.stream_events, users=max(args.users // 5, 100), seed=3)
+            records = click_records(history)
+            for label, key in (("stream: no aggregations (baseline)", "none"),
+                               ("stream: 3 windowed aggregations", "three")):
+                topic = f"bench_agg_{tag}_{key}"
+                ensure_topic(base.kafka_bootstrap, topic, partitions=2)
+                topics.append(topic)
+                produce(base.kafka_bootstrap, topic, [v for _, v in records], keys=[k for k, _ in records])
+                pg = fresh()
+                sep = "&" if "?" in base.postgres_dsn else "?"
+                dsn = f"{base.postgres_dsn}{sep}options=-csearch_path%3D{pg}"
+                env = {**os.environ, "FEATURES_POSTGRES_DSN": dsn, "FEATURES_REDIS_URL": url,
+                       "FEATURES_KAFKA_BOOTSTRAP": base.kafka_bootstrap}
+                run_id = f"bench-{key}-{tag}"
+                state = tmp / f"state_{key}"
+                cmd = [sys.executable, str(ROOT / "jobs" / "stream_job.py"), "--bounded", "--json",
+                       "--schema", "clicks", "--schemas-dir", str(dirs[key]), "--topic", topic,
+                       "--dead-letter-topic", "",
+                       "--state-dir", str(state), "--run-id", run_id, "--restart-attempts", "0",
+                       "--startup", "earliest-offset", "--group-id", run_id]
+                t0 = time.perf_counter()
+                proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
+                wall = time.perf_counter() - t0
+                if proc.returncode != 0:
+                    print(proc.stdout[-2000:], proc.stderr[-4000:], file=sys.stderr)
+                    return 1
+                sums = state / "clicks" / "summaries"
+                summary = merged_summary(sums, run_id)
+                parts = [json.loads(p.read_text()) for p in sums.glob(f"{run_id}-*.json")]
+                job_s = max(float(p["seconds"]) for p in parts)
+                extra = ""
+                aggs = [json.loads(p.read_text()) for p in sums.glob(f"{run_id}.agg-*.json")]
+                if aggs:
+                    a = aggs[0]
+                    extra = (f"events {a['events']:,} = accepted {a['accepted']:,} + late {a['late']:,} + "
+                             f"dup {a['duplicates']:,} [{'adds up' if a['adds_up'] else 'DOES NOT ADD UP'}]")
+                rows.append((label + " (end to end)", wall, summary["read"], ""))
+                rows.append((label + " (job only)", job_s, summary["read"], extra))
+    finally:
+        for s in schemas:
+            admin.execute(f'DROP SCHEMA IF EXISTS "{s}" CASCADE')
+        admin.close()
+        r.flushdb()
+        if topics:
+            for f in AdminClient({"bootstrap.servers": base.kafka_bootstrap}).delete_topics(topics).values():
+                f.result(30)
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"{'step':52} {'seconds':>9} {'events':>10} {'events/s':>10}")
+    for label, secs, n, extra in rows:
+        print(f"{label:52} {secs:9.2f} {n:10,} {n / secs:10,.0f}  {extra}")
+    if args.batch_events:
+        print(f"batch load with 8 aggregations: {ratio_b}")
+    stream = {label: n / s for label, s, n, _ in rows if label.startswith("stream")}
+    if len(stream) == 4:
+        base_rate = stream["stream: no aggregations (baseline) (job only)"]
+        agg_rate = stream["stream: 3 windowed aggregations (job only)"]
+        print(f"stream job only: 3 aggregations at {agg_rate / base_rate:.2f}x the baseline's events/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
