@@ -7,17 +7,23 @@ imports (pyarrow, psycopg, pyflink, ...) happen inside the command that needs th
 
 Exit codes: 0 success, 1 the command ran and found a problem (rejected rows, a stale
 file, a failing check), 2 usage or configuration errors.
+
+``--log-format text|json`` (before or after the subcommand; default
+``FEATURES_LOG_FORMAT`` or text) sets how every subcommand's log lines on stderr look
+(``features.logs``, docs/operations.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 from collections.abc import Sequence
 
 from features import __version__
 from features.errors import FeaturesError
+from features.logs import setup_logging, user_message
 
 #: subcommand name -> module with ``add_parser(subparsers)``, in ``--help`` order.
 COMMANDS: dict[str, str] = {
@@ -41,10 +47,27 @@ def build_parser() -> argparse.ArgumentParser:
         "into Redis and Postgres.",
     )
     parser.add_argument("--version", action="version", version=f"featureline {__version__}")
+    parser.add_argument("--log-format", choices=["text", "json"], default=None, help=_LOG_FORMAT_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in COMMANDS.values():
         importlib.import_module(module).add_parser(sub)
+    _add_log_format(sub)
     return parser
+
+
+_LOG_FORMAT_HELP = ("log lines on stderr as text or as JSON objects, one per line, each with the run id; "
+                    "applies to every subcommand (default: $FEATURES_LOG_FORMAT, else text)")
+
+
+def _add_log_format(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``--log-format`` after any subcommand too (``features load --log-format json``).
+    SUPPRESS: a subcommand that is not given it keeps the value given before it."""
+    for parser in sub.choices.values():
+        parser.add_argument("--log-format", choices=["text", "json"], default=argparse.SUPPRESS,
+                            help=_LOG_FORMAT_HELP)
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                _add_log_format(action)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -52,12 +75,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        code: int = args.func(args)
-    except FeaturesError as exc:
+        setup_logging(args.log_format)
+    except FeaturesError as exc:  # a bad FEATURES_LOG_FORMAT
         print(f"features {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    try:
+        code: int = args.func(args)
+    except FeaturesError as exc:
+        user_message(f"features {args.command}: error: {exc}", level=logging.ERROR, command=args.command,
+                     error=type(exc).__name__)
+        return 2
     except KeyboardInterrupt:
-        print(f"features {args.command}: interrupted", file=sys.stderr)
+        user_message(f"features {args.command}: interrupted", level=logging.ERROR, command=args.command)
         return 130
     return code
 

@@ -4,7 +4,7 @@ Checks, with the configured settings (``FEATURES_*``, ``featureline.toml``):
 
 - Postgres: connects and reads its version;
 - Redis: ``PING``;
-- Kafka: fetches the cluster metadata;
+- Kafka: fetches the cluster metadata (with ``kafka_properties``: TLS, SASL);
 - each loadable schema in the schemas folder: the fingerprint Postgres recorded for it
   (``featureline_schemas``) against the compiled schema's — ``ok``, ``not loaded`` (no
   record yet: nothing written with it), or ``MISMATCH`` (the stores hold another version:
@@ -48,7 +48,10 @@ def _timed(kind: str, name: str, fn: Any) -> Check:
         detail = fn()
         ok = True
     except Exception as exc:  # every failure becomes a line, never a traceback
-        text = str(exc).strip()
+        from features.config import redact
+
+        # driver messages name hosts, not passwords; redact() is the belt to those braces
+        text = redact(str(exc).strip())
         ok, detail = False, f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
     return Check(kind, name, ok, detail, round(time.perf_counter() - t0, 3))
 
@@ -83,7 +86,10 @@ def check_all(settings: Any, *, timeout_s: float = 5.0) -> list[Check]:
     def kafka() -> str:
         from confluent_kafka.admin import AdminClient
 
-        meta = AdminClient({"bootstrap.servers": settings.kafka_bootstrap}).list_topics(timeout=timeout_s)
+        from features.stream.kafka import client_config
+
+        admin = AdminClient(client_config(settings.kafka_bootstrap, settings.kafka_properties))
+        meta = admin.list_topics(timeout=timeout_s)
         return f"{settings.kafka_bootstrap}: {len(meta.brokers)} broker(s), {len(meta.topics)} topic(s)"
 
     checks.append(_timed("store", "postgres", postgres))

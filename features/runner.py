@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 
 from features.compile import CompiledSchema
 from features.lineage import LINEAGE_COLUMNS, RunContext
+from features.metrics import RunMetrics
 from features.sinks.base import Sink, SupportsEncode, WriteResult, WriteUnit
 from features.sources.base import Source, SourceBatch
 from features.validate import validate
@@ -297,15 +298,18 @@ class Progress:
 
 
 def account(summary: RunSummary, prepared: Prepared, read: int, results: dict[str, Any],
-            primary: str) -> None:
-    """Add one unit's outcome to ``summary``; ``primary`` is the sink whose stored count
-    defines ``stored`` (the cold store)."""
+            primary: str, metrics: RunMetrics | None = None, event_time: str | None = None) -> None:
+    """Add one unit's outcome to ``summary`` (and to ``metrics``, by the same amounts);
+    ``primary`` is the sink whose stored count defines ``stored`` (the cold store);
+    ``event_time`` names the rows' event time column (for the freshness metric)."""
     summary.read += read
     summary.units += 1
     res = results.get(primary)
     if res is not None and res.skipped:
         summary.already_present += read
         summary.skipped_units += 1
+        if metrics is not None:
+            metrics.unit(read=read, stored=0, rejected=0, already_present=read, by_rule={})
         return
     summary.rejected += prepared.rejected_rows
     summary.by_rule.update(prepared.reject_rules)
@@ -316,9 +320,29 @@ def account(summary: RunSummary, prepared: Prepared, read: int, results: dict[st
     stored = res.stored if res is not None else valid
     summary.stored += stored
     summary.already_present += valid - stored
+    if metrics is not None:
+        metrics.unit(read=read, stored=stored, rejected=prepared.rejected_rows,
+                     already_present=valid - stored, by_rule=prepared.reject_rules)
+        newest = newest_event_time(prepared.rows, event_time)
+        if newest is not None:
+            metrics.event_time(newest)
 
 
-def _finish_unit(summary: RunSummary, pending: _Pending, primary: str, progress: Progress | None) -> None:
+def newest_event_time(rows: pa.Table, column: str | None) -> float | None:
+    """The newest value of ``column`` in ``rows`` as Unix seconds (a naive timestamp is
+    UTC, a date its midnight UTC); None without rows, column or non-null value."""
+    if column is None or rows.num_rows == 0 or column not in rows.column_names:
+        return None
+    newest = pc.max(rows.column(column)).as_py()
+    if isinstance(newest, dt.datetime):
+        return (newest if newest.tzinfo is not None else newest.replace(tzinfo=dt.UTC)).timestamp()
+    if isinstance(newest, dt.date):
+        return dt.datetime.combine(newest, dt.time(), dt.UTC).timestamp()
+    return None
+
+
+def _finish_unit(summary: RunSummary, pending: _Pending, primary: str, progress: Progress | None,
+                 metrics: RunMetrics | None = None, event_time: str | None = None) -> None:
     """Wait for one unit's writes (in submission order) and account for them."""
     results: dict[str, Any] = {}
     for name, fut in pending.futures.items():
@@ -331,12 +355,14 @@ def _finish_unit(summary: RunSummary, pending: _Pending, primary: str, progress:
         else:
             stats.written += res.stored
             stats.unchanged += res.already_present
+            if metrics is not None:
+                metrics.write(name, res.seconds)
     for name in pending.skipped:
         summary.sinks[name].skipped_units += 1
     if primary and primary not in results:
         # the primary committed this unit in an earlier run; only other sinks caught up
         results[primary] = WriteResult(skipped=True)
-    account(summary, pending.prepared, pending.read, results, primary)
+    account(summary, pending.prepared, pending.read, results, primary, metrics, event_time)
     if progress:
         progress.update(summary)
 
@@ -359,14 +385,19 @@ class BatchWriter:
     :meth:`drain` waits for everything submitted (the stream calls it at the end of each
     micro-batch, so a checkpoint never covers rows that are not written). A sink's
     error (after its own bounded retries) propagates from :meth:`submit` or
-    :meth:`drain` once the writes already started have finished.
+    :meth:`drain` once the writes already started have finished. With ``metrics``, every
+    unit accounted in ``summary`` is counted there too (same amounts), with each store's
+    write seconds and the newest event time written.
     """
 
     def __init__(self, compiled: CompiledSchema, sinks: Sequence[Sink], *, summary: RunSummary,
                  program: Any = None, progress: Progress | None = None, in_flight: int = 2,
                  committed: dict[str, set[str]] | None = None,
-                 observer: Callable[[pa.Table], None] | None = None) -> None:
+                 observer: Callable[[pa.Table], None] | None = None,
+                 metrics: RunMetrics | None = None) -> None:
         self.compiled = compiled
+        self.metrics = metrics
+        self._event_time = compiled.schema.event_time
         #: called with every batch's valid rows, in order, committed units included (the
         #: aggregations' backfill reads them)
         self.observer = observer
@@ -404,13 +435,16 @@ class BatchWriter:
             summary.skipped_units += 1
             for s in self.sinks:
                 summary.sinks[s.name].skipped_units += 1
+            if self.metrics is not None:
+                self.metrics.unit(read=n, stored=0, rejected=0, already_present=n, by_rule={})
             if self.progress:
                 self.progress.update(summary)
             return
         if prepared is None:
             prepared = process_batch(sb, self.compiled, self.program, ctx, reference_time or ctx.ingested_at)
         while len(self._queue) >= self.in_flight:
-            _finish_unit(summary, self._queue.popleft(), self.primary, self.progress)
+            _finish_unit(summary, self._queue.popleft(), self.primary, self.progress, self.metrics,
+                         self._event_time)
         write = WriteUnit(prepared.rows, prepared.rejects, unit, n)
         futures = {}
         for s in todo:
@@ -423,7 +457,8 @@ class BatchWriter:
     def drain(self) -> None:
         """Wait for every submitted write and account for it."""
         while self._queue:
-            _finish_unit(self.summary, self._queue.popleft(), self.primary, self.progress)
+            _finish_unit(self.summary, self._queue.popleft(), self.primary, self.progress, self.metrics,
+                         self._event_time)
 
     def close(self) -> None:
         """Let the writes already submitted finish (they commit or fail on their own)."""
@@ -434,18 +469,19 @@ class BatchWriter:
 def run(source: Source, compiled: CompiledSchema, sinks: Sequence[Sink], *, ctx: RunContext,
         program: Any = None, reference_time: dt.datetime | None = None, progress: Progress | None = None,
         batches: Iterable[SourceBatch] | None = None, in_flight: int = 2,
-        observer: Callable[[pa.Table], None] | None = None) -> RunSummary:
+        observer: Callable[[pa.Table], None] | None = None, metrics: RunMetrics | None = None) -> RunSummary:
     """Load everything ``source`` yields into ``sinks`` (see :class:`BatchWriter`).
 
     The first sink is the primary (cold) store whose commit decides ``stored``.
     Sinks must be opened by the caller (so an unreachable store fails before any
-    work). Units a sink's ledger already holds are skipped for that sink.
+    work). Units a sink's ledger already holds are skipped for that sink. ``metrics``
+    (``features.metrics.RunMetrics``) counts what ``summary`` counts, as it happens.
     """
     summary = RunSummary(run_id=ctx.run_id, schema=compiled.name)
     committed = {s.name: s.committed_units() for s in sinks}
     t0 = time.perf_counter()
     writer = BatchWriter(compiled, sinks, summary=summary, program=program, progress=progress,
-                         in_flight=in_flight, committed=committed, observer=observer)
+                         in_flight=in_flight, committed=committed, observer=observer, metrics=metrics)
     try:
         for sb in (batches if batches is not None else source.batches()):
             writer.submit(sb, ctx=ctx, reference_time=reference_time)
@@ -459,4 +495,4 @@ def run(source: Source, compiled: CompiledSchema, sinks: Sequence[Sink], *, ctx:
 
 
 __all__ = ["LINEAGE_COLUMNS", "REJECTS_SCHEMA", "BatchWriter", "LineProgress", "Prepared", "Progress",
-           "RunSummary", "group_rejects", "process_batch", "raw_json_rows", "run"]
+           "RunSummary", "group_rejects", "newest_event_time", "process_batch", "raw_json_rows", "run"]

@@ -15,6 +15,7 @@ Every table comes back in the schema's declared Arrow types. See ``docs/sdk.md``
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
@@ -28,6 +29,7 @@ import pyarrow.compute as pc
 
 from features.compile import CompiledSchema, compile_schema
 from features.errors import ConfigError, SinkError, SinkUnavailable
+from features.metrics import DEFAULT_HOST, MetricsServer, Registry, SdkMethod, SdkMetrics
 
 #: Columns every ``online`` result carries besides the entity and the features.
 EVENT_TIME = "_event_time"
@@ -50,11 +52,20 @@ class FeatureStore:
     with another version of the schema raises SinkError naming both versions. ``fallback``
     (default True): entities missing from Redis are looked up in Postgres (their latest
     row); ``max_age``: a fallback row older than this is treated as missing.
+
+    Metrics (``docs/operations.md``): every call counts into ``registry`` (its own unless
+    given one to share with the application): ``featureline_sdk_lookup_seconds``,
+    ``..._lookups_total``, ``..._fallback_total``, ``..._miss_total``, ``..._errors_total``.
+    :meth:`metrics` renders them as Prometheus text; ``metrics_port`` also serves them on
+    ``http://metrics_host:metrics_port/metrics`` from a daemon thread until :meth:`close`
+    (port 0: a free port, see ``metrics_server.port``).
     """
 
     def __init__(self, *, redis_url: str, postgres_dsn: str, schemas: str | Path = "schemas",
                  fallback: bool = True, max_age: dt.timedelta | None = None,
-                 search_path: str | None = None, key_prefix: str = "", timeout_s: float = 5.0) -> None:
+                 search_path: str | None = None, key_prefix: str = "", timeout_s: float = 5.0,
+                 registry: Registry | None = None, metrics_port: int | None = None,
+                 metrics_host: str = DEFAULT_HOST) -> None:
         self.redis_url = redis_url
         self.postgres_dsn = postgres_dsn
         self.schemas_path = Path(schemas)
@@ -68,6 +79,11 @@ class FeatureStore:
         self._raw: _RawRedis | None = None
         self._pg: Any = None
         self._checked: set[str] = set()
+        self.registry = registry if registry is not None else Registry()
+        self._metrics = SdkMetrics(self.registry)
+        #: the metrics endpoint (``metrics_port``), or None
+        self.metrics_server: MetricsServer | None = (
+            MetricsServer(self.registry, metrics_port, metrics_host) if metrics_port is not None else None)
 
     @classmethod
     def from_env(cls, **overrides: Any) -> FeatureStore:
@@ -90,6 +106,19 @@ class FeatureStore:
         if self._pg is not None:
             self._pg.close()
             self._pg = None
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+            self.metrics_server = None
+
+    def metrics(self) -> str:
+        """This store's metrics (and whatever else shares its registry) in the Prometheus
+        text exposition format, for an application's own ``/metrics`` handler."""
+        return self.registry.exposition()
+
+    def _observe(self, schema: str, method: SdkMethod, t0: float, entities: int, fallback: int,
+                 missed: int) -> None:
+        self._metrics.lookup(schema, method, time.perf_counter() - t0, entities=entities, fallback=fallback,
+                             missed=missed)
 
     def __enter__(self) -> FeatureStore:
         return self
@@ -206,24 +235,45 @@ class FeatureStore:
         ``max_age``; hot-only aggregations stay null there). Ids found nowhere come back
         as nulls with ``_found`` false; this never raises for a missing id.
         """
-        req = self._online_request(schema, entity_ids, features)
-        if self._raw is None:
-            self._raw = _RawRedis(self.redis_url, self.timeout_s)
-        replies = self._raw.hmget_many(req.reads)
-        return self._finish_online(req, replies, fallback, max_age)
+        t0 = time.perf_counter()
+        try:
+            req = self._online_request(schema, entity_ids, features)
+            if self._raw is None:
+                self._raw = _RawRedis(self.redis_url, self.timeout_s)
+            replies = self._raw.hmget_many(req.reads)
+            table, from_pg, missed = self._finish_online(req, replies, fallback, max_age)
+        except Exception:  # counted, then raised as it is
+            self._metrics.error(schema, "online")
+            raise
+        self._observe(schema, "online", t0, len(req.ids), from_pg, missed)
+        return table
 
     async def online_async(self, schema: str, entity_ids: Sequence[Any],
                            features: Sequence[str] | None = None, *, fallback: bool | None = None,
                            max_age: dt.timedelta | None = None) -> pa.Table:
         """:meth:`online` for asyncio model servers (redis.asyncio; the Postgres fallback
         runs in a worker thread)."""
+        t0 = time.perf_counter()
+        try:
+            req = self._online_request(schema, entity_ids, features)
+            table, from_pg, missed = await self._online_async(req, fallback, max_age)
+        except Exception:  # counted, then raised as it is
+            self._metrics.error(schema, "online_async")
+            raise
+        self._observe(schema, "online_async", t0, len(req.ids), from_pg, missed)
+        return table
+
+    async def _online_async(self, req: _OnlineRequest, fallback: bool | None, max_age: dt.timedelta | None
+                            ) -> tuple[pa.Table, int, int]:
         import asyncio
 
         import redis.asyncio as aredis
 
-        req = self._online_request(schema, entity_ids, features)
         if self._aredis is None:
-            self._aredis = aredis.Redis.from_url(self.redis_url, socket_timeout=self.timeout_s)
+            from features.sinks.redis import RedisEndpoint
+
+            tls = RedisEndpoint.from_url(self.redis_url).redis_py_options()  # the same TLS checks
+            self._aredis = aredis.Redis.from_url(self.redis_url, socket_timeout=self.timeout_s, **tls)
         pipe = self._aredis.pipeline(transaction=False)
         for keys, fields in req.reads:
             for k in keys:
@@ -258,7 +308,8 @@ class FeatureStore:
         return columns, cols.slice((width - 1) * n, n).cast(pa.int64())
 
     def _finish_online(self, req: _OnlineRequest, replies: list[Any], fallback: bool | None,
-                       max_age: dt.timedelta | None) -> pa.Table:
+                       max_age: dt.timedelta | None) -> tuple[pa.Table, int, int]:
+        """The result table, how many ids the Postgres fallback served, how many were found nowhere."""
         c, ids = req.c, req.ids
         schema = c.schema
         n = len(ids)
@@ -276,6 +327,7 @@ class FeatureStore:
                                                                   pa.string()),
                                      **{name: columns[name] for name in req.columns}, EVENT_TIME: event}
         table = pa.table(data)
+        in_redis = int(found.sum())
         use_fallback = self.fallback if fallback is None else fallback
         missing = np.flatnonzero(~found & pa.array(ids).is_valid().to_numpy(zero_copy_only=False)
                                  & np.array([i != _NULL_ID for i in ids], dtype=np.bool_))
@@ -304,8 +356,10 @@ class FeatureStore:
         now = pa.scalar(dt.datetime.now(dt.UTC), _ts_utc())
         ev = table.column(EVENT_TIME).combine_chunks()
         age = pc.divide(pc.cast(pc.subtract(now, ev), pa.int64()), 1_000_000.0)
-        return table.append_column(AGE, age).append_column(FROM, source).append_column(
-            FOUND, pa.array(found))
+        table = table.append_column(AGE, age).append_column(FROM, source).append_column(FOUND,
+                                                                                        pa.array(found))
+        hits = int(found.sum())
+        return table, hits - in_redis, n - hits
 
     def _check_hashes(self, c: CompiledSchema, checked: pa.Array, n: int, what: str) -> None:
         """Every hash found must be encoding v1 of this schema's fingerprint (docs/redis.md).
@@ -392,6 +446,18 @@ class FeatureStore:
         newest aggregated event at or before the timestamp: the value the online store
         served at that time (not the window re-evaluated at the timestamp).
         """
+        t0 = time.perf_counter()
+        try:
+            out = self._historical_checked(schema, entity_df, features, timestamp_column, max_age)
+        except Exception:  # counted, then raised as it is
+            self._metrics.error(schema, "historical")
+            raise
+        missed = out.column(EVENT_TIME).null_count
+        self._observe(schema, "historical", t0, out.num_rows, 0, missed)
+        return out
+
+    def _historical_checked(self, schema: str, entity_df: Any, features: Sequence[str] | None,
+                            timestamp_column: str, max_age: dt.timedelta | None) -> pa.Table:
         c = self._loadable(schema)
         columns = self._features(c, features, "cold")
         entity = str(c.schema.entity)

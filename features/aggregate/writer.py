@@ -111,8 +111,8 @@ class AggregateWriter:
     """Writes aggregation rows and late rejects for one schema (both paths use it)."""
 
     compiled: CompiledSchema
-    postgres_dsn: str
-    redis_url: str
+    postgres_dsn: str = field(repr=False)  # credentials: never in a repr
+    redis_url: str = field(repr=False)
     search_path: str | None = None
     key_prefix: str = ""
     _pg: Any = field(default=None, init=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -11,9 +12,13 @@ from features.compile import CompiledSchema, compile_schema
 from features.config import Settings
 from features.errors import ConfigError
 from features.lineage import RunContext, new_run_id
+from features.logs import bind_run_id
+from features.metrics import RunMetrics
 from features.runner import LineProgress, Progress, RunSummary, run
 from features.sinks.base import Sink
 from features.sources.parquet import DEFAULT_BATCH_ROWS, ParquetSource
+
+log = logging.getLogger("features.load")
 
 
 def find_schema(name: str, schemas_dir: str | Path) -> CompiledSchema:
@@ -39,14 +44,26 @@ def transform_program(compiled: CompiledSchema, settings: Settings) -> Any:
 
 def load(paths: Sequence[str | Path], compiled: CompiledSchema, settings: Settings, *,
          batch_rows: int = DEFAULT_BATCH_ROWS, search_path: str | None = None, key_prefix: str = "",
-         progress: bool = False, run_id: str | None = None) -> RunSummary:
+         progress: bool = False, run_id: str | None = None, metrics: RunMetrics | None = None) -> RunSummary:
     """Load Parquet ``paths`` into both stores; returns the run's summary.
 
     Raises SourceError before writing anything when a file is unreadable or does not
     fit the schema, SinkUnavailable when a store is unreachable at start (nothing is
     written), SinkError on a fingerprint mismatch. Re-running the same input stores
-    nothing twice (commit ledger in both stores).
+    nothing twice (commit ledger in both stores). ``metrics`` counts the run as it goes
+    (``features.metrics.RunMetrics``: the summary's counts, write seconds, batch sizes,
+    freshness, aggregation outcomes). Logs ``load started``/``load finished`` (with the
+    counts) on ``features.load``, with the run id.
     """
+    run_id = run_id or new_run_id()
+    with bind_run_id(run_id):
+        return _load(paths, compiled, settings, batch_rows=batch_rows, search_path=search_path,
+                     key_prefix=key_prefix, progress=progress, run_id=run_id, metrics=metrics)
+
+
+def _load(paths: Sequence[str | Path], compiled: CompiledSchema, settings: Settings, *, batch_rows: int,
+          search_path: str | None, key_prefix: str, progress: bool, run_id: str,
+          metrics: RunMetrics | None) -> RunSummary:
     from features.aggregate.backfill import Collector, backfill
     from features.aggregate.engine import AggSpec
     from features.aggregate.writer import AggregateWriter
@@ -70,16 +87,24 @@ def load(paths: Sequence[str | Path], compiled: CompiledSchema, settings: Settin
         if aggs is not None:
             aggs.open()
         now = dt.datetime.now(dt.UTC)
-        ctx = RunContext(compiled.name, compiled.schema.version_str, compiled.fingerprint,
-                         run_id or new_run_id(), now)
+        ctx = RunContext(compiled.name, compiled.schema.version_str, compiled.fingerprint, run_id, now)
+        log.info("load started", extra={"schema": compiled.name, "files": len(source.files),
+                                        "rows": source.total_rows})
         summary = run(source, compiled, sinks, ctx=ctx, program=program,
-                      progress=Progress(source.total_rows, enabled=progress), observer=collector)
+                      progress=Progress(source.total_rows, enabled=progress), observer=collector,
+                      metrics=metrics)
         if spec is not None and aggs is not None and collector is not None:
             inputs = collector.inputs()
             line = LineProgress("aggregations", None, enabled=progress)
             counts = backfill(spec, inputs, aggs, ctx, progress=line)
             line.close(counts.accepted, counts.late)
             summary.aggregations = counts.as_dict()
+            if metrics is not None:
+                metrics.aggregation(accepted=counts.accepted, late=counts.late, duplicates=counts.duplicates)
+        d = summary.as_dict()
+        log.info("load finished", extra={k: d[k] for k in ("schema", "read", "stored", "rejected",
+                                                           "already_present", "adds_up", "units",
+                                                           "skipped_units", "seconds")})
         return summary
     finally:
         for s in sinks:

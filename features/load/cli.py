@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from typing import Any
+
+from features.errors import ConfigError
+
+log = logging.getLogger("features.load")
 
 
 def add_parser(sub: Any) -> None:
@@ -23,25 +28,75 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--batch-rows", type=int, default=None,
                    help="rows per batch within a row group (default 131072)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
-    p.add_argument("--no-progress", action="store_true", help="no progress line even on a terminal")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress line even on a terminal (there is none with --log-format json)")
+    add_metrics_arguments(p, "while the load runs", "after the load ends")
     p.set_defaults(func=run)
+
+
+def add_metrics_arguments(p: argparse.ArgumentParser, when: str, end: str) -> None:
+    """``--metrics-port``, ``--metrics-host``, ``--metrics-linger-s`` (the loader's and the stream's)."""
+    p.add_argument("--metrics-port", type=_port, default=None, metavar="PORT",
+                   help=f"serve Prometheus metrics on http://HOST:PORT/metrics {when} (docs/operations.md)")
+    p.add_argument("--metrics-host", default="127.0.0.1",
+                   help="address the metrics endpoint listens on (default 127.0.0.1, this machine only; "
+                   "0.0.0.0 for every interface)")
+    p.add_argument("--metrics-linger-s", type=float, default=0.0, metavar="SECONDS",
+                   help=f"keep serving the metrics this many seconds {end}, so a scraper sees the final "
+                   "values (default 0)")
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid port {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} is not in 0..65535")
+    return port
 
 
 def run(args: argparse.Namespace) -> int:
     from features.compile.postgres import rejects_table_name
     from features.config import resolve_settings
+    from features.lineage import new_run_id
     from features.load import find_schema, load, render_summary
+    from features.logs import active_format, set_run_id, user_message
+    from features.metrics import Registry, RunMetrics, linger, serve
     from features.sources.parquet import DEFAULT_BATCH_ROWS
 
+    run_id = new_run_id()
+    set_run_id(run_id)  # every log line of this process, the sinks' threads included
     settings = resolve_settings(schemas_dir=args.schemas_dir)
     compiled = find_schema(args.schema, settings.schemas_dir)
-    summary = load(args.paths, compiled, settings, batch_rows=args.batch_rows or DEFAULT_BATCH_ROWS,
-                   progress=not args.no_progress and not args.json)
-    if args.json:
-        print(json.dumps(summary.as_dict(), indent=2))
-    else:
-        print(render_summary(summary, rejects_table=rejects_table_name(compiled.schema)))
+    metrics = server = None
+    if args.metrics_port is not None:
+        registry = Registry()
+        metrics = RunMetrics(registry, compiled.name)
+        try:
+            server = serve(registry, args.metrics_port, args.metrics_host)
+        except OSError as exc:
+            raise ConfigError(f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {exc}",
+                              key="metrics_port") from exc
+        log.info("metrics on %s", server.url, extra={"metrics_url": server.url})
+    try:
+        summary = load(args.paths, compiled, settings, batch_rows=args.batch_rows or DEFAULT_BATCH_ROWS,
+                       progress=not args.no_progress and not args.json and active_format() != "json",
+                       run_id=run_id, metrics=metrics)
+        if args.json:
+            print(json.dumps(summary.as_dict(), indent=2))
+        else:
+            print(render_summary(summary, rejects_table=rejects_table_name(compiled.schema)))
+        sys.stdout.flush()
+        if server is not None and args.metrics_linger_s > 0:
+            log.info("metrics: serving %.0f s more", args.metrics_linger_s,
+                     extra={"metrics_url": server.url, "linger_s": args.metrics_linger_s})
+            linger(server, args.metrics_linger_s)
+    finally:
+        if server is not None:
+            server.close()
     if not summary.adds_up:
-        print("features load: counts do not add up; this is a bug, please report it", file=sys.stderr)
+        user_message("features load: counts do not add up; this is a bug, please report it",
+                     level=logging.ERROR)
         return 1
     return 0

@@ -28,9 +28,9 @@ import socket
 import ssl
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
-from urllib.parse import unquote, urlsplit
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import numpy as np
 import numpy.typing as npt
@@ -38,9 +38,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from features.compile import CompiledSchema
-from features.errors import SinkError, SinkUnavailable
+from features.errors import ConfigError, SinkError, SinkUnavailable
 from features.lineage import INGESTED_AT, RUN_ID, SCHEMA_FINGERPRINT, SCHEMA_VERSION, SOURCE
 from features.sinks.base import WriteResult, WriteUnit
+
+if TYPE_CHECKING:
+    import redis
 
 ENCODING_VERSION = "1"
 KEY_PREFIX = "features"
@@ -159,38 +162,94 @@ def _offsets(arr: pa.Array) -> Offsets:
     return out
 
 
+#: TLS parameters a ``rediss://`` URL may carry in its query (the names redis-py reads too).
+TLS_PARAMETERS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_password", "ssl_cert_reqs",
+                  "ssl_check_hostname")
+_CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
+
+
 @dataclass(frozen=True)
 class RedisEndpoint:
     """Where a ``redis://`` / ``rediss://`` URL points, and how to open a raw connection
-    there (TLS, AUTH, SELECT): shared by the sink and the SDK's reader."""
+    there (TLS, AUTH, SELECT): shared by the sink and the SDK's reader.
+
+    ``rediss://`` connects with TLS, verifying the server's certificate against the
+    system's CAs or ``?ssl_ca_certs=/path/ca.pem``, and its host name unless
+    ``ssl_check_hostname=false``; ``ssl_certfile``/``ssl_keyfile``/``ssl_password`` give a
+    client certificate, ``ssl_cert_reqs=none`` turns verification off (tests only).
+    The user name and password come from the URL's userinfo (``rediss://user:pw@host``).
+    ``repr()`` never shows a password.
+    """
 
     host: str
     port: int
     tls: bool
     username: str | None
-    password: str | None
-    db: int
+    password: str | None = field(repr=False)
+    db: int = 0
+    ca_certs: str | None = None
+    certfile: str | None = None
+    keyfile: str | None = None
+    key_password: str | None = field(default=None, repr=False)
+    cert_reqs: str = "required"
+    check_hostname: bool = True
 
     @classmethod
     def from_url(cls, url: str) -> RedisEndpoint:
+        """Parse ``url``. A ``ssl_*`` parameter on a ``redis://`` URL, an unknown
+        ``ssl_cert_reqs`` or a malformed port raise ConfigError (without the password)."""
+        from features.config import redact
+
         parts = urlsplit(url)
-        return cls(host=parts.hostname or "127.0.0.1", port=parts.port or 6379, tls=parts.scheme == "rediss",
+        query = {k: v for k, v in parse_qsl(parts.query) if k in TLS_PARAMETERS}
+        tls = parts.scheme == "rediss"
+        if query and not tls:
+            raise ConfigError(f"Redis URL {redact(url)}: {', '.join(sorted(query))} need(s) a rediss:// URL",
+                              key="redis_url")
+        reqs = query.get("ssl_cert_reqs", "required").lower()
+        if reqs not in _CERT_REQS:
+            raise ConfigError(f"Redis URL {redact(url)}: ssl_cert_reqs must be required, optional or none",
+                              key="redis_url")
+        try:
+            port = parts.port or 6379
+        except ValueError as exc:
+            raise ConfigError(f"Redis URL {redact(url)}: invalid port", key="redis_url") from exc
+        return cls(host=parts.hostname or "127.0.0.1", port=port, tls=tls,
                    username=unquote(parts.username) if parts.username else None,
                    password=unquote(parts.password) if parts.password else None,
-                   db=int((parts.path or "/0").lstrip("/") or 0))
+                   db=int((parts.path or "/0").lstrip("/") or 0),
+                   ca_certs=query.get("ssl_ca_certs"), certfile=query.get("ssl_certfile"),
+                   keyfile=query.get("ssl_keyfile"), key_password=query.get("ssl_password"),
+                   cert_reqs=reqs,
+                   check_hostname=query.get("ssl_check_hostname", "true").lower() in ("true", "1", "yes"))
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
+    def ssl_context(self) -> ssl.SSLContext:
+        """The TLS context of a ``rediss://`` URL (see the class docstring)."""
+        ctx = ssl.create_default_context(cafile=self.ca_certs)
+        if self.certfile:
+            ctx.load_cert_chain(self.certfile, self.keyfile, password=self.key_password)
+        ctx.check_hostname = self.check_hostname and self.cert_reqs != "none"
+        ctx.verify_mode = _CERT_REQS[self.cert_reqs]
+        return ctx
+
+    def redis_py_options(self) -> dict[str, Any]:
+        """Keyword arguments for ``redis.Redis.from_url`` so that redis-py checks the host
+        name as this endpoint does (redis-py 5 does not by default); none for ``redis://``."""
+        return {"ssl_check_hostname": self.check_hostname and self.cert_reqs != "none"} if self.tls else {}
+
     def connect(self, timeout_s: float, store: str = "redis") -> socket.socket | ssl.SSLSocket:
-        """A connected, authenticated socket on the right database. Unreachable:
-        SinkUnavailable naming the address; AUTH or SELECT refused: SinkError."""
+        """A connected, authenticated socket on the right database. Unreachable (or a
+        TLS handshake that fails): SinkUnavailable naming the address; AUTH or SELECT
+        refused: SinkError."""
         try:
             sock: socket.socket | ssl.SSLSocket = socket.create_connection((self.host, self.port),
                                                                              timeout=timeout_s)
             if self.tls:
-                sock = ssl.create_default_context().wrap_socket(sock, server_hostname=self.host)
+                sock = self.ssl_context().wrap_socket(sock, server_hostname=self.host)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError as exc:
             raise SinkUnavailable(f"Redis unreachable at {self.address}: {exc}", store=store,
@@ -274,6 +333,13 @@ class RedisSink:
         self._sock = self.endpoint.connect(self.timeout_s, store=self.name)
         return self._sock
 
+    def _redis_py(self) -> redis.Redis:
+        """A redis-py client for the control calls (INFO, the ledger), with the same TLS checks."""
+        import redis
+
+        return redis.Redis.from_url(self.url, socket_timeout=self.timeout_s,
+                                    **self.endpoint.redis_py_options())
+
     def _command(self, args: Sequence[str]) -> bytes:
         return command_bytes(args)
 
@@ -341,9 +407,12 @@ class RedisSink:
         per call on a cluster (a script's keys must share a slot there)."""
         import redis
 
-        client = redis.Redis.from_url(self.url, socket_timeout=self.timeout_s)
+        client = self._redis_py()
         try:
             info = client.info("cluster")
+        except redis.AuthenticationError as exc:  # a ConnectionError subclass, but not transient
+            raise SinkError(f"Redis at {self.address} refused the credentials (AUTH): {exc}",
+                            store=self.name, address=self.address) from exc
         except redis.ConnectionError as exc:
             raise SinkUnavailable(f"Redis unreachable at {self.address}: {exc}", store=self.name,
                                   address=self.address) from exc
@@ -378,9 +447,12 @@ class RedisSink:
         def fetch() -> set[str]:
             import redis
 
-            client = redis.Redis.from_url(self.url, socket_timeout=self.timeout_s)
+            client = self._redis_py()
             try:
                 members = client.smembers(self._ledger())
+            except redis.AuthenticationError as exc:
+                raise SinkError(f"Redis at {self.address} refused the credentials (AUTH): {exc}",
+                                store=self.name, address=self.address) from exc
             except redis.ConnectionError as exc:
                 raise SinkUnavailable(f"Redis unreachable at {self.address}: {exc}", store=self.name,
                                       address=self.address) from exc
@@ -456,12 +528,19 @@ class RedisSink:
         rows = unit.rows
         written = 0
         calls: list[bytes] = encoded  # type: ignore[assignment]  # from encode()
-        if calls:
-            written = int(self._retrying("write", lambda: self._send(calls)))
-        if unit.unit is not None:
-            member = f"{self.compiled.fingerprint[:16]} {unit.unit}"
-            self._retrying("ledger write", lambda: self._call(["SADD", self._ledger(), member],
-                                                              what="SADD ledger"))
+        member = None if unit.unit is None else f"{self.compiled.fingerprint[:16]} {unit.unit}"
+
+        def send_unit() -> int:
+            # The ledger entry follows the rows on the same connection, in one retried step:
+            # a server that restarted in between (empty, without persistence) never gets
+            # the entry without the rows, because the retry sends both again.
+            n = self._send(calls) if calls else 0
+            if member is not None:
+                self._call(["SADD", self._ledger(), member], what="SADD ledger")
+            return n
+
+        if calls or member is not None:
+            written = int(self._retrying("write", send_unit))
         return WriteResult(stored=written, already_present=rows.num_rows - written,
                            seconds=time.perf_counter() - t0)
 

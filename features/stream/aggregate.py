@@ -104,6 +104,8 @@ def make_writer_udf(cfg: Any) -> Any:
         def __init__(self, config: Any) -> None:
             self.cfg = config
             self.writer: Any = None
+            self.server: Any = None
+            self.metrics: Any = None
 
         def open(self, function_context: FunctionContext) -> None:
             from features.aggregate.engine import AggSpec
@@ -119,6 +121,9 @@ def make_writer_udf(cfg: Any) -> Any:
             self.writer.open()
             self.counts = AggregateCounts()
             self.instance = uuid.uuid4().hex[:8]
+            from features.stream.job import _metrics_endpoint
+
+            self.metrics, self.server = _metrics_endpoint(c, self.compiled.name, aggregations=True)
             self._save()
             group = function_context.get_metric_group().add_group("featureline_aggregations")
             for name in ("events", "accepted", "late", "duplicates"):
@@ -167,9 +172,13 @@ def make_writer_udf(cfg: Any) -> Any:
                                      vals.column("s").combine_chunks(), values, late=rejects)
             counts = self.counts
             # an event is counted once: at its first emission (updates re-emit older events)
-            counts.accepted += int(pc.sum(pc.fill_null(vals.column("a"), 0)).as_py() or 0)
+            accepted = int(pc.sum(pc.fill_null(vals.column("a"), 0)).as_py() or 0)
+            duplicates = int((kind == DUPLICATE).sum())
+            counts.accepted += accepted
             counts.late += late.num_rows
-            counts.duplicates += int((kind == DUPLICATE).sum())
+            counts.duplicates += duplicates
+            if self.metrics is not None:
+                self.metrics.add(accepted=accepted, late=late.num_rows, duplicates=duplicates)
             counts.rows_written += done.rows_written
             counts.hot_written += done.hot_written
             counts.late_rejects_stored += done.late_rejects_stored
@@ -185,11 +194,17 @@ def make_writer_udf(cfg: Any) -> Any:
                 tmp = out / f".{self.cfg.run_id}.agg-{self.instance}.json.tmp"
                 tmp.write_text(json.dumps(self.counts.as_dict()))
                 tmp.rename(out / f"{self.cfg.run_id}.agg-{self.instance}.json")
+            from features.stream.job import save_exposition
+
+            save_exposition(self.cfg, f"{self.cfg.run_id}.agg-{self.instance}", self.server, self.metrics)
 
         def close(self) -> None:
             if self.writer is not None:
                 self._save()
                 self.writer.close()
+            if self.server is not None:
+                self.server.close()
+                self.server = None
 
     return udf(FeaturelineAggregates(cfg), result_type=DataTypes.INT(), func_type="pandas")
 

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from features.load.cli import add_metrics_arguments
+
 DEFAULT_STATE_DIR = Path(".dev") / "stream"
 
 
@@ -57,7 +59,14 @@ def add_parser(sub: Any) -> None:
                    help="Flink restarts after a failure before the job fails (default 3; 0: none)")
     p.add_argument("--log-every-s", type=float, default=10.0,
                    help="seconds between a subtask's JSON status lines (default 10)")
+    add_metrics_arguments(p, "from each subtask's Python worker: with --parallelism P, each subtask takes "
+                          "the first free port of PORT..PORT+P-1, and a schema's aggregation writer "
+                          "PORT+P..PORT+2P-1",
+                          "after the job ends (bounded runs): this command then serves each subtask's final "
+                          "values on its port (not with --detach)")
     p.add_argument("--run-id", default=None, help="run id for lineage (default: a fresh one)")
+    p.add_argument("--key-prefix", default="",
+                   help="text in front of every Redis key this job writes (namespacing; default none)")
     p.add_argument("--detach", action="store_true",
                    help="submit and return at once, printing the job id (for long-running jobs on a "
                    "cluster; stop them with `flink cancel` or `flink stop`)")
@@ -69,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     from features.config import resolve_settings
     from features.lineage import new_run_id
     from features.load import find_schema
+    from features.logs import active_format, set_run_id, user_message
     from features.stream.job import StreamConfig, latest_checkpoint, merged_summary
     from features.stream.job import run as run_job
 
@@ -82,22 +92,33 @@ def run(args: argparse.Namespace) -> int:
     if checkpoint == "latest":
         checkpoint = latest_checkpoint(state / "checkpoints")
         if checkpoint is None:
-            print(f"features stream: no completed checkpoint under {state / 'checkpoints'}; "
-                  "starting from the group offsets", file=sys.stderr)
+            user_message(f"features stream: no completed checkpoint under {state / 'checkpoints'}; "
+                         "starting from the group offsets")
+    if (compiled.schema.aggregations is not None and checkpoint is None
+            and latest_checkpoint(state / "checkpoints") is not None):
+        user_message(f"features stream: warning: schema {compiled.name} has aggregations, whose state lives "
+                     "in the job's checkpoints; starting without --from-checkpoint begins with empty state, "
+                     "so values of the events read now miss the events before them. Resume with "
+                     "--from-checkpoint latest (see docs/aggregations.md)")
     _check_stores(compiled, settings)
     run_id = args.run_id or new_run_id()
+    set_run_id(run_id)
     # Flink's own log for this run (the local gateway JVM reads FLINK_LOG_DIR when it
     # starts); otherwise every local job overwrites the same file inside the venv.
     os.environ.setdefault("FLINK_LOG_DIR", str((state / "logs" / run_id).resolve()))
     cfg = StreamConfig(
         schema_path=str(Path(path).resolve()), topic=args.topic, bootstrap=settings.kafka_bootstrap,
         postgres_dsn=settings.postgres_dsn, redis_url=settings.redis_url, device=settings.device,
-        group_id=args.group_id, dead_letter_topic=args.dead_letter_topic, batch_size=args.batch_size,
+        kafka_properties=dict(settings.kafka_properties),
+        kafka_java_properties=dict(settings.kafka_java_properties), group_id=args.group_id,
+        dead_letter_topic=args.dead_letter_topic, batch_size=args.batch_size,
         max_wait_ms=args.max_wait_ms, parallelism=args.parallelism,
         checkpoint_interval_ms=args.checkpoint_interval_ms,
         checkpoint_dir=str(state / "checkpoints"), from_checkpoint=checkpoint, bounded=args.bounded,
         startup=args.startup, run_id=run_id, summary_dir=str((state / "summaries").resolve()),
-        restart_attempts=args.restart_attempts, log_every_s=args.log_every_s)
+        restart_attempts=args.restart_attempts, log_every_s=args.log_every_s, key_prefix=args.key_prefix,
+        metrics_port=args.metrics_port, metrics_host=args.metrics_host,
+        metrics_linger_s=args.metrics_linger_s, log_format=active_format())
     cfg.check()
     result = run_job(cfg, wait=not args.detach)
     if args.detach:
@@ -111,6 +132,11 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=2))
     else:
         print(render(summary, compiled.name))
+    if args.metrics_port is not None and args.metrics_linger_s > 0:
+        from features.stream.job import serve_final_metrics
+
+        sys.stdout.flush()
+        serve_final_metrics(state / "summaries", run_id, args.metrics_host, args.metrics_linger_s)
     return 0 if summary["adds_up"] else 1
 
 
@@ -136,6 +162,11 @@ def render(s: dict[str, Any], schema: str) -> str:
         f"  dead-letter messages {s['dead_letters']:,}; produce -> stored latency p50 "
         f"{s['latency_ms']['p50']} ms, p99 {s['latency_ms']['p99']} ms",
     ]
+    if (a := s.get("aggregations")) is not None:
+        lines.append(f"  aggregations: {a['events']:,} events = accepted {a['accepted']:,} + "
+                     f"late {a['late']:,} + duplicates {a['duplicates']:,}  "
+                     f"[{'adds up' if a['adds_up'] else 'DOES NOT ADD UP'}]; "
+                     f"postgres rows written/changed {a['rows_written']:,}")
     if s["by_rule"]:
         lines.append("  top reject reasons:")
         for rule, count in list(s["by_rule"].items())[:5]:

@@ -33,6 +33,8 @@ from features.compile import CompiledSchema
 from features.config import Settings
 from features.errors import SinkError
 from features.lineage import BatchLineage, RunContext
+from features.logs import fields
+from features.metrics import RunMetrics
 from features.runner import BatchWriter, Prepared, RunSummary, group_rejects, process_batch, raw_json_rows
 from features.sources.base import SourceBatch
 from features.stream.decode import decode, payload_json, record_uris
@@ -41,6 +43,8 @@ log = logging.getLogger("features.stream")
 
 #: Latency histogram: 1 ms buckets up to 10 minutes (the last bucket holds the rest).
 _LATENCY_BUCKETS = 600_000
+#: With metrics on, the consumer lag is refreshed at least this often (seconds).
+_LAG_EVERY_S = 5.0
 
 
 @dataclass
@@ -84,7 +88,7 @@ class StreamProcessor:
 
     def __init__(self, compiled: CompiledSchema, settings: Settings, *, run_id: str,
                  dead_letter_topic: str | None, search_path: str | None = None, key_prefix: str = "",
-                 log_every_s: float = 10.0, instance: str = "") -> None:
+                 log_every_s: float = 10.0, instance: str = "", metrics: RunMetrics | None = None) -> None:
         from features.load import transform_program
         from features.sinks.postgres import PostgresSink
         from features.sinks.redis import RedisSink
@@ -102,10 +106,13 @@ class StreamProcessor:
         self.pg = PostgresSink(settings.postgres_dsn, compiled, search_path=search_path)
         self.hot = RedisSink(settings.redis_url, compiled, key_prefix=key_prefix)
         self.stats = StreamStats(RunSummary(run_id=run_id, schema=compiled.name))
+        #: counts what ``stats`` counts, plus lag and latency (``features.metrics``)
+        self.metrics = metrics
         self._writer: BatchWriter | None = None
         self._producer: Any = None
         self._lag_client: Any = None
         self._last_log = time.time()
+        self._last_lag = 0.0
         self._delivery_errors: list[str] = []
         self.last_rows: pa.Table = pa.table({})
         self.last_uris: pa.Array = pa.array([], pa.string())
@@ -118,15 +125,16 @@ class StreamProcessor:
         for sink in (self.hot, self.pg):
             sink.open()
         self._writer = BatchWriter(self.compiled, [self.pg, self.hot], summary=self.stats.summary,
-                                   program=self.program, in_flight=1)
+                                   program=self.program, in_flight=1, metrics=self.metrics)
         if self.dead_letter_topic:
             from confluent_kafka import Producer
 
-            self._producer = Producer({
-                "bootstrap.servers": self.settings.kafka_bootstrap,
-                "enable.idempotence": True, "acks": "all", "linger.ms": 5,
-                "message.max.bytes": max(2 * self.max_bytes + 65_536, 1_048_576),
-            })
+            from features.stream.kafka import client_config
+
+            self._producer = Producer(client_config(
+                self.settings.kafka_bootstrap, self.settings.kafka_properties, **{
+                    "enable.idempotence": True, "acks": "all", "linger.ms": 5,
+                    "message.max.bytes": max(2 * self.max_bytes + 65_536, 1_048_576)}))
 
     def close(self) -> None:
         try:
@@ -231,6 +239,8 @@ class StreamProcessor:
                             + (f"; {errors[0]}" if errors else ""), store="kafka",
                             address=self.settings.kafka_bootstrap)
         self.stats.dead_letters += rejects.num_rows
+        if self.metrics is not None:
+            self.metrics.dead_letters(rejects.num_rows)
 
     def _account(self, dec: Any, merged: Prepared, uris: pa.Array, topics: pa.Array, partitions: pa.Array,
                  offs: npt.NDArray[np.int64], timestamps_ms: npt.NDArray[np.int64] | None,
@@ -245,6 +255,8 @@ class StreamProcessor:
         if timestamps_ms is not None and len(timestamps_ms):
             ms = np.clip((done * 1000 - timestamps_ms).astype(np.int64), 0, _LATENCY_BUCKETS - 1)
             stats.latency_ms += np.bincount(ms, minlength=_LATENCY_BUCKETS)
+            if self.metrics is not None:
+                self.metrics.latency(np.maximum(done - timestamps_ms / 1000.0, 0.0))
         keys = pa.table({"t": topics, "p": partitions, "o": pa.array(offs)}).group_by(["t", "p"]).aggregate(
             [("o", "max")])
         for t, p, o in zip(keys.column("t").to_pylist(), keys.column("p").to_pylist(),
@@ -260,23 +272,30 @@ class StreamProcessor:
         if done - self._last_log >= self.log_every_s:
             self._last_log = done
             self.update_lag()
-            log.info("stream %s", json.dumps(self.status_line()))
+            log.info("stream", extra=fields(self.status_line()))
+        elif self.metrics is not None and done - self._last_lag >= _LAG_EVERY_S:
+            self.update_lag()  # the lag gauge stays fresher than the status lines
 
     def update_lag(self) -> None:
         """Consumer lag per partition seen: the partition's end offset minus our next offset."""
         if not self.stats.offsets:
             return
+        self._last_lag = time.time()
         try:
             from confluent_kafka import Consumer, TopicPartition
 
+            from features.stream.kafka import client_config
+
             if self._lag_client is None:
-                self._lag_client = Consumer({"bootstrap.servers": self.settings.kafka_bootstrap,
-                                             "group.id": f"featureline-lag-{self.run_id}",
-                                             "enable.auto.commit": False})
+                self._lag_client = Consumer(client_config(
+                    self.settings.kafka_bootstrap, self.settings.kafka_properties, **{
+                        "group.id": f"featureline-lag-{self.run_id}", "enable.auto.commit": False}))
             for key, nxt in self.stats.offsets.items():
                 topic, part = key.rsplit("/", 1)
                 _, high = self._lag_client.get_watermark_offsets(TopicPartition(topic, int(part)), timeout=5)
                 self.stats.lag[key] = max(int(high) - nxt, 0)
+                if self.metrics is not None:
+                    self.metrics.lag(topic, part, self.stats.lag[key])
         except Exception as exc:  # lag is for display only: never fail the job over it
             log.warning("stream: could not read end offsets for the lag: %s", exc)
 

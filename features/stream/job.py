@@ -27,13 +27,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import re
 import sys
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from features.config import Device
+from features.config import Device, env_var, redact
 from features.errors import ConfigError
 
 log = logging.getLogger("features.stream")
@@ -43,13 +45,18 @@ _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 @dataclasses.dataclass(frozen=True)
 class StreamConfig:
-    """Everything the job needs; plain values so the UDF can be shipped to workers."""
+    """Everything the job needs; plain values so the UDF can be shipped to workers.
+
+    The credentials (in the DSN, the URL and the Kafka properties) travel to the Python
+    workers inside the pickled UDF, never through their environment (see
+    :func:`scrub_environment`); ``repr()`` leaves them out.
+    """
 
     schema_path: str
     topic: str
     bootstrap: str
-    postgres_dsn: str
-    redis_url: str
+    postgres_dsn: str = dataclasses.field(repr=False)
+    redis_url: str = dataclasses.field(repr=False)
     device: Device = "auto"
     group_id: str | None = None
     dead_letter_topic: str | None = None      # None: "<topic>.rejects"; "" disables it
@@ -67,6 +74,21 @@ class StreamConfig:
     key_prefix: str = ""
     restart_attempts: int = 3
     log_every_s: float = 10.0
+    #: librdkafka properties of the dead-letter producer and the lag consumer (``Settings``)
+    kafka_properties: Mapping[str, str] = dataclasses.field(default_factory=dict, repr=False, hash=False)
+    #: Java client properties of the Flink Kafka source, as ``'properties.<name>'`` options
+    kafka_java_properties: Mapping[str, str] = dataclasses.field(default_factory=dict, repr=False,
+                                                                 hash=False)
+    #: Prometheus endpoint of each subtask's Python worker: the main UDF's subtasks take the
+    #: first free port of N .. N+parallelism-1, the aggregation writer's N+parallelism ..
+    #: N+2*parallelism-1 (docs/operations.md); None: no endpoint
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    #: > 0: each subtask also saves its metrics for the client, which serves their final values
+    #: this many seconds after the job ends (:func:`serve_final_metrics`)
+    metrics_linger_s: float = 0.0
+    #: ``text``/``json`` for the workers' log lines; None: ``FEATURES_LOG_FORMAT``, else text
+    log_format: str | None = None
 
     @property
     def group(self) -> str:
@@ -96,9 +118,51 @@ class StreamConfig:
                 "restored bounded source never signals its end). Restart a bounded job without "
                 "--from-checkpoint: it resumes from the consumer group's offsets, which the source "
                 "committed with the last completed checkpoint", key="from_checkpoint")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535 - 2 * self.parallelism:
+            raise ConfigError(f"metrics port {self.metrics_port}: the job needs ports up to metrics port + "
+                              f"2 x parallelism ({2 * self.parallelism}) within 0..65535", key="metrics_port")
+        if self.log_format not in (None, "text", "json"):
+            raise ConfigError(f"log format {self.log_format!r}: expected text or json", key="log_format")
         if self.startup not in ("group-offsets", "earliest-offset", "latest-offset"):
             raise ConfigError(f"startup mode {self.startup!r}: expected group-offsets, earliest-offset "
                               "or latest-offset", key="startup")
+        protocol = self.kafka_properties.get("security.protocol", "plaintext")
+        if protocol.lower() != "plaintext" and "security.protocol" not in self.kafka_java_properties:
+            # the two clients name some settings differently: no silent translation
+            raise ConfigError(
+                f"the Kafka clients use security.protocol {protocol} ({env_var('kafka_properties')}), "
+                f"but the Flink Kafka connector (a Java client) has none: set "
+                f"{env_var('kafka_java_properties')} (Java property names, e.g. sasl.jaas.config, "
+                "ssl.truststore.location; see docs/security.md)", key="kafka_java_properties")
+
+
+def redacted(cfg: StreamConfig) -> dict[str, Any]:
+    """``cfg`` as plain values with every credential masked (``features.config.redact``):
+    what the job logs."""
+    out = dataclasses.asdict(cfg)
+    for name in ("postgres_dsn", "redis_url", "kafka_properties", "kafka_java_properties"):
+        out[name] = redact(getattr(cfg, name))
+    return out
+
+
+#: Variables that may hold credentials. The settings were resolved before the job starts
+#: (they travel in the pickled UDF), so they are dropped from this process's environment
+#: before the Flink JVM starts: the JVM hands its environment to the Python workers, and
+#: Beam logs a worker's whole environment at INFO when it closes
+#: (``DefaultJobBundleFactory``: "Closing environment ... payload").
+SECRET_ENVIRONMENT = tuple(env_var(n) for n in ("postgres_dsn", "redis_url", "kafka_properties",
+                                                  "kafka_java_properties"))
+
+
+def scrub_environment() -> list[str]:
+    """Remove :data:`SECRET_ENVIRONMENT` from ``os.environ`` (this process: the job's
+    client, whose environment the local Flink JVM inherits). Returns the names removed.
+    Variables libpq or other drivers read themselves (``PGPASSWORD``) are kept, since a
+    worker may need them: put such credentials in the DSN or the secrets file instead."""
+    removed = [name for name in SECRET_ENVIRONMENT if name in os.environ]
+    for name in removed:
+        del os.environ[name]
+    return removed
 
 
 def _sql_string(value: str) -> str:
@@ -119,6 +183,8 @@ def _make_udf(cfg: StreamConfig) -> Any:
         def __init__(self, config: StreamConfig) -> None:
             self.cfg = config
             self.proc: Any = None
+            self.server: Any = None
+            self.metrics: Any = None
 
         def open(self, function_context: FunctionContext) -> None:
             from features.compile import compile_schema
@@ -126,15 +192,18 @@ def _make_udf(cfg: StreamConfig) -> Any:
             from features.schema import load_schema
             from features.stream.core import StreamProcessor
 
-            _log_setup()
             c = self.cfg
+            _log_setup(c.log_format, c.run_id)
             compiled = compile_schema(load_schema(c.schema_path))
             settings = Settings(postgres_dsn=c.postgres_dsn, redis_url=c.redis_url,
-                                kafka_bootstrap=c.bootstrap, device=c.device)
+                                kafka_bootstrap=c.bootstrap, kafka_properties=dict(c.kafka_properties),
+                                device=c.device)
             self.instance = uuid.uuid4().hex[:8]
+            self.metrics, self.server = _metrics_endpoint(c, compiled.name)
             self.proc = StreamProcessor(compiled, settings, run_id=c.run_id, dead_letter_topic=c.dlq,
                                         search_path=c.search_path, key_prefix=c.key_prefix,
-                                        log_every_s=c.log_every_s, instance=self.instance)
+                                        log_every_s=c.log_every_s, instance=self.instance,
+                                        metrics=self.metrics)
             self.proc.open()
             from features.aggregate.engine import AggSpec
 
@@ -176,14 +245,20 @@ def _make_udf(cfg: StreamConfig) -> Any:
                 tmp = out / f".{self.cfg.run_id}-{self.instance}.json.tmp"
                 tmp.write_text(json.dumps(stats, default=str))
                 tmp.rename(out / f"{self.cfg.run_id}-{self.instance}.json")
+            save_exposition(self.cfg, f"{self.cfg.run_id}-{self.instance}", self.server, self.metrics)
             return stats
 
         def close(self) -> None:
             if self.proc is None:
                 return
+            from features.logs import fields
+
             self.proc.update_lag()
-            log.info("stream finished %s", json.dumps(self._save(), default=str))
+            log.info("stream finished", extra=fields(self._save()))
             self.proc.close()
+            if self.server is not None:
+                self.server.close()
+                self.server = None
 
     result = DataTypes.STRING() if _has_aggregations(cfg) else DataTypes.INT()
     return udf(FeaturelineProcess(cfg), result_type=result, func_type="pandas")
@@ -195,12 +270,84 @@ def _has_aggregations(cfg: StreamConfig) -> bool:
     return load_schema(cfg.schema_path).aggregations is not None
 
 
-def _log_setup() -> None:
-    if not logging.getLogger("features").handlers:
-        h = logging.StreamHandler(sys.stderr)
-        h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        logging.getLogger("features").addHandler(h)
-        logging.getLogger("features").setLevel(logging.INFO)
+def _log_setup(fmt: str | None = None, run_id: str | None = None) -> None:
+    """The ``features`` loggers' lines on stderr (a Python worker's go to Flink's task
+    manager log), in ``fmt`` (else ``FEATURES_LOG_FORMAT``, else text), with ``run_id``;
+    left alone when the CLI already set logging up in this process."""
+    from features.logs import has_handler, set_run_id, setup_logging
+
+    if run_id:
+        set_run_id(run_id)
+    if not has_handler("features"):
+        setup_logging(fmt, logger="features")
+
+
+def save_exposition(cfg: StreamConfig, name: str, server: Any, metrics: Any) -> None:
+    """With ``metrics_linger_s``: a subtask's metrics as last rendered, and its port, in
+    ``<summary_dir>/<name>.prom`` (replaced atomically after every micro-batch), for
+    :func:`serve_final_metrics`. A Python worker cannot linger itself: Flink ends its
+    process soon after the job ends."""
+    if server is None or metrics is None or not cfg.summary_dir or cfg.metrics_linger_s <= 0:
+        return
+    out = Path(cfg.summary_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".{name}.prom.tmp"
+    tmp.write_text(f"# featureline port {server.port}\n" + metrics.registry.exposition())
+    tmp.rename(out / f"{name}.prom")
+
+
+def serve_final_metrics(summary_dir: str | Path, run_id: str, host: str, seconds: float) -> list[int]:
+    """After a job ended (``--metrics-linger-s``): serve each subtask's last metrics
+    (:func:`save_exposition`) on the port it used, for ``seconds``; returns the ports.
+    A port the ending worker still holds is retried for up to 10 s, then skipped."""
+    import functools
+    import time
+
+    from features.metrics import MetricsServer
+
+    servers: list[MetricsServer] = []
+    try:
+        for path in sorted(Path(summary_dir).glob(f"{run_id}*.prom")):
+            head, _, body = path.read_text().partition("\n")
+            port = int(head.rsplit(" ", 1)[1])
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    servers.append(MetricsServer(functools.partial(str, body), port, host))
+                    break
+                except OSError as exc:
+                    if time.monotonic() > deadline:
+                        log.warning("metrics: port %s still taken (%s); its final values are not served",
+                                    port, exc)
+                        break
+                    time.sleep(0.2)
+        if servers:
+            log.info("metrics: serving the subtasks' final values %.0f s more", seconds,
+                     extra={"metrics_urls": [s.url for s in servers], "linger_s": seconds})
+            time.sleep(seconds)
+        return [s.port for s in servers]
+    finally:
+        for server in servers:
+            server.close()
+
+
+def _metrics_endpoint(cfg: StreamConfig, schema: str, *, aggregations: bool = False) -> tuple[Any, Any]:
+    """A subtask's metrics and their endpoint: the main UDF's (``RunMetrics``) on the first
+    free port of ``metrics_port`` .. ``+ parallelism - 1``, the aggregation writer's
+    (``AggregationMetrics``) on the next ``parallelism`` ports; (None, None) without a
+    port. Never fails the job: without a free port the metrics are only not served."""
+    if cfg.metrics_port is None:
+        return None, None
+    from features.metrics import AggregationMetrics, Registry, RunMetrics, serve_first_free
+
+    registry = Registry()
+    metrics: Any = (AggregationMetrics(registry, schema) if aggregations
+                    else RunMetrics(registry, schema, stream=True))
+    start = cfg.metrics_port + (cfg.parallelism if aggregations else 0)
+    server = serve_first_free(registry, range(start, start + cfg.parallelism), cfg.metrics_host)
+    if server is not None:
+        log.info("metrics on %s", server.url, extra={"metrics_url": server.url})
+    return metrics, server
 
 
 # --------------------------------------------------------------------------- the job
@@ -215,6 +362,7 @@ def build(cfg: StreamConfig) -> tuple[Any, Any]:
     from features.dev.services import kafka_connector_jar
 
     cfg.check()
+    scrub_environment()
     conf = Configuration()
     conf.set_string("python.executable", sys.executable)
     conf.set_string("python.client.executable", sys.executable)
@@ -243,21 +391,7 @@ def build(cfg: StreamConfig) -> tuple[Any, Any]:
     env.add_jars(kafka_connector_jar().as_uri())
     env.set_parallelism(cfg.parallelism)
     t_env = StreamTableEnvironment.create(env, EnvironmentSettings.in_streaming_mode())
-    options = {
-        "connector": "kafka",
-        "topic": cfg.topic,
-        "properties.bootstrap.servers": cfg.bootstrap,
-        "properties.group.id": cfg.group,
-        "properties.auto.offset.reset": "earliest",
-        "properties.commit.offsets.on.checkpoint": "true",
-        "properties.request.timeout.ms": "15000",
-        "properties.default.api.timeout.ms": "30000",
-        "scan.startup.mode": cfg.startup,
-        "format": "raw",
-    }
-    if cfg.bounded:
-        options["scan.bounded.mode"] = "latest-offset"
-    with_clause = ",\n".join(f"{_sql_string(k)} = {_sql_string(v)}" for k, v in options.items())
+    with_clause = ",\n".join(f"{_sql_string(k)} = {_sql_string(v)}" for k, v in source_options(cfg).items())
     t_env.execute_sql(f"""
         CREATE TEMPORARY TABLE featureline_source (
           `value` BYTES,
@@ -277,6 +411,43 @@ def build(cfg: StreamConfig) -> tuple[Any, Any]:
         return env, stmt
     _aggregation_stage(cfg, t_env, stmt, select)
     return env, stmt
+
+
+#: Where ``flink-sql-connector-kafka`` relocates the Kafka client's classes.
+SHADED_KAFKA = "org.apache.flink.kafka.shaded.org.apache.kafka."
+
+
+def _shaded(name: str, value: str) -> str:
+    if name == "sasl.jaas.config" or name.endswith(".class"):
+        return re.sub(r"(?<![\w.])org\.apache\.kafka\.", SHADED_KAFKA, value)
+    return value
+
+
+def source_options(cfg: StreamConfig) -> dict[str, str]:
+    """The ``WITH`` options of the Kafka source table. ``cfg.kafka_java_properties`` become
+    ``'properties.<name>'`` options (the connector hands those to its Java Kafka client:
+    TLS, SASL); the job's own settings (bootstrap servers, group id, offsets, timeouts) win
+    over a property of the same name. Holds credentials: never log it.
+
+    The SQL connector jar relocates the Kafka client to :data:`SHADED_KAFKA`, so a class
+    named in ``sasl.jaas.config`` or a ``*.class`` property as ``org.apache.kafka...``
+    (as Kafka's documentation writes it) is rewritten to its relocated name."""
+    options = {f"properties.{k}": _shaded(k, v) for k, v in cfg.kafka_java_properties.items()}
+    options |= {
+        "connector": "kafka",
+        "topic": cfg.topic,
+        "properties.bootstrap.servers": cfg.bootstrap,
+        "properties.group.id": cfg.group,
+        "properties.auto.offset.reset": "earliest",
+        "properties.commit.offsets.on.checkpoint": "true",
+        "properties.request.timeout.ms": "15000",
+        "properties.default.api.timeout.ms": "30000",
+        "scan.startup.mode": cfg.startup,
+        "format": "raw",
+    }
+    if cfg.bounded:
+        options["scan.bounded.mode"] = "latest-offset"
+    return options
 
 
 def _event_time_watermark(cfg: StreamConfig) -> str:
@@ -325,10 +496,11 @@ def run(cfg: StreamConfig, *, wait: bool = True) -> Any:
     """Submit the job (to the mini-cluster when run locally, to the cluster under
     ``flink run``). With ``wait``, block until it ends (a bounded job ends at the end
     offsets seen at start) and return its TableResult."""
-    _log_setup()
+    from features.logs import fields
+
+    _log_setup(cfg.log_format, cfg.run_id)
     _, stmt = build(cfg)
-    log.info("stream: submitting %s", json.dumps({k: v for k, v in dataclasses.asdict(cfg).items()
-                                                   if k not in ("postgres_dsn", "redis_url")}))
+    log.info("stream: submitting", extra=fields(redacted(cfg)))
     result = stmt.execute()
     if wait:
         result.wait()
@@ -357,6 +529,14 @@ def merged_summary(summary_dir: str | Path, run_id: str) -> dict[str, Any]:
     for p in parts:
         for k, v in (p.get("unknown_fields") or {}).items():
             total["unknown_fields"][k] = total["unknown_fields"].get(k, 0) + int(v)
+    aggs = [json.loads(p.read_text()) for p in sorted(Path(summary_dir).glob(f"{run_id}.agg-*.json"))]
+    if aggs:  # the aggregation writer's subtasks: events = accepted + late + duplicates
+        akeys = ("events", "accepted", "late", "duplicates", "rows_written", "hot_written",
+                 "late_rejects_stored")
+        agg: dict[str, Any] = {k: sum(int(a.get(k) or 0) for a in aggs) for k in akeys}
+        agg["adds_up"] = agg["events"] == agg["accepted"] + agg["late"] + agg["duplicates"]
+        total["aggregations"] = agg
+        total["adds_up"] = total["adds_up"] and agg["adds_up"]
     return total
 
 
@@ -372,6 +552,7 @@ def latest_checkpoint(checkpoint_dir: str | Path) -> str | None:
     return str(best[2]) if best else None
 
 
-__all__ = ["StreamConfig", "build", "latest_checkpoint", "merged_summary", "run"]
+__all__ = ["StreamConfig", "build", "latest_checkpoint", "merged_summary", "redacted", "run",
+           "save_exposition", "scrub_environment", "serve_final_metrics", "source_options"]
 
 

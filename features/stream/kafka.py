@@ -1,21 +1,38 @@
-"""Small Kafka helpers for the demo, the tests and the benchmark (confluent-kafka)."""
+"""Small Kafka helpers for the demo, the tests and the benchmark (confluent-kafka).
+
+Every confluent-kafka client featureline creates gets its configuration from
+:func:`client_config`: the bootstrap servers, the user's extra librdkafka properties
+(``Settings.kafka_properties``: TLS, SASL...), then featureline's own settings for that
+client. Each helper here takes those ``properties`` too.
+"""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from features.errors import ServiceError
 
 
-def ensure_topic(bootstrap: str, topic: str, *, partitions: int = 2, timeout_s: float = 30.0) -> None:
+def client_config(bootstrap: str, properties: Mapping[str, str] | None = None,
+                  **own: Any) -> dict[str, Any]:
+    """A confluent-kafka client configuration: ``bootstrap.servers``, then the user's
+    ``properties`` (authentication and TLS: ``security.protocol``, ``sasl.*``, ``ssl.*``),
+    then ``own``, the settings this client needs to work as documented (group id,
+    idempotence, acks), which win over a property of the same name. The result holds
+    credentials: never log it (``features.config.redact`` masks them)."""
+    return {"bootstrap.servers": bootstrap, **(properties or {}), **own}
+
+
+def ensure_topic(bootstrap: str, topic: str, *, partitions: int = 2, timeout_s: float = 30.0,
+                 properties: Mapping[str, str] | None = None) -> None:
     """Create ``topic`` unless it exists (single-node: replication factor 1)."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient(client_config(bootstrap, properties))
     if topic in admin.list_topics(timeout=timeout_s).topics:
         return
     try:
@@ -27,13 +44,14 @@ def ensure_topic(bootstrap: str, topic: str, *, partitions: int = 2, timeout_s: 
 
 
 def produce(bootstrap: str, topic: str, values: Sequence[bytes | None], *,
-            keys: Sequence[bytes | None] | None = None) -> list[tuple[int, int, int]]:
+            keys: Sequence[bytes | None] | None = None,
+            properties: Mapping[str, str] | None = None) -> list[tuple[int, int, int]]:
     """Send ``values`` in order; returns each record's (partition, offset, timestamp ms)
     once the broker acknowledged all of them."""
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20,
-                         "message.max.bytes": 2_000_000})
+    producer = Producer(client_config(bootstrap, properties, **{
+        "enable.idempotence": True, "linger.ms": 20, "message.max.bytes": 2_000_000}))
     positions: list[Any] = [None] * len(values)
     errors: list[str] = []
 
@@ -76,12 +94,13 @@ def entity_keys(values: Sequence[bytes | None], entity: str) -> list[bytes | Non
     return keys
 
 
-def topic_size(bootstrap: str, topic: str, *, timeout_s: float = 30.0) -> int:
+def topic_size(bootstrap: str, topic: str, *, timeout_s: float = 30.0,
+               properties: Mapping[str, str] | None = None) -> int:
     """Records in ``topic`` now (end minus start offsets, summed over partitions)."""
     from confluent_kafka import Consumer, TopicPartition
 
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"featureline-size-{time.time_ns()}",
-                  "enable.auto.commit": False})
+    c = Consumer(client_config(bootstrap, properties, **{
+        "group.id": f"featureline-size-{time.time_ns()}", "enable.auto.commit": False}))
     try:
         meta = c.list_topics(topic, timeout=timeout_s).topics[topic]
         total = 0
@@ -93,12 +112,14 @@ def topic_size(bootstrap: str, topic: str, *, timeout_s: float = 30.0) -> int:
         c.close()
 
 
-def read_topic(bootstrap: str, topic: str, *, timeout_s: float = 30.0) -> list[Any]:
+def read_topic(bootstrap: str, topic: str, *, timeout_s: float = 30.0,
+               properties: Mapping[str, str] | None = None) -> list[Any]:
     """Every record currently in ``topic`` (from the beginning to the end offsets)."""
     from confluent_kafka import Consumer, TopicPartition
 
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"featureline-read-{time.time_ns()}",
-                  "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    c = Consumer(client_config(bootstrap, properties, **{
+        "group.id": f"featureline-read-{time.time_ns()}", "enable.auto.commit": False,
+        "auto.offset.reset": "earliest"}))
     try:
         meta = c.list_topics(topic, timeout=timeout_s).topics[topic]
         ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1]

@@ -1,0 +1,178 @@
+"""Windowed aggregations: the stream job and the batch backfill give identical results.
+
+One random event history for ``schemas/clicks.yaml`` (200k events, 4,000 users;
+out-of-order arrivals within the allowed lateness, duplicates, late events, quiet
+gaps, events exactly on window edges, invalid rows) goes
+
+- through the batch loader from a Parquet file, into one Postgres schema and Redis
+  key prefix, and
+- through Kafka (a 2-partition topic keyed by user) and the PyFlink job into another;
+  the job is SIGKILLed mid-stream and restarted from its last checkpoint.
+
+Both must hold exactly the same aggregation rows, the same late-event rejects, the
+same hot values in Redis, and the same history.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from features.config import Settings
+from features.examples import click_history, click_records, clicks_schema
+from features.stream.kafka import produce
+
+pytestmark = [pytest.mark.services, pytest.mark.flink]
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB = ROOT / "jobs" / "stream_job.py"
+EVENTS = 200_000
+USERS = 4_000
+AGGS = ("clicks_24h", "views_24h", "click_ratio_24h", "dwell_mean_1h", "items_7d", "spend_today",
+        "max_price_24h", "last_dwell_1h")
+HOT = ("clicks_24h", "click_ratio_24h", "dwell_mean_1h", "spend_today")
+
+
+def _job(args: list[str], tmp: Path, prefix: str) -> list[str]:
+    return [sys.executable, str(JOB), "--schema", "clicks", "--state-dir", str(tmp / "state"), "--json",
+            "--key-prefix", f"{prefix}stream:",
+            "--checkpoint-interval-ms", "2000", "--batch-size", "2000", "--restart-attempts", "0", *args]
+
+
+def _pg_rows(conn: Any, schema: str, query: str) -> list[tuple[Any, ...]]:
+    conn.execute(f'SET search_path = "{schema}"')
+    return list(conn.execute(query).fetchall())
+
+
+def _count(conn: Any, schema: str, table: str) -> int:
+    conn.execute(f'SET search_path = "{schema}"')
+    if conn.execute("SELECT to_regclass(%s)", (table,)).fetchone()[0] is None:
+        return 0
+    return int(conn.execute(f'SELECT count(*) FROM "{table}"').fetchone()[0])
+
+
+def _hot(url: str, prefix: str) -> dict[str, dict[bytes, bytes]]:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    out = {}
+    for key in client.scan_iter(match=f"{prefix}features:clicks__aggregates:*", count=10_000):
+        h = client.hgetall(key)
+        out[key.decode()[len(prefix):]] = {k: v for k, v in h.items()
+                                           if k.decode() in (*HOT, "_event_time")}
+    return out
+
+
+AGG_QUERY = f"SELECT user_id, event_time, {', '.join(AGGS)} FROM clicks__aggregates ORDER BY 1, 2"
+LATE_QUERY = ("SELECT raw FROM clicks__rejects WHERE errors->0->>'rule' = 'aggregation.lateness' "
+              "ORDER BY raw::text")
+HISTORY_QUERY = ("SELECT user_id, event_time, event_id, item_id, event_type, dwell_ms, price FROM clicks "
+                 "ORDER BY 1, 2")
+
+
+@pytest.mark.timeout(2400)
+def test_stream_with_sigkill_and_batch_backfill_compute_identical_aggregations(
+        settings: Settings, pg_schema: str, redis_prefix: str, stream_topic: str, tmp_path: Path) -> None:
+    import psycopg
+    import pyarrow.parquet as pq
+
+    from features.load import load
+    from features.stream.job import latest_checkpoint, merged_summary
+
+    history = click_history(EVENTS, seed=5, users=USERS)
+    assert history.num_rows >= EVENTS
+    path = tmp_path / "clicks.parquet"
+    pq.write_table(history, path)
+    records = click_records(history)
+    produce(settings.kafka_bootstrap, stream_topic, [v for _, v in records], keys=[k for k, _ in records])
+
+    url = settings.redis_url  # the test's own key prefixes: no database of its own to flush
+    batch_schema = f"{pg_schema}_batch"
+    admin = psycopg.connect(settings.postgres_dsn, autocommit=True)
+    admin.execute(f'CREATE SCHEMA "{batch_schema}"')
+    try:
+        # ---- the batch backfill
+        summary = load([path], clicks_schema(), settings, search_path=batch_schema,
+                       key_prefix=f"{redis_prefix}batch:")
+        assert summary.adds_up and summary.aggregations is not None
+        agg = summary.aggregations
+        assert agg["accepted"] > 0.95 * EVENTS and agg["late"] > 50 and agg["duplicates"] > 500, agg
+
+        # ---- the stream, killed mid-way, then restored from its last checkpoint
+        sep = "&" if "?" in settings.postgres_dsn else "?"
+        env = {**os.environ,
+               "FEATURES_POSTGRES_DSN": f"{settings.postgres_dsn}{sep}options=-csearch_path%3D{pg_schema}",
+               "FEATURES_REDIS_URL": url, "FEATURES_KAFKA_BOOTSTRAP": settings.kafka_bootstrap}
+        checkpoints = tmp_path / "state" / "clicks" / "checkpoints"
+        log1 = (tmp_path / "first.log").open("w")
+        first = subprocess.Popen(_job(["--topic", stream_topic, "--startup", "earliest-offset"], tmp_path,
+                                      redis_prefix),
+                                 env=env, stdout=log1, stderr=subprocess.STDOUT, start_new_session=True)
+        done = 0
+        try:
+            deadline = time.time() + 600
+            while time.time() < deadline:
+                assert first.poll() is None, (tmp_path / "first.log").read_text()[-4000:]
+                with psycopg.connect(settings.postgres_dsn) as conn:
+                    done = _count(conn, pg_schema, "clicks__aggregates")
+                if done > 40_000 and latest_checkpoint(checkpoints):
+                    break
+                time.sleep(0.5)
+            assert done > 40_000, "the job never got going"
+            assert done < agg["accepted"], "killed too late: the job had already finished"
+        finally:
+            os.killpg(first.pid, signal.SIGKILL)  # the client and its Flink JVM
+            first.wait(30)
+            log1.close()
+
+        log2 = (tmp_path / "second.log").open("w")
+        second = subprocess.Popen(_job(["--topic", stream_topic, "--from-checkpoint", "latest",
+                                        "--run-id", "second"], tmp_path, redis_prefix),
+                                  env=env, stdout=log2, stderr=subprocess.STDOUT, start_new_session=True)
+        want_late = agg["late"]
+        with psycopg.connect(settings.postgres_dsn) as conn:
+            batch_rows = _pg_rows(conn, batch_schema, AGG_QUERY)
+        assert len(batch_rows) == agg["accepted"]
+        stream_rows: list[tuple[Any, ...]] = []
+        try:
+            deadline = time.time() + 900
+            while time.time() < deadline:
+                assert second.poll() is None, (tmp_path / "second.log").read_text()[-4000:]
+                with psycopg.connect(settings.postgres_dsn) as conn:
+                    rows = _count(conn, pg_schema, "clicks__aggregates")
+                    late = len(_pg_rows(conn, pg_schema, LATE_QUERY))
+                    if rows >= agg["accepted"] and late >= want_late:
+                        # the last micro-batches may still be updating older events
+                        stream_rows = _pg_rows(conn, pg_schema, AGG_QUERY)
+                        if stream_rows == batch_rows:
+                            break
+                time.sleep(2)
+        finally:
+            os.killpg(second.pid, signal.SIGKILL)
+            second.wait(30)
+            log2.close()
+        resumed = merged_summary(tmp_path / "state" / "clicks" / "summaries", "second")
+        assert 0 < resumed["read"] < len(records), f"must resume from the checkpoint: {resumed}"
+
+        # ---- identical results
+        with psycopg.connect(settings.postgres_dsn) as conn:
+            assert len(stream_rows) == len(batch_rows)
+            diff = [(s, b) for s, b in zip(stream_rows, batch_rows, strict=True) if s != b]
+            assert not diff, f"{len(diff)} rows differ, e.g. {diff[:3]}"
+            assert _pg_rows(conn, pg_schema, LATE_QUERY) == _pg_rows(conn, batch_schema, LATE_QUERY)
+            assert _pg_rows(conn, pg_schema, HISTORY_QUERY) == _pg_rows(conn, batch_schema, HISTORY_QUERY)
+        stream_hot = _hot(url, f"{redis_prefix}stream:")
+        batch_hot = _hot(url, f"{redis_prefix}batch:")
+        assert len(batch_hot) > 0.9 * USERS
+        assert stream_hot == batch_hot
+        assert all(b"_event_time" in v for v in batch_hot.values())
+    finally:
+        admin.execute(f'DROP SCHEMA "{batch_schema}" CASCADE')
+        admin.close()
