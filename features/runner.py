@@ -132,10 +132,28 @@ _NUL_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\u0000")
 
 
 def _json_safe(value: Any) -> Any:
-    """NaN and ±inf are not JSON (and Postgres jsonb refuses them): keep them as text."""
+    """NaN and ±inf are not JSON (and Postgres jsonb refuses them): keep them as text,
+    also inside lists and objects (a decoded record's ``[NaN]``). Nested values are
+    copied without recursion: a record may nest as deep as ``json.loads`` allows."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)  # 'nan', 'inf', '-inf'
-    return value
+    if not isinstance(value, list | dict):
+        return value
+    root: list[Any] | dict[Any, Any] = [] if isinstance(value, list) else {}
+    todo: list[tuple[Any, list[Any] | dict[Any, Any]]] = [(value, root)]
+    while todo:
+        source, target = todo.pop()
+        for key, item in (source.items() if isinstance(source, dict) else enumerate(source)):
+            if isinstance(item, list | dict):
+                copied: Any = [] if isinstance(item, list) else {}
+                todo.append((item, copied))
+            else:
+                copied = _json_safe(item)
+            if isinstance(target, list):
+                target.append(copied)
+            else:
+                target[key] = copied
+    return root
 
 
 def _raw_json(batch: pa.RecordBatch, rows: npt.NDArray[np.int64]) -> list[str]:

@@ -120,7 +120,7 @@ class _Translator:
             self.out.append("\\{")
             self.i += 1
             return
-        if any(x and int(x) > PG_MAX_REPEAT for x in parts):
+        if any(x and (len(x.lstrip("0")) > 9 or int(x) > PG_MAX_REPEAT) for x in parts):
             raise _fail(p, f"repetition {{{body}}} exceeds PostgreSQL's limit of {PG_MAX_REPEAT}")
         self.out.append("{" + body + "}")
         self.i = end + 1

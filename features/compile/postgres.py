@@ -64,6 +64,8 @@ PG_MAX_IDENTIFIER_BYTES = 63
 
 #: The table recording which schema version/fingerprint created the tables.
 SCHEMAS_TABLE = "featureline_schemas"
+#: PostgreSQL's MaxHeapAttributeNumber: a table has at most 1600 columns.
+PG_MAX_COLUMNS = 1600
 
 #: Lineage columns of the cold table (names from :mod:`features.lineage`), in order,
 #: with their Postgres types.
@@ -369,6 +371,20 @@ def constraint_rule_ids(compiled: CompiledSchema) -> dict[str, str]:
 # --- tables -----------------------------------------------------------------------
 
 
+def _rules_by_field(rules: Iterable[Rule]) -> dict[str, tuple[Rule, ...]]:
+    """Each field's rules (one pass: a per-field scan of every rule is quadratic)."""
+    out: dict[str, list[Rule]] = {}
+    for rule in rules:
+        out.setdefault(rule.field, []).append(rule)
+    return {name: tuple(found) for name, found in out.items()}
+
+
+def _check_width(table: str, columns: int) -> None:
+    if columns > PG_MAX_COLUMNS:
+        raise CompileError(f"table {table} would have {columns} columns; PostgreSQL allows at most "
+                           f"{PG_MAX_COLUMNS}")
+
+
 def _create_table(name: str, lines: list[str]) -> str:
     body = ",\n".join(f"    {line}" for line in lines)
     return f"CREATE TABLE IF NOT EXISTS {quote_ident(name)} (\n{body}\n);\n"
@@ -380,9 +396,11 @@ def render_check_table(compiled: CompiledSchema, table_name: str) -> str:
     lineage. A row is accepted by this table exactly when the validator accepts the
     same (already typed, already defaulted) values."""
     schema = compiled.schema
-    lines = [_field_column(f, compiled.rules) for f in schema.fields]
+    _check_width(table_name, len(schema.fields))
+    by_field = _rules_by_field(compiled.rules)
+    lines = [_field_column(f, by_field.get(f.name, ())) for f in schema.fields]
     for f in schema.fields:
-        lines.extend(_field_checks(f, compiled.rules))
+        lines.extend(_field_checks(f, by_field.get(f.name, ())))
     return _create_table(table_name, lines)
 
 
@@ -407,15 +425,17 @@ def _cold_table(compiled: CompiledSchema) -> str:
         ) from exc
     stored = [f for f in schema.fields if f.name not in keys and "cold" in f.store]
     columns = [*key_fields, *stored]
-    lines = [_field_column(f, compiled.rules, force_not_null=f.name in keys) for f in columns]
+    by_field = _rules_by_field(compiled.rules)
+    lines = [_field_column(f, by_field.get(f.name, ()), force_not_null=f.name in keys) for f in columns]
     for feature in schema.features:
         if "cold" in feature.store:
             typ = _feature_type(feature)
             lines.extend(f"{quote_ident(col)} {typ}" for col in schema.feature_columns(feature))
     lines.extend(f"{quote_ident(name)} {typ} NOT NULL" for name, typ in LINEAGE_COLUMNS)
-    for f in columns:
-        lines.extend(_field_checks(f, compiled.rules))
     table = cold_table_name(schema)
+    _check_width(table, len(lines))
+    for f in columns:
+        lines.extend(_field_checks(f, by_field.get(f.name, ())))
     pkey = quote_ident(_bounded(table, "__pkey"))
     lines.append(f"CONSTRAINT {pkey} PRIMARY KEY ({', '.join(quote_ident(k) for k in keys)})")
     return _create_table(table, lines)
@@ -449,6 +469,7 @@ def render_aggregates_table(schema: Schema) -> str:
               for a in schema.aggregations.features if "cold" in a.store]
     lines.extend(f"{quote_ident(name)} {typ} NOT NULL" for name, typ in LINEAGE_COLUMNS)
     table = aggregates_table_name(schema)
+    _check_width(table, len(lines))
     pkey = quote_ident(_bounded(table, "__pkey"))
     lines.append(f"CONSTRAINT {pkey} PRIMARY KEY ({', '.join(quote_ident(k) for k in keys)})")
     return _create_table(table, lines)

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Context, Decimal, InvalidOperation
 from typing import Any, Final
 
+from yaml import YAMLError
 from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
@@ -43,6 +44,8 @@ _INT_RANGES: Final = {
 _FLOAT32_MAX: Final = 3.4028234663852886e38
 #: a YAML int spelled in decimal (YAML 1.1 also reads 0o17, 017, 0x1F, 0b101, 1:30)
 _DECIMAL_INT_RE: Final = re.compile(r"^[-+]?(?:0|[1-9][0-9_]*)$")
+#: "did you mean" hints per file (see NodeReader.suggest)
+_MAX_HINTS: Final = 50
 #: an exact context wide enough for any decimal(38, s) value.
 _EXACT: Final = Context(prec=100)
 
@@ -62,6 +65,62 @@ def join_path(base: str, key: str | int) -> str:
 def is_null(node: Node | None) -> bool:
     """True for a YAML null (``~``, ``null`` or an empty value)."""
     return isinstance(node, ScalarNode) and node.tag == NULL
+
+
+class DocumentProblem(Exception):
+    """What :func:`check_document` found, and the node it is at."""
+
+    def __init__(self, node: Node, reason: str) -> None:
+        super().__init__(reason)
+        self.node = node
+        self.reason = reason
+
+
+def check_document(root: Node, limit: int) -> None:
+    """Check the composed document as a whole; raise :class:`DocumentProblem` for:
+
+    - an alias inside the node it refers to (a recursive document);
+    - aliases that expand the document past ``limit`` (its nodes plus its scalars'
+      characters, each alias counted as a copy of what it refers to): the "billion
+      laughs" bomb, where a few lines stand for millions of nodes the parser would walk;
+    - a string that UTF-8 cannot encode (a lone surrogate from a ``"\\ud800"`` escape):
+      no store, hash or Arrow array could take it.
+
+    Without aliases the expanded size is about the text's length. Recursion follows the
+    nesting (chains of aliases included); RecursionError is the caller's to report.
+    """
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def size(node: Node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in open_nodes:
+            raise DocumentProblem(node, "an alias refers to a node that contains it (a recursive document)")
+        if isinstance(node, ScalarNode):
+            value = str(node.value)
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise DocumentProblem(node, f"the string holds {value[exc.start]!r}, a lone surrogate "
+                                            "that UTF-8 cannot encode") from None
+            total = 1 + len(value)
+        else:
+            open_nodes.add(key)
+            pairs = isinstance(node, MappingNode)
+            children: list[Node] = [n for pair in node.value for n in pair] if pairs else list(node.value)
+            total = 1
+            for child in children:
+                total += size(child)
+                if total > limit:
+                    raise DocumentProblem(node, f"the document is too large with its aliases written out "
+                                                f"(over {limit:,} nodes and characters): use fewer aliases")
+            open_nodes.discard(key)
+        sizes[key] = total
+        return total
+
+    size(root)
 
 
 def describe(node: Node) -> str:
@@ -113,6 +172,16 @@ class NodeReader:
         self.path = path
         self.errors: list[SchemaError] = []
         self._constructor = SafeConstructor()
+        self._hints_left = _MAX_HINTS
+
+    def suggest(self, word: str, choices: Iterable[str]) -> str:
+        """:func:`~features.schema.syntax.suggest`, for the first ``_MAX_HINTS`` problems of a
+        file: each hint compares ``word`` with up to a thousand names (difflib), so a file
+        of thousands of bad references would otherwise take minutes."""
+        if self._hints_left <= 0:
+            return ""
+        self._hints_left -= 1
+        return suggest(word, choices)
 
     # ---- error and scalar helpers
 
@@ -120,7 +189,20 @@ class NodeReader:
         self.errors.append(SchemaError(reason, path=self.path, line=line_of(node), key_path=key_path))
 
     def construct(self, node: ScalarNode) -> Any:
-        return self._constructor.construct_object(node, deep=True)
+        """The scalar's Python value. Raises ValueError for an explicit tag its text does not
+        fit (``!!int abc``, ``!!int ''``) and for ints past Python's digit limit."""
+        try:
+            return self._constructor.construct_object(node, deep=True)
+        except (IndexError, KeyError, TypeError, AttributeError, YAMLError) as exc:
+            # PyYAML's constructors index and look up the text without checking it first
+            raise ValueError(f"{node.value!r} is not a valid {node.tag}") from exc
+
+    @staticmethod
+    def bool_value(node: ScalarNode) -> bool | None:
+        """A ``!!bool`` scalar's value, or None when its text is no YAML 1.1 bool (an
+        explicit ``!!bool maybe``)."""
+        value: bool | None = SafeConstructor.bool_values.get(str(node.value).lower())
+        return value
 
     def mapping(
         self, node: Node, kp: str, allowed: Sequence[str], required: Sequence[str], what: str,
@@ -132,6 +214,7 @@ class NodeReader:
             self.error(node, kp, f"unsupported YAML tag {node.tag}")
             return None
         entries: dict[str, tuple[Node, Node]] = {}
+        known = frozenset(allowed)  # a where filter allows as many keys as it has
         for knode, vnode in node.value:
             if knode.tag == _T + "merge":
                 self.error(knode, kp, "merge keys (<<) are not supported; write the keys out")
@@ -145,13 +228,13 @@ class NodeReader:
                 self.error(knode, join_path(kp, key), f"duplicate key '{key}' (first at line {first})")
                 continue
             entries[key] = (knode, vnode)
-            if key not in allowed:
-                hint = suggest(key, allowed) or f"; expected one of: {', '.join(allowed)}"
+            if key not in known:
+                hint = self.suggest(key, allowed) or f"; expected one of: {', '.join(allowed)}"
                 self.error(knode, join_path(kp, key), f"unknown key '{key}' in {what}{hint}")
         for key in required:
             if key not in entries:
                 self.error(node, join_path(kp, key), f"missing required key '{key}' in {what}")
-        return YamlMap(node, kp, {k: v for k, v in entries.items() if k in allowed})
+        return YamlMap(node, kp, {k: v for k, v in entries.items() if k in known})
 
     def sequence(self, node: Node, kp: str, what: str) -> list[Node] | None:
         if not isinstance(node, SequenceNode):
@@ -185,13 +268,15 @@ class NodeReader:
         s = self.scalar(node, kp, "true or false")
         if s is None:
             return None
-        if s.tag != BOOL:
+        value = self.bool_value(s) if s.tag == BOOL else None
+        if value is None:
             self.error(s, kp, f"expected true or false, got {describe(s)}")
             return None
-        return bool(self.construct(s))
+        return value
 
-    def integer(self, node: Node, kp: str, what: str, minimum: int) -> int | None:
-        """A YAML int written in decimal, ``>= minimum`` (bools and floats refused)."""
+    def integer(self, node: Node, kp: str, what: str, minimum: int, maximum: int = 2**63 - 1) -> int | None:
+        """A YAML int written in decimal, ``minimum <= value <= maximum`` (bools and floats
+        refused; the default maximum is int64's, what Arrow and PostgreSQL can hold)."""
         s = self.scalar(node, kp, what)
         if s is None:
             return None
@@ -203,6 +288,9 @@ class NodeReader:
             return None
         if value < minimum:
             self.error(s, kp, f"{what} must be >= {minimum}, got {value}")
+            return None
+        if value > maximum:  # compared as a Decimal: int() of 1e999999999 would not end
+            self.error(s, kp, f"{what} must be <= {maximum}, got {value}")
             return None
         return int(value)
 
@@ -223,8 +311,12 @@ class NodeReader:
             self.error(s, kp, f"{what} must be a finite number, got {text}")
             return None
         if s.tag == INT and not _DECIMAL_INT_RE.match(text):
-            self.error(s, kp, f"{what} {text} is not written in decimal (YAML 1.1 would read it as "
-                              f"{self.construct(s)}); write the number in decimal")
+            try:
+                read_as = f" (YAML 1.1 would read it as {self.construct(s)})"
+            except ValueError:  # no int at all (!!int abc), or past Python's int digit limit
+                read_as = ""
+            self.error(s, kp, f"{what} {text} is not written in decimal{read_as}; write the number in "
+                              "decimal")
             return None
         try:
             value = Decimal(text)
@@ -238,9 +330,13 @@ class NodeReader:
         return value
 
     def plain_number(self, node: Node, kp: str, what: str) -> int | float | None:
-        """A step argument: int when written as a YAML int, else float."""
+        """A step argument: int when written as a YAML int, else float; either way within
+        float64's range (the transforms compute in floats: ``1e400`` would be inf)."""
         value = self.number(node, kp, what)
         if value is None:
+            return None
+        if math.isinf(float(value)):
+            self.error(node, kp, f"{what} {node.value} is beyond the range of a float64")
             return None
         if node.tag == INT:
             return int(value)
@@ -259,8 +355,9 @@ class NodeReader:
                 self.error(node, kp, f"{what} {node.value} is not an integer, {ftype} needs one")
                 return INVALID
             lo, hi = _INT_RANGES[kind]
-            if not lo <= int(d) <= hi:
-                self.error(node, kp, f"{what} {int(d)} is not representable in {ftype} (range {lo}..{hi})")
+            if not lo <= d <= hi:  # compared as a Decimal: int() of 1e999999999 would not end
+                shown = int(d) if d.adjusted() < 40 else node.value
+                self.error(node, kp, f"{what} {shown} is not representable in {ftype} (range {lo}..{hi})")
                 return INVALID
             return int(d)
         if kind is TypeKind.DECIMAL:
@@ -268,21 +365,22 @@ class NodeReader:
             if d is None:
                 return INVALID
             precision, scale = ftype.precision or 0, ftype.scale or 0
-            places = max(0, -int(d.normalize(_EXACT).as_tuple().exponent))
+            places = _decimal_places(d)
             if places > scale:
                 self.error(
                     node, kp, f"{what} {node.value} has {places} decimal places, {ftype} allows {scale}",
                 )
                 return INVALID
-            q = _EXACT.quantize(d, Decimal((0, (1,), -scale)))
             digits = precision - scale
-            if q != 0 and q.adjusted() >= digits:
+            # d.adjusted() is exact for any exponent; quantize only once d is known to fit
+            # (it raises InvalidOperation past the context's precision, Overflow past Emax)
+            if d != 0 and d.adjusted() >= digits:
                 self.error(
                     node, kp, f"{what} {node.value} is not representable in {ftype} (at most {digits} "
                               "integer digits)",
                 )
                 return INVALID
-            return q
+            return _EXACT.quantize(d, Decimal((0, (1,), -scale)))
         if kind in FLOAT_KINDS:
             d = self.number(node, kp, what)
             if d is None:
@@ -296,10 +394,11 @@ class NodeReader:
         if s is None:
             return INVALID
         if kind is TypeKind.BOOL:
-            if s.tag != BOOL:
+            flag = self.bool_value(s) if s.tag == BOOL else None
+            if flag is None:
                 self.error(s, kp, f"{what} must be true or false for a bool field, got {describe(s)}")
                 return INVALID
-            return bool(self.construct(s))
+            return flag
         if kind in (TypeKind.STRING, TypeKind.ENUM):
             if s.tag != STR:
                 self.error(s, kp, f"{what} must be a string for {ftype} fields, got {describe(s)} "
@@ -333,6 +432,17 @@ class NodeReader:
         if dt.tzinfo is not None:
             dt = dt.astimezone(UTC)
         return dt.isoformat()
+
+
+def _decimal_places(d: Decimal) -> int:
+    """Digits after the point once trailing zeros are dropped (``1.50`` -> 1, ``1E+3`` -> 0),
+    for any exponent (``normalize`` would overflow the context past its Emin/Emax)."""
+    _, digits, exponent = d.as_tuple()
+    assert isinstance(exponent, int), "only finite decimals come here"
+    if not any(digits):
+        return 0
+    zeros = len(digits) - len("".join(map(str, digits)).rstrip("0"))
+    return max(0, -(exponent + zeros))
 
 
 def order_key(value: ScalarValue) -> Any:

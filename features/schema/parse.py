@@ -11,6 +11,13 @@ Every problem in a file is collected; the parser raises one
 fixes a file in one go. A YAML syntax error stops at once with a single
 :class:`~features.errors.SchemaError` at the line PyYAML reports.
 
+Hostile files end as a SchemaError too, in bounded time and memory: a text over
+``MAX_SCHEMA_CHARS`` is refused before parsing, and so are flow collections (``[``,
+``{``) nested deeper than ``_MAX_FLOW_DEPTH``, nesting deeper than Python's recursion
+allows, aliases that expand the document past twice that size (the
+"billion laughs"), recursive aliases and strings holding lone surrogates. Tags are
+never constructed (``yaml.compose``: ``!!python/object`` is only an unsupported tag).
+
 Value conversion (what lands in :class:`~features.schema.model.Constraints`):
 
 ===================  ==============================================================
@@ -27,12 +34,15 @@ string / enum        ``str`` (``default`` only)
 bool                 ``bool`` (``default`` only; bool has no order)
 ===================  ==============================================================
 
-Nothing here touches Arrow, Postgres or Redis; the compiler does.
+Nothing here touches Postgres or Redis, nor Arrow but for RE2 (``pyarrow.compute``): a
+pattern must compile in RE2, and a string default is matched with it, as the validator
+matches values (linear time: no pattern can hang the parser).
 """
 
 from __future__ import annotations
 
 import re
+import struct
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Final, cast
@@ -66,8 +76,10 @@ from features.schema.nodes import (
     INT,
     NULL,
     STR,
+    DocumentProblem,
     Invalid,
     YamlMap,
+    check_document,
     describe,
     is_null,
     join_path,
@@ -76,15 +88,27 @@ from features.schema.nodes import (
 )
 from features.schema.steps import StepReader
 from features.schema.syntax import (
+    MAX_DURATION_S,
     MAX_SCHEMA_NAME,
     duration_seconds,
+    full_match,
     identifier_problem,
     parse_type,
     regex_problem,
-    suggest,
 )
 
-__all__ = ["load_schema", "load_schemas", "parse_schema"]
+__all__ = ["MAX_SCHEMA_CHARS", "load_schema", "load_schemas", "parse_schema"]
+
+#: The largest schema text parsed, in characters. A real schema is a few KiB; PyYAML is
+#: pure Python (about 20 us per token), so this bounds a parse to seconds and its
+#: memory to some hundred MB, whatever the file holds.
+MAX_SCHEMA_CHARS: Final = 256 * 1024
+#: PyYAML's scanner keeps one possible simple key per open flow collection and checks
+#: them all at every token: ``[[[[...`` costs O(text x depth). Schemas nest two or three.
+_MAX_FLOW_DEPTH: Final = 100
+#: payload.max_bytes at most 256 MiB: the dead-letter producer needs twice that plus
+#: 64 KiB under librdkafka's message.max.bytes cap of 1e9.
+_MAX_PAYLOAD_BYTES: Final = 256 * 1024 * 1024
 
 _TOP_KEYS: Final = (
     "name", "version", "description", "entity", "event_time", "hot", "payload", "fields",
@@ -188,14 +212,45 @@ def load_schemas(paths_or_dir: str | Path | Iterable[str | Path]) -> dict[str, S
 
 def _read(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        with path.open(encoding="utf-8") as f:
+            text = f.read(MAX_SCHEMA_CHARS + 1)  # never more, whatever the file (or device) holds
     except (OSError, UnicodeDecodeError) as exc:
         raise SchemaError(f"cannot read the schema file: {exc}", path=str(path)) from None
+    if len(text) > MAX_SCHEMA_CHARS:
+        raise SchemaError(f"the schema file is over the limit of {MAX_SCHEMA_CHARS:,} characters",
+                          path=str(path))
+    return text
+
+
+def _to_float32(value: float) -> float:
+    """``value`` rounded to the nearest float32 (``value`` is within float32's range)."""
+    return float(struct.unpack("<f", struct.pack("<f", value))[0])
+
+
+class _Loader(yaml.SafeLoader):
+    """The safe loader, refusing flow collections nested deeper than ``_MAX_FLOW_DEPTH``."""
+
+    def fetch_flow_collection_start(self, TokenClass: type) -> None:
+        if self.flow_level >= _MAX_FLOW_DEPTH:
+            raise yaml.scanner.ScannerError(
+                None, None, f"flow collections ([...], {{...}}) nested deeper than {_MAX_FLOW_DEPTH}",
+                self.get_mark())
+        super().fetch_flow_collection_start(TokenClass)
 
 
 def _parse(text: str, path: str | None) -> tuple[Schema, int | None]:
+    if len(text) > MAX_SCHEMA_CHARS:
+        raise SchemaError(f"the schema is {len(text):,} characters, over the limit of {MAX_SCHEMA_CHARS:,}",
+                          path=path)
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        root = yaml.compose(text, Loader=_Loader)
+        if root is not None:
+            check_document(root, 2 * MAX_SCHEMA_CHARS)
+    except DocumentProblem as exc:
+        raise SchemaError(exc.reason, path=path, line=line_of(exc.node)) from None
+    except RecursionError:
+        raise SchemaError("the document is nested too deeply (lists, mappings or aliases)",
+                          path=path) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         problem = exc.problem or exc.context or "syntax error"
@@ -203,6 +258,8 @@ def _parse(text: str, path: str | None) -> tuple[Schema, int | None]:
             f"invalid YAML: {problem}", path=path, line=None if mark is None else mark.line + 1,
         ) from None
     except yaml.YAMLError as exc:
+        raise SchemaError(f"invalid YAML: {exc}", path=path) from None
+    except ValueError as exc:  # PyYAML lets chr() fail on an escape such as "\U00110000"
         raise SchemaError(f"invalid YAML: {exc}", path=path) from None
     if root is None:
         raise SchemaError("the file is empty: a schema needs at least version and fields", path=path)
@@ -273,6 +330,9 @@ class _SchemaParser(StepReader):
         if match is None:
             self.error(s, "version", f"version '{s.value}' is not semver MAJOR.MINOR.PATCH (e.g. 1.0.0)")
             return None
+        if max(len(part) for part in match.groups()) > 18:  # int() of thousands of digits is refused
+            self.error(s, "version", f"version '{s.value}': each part has at most 18 digits")
+            return None
         return int(match[1]), int(match[2]), int(match[3])
 
     def parse_name(self, top: YamlMap, loadable: bool) -> str | None:
@@ -316,10 +376,7 @@ class _SchemaParser(StepReader):
         s = self.scalar(ttl_node, kp, "a TTL")
         if s is None or is_null(s):
             return HotStore()
-        if s.tag == INT:
-            seconds: int | None = int(self.construct(s))
-        else:
-            seconds = duration_seconds(str(s.value)) if s.tag == STR else None
+        seconds = self.seconds(s)
         if seconds is None:
             self.error(s, kp, f"ttl {describe(s)} is not a duration: use seconds (86400) "
                               "or a duration such as 7d, 12h, 30m, 45s, 1d12h")
@@ -327,7 +384,24 @@ class _SchemaParser(StepReader):
         if seconds <= 0:
             self.error(s, kp, f"ttl must be > 0 seconds, got {s.value}")
             return HotStore()
+        if seconds > MAX_DURATION_S:
+            self.error(s, kp, f"ttl must be at most {MAX_DURATION_S} seconds (100 years), got {s.value}")
+            return HotStore()
         return HotStore(ttl_seconds=seconds)
+
+    def seconds(self, s: ScalarNode) -> int | None:
+        """A duration scalar in seconds: an int (any YAML 1.1 spelling) or text such as
+        7d, 12h, 30m, 45s, 1d12h; None when it is neither. Too large to convert (past
+        Python's int digit limit): ``MAX_DURATION_S + 1``."""
+        if s.tag == INT:
+            digits = str(s.value).replace("_", "").lstrip("+-").lstrip("0")
+            if digits.isdigit() and len(digits) > 15:  # int() past 4300 digits raises
+                return MAX_DURATION_S + 1
+            try:
+                return int(self.construct(s))  # also 0x10, 0o17, 1:30 (YAML 1.1 ints)
+            except ValueError:  # an explicit !!int that is none
+                return None
+        return duration_seconds(str(s.value)) if s.tag == STR else None
 
     def parse_payload(self, top: YamlMap) -> Payload:
         node = top.get("payload")
@@ -342,7 +416,7 @@ class _SchemaParser(StepReader):
             if fmt is not None and fmt != "json":
                 self.error(fmt_node, m.at("format"), f"payload format '{fmt}' is not supported (only json)")
         if (mb_node := m.get("max_bytes")) is not None:
-            value = self.integer(mb_node, m.at("max_bytes"), "max_bytes", 1)
+            value = self.integer(mb_node, m.at("max_bytes"), "max_bytes", 1, _MAX_PAYLOAD_BYTES)
             if value is not None:
                 max_bytes = value
         return Payload(format="json", max_bytes=max_bytes)
@@ -451,7 +525,7 @@ class _SchemaParser(StepReader):
         if not items:
             self.error(node, m.at("values"), "enum values must not be empty")
             return None
-        out: list[str] = []
+        out: dict[str, None] = {}  # ordered, and a set for the duplicate check
         ok = True
         for i, item in enumerate(items):
             kp = join_path(m.at("values"), i)
@@ -465,7 +539,7 @@ class _SchemaParser(StepReader):
                 self.error(item, kp, f"duplicate enum value '{value}'")
                 ok = False
             else:
-                out.append(value)
+                out[value] = None
         return tuple(out) if ok else None
 
     def parse_store(self, node: Node, kp: str, *, allow_none: bool) -> frozenset[StoreTarget] | None:
@@ -490,7 +564,7 @@ class _SchemaParser(StepReader):
                 self.error(item, ikp, f"a feature must be stored: {expected}")
                 return None
             if value not in ("hot", "cold"):
-                hint = suggest(value, choices)
+                hint = self.suggest(value, choices)
                 self.error(item, ikp, f"unknown store '{value}'{hint} (expected {expected})")
                 return None
             if value in out:
@@ -570,9 +644,18 @@ class _SchemaParser(StepReader):
                            "a default fills it in)")
             elif ftype is not None:
                 value = self.typed_value(n, m.at("default"), ftype, "default")
-                if not isinstance(value, Invalid):
+                # values convert to float32 exactly or are rejected; so must the default
+                # (typed_value checked that it is in float32's range)
+                if ftype.kind is TypeKind.FLOAT32 and isinstance(value, float) \
+                        and (nearest := _to_float32(value)) != value:
+                    self.error(n, m.at("default"), f"default {n.value} is not exactly representable in "
+                                                   f"float32 (the nearest is {nearest!r})")
+                elif not isinstance(value, Invalid):
                     default = value
                     self.check_default(n, m.at("default"), value, bounds, pattern, lengths, values)
+        if default == "" and flags.get("empty_as_null"):
+            self.error(m.get("default"), m.at("default"),
+                       "default '' contradicts empty_as_null: true (an empty string is read as null)")
         return Constraints(
             required=required, nullable=nullable, min=bounds.get("min"), max=bounds.get("max"),
             pattern=pattern, min_length=lengths.get("min_length"), max_length=lengths.get("max_length"),
@@ -607,7 +690,7 @@ class _SchemaParser(StepReader):
             self.error(node, kp, f"default {value} violates max: expected <= {bounds['max']}")
         if not isinstance(value, str):
             return
-        if pattern is not None and re.fullmatch(pattern, value) is None:
+        if pattern is not None and not full_match(pattern, value):
             self.error(node, kp, f"default {value!r} violates pattern: expected a full match of {pattern}")
         lo_len, hi_len = lengths.get("min_length"), lengths.get("max_length")
         if lo_len is not None and len(value) < lo_len:
@@ -629,7 +712,7 @@ class _SchemaParser(StepReader):
                 continue
             field = by_name.get(name)
             if field is None:
-                hint = suggest(name, by_name)
+                hint = self.suggest(name, by_name)
                 self.error(node, key, f"{key} '{name}' is not a field of this schema{hint}")
                 continue
             kind = field.type.kind
@@ -694,7 +777,7 @@ class _SchemaParser(StepReader):
             if source_name is not None and fields is not None:
                 source = fields.get(source_name)
                 if source is None:
-                    hint = suggest(source_name, fields)
+                    hint = self.suggest(source_name, fields)
                     self.error(from_node, m.at("from"),
                                f"from '{source_name}' is not a field of this schema{hint}")
         dtype: FieldType | None = None
@@ -805,7 +888,7 @@ class _SchemaParser(StepReader):
                               "(count, sum, mean, min, max, last or count_distinct), not another ratio")
                 else:
                     reason = (f"{role} '{ref}' is not a windowed aggregation of this schema"
-                              + suggest(str(ref), windowed))
+                              + self.suggest(str(ref), windowed))
                 self.error(self._value_node(items[i], role), join_path(kp, role), reason)
                 ok = False
         return Aggregations(allowed_lateness_s=lateness, features=tuple(out)) if ok else None
@@ -815,17 +898,16 @@ class _SchemaParser(StepReader):
         s = self.scalar(node, kp, what)
         if s is None:
             return None
-        seconds: int | None
-        if s.tag == INT:
-            seconds = int(self.construct(s))
-        else:
-            seconds = duration_seconds(str(s.value)) if s.tag == STR else None
+        seconds = self.seconds(s)
         if seconds is None:
             self.error(s, kp, f"{what} {describe(s)} is not a duration: use seconds (3600) "
                               "or a duration such as 7d, 12h, 30m, 45s, 1d12h")
             return None
         if seconds < minimum:
             self.error(s, kp, f"{what} must be >= {minimum} seconds, got {s.value}")
+            return None
+        if seconds > MAX_DURATION_S:
+            self.error(s, kp, f"{what} must be at most {MAX_DURATION_S} seconds (100 years), got {s.value}")
             return None
         return seconds
 
@@ -843,7 +925,7 @@ class _SchemaParser(StepReader):
                 if text not in ("sliding", "tumbling"):
                     self.error(type_node, m.at("type"),
                                f"window type must be sliding or tumbling, got '{text}'"
-                               + suggest(text, ("sliding", "tumbling")))
+                               + self.suggest(text, ("sliding", "tumbling")))
                     return None
                 kind = text
             return None if size is None else Window(size_s=size, kind=cast(WindowKind, kind))
@@ -871,7 +953,7 @@ class _SchemaParser(StepReader):
             vkp = m.at(name)
             if (field := fields.get(name)) is None:
                 self.error(knode, vkp, f"where on '{name}': it is not a field of this schema"
-                                       + suggest(name, fields))
+                                       + self.suggest(name, fields))
                 ok = False
                 continue
             if field.type.kind not in _WHERE_KINDS:
@@ -886,6 +968,7 @@ class _SchemaParser(StepReader):
                 self.error(vnode, vkp, "where needs at least one allowed value")
                 return None
             values: list[ScalarValue] = []
+            seen: set[ScalarValue] = set()
             for j, item in enumerate(items):
                 ikp = vkp if item is vnode else join_path(vkp, j)
                 if is_null(item):
@@ -897,9 +980,10 @@ class _SchemaParser(StepReader):
                     return None
                 if field.type.kind is TypeKind.ENUM and value not in field.values:
                     self.error(item, ikp, f"'{value}' is not one of the values of enum field '{name}'"
-                                          + suggest(str(value), field.values))
+                                          + self.suggest(str(value), field.values))
                     return None
-                if value not in values:
+                if value not in seen:
+                    seen.add(value)
                     values.append(value)
             out.append((name, tuple(values)))
         return tuple(out) if ok else None
@@ -913,7 +997,8 @@ class _SchemaParser(StepReader):
         if (fn_node := m.get("function")) is not None:
             function = self.string(fn_node, m.at("function"), "an aggregation function")
             if function is not None and function not in _AGG_FUNCTIONS:
-                hint = suggest(function, _AGG_FUNCTIONS) or f"; expected one of: {', '.join(_AGG_FUNCTIONS)}"
+                hint = self.suggest(function, _AGG_FUNCTIONS) \
+                    or f"; expected one of: {', '.join(_AGG_FUNCTIONS)}"
                 self.error(fn_node, m.at("function"), f"unknown aggregation function '{function}'{hint}")
                 function = None
         store = None
@@ -961,7 +1046,7 @@ class _SchemaParser(StepReader):
             field = None if of is None or fields is None else fields.get(of)
             if of is not None and fields is not None and field is None:
                 self.error(of_node, m.at("of"),
-                           f"of '{of}' is not a field of this schema{suggest(of, fields)}")
+                           f"of '{of}' is not a field of this schema{self.suggest(of, fields)}")
                 ok = False
             rule = _AGG_OF_KINDS.get(function)
             if field is not None and rule is not None and field.type.kind not in rule[0]:

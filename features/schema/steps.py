@@ -44,7 +44,7 @@ from features.schema.model import (
     TypeKind,
 )
 from features.schema.nodes import NodeReader, describe, is_null, join_path
-from features.schema.syntax import parse_type, suggest
+from features.schema.syntax import parse_type
 
 _MAX_ONE_HOT: Final = 32
 _TIME_SINCE_UNITS: Final = ("ms", "s", "minutes", "hours", "days", "weeks")
@@ -174,7 +174,7 @@ class StepReader(NodeReader):
             return None
         spec = _OPS.get(op_text)
         if spec is None:
-            self.error(op_node, kp, f"unknown op '{op_text}'{suggest(op_text, _OPS)}; "
+            self.error(op_node, kp, f"unknown op '{op_text}'{self.suggest(op_text, _OPS)}; "
                                     f"expected one of: {', '.join(_OPS)}")
             return None
         akp = join_path(kp, op_text)
@@ -325,7 +325,7 @@ class StepReader(NodeReader):
         field = fields.get(name)
         if field is None:
             self.error(node, kp, f"ratio denominator '{name}' is not a field of this schema"
-                                 f"{suggest(name, fields)}")
+                                 f"{self.suggest(name, fields)}")
             return None
         if field.type.kind not in NUMERIC_KINDS:
             self.error(node, kp, f"ratio denominator '{name}' is a {field.type} field, expected a number")

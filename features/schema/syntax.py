@@ -9,6 +9,7 @@ PostgreSQL CHECK, the GX suite's Python ``re``) must agree on what it matches.
 from __future__ import annotations
 
 import difflib
+import itertools
 import re
 import warnings
 from collections.abc import Iterable
@@ -18,8 +19,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from features.schema.model import FieldType, TypeKind
 
 __all__ = [
-    "IDENTIFIER_RE", "MAX_IDENTIFIER", "MAX_SCHEMA_NAME", "POSIX_CLASSES", "RESERVED_WORDS",
-    "duration_seconds", "identifier_problem", "parse_type", "regex_problem", "suggest",
+    "IDENTIFIER_RE", "MAX_DURATION_S", "MAX_IDENTIFIER", "MAX_SCHEMA_NAME", "POSIX_CLASSES", "RESERVED_WORDS",
+    "duration_seconds", "full_match", "identifier_problem", "parse_type", "regex_problem", "suggest",
 ]
 
 IDENTIFIER_RE: Final = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -45,11 +46,15 @@ _MAX_DECIMAL_PRECISION: Final = 38
 _TIMESTAMP_UNITS: Final = ("s", "ms", "us")
 _MAX_REPEAT: Final = 255  # PostgreSQL's regex repetition limit (RE2's is 1000)
 _DURATION_RE: Final = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+#: The longest duration (TTL, window, lateness): 100 years. Windows run in int64
+#: microseconds next to epoch times, so a bound far below 2**63 us keeps them exact.
+MAX_DURATION_S: Final = 100 * 365 * 86_400
 
 
 def suggest(word: str, choices: Iterable[str]) -> str:
-    """`` (did you mean 'x'?)`` for the closest of ``choices``, or an empty string."""
-    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    """`` (did you mean 'x'?)`` for the closest of ``choices`` (the first thousand: difflib
+    costs tens of microseconds per name), or an empty string."""
+    match = difflib.get_close_matches(word[:200], list(itertools.islice(choices, 1000)), n=1, cutoff=0.6)
     return f" (did you mean '{match[0]}'?)" if match else ""
 
 
@@ -120,8 +125,34 @@ def regex_problem(pattern: str) -> str | None:
             except Warning as exc:
                 problem = str(exc)
     if problem is None:
-        return None
+        # RE2 (the validator) has limits of its own: a repetition count of at most 1000
+        # once nested repetitions are multiplied out, and a bounded program size.
+        re2 = _re2_problem(pattern)
+        if re2 is None:
+            return None
+        return f"RE2 (the validator) refuses it: {re2}"
     return f"not portable across Python re, RE2 and PostgreSQL: {problem}"
+
+
+def _re2_problem(pattern: str) -> str | None:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    try:
+        pc.match_substring_regex(pa.array([""], pa.string()), f"^(?:{pattern})$")
+    except pa.ArrowInvalid as exc:
+        return str(exc).removeprefix("Invalid regular expression: ")
+    return None
+
+
+def full_match(pattern: str, value: str) -> bool:
+    """Whether ``value`` as a whole matches ``pattern`` the way the validator decides it
+    (RE2: linear time, so a pattern such as ``(a+)+`` cannot hang the parser). The
+    pattern must have passed :func:`regex_problem`; ``value`` must be UTF-8 encodable."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return bool(pc.match_substring_regex(pa.array([value], pa.string()), f"^(?:{pattern})$")[0].as_py())
 
 
 class _RegexScanner:
@@ -237,9 +268,11 @@ class _RegexScanner:
             return "a literal '{' must be escaped as \\{"
         if m[1] == "":
             return f"{{,{m[3]}}} is not supported by RE2 and PostgreSQL; write {{0,{m[3]}}}"
-        counts = [int(c) for c in (m[1], m[3]) if c]
+        # a count of thousands of digits: int() refuses it, and it is over the limit anyway
+        counts = [int(c) if len(c.lstrip("0")) <= 9 else 10**9 for c in (m[1], m[3]) if c]
         if max(counts) > _MAX_REPEAT:
-            return f"repetition count {max(counts)} is above PostgreSQL's limit of {_MAX_REPEAT}"
+            shown = str(max(counts)) if max(counts) < 10**9 else "of more than 9 digits"
+            return f"repetition count {shown} is above PostgreSQL's limit of {_MAX_REPEAT}"
         self.take(m.end() - self.i)
         return None
 
@@ -279,11 +312,12 @@ def parse_type(text: str) -> tuple[FieldType | None, str | None]:
     if kind is TypeKind.DECIMAL:
         if len(args) != 2 or not all(re.fullmatch(r"-?[0-9]+", a) for a in args):
             return None, f"malformed decimal type '{text}': write decimal(precision,scale) like decimal(18,2)"
-        p, s = int(args[0]), int(args[1])
+        # int() of thousands of digits is refused (or slow): such numbers are out of range anyway
+        p, s = (int(a) if len(a) <= 9 else 10**9 for a in args)
         if not 1 <= p <= _MAX_DECIMAL_PRECISION:
-            return None, f"decimal precision {p} is out of range 1..{_MAX_DECIMAL_PRECISION}"
+            return None, f"decimal precision {args[0]} is out of range 1..{_MAX_DECIMAL_PRECISION}"
         if not 0 <= s <= p:
-            return None, f"decimal scale {s} must be between 0 and the precision {p}"
+            return None, f"decimal scale {args[1]} must be between 0 and the precision {p}"
         return FieldType(kind, precision=p, scale=s), None
     if kind is TypeKind.TIMESTAMP:
         if not 1 <= len(args) <= 2 or not args[0]:
@@ -297,7 +331,7 @@ def parse_type(text: str) -> tuple[FieldType | None, str | None]:
         if tz is not None:
             try:
                 ZoneInfo(tz)
-            except (ZoneInfoNotFoundError, ValueError):
+            except (ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a directory, a name too long
                 return None, f"unknown time zone '{tz}'"
         return FieldType(kind, unit=unit, tz=tz), None  # type: ignore[arg-type]
     if raw_args is not None:
@@ -308,9 +342,12 @@ def parse_type(text: str) -> tuple[FieldType | None, str | None]:
 
 def duration_seconds(text: str) -> int | None:
     """``7d``, ``12h``, ``30m``, ``45s`` or a combination in that order (``1d12h``) ->
-    seconds; None when ``text`` is not such a duration."""
+    seconds; None when ``text`` is not such a duration. A part with more than 15
+    digits gives ``MAX_DURATION_S + 1`` (over the limit; never converted)."""
     m = _DURATION_RE.match(text)
     if m is None or not any(m.groups()):
         return None
+    if any(len((g or "").lstrip("0")) > 15 for g in m.groups()):
+        return MAX_DURATION_S + 1
     d, h, mi, s = (int(g or 0) for g in m.groups())
     return ((d * 24 + h) * 60 + mi) * 60 + s

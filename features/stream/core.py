@@ -174,7 +174,7 @@ class StreamProcessor:
         valid_rejects = _with_offsets(prepared.rejects, offs[dec.index] if len(dec.index) else offs[:0])
         decode_rejects = _with_offsets(
             group_rejects(dec.rejects, None, lambda idx: uris.take(idx), ctx,
-                          raw=lambda idx: [payload_json(values[int(i)]) for i in idx]), offs)
+                          raw=lambda idx: [payload_json(values[int(i)], self.max_bytes) for i in idx]), offs)
         rule_counts = Counter(prepared.reject_rules)
         examples = dict(prepared.examples)
         if dec.rejects.num_rows:

@@ -2,8 +2,10 @@
 
 A record becomes a row when its value is at most ``payload.max_bytes`` bytes, is UTF-8,
 parses as JSON (``json.loads``, C speed; ``NaN``/``Infinity`` tokens are read as floats
-so the field rules reject them with a field-level error) and is a JSON object. Every
-other record is a ``decode`` reject on the pseudo-field ``_payload``; nothing is dropped.
+so the field rules reject them with a field-level error), is a JSON object and holds no
+lone surrogate (a ``"\\ud800"`` escape: text UTF-8, Arrow and PostgreSQL cannot hold).
+Every other record is a ``decode`` reject on the pseudo-field ``_payload``; nothing is
+dropped. A record over the limit is refused by its length alone, before any decoding.
 Fields the schema does not know are ignored (counted in ``unknown_fields``).
 
 Lineage of a record: ``kafka://<topic>/<partition>/<offset>``.
@@ -49,16 +51,33 @@ class Decoded:
     unknown_fields: Counter[str] = field(default_factory=Counter)
 
 
-def payload_json(value: bytes | None) -> str:
+#: what the rejects table and the dead-letter topic keep of a record over payload.max_bytes
+TRUNCATED_PREFIX_BYTES = 1024
+
+
+def payload_json(value: bytes | None, max_bytes: int | None = None) -> str:
     """A record's payload as JSON text that jsonb accepts: ``{"_payload": "<text>"}``, or
-    ``{"_payload_base64": "..."}`` when it is not UTF-8, ``{"_payload": null}`` when absent."""
+    ``{"_payload_base64": "..."}`` when it is not UTF-8 or when escaping would more than
+    double it (control characters), ``{"_payload": null}`` when absent.
+
+    A record over ``max_bytes`` keeps only its first ``TRUNCATED_PREFIX_BYTES`` bytes
+    (``{"_payload_prefix_base64": "...", "_payload_bytes": n}``; the record itself stays
+    in Kafka at its offset), so the size limit bounds the rejects table and the
+    dead-letter messages too: at most about twice ``max_bytes``.
+    """
     if value is None:
         return '{"_payload": null}'
+    if max_bytes is not None and len(value) > max_bytes:
+        prefix = base64.b64encode(value[:TRUNCATED_PREFIX_BYTES]).decode("ascii")
+        return json.dumps({"_payload_prefix_base64": prefix, "_payload_bytes": len(value)})
     try:
         text = value.decode("utf-8")
     except UnicodeDecodeError:
         return json.dumps({"_payload_base64": base64.b64encode(value).decode("ascii")})
-    return json.dumps({"_payload": text.replace("\x00", "\\u0000")}, ensure_ascii=False)
+    out = json.dumps({"_payload": text.replace("\x00", "\\u0000")}, ensure_ascii=False)
+    if len(out) > 2 * len(value) + 16:  # \u0001 is 6 bytes for 1: base64 is 4 for 3
+        return json.dumps({"_payload_base64": base64.b64encode(value).decode("ascii")})
+    return out
 
 
 def _json_kind(obj: Any) -> str:
@@ -69,6 +88,19 @@ def _json_kind(obj: Any) -> str:
     if isinstance(obj, int | float):
         return "number"
     return {"list": "array", "str": "string"}.get(type(obj).__name__, type(obj).__name__)
+
+
+def _has_lone_surrogate(value: bytes, obj: dict[str, Any]) -> bool:
+    """Whether a decoded object holds a lone surrogate. Only JSON escapes can make one
+    (UTF-8 input cannot), so the object is re-encoded only when the text has a
+    ``\\ud8..``-``\\udf..`` escape, which valid surrogate pairs (emoji) have too."""
+    if b"\\ud" not in value and b"\\uD" not in value:
+        return False
+    try:
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def decode(values: Sequence[bytes | None], *, max_bytes: int, known: frozenset[str]) -> Decoded:
@@ -95,14 +127,18 @@ def decode(values: Sequence[bytes | None], *, max_bytes: int, known: frozenset[s
             except ValueError as exc:  # JSONDecodeError, and ints beyond the digit limit
                 problem = f"record value is not valid JSON: {exc}"
             else:
-                if isinstance(obj, dict):
+                if not isinstance(obj, dict):
+                    problem = f"record value is a JSON {_json_kind(obj)}, expected an object"
+                elif _has_lone_surrogate(value, obj):
+                    problem = ("record value holds a lone surrogate escape (such as \\ud800), which "
+                               "UTF-8 cannot encode")
+                else:
                     rows.append(obj)
                     index.append(i)
                     extra = obj.keys() - known
                     if extra:
                         unknown.update(extra)
                     continue
-                problem = f"record value is a JSON {_json_kind(obj)}, expected an object"
         bad_rows.append(i)
         messages.append(problem)
     n = len(bad_rows)

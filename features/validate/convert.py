@@ -210,9 +210,47 @@ def convert(
     """Convert one Arrow column to ``target`` (the field's Arrow type) exactly.
 
     ``accept_strings`` overrides the field's flag (defaults and bounds are parsed
-    from text). ``empty_as_null`` of the field applies to string input. Never raises
-    for bad values; they are reported in the result.
+    from text). ``empty_as_null`` of the field applies to string input. Dates and
+    timestamps must fall in the years 0001..9999 (UTC for zoned ones), what PostgreSQL
+    reads and Python represents. Never raises for bad values; they are reported in
+    the result.
     """
+    c = _convert(raw, field, target, accept_strings=accept_strings)
+    if pa.types.is_timestamp(target) or pa.types.is_date32(target):
+        return _within_years(raw, c, target)
+    return c
+
+
+#: 0001-01-01 and 9999-12-31 as days since the epoch
+_FIRST_DAY, _LAST_DAY = -719_162, 2_932_896
+
+
+def _within_years(raw: pa.Array, c: Converted, target: pa.DataType) -> Converted:
+    """``c`` with the values before 0001-01-01 or after 9999-12-31 turned into failures
+    (``0000-01-01`` parses, and an Arrow timestamp can hold year 20000)."""
+    if pa.types.is_date32(target):
+        lo, hi = _FIRST_DAY, _LAST_DAY
+    else:
+        per_second = _UNITS_PER_SECOND[target.unit]
+        lo = _FIRST_DAY * _SECONDS_PER_DAY * per_second
+        hi = (_LAST_DAY + 1) * _SECONDS_PER_DAY * per_second - 1
+    v = _np(c.values, 0)
+    out = _valid(c.values) & ((v < lo) | (v > hi))
+    if not out.any():
+        return c
+    rows = np.flatnonzero(out).astype(np.int64)
+    plain, shown = render(raw.take(pa.array(rows)))
+    shown = pc.binary_join_element_wise(shown, " (outside the years 0001..9999)", "")
+    all_rows = np.concatenate([c.fail_rows, rows])
+    order = pa.array(np.argsort(all_rows, kind="stable"))
+    return Converted(_null_where(c.values, ~out), all_rows[order.to_numpy()],
+                     pa.concat_arrays([c.fail_values, plain]).take(order),
+                     pa.concat_arrays([c.fail_shown, shown]).take(order))
+
+
+def _convert(
+    raw: pa.Array, field: Field, target: pa.DataType, *, accept_strings: bool | None = None
+) -> Converted:
     if accept_strings is None:
         accept_strings = field.accept_strings
     t = raw.type

@@ -41,7 +41,7 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
+from decimal import ROUND_CEILING, ROUND_FLOOR, Context, Decimal
 from typing import Any, Literal, TypeAlias
 from zoneinfo import ZoneInfo
 
@@ -73,6 +73,7 @@ Data: TypeAlias = pa.RecordBatch | pa.Table | Sequence[Mapping[str, Any]]
 _UNITS_PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000}
 _EPOCH_NAIVE = dt.datetime(1970, 1, 1)
 _EPOCH_UTC = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_WIDE = Context(prec=100)
 
 
 # --------------------------------------------------------------------------- the plan
@@ -367,7 +368,8 @@ def _bound_scalar(
         if kind is TypeKind.DECIMAL:
             p, s = target.precision, target.scale
             q = Decimal(value).quantize(  # type: ignore[arg-type]
-                Decimal(1).scaleb(-s), rounding=ROUND_CEILING if is_min else ROUND_FLOOR
+                Decimal(1).scaleb(-s), rounding=ROUND_CEILING if is_min else ROUND_FLOOR,
+                context=_WIDE,  # the default 28 digits cannot hold a decimal(38, s) bound
             )
             limit = Decimal(10) ** (p - s)
             if q <= -limit:

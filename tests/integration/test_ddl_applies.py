@@ -45,7 +45,10 @@ def test_shipped_sql_file_applies_twice(stem: str, pg_conn: psycopg.Connection[A
     pg_conn.commit()
     name = compiled.name
     if compiled.schema.loadable:
-        assert _tables(pg_conn, pg_schema) == {name, f"{name}__rejects", "featureline_schemas"}
+        tables = {name, f"{name}__rejects", "featureline_schemas"}
+        if compiled.schema.aggregations is not None:
+            tables.add(f"{name}__aggregates")
+        assert _tables(pg_conn, pg_schema) == tables
         rows = pg_conn.execute("SELECT schema_name, version, fingerprint FROM featureline_schemas").fetchall()
         assert rows == [(name, compiled.schema.version_str, compiled.fingerprint)]
     else:
