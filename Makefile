@@ -39,13 +39,13 @@ status: venv
 	$(BIN)/features dev status
 
 lint: venv
-	$(BIN)/ruff check features jobs tests bench
+	$(BIN)/ruff check features jobs tests bench fuzz
 	$(BIN)/mypy features
 
 # pytest exits 5 when no test ran; that is a failure here, as is any other non-zero code.
 # Generated sql/ and expectations/ must match the schemas (features compile --check).
 test: up
-	$(BIN)/ruff check features jobs tests bench
+	$(BIN)/ruff check features jobs tests bench fuzz
 	$(BIN)/mypy features
 	$(BIN)/features compile --check
 	$(BIN)/pytest -p no:cacheprovider
