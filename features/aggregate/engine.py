@@ -217,7 +217,8 @@ class Computed:
     previous_newest_us: I64 = field(default_factory=lambda: np.zeros(0, np.int64))  # per late event
 
 
-def _group_codes(entity: pa.Array) -> I64:
+def group_codes(entity: pa.Array) -> I64:
+    """Dense int64 codes of an array's values (nulls get a code of their own)."""
     enc = pc.dictionary_encode(entity, null_encoding="encode")
     return np.asarray(enc.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
 
@@ -292,7 +293,6 @@ def _distinct_counts(codes: I64, vcodes: I64, mask: Mask, lo: I64, chunk: int = 
         sm = m[order]
         same = (codes[sm][1:] == codes[sm][:-1]) & (vcodes[sm][1:] == vcodes[sm][:-1])
         prev_same[sm[1:][same]] = sm[:-1][same]
-    first = mask & True
     out = np.zeros(n, dtype=np.int64)
     lengths = pos - lo + 1
     start = 0
@@ -303,7 +303,7 @@ def _distinct_counts(codes: I64, vcodes: I64, mask: Mask, lo: I64, chunk: int = 
         owner = np.repeat(np.arange(start, stop), ln)
         offs = np.arange(int(ln.sum())) - np.repeat(np.cumsum(ln) - ln, ln)
         member = lo[owner] + offs
-        new = first[member] & (prev_same[member] < lo[owner])
+        new = mask[member] & (prev_same[member] < lo[owner])
         out[start:stop] = np.bincount(owner - start, weights=new, minlength=stop - start).astype(np.int64)
         start = stop
     return out
@@ -315,7 +315,7 @@ def compute(spec: AggSpec, inputs: Inputs) -> Computed:
     if n == 0:
         empty = np.zeros(0, np.int64)
         return Computed(empty, empty, empty, {k: pa.array([], _raw_type(spec, k)) for k in spec.raw_names()})
-    codes = _group_codes(inputs.entity)
+    codes = group_codes(inputs.entity)
     t = inputs.time_us
     late, dup, prev = classify(codes, t, spec.lateness_us)
     acc = np.flatnonzero(~late & ~dup)
@@ -333,7 +333,7 @@ def compute(spec: AggSpec, inputs: Inputs) -> Computed:
             raw[f"{agg.name}.n"] = pa.array(n_in, pa.int64())
             continue
         if f == "count_distinct":
-            vcodes = _group_codes(inputs.values[agg.name].take(pa.array(order)))
+            vcodes = group_codes(inputs.values[agg.name].take(pa.array(order)))
             raw[f"{agg.name}.d"] = pa.array(_distinct_counts(c, vcodes, mask, lo), pa.int64())
             continue
         v = inputs.values[agg.name][order]

@@ -19,7 +19,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from features.aggregate.engine import LATE_RULE, AggSpec
+from features.aggregate.engine import LATE_RULE, AggSpec, group_codes
 from features.compile import CompiledSchema
 from features.lineage import RunContext
 
@@ -144,7 +144,7 @@ class AggregateWriter:
         counts = AggregateCounts()
         n = len(time_us)
         if n:
-            codes = pc.dictionary_encode(entity).indices.to_numpy(zero_copy_only=False)
+            codes = group_codes(entity)
             frame = pd.DataFrame({"k": codes, "t": time_us})
             keep = np.flatnonzero(~frame.duplicated(keep="last").to_numpy())
             take = pa.array(keep)
