@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 from features.compile import CompiledSchema
 from features.lineage import LINEAGE_COLUMNS, RunContext
 from features.metrics import RunMetrics
-from features.sinks.base import Sink, SupportsEncode, WriteResult, WriteUnit
+from features.sinks.base import Sink, WriteResult, WriteUnit
 from features.sources.base import Source, SourceBatch
 from features.validate import validate
 
@@ -466,10 +466,7 @@ class BatchWriter:
         write = WriteUnit(prepared.rows, prepared.rejects, unit, n)
         futures = {}
         for s in todo:
-            if isinstance(s, SupportsEncode):  # encode here, overlapping the sinks' I/O
-                futures[s.name] = self._pools[s.name].submit(s.write_encoded, write, s.encode(write))
-            else:
-                futures[s.name] = self._pools[s.name].submit(s.write, write)
+            futures[s.name] = self._pools[s.name].submit(s.write, write)
         self._queue.append(_Pending(prepared, n, futures, [s.name for s in self.sinks if s not in todo]))
 
     def drain(self) -> None:

@@ -60,16 +60,3 @@ class Sink(Protocol):
     def write(self, unit: WriteUnit) -> WriteResult: ...
 
     def close(self) -> None: ...
-
-
-@runtime_checkable
-class SupportsEncode(Protocol):
-    """A sink whose CPU work (encoding rows for the wire) can run apart from its I/O.
-
-    The runner calls ``encode`` on its own thread, overlapping it with the previous
-    unit's I/O, then ``write_encoded`` on the sink's writer thread.
-    """
-
-    def encode(self, unit: WriteUnit) -> object: ...
-
-    def write_encoded(self, unit: WriteUnit, encoded: object) -> WriteResult: ...

@@ -16,9 +16,12 @@ only when the stored ``_event_time`` is absent or strictly older. **Equal event
 times: the stored value stays** (first write wins, as in Postgres), so replays and
 re-runs are no-ops and the order of arrival of duplicates cannot change the result.
 
-Writes are built as Redis protocol bytes with Arrow string kernels (no Python loop
-over rows) and sent over one connection, ``redis-cli --pipe`` style; replies are
-counted in bulk.
+Writes are built with Arrow string kernels (no Python loop over rows): the keys as
+Redis protocol bulks, the values as one MessagePack array per script call, which the
+script decodes with Redis's built-in ``cmsgpack``. The writer thread encodes a unit
+16,384 rows at a time and keeps two such chunks at the server over one connection,
+``redis-cli --pipe`` style, so Redis works while the next chunk is encoded; replies
+are counted in bulk.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ import hashlib
 import socket
 import ssl
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -49,17 +53,17 @@ ENCODING_VERSION = "1"
 KEY_PREFIX = "features"
 
 NEWEST_WINS = """
--- KEYS: entity hashes. ARGV: ttl, then the run's constant fields as name/value pairs
--- (ARGV[2] = their count), then per key: event_time, n, and n field/value arguments
+-- KEYS: entity hashes. ARGV[1]: TTL in seconds (0: none). ARGV[2]: a MessagePack array
+-- holding, per key in order: its event time, a count n, then n field/value strings
 -- (null values are absent).
-local ttl = tonumber(ARGV[1]); local nc = tonumber(ARGV[2])
-local p = 3 + nc; local written = 0
+local ttl = tonumber(ARGV[1]); local t = cmsgpack.unpack(ARGV[2])
+local p = 1; local written = 0
 for k = 1, #KEYS do
-  local et = ARGV[p]; local n = tonumber(ARGV[p + 1])
+  local et = t[p]; local n = t[p + 1]
   local cur = redis.call('HGET', KEYS[k], '_event_time')
   if (not cur) or tonumber(cur) < tonumber(et) then
     if cur then redis.call('DEL', KEYS[k]) end
-    redis.call('HSET', KEYS[k], '_event_time', et, unpack(ARGV, p + 2, p + 1 + n))
+    redis.call('HSET', KEYS[k], '_event_time', et, unpack(t, p + 2, p + 1 + n))
     if ttl > 0 then redis.call('EXPIRE', KEYS[k], ttl) end
     written = written + 1
   end
@@ -73,10 +77,11 @@ NEWEST_WINS_SHA = hashlib.sha1(NEWEST_WINS.encode()).hexdigest()
 NEWEST_OR_EQUAL_WINS = NEWEST_WINS.replace("tonumber(cur) < tonumber(et)", "tonumber(cur) <= tonumber(et)")
 NEWEST_OR_EQUAL_WINS_SHA = hashlib.sha1(NEWEST_OR_EQUAL_WINS.encode()).hexdigest()
 
-#: Lineage that is the same for every row of a run: sent once per script call.
+#: Lineage that is the same for every row of a run (its text is taken from the first row).
 _CONSTANT_LINEAGE = (SCHEMA_VERSION, SCHEMA_FINGERPRINT, RUN_ID, INGESTED_AT)
 _KEYS_PER_CALL = 256      # standalone Redis: rows per script call (one slot per call in a cluster)
-_CALLS_PER_ROUND = 256    # script calls sent before their replies are read
+_CALLS_PER_ROUND = 256    # NOSCRIPT recovery: script calls sent before their replies are read
+_ROWS_PER_CHUNK = 16_384  # rows encoded at a time on the writer thread, while Redis runs the last chunk
 
 
 def entity_key(schema_name: str, entity: str) -> str:
@@ -140,18 +145,60 @@ def _const_bulk(text: str) -> str:
 
 
 def _concat_bytes(arr: pa.Array) -> bytes:
-    """The bytes of a null-free string array laid end to end."""
-    arr = arr.cast(pa.large_string()) if not pa.types.is_large_string(arr.type) else arr
+    """The bytes of a null-free string or binary array laid end to end."""
     if isinstance(arr, pa.ChunkedArray):
         return b"".join(_concat_bytes(c) for c in arr.chunks)
-    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset: arr.offset + len(arr) + 1]
+    width: np.dtype[Any] = np.dtype(np.int32)
+    if not (pa.types.is_string(arr.type) or pa.types.is_binary(arr.type)):
+        arr = arr.cast(pa.large_binary()) if not pa.types.is_large_binary(arr.type) else arr
+        width = np.dtype(np.int64)
+    offsets = np.frombuffer(arr.buffers()[1], dtype=width)[arr.offset: arr.offset + len(arr) + 1]
     if len(offsets) == 0:
         return b""
     data = arr.buffers()[2]
-    return data.to_pybytes()[int(offsets[0]):int(offsets[-1])] if data is not None else b""
+    return bytes(memoryview(data)[int(offsets[0]):int(offsets[-1])]) if data is not None else b""
 
 
 Offsets = npt.NDArray[np.int64]
+
+
+def _msgpack_str(text: str) -> bytes:
+    """One MessagePack string (the smallest header that fits)."""
+    data = text.encode()
+    n = len(data)
+    if n < 32:
+        return bytes([0xA0 | n]) + data
+    if n < 256:
+        return b"\xd9" + bytes([n]) + data
+    if n < 65536:
+        return b"\xda" + n.to_bytes(2, "big") + data
+    return b"\xdb" + n.to_bytes(4, "big") + data
+
+
+def _msgpack_strs(values: pa.Array) -> pa.Array:
+    """Each value as a MessagePack string (binary; nulls stay null). One header width
+    for the whole column, the smallest that fits its longest value (MessagePack lets a
+    short string use a wider header)."""
+    lengths = pc.binary_length(values).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    longest = int(lengths.max()) if len(lengths) else 0
+    n = len(values)
+    if longest < 32:
+        head = (0xA0 | lengths).astype(np.uint8).reshape(n, 1)
+    elif longest < 256:
+        head = np.empty((n, 2), dtype=np.uint8)
+        head[:, 0] = 0xD9
+        head[:, 1] = lengths
+    elif longest < 65536:
+        head = np.empty((n, 3), dtype=np.uint8)
+        head[:, 0] = 0xDA
+        head[:, 1:] = lengths.astype(">u2").view(np.uint8).reshape(n, 2)
+    else:
+        head = np.empty((n, 5), dtype=np.uint8)
+        head[:, 0] = 0xDB
+        head[:, 1:] = lengths.astype(">u4").view(np.uint8).reshape(n, 4)
+    width = head.shape[1]
+    headers = pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), n, [None, pa.py_buffer(head)])
+    return pc.binary_join_element_wise(headers.cast(pa.binary()), values.cast(pa.binary()), b"")
 
 
 def _offsets(arr: pa.Array) -> Offsets:
@@ -321,6 +368,7 @@ class RedisSink:
             self.hash_name = f"{compiled.name}__aggregates"
             self.script, self.script_sha = NEWEST_OR_EQUAL_WINS, NEWEST_OR_EQUAL_WINS_SHA
         self._sock: socket.socket | ssl.SSLSocket | None = None
+        self._pending_bytes = b""  # replies read ahead by _read_lines
         self.keys_per_call = _KEYS_PER_CALL
 
     @property
@@ -330,6 +378,7 @@ class RedisSink:
     # --- connection ---------------------------------------------------------------
 
     def _connect(self) -> socket.socket | ssl.SSLSocket:
+        self._pending_bytes = b""
         self._sock = self.endpoint.connect(self.timeout_s, store=self.name)
         return self._sock
 
@@ -467,11 +516,11 @@ class RedisSink:
 
     # --- writes -------------------------------------------------------------------
 
-    def _row_blobs(self, rows: pa.Table) -> tuple[bytes, Offsets, bytes, Offsets, Offsets, bytes]:
-        """Protocol bytes, built with Arrow string kernels (no loop over rows): the key
-        argument of every row; each row's arguments (event time, count, field/value
-        pairs of its non-null values); offsets; per-row argument counts; and the
-        per-call constant arguments (TTL and the run's constant lineage)."""
+    def _row_blobs(self, rows: pa.Table) -> tuple[bytes, Offsets, bytes, Offsets, Offsets]:
+        """Built with Arrow string kernels (no loop over rows): the RESP bulk of every
+        row's key, and every row's MessagePack items (event time, count, field/value
+        pairs of its non-null values, the run's constant lineage), with their offsets
+        and per-row item counts."""
         keys = _bulk(pc.binary_join_element_wise(
             f"{self.key_prefix}{KEY_PREFIX}:{self.hash_name}:{{",
             pc.cast(encode_column(rows.column(self.entity).combine_chunks()), pa.string()), "}", ""))
@@ -481,19 +530,22 @@ class RedisSink:
         for name in (*self.hot_columns, SOURCE):
             v = encode_column(rows.column(name).combine_chunks())
             present += np.asarray(v.is_valid(), dtype=np.int64)
-            pairs.append(pc.fill_null(pc.binary_join_element_wise(_const_bulk(name), _bulk(v), ""), ""))
+            pair = pc.binary_join_element_wise(_msgpack_str(name), _msgpack_strs(v), b"")
+            pairs.append(pc.fill_null(pair, b""))
         # The run's constant lineage, taken from the first row (same text as encode_column).
         constants = {c: str(encode_column(rows.column(c).slice(0, 1).combine_chunks())[0].as_py())
                      for c in _CONSTANT_LINEAGE}
         constants["_enc"] = ENCODING_VERSION
-        const = "".join(_const_bulk(n) + _const_bulk(v) for n, v in constants.items())
+        const = b"".join(_msgpack_str(n) + _msgpack_str(v) for n, v in constants.items())
         present += len(constants)
-        count = pa.array(2 * present).cast(pa.string())
-        per_row = pc.binary_join_element_wise(_bulk(micros), _bulk(count), const, *pairs, "")
-        head = (_const_bulk(str(self.ttl)) + _const_bulk(str(2 * len(constants)))
-                + "".join(_const_bulk(n) + _const_bulk(v) for n, v in constants.items()))
-        return (_concat_bytes(keys), _offsets(keys), _concat_bytes(per_row), _offsets(per_row),
-                2 + 2 * present, head.encode())
+        # the count as a MessagePack uint16 (0xcd + 2 bytes), whatever its value
+        count = np.empty((rows.num_rows, 3), dtype=np.uint8)
+        count[:, 0] = 0xCD
+        count[:, 1:] = (2 * present).astype(">u2").view(np.uint8).reshape(-1, 2)
+        counts = pa.FixedSizeBinaryArray.from_buffers(pa.binary(3), rows.num_rows,
+                                                      [None, pa.py_buffer(count)]).cast(pa.binary())
+        per_row = pc.binary_join_element_wise(_msgpack_strs(micros), counts, const, *pairs, b"")
+        return _concat_bytes(keys), _offsets(keys), _concat_bytes(per_row), _offsets(per_row), 2 + 2 * present
 
     def calls(self, rows: pa.Table) -> list[bytes]:
         """The EVALSHA calls writing ``rows``: one per group of up to ``keys_per_call``
@@ -501,66 +553,119 @@ class RedisSink:
         n = rows.num_rows
         if n == 0:
             return []
-        kb, koff, rb, roff, nargs, head = self._row_blobs(rows)
-        fixed = 3 + 2 + 2 * (len(_CONSTANT_LINEAGE) + 1)  # EVALSHA sha numkeys, ttl, nc, constants
-        args_before = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(nargs, out=args_before[1:])
+        kb, koff, rb, roff, items = self._row_blobs(rows)
+        items_before = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(items, out=items_before[1:])
+        ttl = _const_bulk(str(self.ttl)).encode()
         out = []
         k = self.keys_per_call
         for s in range(0, n, k):
             e = min(n, s + k)
             m = e - s
-            total = fixed + m + int(args_before[e] - args_before[s])
+            body = int(roff[e] - roff[s])
             out.append(b"".join((
-                f"*{total}\r\n$7\r\nEVALSHA\r\n$40\r\n{self.script_sha}\r\n{_const_bulk(str(m))}".encode(),
-                kb[koff[s]:koff[e]], head, rb[roff[s]:roff[e]])))
+                f"*{5 + m}\r\n$7\r\nEVALSHA\r\n$40\r\n{self.script_sha}\r\n{_const_bulk(str(m))}".encode(),
+                kb[koff[s]:koff[e]], ttl, f"${5 + body}\r\n".encode(),
+                b"\xdd" + int(items_before[e] - items_before[s]).to_bytes(4, "big"),  # array32 header
+                rb[roff[s]:roff[e]], b"\r\n")))
         return out
 
-    def encode(self, unit: WriteUnit) -> list[bytes]:
-        """The protocol bytes of ``unit`` (CPU only; no I/O)."""
-        return self.calls(unit.rows)
-
     def write(self, unit: WriteUnit) -> WriteResult:
-        return self.write_encoded(unit, self.encode(unit))
-
-    def write_encoded(self, unit: WriteUnit, encoded: object) -> WriteResult:
         t0 = time.perf_counter()
         rows = unit.rows
         written = 0
-        calls: list[bytes] = encoded  # type: ignore[assignment]  # from encode()
         member = None if unit.unit is None else f"{self.compiled.fingerprint[:16]} {unit.unit}"
 
         def send_unit() -> int:
             # The ledger entry follows the rows on the same connection, in one retried step:
             # a server that restarted in between (empty, without persistence) never gets
             # the entry without the rows, because the retry sends both again.
-            n = self._send(calls) if calls else 0
+            n = self._send(_UnitCalls(self, rows)) if rows.num_rows else 0
             if member is not None:
                 self._call(["SADD", self._ledger(), member], what="SADD ledger")
             return n
 
-        if calls or member is not None:
+        if rows.num_rows or member is not None:
             written = int(self._retrying("write", send_unit))
         return WriteResult(stored=written, already_present=rows.num_rows - written,
                            seconds=time.perf_counter() - t0)
 
-    def _send(self, calls: list[bytes]) -> int:
+    def _send(self, chunks: Iterable[list[bytes]]) -> int:
+        """Send the calls chunk by chunk and count the rows they wrote. Two chunks are at
+        the server at a time, so it works on one while the next is encoded and sent.
+
+        A server that lost the script (restarted, ``SCRIPT FLUSH``) answers NOSCRIPT:
+        then the script is loaded again and every call from the first refused one on is
+        sent again, in order (a call that had run writes nothing the second time: an
+        equal event time keeps the stored value)."""
+        assert self._sock is not None
         written = 0
-        for start in range(0, len(calls), _CALLS_PER_ROUND):
-            part = calls[start:start + _CALLS_PER_ROUND]
-            assert self._sock is not None
-            self._sock.sendall(b"".join(part))
-            replies = self._read_replies(len(part))
-            if b"-" in replies:
-                errors = [r for r in replies.split(b"\r\n") if r.startswith(b"-")]
-                if errors and errors[0].startswith(b"-NOSCRIPT"):
-                    self._load_script()  # Redis restarted and lost the script: redo this round
-                    self._sock.sendall(b"".join(part))
-                    replies = self._read_replies(len(part))
-                    errors = [r for r in replies.split(b"\r\n") if r.startswith(b"-")]
-                if errors:
+        pending: deque[list[bytes]] = deque()
+        redo: list[bytes] = []
+
+        def settle(part: list[bytes]) -> None:
+            nonlocal written
+            for call, line in zip(part, self._read_lines(len(part)), strict=True):
+                if line.startswith(b":"):
+                    written += int(line[1:])
+                    if redo:
+                        redo.append(call)
+                elif line.startswith(b"-NOSCRIPT"):
+                    redo.append(call)
+                else:
                     raise SinkError(f"Redis at {self.address} rejected a write: "
-                                    f"{errors[0].decode(errors='replace')}", store=self.name,
-                                    address=self.address)
-            written += sum(int(x) for x in replies[1:].split(b"\r\n:") if x.strip())
+                                    f"{line.decode(errors='replace')}", store=self.name, address=self.address)
+
+        def recover() -> None:
+            while pending:
+                settle(pending.popleft())
+            self._load_script()
+            again = list(redo)
+            redo.clear()
+            for start in range(0, len(again), _CALLS_PER_ROUND):
+                part = again[start:start + _CALLS_PER_ROUND]
+                self._sock.sendall(b"".join(part))  # type: ignore[union-attr]  # connected above
+                settle(part)
+            if redo:
+                raise SinkError(f"Redis at {self.address} answered NOSCRIPT right after SCRIPT LOAD",
+                                store=self.name, address=self.address)
+
+        for part in chunks:
+            self._sock.sendall(b"".join(part))
+            pending.append(part)
+            if len(pending) > 1:
+                settle(pending.popleft())
+            if redo:
+                recover()
+        while pending:
+            settle(pending.popleft())
+        if redo:
+            recover()
         return written
+
+    def _read_lines(self, n: int) -> list[bytes]:
+        """The next ``n`` one-line replies; bytes read past them (replies to calls sent
+        later) wait in a buffer for the next read."""
+        assert self._sock is not None
+        buf = self._pending_bytes
+        while buf.count(b"\r\n") < n:
+            chunk = self._sock.recv(1 << 20)
+            if not chunk:
+                raise ConnectionError("connection closed by Redis")
+            buf += chunk
+        lines = buf.split(b"\r\n", n)
+        self._pending_bytes = lines[n] if len(lines) > n else b""
+        return lines[:n]
+
+
+class _UnitCalls:
+    """A unit's EVALSHA calls, encoded ``_ROWS_PER_CHUNK`` rows at a time as they are
+    iterated (again from the start when a write is retried)."""
+
+    def __init__(self, sink: RedisSink, rows: pa.Table) -> None:
+        self.sink = sink
+        self.rows = rows
+
+    def __iter__(self) -> Iterator[list[bytes]]:
+        for start in range(0, self.rows.num_rows, _ROWS_PER_CHUNK):
+            yield self.sink.calls(self.rows.slice(start, _ROWS_PER_CHUNK))

@@ -32,7 +32,7 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -325,7 +325,7 @@ def test_batch_load_with_redis_restarted_between_rows_and_ledger_then_rerun_is_e
     sent = {"units": 0}
     restarts: list[threading.Thread] = []
 
-    def send_then_restart(self: RedisSink, calls: list[bytes]) -> int:
+    def send_then_restart(self: RedisSink, calls: Iterable[list[bytes]]) -> int:
         written = real_send(self, calls)
         sent["units"] += 1
         if sent["units"] == 4:  # the 4th unit's rows are in Redis; its ledger entry is not
