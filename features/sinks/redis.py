@@ -58,13 +58,17 @@ NEWEST_WINS = """
 -- (null values are absent).
 local ttl = tonumber(ARGV[1]); local t = cmsgpack.unpack(ARGV[2])
 local p = 1; local written = 0
+-- the TTL as one absolute time per call: PEXPIREAT of a string costs the server less
+-- than EXPIRE, which Redis rewrites into a PEXPIREAT for every key
+local now = redis.call('TIME')
+local at = string.format('%d', (tonumber(now[1]) + ttl) * 1000 + math.floor(tonumber(now[2]) / 1000))
 for k = 1, #KEYS do
   local et = t[p]; local n = t[p + 1]
   local cur = redis.call('HGET', KEYS[k], '_event_time')
   if (not cur) or tonumber(cur) < tonumber(et) then
     if cur then redis.call('DEL', KEYS[k]) end
     redis.call('HSET', KEYS[k], '_event_time', et, unpack(t, p + 2, p + 1 + n))
-    if ttl > 0 then redis.call('EXPIRE', KEYS[k], ttl) end
+    if ttl > 0 then redis.call('PEXPIREAT', KEYS[k], at) end
     written = written + 1
   end
   p = p + 2 + n

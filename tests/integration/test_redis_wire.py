@@ -27,6 +27,7 @@ name: wire_items
 version: 1.0.0
 entity: item_id
 event_time: seen_at
+hot: {ttl: 1h}
 fields:
   - name: item_id
     type: string
@@ -98,6 +99,8 @@ def test_values_of_every_msgpack_header_width_land_byte_exact(settings: Settings
     finally:
         sink.close()
     assert result.stored == len(labels) and result.already_present == 0
+    key = redis_prefix + "features:wire_items:{e1}"
+    assert 3600 - 60 < client.ttl(key) <= 3600, "the schema's TTL (1h) starts at the write"
     got = _labels(client, redis_prefix, len(labels))
     for i, label in enumerate(labels):
         want = None if label is None else label.encode()
@@ -163,3 +166,21 @@ def test_script_lost_mid_unit_is_reloaded_and_the_rest_replayed_in_order(
         want = f"first{k}" if k < chunk // 2 else f"newer{k}"
         assert got[f"e{k}"] == want.encode()
         assert got[f"f{k}"] == f"only{k}".encode()
+
+
+def test_an_older_event_is_refused_and_does_not_extend_the_ttl(
+        settings: Settings, compiled: CompiledSchema, client: redis.Redis, redis_prefix: str) -> None:
+    key = redis_prefix + "features:wire_items:{a}"
+    sink = _sink(settings, compiled, redis_prefix)
+    try:
+        assert sink.write(_unit(compiled, [("a", 100, "new")])).stored == 1
+        client.pexpire(key, 100_000)
+        older = sink.write(_unit(compiled, [("a", 50, "old")]))
+        assert older.stored == 0 and older.already_present == 1
+        assert client.hget(key, "label") == b"new" and 0 < client.pttl(key) <= 100_000
+        newer = sink.write(_unit(compiled, [("a", 200, None)]))
+        assert newer.stored == 1
+        assert client.hget(key, "label") is None, "a null value is an absent field, not the old value"
+        assert client.ttl(key) > 3000, "an accepted write restarts the TTL"
+    finally:
+        sink.close()
