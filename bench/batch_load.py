@@ -220,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
               f"raw Postgres {pg_s:.2f}s, ours {ours_s:.2f}s: ours / limit = {ours_s / limit:.2f}",
               flush=True)
     med = [statistics.median([run[i] for run in runs]) for i in range(len(steps))]
-    print(f"{'step (median of ' + str(args.repeat) + ')':<38}{'seconds':>9}{'rows/s':>14}{'min':>8}{'max':>8}")
+    title = f"step (median of {args.repeat})"
+    print(f"{title:<38}{'seconds':>9}{'rows/s':>14}{'min':>8}{'max':>8}")
     for i, name in enumerate(steps):
         values = [run[i] for run in runs]
         print(f"{name:<38}{med[i]:>9.2f}{counts[i] / med[i]:>14,.0f}{min(values):>8.2f}{max(values):>8.2f}")
