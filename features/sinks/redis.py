@@ -19,7 +19,7 @@ re-runs are no-ops and the order of arrival of duplicates cannot change the resu
 Writes are built with Arrow string kernels (no Python loop over rows): the keys as
 Redis protocol bulks, the values as one MessagePack array per script call, which the
 script decodes with Redis's built-in ``cmsgpack``. The writer thread encodes a unit
-16,384 rows at a time and keeps two such chunks at the server over one connection,
+16,384 rows at a time and keeps up to three such chunks at the server over one connection,
 ``redis-cli --pipe`` style, so Redis works while the next chunk is encoded; replies
 are counted in bulk.
 """
@@ -86,6 +86,7 @@ _CONSTANT_LINEAGE = (SCHEMA_VERSION, SCHEMA_FINGERPRINT, RUN_ID, INGESTED_AT)
 _KEYS_PER_CALL = 256      # standalone Redis: rows per script call (one slot per call in a cluster)
 _CALLS_PER_ROUND = 256    # NOSCRIPT recovery: script calls sent before their replies are read
 _ROWS_PER_CHUNK = 16_384  # rows encoded at a time on the writer thread, while Redis runs the last chunk
+_CHUNKS_IN_FLIGHT = 3     # chunks at the server before the oldest one's replies are read
 
 
 def entity_key(schema_name: str, entity: str) -> str:
@@ -595,8 +596,9 @@ class RedisSink:
                            seconds=time.perf_counter() - t0)
 
     def _send(self, chunks: Iterable[list[bytes]]) -> int:
-        """Send the calls chunk by chunk and count the rows they wrote. Two chunks are at
-        the server at a time, so it works on one while the next is encoded and sent.
+        """Send the calls chunk by chunk and count the rows they wrote. Up to
+        ``_CHUNKS_IN_FLIGHT`` chunks are at the server at a time, so it works on them
+        while the next is encoded and sent.
 
         A server that lost the script (restarted, ``SCRIPT FLUSH``) answers NOSCRIPT:
         then the script is loaded again and every call from the first refused one on is
@@ -637,7 +639,7 @@ class RedisSink:
         for part in chunks:
             self._sock.sendall(b"".join(part))
             pending.append(part)
-            if len(pending) > 1:
+            if len(pending) > _CHUNKS_IN_FLIGHT:
                 settle(pending.popleft())
             if redo:
                 recover()
