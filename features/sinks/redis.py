@@ -398,10 +398,13 @@ class RedisSink:
         return command_bytes(args)
 
     def _call(self, args: Sequence[str], *, what: str) -> bytes:
-        """Send one command, return its raw reply; errors become SinkError."""
+        """Send one command, return its raw reply; a server that is not ready yet
+        (``-LOADING``, ``-BUSY``, ``-TRYAGAIN``) raises ConnectionError, which the
+        retries handle; other errors become SinkError."""
         assert self._sock is not None
         self._sock.sendall(self._command(args))
         reply = self._read_replies(1)
+        _raise_if_not_ready(reply)
         if reply.startswith(b"-"):
             text = reply.decode(errors="replace").strip()
             raise SinkError(f"Redis at {self.address} refused {what}: {text}", store=self.name,
@@ -477,8 +480,7 @@ class RedisSink:
             client.close()
         cluster = bool(info.get("cluster_enabled"))  # type: ignore[union-attr]  # sync client
         self.keys_per_call = 1 if cluster else _KEYS_PER_CALL
-        self._connect()
-        self._load_script()
+        self._retrying("script load", self._load_script)
 
     def _load_script(self) -> None:
         reply = self._call(["SCRIPT", "LOAD", self.script], what="SCRIPT LOAD")
@@ -591,7 +593,11 @@ class RedisSink:
             return n
 
         if rows.num_rows or member is not None:
-            written = int(self._retrying("write", send_unit))
+            try:
+                written = int(self._retrying("write", send_unit))
+            except SinkError:
+                self.close()  # replies to calls already sent may still be on the way
+                raise
         return WriteResult(stored=written, already_present=rows.num_rows - written,
                            seconds=time.perf_counter() - t0)
 
@@ -619,6 +625,7 @@ class RedisSink:
                 elif line.startswith(b"-NOSCRIPT"):
                     redo.append(call)
                 else:
+                    _raise_if_not_ready(line)
                     raise SinkError(f"Redis at {self.address} rejected a write: "
                                     f"{line.decode(errors='replace')}", store=self.name, address=self.address)
 
@@ -662,6 +669,16 @@ class RedisSink:
         lines = buf.split(b"\r\n", n)
         self._pending_bytes = lines[n] if len(lines) > n else b""
         return lines[:n]
+
+
+#: Replies of a server that cannot answer yet: loading its data after a restart, busy
+#: with another client's long script, or (a cluster) moving a slot. Retried.
+_NOT_READY = (b"-LOADING", b"-BUSY", b"-TRYAGAIN")
+
+
+def _raise_if_not_ready(reply: bytes) -> None:
+    if reply.startswith(_NOT_READY):
+        raise ConnectionError(f"Redis is not ready: {reply.decode(errors='replace').strip()}")
 
 
 class _UnitCalls:

@@ -357,6 +357,83 @@ def test_batch_load_with_redis_restarted_between_rows_and_ledger_then_rerun_is_e
     check_load(private_pg.dsn, schema, volatile_redis.client(), want)
 
 
+def test_redis_still_loading_its_data_after_a_restart_is_waited_for_not_an_error(
+        tmp_path: Path, settings: Settings) -> None:
+    """A restarted Redis answers ``-LOADING`` until its dataset is back in memory. The sink
+    treats that as "not ready yet" (retried with backoff), not as a refused write: the
+    load completes once the server is ready, and the rows land exactly."""
+    folder = tmp_path / "loading"
+    folder.mkdir()
+    port = free_port()
+    args = ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+            "--dir", str(folder), "--dbfilename", "big.rdb", "--enable-debug-command", "yes",
+            "--logfile", str(folder / "redis.log")]
+    client = redis.Redis(port=port, socket_timeout=30)
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline, f"private redis did not start: {folder / 'redis.log'}"
+                time.sleep(0.05)
+        client.execute_command("DEBUG", "POPULATE", 6_000_000, "filler", 64)  # seconds to load again
+        client.save()
+        proc.terminate()
+        proc.wait(30)
+        client.close()
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        loading_seen = False
+        deadline = time.monotonic() + 30
+        while not loading_seen:  # the server accepts connections while it loads
+            try:
+                client.ping()
+                break
+            except redis.BusyLoadingError:
+                loading_seen = True
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline, f"private redis did not restart: {folder / 'redis.log'}"
+                time.sleep(0.01)
+        assert loading_seen, "the server finished loading before the write: the test tested nothing"
+        compiled = applicant_schema()
+        rows = applicants(500, seed=3)
+        sink = RedisSink(f"redis://127.0.0.1:{port}/0", compiled, key_prefix="loading:", retries=12,
+                         backoff_s=0.2)
+        import datetime as dt
+
+        from features.lineage import RunContext
+        from features.runner import process_batch
+        from features.sinks.base import WriteUnit
+        from features.sources.parquet import ParquetSource
+
+        path = tmp_path / "rows.parquet"
+        pq.write_table(rows, path)
+        ctx = RunContext(compiled.name, compiled.schema.version_str, compiled.fingerprint, "run-loading",
+                         dt.datetime.now(dt.UTC))
+        batch = next(iter(ParquetSource([path], compiled).batches()))
+        from features.load import transform_program
+
+        prepared = process_batch(batch, compiled, transform_program(compiled, settings), ctx, ctx.ingested_at)
+        sink.open()  # SCRIPT LOAD meets -LOADING too
+        try:
+            result = sink.write(WriteUnit(prepared.rows, prepared.rejects, "rows.parquet#0",
+                                          batch.batch.num_rows))
+        finally:
+            sink.close()
+        assert result.stored == prepared.rows.num_rows > 0 and result.already_present == 0
+        keys = list(client.scan_iter(match="loading:features:*{*", count=10_000))
+        assert len(keys) == prepared.rows.num_rows
+        assert client.sismember(f"loading:features:{compiled.name}:__ledger__",
+                                f"{compiled.fingerprint[:16]} rows.parquet#0")
+        assert client.dbsize() == 6_000_000 + prepared.rows.num_rows + 1, "the restart kept the dataset"
+    finally:
+        client.close()
+        proc.terminate()
+        proc.wait(30)
+
+
 def test_batch_load_with_postgres_restarted_mid_transaction_completes_exactly(
         tmp_path: Path, settings: Settings, private_pg: PrivatePostgres, volatile_redis: PrivateRedis,
         monkeypatch: pytest.MonkeyPatch) -> None:
