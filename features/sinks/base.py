@@ -11,8 +11,10 @@ re-run skips what is already stored; without a key (streams) it writes idempoten
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 
@@ -60,3 +62,28 @@ class Sink(Protocol):
     def write(self, unit: WriteUnit) -> WriteResult: ...
 
     def close(self) -> None: ...
+
+
+# --- Arrow helpers for the sinks' wire formats ---------------------------------------
+
+
+def binary_rows(block: npt.NDArray[Any]) -> pa.Array:
+    """Each row of ``block`` (NumPy records, or an ``(n, width)`` array) as one binary
+    value: fixed-width headers and fields made ready for a binary join."""
+    block = np.ascontiguousarray(block)
+    width = block.dtype.itemsize * int(np.prod(block.shape[1:], dtype=np.int64))
+    fixed = pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), len(block), [None, pa.py_buffer(block)])
+    return fixed.cast(pa.binary())
+
+
+def laid_end_to_end(arr: pa.Array) -> memoryview:
+    """The bytes of a null-free string or binary array laid end to end (no copy)."""
+    width: np.dtype[Any] = np.dtype(np.int32)
+    if not (pa.types.is_string(arr.type) or pa.types.is_binary(arr.type)):
+        arr = arr.cast(pa.large_binary()) if not pa.types.is_large_binary(arr.type) else arr
+        width = np.dtype(np.int64)
+    offsets = np.frombuffer(arr.buffers()[1], dtype=width)[arr.offset: arr.offset + len(arr) + 1]
+    data = arr.buffers()[2]
+    if len(offsets) == 0 or data is None:
+        return memoryview(b"")
+    return memoryview(data)[int(offsets[0]):int(offsets[-1])]

@@ -39,6 +39,8 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from features.sinks.base import binary_rows, laid_end_to_end
+
 HEADER = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" + b"\x00\x00\x00\x00"  # signature, flags, extension
 TRAILER = b"\xff\xff"
 _NULL = pa.scalar(b"\xff\xff\xff\xff", pa.binary())
@@ -102,9 +104,7 @@ def _text(arr: pa.Array) -> list[pa.Array | pa.Scalar]:
     if arr.null_count:
         lengths = np.where(np.asarray(arr.is_valid()), lengths, -1)
         data = pc.fill_null(data, _EMPTY)
-    prefix = pa.FixedSizeBinaryArray.from_buffers(
-        pa.binary(4), n, [None, pa.py_buffer(np.asarray(lengths, dtype=">i4"))]).cast(pa.binary())
-    return [prefix, data]
+    return [binary_rows(np.asarray(lengths, dtype=">i4")), data]
 
 
 def _numeric(arr: pa.Array) -> _Fixed | list[pa.Array | pa.Scalar] | None:
@@ -237,8 +237,7 @@ def copy_binary(table: pa.Table, pg_types: Sequence[str]) -> Encoded | None:
         for i, f in fixed:
             rec[f"l{i}"] = f.width
             rec[f"v{i}"] = f.values
-        head.append(pa.FixedSizeBinaryArray.from_buffers(pa.binary(rec.dtype.itemsize), n,
-                                                         [None, pa.py_buffer(rec)]).cast(pa.binary()))
+        head.append(binary_rows(rec))
         count = b""
     head.append(pa.scalar(count + b"".join(v for _, v in constant), pa.binary()))
     inputs = [*head, *(x for _, parts in varying for x in parts)]
@@ -246,10 +245,7 @@ def copy_binary(table: pa.Table, pg_types: Sequence[str]) -> Encoded | None:
     for start in range(0, n, _ROWS_PER_JOIN):  # int32 offsets: keep each join small
         rows = pc.binary_join_element_wise(
             *(x if isinstance(x, pa.Scalar) else x.slice(start, _ROWS_PER_JOIN) for x in inputs), _EMPTY)
-        offsets = np.frombuffer(rows.buffers()[1], dtype=np.int32)[rows.offset:rows.offset + len(rows) + 1]
-        data = rows.buffers()[2]
-        if data is not None:
-            parts.append(memoryview(data)[int(offsets[0]):int(offsets[-1])])
+        parts.append(laid_end_to_end(rows))
     parts.append(TRAILER)
     return parts, [i for i, _ in fixed] + [i for i, _ in constant] + [i for i, _ in varying]
 

@@ -44,7 +44,7 @@ import pyarrow.compute as pc
 from features.compile import CompiledSchema
 from features.errors import ConfigError, SinkError, SinkUnavailable
 from features.lineage import INGESTED_AT, RUN_ID, SCHEMA_FINGERPRINT, SCHEMA_VERSION, SOURCE
-from features.sinks.base import WriteResult, WriteUnit
+from features.sinks.base import WriteResult, WriteUnit, binary_rows, laid_end_to_end
 
 if TYPE_CHECKING:
     import redis
@@ -153,15 +153,7 @@ def _concat_bytes(arr: pa.Array) -> bytes:
     """The bytes of a null-free string or binary array laid end to end."""
     if isinstance(arr, pa.ChunkedArray):
         return b"".join(_concat_bytes(c) for c in arr.chunks)
-    width: np.dtype[Any] = np.dtype(np.int32)
-    if not (pa.types.is_string(arr.type) or pa.types.is_binary(arr.type)):
-        arr = arr.cast(pa.large_binary()) if not pa.types.is_large_binary(arr.type) else arr
-        width = np.dtype(np.int64)
-    offsets = np.frombuffer(arr.buffers()[1], dtype=width)[arr.offset: arr.offset + len(arr) + 1]
-    if len(offsets) == 0:
-        return b""
-    data = arr.buffers()[2]
-    return bytes(memoryview(data)[int(offsets[0]):int(offsets[-1])]) if data is not None else b""
+    return bytes(laid_end_to_end(arr))
 
 
 Offsets = npt.NDArray[np.int64]
@@ -201,9 +193,7 @@ def _msgpack_strs(values: pa.Array) -> pa.Array:
         head = np.empty((n, 5), dtype=np.uint8)
         head[:, 0] = 0xDB
         head[:, 1:] = lengths.astype(">u4").view(np.uint8).reshape(n, 4)
-    width = head.shape[1]
-    headers = pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), n, [None, pa.py_buffer(head)])
-    return pc.binary_join_element_wise(headers.cast(pa.binary()), values.cast(pa.binary()), b"")
+    return pc.binary_join_element_wise(binary_rows(head), values.cast(pa.binary()), b"")
 
 
 def _offsets(arr: pa.Array) -> Offsets:
@@ -403,44 +393,18 @@ class RedisSink:
         retries handle; other errors become SinkError."""
         assert self._sock is not None
         self._sock.sendall(self._command(args))
-        reply = self._read_replies(1)
+        lines = self._read_lines(1)
+        if lines[0].startswith(b"$") and not lines[0].startswith(b"$-1"):
+            lines += self._read_lines(1)  # a bulk string: its value follows (SCRIPT LOAD's sha)
+        elif lines[0].startswith(b"*"):
+            lines += self._read_lines(2 * max(int(lines[0][1:]), 0))  # an array of bulk strings
+        reply = b"\r\n".join(lines) + b"\r\n"
         _raise_if_not_ready(reply)
         if reply.startswith(b"-"):
             text = reply.decode(errors="replace").strip()
             raise SinkError(f"Redis at {self.address} refused {what}: {text}", store=self.name,
                             address=self.address)
         return reply
-
-    def _read_replies(self, n: int) -> bytes:
-        """Read exactly ``n`` simple replies (``:int``, ``+ok``, ``-err``, or bulk/array
-        headers of the small commands we send) and return their bytes."""
-        assert self._sock is not None
-        chunks: list[bytes] = []
-        lines = 0
-        need = n
-        tail = b""
-        while lines < need:
-            chunk = self._sock.recv(1 << 20)
-            if not chunk:
-                raise ConnectionError("connection closed by Redis")
-            chunks.append(chunk)
-            # count CRLFs in the new bytes only (plus one straddling the boundary)
-            lines += (tail + chunk).count(b"\r\n") - tail.count(b"\r\n")
-            tail = chunk[-1:]
-            if lines >= n and n == 1:
-                need = 1 + self._extra_lines(b"".join(chunks), 1)
-        return b"".join(chunks)
-
-    @staticmethod
-    def _extra_lines(buf: bytes, n: int) -> int:
-        # Bulk strings ($len) and arrays (*count) span more lines; only control calls
-        # (SMEMBERS, HGET) produce them, and those are read one reply at a time.
-        if n == 1 and buf[:1] in (b"$", b"*"):
-            if buf[:1] == b"$":
-                return 0 if buf.startswith(b"$-1") else 1
-            count = int(bytes(buf[1:buf.index(b"\r\n")]))
-            return max(count, 0) * 2
-        return 0
 
     def _retrying(self, what: str, fn: Any) -> Any:
         delay = self.backoff_s
@@ -549,9 +513,7 @@ class RedisSink:
         count = np.empty((rows.num_rows, 3), dtype=np.uint8)
         count[:, 0] = 0xCD
         count[:, 1:] = (2 * present).astype(">u2").view(np.uint8).reshape(-1, 2)
-        counts = pa.FixedSizeBinaryArray.from_buffers(pa.binary(3), rows.num_rows,
-                                                      [None, pa.py_buffer(count)]).cast(pa.binary())
-        per_row = pc.binary_join_element_wise(_msgpack_strs(micros), counts, const, *pairs, b"")
+        per_row = pc.binary_join_element_wise(_msgpack_strs(micros), binary_rows(count), const, *pairs, b"")
         return _concat_bytes(keys), _offsets(keys), _concat_bytes(per_row), _offsets(per_row), 2 + 2 * present
 
     def calls(self, rows: pa.Table) -> list[bytes]:
