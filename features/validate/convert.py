@@ -41,7 +41,7 @@ Nothing here raises for bad data; a bad value is reported in :class:`Converted`.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -52,6 +52,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from features.schema.model import NUMERIC_KINDS, Field, TypeKind
+from features.validate import isotime
 from features.validate.masks import valid_mask
 
 BoolMask = npt.NDArray[np.bool_]
@@ -527,14 +528,41 @@ def _from_strings(raw: pa.Array, field: Field, target: pa.DataType) -> Converted
         values, ok = parse_decimal_text(raw, target.precision, target.scale)
         return _finish(raw, values, ok)
     if kind is TypeKind.DATE:
-        syntax = _np(pc.match_substring_regex(raw, r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$"), False)
-        ts = _strptime_exact(_null_where(raw, syntax), "%Y-%m-%d")
-        ok = syntax & _valid(ts)
-        days = (_np(ts, 0) // _SECONDS_PER_DAY).astype(np.int32)
-        return _finish(raw, _from_numpy(days, ok & _valid(raw), target), ok)
+        fast = isotime.parse_dates(raw)
+        if fast is not None:
+            return _fast_or_general(raw, target, fast[0], fast[1], _parse_dates)
+        return _parse_dates(raw, target)
     if kind is TypeKind.TIMESTAMP:
+        fast_ts = isotime.parse_timestamps(raw, target.unit, target.tz is not None)
+        if fast_ts is not None:
+            return _fast_or_general(raw, target, fast_ts[0], fast_ts[1], _parse_timestamps)
         return _parse_timestamps(raw, target)
     return _all_fail(raw, target)
+
+
+def _fast_or_general(raw: pa.Array, target: pa.DataType, values: npt.NDArray[Any], handled: BoolMask,
+                     general: Callable[[pa.Array, pa.DataType], Converted]) -> Converted:
+    """Values the fixed-layout reader (``features.validate.isotime``) accepted, and the
+    general path's verdict on the rest (nulls included), as one :class:`Converted`."""
+    valid = _valid(raw)
+    if handled.all() or (handled | ~valid).all():
+        return _finish(raw, _from_numpy(values, handled, target), np.ones(len(raw), dtype=np.bool_))
+    rest = np.flatnonzero(~handled & valid).astype(np.int64)
+    c = general(raw.take(pa.array(rest)), target)
+    merged = np.asarray(values).copy()
+    merged[rest] = _np(c.values, 0)
+    ok_values = handled.copy()
+    ok_values[rest] = _valid(c.values)
+    return Converted(_from_numpy(merged.astype(values.dtype), ok_values, target), rest[c.fail_rows],
+                     c.fail_values, c.fail_shown)
+
+
+def _parse_dates(raw: pa.Array, target: pa.DataType) -> Converted:
+    syntax = _np(pc.match_substring_regex(raw, r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$"), False)
+    ts = _strptime_exact(_null_where(raw, syntax), "%Y-%m-%d")
+    ok = syntax & _valid(ts)
+    days = (_np(ts, 0) // _SECONDS_PER_DAY).astype(np.int32)
+    return _finish(raw, _from_numpy(days, ok & _valid(raw), target), ok)
 
 
 def _strptime_exact(text: pa.Array, fmt: str) -> pa.Array:
