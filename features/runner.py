@@ -37,6 +37,7 @@ from features.metrics import RunMetrics
 from features.sinks.base import Sink, WriteResult, WriteUnit
 from features.sources.base import Source, SourceBatch
 from features.validate import validate
+from features.validate.result import ValidationResult
 
 #: One row per rejected input row, as the rejects table stores it.
 REJECTS_SCHEMA = pa.schema([
@@ -114,6 +115,8 @@ class Prepared:
     rejected_rows: int
     reject_rules: Counter[str]
     examples: dict[str, list[str]]
+    #: for each row of ``rows``, its row in the source batch (None: not tracked)
+    index: npt.NDArray[np.int64] | None = None
 
 
 def _json_default(value: Any) -> Any:
@@ -211,16 +214,18 @@ def group_rejects(rejects: pa.Table, batch: Any, row_uris: Callable[[pa.Array], 
 def process_batch(sb: SourceBatch, compiled: CompiledSchema, program: Any, ctx: RunContext,
                   reference_time: dt.datetime,
                   raw: RowsToJson | None = None,
-                  extra_rejects: pa.Table | None = None) -> Prepared:
+                  extra_rejects: pa.Table | None = None,
+                  validated: ValidationResult | None = None) -> Prepared:
     """Validate, transform and attach lineage to one source batch.
 
     ``program`` is a compiled transform program (``features.kernels``) or None. Its
     rejects (a transform producing NaN/inf under ``on_invalid: reject``) join the
     validator's. ``extra_rejects`` (same columns as validator rejects) lets a stream
-    add decode failures for rows it could not even parse. Pure: writes nothing.
+    add decode failures for rows it could not even parse. ``validated``: the batch's
+    validation result when the caller already has it. Pure: writes nothing.
     """
     batch = sb.batch
-    result = validate(batch, compiled)
+    result = validated if validated is not None else validate(batch, compiled)
     valid = result.valid
     valid_index = result.valid_row_index.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
     reject_parts = [result.rejects]
@@ -257,7 +262,7 @@ def process_batch(sb: SourceBatch, compiled: CompiledSchema, program: Any, ctx: 
             ex = examples.setdefault(rule, [])
             if len(ex) < _MAX_EXAMPLES:
                 ex.append(message)
-    return Prepared(rows, grouped, grouped.num_rows, rule_counts, examples)
+    return Prepared(rows, grouped, grouped.num_rows, rule_counts, examples, kept_index)
 
 
 class LineProgress:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from features.load.cli import add_metrics_arguments
+from features.stream.job import StreamConfig
 
 DEFAULT_STATE_DIR = Path(".dev") / "stream"
 
@@ -37,9 +38,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--group-id", default=None, help="consumer group (default: featureline-<schema>)")
     p.add_argument("--dead-letter-topic", default=None,
                    help="topic for rejects (default: <topic>.rejects; '' to disable)")
-    p.add_argument("--batch-size", type=int, default=2000, help="records per micro-batch (default 2000)")
-    p.add_argument("--max-wait-ms", type=int, default=500,
-                   help="longest a record waits for its micro-batch to fill (default 500)")
+    p.add_argument("--batch-size", type=int, default=StreamConfig.batch_size,
+                   help=f"records per micro-batch (default {StreamConfig.batch_size})")
+    p.add_argument("--max-wait-ms", type=int, default=StreamConfig.max_wait_ms,
+                   help="longest a record waits for its micro-batch to fill "
+                        f"(default {StreamConfig.max_wait_ms})")
     p.add_argument("--parallelism", type=int, default=1, help="Flink parallelism (default 1)")
     p.add_argument("--checkpoint-interval-ms", type=int, default=5000,
                    help="checkpoint every N ms (default 5000)")

@@ -37,10 +37,17 @@ from features.logs import fields
 from features.metrics import RunMetrics
 from features.runner import BatchWriter, Prepared, RunSummary, group_rejects, process_batch, raw_json_rows
 from features.sources.base import SourceBatch
+from features.stream.columnar import ColumnarDecoder
 from features.stream.decode import decode, payload_json, record_uris
+from features.validate import validate
+from features.validate.result import ValidationResult
 
 log = logging.getLogger("features.stream")
 
+#: Records per chunk of a micro-batch (``StreamProcessor.chunk_records``); see bench/RESULTS.md.
+DEFAULT_CHUNK_RECORDS = 2000
+#: A micro-batch with no rows of its own (the stream hands the writer prepared rows).
+_NO_BATCH = SourceBatch([], BatchLineage("kafka://", 0, 0, unit=None))
 #: Latency histogram: 1 ms buckets up to 10 minutes (the last bucket holds the rest).
 _LATENCY_BUCKETS = 600_000
 #: With metrics on, the consumer lag is refreshed at least this often (seconds).
@@ -54,6 +61,8 @@ class StreamStats:
     summary: RunSummary
     batches: int = 0
     dead_letters: int = 0
+    #: records that took the per-record decode (not the columnar fast path)
+    slow_records: int = 0
     unknown_fields: Counter[str] = field(default_factory=Counter)
     offsets: dict[str, int] = field(default_factory=dict)     # "topic/partition" -> next offset
     lag: dict[str, int] = field(default_factory=dict)          # "topic/partition" -> records behind
@@ -75,7 +84,7 @@ class StreamStats:
         elapsed = max(time.time() - self.started, 1e-9)
         return {
             **s.as_dict(), "seconds": round(elapsed, 3), "rows_per_second": round(s.read / elapsed),
-            "batches": self.batches, "dead_letters": self.dead_letters,
+            "batches": self.batches, "dead_letters": self.dead_letters, "slow_records": self.slow_records,
             "unknown_fields": dict(self.unknown_fields), "next_offsets": dict(self.offsets),
             "lag": dict(self.lag), "lag_total": sum(self.lag.values()) if self.lag else None,
             "newest_event_time": self.newest_event_time,
@@ -88,7 +97,8 @@ class StreamProcessor:
 
     def __init__(self, compiled: CompiledSchema, settings: Settings, *, run_id: str,
                  dead_letter_topic: str | None, search_path: str | None = None, key_prefix: str = "",
-                 log_every_s: float = 10.0, instance: str = "", metrics: RunMetrics | None = None) -> None:
+                 log_every_s: float = 10.0, instance: str = "", metrics: RunMetrics | None = None,
+                 chunk_records: int = DEFAULT_CHUNK_RECORDS) -> None:
         from features.load import transform_program
         from features.sinks.postgres import PostgresSink
         from features.sinks.redis import RedisSink
@@ -103,6 +113,11 @@ class StreamProcessor:
         schema = compiled.schema
         self.known = frozenset(f.name for f in schema.fields)
         self.max_bytes = schema.payload.max_bytes
+        #: a micro-batch is prepared and written in chunks of this many records, the next
+        #: chunk prepared while the stores write the last (see ``process``)
+        self.chunk_records = chunk_records
+        #: the columnar fast path (None: every record per record, as before it existed)
+        self.decoder: ColumnarDecoder | None = ColumnarDecoder(schema, max_bytes=self.max_bytes)
         self.pg = PostgresSink(settings.postgres_dsn, compiled, search_path=search_path)
         self.hot = RedisSink(settings.redis_url, compiled, key_prefix=key_prefix)
         self.stats = StreamStats(RunSummary(run_id=run_id, schema=compiled.name))
@@ -125,7 +140,7 @@ class StreamProcessor:
         for sink in (self.hot, self.pg):
             sink.open()
         self._writer = BatchWriter(self.compiled, [self.pg, self.hot], summary=self.stats.summary,
-                                   program=self.program, in_flight=1, metrics=self.metrics)
+                                   program=self.program, in_flight=2, metrics=self.metrics)
         if self.dead_letter_topic:
             from confluent_kafka import Producer
 
@@ -165,28 +180,30 @@ class StreamProcessor:
                          self.run_id, now)
         uris = record_uris(topics, partitions, offsets)
         offs = np.asarray(pa.array(offsets).cast(pa.int64()).to_numpy(zero_copy_only=False), dtype=np.int64)
-        dec = decode(values, max_bytes=self.max_bytes, known=self.known)
-        rows = dec.rows
-        sb = SourceBatch(rows, BatchLineage("kafka://", 0, len(rows), unit=None,
-                                            explicit=uris.take(pa.array(dec.index, pa.int64()))))
-        prepared = process_batch(sb, self.compiled, self.program, ctx, now,
-                                 raw=lambda idx: raw_json_rows(rows, idx))
-        valid_rejects = _with_offsets(prepared.rejects, offs[dec.index] if len(dec.index) else offs[:0])
-        decode_rejects = _with_offsets(
-            group_rejects(dec.rejects, None, lambda idx: uris.take(idx), ctx,
-                          raw=lambda idx: [payload_json(values[int(i)], self.max_bytes) for i in idx]), offs)
-        rule_counts = Counter(prepared.reject_rules)
-        examples = dict(prepared.examples)
-        if dec.rejects.num_rows:
-            rule_counts["_payload.decode"] += dec.rejects.num_rows
-            examples.setdefault("_payload.decode", dec.rejects.column("message").to_pylist()[:3])
-        rejects = pa.concat_tables([decode_rejects, valid_rejects])
-        merged = Prepared(prepared.rows, rejects, rejects.num_rows, rule_counts, examples)
-        self._writer.submit(sb, ctx=ctx, prepared=merged, read=n)
+        # Chunks of the micro-batch are prepared while the stores write the previous one
+        # (BatchWriter, two units in flight); everything is written before this returns.
+        step = max(self.chunk_records, 1)
+        rows: list[pa.Table] = []
+        rejects: list[pa.Table] = []
+        sent = 0
+        for start in range(0, n, step):
+            stop = min(start + step, n)
+            chunk = values[start:stop] if start or stop < n else values
+            part = prepare_records(chunk, uris.slice(start, stop - start), offs[start:stop], self.compiled,
+                                   self.program, ctx, now, decoder=self.decoder)
+            prepared = part.prepared
+            self._writer.submit(_NO_BATCH, ctx=ctx, prepared=prepared, read=stop - start)
+            sent += self._produce_dead_letters(prepared.rejects)
+            self.stats.unknown_fields.update(part.unknown_fields)
+            self.stats.slow_records += part.slow
+            rows.append(prepared.rows)
+            rejects.append(prepared.rejects)
         self._writer.drain()
-        self._dead_letters(rejects, topics, partitions, offsets, timestamps_ms)
-        self._account(dec, merged, uris, topics, partitions, offs, timestamps_ms, outcome)
-        self.last_rows, self.last_uris = merged.rows, uris
+        self._flush_dead_letters(sent)
+        merged_rows = rows[0] if len(rows) == 1 else pa.concat_tables(rows)
+        merged_rejects = rejects[0] if len(rejects) == 1 else pa.concat_tables(rejects)
+        self._account(merged_rows, merged_rejects, uris, topics, partitions, offs, timestamps_ms, outcome)
+        self.last_rows, self.last_uris = merged_rows, uris
         return outcome
 
     def aggregation_inputs(self, spec: Any) -> list[str | None]:
@@ -208,16 +225,16 @@ class StreamProcessor:
             out[p] = f"{e}\x1f{json.dumps([e, t, src, c])}"
         return out
 
-    def _dead_letters(self, rejects: pa.Table, topics: pa.Array, partitions: pa.Array, offsets: pa.Array,
-                      timestamps_ms: npt.NDArray[np.int64] | None) -> None:
-        """Every reject to the dead-letter topic (key: the record's kafka:// URI), acknowledged
-        before returning. A loop over rejects only: the exception path."""
+    def _produce_dead_letters(self, rejects: pa.Table) -> int:
+        """Send every reject to the dead-letter topic (key: the record's kafka:// URI);
+        :meth:`_flush_dead_letters` waits for the acknowledgements. A loop over rejects
+        only: the exception path. Returns how many were sent."""
         if self._producer is None or rejects.num_rows == 0:
-            return
+            return 0
         meta = {"schema": self.compiled.name, "schema_version": self.compiled.schema.version_str,
                 "schema_fingerprint": self.compiled.fingerprint, "run_id": self.run_id}
         head = json.dumps(meta)[1:-1]
-        errors: list[str] = []
+        errors = self._delivery_errors
 
         def delivered(err: Any, msg: Any) -> None:
             if err is not None:
@@ -233,23 +250,30 @@ class StreamProcessor:
                     break
                 except BufferError:
                     self._producer.poll(0.1)
+        return int(rejects.num_rows)
+
+    def _flush_dead_letters(self, sent: int) -> None:
+        """Wait until the broker acknowledged every dead letter sent (before the micro-batch
+        counts as written); an unacknowledged or refused one fails the micro-batch."""
+        if self._producer is None or sent == 0:
+            return
         left = self._producer.flush(60)
+        errors, self._delivery_errors = self._delivery_errors, []
         if left or errors:
             raise SinkError(f"dead-letter topic {self.dead_letter_topic!r}: {left} messages not acknowledged"
                             + (f"; {errors[0]}" if errors else ""), store="kafka",
                             address=self.settings.kafka_bootstrap)
-        self.stats.dead_letters += rejects.num_rows
+        self.stats.dead_letters += sent
         if self.metrics is not None:
-            self.metrics.dead_letters(rejects.num_rows)
+            self.metrics.dead_letters(sent)
 
-    def _account(self, dec: Any, merged: Prepared, uris: pa.Array, topics: pa.Array, partitions: pa.Array,
-                 offs: npt.NDArray[np.int64], timestamps_ms: npt.NDArray[np.int64] | None,
-                 outcome: npt.NDArray[np.int8]) -> None:
+    def _account(self, rows: pa.Table, rejects: pa.Table, uris: pa.Array, topics: pa.Array,
+                 partitions: pa.Array, offs: npt.NDArray[np.int64],
+                 timestamps_ms: npt.NDArray[np.int64] | None, outcome: npt.NDArray[np.int8]) -> None:
         stats = self.stats
         stats.batches += 1
-        stats.unknown_fields.update(dec.unknown_fields)
-        if merged.rejects.num_rows:
-            hit = pc.is_in(uris, value_set=merged.rejects.column("_source").combine_chunks())
+        if rejects.num_rows:
+            hit = pc.is_in(uris, value_set=rejects.column("_source").combine_chunks())
             outcome[np.asarray(hit.to_numpy(zero_copy_only=False), dtype=np.bool_)] = 1
         done = time.time()
         if timestamps_ms is not None and len(timestamps_ms):
@@ -262,8 +286,8 @@ class StreamProcessor:
         for t, p, o in zip(keys.column("t").to_pylist(), keys.column("p").to_pylist(),
                            keys.column("o_max").to_pylist(), strict=True):
             stats.offsets[f"{t}/{p}"] = max(stats.offsets.get(f"{t}/{p}", 0), int(o) + 1)
-        if merged.rows.num_rows:
-            et = merged.rows.column(str(self.compiled.schema.event_time))
+        if rows.num_rows:
+            et = rows.column(str(self.compiled.schema.event_time))
             newest = pc.max(et).as_py()
             if newest is not None:
                 text = newest.isoformat() if hasattr(newest, "isoformat") else str(newest)
@@ -307,10 +331,172 @@ class StreamProcessor:
                                   "latency_ms")}
 
 
-def _with_offsets(rejects: pa.Table, offsets: npt.NDArray[np.int64]) -> pa.Table:
+@dataclass
+class PreparedRecords:
+    """One micro-batch of records, prepared for the stores: ``prepared`` (rows in record
+    order; rejects, decode rejects first, with ``row_index`` = Kafka offset), the
+    ``unknown_fields`` count, and how many records took the per-record path (``slow``)."""
+
+    prepared: Prepared
+    unknown_fields: Counter[str]
+    slow: int
+    decode_rejects: int
+
+
+def prepare_records(values: Sequence[bytes | None], uris: pa.Array, offsets: npt.NDArray[np.int64],
+                    compiled: CompiledSchema, program: Any, ctx: RunContext, now: dt.datetime, *,
+                    decoder: ColumnarDecoder | None = None) -> PreparedRecords:
+    """Decode, validate and transform one micro-batch of record values (pure: writes nothing).
+
+    With ``decoder`` (the stream's default) the records it can read columnar are read by
+    Arrow (:mod:`features.stream.columnar`) and validated as one table; the others, and
+    every record the validator rejects there, take the per-record path
+    (:func:`features.stream.decode.decode`, a dict per record), so rows, rejects and
+    counts are those of the per-record path alone, which ``decoder=None`` runs for the
+    whole micro-batch (the property tests hold the two equal).
+    """
+    schema = compiled.schema
+    known = frozenset(f.name for f in schema.fields)
+    max_bytes = schema.payload.max_bytes
+    n = len(values)
+    parts: list[tuple[Prepared, npt.NDArray[np.int64]]] = []
+    unknown: Counter[str] = Counter()
+    slow = np.arange(n, dtype=np.int64)
+    if decoder is not None and n:
+        col = decoder.decode(values)
+        slow = col.slow
+        if col.table.num_rows:
+            result = validate(col.table, compiled, json_text=True)
+            rerun = _reread_rows(result.rejects, decoder)
+            if len(rerun):  # rejects only the per-record path renders exactly
+                slow = np.union1d(slow, col.index[rerun])
+                result = _without_rows(result, rerun)
+            pos = col.index
+
+            def fast_raw(idx: npt.NDArray[np.int64], pos: npt.NDArray[np.int64] = pos) -> list[str]:
+                return _raw_records(values, pos[idx], max_bytes)
+
+            sb = SourceBatch(col.table, BatchLineage("kafka://", 0, col.table.num_rows, unit=None,
+                                                     explicit=uris.take(pa.array(pos))))
+            prepared = process_batch(sb, compiled, program, ctx, now, validated=result, raw=fast_raw)
+            if len(rerun):
+                keep = np.ones(col.table.num_rows, dtype=np.bool_)
+                keep[rerun] = False
+                unknown += col.unknown_fields(np.flatnonzero(keep))
+            else:
+                unknown += col.unknown_fields()
+            parts.append((prepared, pos))
+    slow_values = [values[int(i)] for i in slow]
+    dec = decode(slow_values, max_bytes=max_bytes, known=known)
+    unknown += dec.unknown_fields
+    rows = dec.rows
+    if rows:
+        pos = slow[dec.index]
+        sb = SourceBatch(rows, BatchLineage("kafka://", 0, len(rows), unit=None,
+                                            explicit=uris.take(pa.array(pos))))
+        prepared = process_batch(sb, compiled, program, ctx, now, raw=lambda idx: raw_json_rows(rows, idx))
+        parts.append((prepared, pos))
+    failed = slow[dec.failed]
+    decode_rejects = _with_offsets(
+        group_rejects(dec.rejects.set_column(0, "row", pa.array(failed, pa.int64())), None,
+                      lambda idx: uris.take(idx), ctx,
+                      raw=lambda idx: [payload_json(values[int(i)], max_bytes) for i in idx]), offsets)
+    rule_counts: Counter[str] = Counter()
+    examples: dict[str, list[str]] = {}
+    if dec.rejects.num_rows:
+        rule_counts["_payload.decode"] += dec.rejects.num_rows
+        examples["_payload.decode"] = dec.rejects.column("message").to_pylist()[:3]
+    row_tables, row_pos, reject_tables, reject_pos = [], [], [], []
+    for prepared, pos in parts:
+        rule_counts.update(prepared.reject_rules)
+        for rule, ex in prepared.examples.items():
+            have = examples.setdefault(rule, [])
+            have.extend(ex[: 3 - len(have)])
+        assert prepared.index is not None
+        row_tables.append(prepared.rows)
+        row_pos.append(pos[prepared.index])
+        if prepared.rejects.num_rows:
+            at = pos[prepared.rejects.column("row_index").to_numpy()]
+            reject_tables.append(_with_offsets(prepared.rejects, offsets, at))
+            reject_pos.append(at)
+    rows_table, rows_pos = _in_record_order(row_tables, row_pos)
+    if reject_tables:
+        valid_rejects, _ = _in_record_order(reject_tables, reject_pos)
+        rejects = pa.concat_tables([decode_rejects, valid_rejects])
+    else:
+        rejects = decode_rejects
+    if rows_table is None:
+        rows_table = _empty_rows(compiled, program, ctx, now)
+    merged = Prepared(rows_table, rejects, rejects.num_rows, rule_counts, examples, rows_pos)
+    return PreparedRecords(merged, unknown, len(slow), dec.rejects.num_rows)
+
+
+def _reread_rows(rejects: pa.Table, decoder: ColumnarDecoder) -> npt.NDArray[np.int64]:
+    """Rows of the fast table whose rejects the per-record path must make: a ``type`` reject
+    of a field read as float64 shows the value as read (``100.0``), while ``json.loads``
+    may have read the integer ``100``. Every other reject shows the converted value or
+    none, which both paths hold equal."""
+    if rejects.num_rows == 0:
+        return np.zeros(0, dtype=np.int64)
+    floats = decoder.float_read()
+    if not floats:
+        return np.zeros(0, dtype=np.int64)
+    hit = pc.and_(pc.equal(rejects.column("reason"), "type"),
+                  pc.is_in(rejects.column("field"), value_set=pa.array(sorted(floats), pa.string())))
+    rows: npt.NDArray[np.int64] = np.unique(rejects.column("row").filter(hit).to_numpy()).astype(np.int64)
+    return rows
+
+
+def _without_rows(result: ValidationResult, rows: npt.NDArray[np.int64]) -> ValidationResult:
+    """``result`` without ``rows`` (rejected rows that the per-record path takes over)."""
+    gone = pc.is_in(result.rejects.column("row"), value_set=pa.array(rows, pa.int64()))
+    rejects = result.rejects.filter(pc.invert(gone))
+    rejected = len(np.unique(rejects.column("row").to_numpy())) if rejects.num_rows else 0
+    return ValidationResult(result.valid, rejects, result.valid_row_index,
+                            result.valid.num_rows + rejected)
+
+
+def _in_record_order(tables: list[pa.Table], positions: list[npt.NDArray[np.int64]]
+                     ) -> tuple[pa.Table | None, npt.NDArray[np.int64]]:
+    """Tables of the two paths as one, in record order (each is in order already)."""
+    tables = [t for t in tables if t.num_rows] or tables[:1]
+    positions = [p for p in positions if len(p)] or positions[:1]
+    if not tables:
+        return None, np.zeros(0, dtype=np.int64)
+    if len(tables) == 1:
+        return tables[0], positions[0]
+    pos = np.concatenate(positions)
+    order = np.argsort(pos, kind="stable")
+    return pa.concat_tables(tables).take(pa.array(order)), pos[order]
+
+
+def _empty_rows(compiled: CompiledSchema, program: Any, ctx: RunContext, now: dt.datetime) -> pa.Table:
+    """The rows table of a micro-batch without a valid row (the columns the stores expect)."""
+    sb = SourceBatch([], BatchLineage("kafka://", 0, 0, unit=None, explicit=pa.array([], pa.string())))
+    return process_batch(sb, compiled, program, ctx, now).rows
+
+
+def _raw_records(values: Sequence[bytes | None], positions: npt.NDArray[np.int64],
+                 max_bytes: int) -> list[str]:
+    """The raw payload of fast-path records the transforms rejected, as the per-record
+    path renders it (from ``json.loads``)."""
+    out = []
+    for p in positions.tolist():  # rejected rows only: the exception path
+        value = values[p]
+        try:
+            obj = json.loads(value.decode("utf-8")) if value is not None else None
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            obj = None
+        out.append(raw_json_rows([obj], np.zeros(1, np.int64))[0] if isinstance(obj, dict)
+                   else payload_json(value, max_bytes))
+    return out
+
+
+def _with_offsets(rejects: pa.Table, offsets: npt.NDArray[np.int64],
+                  positions: npt.NDArray[np.int64] | None = None) -> pa.Table:
     """Rejects of Kafka records: ``row_index`` is the record's offset in its partition."""
     if rejects.num_rows == 0:
         return rejects
-    pos = rejects.column("row_index").to_numpy()
+    pos = rejects.column("row_index").to_numpy() if positions is None else positions
     i = rejects.schema.get_field_index("row_index")
     return rejects.set_column(i, "row_index", pa.array(offsets[pos], pa.int64()))

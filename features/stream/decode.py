@@ -6,7 +6,8 @@ so the field rules reject them with a field-level error), is a JSON object and h
 lone surrogate (a ``"\\ud800"`` escape: text UTF-8, Arrow and PostgreSQL cannot hold).
 Every other record is a ``decode`` reject on the pseudo-field ``_payload``; nothing is
 dropped. A record over the limit is refused by its length alone, before any decoding.
-Fields the schema does not know are ignored (counted in ``unknown_fields``).
+Fields the schema does not know are ignored; ``unknown_fields`` counts, per unknown key,
+the records in which it holds a value (not null).
 
 Lineage of a record: ``kafka://<topic>/<partition>/<offset>``.
 """
@@ -137,7 +138,7 @@ def decode(values: Sequence[bytes | None], *, max_bytes: int, known: frozenset[s
                     index.append(i)
                     extra = obj.keys() - known
                     if extra:
-                        unknown.update(extra)
+                        unknown.update(k for k in extra if obj[k] is not None)
                     continue
         bad_rows.append(i)
         messages.append(problem)

@@ -60,8 +60,8 @@ class StreamConfig:
     device: Device = "auto"
     group_id: str | None = None
     dead_letter_topic: str | None = None      # None: "<topic>.rejects"; "" disables it
-    batch_size: int = 2000
-    max_wait_ms: int = 500
+    batch_size: int = 8000                    # bench/RESULTS.md (stream): throughput and latency
+    max_wait_ms: int = 200
     parallelism: int = 1
     checkpoint_interval_ms: int = 5000
     checkpoint_dir: str | None = None
@@ -225,13 +225,15 @@ def _make_udf(cfg: StreamConfig) -> Any:
             import numpy as np
             import pyarrow as pa
 
-            values = [None if v is None else bytes(v) for v in value.tolist()]
+            values = value.tolist()  # bytes (or None) each: the BYTES column as Python objects
+            if not set(map(type, values)) <= {bytes, type(None)}:  # map/set: C-level, no copy
+                values = [None if v is None else bytes(v) for v in values]
             stamps = pd.to_datetime(ts, utc=True)
             epoch = pd.Timestamp(0, tz="UTC")
             ms = ((stamps - epoch) // pd.Timedelta(milliseconds=1)).to_numpy(dtype=np.int64)
-            out = self.proc.process(values, pa.array(topic.tolist(), pa.string()),
-                                    pa.array(partition.tolist(), pa.int32()),
-                                    pa.array(offset.tolist(), pa.int64()), ms)
+            out = self.proc.process(values, pa.array(topic, pa.string(), from_pandas=True),
+                                    pa.array(partition, pa.int32(), from_pandas=True),
+                                    pa.array(offset, pa.int64(), from_pandas=True), ms)
             self._save()
             return out
 

@@ -117,7 +117,8 @@ def parse_timestamps(arr: pa.Array, unit: str, zoned: bool) -> tuple[I64, BoolMa
         for start, count in ((5, 2), (8, 2), (11, 2), (14, 2), (17, 2)):
             _, digit_ok = _digits(m, start, count)
             ok &= digit_ok
-        ok &= (m[:, 4] == ord("-")) & (m[:, 7] == ord("-")) & ((m[:, 10] == ord("T")) | (m[:, 10] == ord(" ")))
+        ok &= (m[:, 4] == ord("-")) & (m[:, 7] == ord("-"))
+        ok &= (m[:, 10] == ord("T")) | (m[:, 10] == ord(" "))
         ok &= (m[:, 13] == ord(":")) & (m[:, 16] == ord(":"))
         month, _ = _digits(m, 5, 2)
         day, _ = _digits(m, 8, 2)

@@ -420,7 +420,10 @@ _TEMPORAL_KINDS = frozenset({TypeKind.DATE, TypeKind.TIMESTAMP})
 class _Input:
     """Columns of the input by name: Arrow arrays, or Python values of a list of dicts."""
 
-    def __init__(self, data: Data) -> None:
+    def __init__(self, data: Data, *, json_text: bool = False) -> None:
+        #: columns read from JSON (``validate(..., json_text=True)``): ISO text is what a
+        #: date or timestamp is there, as in a list of dicts
+        self.json_text = json_text
         self.table: pa.RecordBatch | pa.Table | None = None
         self.rows: Sequence[Mapping[str, Any]] | None = None
         if isinstance(data, pa.RecordBatch | pa.Table):
@@ -454,7 +457,8 @@ class _Input:
             col = self.table.column(i)
             if isinstance(col, pa.ChunkedArray):
                 col = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
-            return convert(col, fp.field, fp.target), None
+            text_ok = True if self.json_text and fp.field.type.kind in _TEMPORAL_KINDS else None
+            return convert(col, fp.field, fp.target, accept_strings=text_ok), None
         assert self.rows is not None
         values = [row.get(name, ABSENT) for row in self.rows]
         absent = np.flatnonzero(np.fromiter((v is ABSENT for v in values), np.bool_, len(values)))
@@ -493,11 +497,13 @@ def _pool() -> ThreadPoolExecutor | None:
         return _executor
 
 
-def validate(data: Data, compiled: CompiledSchema) -> ValidationResult:
+def validate(data: Data, compiled: CompiledSchema, *, json_text: bool = False) -> ValidationResult:
     """Validate ``data`` against ``compiled``; never raises for bad rows.
 
     ``data``: a ``pa.RecordBatch``, a ``pa.Table`` or a list of dicts (decoded JSON).
-    Columns are matched by name; extra columns are ignored. Returns a
+    Columns are matched by name; extra columns are ignored. ``json_text``: the table's
+    columns were read from JSON (the stream's columnar decode), so ISO text is taken for
+    date and timestamp fields whatever their ``accept_strings``, as for a list of dicts. Returns a
     :class:`ValidationResult` whose ``valid`` batch has exactly
     ``compiled.arrow_schema``. Raises TypeError for another kind of ``data`` and
     SourceError when two input columns share a declared field's name.
@@ -507,7 +513,7 @@ def validate(data: Data, compiled: CompiledSchema) -> ValidationResult:
     ``pyarrow.set_cpu_count``; 1 keeps everything on the calling thread).
     """
     plan = _plan(compiled)
-    source = _Input(data)
+    source = _Input(data, json_text=json_text)
     n = source.num_rows
     pool = _pool() if n >= PARALLEL_MIN_ROWS and source.table is not None else None
     if pool is None:

@@ -78,7 +78,8 @@ def test_dates_fast_equals_general(texts: list[str | None]) -> None:
 def test_the_fast_path_reads_the_usual_layouts() -> None:
     from features.validate import isotime
 
-    raw = pa.array(["2024-02-29T23:59:59.123456+00:00", "2023-10-10 11:51:17Z", "1970-01-01T00:00:00.5-01:30"])
+    raw = pa.array(["2024-02-29T23:59:59.123456+00:00", "2023-10-10 11:51:17Z",
+                    "1970-01-01T00:00:00.5-01:30"])
     values, handled = isotime.parse_timestamps(raw, "us", True)  # type: ignore[misc]
     assert handled.tolist() == [True, True, True]
     assert values.tolist() == [1709251199123456, 1696938677000000, 5400500000]

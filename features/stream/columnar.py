@@ -1,0 +1,365 @@
+"""Kafka record values -> one Arrow table per micro-batch, in C++ (the stream's fast path).
+
+:func:`features.stream.decode.decode` reads one record at a time (``json.loads``, a
+dict per record); the validator then reads those dicts field by field. That costs
+about 20 µs per record. :class:`ColumnarDecoder` instead joins a micro-batch's values
+into newline-delimited JSON and reads them with Arrow's JSON reader, with an explicit
+type per declared field (its *read type*), into one table the validator checks like a
+Parquet batch: about 2 µs per record.
+
+The fast path must give exactly what the per-record path gives, so it takes only the
+records it can read with the same meaning, and hands every other one to the
+per-record path (``slow``), which then decides as it always did:
+
+- **Before reading** (vectorised checks over the batch): a tombstone, an empty value,
+  one over ``payload.max_bytes``, invalid UTF-8 (Arrow's reader would take it in a
+  field it ignores), a value that does not start with ``{`` and end with ``}`` (arrays,
+  scalars, truncated text, whitespace around it), a line break in it (NDJSON would cut
+  it), a ``\\uD800``-``\\uDFFF`` escape (``json.loads`` takes lone surrogates, Arrow
+  does not), a ``NaN``/``Inf`` token (Arrow also takes ``-NaN`` and ``Inf``, which
+  ``json.loads`` refuses), and more than :data:`MAX_BRACKETS` brackets (``json.loads``
+  stops at Python's recursion limit; Arrow reads any depth).
+- **While reading**: a record Arrow refuses (not JSON, a duplicate key, a value of
+  another JSON kind than its field's read type, a number beyond float64) is found by
+  the row in Arrow's message, or by halving the records when the message names none,
+  and goes to the per-record path; the rest is read again. A micro-batch that needs
+  more than :data:`MAX_READS` reads sends what is left to the per-record path.
+  A record that Arrow reads as more than one row (``{...} {...}``) is found the same way.
+- **After reading**: a null in a ``required`` field without a default (``json.loads``
+  tells an absent key, a ``missing`` reject, from an explicit null; Arrow does not);
+  in a field read as float64, an integral value of magnitude >= 2**53 (the JSON token
+  may have been an integer that float64 cannot hold exactly) and, for float fields,
+  a negative zero (the token may have been the integer ``-0``).
+
+And the caller (``features.stream.core.prepare_records``) sends every record the
+validator rejects on the fast path through the per-record path as well, so every reject
+message, rule and raw payload is the per-record path's, by construction.
+
+Numbers: an integer field is read as int64 (as ``json.loads`` + Arrow would type JSON
+integers), switching to float64 for the rest of the stream when a micro-batch holds a
+JSON number with a fraction or exponent in it: an integer token below 2**53 is exact in
+float64, larger ones are caught above, and the validator's float -> int rule is the
+one the per-record path applies to ``json.loads``' floats. A float field is read as
+float64. A decimal field is read as text when it ``accept_strings`` (producers send
+``"12.50"``) and as float64 otherwise (``json.loads`` gives a float, or an int the
+guards above keep exact); the first record of a micro-batch holding the other kind
+switches the read type for the rest of the stream. Dates and timestamps are text
+(JSON has no date type).
+
+Fields the schema does not know are read too (Arrow infers their types) so that
+``unknown_fields`` counts, per unknown key, the records in which it holds a value
+(not null), as the per-record path does.
+"""
+
+from __future__ import annotations
+
+import io
+import operator
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pa_json
+
+from features.schema.model import INTEGER_KINDS, Schema, TypeKind
+
+Index = npt.NDArray[np.int64]
+
+#: a record with more ``{``/``[`` than this goes to the per-record path (``json.loads``
+#: refuses nesting near Python's recursion limit, about 1,000 levels; Arrow reads any depth)
+MAX_BRACKETS = 256
+#: Arrow reads of one micro-batch (the first, and re-reads after a refusal); then the rest goes per record
+MAX_READS = 8
+#: what the fast path leaves to ``json.loads``: line breaks, surrogate escapes, NaN/Inf tokens
+_HOSTILE = r"[\n\r]|\\u[dD][89a-fA-F]|[:,\[][ \t]*-?(?:NaN|Inf)"
+_ROW = re.compile(r" in row (\d+)\s*$")
+_CHANGED = re.compile(r"Column\(/([^)]*)\) changed from (\w+) to (\w+) in row (\d+)")
+_TWO53 = float(2**53)
+
+_STRING = pa.string()
+_INT = pa.int64()
+_FLOAT = pa.float64()
+_BOOL = pa.bool_()
+#: JSON kinds in Arrow's messages -> the read type that takes them
+_KIND_TYPES = {"string": _STRING, "number": _FLOAT}
+
+
+@dataclass
+class Columnar:
+    """One micro-batch, read. ``table``: the records of ``index`` (record positions,
+    ascending), one column per declared field in its read type (not yet validated);
+    ``slow``: the positions left to the per-record path (ascending);
+    ``unknown``: per unknown key, which rows of ``table`` hold a value for it;
+    ``reads``: Arrow reads this batch took (1 when nothing was refused)."""
+
+    table: pa.Table
+    index: Index
+    slow: Index
+    unknown: dict[str, npt.NDArray[np.bool_]] = field(default_factory=dict)
+    reads: int = 0
+
+    def unknown_fields(self, rows: Index | None = None) -> Counter[str]:
+        """Per unknown key, how many of ``rows`` (rows of ``table``; all when None) hold a value."""
+        out: Counter[str] = Counter()
+        for name, held in self.unknown.items():
+            count = int(held.sum() if rows is None else held[rows].sum())
+            if count:
+                out[name] = count
+        return out
+
+
+class ColumnarDecoder:
+    """Reads micro-batches of one schema's JSON records (see the module docstring).
+    Keeps the read types it learnt from earlier micro-batches; not thread-safe."""
+
+    def __init__(self, schema: Schema, *, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.names = [f.name for f in schema.fields]
+        self.known = frozenset(self.names)
+        self.types: dict[str, pa.DataType] = {}
+        self.alternatives: dict[str, frozenset[pa.DataType]] = {}
+        self.required = [f.name for f in schema.fields if f.constraints.required]
+        self.float_fields = [f.name for f in schema.fields if f.type.kind in (TypeKind.FLOAT32,
+                                                                              TypeKind.FLOAT64)]
+        for f in schema.fields:
+            kind = f.type.kind
+            if kind in INTEGER_KINDS:
+                first, alts = _INT, {_INT, _FLOAT} | ({_STRING} if f.accept_strings else set())
+            elif kind in (TypeKind.FLOAT32, TypeKind.FLOAT64):
+                first, alts = _FLOAT, {_FLOAT} | ({_STRING} if f.accept_strings else set())
+            elif kind is TypeKind.DECIMAL:
+                first = _STRING if f.accept_strings else _FLOAT
+                alts = {_FLOAT} | ({_STRING} if f.accept_strings else set())
+            elif kind is TypeKind.BOOL:
+                first, alts = _BOOL, {_BOOL}
+            else:  # string, enum; date and timestamp are ISO text in JSON
+                first, alts = _STRING, {_STRING}
+            self.types[f.name] = first
+            self.alternatives[f.name] = frozenset(alts)
+
+    def float_read(self) -> frozenset[str]:
+        """The fields read as float64 now."""
+        return frozenset(n for n, t in self.types.items() if t == _FLOAT)
+
+    def read_schema(self) -> pa.Schema:
+        return pa.schema([pa.field(n, self.types[n]) for n in self.names])
+
+    # --------------------------------------------------------------------------- entry
+
+    def decode(self, values: Sequence[bytes | None]) -> Columnar:
+        n = len(values)
+        arr = pa.array(values, pa.binary())
+        ok = _valid(arr)
+        if n:
+            lengths = np.asarray(pc.fill_null(pc.binary_length(arr), 0).to_numpy(zero_copy_only=False))
+            ok &= (lengths > 0) & (lengths <= self.max_bytes)
+        candidates = np.flatnonzero(ok).astype(np.int64)
+        if len(candidates) < n:
+            arr = arr.take(pa.array(candidates))
+        texts, keep = _utf8(arr)
+        if not keep.all():
+            candidates = candidates[keep]
+        if len(candidates):
+            records = _gather(values, candidates)
+            shape = _np_bool(pc.starts_with(texts, "{")) & _np_bool(pc.ends_with(texts, "}"))
+            shape &= ~_hostile(texts, records)
+            shape &= ~_deep(texts, records)
+            if not shape.all():
+                candidates, texts = candidates[shape], texts.filter(pa.array(shape))
+        out = Columnar(self.read_schema().empty_table(), np.zeros(0, np.int64), np.zeros(0, np.int64))
+        tables: list[tuple[Index, pa.Table]] = []
+        leftover: list[Index] = []
+        self._read(values, candidates, tables, leftover, out)
+        if tables:
+            tables.sort(key=lambda t: int(t[0][0]))
+            index = np.concatenate([i for i, _ in tables])
+            table = _concat([t for _, t in tables], self.known)
+            table, index, _ = self._after(table, index)
+            out.table, out.index = table.select(self.names), index
+            out.unknown = {name: _valid(table.column(name)) for name in table.column_names
+                           if name not in self.known and table.column(name).null_count < len(table)}
+        fast = np.zeros(n, dtype=np.bool_)
+        fast[out.index] = True
+        out.slow = np.flatnonzero(~fast).astype(np.int64)
+        return out
+
+    # --------------------------------------------------------------------------- reading
+
+    def _read(self, values: Sequence[bytes | None], index: Index, tables: list[tuple[Index, pa.Table]],
+              leftover: list[Index], out: Columnar) -> None:
+        """Read the records ``index`` of ``values``; what Arrow refuses is split off (see the
+        module docstring). An explicit stack, not recursion: a batch may be large."""
+        todo = [index]
+        while todo:
+            idx = todo.pop()
+            if len(idx) == 0:
+                continue
+            if out.reads >= MAX_READS:
+                leftover.append(idx)
+                continue
+            out.reads += 1
+            try:
+                table = self._parse(b"\n".join(_gather(values, idx)))
+            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+                message = str(exc)
+                # read types change only before the batch's first table (all tables of a batch
+                # share them) and only on what the batch's first record shows
+                if not tables and idx[0] == index[0] and self._learn(message):
+                    todo.append(idx)
+                    continue
+                row = _ROW.search(message)
+                if row is not None and int(row.group(1)) < len(idx):
+                    r = int(row.group(1))
+                    leftover.append(idx[r:r + 1])
+                    todo += [idx[r + 1:], idx[:r]]
+                elif len(idx) == 1:
+                    leftover.append(idx)
+                else:
+                    todo += [idx[len(idx) // 2:], idx[:len(idx) // 2]]
+                continue
+            if table.num_rows != len(idx):  # a value held several JSON objects
+                if len(idx) == 1:
+                    leftover.append(idx)
+                else:
+                    todo += [idx[len(idx) // 2:], idx[:len(idx) // 2]]
+                continue
+            tables.append((idx, table))
+
+    def _parse(self, blob: bytes) -> pa.Table:
+        options = pa_json.ParseOptions(explicit_schema=self.read_schema(), unexpected_field_behavior="infer")
+        read = pa_json.ReadOptions(use_threads=False, block_size=max(len(blob) + 1, 1 << 16))
+        return pa_json.read_json(io.BytesIO(blob), read_options=read, parse_options=options)
+
+    def _learn(self, message: str) -> bool:
+        """Change a read type after Arrow's refusal when the other type is one the field
+        takes (:meth:`__init__`); True when something changed (read again)."""
+        if "Failed to convert JSON to int64" in message:
+            changed = [n for n, t in self.types.items() if t == _INT and _FLOAT in self.alternatives[n]]
+            for name in changed:
+                self.types[name] = _FLOAT
+            return bool(changed)
+        m = _CHANGED.search(message)
+        if m is None or m.group(4) != "0":  # only the first record decides: others are odd ones
+            return False
+        name, kind = m.group(1), m.group(3)
+        new = _KIND_TYPES.get(kind)
+        if name not in self.known or new is None or new not in self.alternatives[name]:
+            return False
+        if self.types[name] == new or (new == _FLOAT and self.types[name] == _INT):
+            return False
+        self.types[name] = new
+        return True
+
+    def _after(self, table: pa.Table, index: Index) -> tuple[pa.Table, Index, Index]:
+        """Rows that only the per-record path reads exactly (module docstring, "After
+        reading") leave the table: (table, index, their positions)."""
+        bad = np.zeros(len(index), dtype=np.bool_)
+        for name in self.required:
+            col = table.column(name)
+            if col.null_count:
+                bad |= ~_valid(col)
+        for name in self.names:
+            if self.types[name] != _FLOAT:
+                continue
+            col = table.column(name)
+            v = np.asarray(pc.fill_null(col, 0.0).to_numpy(zero_copy_only=False), dtype=np.float64)
+            with np.errstate(invalid="ignore"):
+                bad |= (np.abs(v) >= _TWO53) & (np.trunc(v) == v)
+            if name in self.float_fields:
+                bad |= (v == 0.0) & np.signbit(v)
+        if not bad.any():
+            return table, index, np.zeros(0, np.int64)
+        return table.filter(pa.array(~bad)), index[~bad], index[bad]
+
+
+
+def _valid(arr: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.bool_]:
+    if arr.null_count == 0:
+        return np.ones(len(arr), dtype=np.bool_)
+    return np.asarray(pc.is_valid(arr).to_numpy(zero_copy_only=False), dtype=np.bool_)
+
+
+def _np_bool(arr: pa.Array) -> npt.NDArray[np.bool_]:
+    return np.asarray(pc.fill_null(arr, False).to_numpy(zero_copy_only=False), dtype=np.bool_)
+
+
+def _gather(values: Sequence[bytes | None], index: Index) -> list[bytes]:
+    """``values[i]`` for each ``i`` of ``index`` (C-level: ``operator.itemgetter``)."""
+    if len(index) == 0:
+        return []
+    if len(index) == 1:
+        return [values[int(index[0])]]  # type: ignore[list-item]
+    return list(operator.itemgetter(*index.tolist())(values))
+
+
+def _utf8(arr: pa.Array) -> tuple[pa.Array, npt.NDArray[np.bool_]]:
+    """``arr`` (binary) as text, and which values are UTF-8 (the others are left out of the
+    text). One C++ check for the whole batch; when it fails, halving finds each bad value
+    (about 2 log2(n) more checks per bad value)."""
+    keep = np.ones(len(arr), dtype=np.bool_)
+    try:
+        return arr.cast(pa.string()), keep
+    except pa.ArrowInvalid:
+        pass
+    todo = [(0, len(arr))]
+    while todo:
+        start, stop = todo.pop()
+        if stop - start == 1:
+            keep[start] = False
+            continue
+        mid = (start + stop) // 2
+        for lo, hi in ((start, mid), (mid, stop)):
+            try:
+                arr.slice(lo, hi - lo).cast(pa.string())
+            except pa.ArrowInvalid:
+                todo.append((lo, hi))
+    return arr.filter(pa.array(keep)).cast(pa.string()), keep
+
+
+def _hostile(texts: pa.Array, records: list[bytes]) -> npt.NDArray[np.bool_]:
+    """Records holding what only ``json.loads`` reads right (see ``_HOSTILE``); the
+    regular expression runs only when a look at the whole batch (memchr speed) finds a hint."""
+    blob = b"".join(records)
+    if blob.find(b"\n") < 0 and blob.find(b"\r") < 0 and blob.find(b"\\") < 0 and (
+            blob.find(b"N") < 0 or b"NaN" not in blob) and (blob.find(b"I") < 0 or b"Inf" not in blob):
+        return np.zeros(len(texts), dtype=np.bool_)
+    return _np_bool(pc.match_substring_regex(texts, _HOSTILE))
+
+
+def _deep(texts: pa.Array, records: list[bytes]) -> npt.NDArray[np.bool_]:
+    """Records with more than :data:`MAX_BRACKETS` brackets (counted per record only when
+    the whole batch has more than that many brackets beyond one per record)."""
+    blob = b"".join(records)
+    brackets = blob.count(b"{") + (blob.count(b"[") if blob.find(b"[") >= 0 else 0)
+    if brackets <= len(texts) + MAX_BRACKETS:
+        return np.zeros(len(texts), dtype=np.bool_)
+    counts = pc.count_substring_regex(texts, r"[\[{]")
+    return np.asarray(counts.to_numpy(zero_copy_only=False)) > MAX_BRACKETS
+
+
+def _concat(tables: list[pa.Table], known: frozenset[str]) -> pa.Table:
+    """Tables of one read (same known columns; unknown columns may differ) as one."""
+    if len(tables) == 1:
+        return tables[0]
+    try:
+        return pa.concat_tables(tables, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        # unknown columns of clashing types: keep the known columns and each unknown
+        # column's count of values as a column of booleans
+        unified: list[pa.Table] = []
+        for t in tables:
+            cols = {name: (t.column(name) if name in known else pc.is_valid(t.column(name)))
+                    for name in t.column_names}
+            unified.append(pa.table(cols))
+        merged = pa.concat_tables(unified, promote_options="permissive")
+        return pa.table({name: (merged.column(name) if name in known else
+                                pc.if_else(pc.fill_null(merged.column(name), False), True, None))
+                         for name in merged.column_names})
+
+
+__all__ = ["MAX_BRACKETS", "MAX_READS", "Columnar", "ColumnarDecoder"]
