@@ -17,6 +17,8 @@ per-record path (``slow``), which then decides as it always did:
   scalars, truncated text, whitespace around it), a line break in it (NDJSON would cut
   it), a ``\\uD800``-``\\uDFFF`` escape (``json.loads`` takes lone surrogates, Arrow
   does not), a ``NaN``/``Inf`` token (Arrow also takes ``-NaN`` and ``Inf``, which
+  ``json.loads`` refuses), a ``}`` followed by ``{`` (several objects in one value), an
+  integer longer than Python's digit limit (``sys.get_int_max_str_digits()``, which
   ``json.loads`` refuses), and more than :data:`MAX_BRACKETS` brackets (``json.loads``
   stops at Python's recursion limit; Arrow reads any depth).
 - **While reading**: a record Arrow refuses (not JSON, a duplicate key, a value of
@@ -42,8 +44,9 @@ float64, larger ones are caught above, and the validator's float -> int rule is 
 one the per-record path applies to ``json.loads``' floats. A float field is read as
 float64. A decimal field is read as text when it ``accept_strings`` (producers send
 ``"12.50"``) and as float64 otherwise (``json.loads`` gives a float, or an int the
-guards above keep exact); the first record of a micro-batch holding the other kind
-switches the read type for the rest of the stream. Dates and timestamps are text
+guards above keep exact); the first record of a micro-batch holding a value of the
+other kind (the records before it hold null there) switches the read type for the rest
+of the stream. Dates and timestamps are text
 (JSON has no date type).
 
 Fields the schema does not know are read too (Arrow infers their types) so that
@@ -56,6 +59,7 @@ from __future__ import annotations
 import io
 import operator
 import re
+import sys
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -76,7 +80,7 @@ MAX_BRACKETS = 256
 #: Arrow reads of one micro-batch (the first, and re-reads after a refusal); then the rest goes per record
 MAX_READS = 8
 #: what the fast path leaves to ``json.loads``: line breaks, surrogate escapes, NaN/Inf tokens
-_HOSTILE = r"[\n\r]|\\u[dD][89a-fA-F]|[:,\[][ \t]*-?(?:NaN|Inf)"
+_HOSTILE = r"[\n\r]|\\u[dD][89a-fA-F]|[:,\[][ \t]*-?(?:NaN|Inf)|\}[ \t]*\{"
 _ROW = re.compile(r" in row (\d+)\s*$")
 _CHANGED = re.compile(r"Column\(/([^)]*)\) changed from (\w+) to (\w+) in row (\d+)")
 _TWO53 = float(2**53)
@@ -207,11 +211,20 @@ class ColumnarDecoder:
                 table = self._parse(b"\n".join(_gather(values, idx)))
             except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
                 message = str(exc)
-                # read types change only before the batch's first table (all tables of a batch
-                # share them) and only on what the batch's first record shows
-                if not tables and idx[0] == index[0] and self._learn(message):
-                    todo.append(idx)
-                    continue
+                # Read types change only before the batch's first table (all tables of a batch
+                # share them), on what the batch's first record holding a value shows.
+                if not tables and idx[0] == index[0]:
+                    change = self._learn(message)
+                    if change is not None:
+                        if self._first_value(values, idx, message, change, tables):
+                            self._apply(change)
+                            todo.append(idx)
+                            continue
+                        if tables:  # the records before the refused one, read already
+                            r = len(tables[0][0])
+                            leftover.append(idx[r:r + 1])
+                            todo.append(idx[r + 1:])
+                            continue
                 row = _ROW.search(message)
                 if row is not None and int(row.group(1)) < len(idx):
                     r = int(row.group(1))
@@ -235,25 +248,54 @@ class ColumnarDecoder:
         read = pa_json.ReadOptions(use_threads=False, block_size=max(len(blob) + 1, 1 << 16))
         return pa_json.read_json(io.BytesIO(blob), read_options=read, parse_options=options)
 
-    def _learn(self, message: str) -> bool:
-        """Change a read type after Arrow's refusal when the other type is one the field
-        takes (:meth:`__init__`); True when something changed (read again)."""
+    def _learn(self, message: str) -> tuple[str, pa.DataType] | None:
+        """The read type change Arrow's refusal suggests, when the other type is one the
+        field takes (:meth:`__init__`): ``("*int", float64)`` for every integer field, or
+        ``(field, type)``; None when there is none."""
         if "Failed to convert JSON to int64" in message:
-            changed = [n for n, t in self.types.items() if t == _INT and _FLOAT in self.alternatives[n]]
-            for name in changed:
-                self.types[name] = _FLOAT
-            return bool(changed)
+            if any(t == _INT and _FLOAT in self.alternatives[n] for n, t in self.types.items()):
+                return ("*int", _FLOAT)
+            return None
         m = _CHANGED.search(message)
-        if m is None or m.group(4) != "0":  # only the first record decides: others are odd ones
-            return False
+        if m is None:
+            return None
         name, kind = m.group(1), m.group(3)
         new = _KIND_TYPES.get(kind)
         if name not in self.known or new is None or new not in self.alternatives[name]:
-            return False
+            return None
         if self.types[name] == new or (new == _FLOAT and self.types[name] == _INT):
+            return None
+        return (name, new)
+
+    def _first_value(self, values: Sequence[bytes | None], idx: Index, message: str,
+                     change: tuple[str, pa.DataType], tables: list[tuple[Index, pa.Table]]) -> bool:
+        """Whether the refused record is the first of the batch with a value in the field
+        (the records before it hold null there or lack it). When it is not, the records
+        before it, read with the current types, are appended to ``tables``."""
+        name = change[0]
+        m = _CHANGED.search(message)
+        r = int(m.group(4)) if m is not None else 0
+        if name == "*int" or r == 0:
+            return True
+        try:
+            before = self._parse(b"\n".join(_gather(values, idx[:r])))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
             return False
-        self.types[name] = new
-        return True
+        if before.num_rows != r:
+            return False
+        if before.column(name).null_count == r:
+            return True
+        tables.append((idx[:r], before))
+        return False
+
+    def _apply(self, change: tuple[str, pa.DataType]) -> None:
+        name, new = change
+        if name == "*int":
+            for n, t in self.types.items():
+                if t == _INT and _FLOAT in self.alternatives[n]:
+                    self.types[n] = _FLOAT
+        else:
+            self.types[name] = new
 
     def _after(self, table: pa.Table, index: Index) -> tuple[pa.Table, Index, Index]:
         """Rows that only the per-record path reads exactly (module docstring, "After
@@ -326,9 +368,18 @@ def _hostile(texts: pa.Array, records: list[bytes]) -> npt.NDArray[np.bool_]:
     regular expression runs only when a look at the whole batch (memchr speed) finds a hint."""
     blob = b"".join(records)
     if blob.find(b"\n") < 0 and blob.find(b"\r") < 0 and blob.find(b"\\") < 0 and (
-            blob.find(b"N") < 0 or b"NaN" not in blob) and (blob.find(b"I") < 0 or b"Inf" not in blob):
-        return np.zeros(len(texts), dtype=np.bool_)
-    return _np_bool(pc.match_substring_regex(texts, _HOSTILE))
+            blob.find(b"N") < 0 or b"NaN" not in blob) and (blob.find(b"I") < 0 or b"Inf" not in blob) and (
+            b"}{" not in blob and b"} " not in blob and b"}\t" not in blob):
+        hostile = np.zeros(len(texts), dtype=np.bool_)
+    else:
+        hostile = _np_bool(pc.match_substring_regex(texts, _HOSTILE))
+    limit = sys.get_int_max_str_digits()
+    if limit:  # json.loads refuses longer integers; Arrow reads them (only long records can hold one)
+        digits = re.compile(rb"[0-9]{%d}" % (limit + 1))
+        for i in np.flatnonzero(np.fromiter(map(len, records), np.int64, len(records)) > limit).tolist():
+            if digits.search(records[i]):  # a loop over records longer than the limit only
+                hostile[i] = True
+    return hostile
 
 
 def _deep(texts: pa.Array, records: list[bytes]) -> npt.NDArray[np.bool_]:
