@@ -282,10 +282,24 @@ def _range_extreme(v: npt.NDArray[Any], lo: I64, op: Any, fill: Any) -> npt.NDAr
     return out
 
 
-def _distinct_counts(codes: I64, vcodes: I64, mask: Mask, lo: I64, chunk: int = 4_000_000) -> I64:
-    """Distinct ``vcodes`` among contributing events in each window [lo[i], i]."""
+def _distinct_counts(codes: I64, vcodes: I64, mask: Mask, lo: I64) -> I64:
+    """Distinct ``vcodes`` among contributing events in each window [lo[i], i], in
+    O(n log n) whatever the windows' lengths.
+
+    With ``prev[j]`` the previous contributing event of ``j``'s entity with the same value
+    (-1: none), window ``i`` holds ``D[i] = #{j in [lo[i], i]: prev[j] < lo[i]}`` distinct
+    values (each counted at its first event in the window). Since ``j < lo[i]`` implies
+    ``prev[j] < lo[i]``, ``D[i] = cnt[i+1] - cnt[lo[i]] - C[i]`` with ``cnt`` the prefix
+    count of contributing events and ``C[i] = #{j <= i: prev[j] >= lo[i]}``. The window
+    starts never decrease (events sorted by entity then time, each window inside its
+    entity), so the ``i`` that a given ``j`` counts in ``C`` are one run, ``j <= i < Q[j]``
+    with ``Q[j]`` the first ``i`` whose window starts after ``prev[j]``: ``C`` is a
+    difference array's prefix sum."""
     n = len(codes)
-    pos = np.arange(n)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    if len(lo) > 1 and bool((np.diff(lo) < 0).any()):
+        raise AssertionError("window starts must not decrease")
     prev_same = np.full(n, -1, dtype=np.int64)
     m = np.flatnonzero(mask)
     if len(m):
@@ -293,19 +307,14 @@ def _distinct_counts(codes: I64, vcodes: I64, mask: Mask, lo: I64, chunk: int = 
         sm = m[order]
         same = (codes[sm][1:] == codes[sm][:-1]) & (vcodes[sm][1:] == vcodes[sm][:-1])
         prev_same[sm[1:][same]] = sm[:-1][same]
-    out = np.zeros(n, dtype=np.int64)
-    lengths = pos - lo + 1
-    start = 0
-    while start < n:  # chunks of windows bound the expanded (window, member) pairs
-        csum = np.cumsum(lengths[start:])
-        stop = start + max(1, int(np.searchsorted(csum, chunk, side="right")))
-        ln = lengths[start:stop]
-        owner = np.repeat(np.arange(start, stop), ln)
-        offs = np.arange(int(ln.sum())) - np.repeat(np.cumsum(ln) - ln, ln)
-        member = lo[owner] + offs
-        new = mask[member] & (prev_same[member] < lo[owner])
-        out[start:stop] = np.bincount(owner - start, weights=new, minlength=stop - start).astype(np.int64)
-        start = stop
+    cnt = _prefix(mask.astype(np.int64))
+    j = np.flatnonzero(prev_same >= 0)
+    q = np.searchsorted(lo, prev_same[j], side="right")
+    runs = q > j
+    diff = np.bincount(j[runs], minlength=n + 1) - np.bincount(q[runs], minlength=n + 1)
+    within = np.cumsum(diff[:n])
+    pos = np.arange(n)
+    out: I64 = cnt[pos + 1] - cnt[lo] - within
     return out
 
 
