@@ -44,11 +44,14 @@ into ``timestamp(us, UTC)`` and ``date32`` since the loader takes no text for th
      UDF's ``open`` to its ``close``, i.e. without JVM and worker start).
 
    Each run prints one line as soon as it is measured (contender, round, seconds,
-   events/s, and the counts check below). The summary gives per contender the median,
-   min and max events/s over the rounds, and two ratios, per round and their median:
-   *flink p=N job only / baseline* (> 1: the Flink job processes faster than the plain
-   loop) and *baseline / batch loader* (< 1: the stream core is slower than the
-   loader). The produce -> stored latency of a backlog is meaningless and not shown.
+   events/s, and the counts check below), then the CPU seconds it took per process: this
+   process (the baseline), subprocesses (the loader; Flink's client, JVM and Python
+   workers, JVM start included), and the Postgres, Redis and Kafka servers. The summary
+   gives per contender the median, min and max events/s over the rounds, and two
+   ratios, per round and their median: *flink p=N job only / baseline* (> 1: the Flink
+   job processes faster than the plain loop) and *baseline / batch loader* (< 1: the
+   stream core is slower than the loader). The produce -> stored latency of a backlog is
+   meaningless and not shown.
 
 2. **Latency** (``--latency-events`` records, each contender on a fresh topic, produced
    *while it runs*), once, after the throughput rounds. A bounded job cannot do this (it
@@ -298,6 +301,49 @@ class Baseline:
                 self.proc.close()
         s = self.proc.stats.summary
         return {k: int(getattr(s, k)) for k in ("read", "stored", "rejected", "already_present")}
+
+
+def cpu_seconds() -> dict[str, float]:
+    """CPU seconds so far of the local servers (Postgres, Redis, Kafka: long-lived, read from
+    ``/proc``), of this process (the baseline runs in it) and of its waited-for children
+    (a subprocess contender with everything it started and reaped: the loader, the Flink
+    client, JVM and Python workers)."""
+    import resource
+
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {"postgres": 0.0, "redis": 0.0, "kafka": 0.0}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        seconds = (int(fields[11]) + int(fields[12])) / tick
+        if comm.startswith("postgres"):
+            out["postgres"] += seconds
+        elif comm.startswith("redis"):
+            out["redis"] += seconds
+        elif comm == "java" and (b"kafka.Kafka" in cmd or b"kafka-libs" in cmd):
+            out["kafka"] += seconds
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out["this process"] = own.ru_utime + own.ru_stime
+    out["subprocesses"] = kids.ru_utime + kids.ru_stime
+    return out
+
+
+def cpu_text(before: dict[str, float], after: dict[str, float], events: int) -> str:
+    """CPU seconds per process between two :func:`cpu_seconds`, and µs per event."""
+    parts = []
+    for name in ("this process", "subprocesses", "postgres", "redis", "kafka"):
+        used = after[name] - before[name]
+        if used >= 0.05:
+            parts.append(f"{name} {used:.1f} s ({used / max(events, 1) * 1e6:.1f} us/event)")
+    return "cpu: " + ", ".join(parts)
 
 
 def baseline_throughput(bench: Bench, topic: str, n: int, compiled: Any) -> Run:
@@ -666,21 +712,28 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(1, rounds + 1):
             prefix = f"round {r}/{rounds}"
             print(f"{prefix}: throughput, {n:,} events", flush=True)
+            cpu0 = cpu_seconds()
             got = attempt(f"{prefix} {BASELINE}", baseline_throughput, bench, topic, n, compiled)
             if got is not None:
                 throughput.setdefault(got.step, {})[r] = got
                 check(f"round {r}", [got], prefix)
+                print(f"{prefix} {BASELINE:<28}{cpu_text(cpu0, cpu_seconds(), n)}", flush=True)
             if parquet is not None:
+                cpu0 = cpu_seconds()
                 got = attempt(f"{prefix} {LOADER}", loader_throughput, bench, parquet[0], rows)
                 if got is not None:
                     throughput.setdefault(got.step, {})[r] = got
                     check(f"round {r}", [got], prefix)
+                    print(f"{prefix} {LOADER:<28}{cpu_text(cpu0, cpu_seconds(), rows)}", flush=True)
             for p in args.parallelism:
+                cpu0 = cpu_seconds()
                 pair = attempt(f"{prefix} flink p={p}", flink_throughput, bench, topic, n, p)
                 if pair is not None:
                     for run in pair:
                         throughput.setdefault(run.step, {})[r] = run
                     check(f"round {r}", list(pair), prefix)
+                    label = f"flink p={p}, whole run"
+                    print(f"{prefix} {label:<28}{cpu_text(cpu0, cpu_seconds(), n)}", flush=True)
 
         print(f"latency: {args.latency_events:,} applications produced at {args.rate:,.0f}/s while each "
               "contender runs", flush=True)

@@ -45,7 +45,7 @@ from features.validate.result import ValidationResult
 log = logging.getLogger("features.stream")
 
 #: Records per chunk of a micro-batch (``StreamProcessor.chunk_records``); see bench/RESULTS.md.
-DEFAULT_CHUNK_RECORDS = 2000
+DEFAULT_CHUNK_RECORDS = 8000
 #: A micro-batch with no rows of its own (the stream hands the writer prepared rows).
 _NO_BATCH = SourceBatch([], BatchLineage("kafka://", 0, 0, unit=None))
 #: Latency histogram: 1 ms buckets up to 10 minutes (the last bucket holds the rest).

@@ -60,7 +60,7 @@ class StreamConfig:
     device: Device = "auto"
     group_id: str | None = None
     dead_letter_topic: str | None = None      # None: "<topic>.rejects"; "" disables it
-    batch_size: int = 8000                    # bench/RESULTS.md (stream): throughput and latency
+    batch_size: int = 16000                   # bench/RESULTS.md (stream): throughput and latency
     max_wait_ms: int = 200
     parallelism: int = 1
     checkpoint_interval_ms: int = 5000

@@ -284,3 +284,81 @@ def test_rejected_nan_inf_and_nul_inputs_are_stored_with_valid_json(settings: Se
     assert [e["rule"] for e in raws[0][1]] == ["score.nan"]
     assert [e["rule"] for e in raws[1][1]] == ["score.type"]
     assert json.loads(json.dumps(raws[2][1]))[0]["rule"] == "score.min"
+
+
+def _pg_sink(settings: Settings, compiled: CompiledSchema, pg_schema: str, cls: Any = None) -> Any:
+    from features.sinks.postgres import PostgresSink
+
+    return (cls or PostgresSink)(settings.postgres_dsn, compiled, search_path=pg_schema, retries=2,
+                                 backoff_s=0.05)
+
+
+def _cold(settings: Settings, pg_schema: str) -> list[tuple[Any, ...]]:
+    import psycopg
+
+    with psycopg.connect(settings.postgres_dsn, options=f"-c search_path={pg_schema}") as c:
+        return c.execute("SELECT item_id, seen_at, price::text, _source FROM contract_items ORDER BY 1, 2, 4"
+                         ).fetchall()
+
+
+def test_stream_unit_skips_stored_keys_and_keeps_the_first_of_a_unit(
+        settings: Settings, compiled: CompiledSchema, pg_schema: str) -> None:
+    """A unit without a ledger key (a stream micro-batch) looks its keys up and COPYs only
+    the new rows: stored keys keep their row, the first of two equal keys in the unit wins."""
+    sink = _pg_sink(settings, compiled, pg_schema)
+    sink.open()
+    try:
+        sink.write(WriteUnit(rows(compiled, [("a", 1, "1.00", None), ("b", 2, "2.00", None)]),
+                             rejects(compiled, 0), None, 2))
+        unit = rows(compiled, [("b", 2, "9.99", None), ("c", 3, "3.00", None), ("c", 3, "3.33", None),
+                               ("a", 1, "8.88", None), ("d", 4, None, None)], run_id="run-2")
+        res = sink.write(WriteUnit(unit, rejects(compiled, 2), None, 7))
+        assert (res.stored, res.already_present, res.rejects_stored) == (2, 3, 2)
+        cold = _cold(settings, pg_schema)
+        assert [(r[0], r[2]) for r in cold] == [("a", "1.00"), ("b", "2.00"), ("c", "3.00"), ("d", None)]
+        again = sink.write(WriteUnit(unit, rejects(compiled, 2), None, 7))  # a replay: nothing new
+        assert (again.stored, again.already_present, again.rejects_stored) == (0, 5, 0)
+        assert _cold(settings, pg_schema) == cold
+    finally:
+        sink.close()
+
+
+def test_stream_unit_whose_key_another_writer_stored_meanwhile_falls_back_exactly(
+        settings: Settings, compiled: CompiledSchema, pg_schema: str) -> None:
+    """Between the key lookup and the COPY another writer stores one of the unit's keys:
+    the COPY fails on the key (inside a savepoint) and the unit is inserted row by row with
+    ON CONFLICT, so the other writer's row stays and every other row is stored once."""
+    import psycopg
+
+    from features.sinks.postgres import PostgresSink
+
+    class Racing(PostgresSink):
+        raced = 0
+
+        def _copy(self, conn: Any, table: str, columns: tuple[str, ...], data: pa.Table) -> None:
+            if table == self.table and not self.raced:
+                self.raced += 1
+                other = rows(compiled, [("y", 2, "7.77", None)], run_id="other-writer")
+                with psycopg.connect(settings.postgres_dsn, options=f"-c search_path={pg_schema}",
+                                     autocommit=True) as c:
+                    with c.cursor().copy("COPY contract_items (item_id, seen_at, price, _source, "
+                                         "_schema_name, _schema_version, _schema_fingerprint, _run_id, "
+                                         "_ingested_at) FROM STDIN") as copy:
+                        r = other.to_pylist()[0]
+                        copy.write_row([r["item_id"], r["seen_at"], r["price"], "file:///other#0",
+                                        r["_schema_name"], r["_schema_version"], r["_schema_fingerprint"],
+                                        r["_run_id"], r["_ingested_at"]])
+            super()._copy(conn, table, columns, data)
+
+    sink = _pg_sink(settings, compiled, pg_schema, Racing)
+    sink.open()
+    try:
+        unit = rows(compiled, [("x", 1, "1.00", None), ("y", 2, "2.00", None), ("z", 3, "3.00", None)])
+        res = sink.write(WriteUnit(unit, rejects(compiled, 0), None, 3))
+        assert sink.raced == 1
+        assert (res.stored, res.already_present) == (2, 1)
+        assert [(r[0], r[2], r[3]) for r in _cold(settings, pg_schema)] == [
+            ("x", "1.00", "file:///contract.parquet#0"), ("y", "7.77", "file:///other#0"),
+            ("z", "3.00", "file:///contract.parquet#2")]
+    finally:
+        sink.close()
