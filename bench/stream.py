@@ -305,13 +305,15 @@ class Baseline:
 
 def cpu_seconds() -> dict[str, float]:
     """CPU seconds so far of the local servers (Postgres, Redis, Kafka: long-lived, read from
-    ``/proc``), of this process (the baseline runs in it) and of its waited-for children
+    ``/proc``; Postgres' ended backends through the postmaster's reaped-children time), of
+    this process (the baseline runs in it) and of its waited-for children
     (a subprocess contender with everything it started and reaped: the loader, the Flink
     client, JVM and Python workers)."""
     import resource
 
     tick = os.sysconf("SC_CLK_TCK")
     out = {"postgres": 0.0, "redis": 0.0, "kafka": 0.0}
+    postgres: dict[str, tuple[str, float, float]] = {}  # pid -> (parent, own, reaped children)
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
@@ -324,11 +326,14 @@ def cpu_seconds() -> dict[str, float]:
         fields = stat[stat.rindex(")") + 2:].split()
         seconds = (int(fields[11]) + int(fields[12])) / tick
         if comm.startswith("postgres"):
-            out["postgres"] += seconds
+            postgres[pid] = (fields[1], seconds, (int(fields[13]) + int(fields[14])) / tick)
         elif comm.startswith("redis"):
             out["redis"] += seconds
         elif comm == "java" and (b"kafka.Kafka" in cmd or b"kafka-libs" in cmd):
             out["kafka"] += seconds
+    for parent, seconds, reaped in postgres.values():
+        # a backend's CPU outlives it in its postmaster's reaped-children time
+        out["postgres"] += seconds + (reaped if parent not in postgres else 0.0)
     own = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     out["this process"] = own.ru_utime + own.ru_stime
