@@ -33,9 +33,11 @@ per-record path (``slow``), which then decides as it always did:
   may have been an integer that float64 cannot hold exactly) and, for float fields,
   a negative zero (the token may have been the integer ``-0``).
 
-And the caller (``features.stream.core.prepare_records``) sends every record the
-validator rejects on the fast path through the per-record path as well, so every reject
-message, rule and raw payload is the per-record path's, by construction.
+And the caller (``features.stream.core.prepare_records``) sends through the per-record
+path the records whose ``type`` reject on the fast path shows a value as read in a field
+read as float64 (``100.0``, where ``json.loads`` may have read the integer ``100``).
+Every other reject's message shows the converted value, which both paths hold equal, and
+the raw payload of a fast-path reject is rendered from ``json.loads`` as before.
 
 Numbers: an integer field is read as int64 (as ``json.loads`` + Arrow would type JSON
 integers), switching to float64 for the rest of the stream when a micro-batch holds a

@@ -111,7 +111,6 @@ class StreamProcessor:
         self.instance = instance
         self.program = transform_program(compiled, settings)
         schema = compiled.schema
-        self.known = frozenset(f.name for f in schema.fields)
         self.max_bytes = schema.payload.max_bytes
         #: a micro-batch is prepared and written in chunks of this many records, the next
         #: chunk prepared while the stores write the last (see ``process``)
@@ -349,11 +348,12 @@ def prepare_records(values: Sequence[bytes | None], uris: pa.Array, offsets: npt
     """Decode, validate and transform one micro-batch of record values (pure: writes nothing).
 
     With ``decoder`` (the stream's default) the records it can read columnar are read by
-    Arrow (:mod:`features.stream.columnar`) and validated as one table; the others, and
-    every record the validator rejects there, take the per-record path
-    (:func:`features.stream.decode.decode`, a dict per record), so rows, rejects and
-    counts are those of the per-record path alone, which ``decoder=None`` runs for the
-    whole micro-batch (the property tests hold the two equal).
+    Arrow (:mod:`features.stream.columnar`) and validated as one table; the others, and the
+    records whose ``type`` reject there shows a float64-read value (:func:`_reread_rows`),
+    take the per-record path (:func:`features.stream.decode.decode`, a dict per record), so
+    rows, rejects and counts are those of the per-record path alone, which ``decoder=None``
+    runs for the whole micro-batch (``tests/property/test_stream_columnar.py`` holds the two
+    equal).
     """
     schema = compiled.schema
     known = frozenset(f.name for f in schema.fields)
@@ -478,8 +478,8 @@ def _empty_rows(compiled: CompiledSchema, program: Any, ctx: RunContext, now: dt
 
 def _raw_records(values: Sequence[bytes | None], positions: npt.NDArray[np.int64],
                  max_bytes: int) -> list[str]:
-    """The raw payload of fast-path records the transforms rejected, as the per-record
-    path renders it (from ``json.loads``)."""
+    """The raw payload of rejected fast-path records (by the validator or the transforms),
+    as the per-record path renders it (from ``json.loads``)."""
     out = []
     for p in positions.tolist():  # rejected rows only: the exception path
         value = values[p]
