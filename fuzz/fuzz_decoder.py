@@ -18,6 +18,9 @@ through ``decode`` with a 64-byte limit. The promise checked:
 - rows have the schema's Arrow types;
 - a dead-letter message is JSON and fits the producer's ``message.max.bytes``.
 
+- the stream's columnar decode (``features.stream.columnar``) gives exactly the rows,
+  rejects and counts of the per-record path.
+
 Anything else (an exception, a hang, memory) is a crash.
 """
 
@@ -36,6 +39,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -49,6 +53,8 @@ from features.lineage import BatchLineage, RunContext
 from features.runner import group_rejects, process_batch, raw_json_rows
 from features.schema import load_schema
 from features.sources.base import SourceBatch
+from features.stream.columnar import ColumnarDecoder
+from features.stream.core import prepare_records
 from features.stream.decode import decode, payload_json, record_uris
 
 SCHEMAS = ("clicks", "credit_applicant")
@@ -254,6 +260,9 @@ class DecoderTarget:
             self.compiled[name] = compile_schema(schema)
             self.programs[name] = compile_transforms(schema, device="cpu") if schema.features else None
             self.specs[name] = AggSpec.of(schema)
+        #: one columnar decoder per schema, kept across inputs (it learns read types)
+        self.decoders = {name: ColumnarDecoder(c.schema, max_bytes=c.schema.payload.max_bytes)
+                         for name, c in self.compiled.items()}
 
     def run(self, group: Sequence[bytes]) -> Counter[str]:
         values: list[bytes | None] = list(group)
@@ -336,6 +345,7 @@ class DecoderTarget:
                 raise FuzzFailure(f"{name}: a dead-letter message of {size:,} bytes is over the producer's "
                                   f"message.max.bytes {limit:,}")
             json.loads(message)
+        self.check_columnar(name, values, uris)
         spec = self.specs[name]
         if spec is not None and prepared.rows.num_rows:
             inputs = extract(spec, prepared.rows)
@@ -345,6 +355,24 @@ class DecoderTarget:
                 if not isinstance(t, int) or any(isinstance(x, float) and not math.isfinite(x) for x in c):
                     raise FuzzFailure(f"{name}: aggregation input {e!r} {t!r} {c!r}")
         return out
+
+    def check_columnar(self, name: str, values: list[bytes | None], uris: pa.Array) -> None:
+        """The stream's columnar decode (a decoder kept across inputs, as a running job keeps
+        it) gives exactly what the per-record path gives (``prepare_records``)."""
+        compiled, program = self.compiled[name], self.programs[name]
+        schema = compiled.schema
+        ctx = RunContext(schema.name, schema.version_str, compiled.fingerprint, "fuzz", _NOW)
+        offsets = np.arange(len(values), dtype=np.int64)
+        decoder = self.decoders[name]
+        fast = prepare_records(values, uris, offsets, compiled, program, ctx, _NOW, decoder=decoder)
+        slow = prepare_records(values, uris, offsets, compiled, program, ctx, _NOW, decoder=None)
+        for what, a, b in (("rows", fast.prepared.rows, slow.prepared.rows),
+                           ("rejects", fast.prepared.rejects, slow.prepared.rejects)):
+            if not a.equals(b):
+                raise FuzzFailure(f"{name}: the columnar decode's {what} differ from the per-record path's")
+        same_counts = fast.prepared.reject_rules == slow.prepared.reject_rules
+        if fast.unknown_fields != slow.unknown_fields or not same_counts:
+            raise FuzzFailure(f"{name}: the columnar decode's counts differ from the per-record path's")
 
     def mutate_structured(self, data: bytes, rng: random.Random) -> bytes | None:
         return mutate_record(data, rng)
