@@ -176,11 +176,10 @@ class ColumnarDecoder:
             shape &= ~_hostile(texts, records)
             shape &= ~_deep(texts, records)
             if not shape.all():
-                candidates, texts = candidates[shape], texts.filter(pa.array(shape))
+                candidates = candidates[shape]
         out = Columnar(self.read_schema().empty_table(), np.zeros(0, np.int64), np.zeros(0, np.int64))
         tables: list[tuple[Index, pa.Table]] = []
-        leftover: list[Index] = []
-        self._read(values, candidates, tables, leftover, out)
+        self._read(values, candidates, tables, out)
         if tables:
             tables.sort(key=lambda t: int(t[0][0]))
             index = np.concatenate([i for i, _ in tables])
@@ -197,16 +196,16 @@ class ColumnarDecoder:
     # --------------------------------------------------------------------------- reading
 
     def _read(self, values: Sequence[bytes | None], index: Index, tables: list[tuple[Index, pa.Table]],
-              leftover: list[Index], out: Columnar) -> None:
-        """Read the records ``index`` of ``values``; what Arrow refuses is split off (see the
-        module docstring). An explicit stack, not recursion: a batch may be large."""
+              out: Columnar) -> None:
+        """Read the records ``index`` of ``values`` into ``tables``; what Arrow refuses is
+        split off and left out (the per-record path takes every record no table holds; see
+        the module docstring). An explicit stack, not recursion: a batch may be large."""
         todo = [index]
         while todo:
             idx = todo.pop()
             if len(idx) == 0:
                 continue
             if out.reads >= MAX_READS:
-                leftover.append(idx)
                 continue
             out.reads += 1
             try:
@@ -223,24 +222,17 @@ class ColumnarDecoder:
                             todo.append(idx)
                             continue
                         if tables:  # the records before the refused one, read already
-                            r = len(tables[0][0])
-                            leftover.append(idx[r:r + 1])
-                            todo.append(idx[r + 1:])
+                            todo.append(idx[len(tables[0][0]) + 1:])
                             continue
                 row = _ROW.search(message)
                 if row is not None and int(row.group(1)) < len(idx):
                     r = int(row.group(1))
-                    leftover.append(idx[r:r + 1])
                     todo += [idx[r + 1:], idx[:r]]
-                elif len(idx) == 1:
-                    leftover.append(idx)
-                else:
+                elif len(idx) > 1:
                     todo += [idx[len(idx) // 2:], idx[:len(idx) // 2]]
                 continue
             if table.num_rows != len(idx):  # a value held several JSON objects
-                if len(idx) == 1:
-                    leftover.append(idx)
-                else:
+                if len(idx) > 1:
                     todo += [idx[len(idx) // 2:], idx[:len(idx) // 2]]
                 continue
             tables.append((idx, table))
