@@ -73,6 +73,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
 from features.schema.model import INTEGER_KINDS, Schema, TypeKind
+from features.validate.masks import valid_mask
 
 Index = npt.NDArray[np.int64]
 
@@ -172,9 +173,10 @@ class ColumnarDecoder:
             candidates = candidates[keep]
         if len(candidates):
             records = _gather(values, candidates)
+            blob = b"".join(records)
             shape = _np_bool(pc.starts_with(texts, "{")) & _np_bool(pc.ends_with(texts, "}"))
-            shape &= ~_hostile(texts, records)
-            shape &= ~_deep(texts, records)
+            shape &= ~_hostile(texts, records, blob)
+            shape &= ~_deep(texts, blob)
             if not shape.all():
                 candidates = candidates[shape]
         out = Columnar(self.read_schema().empty_table(), np.zeros(0, np.int64), np.zeros(0, np.int64))
@@ -184,7 +186,7 @@ class ColumnarDecoder:
             tables.sort(key=lambda t: int(t[0][0]))
             index = np.concatenate([i for i, _ in tables])
             table = _concat([t for _, t in tables], self.known)
-            table, index, _ = self._after(table, index)
+            table, index = self._after(table, index)
             out.table, out.index = table.select(self.names), index
             out.unknown = {name: _valid(table.column(name)) for name in table.column_names
                            if name not in self.known and table.column(name).null_count < len(table)}
@@ -291,9 +293,9 @@ class ColumnarDecoder:
         else:
             self.types[name] = new
 
-    def _after(self, table: pa.Table, index: Index) -> tuple[pa.Table, Index, Index]:
+    def _after(self, table: pa.Table, index: Index) -> tuple[pa.Table, Index]:
         """Rows that only the per-record path reads exactly (module docstring, "After
-        reading") leave the table: (table, index, their positions)."""
+        reading") leave the table (the per-record path takes them): (table, index)."""
         bad = np.zeros(len(index), dtype=np.bool_)
         for name in self.required:
             col = table.column(name)
@@ -309,15 +311,13 @@ class ColumnarDecoder:
             if name in self.float_fields:
                 bad |= (v == 0.0) & np.signbit(v)
         if not bad.any():
-            return table, index, np.zeros(0, np.int64)
-        return table.filter(pa.array(~bad)), index[~bad], index[bad]
+            return table, index
+        return table.filter(pa.array(~bad)), index[~bad]
 
 
 
 def _valid(arr: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.bool_]:
-    if arr.null_count == 0:
-        return np.ones(len(arr), dtype=np.bool_)
-    return np.asarray(pc.is_valid(arr).to_numpy(zero_copy_only=False), dtype=np.bool_)
+    return valid_mask(arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr)
 
 
 def _np_bool(arr: pa.Array) -> npt.NDArray[np.bool_]:
@@ -357,10 +357,10 @@ def _utf8(arr: pa.Array) -> tuple[pa.Array, npt.NDArray[np.bool_]]:
     return arr.filter(pa.array(keep)).cast(pa.string()), keep
 
 
-def _hostile(texts: pa.Array, records: list[bytes]) -> npt.NDArray[np.bool_]:
+def _hostile(texts: pa.Array, records: list[bytes], blob: bytes) -> npt.NDArray[np.bool_]:
     """Records holding what only ``json.loads`` reads right (see ``_HOSTILE``); the
-    regular expression runs only when a look at the whole batch (memchr speed) finds a hint."""
-    blob = b"".join(records)
+    regular expression runs only when a look at the whole batch (``blob``: ``records``
+    joined, memchr speed) finds a hint."""
     if blob.find(b"\n") < 0 and blob.find(b"\r") < 0 and blob.find(b"\\") < 0 and (
             blob.find(b"N") < 0 or b"NaN" not in blob) and (blob.find(b"I") < 0 or b"Inf" not in blob) and (
             b"}{" not in blob and b"} " not in blob and b"}\t" not in blob):
@@ -376,10 +376,9 @@ def _hostile(texts: pa.Array, records: list[bytes]) -> npt.NDArray[np.bool_]:
     return hostile
 
 
-def _deep(texts: pa.Array, records: list[bytes]) -> npt.NDArray[np.bool_]:
+def _deep(texts: pa.Array, blob: bytes) -> npt.NDArray[np.bool_]:
     """Records with more than :data:`MAX_BRACKETS` brackets (counted per record only when
-    the whole batch has more than that many brackets beyond one per record)."""
-    blob = b"".join(records)
+    the whole batch, ``blob``, has more than that many brackets beyond one per record)."""
     brackets = blob.count(b"{") + (blob.count(b"[") if blob.find(b"[") >= 0 else 0)
     if brackets <= len(texts) + MAX_BRACKETS:
         return np.zeros(len(texts), dtype=np.bool_)

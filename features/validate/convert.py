@@ -68,7 +68,7 @@ INT_RANGES: dict[TypeKind, tuple[int, int]] = {
     TypeKind.INT32: (-(2**31), 2**31 - 1),
     TypeKind.INT64: (-(2**63), 2**63 - 1),
 }
-_UNITS_PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
+_UNITS_PER_SECOND = isotime.UNITS_PER_SECOND
 _SECONDS_PER_DAY = 86_400
 _INT64_MAX = 2**63 - 1
 
@@ -545,7 +545,7 @@ def _fast_or_general(raw: pa.Array, target: pa.DataType, values: npt.NDArray[Any
     """Values the fixed-layout reader (``features.validate.isotime``) accepted, and the
     general path's verdict on the rest (nulls included), as one :class:`Converted`."""
     valid = _valid(raw)
-    if handled.all() or (handled | ~valid).all():
+    if (handled | ~valid).all():
         return _finish(raw, _from_numpy(values, handled, target), np.ones(len(raw), dtype=np.bool_))
     rest = np.flatnonzero(~handled & valid).astype(np.int64)
     c = general(raw.take(pa.array(rest)), target)

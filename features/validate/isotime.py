@@ -25,7 +25,8 @@ from features.validate.masks import _string_buffers, valid_mask
 BoolMask = npt.NDArray[np.bool_]
 I64 = npt.NDArray[np.int64]
 
-_UNITS_PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
+#: time units of Arrow timestamps, per second (``features.validate.convert`` uses it too)
+UNITS_PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
 _ZERO = ord("0")
 _MONTH_DAYS = np.array([0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31], dtype=np.int64)
 
@@ -105,7 +106,7 @@ def parse_timestamps(arr: pa.Array, unit: str, zoned: bool) -> tuple[I64, BoolMa
     if found is None:
         return None
     offsets, data, widths = found
-    per_second = _UNITS_PER_SECOND[unit]
+    per_second = UNITS_PER_SECOND[unit]
     ns_per_unit = 1_000_000_000 // per_second
     values = np.zeros(len(arr), dtype=np.int64)
     handled = np.zeros(len(arr), dtype=np.bool_)
