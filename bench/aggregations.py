@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python bench/aggregations.py [--batch-events 1000000] [--stream-events 100000]
+    .venv/bin/python bench/aggregations.py [--batch-events 1000000] [--stream-events 100000] [--repeat 3]
 
 Data: ``features.examples.click_history`` (``schemas/clicks.yaml``: out-of-order events,
 duplicates, late events, ~0.4% invalid), ``--users`` users (default 20,000).
@@ -12,16 +12,20 @@ duplicates, late events, ~0.4% invalid), ``--users`` users (default 20,000).
    - baseline B: the loader with the clicks schema *without* its ``aggregations:``
      section (validate, transform, history to Postgres, hot values to Redis);
    - the loader with all 8 aggregations of ``schemas/clicks.yaml``;
-   - the aggregation stage alone (its own ``seconds``: classify, compute, finalize,
-     upsert Postgres, write Redis), as rows/s of the events it aggregated.
+   - the aggregation stage alone (its own ``seconds``: read back earlier events, compute,
+     finalize, upsert Postgres, write Redis), as rows/s of the events it aggregated.
 2. **Stream** (``jobs/stream_job.py --bounded``, parallelism 1, 2-partition topic keyed
    by user, the records produced before the job starts):
    - baseline: the clicks schema without aggregations;
    - the clicks schema with **three** windowed aggregations (``clicks_24h`` count with a
      ``where``, ``dwell_mean_1h`` mean, ``items_7d`` count_distinct over 7 days).
    Rates are records / wall time of the subprocess (JVM start included) and "job only":
-   records / the main UDF's ``seconds`` (open to last micro-batch; the keyed stage
-   back-pressures it, so this covers the whole pipeline but not the JVM start).
+   records / the main UDF's ``seconds`` (open to last micro-batch, aggregations included:
+   they run in that micro-batch step; not the JVM start).
+
+Rounds (``--repeat``) run the contenders interleaved (the order alternates each round);
+each result is printed as soon as it is measured; the end prints median, min and max
+per contender and the ratios per round.
 
 Postgres: fresh ``bench_agg_*`` schemas; Redis database 12 (flushed); topics and
 schemas are dropped at the end.
@@ -34,6 +38,7 @@ import dataclasses
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -71,6 +76,10 @@ def variants(tmp: Path) -> dict[str, Path]:
     return out
 
 
+def _stats(xs: list[float]) -> str:
+    return f"median {statistics.median(xs):,.0f}  min {min(xs):,.0f}  max {max(xs):,.0f}"
+
+
 def main(argv: list[str] | None = None) -> int:
     import psycopg
     import pyarrow.parquet as pq
@@ -87,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-events", type=int, default=1_000_000)
     ap.add_argument("--stream-events", type=int, default=100_000)
     ap.add_argument("--users", type=int, default=20_000)
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="rounds; the contenders run interleaved within each round (default 1)")
     args = ap.parse_args(argv)
     base = resolve_settings(root=ROOT)
     tag = uuid.uuid4().hex[:8]
@@ -98,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     admin = psycopg.connect(base.postgres_dsn, autocommit=True)
     schemas: list[str] = []
     topics: list[str] = []
-    rows: list[tuple[str, float, int, str]] = []
+    #: label -> events/s per round
+    rates: dict[str, list[float]] = {}
 
     def fresh() -> str:
         name = f"bench_agg_{tag}_{len(schemas)}"
@@ -107,70 +119,80 @@ def main(argv: list[str] | None = None) -> int:
         r.flushdb()
         return name
 
+    def report(rnd: int, label: str, secs: float, n: int, extra: str = "") -> None:
+        rates.setdefault(label, []).append(n / secs)
+        print(f"round {rnd + 1}  {label:58} {secs:9.2f} s {n:10,} events {n / secs:10,.0f}/s  {extra}",
+              flush=True)
+
+    def batch_round(rnd: int, path: Path, n: int) -> None:
+        t0 = time.perf_counter()
+        pq.read_table(path)
+        report(rnd, "batch: plain Parquet read (baseline A)", time.perf_counter() - t0, n)
+        order = [("batch: load, no aggregations (baseline B)", "none"),
+                 ("batch: load + 8 aggregations", "all")]
+        for label, key in (order if rnd % 2 == 0 else order[::-1]):
+            compiled = compile_schema(load_schema(dirs[key] / "clicks.yaml"))
+            t0 = time.perf_counter()
+            s = load([path], compiled, settings, search_path=fresh())
+            secs = time.perf_counter() - t0
+            assert s.adds_up, s.as_dict()
+            report(rnd, label, secs, n)
+            if s.aggregations is not None:
+                a = s.aggregations
+                report(rnd, "batch: the aggregation stage alone", a["seconds"], a["events"],
+                       f"accepted {a['accepted']:,}, dup {a['duplicates']:,}")
+
+    def stream_round(rnd: int, records: list[tuple[bytes, bytes]]) -> None:
+        order = [("stream: no aggregations (baseline)", "none"), ("stream: 3 windowed aggregations", "three")]
+        for label, key in (order if rnd % 2 == 0 else order[::-1]):
+            topic = f"bench_agg_{tag}_{key}_{rnd}"
+            ensure_topic(base.kafka_bootstrap, topic, partitions=2)
+            topics.append(topic)
+            produce(base.kafka_bootstrap, topic, [v for _, v in records], keys=[k for k, _ in records])
+            pg = fresh()
+            sep = "&" if "?" in base.postgres_dsn else "?"
+            dsn = f"{base.postgres_dsn}{sep}options=-csearch_path%3D{pg}"
+            env = {**os.environ, "FEATURES_POSTGRES_DSN": dsn, "FEATURES_REDIS_URL": url,
+                   "FEATURES_KAFKA_BOOTSTRAP": base.kafka_bootstrap}
+            run_id = f"bench-{key}-{tag}-{rnd}"
+            state = tmp / f"state_{key}_{rnd}"
+            cmd = [sys.executable, str(ROOT / "jobs" / "stream_job.py"), "--bounded", "--json",
+                   "--schema", "clicks", "--schemas-dir", str(dirs[key]), "--topic", topic,
+                   "--dead-letter-topic", "",
+                   "--state-dir", str(state), "--run-id", run_id, "--restart-attempts", "0",
+                   "--startup", "earliest-offset", "--group-id", run_id]
+            t0 = time.perf_counter()
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
+            wall = time.perf_counter() - t0
+            if proc.returncode != 0:
+                print(f"round {rnd + 1} {label}: the job failed", proc.stdout[-2000:], proc.stderr[-4000:],
+                      file=sys.stderr, flush=True)
+                continue
+            sums = state / "clicks" / "summaries"
+            summary = merged_summary(sums, run_id)
+            parts = [json.loads(p.read_text()) for p in sums.glob(f"{run_id}-*.json")]
+            job_s = max(float(p["seconds"]) for p in parts)
+            extra = ""
+            if (a := summary.get("aggregations")) is not None:
+                extra = (f"events {a['events']:,} = accepted {a['accepted']:,} + late {a['late']:,} + "
+                         f"dup {a['duplicates']:,} [{'adds up' if a['adds_up'] else 'DOES NOT ADD UP'}]")
+            report(rnd, label + " (end to end)", wall, summary["read"])
+            report(rnd, label + " (job only)", job_s, summary["read"], extra)
+
     try:
+        path = tmp / "clicks.parquet"
+        n = 0
         if args.batch_events:
             history = click_history(args.batch_events, users=args.users)
-            path = tmp / "clicks.parquet"
             pq.write_table(history, path)
             n = history.num_rows
-            t0 = time.perf_counter()
-            pq.read_table(path)
-            read_s = time.perf_counter() - t0
-            rows.append(("batch: plain Parquet read (baseline A)", read_s, n, ""))
-            runs = {}
-            for label, key in (("batch: load, no aggregations (baseline B)", "none"),
-                               ("batch: load + 8 aggregations", "all")):
-                compiled = compile_schema(load_schema(dirs[key] / "clicks.yaml"))
-                t0 = time.perf_counter()
-                s = load([path], compiled, settings, search_path=fresh())
-                runs[key] = (time.perf_counter() - t0, s)
-                assert s.adds_up, s.as_dict()
-                rows.append((label, runs[key][0], n, ""))
-            agg = runs["all"][1].aggregations
-            assert agg is not None
-            rows.append(("batch: the aggregation stage alone", agg["seconds"], agg["events"],
-                         f"accepted {agg['accepted']:,}, late {agg['late']:,}, dup {agg['duplicates']:,}"))
-            b_none, b_all = runs["none"][0], runs["all"][0]
-            ratio_b = f"{b_all / b_none:.2f}x the time of baseline B, {b_all / read_s:.1f}x baseline A"
-        if args.stream_events:
-            history = click_history(args.stream_events, users=max(args.users // 5, 100), seed=3)
-            records = click_records(history)
-            for label, key in (("stream: no aggregations (baseline)", "none"),
-                               ("stream: 3 windowed aggregations", "three")):
-                topic = f"bench_agg_{tag}_{key}"
-                ensure_topic(base.kafka_bootstrap, topic, partitions=2)
-                topics.append(topic)
-                produce(base.kafka_bootstrap, topic, [v for _, v in records], keys=[k for k, _ in records])
-                pg = fresh()
-                sep = "&" if "?" in base.postgres_dsn else "?"
-                dsn = f"{base.postgres_dsn}{sep}options=-csearch_path%3D{pg}"
-                env = {**os.environ, "FEATURES_POSTGRES_DSN": dsn, "FEATURES_REDIS_URL": url,
-                       "FEATURES_KAFKA_BOOTSTRAP": base.kafka_bootstrap}
-                run_id = f"bench-{key}-{tag}"
-                state = tmp / f"state_{key}"
-                cmd = [sys.executable, str(ROOT / "jobs" / "stream_job.py"), "--bounded", "--json",
-                       "--schema", "clicks", "--schemas-dir", str(dirs[key]), "--topic", topic,
-                       "--dead-letter-topic", "",
-                       "--state-dir", str(state), "--run-id", run_id, "--restart-attempts", "0",
-                       "--startup", "earliest-offset", "--group-id", run_id]
-                t0 = time.perf_counter()
-                proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
-                wall = time.perf_counter() - t0
-                if proc.returncode != 0:
-                    print(proc.stdout[-2000:], proc.stderr[-4000:], file=sys.stderr)
-                    return 1
-                sums = state / "clicks" / "summaries"
-                summary = merged_summary(sums, run_id)
-                parts = [json.loads(p.read_text()) for p in sums.glob(f"{run_id}-*.json")]
-                job_s = max(float(p["seconds"]) for p in parts)
-                extra = ""
-                aggs = [json.loads(p.read_text()) for p in sums.glob(f"{run_id}.agg-*.json")]
-                if aggs:
-                    a = aggs[0]
-                    extra = (f"events {a['events']:,} = accepted {a['accepted']:,} + late {a['late']:,} + "
-                             f"dup {a['duplicates']:,} [{'adds up' if a['adds_up'] else 'DOES NOT ADD UP'}]")
-                rows.append((label + " (end to end)", wall, summary["read"], ""))
-                rows.append((label + " (job only)", job_s, summary["read"], extra))
+        records = click_records(click_history(args.stream_events, users=max(args.users // 5, 100), seed=3)) \
+            if args.stream_events else []
+        for rnd in range(args.repeat):
+            if args.batch_events:
+                batch_round(rnd, path, n)
+            if records:
+                stream_round(rnd, records)
     finally:
         for s in schemas:
             admin.execute(f'DROP SCHEMA IF EXISTS "{s}" CASCADE')
@@ -184,16 +206,22 @@ def main(argv: list[str] | None = None) -> int:
                 except Exception as exc:  # cleanup only: report, keep the results
                     print(f"warning: could not delete a bench topic: {exc}", file=sys.stderr)
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{'step':52} {'seconds':>9} {'events':>10} {'events/s':>10}")
-    for label, secs, n, extra in rows:
-        print(f"{label:52} {secs:9.2f} {n:10,} {n / secs:10,.0f}  {extra}")
-    if args.batch_events:
-        print(f"batch load with 8 aggregations: {ratio_b}")
-    stream = {label: n / s for label, s, n, _ in rows if label.startswith("stream")}
-    if len(stream) == 4:
-        base_rate = stream["stream: no aggregations (baseline) (job only)"]
-        agg_rate = stream["stream: 3 windowed aggregations (job only)"]
-        print(f"stream job only: 3 aggregations at {agg_rate / base_rate:.2f}x the baseline's events/s")
+    print(f"\nover {args.repeat} round(s), events/s:")
+    for label, xs in rates.items():
+        print(f"  {label:58} {_stats(xs)}")
+    ratios = [(label_a, label_b, what) for label_a, label_b, what in (
+        ("batch: load + 8 aggregations", "batch: load, no aggregations (baseline B)",
+         "batch load with 8 aggregations / without"),
+        ("stream: 3 windowed aggregations (job only)", "stream: no aggregations (baseline) (job only)",
+         "stream job only, 3 aggregations / without (target >= 0.5)"))
+        if label_a in rates and label_b in rates and len(rates[label_a]) == len(rates[label_b])]
+    for a, b, what in ratios:
+        per_round = [x / y for x, y in zip(rates[a], rates[b], strict=True)]
+        print(f"  {what}: median {statistics.median(per_round):.2f}x  min {min(per_round):.2f}x  "
+              f"max {max(per_round):.2f}x")
+    if "batch: the aggregation stage alone" in rates:
+        xs = rates["batch: the aggregation stage alone"]
+        print(f"  batch aggregation stage (target >= 150,000 events/s): median {statistics.median(xs):,.0f}")
     return 0
 
 

@@ -30,7 +30,6 @@ import copy
 import datetime as dt
 import hashlib
 import json
-import math
 import random
 import re
 import sys
@@ -46,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fuzzkit
 from fuzzkit import FuzzFailure, json_dumps_any
 
-from features.aggregate.engine import AggSpec, contributions, extract
+from features.aggregate.engine import AggSpec, compute, extract, finalize, raw_schema
 from features.compile import CompiledSchema, compile_schema
 from features.kernels import compile_transforms
 from features.lineage import BatchLineage, RunContext
@@ -348,12 +347,13 @@ class DecoderTarget:
         self.check_columnar(name, values, uris)
         spec = self.specs[name]
         if spec is not None and prepared.rows.num_rows:
+            # the aggregation engine takes whatever the validator let through
             inputs = extract(spec, prepared.rows)
-            wire = contributions(spec, inputs)
-            for e, t, c in zip(inputs.entity.to_pylist(), inputs.time_us.tolist(), wire, strict=True):
-                json.dumps([e, t, c], allow_nan=False)
-                if not isinstance(t, int) or any(isinstance(x, float) and not math.isfinite(x) for x in c):
-                    raise FuzzFailure(f"{name}: aggregation input {e!r} {t!r} {c!r}")
+            result = compute(spec, inputs)
+            values = finalize(spec, pa.table(result.raw, schema=raw_schema(spec)))
+            if len(result.accepted) + len(result.duplicate) != len(inputs) or any(
+                    len(v) != len(result.accepted) for v in values.values()):
+                raise FuzzFailure(f"{name}: the aggregation engine lost or invented events")
         return out
 
     def check_columnar(self, name: str, values: list[bytes | None], uris: pa.Array) -> None:

@@ -1,37 +1,33 @@
-"""Windowed aggregations: one definition, two engines that give identical results.
+"""Windowed aggregations: one definition, one vectorised engine for the backfill and the stream.
 
-Semantics (``docs/aggregations.md`` has the long form). For each entity, in **arrival
-order** (file row order for a backfill, partition order for a Kafka topic whose
-producer keys records by entity):
+Semantics (``docs/aggregations.md`` has the long form). Per entity, on the event time:
 
-1. an event is **late** when its time is more than ``allowed_lateness`` older than
-   the newest event of the entity seen before it; a late event updates nothing and
-   is reported as a reject (rule ``aggregation.lateness``);
-2. an event whose (entity, event time) was already accepted is a **duplicate**: the
-   first one counts, the others are ignored (as in the history table);
-3. every other event is **accepted**, and gets one value per aggregation *as of its
-   own time*, over the accepted events of its entity in its window (sliding
-   ``(t - size, t]``; tumbling ``[floor(t / size) * size, t]``), counting only the
-   events that match ``where`` and (with ``of``) have a non-null value. Events that
-   arrive after it with an earlier time (out of order, within the lateness) are
-   included: the value is final once the lateness has passed.
+- the **history** holds one event per (entity, event time): the first one given;
+- every event of the history gets one value per aggregation *as of its own time*, over
+  the entity's events in its window (sliding ``(t - size, t]``; tumbling
+  ``[floor(t / size) * size, t]``), counting only the events that match ``where`` and
+  (with ``of``) have a non-null value. The order in which events arrive changes nothing.
 
-Both engines compute the same **raw accumulators**, exactly (integers for counts and
-for integer/decimal sums; min, max and last are values, never arithmetic), and one
-vectorised :func:`finalize` turns them into the stored columns (the mean's division,
-a ratio's ``on_zero``), so floating-point rounding cannot differ between the paths:
+A batch backfill (:func:`compute`) computes exactly this over the whole history. The
+stream decides in **arrival order** (a Kafka partition, records keyed by entity): an
+event more than ``allowed_lateness`` older than the newest event of its entity seen
+before it is **late** (stored in the history, reported as a reject with rule
+``aggregation.lateness``, updating no aggregation); every other event's value is
+updated as out-of-order events within the lateness arrive. Where no event is late the
+stream's values equal the backfill's; a backfill of the affected range repairs the
+values a late event would have changed.
 
-- :func:`compute` (batch backfill): vectorised NumPy/pandas over all events at once;
-- :class:`KeyState` (stream): per entity, event by event, inside Flink keyed state.
+One vectorised engine serves both paths: :func:`compute` gives exact raw accumulators
+(integers for counts and for integer/decimal sums; min, max and last are values, never
+arithmetic) and :func:`finalize` turns them into the stored columns (the mean's
+division, a ratio's ``on_zero``): the backfill (``features.aggregate.backfill``) runs it
+over the loaded events and the windows around them, the stream
+(``features.aggregate.stream``) over each micro-batch and the state it holds.
 """
 
 from __future__ import annotations
 
-import bisect
-import functools
-import operator
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -186,35 +182,16 @@ def extract(spec: AggSpec, rows: pa.Table | pa.RecordBatch) -> Inputs:
                   rows.column("_source").combine_chunks(), contrib, values)
 
 
-def contributions(spec: AggSpec, inputs: Inputs) -> list[list[Any]]:
-    """Per event, per windowed aggregation: its contribution (None: it does not count).
-    The stream's wire form (``KeyState.add``); column-wise conversions, one list per event."""
-    cols: list[list[Any]] = []
-    for agg in spec.windowed:
-        mask = inputs.contrib[agg.name]
-        kind = spec.value_kind(agg)
-        if kind == "one":
-            vals: list[Any] = np.where(mask, 1, 0).tolist()
-        elif kind == "key":
-            vals = inputs.values[agg.name].to_pylist()
-        else:
-            vals = inputs.values[agg.name].tolist()
-        cols.append([v if m else None for v, m in zip(vals, mask.tolist(), strict=True)])
-    return [list(r) for r in zip(*cols, strict=True)] if cols else [[] for _ in range(len(inputs))]
-
-
 # --------------------------------------------------------------------------- batch engine
 
 
 @dataclass
 class Computed:
-    """The outcome for a batch of events (arrival-order indices into the inputs)."""
+    """The outcome for a batch of events (indices into the inputs, in input order)."""
 
-    accepted: I64           # input indices of the accepted events, sorted by (entity, time)
-    late: I64               # input indices of late events (arrival order)
-    duplicate: I64          # input indices of duplicates (arrival order)
+    accepted: I64           # input indices of the first event of each key, sorted by (entity, time)
+    duplicate: I64          # input indices of the other events of a key (input order)
     raw: dict[str, pa.Array]  # "<aggregation>.<part>" -> one value per accepted event
-    previous_newest_us: I64 = field(default_factory=lambda: np.zeros(0, np.int64))  # per late event
 
 
 def group_codes(entity: pa.Array) -> I64:
@@ -223,19 +200,11 @@ def group_codes(entity: pa.Array) -> I64:
     return np.asarray(enc.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
-def classify(codes: I64, t: I64, lateness_us: int) -> tuple[Mask, Mask, I64]:
-    """Late and duplicate masks (arrival order) and each event's previous newest time."""
-    s = pd.Series(t)
-    prev = s.groupby(codes).cummax().groupby(codes).shift(1)
-    prev_arr = prev.to_numpy(dtype=np.float64, na_value=np.nan)
-    has_prev = ~np.isnan(prev_arr)
-    prev_i = np.where(has_prev, np.nan_to_num(prev_arr), 0).astype(np.int64)
-    late = has_prev & (t < prev_i - lateness_us)
-    frame = pd.DataFrame({"k": codes, "t": t})
-    dup = np.zeros(len(t), dtype=np.bool_)
-    keep = ~late
-    dup[keep] = frame[keep].duplicated(keep="first").to_numpy()
-    return late, dup, prev_i
+def first_of_each_key(codes: I64, t: I64) -> Mask:
+    """True for the first event (input order) of each (entity, event time): a history
+    holds one event per key, the first it was given (``ON CONFLICT DO NOTHING``)."""
+    dup: Mask = pd.DataFrame({"k": codes, "t": t}).duplicated(keep="first").to_numpy()
+    return ~dup
 
 
 def _window_starts(codes: I64, t: I64, agg: Aggregation) -> I64:
@@ -323,11 +292,11 @@ def compute(spec: AggSpec, inputs: Inputs) -> Computed:
     n = len(inputs)
     if n == 0:
         empty = np.zeros(0, np.int64)
-        return Computed(empty, empty, empty, {k: pa.array([], _raw_type(spec, k)) for k in spec.raw_names()})
+        return Computed(empty, empty, {k: pa.array([], _raw_type(spec, k)) for k in spec.raw_names()})
     codes = group_codes(inputs.entity)
     t = inputs.time_us
-    late, dup, prev = classify(codes, t, spec.lateness_us)
-    acc = np.flatnonzero(~late & ~dup)
+    first = first_of_each_key(codes, t)
+    acc = np.flatnonzero(first)
     order = acc[np.lexsort((t[acc], codes[acc]))]
     c, ts = codes[order], t[order]
     pos = np.arange(len(order))
@@ -368,8 +337,7 @@ def compute(spec: AggSpec, inputs: Inputs) -> Computed:
                 fill = -np.inf if is_float else np.iinfo(np.int64).min
                 out = _range_extreme(np.where(mask, v, fill), lo, np.maximum, fill)
         raw[f"{agg.name}.v"] = pa.array(out, mask=empty)
-    late_idx = np.flatnonzero(late)
-    return Computed(order, late_idx, np.flatnonzero(dup), raw, prev[late_idx])
+    return Computed(order, np.flatnonzero(~first), raw)
 
 
 def _raw_type(spec: AggSpec, name: str) -> pa.DataType:
@@ -382,111 +350,6 @@ def _raw_type(spec: AggSpec, name: str) -> pa.DataType:
 
 def raw_schema(spec: AggSpec) -> pa.Schema:
     return pa.schema([pa.field(n, _raw_type(spec, n)) for n in spec.raw_names()])
-
-
-# --------------------------------------------------------------------------- stream engine
-
-
-class KeyState:
-    """One entity's aggregation state in the stream (kept in Flink keyed state).
-
-    Holds the accepted events of the last ``horizon`` (lateness + longest window)
-    before the entity's newest event, sorted by time, column-wise (one list of
-    contributions per aggregation, None where an event does not count). :meth:`add`
-    applies one event in arrival order and returns what to emit: ``"late"``,
-    ``"duplicate"``, ``"released"``, or the raw accumulators of every event whose value
-    it changed (itself and the later events whose window it falls in), to be upserted.
-    Window reductions run as C-level builtins over list slices (``sum``, ``min``,
-    ``set``, ``list.count``): this is the per-record hot path of the stream.
-    """
-
-    __slots__ = ("cols", "newest", "released", "sources", "times")
-
-    def __init__(self) -> None:
-        self.newest: int | None = None
-        self.released = False       # the event list was dropped by :meth:`release`
-        self.times: list[int] = []
-        self.sources: list[str] = []
-        self.cols: list[list[Any]] = []
-
-    def add(self, spec: AggSpec, t: int, source: str, contrib: Sequence[Any]
-            ) -> str | list[tuple[int, str, list[Any]]]:
-        if self.newest is not None and t < self.newest - spec.lateness_us:
-            return "late"
-        longest = spec.longest_us
-        if self.released:
-            assert self.newest is not None
-            if t <= self.newest - 1 + longest:
-                return "released"  # its windows reach events this state no longer holds
-            self.released = False
-        times = self.times
-        i = bisect.bisect_left(times, t)
-        if i < len(times) and times[i] == t:
-            return "duplicate"
-        if not self.cols:
-            self.cols = [[] for _ in spec.windowed]
-        times.insert(i, t)
-        self.sources.insert(i, source)
-        for col, value in zip(self.cols, contrib, strict=True):
-            col.insert(i, value)
-        if self.newest is None or t > self.newest:
-            self.newest = t
-            cut = bisect.bisect_left(times, t - spec.horizon_us)
-            if cut:
-                del times[:cut], self.sources[:cut]
-                for col in self.cols:
-                    del col[:cut]
-                i -= cut
-        out = []
-        j = i
-        end = t + longest
-        while j < len(times) and times[j] < end:
-            out.append((times[j], self.sources[j], self.raw_at(spec, j)))
-            j += 1
-        return out
-
-    def raw_at(self, spec: AggSpec, j: int) -> list[Any]:
-        """The raw accumulators of the event at position ``j`` (RAW_PARTS order)."""
-        times = self.times
-        t = times[j]
-        out: list[Any] = []
-        not_none = _NOT_NONE
-        for col, (function, size, sliding) in zip(self.cols, spec.plan, strict=True):
-            if sliding:
-                lo = bisect.bisect_right(times, t - size, 0, j)
-            else:
-                lo = bisect.bisect_left(times, t - t % size, 0, j)
-            window = col[lo:j + 1]
-            if function == "count":
-                out.append(len(window) - window.count(None))
-            elif function == "count_distinct":
-                distinct = set(window)
-                out.append(len(distinct) - (None in distinct))
-            elif function == "sum":
-                out.append(sum(filter(not_none, window)))
-            elif function == "mean":
-                out.extend((sum(filter(not_none, window)), len(window) - window.count(None)))
-            elif function == "min":
-                out.append(min(filter(not_none, window), default=None))
-            elif function == "max":
-                out.append(max(filter(not_none, window), default=None))
-            else:  # last
-                out.append(next(filter(not_none, reversed(window)), None))
-        return out
-
-    def expired(self, spec: AggSpec, watermark_us: int) -> bool:
-        """True once the watermark is a whole horizon past the newest event: no event
-        that is on time for its Kafka partition can need the held events any more."""
-        return self.newest is not None and watermark_us >= self.newest + spec.horizon_us
-
-    def release(self) -> None:
-        """Drop the held events, keep the newest time (lateness stays exact for the
-        entity). An event that would still need them is refused as ``"released"``."""
-        self.times, self.sources, self.cols = [], [], []
-        self.released = True
-
-
-_NOT_NONE = functools.partial(operator.is_not, None)  # filter(_NOT_NONE, xs): non-None values, at C speed
 
 
 # --------------------------------------------------------------------------- finalize
@@ -557,5 +420,5 @@ def finalize(spec: AggSpec, raw: pa.Table) -> dict[str, pa.Array]:
     return {a.name: out[a.name] for a in spec.aggregations.features}
 
 
-__all__ = ["LATE_RULE", "RAW_PARTS", "AggSpec", "Computed", "Inputs", "KeyState", "classify", "compute",
-           "contributions", "extract", "finalize", "raw_schema"]
+__all__ = ["LATE_RULE", "RAW_PARTS", "AggSpec", "Computed", "Inputs", "compute", "extract", "finalize",
+           "raw_schema"]

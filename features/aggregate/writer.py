@@ -19,7 +19,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from features.aggregate.engine import LATE_RULE, AggSpec, group_codes
+from features.aggregate.engine import LATE_RULE, AggSpec, Inputs, extract, group_codes
 from features.compile import CompiledSchema
 from features.lineage import RunContext
 
@@ -37,6 +37,7 @@ class AggregateCounts:
     rows_written: int = 0       # Postgres rows inserted or changed
     hot_written: int = 0        # Redis entities updated
     late_rejects_stored: int = 0
+    from_history: int = 0       # a backfill: events earlier loads stored, read back for the windows
     seconds: float = 0.0
 
     @property
@@ -106,6 +107,51 @@ def late_rejects(spec: AggSpec, ctx: RunContext, entity: pa.Array, time_us: I64,
     }, schema=REJECTS_SCHEMA)
 
 
+def _time_step_us(spec: AggSpec) -> int:
+    """Microseconds per unit of the schema's event time type (a day for a date)."""
+    from features.compile.arrow import arrow_type
+
+    assert spec.schema.event_time is not None
+    t = arrow_type(spec.schema.field(spec.schema.event_time).type)
+    if pa.types.is_date(t):
+        return 86_400_000_000
+    return {"s": 1_000_000, "ms": 1_000, "us": 1}.get(getattr(t, "unit", "us"), 1)
+
+
+def _read_fields(spec: AggSpec) -> tuple[list[str], dict[str, pa.DataType]]:
+    """The fields the aggregations read (besides the key), and how to read them back."""
+    from features.compile.arrow import arrow_type
+
+    schema = spec.schema
+    names: list[str] = []
+    for agg in spec.windowed:
+        for name in (*(w for w, _ in agg.where), *([agg.of] if agg.of else [])):
+            if name not in names:
+                names.append(name)
+    return names, {name: _read_type(arrow_type(schema.field(name).type)) for name in names}
+
+
+def _inputs(spec: AggSpec, names: list[str], read: tuple[pa.Array, pa.Array, dict[str, pa.Array], pa.Array]
+            ) -> Inputs:
+    schema = spec.schema
+    assert schema.entity is not None and schema.event_time is not None
+    ent, t_us, values, sources = read
+    t = np.asarray(t_us.to_numpy(zero_copy_only=False), dtype=np.int64)
+    rows = pa.table({
+        **{name: values[name] for name in names if name not in (schema.entity, schema.event_time)},
+        schema.entity: ent, schema.event_time: event_time_array(spec, t), "_source": sources})
+    return extract(spec, rows)
+
+
+def _read_type(t: pa.DataType) -> pa.DataType:
+    """How a field an aggregation reads comes back from the history table's CSV: numbers,
+    booleans and text as themselves; anything else (an enum, a count's date or timestamp,
+    where only null or not matters) as text."""
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t) or pa.types.is_boolean(t):
+        return t
+    return pa.string()
+
+
 @dataclass
 class AggregateWriter:
     """Writes aggregation rows and late rejects for one schema (both paths use it)."""
@@ -131,6 +177,27 @@ class AggregateWriter:
         for sink in (self._hot, self._pg):
             if sink is not None:
                 sink.close()
+
+    def stored_inputs(self, spec: AggSpec, entity: pa.Array, lo_us: I64, hi_us: I64, *,
+                      exclude_run: str | None = None) -> Inputs:
+        """The aggregation inputs of the events the history table holds for ``entity[i]``
+        with event time in ``[lo_us[i], hi_us[i])`` (one row per entity), except those run
+        ``exclude_run`` wrote. Order: unspecified (the engine sorts)."""
+        assert self._pg is not None, "open() first"
+        # the stored type's precision: lo rounds down, the exclusive hi up (a superset)
+        step = _time_step_us(spec)
+        ranges = pa.table({"entity": entity, "lo": event_time_array(spec, lo_us // step * step),
+                           "hi": event_time_array(spec, -(-hi_us // step) * step)})
+        names, fields = _read_fields(spec)
+        return _inputs(spec, names, self._pg.read_history(ranges, fields, exclude_run=exclude_run))
+
+    def accepted_inputs(self, spec: AggSpec, entity: pa.Array) -> Inputs:
+        """The aggregation inputs of the events of ``entity`` (distinct values) that hold an
+        aggregation row, within ``spec.horizon_us`` before each one's newest: the state
+        a stream needs to go on where earlier runs and backfills stopped."""
+        assert self._pg is not None, "open() first"
+        names, fields = _read_fields(spec)
+        return _inputs(spec, names, self._pg.read_accepted(entity, fields, spec.horizon_us))
 
     def write(self, spec: AggSpec, ctx: RunContext, entity: pa.Array, time_us: I64, sources: pa.Array,
               values: dict[str, pa.Array], late: pa.Table | None = None) -> AggregateCounts:

@@ -127,8 +127,9 @@ def render_summary(s: RunSummary, *, rejects_table: str) -> str:
                      f"skipped {st.skipped_units} batches, {st.seconds:.1f}s")
     if (a := s.aggregations) is not None:
         lines.append(
-            f"  aggregations: {a['events']:,} events = accepted {a['accepted']:,} + late {a['late']:,} + "
+            f"  aggregations: {a['events']:,} events = accepted {a['accepted']:,} + "
             f"duplicates {a['duplicates']:,}  [{'adds up' if a['adds_up'] else 'DOES NOT ADD UP'}]; "
+            f"{a.get('from_history', 0):,} earlier events read back from the history for their windows; "
             f"postgres rows written/changed {a['rows_written']:,}, redis entities {a['hot_written']:,}, "
             f"{a['seconds']:.1f}s")
     if s.by_rule:

@@ -956,6 +956,10 @@ class _SchemaParser(StepReader):
                                        + self.suggest(name, fields))
                 ok = False
                 continue
+            if "cold" not in field.store:
+                self.error(knode, vkp, _not_cold(name))
+                ok = False
+                continue
             if field.type.kind not in _WHERE_KINDS:
                 self.error(vnode, vkp, f"where on field '{name}' ({field.type}): only string, enum, bool and "
                                        "integer fields can be filtered")
@@ -1048,6 +1052,9 @@ class _SchemaParser(StepReader):
                 self.error(of_node, m.at("of"),
                            f"of '{of}' is not a field of this schema{self.suggest(of, fields)}")
                 ok = False
+            if field is not None and "cold" not in field.store:
+                self.error(of_node, m.at("of"), _not_cold(field.name))
+                ok = False
             rule = _AGG_OF_KINDS.get(function)
             if field is not None and rule is not None and field.type.kind not in rule[0]:
                 self.error(of_node, m.at("of"), f"{function} of field '{of}' ({field.type}): "
@@ -1109,3 +1116,7 @@ class _SchemaParser(StepReader):
             out.append(EvolutionRule(field=field, breaking_change=breaking, description=description))
         return tuple(out) if ok else None
 
+
+def _not_cold(name: str) -> str:
+    return (f"field '{name}' is read by an aggregation, so it must be stored cold (store: cold or "
+            "[hot, cold]): windows are computed over the history table, which holds only cold fields")

@@ -63,8 +63,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--log-every-s", type=float, default=10.0,
                    help="seconds between a subtask's JSON status lines (default 10)")
     add_metrics_arguments(p, "from each subtask's Python worker: with --parallelism P, each subtask takes "
-                          "the first free port of PORT..PORT+P-1, and a schema's aggregation writer "
-                          "PORT+P..PORT+2P-1",
+                          "the first free port of PORT..PORT+P-1",
                           "after the job ends (bounded runs): this command then serves each subtask's final "
                           "values on its port (not with --detach)")
     p.add_argument("--run-id", default=None, help="run id for lineage (default: a fresh one)")
@@ -97,12 +96,6 @@ def run(args: argparse.Namespace) -> int:
         if checkpoint is None:
             user_message(f"features stream: no completed checkpoint under {state / 'checkpoints'}; "
                          "starting from the group offsets")
-    if (compiled.schema.aggregations is not None and checkpoint is None
-            and latest_checkpoint(state / "checkpoints") is not None):
-        user_message(f"features stream: warning: schema {compiled.name} has aggregations, whose state lives "
-                     "in the job's checkpoints; starting without --from-checkpoint begins with empty state, "
-                     "so values of the events read now miss the events before them. Resume with "
-                     "--from-checkpoint latest (see docs/aggregations.md)")
     _check_stores(compiled, settings)
     run_id = args.run_id or new_run_id()
     set_run_id(run_id)
@@ -169,6 +162,7 @@ def render(s: dict[str, Any], schema: str) -> str:
         lines.append(f"  aggregations: {a['events']:,} events = accepted {a['accepted']:,} + "
                      f"late {a['late']:,} + duplicates {a['duplicates']:,}  "
                      f"[{'adds up' if a['adds_up'] else 'DOES NOT ADD UP'}]; "
+                     f"{a.get('from_history', 0):,} earlier events read back from the stores; "
                      f"postgres rows written/changed {a['rows_written']:,}")
     if s["by_rule"]:
         lines.append("  top reject reasons:")

@@ -29,6 +29,9 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from features.aggregate.engine import AggSpec
+from features.aggregate.stream import StreamAggregator
+from features.aggregate.writer import AggregateCounts, AggregateWriter
 from features.compile import CompiledSchema
 from features.config import Settings
 from features.errors import SinkError
@@ -70,6 +73,8 @@ class StreamStats:
     latency_ms: npt.NDArray[np.int64] = field(
         default_factory=lambda: np.zeros(_LATENCY_BUCKETS, dtype=np.int64))
     started: float = field(default_factory=time.time)
+    #: the windowed aggregations' counts (the aggregator's, shared), if the schema has any
+    aggregations: AggregateCounts | None = None
 
     def latency_quantile(self, q: float) -> float | None:
         """The q-quantile (0..1) of produce -> stored latency in ms (1 ms resolution)."""
@@ -89,6 +94,7 @@ class StreamStats:
             "lag": dict(self.lag), "lag_total": sum(self.lag.values()) if self.lag else None,
             "newest_event_time": self.newest_event_time,
             "latency_ms": {"p50": self.latency_quantile(0.5), "p99": self.latency_quantile(0.99)},
+            **({"aggregations": self.aggregations.as_dict()} if self.aggregations is not None else {}),
         }
 
 
@@ -123,6 +129,14 @@ class StreamProcessor:
         #: counts what ``stats`` counts, plus lag and latency (``features.metrics``)
         self.metrics = metrics
         self._writer: BatchWriter | None = None
+        #: the schema's windowed aggregations, computed in the micro-batch (None: it has none)
+        self.aggregator: StreamAggregator | None = None
+        spec = AggSpec.of(schema)
+        if spec is not None:
+            self.aggregator = StreamAggregator(spec, AggregateWriter(
+                compiled, settings.postgres_dsn, settings.redis_url, search_path=search_path,
+                key_prefix=key_prefix))
+            self.stats.aggregations = self.aggregator.counts
         self._producer: Any = None
         self._lag_client: Any = None
         self._last_log = time.time()
@@ -138,6 +152,8 @@ class StreamProcessor:
         and to Kafka for the dead-letter topic."""
         for sink in (self.hot, self.pg):
             sink.open()
+        if self.aggregator is not None:
+            self.aggregator.writer.open()
         self._writer = BatchWriter(self.compiled, [self.pg, self.hot], summary=self.stats.summary,
                                    program=self.program, in_flight=2, metrics=self.metrics)
         if self.dead_letter_topic:
@@ -159,6 +175,8 @@ class StreamProcessor:
         finally:
             for sink in (self.pg, self.hot):
                 sink.close()
+            if self.aggregator is not None:
+                self.aggregator.writer.close()
             if self._lag_client is not None:
                 self._lag_client.close()
                 self._lag_client = None
@@ -202,27 +220,13 @@ class StreamProcessor:
         merged_rows = rows[0] if len(rows) == 1 else pa.concat_tables(rows)
         merged_rejects = rejects[0] if len(rejects) == 1 else pa.concat_tables(rejects)
         self._account(merged_rows, merged_rejects, uris, topics, partitions, offs, timestamps_ms, outcome)
+        if self.aggregator is not None:
+            # after the history rows are stored: the aggregation state reads them back
+            done = self.aggregator.apply(merged_rows, ctx)
+            if self.metrics is not None:
+                self.metrics.aggregation(accepted=done.accepted, late=done.late, duplicates=done.duplicates)
         self.last_rows, self.last_uris = merged_rows, uris
         return outcome
-
-    def aggregation_inputs(self, spec: Any) -> list[str | None]:
-        """Per record of the last micro-batch: ``<entity>\x1f<JSON [entity, event time us,
-        source, contributions]>`` for the keyed aggregation stage (None: the record was rejected).
-        Valid rows already present in the history count too: after a restore from a
-        checkpoint, the aggregation state must see them again."""
-        from features.aggregate.engine import contributions, extract
-
-        rows, uris = self.last_rows, self.last_uris
-        out: list[str | None] = [None] * len(uris)
-        if rows.num_rows == 0:
-            return out
-        inputs = extract(spec, rows)
-        pos = pc.index_in(rows.column("_source"), value_set=uris).to_numpy(zero_copy_only=False)
-        for p, e, t, src, c in zip(pos.tolist(), inputs.entity.to_pylist(), inputs.time_us.tolist(),
-                                   inputs.source.to_pylist(), contributions(spec, inputs), strict=True):
-            # "<entity>\x1f<json>": the key selector splits off the key without parsing JSON
-            out[p] = f"{e}\x1f{json.dumps([e, t, src, c])}"
-        return out
 
     def _produce_dead_letters(self, rejects: pa.Table) -> int:
         """Send every reject to the dead-letter topic (key: the record's kafka:// URI);

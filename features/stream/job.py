@@ -79,9 +79,8 @@ class StreamConfig:
     #: Java client properties of the Flink Kafka source, as ``'properties.<name>'`` options
     kafka_java_properties: Mapping[str, str] = dataclasses.field(default_factory=dict, repr=False,
                                                                  hash=False)
-    #: Prometheus endpoint of each subtask's Python worker: the main UDF's subtasks take the
-    #: first free port of N .. N+parallelism-1, the aggregation writer's N+parallelism ..
-    #: N+2*parallelism-1 (docs/operations.md); None: no endpoint
+    #: Prometheus endpoint of each subtask's Python worker: the first free port of
+    #: N .. N+parallelism-1 (docs/operations.md); None: no endpoint
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
     #: > 0: each subtask also saves its metrics for the client, which serves their final values
@@ -205,9 +204,6 @@ def _make_udf(cfg: StreamConfig) -> Any:
                                         log_every_s=c.log_every_s, instance=self.instance,
                                         metrics=self.metrics)
             self.proc.open()
-            from features.aggregate.engine import AggSpec
-
-            self.spec = AggSpec.of(compiled.schema)
             self._save()  # a subtask that never gets a record still reports its zeros
             s = self.proc.stats.summary
             group = function_context.get_metric_group().add_group("featureline")
@@ -216,10 +212,7 @@ def _make_udf(cfg: StreamConfig) -> Any:
             group.gauge("lag", lambda: int(sum(self.proc.stats.lag.values())))
 
         def eval(self, value: Any, topic: Any, partition: Any, offset: Any, ts: Any) -> Any:
-            out = self._process(value, topic, partition, offset, ts)
-            if self.spec is None:
-                return pd.Series(out.astype("int32"))
-            return pd.Series(self.proc.aggregation_inputs(self.spec), dtype=object)
+            return pd.Series(self._process(value, topic, partition, offset, ts).astype("int32"))
 
         def _process(self, value: Any, topic: Any, partition: Any, offset: Any, ts: Any) -> Any:
             import numpy as np
@@ -262,14 +255,7 @@ def _make_udf(cfg: StreamConfig) -> Any:
                 self.server.close()
                 self.server = None
 
-    result = DataTypes.STRING() if _has_aggregations(cfg) else DataTypes.INT()
-    return udf(FeaturelineProcess(cfg), result_type=result, func_type="pandas")
-
-
-def _has_aggregations(cfg: StreamConfig) -> bool:
-    from features.schema import load_schema
-
-    return load_schema(cfg.schema_path).aggregations is not None
+    return udf(FeaturelineProcess(cfg), result_type=DataTypes.INT(), func_type="pandas")
 
 
 def _log_setup(fmt: str | None = None, run_id: str | None = None) -> None:
@@ -333,19 +319,18 @@ def serve_final_metrics(summary_dir: str | Path, run_id: str, host: str, seconds
             server.close()
 
 
-def _metrics_endpoint(cfg: StreamConfig, schema: str, *, aggregations: bool = False) -> tuple[Any, Any]:
-    """A subtask's metrics and their endpoint: the main UDF's (``RunMetrics``) on the first
-    free port of ``metrics_port`` .. ``+ parallelism - 1``, the aggregation writer's
-    (``AggregationMetrics``) on the next ``parallelism`` ports; (None, None) without a
-    port. Never fails the job: without a free port the metrics are only not served."""
+def _metrics_endpoint(cfg: StreamConfig, schema: str) -> tuple[Any, Any]:
+    """A subtask's metrics (``RunMetrics``, aggregation outcomes included) and their
+    endpoint on the first free port of ``metrics_port`` .. ``+ parallelism - 1``; (None,
+    None) without a port. Never fails the job: without a free port the metrics are only
+    not served."""
     if cfg.metrics_port is None:
         return None, None
-    from features.metrics import AggregationMetrics, Registry, RunMetrics, serve_first_free
+    from features.metrics import Registry, RunMetrics, serve_first_free
 
     registry = Registry()
-    metrics: Any = (AggregationMetrics(registry, schema) if aggregations
-                    else RunMetrics(registry, schema, stream=True))
-    start = cfg.metrics_port + (cfg.parallelism if aggregations else 0)
+    metrics: Any = RunMetrics(registry, schema, stream=True)
+    start = cfg.metrics_port
     server = serve_first_free(registry, range(start, start + cfg.parallelism), cfg.metrics_host)
     if server is not None:
         log.info("metrics on %s", server.url, extra={"metrics_url": server.url})
@@ -370,7 +355,6 @@ def build(cfg: StreamConfig) -> tuple[Any, Any]:
     conf.set_string("python.client.executable", sys.executable)
     conf.set_string("pipeline.name", f"featureline stream {Path(cfg.schema_path).stem} <- {cfg.topic}")
     conf.set_string("python.fn-execution.bundle.size", str(cfg.batch_size))
-    conf.set_string("python.state.cache-size", "100000")  # keyed aggregation state of busy entities
     conf.set_string("python.fn-execution.arrow.batch.size", str(cfg.batch_size))
     conf.set_string("python.fn-execution.bundle.time", str(cfg.max_wait_ms))
     conf.set_string("execution.checkpointing.interval", f"{cfg.checkpoint_interval_ms} ms")
@@ -400,7 +384,7 @@ def build(cfg: StreamConfig) -> tuple[Any, Any]:
           `topic` STRING METADATA VIRTUAL,
           `partition` INT METADATA VIRTUAL,
           `offset` BIGINT METADATA VIRTUAL,
-          `ts` TIMESTAMP_LTZ(3) METADATA FROM 'timestamp' VIRTUAL{_event_time_watermark(cfg)}
+          `ts` TIMESTAMP_LTZ(3) METADATA FROM 'timestamp' VIRTUAL
         ) WITH ({with_clause})""")
     t_env.execute_sql("CREATE TEMPORARY TABLE featureline_done (outcome INT) "
                       "WITH ('connector' = 'blackhole')")
@@ -408,10 +392,7 @@ def build(cfg: StreamConfig) -> tuple[Any, Any]:
     stmt = t_env.create_statement_set()
     select = ("SELECT featureline_process(`value`, `topic`, `partition`, `offset`, `ts`) AS outcome "
               "FROM featureline_source")
-    if not _has_aggregations(cfg):
-        stmt.add_insert_sql(f"INSERT INTO featureline_done {select}")
-        return env, stmt
-    _aggregation_stage(cfg, t_env, stmt, select)
+    stmt.add_insert_sql(f"INSERT INTO featureline_done {select}")
     return env, stmt
 
 
@@ -452,48 +433,6 @@ def source_options(cfg: StreamConfig) -> dict[str, str]:
     return options
 
 
-def _event_time_watermark(cfg: StreamConfig) -> str:
-    """For a schema with aggregations: the payload's event time as a computed column and a
-    watermark on it, generated by the Kafka source **per partition** (the watermark is
-    the slowest partition's newest event time minus the allowed lateness). It only drives
-    the aggregation state's clean-up timers; values never depend on it. A record whose
-    event time does not parse counts as the epoch (it cannot advance the watermark)."""
-    from features.schema import load_schema
-
-    schema = load_schema(cfg.schema_path)
-    if schema.aggregations is None or schema.event_time is None:
-        return ""
-    text = f"JSON_VALUE(CAST(`value` AS STRING), {_sql_string('$.' + schema.event_time)})"
-    wall = f"REPLACE(REPLACE(LEFT({text}, 23), 'T', ' '), 'Z', '')"
-    d, rest = divmod(min(schema.aggregations.allowed_lateness_s, 99 * 86_400 + 86_399), 86_400)
-    interval = f"INTERVAL '{d} {rest // 3600:02d}:{rest // 60 % 60:02d}:{rest % 60:02d}' DAY TO SECOND"
-    epoch = "TIMESTAMP '1970-01-01 00:00:00.000'"
-    return (f",\n          `et` AS COALESCE(TRY_CAST({wall} AS TIMESTAMP(3)), {epoch})"
-            f",\n          WATERMARK FOR `et` AS `et` - {interval}")
-
-
-def _aggregation_stage(cfg: StreamConfig, t_env: Any, stmt: Any, select: str) -> None:
-    """Valid rows -> keyed aggregation state -> the aggregation writer (features.stream.aggregate)."""
-    from pyflink.common.typeinfo import Types
-    from pyflink.table.expressions import call, col
-
-    from features.aggregate.engine import AggSpec
-    from features.schema import load_schema
-    from features.stream.aggregate import make_keyed_function, make_writer_udf
-
-    assert AggSpec.of(load_schema(cfg.schema_path)) is not None
-    # `et` keeps the rowtime attribute, so the source's per-partition watermarks flow on
-    rows = t_env.to_data_stream(t_env.sql_query(select.replace(" AS outcome ", " AS outcome, `et` ")))
-    # rejected records (None) all go to key "" and are skipped there: no extra Python operator
-    emitted = (rows.key_by(lambda r: r[0].split("\x1f", 1)[0] if r[0] else "", key_type=Types.STRING())
-               .process(make_keyed_function(cfg.schema_path),
-                        output_type=Types.ROW_NAMED(["line"], [Types.STRING()]))
-               .name("featureline aggregations (keyed state)"))
-    t_env.create_temporary_function("featureline_aggregates", make_writer_udf(cfg))
-    stmt.add_insert("featureline_done", t_env.from_data_stream(emitted).select(
-        call("featureline_aggregates", col("line")).alias("outcome")))
-
-
 def run(cfg: StreamConfig, *, wait: bool = True) -> Any:
     """Submit the job (to the mini-cluster when run locally, to the cluster under
     ``flink run``). With ``wait``, block until it ends (a bounded job ends at the end
@@ -531,10 +470,10 @@ def merged_summary(summary_dir: str | Path, run_id: str) -> dict[str, Any]:
     for p in parts:
         for k, v in (p.get("unknown_fields") or {}).items():
             total["unknown_fields"][k] = total["unknown_fields"].get(k, 0) + int(v)
-    aggs = [json.loads(p.read_text()) for p in sorted(Path(summary_dir).glob(f"{run_id}.agg-*.json"))]
-    if aggs:  # the aggregation writer's subtasks: events = accepted + late + duplicates
+    aggs = [p["aggregations"] for p in parts if p.get("aggregations")]
+    if aggs:  # events = accepted + late + duplicates, per subtask and in total
         akeys = ("events", "accepted", "late", "duplicates", "rows_written", "hot_written",
-                 "late_rejects_stored")
+                 "late_rejects_stored", "from_history")
         agg: dict[str, Any] = {k: sum(int(a.get(k) or 0) for a in aggs) for k in akeys}
         agg["adds_up"] = agg["events"] == agg["accepted"] + agg["late"] + agg["duplicates"]
         total["aggregations"] = agg

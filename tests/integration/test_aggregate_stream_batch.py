@@ -1,4 +1,4 @@
-"""Windowed aggregations: the stream job and the batch backfill give identical results.
+"""Windowed aggregations: the stream job and the batch backfill agree (docs/aggregations.md).
 
 One random event history for ``schemas/clicks.yaml`` (200k events, 4,000 users;
 out-of-order arrivals within the allowed lateness, duplicates, late events, quiet
@@ -9,12 +9,17 @@ gaps, events exactly on window edges, invalid rows) goes
 - through Kafka (a 2-partition topic keyed by user) and the PyFlink job into another;
   the job is SIGKILLed mid-stream and restarted from its last checkpoint.
 
-Both must hold exactly the same aggregation rows, the same late-event rejects, the
-same hot values in Redis, and the same history.
+The stream calls late exactly the events more than the allowed lateness behind their
+user's newest earlier event (arrival order, computed here independently); for every
+user without such an event its aggregation rows equal the backfill's exactly; both
+hold the same history. Then a backfill of the same file into the stream's stores
+repairs the rest: afterwards every aggregation row and every hot value in Redis
+equals the batch backfill's.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -23,11 +28,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
+from aggregate_reference import T, stream_late
 
 from features.config import Settings
 from features.examples import click_history, click_records, clicks_schema
 from features.stream.kafka import produce
+from features.validate import validate
 
 pytestmark = [pytest.mark.services, pytest.mark.flink]
 
@@ -103,7 +111,17 @@ def test_stream_with_sigkill_and_batch_backfill_compute_identical_aggregations(
                        key_prefix=f"{redis_prefix}batch:")
         assert summary.adds_up and summary.aggregations is not None
         agg = summary.aggregations
-        assert agg["accepted"] > 0.95 * EVENTS and agg["late"] > 50 and agg["duplicates"] > 500, agg
+        assert agg["accepted"] > 0.95 * EVENTS and agg["late"] == 0 and agg["duplicates"] > 500, agg
+        # what the stream must call late: the valid events (duplicates included), in arrival
+        # order (the topic is keyed by user, so each user's order is the file's)
+        valid = validate(history, clicks_schema()).valid
+        times = valid.column("event_time").cast(pa.int64()).to_pylist()  # ms
+        arrival = [{"user_id": u, T: t * 1000} for u, t in zip(valid.column("user_id").to_pylist(), times,
+                                                                strict=True)]
+        late_idx = stream_late(clicks_schema().schema, arrival)
+        want_late = len(late_idx)
+        late_users = {arrival[i]["user_id"] for i in late_idx}
+        assert want_late > 50 and len(late_users) < 0.5 * USERS
 
         # ---- the stream, killed mid-way, then restored from its last checkpoint
         sep = "&" if "?" in settings.postgres_dsn else "?"
@@ -136,22 +154,21 @@ def test_stream_with_sigkill_and_batch_backfill_compute_identical_aggregations(
         second = subprocess.Popen(_job(["--topic", stream_topic, "--from-checkpoint", "latest",
                                         "--run-id", "second"], tmp_path, redis_prefix),
                                   env=env, stdout=log2, stderr=subprocess.STDOUT, start_new_session=True)
-        want_late = agg["late"]
         with psycopg.connect(settings.postgres_dsn) as conn:
             batch_rows = _pg_rows(conn, batch_schema, AGG_QUERY)
         assert len(batch_rows) == agg["accepted"]
+        on_time_batch = [r for r in batch_rows if r[0] not in late_users]
         stream_rows: list[tuple[Any, ...]] = []
         try:
             deadline = time.time() + 900
             while time.time() < deadline:
                 assert second.poll() is None, (tmp_path / "second.log").read_text()[-4000:]
                 with psycopg.connect(settings.postgres_dsn) as conn:
-                    rows = _count(conn, pg_schema, "clicks__aggregates")
                     late = len(_pg_rows(conn, pg_schema, LATE_QUERY))
-                    if rows >= agg["accepted"] and late >= want_late:
+                    if late >= want_late:
                         # the last micro-batches may still be updating older events
                         stream_rows = _pg_rows(conn, pg_schema, AGG_QUERY)
-                        if stream_rows == batch_rows:
+                        if [r for r in stream_rows if r[0] not in late_users] == on_time_batch:
                             break
                 time.sleep(2)
         finally:
@@ -161,13 +178,24 @@ def test_stream_with_sigkill_and_batch_backfill_compute_identical_aggregations(
         resumed = merged_summary(tmp_path / "state" / "clicks" / "summaries", "second")
         assert 0 < resumed["read"] < len(records), f"must resume from the checkpoint: {resumed}"
 
-        # ---- identical results
+        # ---- where no event was late: identical values; the same history; the late rejects
+        on_time_stream = [r for r in stream_rows if r[0] not in late_users]
+        diff = [(s, b) for s, b in zip(on_time_stream, on_time_batch, strict=True) if s != b]
+        assert len(on_time_stream) == len(on_time_batch) and not diff, f"{len(diff)} rows differ: {diff[:3]}"
         with psycopg.connect(settings.postgres_dsn) as conn:
-            assert len(stream_rows) == len(batch_rows)
-            diff = [(s, b) for s, b in zip(stream_rows, batch_rows, strict=True) if s != b]
-            assert not diff, f"{len(diff)} rows differ, e.g. {diff[:3]}"
-            assert _pg_rows(conn, pg_schema, LATE_QUERY) == _pg_rows(conn, batch_schema, LATE_QUERY)
+            assert len(_pg_rows(conn, pg_schema, LATE_QUERY)) == want_late
+            assert _pg_rows(conn, batch_schema, LATE_QUERY) == []
             assert _pg_rows(conn, pg_schema, HISTORY_QUERY) == _pg_rows(conn, batch_schema, HISTORY_QUERY)
+        assert len(stream_rows) < len(batch_rows)  # the late events' rows are missing
+
+        # ---- a backfill of the same history into the stream's stores repairs the rest
+        repair = load([path], clicks_schema(), settings, search_path=pg_schema,
+                      key_prefix=f"{redis_prefix}stream:")
+        assert repair.stored == 0 and repair.aggregations is not None and repair.aggregations["adds_up"]
+        with psycopg.connect(settings.postgres_dsn) as conn:
+            repaired = _pg_rows(conn, pg_schema, AGG_QUERY)
+        diff = [(s, b) for s, b in zip(repaired, batch_rows, strict=True) if s != b]
+        assert len(repaired) == len(batch_rows) and not diff, f"{len(diff)} rows differ, e.g. {diff[:3]}"
         stream_hot = _hot(url, f"{redis_prefix}stream:")
         batch_hot = _hot(url, f"{redis_prefix}batch:")
         assert len(batch_hot) > 0.9 * USERS
@@ -175,4 +203,70 @@ def test_stream_with_sigkill_and_batch_backfill_compute_identical_aggregations(
         assert all(b"_event_time" in v for v in batch_hot.values())
     finally:
         admin.execute(f'DROP SCHEMA "{batch_schema}" CASCADE')
+        admin.close()
+
+
+@pytest.mark.timeout(1200)
+def test_a_stream_continuing_a_backfill_gives_the_values_of_a_backfill_of_everything(
+        settings: Settings, pg_schema: str, redis_prefix: str, stream_topic: str, tmp_path: Path) -> None:
+    """The first half of a history is backfilled; the PyFlink job (bounded) then streams the
+    second half into the same stores. For every user without an event the stream calls
+    late (judged against the backfilled events as well), the aggregation rows equal those
+    of one backfill of the whole history, and so does the hot value in Redis."""
+    import psycopg
+    import pyarrow.parquet as pq
+
+    from features.load import load
+
+    history = click_history(20_000, seed=11, users=400)
+    half = history.num_rows // 2
+    pq.write_table(history.slice(0, half), tmp_path / "first.parquet")
+    pq.write_table(history, tmp_path / "all.parquet")
+    everything = f"{pg_schema}_all"
+    admin = psycopg.connect(settings.postgres_dsn, autocommit=True)
+    admin.execute(f'CREATE SCHEMA "{everything}"')
+    try:
+        whole = load([tmp_path / "all.parquet"], clicks_schema(), settings, search_path=everything,
+                     key_prefix=f"{redis_prefix}all:")
+        first = load([tmp_path / "first.parquet"], clicks_schema(), settings, search_path=pg_schema,
+                     key_prefix=f"{redis_prefix}stream:")
+        assert whole.adds_up and first.adds_up
+        records = click_records(history.slice(half))
+        produce(settings.kafka_bootstrap, stream_topic, [v for _, v in records], keys=[k for k, _ in records])
+        sep = "&" if "?" in settings.postgres_dsn else "?"
+        env = {**os.environ,
+               "FEATURES_POSTGRES_DSN": f"{settings.postgres_dsn}{sep}options=-csearch_path%3D{pg_schema}",
+               "FEATURES_REDIS_URL": settings.redis_url, "FEATURES_KAFKA_BOOTSTRAP": settings.kafka_bootstrap}
+        cmd = _job(["--topic", stream_topic, "--startup", "earliest-offset", "--bounded"], tmp_path,
+                   redis_prefix)
+        job = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+        assert job.returncode == 0, job.stdout[-2000:] + job.stderr[-4000:]
+        summary = json.loads(job.stdout)
+        agg = summary["aggregations"]
+        assert summary["adds_up"] and agg["adds_up"] and agg["from_history"] > 0, summary
+
+        # the stream's lateness: the backfilled events count as accepted first
+        result = validate(history, clicks_schema())
+        rows = result.valid_row_index.to_numpy()
+        valid = result.valid
+        times = valid.column("event_time").cast(pa.int64()).to_numpy()
+        users = valid.column("user_id").to_pylist()
+        events = [({"user_id": u, T: int(t) * 1000}, r) for u, t, r in zip(users, times, rows, strict=True)]
+        backfilled = sorted((e for e, r in events if r < half), key=lambda e: e[T])
+        streamed = [e for e, r in events if r >= half]
+        late = stream_late(clicks_schema().schema, backfilled + streamed)
+        late_users = {(backfilled + streamed)[i]["user_id"] for i in late}
+        assert agg["late"] == len(late) and len(late_users) < 0.5 * len(set(users))
+        with psycopg.connect(settings.postgres_dsn) as conn:
+            got = [r for r in _pg_rows(conn, pg_schema, AGG_QUERY) if r[0] not in late_users]
+            want = [r for r in _pg_rows(conn, everything, AGG_QUERY) if r[0] not in late_users]
+        diff = [(g, w) for g, w in zip(got, want, strict=False) if g != w]
+        assert len(got) == len(want) > 10_000 and not diff, f"{len(diff)} rows differ, e.g. {diff[:3]}"
+        hot_stream = _hot(settings.redis_url, f"{redis_prefix}stream:")
+        hot_all = _hot(settings.redis_url, f"{redis_prefix}all:")
+        on_time = {k for k in hot_all if k.rsplit("{", 1)[1].rstrip("}") not in late_users}
+        assert len(on_time) > 100
+        assert {k: hot_stream.get(k) for k in on_time} == {k: hot_all[k] for k in on_time}
+    finally:
+        admin.execute(f'DROP SCHEMA "{everything}" CASCADE')
         admin.close()

@@ -42,6 +42,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import redis
+from aggregate_reference import T, stream_late
+from aggregate_reference import reference as aggregation_reference
 from test_stream import check_stores, expected  # the stream tests' reference and store checks
 
 from features.compile import CompiledSchema
@@ -485,6 +487,27 @@ def test_batch_load_with_postgres_restarted_mid_transaction_completes_exactly(
 
 Positions = list[tuple[int, int, int]]
 
+#: windowed aggregations for the stream fault tests (credit_applicant + this section): the
+#: entity's events arrive out of order, some beyond the lateness
+AGGREGATIONS = """
+aggregations:
+  allowed_lateness: 2d
+  features:
+    - {name: events_30d, function: count, window: 30d, store: [hot, cold]}
+    - {name: amount_sum_30d, function: sum, of: requested_amount, window: 30d, store: [hot, cold]}
+    - {name: regions_90d, function: count_distinct, of: region, window: 90d, store: cold}
+"""
+AGG_NAMES = ("events_30d", "amount_sum_30d", "regions_90d")
+
+
+def schemas_with_aggregations(tmp: Path) -> Path:
+    """A schemas folder holding credit_applicant with :data:`AGGREGATIONS` added."""
+    out = tmp / "schemas"
+    out.mkdir(exist_ok=True)
+    text = (ROOT / "schemas" / f"{SCHEMA}.yaml").read_text()
+    (out / f"{SCHEMA}.yaml").write_text(text.rstrip("\n") + "\n" + AGGREGATIONS)
+    return out
+
 
 @dataclasses.dataclass
 class StreamRun:
@@ -498,6 +521,8 @@ class StreamRun:
     values: list[bytes | None] = dataclasses.field(default_factory=list)
     positions: Positions = dataclasses.field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
+    #: a schemas folder whose credit_applicant has windowed aggregations (None: the shipped one)
+    schemas_dir: Path | None = None
 
     @property
     def state(self) -> Path:
@@ -518,7 +543,8 @@ class StreamRun:
         # them, and a restarted task resumes from a recent checkpoint.
         cmd = [sys.executable, str(JOB), "--schema", SCHEMA, "--topic", self.topic, "--state-dir",
                str(self.tmp / "state"), "--run-id", self.run_id, "--batch-size", "100",
-               "--max-wait-ms", "200", "--checkpoint-interval-ms", "1000", "--log-every-s", "2", *args]
+               "--max-wait-ms", "200", "--checkpoint-interval-ms", "1000", "--log-every-s", "2", *args,
+               *(["--schemas-dir", str(self.schemas_dir)] if self.schemas_dir else [])]
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
@@ -600,7 +626,46 @@ def check_stream(run: StreamRun, pg: PrivatePostgres, schema: str, redis_url: st
     dead = read_topic(run.bootstrap, run.topic + ".rejects")
     for m in dead:  # each dead letter names its own record
         assert json.loads(m.value())["source"] == m.key().decode()
+    if run.schemas_dir is not None:
+        check_aggregations(run, pg, schema)
+        assert summary["aggregations"]["adds_up"], summary
     return {"summary": summary, "dead_letters": len(dead), "rejected": len(want["rejected"])}
+
+
+def check_aggregations(run: StreamRun, pg: PrivatePostgres, schema: str) -> None:
+    """The aggregation rows against the reference: the valid events in production order
+    (each entity's records are on one partition, so that is their arrival order), those
+    more than the lateness behind their entity's newest earlier one left out."""
+    from features.compile import compile_schema
+    from features.schema import load_schema
+    from features.validate import validate
+
+    compiled = compile_schema(load_schema(run.schemas_dir / f"{SCHEMA}.yaml"))  # type: ignore[operator]
+    objs = []
+    for value in run.values:
+        try:
+            obj = json.loads(value) if value is not None and len(value) <= 65536 else None
+        except (ValueError, RecursionError, UnicodeDecodeError):
+            obj = None
+        if isinstance(obj, dict):
+            objs.append(obj)
+    events = []
+    for row in validate(objs, compiled).valid.to_pylist():
+        t = row["submitted_at"]
+        events.append({**row, T: int(t.timestamp()) * 1_000_000 + t.microsecond})
+    late = stream_late(compiled.schema, events)
+    assert late, "the history must hold events beyond the lateness"
+    want = aggregation_reference(compiled.schema, [e for i, e in enumerate(events) if i not in late])
+    with psycopg.connect(pg.dsn_for(schema)) as conn:
+        rows = conn.execute(f"SELECT application_id, (extract(epoch FROM submitted_at) * 1000000)::bigint, "
+                            f"{', '.join(AGG_NAMES)} FROM credit_applicant__aggregates").fetchall()
+        rejects = conn.execute("SELECT count(*) FROM credit_applicant__rejects "
+                               "WHERE errors->0->>'rule' = 'aggregation.lateness'").fetchone()
+    got = {(r[0], int(r[1])): tuple(r[2:]) for r in rows}
+    assert len(got) == len(rows) == len(want)
+    diff = [k for k in want if got.get(k) != want[k]]
+    assert not diff, f"{len(diff)} aggregation rows differ: {[(k, got.get(k), want[k]) for k in diff[:3]]}"
+    assert rejects is not None and rejects[0] == len(late)
 
 
 @pytest.mark.flink
@@ -614,7 +679,8 @@ def test_stream_with_postgres_down_longer_than_the_retries_restarts_from_checkpo
     exact."""
     schema = private_pg.new_schema()
     run = StreamRun(tmp_path, stream_env(private_pg, schema, volatile_redis.url, settings.kafka_bootstrap),
-                    settings.kafka_bootstrap, stream_topic)
+                    settings.kafka_bootstrap, stream_topic,
+                    schemas_dir=schemas_with_aggregations(tmp_path))
     values = applicant_events(2_000, seed=21, undecodable_every=100)
     first = run.produce(values[:1_000])
     run.start("--restart-attempts", "5")
@@ -640,7 +706,8 @@ def test_stream_with_redis_restarted_mid_stream_survives_on_retries_exactly(
     2 s: the sink's retries (~7.5 s) bridge it, the job keeps running, the stores end exact."""
     schema = private_pg.new_schema()
     run = StreamRun(tmp_path, stream_env(private_pg, schema, durable_redis.url, settings.kafka_bootstrap),
-                    settings.kafka_bootstrap, stream_topic)
+                    settings.kafka_bootstrap, stream_topic,
+                    schemas_dir=schemas_with_aggregations(tmp_path))
     values = applicant_events(2_000, seed=22, undecodable_every=100)
     first = run.produce(values[:1_000])
     run.start("--restart-attempts", "0")  # no Flink restart: the sink's retries alone must do
@@ -717,7 +784,8 @@ def test_stream_with_kafka_broker_restarted_mid_stream_survives_exactly(
     topic = f"t_faults_{uuid.uuid4().hex[:8]}"
     ensure_topic(bootstrap, topic, partitions=2)
     ensure_topic(bootstrap, topic + ".rejects", partitions=1)
-    run = StreamRun(tmp_path, stream_env(private_pg, schema, volatile_redis.url, bootstrap), bootstrap, topic)
+    run = StreamRun(tmp_path, stream_env(private_pg, schema, volatile_redis.url, bootstrap), bootstrap, topic,
+                    schemas_dir=schemas_with_aggregations(tmp_path))
     values = applicant_events(3_000, seed=23, undecodable_every=100)
     run.produce(values[:2_000])
     run.start("--restart-attempts", "3")

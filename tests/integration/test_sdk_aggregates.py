@@ -84,7 +84,8 @@ def load_clicks(tmp_path: Path, settings: Settings, c: CompiledSchema, pg_schema
     pq.write_table(click_history(events, users=users), path, row_group_size=5_000)
     summary = load([path], c, settings, search_path=pg_schema, key_prefix=redis_prefix)
     assert summary.adds_up and summary.aggregations is not None and summary.aggregations["adds_up"]
-    assert summary.aggregations["late"] > 0  # late events: history rows without aggregation rows
+    # a backfill has no late events: every history row gets its aggregation row
+    assert summary.aggregations["late"] == 0 and summary.aggregations["duplicates"] > 0
     cold = agg_names(c, "cold")
     with psycopg.connect(settings.postgres_dsn, options=f"-c search_path={pg_schema}") as conn:
         rows = conn.execute(f"SELECT {ENTITY}, {EVENT_TIME}, {', '.join(cold)} FROM clicks__aggregates "
@@ -246,9 +247,8 @@ def test_historical_aggregations_match_a_python_as_of_reference(
     cold = stored.cold
     assert cold == ["clicks_24h", "views_24h", "click_ratio_24h", "dwell_mean_1h", "items_7d", "spend_today",
                     "max_price_24h", "last_dwell_1h"]
-    late_times = [(u, t) for u in users for t in stored.history[u]
-                  if t not in {r[0] for r in stored.aggs[u]}]
-    assert late_times  # history rows that updated no aggregation (late events)
+    # the backfill gave every history row (the first event of each key) its aggregation row
+    assert all(stored.history[u] == [r[0] for r in stored.aggs[u]] for u in users)
     pairs: list[tuple[str, dt.datetime]] = []
     for k in range(500):
         u = users[int(rng.integers(len(users)))]
@@ -265,8 +265,8 @@ def test_historical_aggregations_match_a_python_as_of_reference(
             t = rows[0][0] - [US, dt.timedelta(days=3)][k % 2]
         elif kind == 3:                                 # far after the last
             t = rows[-1][0] + dt.timedelta(days=400)
-        elif kind == 4:                                 # on a late event's time (history only)
-            u, t = late_times[int(rng.integers(len(late_times)))]
+        elif kind == 4:                                 # a microsecond after an event
+            t = rows[int(rng.integers(len(rows)))][0] + US
         else:                                           # a microsecond before an event
             t = rows[int(rng.integers(len(rows)))][0] - US
         pairs.append((u, t))
@@ -289,8 +289,8 @@ def test_historical_aggregations_match_a_python_as_of_reference(
     assert_rows(got.to_pylist(), want, "historical")
     nulls = sum(w["clicks_24h"] is None for w in want)
     assert 80 < nulls < 150  # before-first and unknown rows; everything else found a row
-    # on a late event's time the history row is the late event, the aggregation row an earlier one
-    assert any(stored.as_of(u, t)[0] != stored.history_as_of(u, t) for u, t in pairs)
+    # every history row has its aggregation row: as of any time, both are the same event's
+    assert all(stored.as_of(u, t)[0] == stored.history_as_of(u, t) for u, t in pairs)
 
     # Only aggregations asked for, in the order asked; max_age bounds the aggregation row too.
     some = fs.historical(NAME, entity_df, ["spend_today", "item_id", "views_24h"])

@@ -45,6 +45,9 @@ fields:
     type: bool
   - name: day
     type: date
+  - name: badge
+    type: string
+    store: hot
 features:
   - name: qty_log
     from: qty
@@ -257,11 +260,16 @@ BAD: list[tuple[str, str, str, str, tuple[str, ...]]] = [
      "features[0].where.item", "item: null", ("where values must not be null",)),
     ("where_empty_list", one("function: count", "where:", "  kind: []", W, S),
      "features[0].where.kind", "kind: []", ("where needs at least one allowed value",)),
+    ("of_a_field_not_stored_cold", one("function: count_distinct", "of: badge", W, S), "features[0].of",
+     "of: badge", ("field 'badge' is read by an aggregation, so it must be stored cold",
+                   "windows are computed over the history table")),
+    ("where_on_a_field_not_stored_cold", one("function: count", "where: {badge: gold}", W, S),
+     "features[0].where.badge", "where: {badge", ("field 'badge' is read by an aggregation",)),
     ("where_empty", one("function: count", "where: {}", W, S), "features[0].where", "where: {}",
      ("where must name at least one field",)),
     ("duplicate_aggregation_name",
      "  features:\n" + COUNT + "    - {name: n_1h, function: count, window: 2h, store: cold}\n",
-     "features[1].name", "{name: n_1h", ("duplicate aggregation name 'n_1h' (first at line 35)",)),
+     "features[1].name", "{name: n_1h", ("duplicate aggregation name 'n_1h' (first at line 38)",)),
     ("name_clashes_with_a_field",
      "  features:\n    - {name: qty, function: count, window: 1h, store: cold}\n",
      "features[0].name", "{name: qty,", ("aggregation name 'qty' clashes with the field 'qty'",)),

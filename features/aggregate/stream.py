@@ -1,0 +1,264 @@
+"""Windowed aggregations in the stream's micro-batch: vectorised, state in the stores.
+
+The stream job computes aggregations where it validates and writes: in the micro-batch
+(``features.stream.core.StreamProcessor``), after the batch's history rows are stored,
+:meth:`StreamAggregator.apply` takes its valid rows in arrival order and
+
+1. **state**: keeps, per entity, the events it accepted in the last ``horizon``
+   (allowed lateness + longest window) before the entity's newest accepted event, in
+   columnar arrays. An entity this process has not seen (or evicted) is read back from
+   Postgres in one query per micro-batch: the history rows that hold an aggregation row
+   (events an earlier stream run accepted, or a backfill computed) within the horizon of
+   its newest one. So a stream continues a backfill, or itself after a restart, exactly;
+   nothing is kept in Flink state;
+2. **classifies** each event in arrival order: a *replay* (the same record, by its
+   ``_source``, already applied: after a restart its values are written again); *late*
+   (more than ``allowed_lateness`` behind the newest event of its entity seen before
+   it); a *duplicate* (its (entity, event time) already accepted); else *accepted*;
+3. **computes** with the batch engine (:func:`features.aggregate.engine.compute`) over
+   the touched entities' held events and the accepted ones, and writes the values of
+   every event from each entity's earliest new event on (Postgres upsert, Redis newest
+   wins) and a reject per late event, in the micro-batch;
+4. **forgets** events older than their entity's horizon, and whole entities quiet for a
+   horizon of event time (they are read back if they return: exactness does not depend
+   on what is held).
+
+Replays are idempotent: a micro-batch applied twice writes the same rows (upserts that
+change nothing) and the same rejects (unique per source record). Every entity's records
+must come from one Kafka partition (producers key records by entity): an entity seen on
+two partitions would be aggregated by two processes at once, and is refused with an
+error that says so.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from features.aggregate.engine import AggSpec, Inputs, compute, extract, finalize, raw_schema
+from features.aggregate.writer import AggregateCounts, AggregateWriter, late_rejects
+from features.errors import ConfigError
+from features.lineage import RunContext
+
+I64 = npt.NDArray[np.int64]
+NONE = np.iinfo(np.int64).min  # "no accepted event yet"
+
+
+class KeyingError(ConfigError):
+    """An entity's records arrive on more than one Kafka partition."""
+
+
+def _take(inputs: Inputs, idx: I64) -> Inputs:
+    at = pa.array(idx, pa.int64())
+    return Inputs(inputs.entity.take(at), inputs.time_us[idx], inputs.source.take(at),
+                  {k: v[idx] for k, v in inputs.contrib.items()},
+                  {k: (v.take(at) if isinstance(v, pa.Array) else v[idx]) for k, v in inputs.values.items()})
+
+
+def _concat(parts: list[Inputs]) -> Inputs:
+    from features.aggregate.backfill import _concat as concat
+
+    parts = [p for p in parts if len(p)] or parts[:1]
+    return parts[0] if len(parts) == 1 else concat(parts)
+
+
+def _lanes(sources: pa.Array) -> pa.Array:
+    """``kafka://topic/partition/offset`` -> ``kafka://topic/partition``."""
+    return pc.replace_substring_regex(sources, pattern=r"/[0-9]+$", replacement="")
+
+
+@dataclass
+class StreamAggregator:
+    """One process's aggregation state and its micro-batch step (see the module doc)."""
+
+    spec: AggSpec
+    writer: AggregateWriter
+    #: entities with no event for this long (event time, after their newest) are forgotten
+    evict_after_us: int | None = None
+    counts: AggregateCounts = field(default_factory=AggregateCounts)
+    _known: pa.Array | None = field(default=None, init=False, repr=False)   # entities held
+    _newest: I64 = field(default_factory=lambda: np.zeros(0, np.int64), init=False, repr=False)
+    _lane: I64 = field(default_factory=lambda: np.zeros(0, np.int64), init=False, repr=False)  # -1: unknown
+    _lane_names: list[str] = field(default_factory=list, init=False, repr=False)
+    _events: Inputs | None = field(default=None, init=False, repr=False)  # accepted events held
+    _event_pos: I64 = field(default_factory=lambda: np.zeros(0, np.int64), init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.evict_after_us is None:
+            self.evict_after_us = self.spec.horizon_us
+
+    @property
+    def held_events(self) -> int:
+        return 0 if self._events is None else len(self._events)
+
+    @property
+    def held_entities(self) -> int:
+        return 0 if self._known is None else len(self._known)
+
+    def apply(self, rows: pa.Table, ctx: RunContext) -> AggregateCounts:
+        """Aggregate one micro-batch's valid rows (arrival order, with ``_source``)."""
+        t0 = time.perf_counter()
+        spec = self.spec
+        inp = extract(spec, rows)
+        n = len(inp)
+        out = AggregateCounts(events=n)
+        if n == 0:
+            return out
+        entity = inp.entity
+        if pa.types.is_dictionary(entity.type):
+            entity = entity.cast(entity.type.value_type)
+            inp = Inputs(entity, inp.time_us, inp.source, inp.contrib, inp.values)
+        if self._known is None:
+            self._known = entity.slice(0, 0)
+            self._events = _take(inp, np.zeros(0, np.int64))
+        out.from_history = self._learn(pc.unique(entity))
+        assert self._known is not None and self._events is not None
+        pos = np.asarray(pc.index_in(entity, value_set=self._known).to_numpy(zero_copy_only=False),
+                         dtype=np.int64)
+        self._check_lanes(entity, pos, _lanes(inp.source))
+        t = inp.time_us
+
+        # the touched entities' held events
+        mark = np.zeros(len(self._known), dtype=np.bool_)
+        mark[pos] = True
+        held_idx = np.flatnonzero(mark[self._event_pos])
+        held = _take(self._events, held_idx)
+        held_pos = self._event_pos[held_idx]
+
+        # classify, in arrival order
+        stored = pd.DataFrame({"p": held_pos, "t": held.time_us,
+                               "s": held.source.to_numpy(zero_copy_only=False)})
+        batch = pd.DataFrame({"p": pos, "t": t, "s": inp.source.to_numpy(zero_copy_only=False)})
+        found = batch.merge(stored, on=["p", "t"], how="left", suffixes=("", "_held"), indicator=True)
+        in_state = (found["_merge"] == "both").to_numpy()
+        replay = in_state & (found["s"].to_numpy() == found["s_held"].to_numpy())
+        prior = self._newest[pos]
+        before = pd.Series(t).groupby(pos).cummax().groupby(pos).shift(1)
+        running = before.to_numpy(dtype=np.float64, na_value=np.nan)
+        prev = np.where(np.isnan(running), prior, np.maximum(prior, np.nan_to_num(running).astype(np.int64)))
+        late = ~replay & (prev != NONE) & (t < prev - spec.lateness_us)
+        candidate = ~replay & ~late & ~in_state
+        first = np.zeros(n, dtype=np.bool_)
+        cand = np.flatnonzero(candidate)
+        first[cand] = ~batch.iloc[cand].duplicated(subset=["p", "t"], keep="first").to_numpy()
+        accepted = np.flatnonzero(first)
+        out.late = int(late.sum())
+        out.accepted = len(accepted) + int(replay.sum())
+        out.duplicates = n - out.late - out.accepted
+
+        # compute over the held events and the accepted ones; write from each entity's
+        # earliest new (or replayed) event on
+        new = _take(inp, accepted)
+        merged = _concat([held, new])
+        merged_pos = np.concatenate([held_pos, pos[accepted]])
+        result = compute(spec, merged)
+        lower = np.full(len(self._known), np.iinfo(np.int64).max, dtype=np.int64)
+        touched = np.flatnonzero(first | replay)
+        np.minimum.at(lower, pos[touched], t[touched])
+        acc = result.accepted
+        sel = np.flatnonzero(merged.time_us[acc] >= lower[merged_pos[acc]])
+        idx = acc[sel]
+        values = finalize(spec, pa.table(result.raw, schema=raw_schema(spec)).take(pa.array(sel, pa.int64())))
+        late_idx = np.flatnonzero(late)
+        rejects = None
+        if len(late_idx):
+            at = pa.array(late_idx, pa.int64())
+            rejects = late_rejects(spec, ctx, entity.take(at), t[late_idx], inp.source.take(at),
+                                   prev[late_idx])
+        part = pa.array(idx, pa.int64())
+        done = self.writer.write(spec, ctx, merged.entity.take(part), merged.time_us[idx],
+                                 merged.source.take(part), values, late=rejects)
+        out.rows_written, out.hot_written = done.rows_written, done.hot_written
+        out.late_rejects_stored = done.late_rejects_stored
+
+        # the new state
+        if len(accepted):
+            np.maximum.at(self._newest, pos[accepted], t[accepted])
+            self._events = _concat([self._events, new])
+            self._event_pos = np.concatenate([self._event_pos, pos[accepted]])
+        self._forget()
+        out.seconds = time.perf_counter() - t0
+        self.counts.add(out)
+        return out
+
+    # --- state ----------------------------------------------------------------------
+
+    def _learn(self, entities: pa.Array) -> int:
+        """Hold every entity of ``entities``: those not held are read back from Postgres.
+        Returns how many events were read back."""
+        assert self._known is not None and self._events is not None
+        missing = entities.filter(pc.is_null(pc.index_in(entities, value_set=self._known)))
+        if len(missing) == 0:
+            return 0
+        events = self.writer.accepted_inputs(self.spec, missing)
+        ent = events.entity.cast(self._known.type) if len(events) else events.entity
+        base = len(self._known)
+        self._known = pa.concat_arrays([self._known, missing.cast(self._known.type)])
+        newest = np.full(len(missing), NONE, dtype=np.int64)
+        self._lane = np.concatenate([self._lane, np.full(len(missing), -1, dtype=np.int64)])
+        if len(events):
+            at = np.asarray(pc.index_in(ent, value_set=missing).to_numpy(zero_copy_only=False),
+                            dtype=np.int64)
+            np.maximum.at(newest, at, events.time_us)
+            self._events = _concat([self._events, Inputs(ent, events.time_us, events.source, events.contrib,
+                                                         events.values)])
+            self._event_pos = np.concatenate([self._event_pos, base + at])
+        self._newest = np.concatenate([self._newest, newest])
+        return len(events)
+
+    def _check_lanes(self, entity: pa.Array, pos: I64, lanes: pa.Array) -> None:
+        """Each entity on one partition: refuse one seen on two (in this batch or before)."""
+        names = pc.unique(lanes)
+        for name in names.to_pylist():  # a few partitions per micro-batch
+            if name not in self._lane_names:
+                self._lane_names.append(name)
+        known = pa.array(self._lane_names, pa.string())
+        codes = np.asarray(pc.index_in(lanes, value_set=known).to_numpy(zero_copy_only=False), dtype=np.int64)
+        first = np.full(len(self._newest), -1, dtype=np.int64)
+        uniq, at = np.unique(pos, return_index=True)
+        first[uniq] = at  # each entity's first event in the batch
+        mine = codes[first[pos]]
+        held = self._lane[pos]
+        bad = np.flatnonzero((codes != mine) | ((held >= 0) & (held != codes)))
+        if len(bad):
+            i = int(bad[0])
+            other = self._lane_names[int(held[i])] if held[i] >= 0 and held[i] != codes[i] else \
+                self._lane_names[int(mine[i])]
+            raise KeyingError(
+                f"windowed aggregations: {self.spec.schema.entity} {entity[i].as_py()!r} arrives on two "
+                f"Kafka partitions ({other} and {self._lane_names[int(codes[i])]}); aggregations need each "
+                f"entity's records on one partition: produce them with the entity as the record key "
+                f"(docs/aggregations.md)", key="topic")
+        self._lane[pos] = codes
+
+    def _forget(self) -> None:
+        """Drop held events older than their entity's horizon and entities quiet for
+        ``evict_after_us`` of event time (they are read back if they return)."""
+        assert self._known is not None and self._events is not None and self.evict_after_us is not None
+        spec = self.spec
+        keep = self._events.time_us >= self._newest[self._event_pos] - spec.horizon_us
+        top = int(self._newest.max()) if len(self._newest) else NONE
+        gone = (self._newest != NONE) & (self._newest < top - self.evict_after_us)
+        gone |= self._newest == NONE  # nothing accepted: nothing to hold (lateness needs a newest)
+        if gone.any():
+            keep &= ~gone[self._event_pos]
+            stay = np.flatnonzero(~gone)
+            remap = np.full(len(self._newest), -1, dtype=np.int64)
+            remap[stay] = np.arange(len(stay))
+            self._known = self._known.take(pa.array(stay, pa.int64()))
+            self._newest = self._newest[stay]
+            self._lane = self._lane[stay]
+            self._event_pos = remap[self._event_pos]
+        if not keep.all():
+            idx = np.flatnonzero(keep)
+            self._events = _take(self._events, idx)
+            self._event_pos = self._event_pos[idx]
+
+
+__all__ = ["KeyingError", "StreamAggregator"]

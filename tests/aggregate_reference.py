@@ -1,0 +1,202 @@
+"""A brute-force reference for windowed aggregations, independent of the engine, and the
+random histories the aggregation tests share.
+
+:func:`reference` reads ``docs/aggregations.md`` literally, one event at a time, with
+Python's own numbers: the history keeps the first event of each (entity, event time)
+in input order; each of its events gets, per aggregation, the value over the entity's
+history events in its window. No code of ``features.aggregate`` is used (only the
+parsed schema, for the declarations).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from decimal import Decimal
+from typing import Any
+
+import pyarrow as pa
+from hypothesis import strategies as st
+
+from features.schema.model import Schema, TypeKind
+
+#: the key of an event dict holding its event time, microseconds since the epoch
+T = "__t_us"
+
+
+def stream_late(schema: Schema, events: list[dict[str, Any]]) -> set[int]:
+    """Indices of the events the stream calls late: more than ``allowed_lateness``
+    older than the newest earlier non-late event of their entity (arrival order)."""
+    assert schema.aggregations is not None and schema.entity is not None
+    lateness = schema.aggregations.allowed_lateness_s * 1_000_000
+    newest: dict[Any, int] = {}
+    late = set()
+    for i, e in enumerate(events):
+        key, t = e[schema.entity], e[T]
+        if key in newest and t < newest[key] - lateness:
+            late.add(i)
+            continue
+        newest[key] = max(newest.get(key, t), t)
+    return late
+
+
+def reference(schema: Schema, events: list[dict[str, Any]]) -> dict[tuple[Any, int], tuple[Any, ...]]:
+    """``{(entity, event time us): (value per aggregation, declaration order)}`` for the
+    history of ``events`` (dicts of field values plus :data:`T`, in input order)."""
+    assert schema.aggregations is not None and schema.entity is not None
+    history: dict[tuple[Any, int], dict[str, Any]] = {}
+    for e in events:
+        history.setdefault((e[schema.entity], e[T]), e)
+    per: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for (key, _), e in history.items():
+        per[key].append(e)
+    out: dict[tuple[Any, int], tuple[Any, ...]] = {}
+    for key, evs in per.items():
+        evs.sort(key=lambda e: e[T])
+        for e in evs:
+            t = e[T]
+            values: dict[str, Any] = {}
+            for agg in schema.aggregations.features:
+                if agg.function == "ratio":
+                    continue
+                assert agg.window is not None
+                size = agg.window.size_s * 1_000_000
+                if agg.window.kind == "sliding":
+                    window = [x for x in evs if t - size < x[T] <= t]
+                else:
+                    start = t // size * size
+                    window = [x for x in evs if start <= x[T] <= t]
+                window = [x for x in window if all(x[f] in allowed for f, allowed in agg.where)]
+                vs = [x[agg.of] for x in window if x[agg.of] is not None] if agg.of else [1] * len(window)
+                values[agg.name] = _value(schema, agg.function, agg.of, vs)
+            for agg in schema.aggregations.features:
+                if agg.function == "ratio":
+                    num, den = values[agg.numerator or ""], values[agg.denominator or ""]
+                    values[agg.name] = agg.on_zero if not den else (None if num is None else num / den)
+            out[(key, t)] = tuple(values[a.name] for a in schema.aggregations.features)
+    return out
+
+
+def _value(schema: Schema, function: str, of: str | None, vs: list[Any]) -> Any:
+    if function == "count":
+        return len(vs)
+    if function == "count_distinct":
+        return len(set(vs))
+    if function in ("min", "max", "last") and not vs:
+        return None
+    if function == "min":
+        return min(vs)
+    if function == "max":
+        return max(vs)
+    if function == "last":
+        return vs[-1]
+    assert of is not None
+    ft = schema.field(of).type
+    scale = int(ft.scale or 0) if ft.kind is TypeKind.DECIMAL else 0
+    if function == "sum":
+        return sum(vs, Decimal(0) if scale or ft.kind is TypeKind.DECIMAL else 0)
+    # mean: the exact sum (unscaled) as a double, / count, / 10**scale (docs/aggregations.md)
+    if not vs:
+        return None
+    unscaled = sum(int(v.scaleb(scale)) if isinstance(v, Decimal) else int(v) for v in vs)
+    mean = float(unscaled) / float(len(vs))
+    return mean / float(10 ** scale) if scale else mean
+
+
+# --------------------------------------------------------------------------- shared test data
+
+#: one schema with every function, both window kinds, where filters, and hot values
+SCHEMA = """
+name: agg_props
+version: 1.0.0
+entity: uid
+event_time: ts
+fields:
+  - {name: uid, type: string, constraints: {required: true}}
+  - {name: ts, type: "timestamp(ms, UTC)", constraints: {required: true}}
+  - {name: kind, type: enum, values: [a, b, c], constraints: {required: true}}
+  - {name: amount, type: "decimal(10,2)", accept_strings: true, constraints: {nullable: true}}
+  - {name: qty, type: int32, constraints: {nullable: true}}
+  - {name: score, type: float64, constraints: {nullable: true}}
+  - {name: item, type: string, constraints: {nullable: true}}
+aggregations:
+  allowed_lateness: 30m
+  features:
+    - {name: n_1h, function: count, window: 1h, store: [hot, cold]}
+    - {name: a_1h, function: count, where: {kind: a}, window: 1h, store: cold}
+    - {name: ratio_a, function: ratio, numerator: a_1h, denominator: n_1h, on_zero: -1.0, store: [hot, cold]}
+    - {name: qty_sum_2h, function: sum, of: qty, window: 2h, store: cold}
+    - {name: amount_mean_1h, function: mean, of: amount, where: {kind: [a, b]}, window: 1h,
+       store: [hot, cold]}
+    - {name: amount_day, function: sum, of: amount, window: {size: 1d, type: tumbling}, store: [hot, cold]}
+    - {name: score_min, function: min, of: score, window: 1h, store: cold}
+    - {name: score_max, function: max, of: score, window: 3h, store: cold}
+    - {name: qty_max_hour, function: max, of: qty, window: {size: 1h, type: tumbling}, store: cold}
+    - {name: score_last, function: last, of: score, window: 1h, store: cold}
+    - {name: items_2h, function: count_distinct, of: item, window: 2h, store: cold}
+    - {name: qty_count, function: count, of: qty, window: 90m, store: cold}
+"""
+#: 22:00 UTC: the 9 hours of a history cross a UTC midnight (the tumbling day)
+BASE_US = int(dt.datetime(2026, 3, 1, 22, 0, tzinfo=dt.UTC).timestamp()) * 1_000_000
+MINUTE_US = 60_000_000
+USERS = ("u1", "u2", "u3")
+
+#: one event of :data:`SCHEMA` (field values, and its time under :data:`T`): minutes over
+#: 9 hours (ties on purpose) or a window edge to the millisecond
+EVENT = st.fixed_dictionaries({
+    "uid": st.sampled_from(USERS),
+    T: st.one_of(st.integers(0, 540).map(lambda m: BASE_US + m * MINUTE_US),
+                 st.sampled_from([BASE_US + 60 * MINUTE_US - 1000, BASE_US + 60 * MINUTE_US,
+                                  BASE_US + 120 * MINUTE_US])),
+    "kind": st.sampled_from(["a", "b", "c"]),
+    "amount": st.one_of(st.none(), st.decimals(min_value=Decimal("-500"), max_value=Decimal("99999"),
+                                               places=2, allow_nan=False, allow_infinity=False)),
+    "qty": st.one_of(st.none(), st.integers(-2**31, 2**31 - 1)),
+    "score": st.one_of(st.none(), st.floats(allow_nan=False, allow_infinity=False, width=64)),
+    "item": st.one_of(st.none(), st.sampled_from(["i1", "i2", "i3", "i4"])),
+})
+
+
+def one_content_per_key(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every event of one (uid, time) made the first one's copy: a history's content then
+    cannot depend on the input order."""
+    first: dict[Any, dict[str, Any]] = {}
+    return [first.setdefault((e["uid"], e[T]), e) for e in events]
+
+
+def history_table(events: list[dict[str, Any]]) -> pa.Table:
+    """Events of :data:`SCHEMA` as an Arrow table (Parquet-ready, the schema's types)."""
+    return pa.table({
+        "uid": pa.array([e["uid"] for e in events], pa.string()),
+        "ts": pa.array([e[T] // 1000 for e in events], pa.timestamp("ms", "UTC")),
+        "kind": pa.array([e["kind"] for e in events], pa.string()),
+        "amount": pa.array([e["amount"] for e in events], pa.decimal128(10, 2)),
+        "qty": pa.array([e["qty"] for e in events], pa.int32()),
+        "score": pa.array([e["score"] for e in events], pa.float64()),
+        "item": pa.array([e["item"] for e in events], pa.string()),
+    })
+
+
+def check_hot(client: Any, key_prefix: str, schema: Schema, want: dict[tuple[Any, int], tuple[Any, ...]]
+              ) -> None:
+    """Redis holds, per entity of ``want``, the hot values of its newest event (a null
+    value: an absent field)."""
+    from features.sinks.redis import aggregates_key
+
+    assert schema.aggregations is not None
+    names = [a.name for a in schema.aggregations.features]
+    hot = [a.name for a in schema.aggregations.features if "hot" in a.store]
+    for entity in {k[0] for k in want}:
+        newest = max(t for (e, t) in want if e == entity)
+        stored = client.hgetall(key_prefix + aggregates_key(schema.name, entity))
+        assert int(stored[b"_event_time"]) == newest, entity
+        values = dict(zip(names, want[(entity, newest)], strict=True))
+        for name in hot:
+            if values[name] is None:
+                assert name.encode() not in stored, (entity, name)
+            else:
+                assert Decimal(stored[name.encode()].decode()) == Decimal(str(values[name])), (entity, name)
+
+
+__all__ = ["BASE_US", "EVENT", "MINUTE_US", "SCHEMA", "USERS", "T", "check_hot", "history_table",
+           "one_content_per_key", "reference", "stream_late"]
