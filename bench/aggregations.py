@@ -172,9 +172,9 @@ def main(argv: list[str] | None = None) -> int:
             summary = merged_summary(sums, run_id)
             parts = [json.loads(p.read_text()) for p in sums.glob(f"{run_id}-*.json")]
             job_s = max(float(p["seconds"]) for p in parts)
-            extra = ""
+            extra = f"{summary['batches']} micro-batches; "
             if (a := summary.get("aggregations")) is not None:
-                extra = (f"events {a['events']:,} = accepted {a['accepted']:,} + late {a['late']:,} + "
+                extra += (f"events {a['events']:,} = accepted {a['accepted']:,} + late {a['late']:,} + "
                          f"dup {a['duplicates']:,} [{'adds up' if a['adds_up'] else 'DOES NOT ADD UP'}]")
             report(rnd, label + " (end to end)", wall, summary["read"])
             report(rnd, label + " (job only)", job_s, summary["read"], extra)

@@ -10,15 +10,26 @@ in chunks (``AggregateWriter``).
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from features.aggregate.engine import AggSpec, Inputs, compute, extract, finalize, group_codes, raw_schema
+from features.aggregate.engine import (
+    AggSpec,
+    Computed,
+    Inputs,
+    compute,
+    extract,
+    finalize,
+    group_codes,
+    raw_schema,
+)
 from features.aggregate.writer import AggregateCounts, AggregateWriter
 from features.lineage import RunContext
 
@@ -82,40 +93,78 @@ def backfill(spec: AggSpec, inputs: Inputs, writer: AggregateWriter, ctx: RunCon
                                   exclude_run=ctx.run_id)
     counts.from_history = len(stored)
     merged = _concat([stored, inputs]) if len(stored) else inputs
-    result = compute(spec, merged)
     m = len(stored)
     mcodes = group_codes(merged.entity) if m else codes
-    # this load's duplicates: its events whose key the history holds from another record
-    # (the same record loaded again, e.g. a re-run, is not a duplicate)
-    dup = result.duplicate[result.duplicate >= m]
-    if len(dup):
-        key = pd.DataFrame({"k": mcodes, "t": merged.time_us})
-        group = key.groupby(["k", "t"], sort=False).ngroup().to_numpy()
-        holder = np.zeros(int(group.max()) + 1, dtype=np.int64)
-        holder[group[result.accepted]] = result.accepted
-        same = pc.equal(merged.source.take(pa.array(dup)), merged.source.take(pa.array(holder[group[dup]])))
-        counts.duplicates = len(dup) - int(pc.sum(same).as_py() or 0)
-    counts.accepted = counts.events - counts.duplicates
-    # write the events whose windows this load changed: at or after their entity's first
-    # new event (the read range ends a whole window after its last one)
-    acc = result.accepted
-    own = np.full(int(mcodes.max()) + 1, np.iinfo(np.int64).max, dtype=np.int64)
+    kk = int(mcodes.max()) + 1
+    # the events whose windows this load changed: at or after their entity's first new
+    # event (the read range ends a whole window after its last one)
+    own = np.full(kk, np.iinfo(np.int64).max, dtype=np.int64)
     np.minimum.at(own, mcodes[m:], inputs.time_us)
-    sel = np.flatnonzero(merged.time_us[acc] >= own[mcodes[acc]])
-    raw = pa.table(result.raw, schema=raw_schema(spec)).take(pa.array(sel))
-    idx = acc[sel]
-    for start in range(0, len(idx), WRITE_CHUNK):
-        rows = idx[start:start + WRITE_CHUNK]
-        part = pa.array(rows)
-        values = finalize(spec, raw.slice(start, WRITE_CHUNK))
-        done = writer.write(spec, ctx, merged.entity.take(part), merged.time_us[rows],
-                            merged.source.take(part), values)
+    # Whole entities in groups of about WRITE_CHUNK events: windows never cross entities,
+    # so each group is computed on its own, and written while the next one is computed.
+    per = np.bincount(mcodes, minlength=kk)
+    group_of = (np.cumsum(per) - per) // WRITE_CHUNK
+    ev_group = group_of[mcodes]
+    order = np.argsort(ev_group, kind="stable")  # grouped, input order kept within a group
+    bounds = np.searchsorted(ev_group[order], np.arange(int(group_of.max()) + 2))
+    pending: Future[AggregateCounts] | None = None
+    written = 0
+
+    def account(done: AggregateCounts) -> None:
         counts.rows_written += done.rows_written
         counts.hot_written += done.hot_written
         if progress is not None:
-            progress.update(min(start + WRITE_CHUNK, len(idx)), 0)
+            progress.update(written, 0)
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="aggregates-write") as pool:
+        for g in range(len(bounds) - 1):
+            idx_g = order[bounds[g]:bounds[g + 1]]
+            if len(idx_g) == 0:
+                continue
+            sub = _take(merged, idx_g)
+            result = compute(spec, sub)
+            counts.duplicates += _duplicates_of_the_load(sub, result, idx_g >= m)
+            acc = result.accepted
+            at = idx_g[acc]
+            sel = np.flatnonzero(merged.time_us[at] >= own[mcodes[at]])
+            rows = at[sel]
+            values = finalize(spec, pa.table(result.raw, schema=raw_schema(spec)).take(pa.array(sel)))
+            if pending is not None:
+                account(pending.result())
+            written += len(rows)
+            part = pa.array(rows)
+            # nothing read back: no other run stored these entities' events in range, so no
+            # aggregation row of these keys exists yet (a COPY without a lookup)
+            pending = pool.submit(writer.write, spec, ctx, merged.entity.take(part), merged.time_us[rows],
+                                  merged.source.take(part), values, new=m == 0)
+        if pending is not None:
+            account(pending.result())
+    counts.accepted = counts.events - counts.duplicates
     counts.seconds = time.perf_counter() - t0
     return counts
+
+
+def _duplicates_of_the_load(events: Inputs, result: Computed, of_load: npt.NDArray[np.bool_]) -> int:
+    """How many of the load's events (``of_load``) the history holds another record for:
+    duplicates whose key's first event has another ``_source`` (the same record loaded
+    again, e.g. by a re-run, is not a duplicate)."""
+    dup = result.duplicate[of_load[result.duplicate]]
+    if len(dup) == 0:
+        return 0
+    key = pd.DataFrame({"k": group_codes(events.entity), "t": events.time_us})
+    group = key.groupby(["k", "t"], sort=False).ngroup().to_numpy()
+    holder = np.zeros(int(group.max()) + 1, dtype=np.int64)
+    holder[group[result.accepted]] = result.accepted
+    same = pc.equal(events.source.take(pa.array(dup)), events.source.take(pa.array(holder[group[dup]])))
+    return len(dup) - int(pc.sum(same).as_py() or 0)
+
+
+def _take(inputs: Inputs, idx: npt.NDArray[np.int64]) -> Inputs:
+    """The events at ``idx``, in that order."""
+    at = pa.array(idx, pa.int64())
+    return Inputs(inputs.entity.take(at), inputs.time_us[idx], inputs.source.take(at),
+                  {k: v[idx] for k, v in inputs.contrib.items()},
+                  {k: (v.take(at) if isinstance(v, pa.Array) else v[idx]) for k, v in inputs.values.items()})
 
 
 def _concat(parts: list[Inputs]) -> Inputs:

@@ -207,19 +207,41 @@ def first_of_each_key(codes: I64, t: I64) -> Mask:
     return ~dup
 
 
-def _window_starts(codes: I64, t: I64, agg: Aggregation) -> I64:
-    """For events sorted by (entity, time) with unique times per entity: the first
-    position of each event's window."""
-    assert agg.window is not None
-    size = agg.window.size_s * _US
-    uniq = np.unique(t)
-    span = len(uniq) + 1
-    comp = codes * span + np.searchsorted(uniq, t)
-    if agg.window.kind == "sliding":
-        bound = np.searchsorted(uniq, t - size, side="right")
-    else:
-        bound = np.searchsorted(uniq, np.floor_divide(t, size) * size, side="left")
-    return np.searchsorted(comp, codes * span + bound, side="left").astype(np.int64)
+class _Positions:
+    """Events sorted by (entity, time), unique times per entity: each event's key as one
+    int64, ``code * span + (t - t0)``, so that a window's first position is one binary
+    search (``span`` leaves a gap between entities; keys that would not fit in int64
+    use time ranks instead)."""
+
+    def __init__(self, codes: I64, t: I64, *, ranks: bool = False) -> None:
+        self.codes, self.t = codes, t
+        t0 = int(t.min()) if len(t) else 0
+        span = (int(t.max()) - t0 + 2) if len(t) else 2
+        self.exact = not ranks and (int(codes.max()) + 1 if len(codes) else 1) * span < 2**62
+        if self.exact:
+            self.t0, self.span = t0, span
+            self.key = codes * span + (t - t0)
+        else:  # astronomically spread times: ranks of the distinct times instead
+            self.uniq = np.unique(t)
+            self.span = len(self.uniq) + 1
+            self.key = codes * self.span + np.searchsorted(self.uniq, t)
+
+    def window_starts(self, agg: Aggregation) -> I64:
+        """The first position of each event's window."""
+        assert agg.window is not None
+        size = agg.window.size_s * _US
+        codes, t = self.codes, self.t
+        sliding = agg.window.kind == "sliding"
+        edge = t - size if sliding else np.floor_divide(t, size) * size
+        if self.exact:
+            # an offset before the entity's first event stays inside its own key range
+            off = np.maximum(edge - self.t0, -1 if sliding else 0)
+            bound = codes * self.span + off
+        else:
+            bound = codes * self.span + np.searchsorted(self.uniq, edge, side="right" if sliding else "left")
+            sliding = False  # ranks: the searchsorted above already placed the bound
+        lo: I64 = np.searchsorted(self.key, bound, side="right" if sliding else "left").astype(np.int64)
+        return lo
 
 
 def _prefix(x: npt.NDArray[Any]) -> npt.NDArray[Any]:
@@ -301,8 +323,14 @@ def compute(spec: AggSpec, inputs: Inputs) -> Computed:
     c, ts = codes[order], t[order]
     pos = np.arange(len(order))
     raw: dict[str, pa.Array] = {}
+    positions = _Positions(c, ts)
+    starts: dict[tuple[int, bool], I64] = {}
     for agg in spec.windowed:
-        lo = _window_starts(c, ts, agg)
+        assert agg.window is not None
+        shape = (agg.window.size_s, agg.window.kind == "sliding")
+        if shape not in starts:
+            starts[shape] = positions.window_starts(agg)
+        lo = starts[shape]
         mask = inputs.contrib[agg.name][order]
         cnt = _prefix(mask.astype(np.int64))
         n_in = cnt[pos + 1] - cnt[lo]

@@ -41,6 +41,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from features.aggregate.backfill import _concat as concat
+from features.aggregate.backfill import _take
 from features.aggregate.engine import AggSpec, Inputs, compute, extract, finalize, raw_schema
 from features.aggregate.writer import AggregateCounts, AggregateWriter, late_rejects
 from features.errors import ConfigError
@@ -54,15 +56,7 @@ class KeyingError(ConfigError):
     """An entity's records arrive on more than one Kafka partition."""
 
 
-def _take(inputs: Inputs, idx: I64) -> Inputs:
-    at = pa.array(idx, pa.int64())
-    return Inputs(inputs.entity.take(at), inputs.time_us[idx], inputs.source.take(at),
-                  {k: v[idx] for k, v in inputs.contrib.items()},
-                  {k: (v.take(at) if isinstance(v, pa.Array) else v[idx]) for k, v in inputs.values.items()})
-
-
 def _concat(parts: list[Inputs]) -> Inputs:
-    from features.aggregate.backfill import _concat as concat
 
     parts = [p for p in parts if len(p)] or parts[:1]
     return parts[0] if len(parts) == 1 else concat(parts)
@@ -71,6 +65,21 @@ def _concat(parts: list[Inputs]) -> Inputs:
 def _lanes(sources: pa.Array) -> pa.Array:
     """``kafka://topic/partition/offset`` -> ``kafka://topic/partition``."""
     return pc.replace_substring_regex(sources, pattern=r"/[0-9]+$", replacement="")
+
+
+@dataclass
+class Plan:
+    """One micro-batch's aggregation, computed and not yet written (:meth:`StreamAggregator.plan`)."""
+
+    counts: AggregateCounts
+    ctx: RunContext
+    entity: pa.Array | None = None          # the rows to write: entity, event time, source, values
+    time_us: I64 | None = None
+    sources: pa.Array | None = None
+    values: dict[str, pa.Array] = field(default_factory=dict)
+    rejects: pa.Table | None = None         # one per late event
+    new: Inputs | None = None               # the accepted events, for the state
+    new_pos: I64 | None = None
 
 
 @dataclass
@@ -103,13 +112,21 @@ class StreamAggregator:
 
     def apply(self, rows: pa.Table, ctx: RunContext) -> AggregateCounts:
         """Aggregate one micro-batch's valid rows (arrival order, with ``_source``)."""
+        return self.commit(self.plan(rows, ctx))
+
+    def plan(self, rows: pa.Table, ctx: RunContext) -> Plan:
+        """Everything but the writes: read back the entities not held, classify, compute.
+        It does not need this micro-batch's history rows stored (its events have no
+        aggregation rows yet, and a replayed event's history row was stored before its
+        aggregation row), so the stream runs it while they are written; :meth:`commit`
+        must come after them."""
         t0 = time.perf_counter()
         spec = self.spec
         inp = extract(spec, rows)
         n = len(inp)
         out = AggregateCounts(events=n)
         if n == 0:
-            return out
+            return Plan(out, ctx)
         entity = inp.entity
         if pa.types.is_dictionary(entity.type):
             entity = entity.cast(entity.type.value_type)
@@ -172,18 +189,28 @@ class StreamAggregator:
             rejects = late_rejects(spec, ctx, entity.take(at), t[late_idx], inp.source.take(at),
                                    prev[late_idx])
         part = pa.array(idx, pa.int64())
-        done = self.writer.write(spec, ctx, merged.entity.take(part), merged.time_us[idx],
-                                 merged.source.take(part), values, late=rejects)
+        out.seconds = time.perf_counter() - t0
+        return Plan(out, ctx, merged.entity.take(part), merged.time_us[idx], merged.source.take(part), values,
+                    rejects, new, pos[accepted])
+
+    def commit(self, plan: Plan) -> AggregateCounts:
+        """Write what :meth:`plan` computed, then take its events into the state."""
+        t0 = time.perf_counter()
+        out = plan.counts
+        if plan.new is None:
+            return out
+        assert plan.entity is not None and plan.time_us is not None and plan.sources is not None
+        done = self.writer.write(self.spec, plan.ctx, plan.entity, plan.time_us, plan.sources, plan.values,
+                                 late=plan.rejects)
         out.rows_written, out.hot_written = done.rows_written, done.hot_written
         out.late_rejects_stored = done.late_rejects_stored
-
-        # the new state
-        if len(accepted):
-            np.maximum.at(self._newest, pos[accepted], t[accepted])
-            self._events = _concat([self._events, new])
-            self._event_pos = np.concatenate([self._event_pos, pos[accepted]])
+        if len(plan.new):
+            assert self._events is not None and plan.new_pos is not None
+            np.maximum.at(self._newest, plan.new_pos, plan.new.time_us)
+            self._events = _concat([self._events, plan.new])
+            self._event_pos = np.concatenate([self._event_pos, plan.new_pos])
         self._forget()
-        out.seconds = time.perf_counter() - t0
+        out.seconds += time.perf_counter() - t0
         self.counts.add(out)
         return out
 
@@ -261,4 +288,4 @@ class StreamAggregator:
             self._event_pos = self._event_pos[idx]
 
 
-__all__ = ["KeyingError", "StreamAggregator"]
+__all__ = ["KeyingError", "Plan", "StreamAggregator"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,6 +108,18 @@ def late_rejects(spec: AggSpec, ctx: RunContext, entity: pa.Array, time_us: I64,
     }, schema=REJECTS_SCHEMA)
 
 
+def _narrow(arr: pa.Array) -> pa.Array:
+    """A decimal128(38, s) sum whose values fit 18 digits as decimal128(18, s): the same
+    values, which the binary COPY encoder takes (``features.sinks.pgbinary``)."""
+    t = arr.type
+    if pa.types.is_decimal(t) and t.precision > 18:
+        try:
+            return arr.cast(pa.decimal128(18, t.scale))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return arr
+    return arr
+
+
 def _time_step_us(spec: AggSpec) -> int:
     """Microseconds per unit of the schema's event time type (a day for a date)."""
     from features.compile.arrow import arrow_type
@@ -163,6 +176,7 @@ class AggregateWriter:
     key_prefix: str = ""
     _pg: Any = field(default=None, init=False)
     _hot: Any = field(default=None, init=False)
+    _pool: Any = field(default=None, init=False)
 
     def open(self) -> None:
         from features.sinks.postgres import PostgresSink
@@ -172,8 +186,12 @@ class AggregateWriter:
         self._pg = PostgresSink(self.postgres_dsn, self.compiled, search_path=self.search_path)
         for sink in (self._hot, self._pg):
             sink.open()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aggregates-redis")
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
         for sink in (self._hot, self._pg):
             if sink is not None:
                 sink.close()
@@ -200,9 +218,11 @@ class AggregateWriter:
         return _inputs(spec, names, self._pg.read_accepted(entity, fields, spec.horizon_us))
 
     def write(self, spec: AggSpec, ctx: RunContext, entity: pa.Array, time_us: I64, sources: pa.Array,
-              values: dict[str, pa.Array], late: pa.Table | None = None) -> AggregateCounts:
+              values: dict[str, pa.Array], late: pa.Table | None = None, *, new: bool = False
+              ) -> AggregateCounts:
         """Upsert aggregation ``values`` (one row per emitted event, in emission order:
-        for a key emitted twice the last one wins) and store ``late`` rejects."""
+        for a key emitted twice the last one wins) and store ``late`` rejects. ``new``:
+        the keys are expected to be new (``PostgresSink.upsert_aggregates``)."""
         from features.sinks.base import WriteUnit
 
         assert self._pg is not None and self._hot is not None, "open() first"
@@ -218,18 +238,24 @@ class AggregateWriter:
             rows = pa.table({
                 schema.entity: entity.take(take),
                 schema.event_time: event_time_array(spec, time_us[keep]),
-                **{name: arr.take(take) for name, arr in values.items()},
+                **{name: _narrow(arr.take(take)) for name, arr in values.items()},
                 **ctx.columns(sources.take(take)),
             })
-            counts.rows_written = self._pg.upsert_aggregates(rows)
+            hot = None
             if self._hot.features:
-                # only each entity's newest event can be the hot value
+                # only each entity's newest event can be the hot value; Redis is written
+                # while Postgres upserts
                 kc, kt = codes[keep], time_us[keep]
                 order = np.lexsort((np.arange(len(keep)), kt, kc))
                 last = order[np.r_[kc[order][1:] != kc[order][:-1], True]]
                 newest = rows.take(pa.array(last))
-                counts.hot_written = self._hot.write(WriteUnit(newest, newest.slice(0, 0), None,
-                                                               newest.num_rows)).stored
+                hot = self._pool.submit(self._hot.write, WriteUnit(newest, newest.slice(0, 0), None,
+                                                                   newest.num_rows))
+            try:
+                counts.rows_written = self._pg.upsert_aggregates(rows, new=new)
+            finally:
+                if hot is not None:
+                    counts.hot_written = hot.result().stored
         if late is not None and late.num_rows:
             counts.late_rejects_stored = self._pg.insert_rejects(late)
         return counts

@@ -294,10 +294,15 @@ class PostgresSink:
 
         return self._retrying("rejects write", run)
 
-    def upsert_aggregates(self, rows: pa.Table) -> int:
+    def upsert_aggregates(self, rows: pa.Table, *, new: bool = False) -> int:
         """Aggregation values, one row per (entity, event time): a new key is inserted, an
         existing one updated only where a value differs (a late event changed it). Rows
-        must hold each key once. Returns how many rows were inserted or changed."""
+        must hold each key once. Returns how many rows were inserted or changed.
+
+        The keys are looked up first and the new ones COPYed straight in (about half the
+        server time of the upsert), the others upserted; past half stored, everything takes
+        the upsert. ``new``: the caller expects every key to be new (a first backfill of
+        its entities): no lookup, one COPY, and the lookup only if a key was stored."""
         if rows.num_rows == 0:
             return 0
         table, cols = self.aggregates_table, self.aggregate_columns
@@ -312,18 +317,43 @@ class PostgresSink:
         else:
             action = "DO NOTHING"
         stage = f"_stage_{table}"[:63]
+        data = rows.select(list(cols))
+
+        def upsert(conn: Any, part: pa.Table) -> int:
+            conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {quote_ident(stage)} "
+                         f"(LIKE {quote_ident(table)} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS")
+            self._copy(conn, stage, cols, part)
+            cur = conn.execute(
+                f"INSERT INTO {quote_ident(table)} AS t ({names}) "
+                f"SELECT {names} FROM {quote_ident(stage)} "
+                f"ON CONFLICT ({', '.join(quote_ident(k) for k in keys)}) {action}")
+            conn.execute(f"TRUNCATE {quote_ident(stage)}")
+            return int(cur.rowcount)
 
         def run(conn: Any) -> int:
+            import numpy as np
+            import psycopg
+
             with conn.transaction():
-                conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {quote_ident(stage)} "
-                             f"(LIKE {quote_ident(table)} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS")
-                self._copy(conn, stage, cols, rows.select(list(cols)))
-                cur = conn.execute(
-                    f"INSERT INTO {quote_ident(table)} AS t ({names}) "
-                    f"SELECT {names} FROM {quote_ident(stage)} "
-                    f"ON CONFLICT ({', '.join(quote_ident(k) for k in keys)}) {action}")
-                conn.execute(f"TRUNCATE {quote_ident(stage)}")
-                return int(cur.rowcount)
+                if new:
+                    try:
+                        with conn.transaction():  # savepoint: a stored key falls back below
+                            self._copy(conn, table, cols, data)
+                        return int(data.num_rows)
+                    except psycopg.errors.UniqueViolation:
+                        pass
+                stored = self._stored_positions(conn, table, data)
+                if len(stored) * 2 > data.num_rows:
+                    return upsert(conn, data)
+                old = np.zeros(data.num_rows, dtype=np.bool_)
+                old[stored] = True
+                fresh = data.filter(pa.array(~old))
+                try:
+                    with conn.transaction():  # savepoint: a key stored meanwhile falls back below
+                        self._copy(conn, table, cols, fresh)
+                except psycopg.errors.UniqueViolation:
+                    return upsert(conn, data)
+                return int(fresh.num_rows) + (upsert(conn, data.filter(pa.array(old))) if len(stored) else 0)
 
         return self._retrying("aggregates write", run)
 
@@ -452,22 +482,7 @@ class PostgresSink:
             ["k0", "k1"], use_threads=False).aggregate([("p", "min")]).column("p_min")
         keep = np.zeros(n, dtype=np.bool_)
         keep[firsts.to_numpy()] = True
-        stage = f"_keys_{self.table}"[:63]
-        if stage not in self._staged:  # see _insert_new
-            names = ", ".join(quote_ident(k) for k in keys)
-            conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {quote_ident(stage)} ON COMMIT DELETE ROWS AS "
-                         f"SELECT {names}, 0::bigint AS \"_pos\" FROM {quote_ident(self.table)} WITH NO DATA")
-            self._staged.add(stage)
-        probe = pa.table({keys[0]: rows.column(keys[0]), keys[1]: rows.column(keys[1]), "_pos": pos})
-        self._copy(conn, stage, (*keys, "_pos"), probe)
-        on = " AND ".join(f"t.{quote_ident(k)} = s.{quote_ident(k)}" for k in keys)
-        # a nested loop over the unit's keys, each an index lookup (LATERAL ... LIMIT 1): the
-        # temporary table has no statistics, and a hash join would read the whole cold table
-        lookup = f"(SELECT 1 FROM {quote_ident(self.table)} t WHERE {on} LIMIT 1) hit"
-        stored = conn.execute(
-            f"SELECT s.\"_pos\" FROM {quote_ident(stage)} s CROSS JOIN LATERAL {lookup}").fetchall()
-        if stored:
-            keep[np.fromiter((r[0] for r in stored), np.int64, len(stored))] = False
+        keep[self._stored_positions(conn, self.table, rows)] = False
         new = rows if keep.all() else rows.filter(pa.array(keep))
         if new.num_rows == 0:
             return 0
@@ -477,6 +492,30 @@ class PostgresSink:
             return int(new.num_rows)
         except psycopg.errors.UniqueViolation:
             return self._insert_new(conn, self.table, self.columns, rows)
+
+    def _stored_positions(self, conn: Any, table: str, rows: pa.Table) -> Any:
+        """Positions of ``rows`` whose (entity, event time) ``table`` already holds: the keys
+        are COPYed into a temporary table and each looked up in the table's primary key."""
+        import numpy as np
+
+        keys = self.columns[:2]
+        stage = f"_keys_{table}"[:63]
+        if stage not in self._staged:  # see _insert_new
+            names = ", ".join(quote_ident(k) for k in keys)
+            conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {quote_ident(stage)} ON COMMIT DELETE ROWS AS "
+                         f"SELECT {names}, 0::bigint AS \"_pos\" FROM {quote_ident(table)} WITH NO DATA")
+            self._staged.add(stage)
+        pos = pa.array(np.arange(rows.num_rows, dtype=np.int64))
+        probe = pa.table({keys[0]: rows.column(keys[0]), keys[1]: rows.column(keys[1]), "_pos": pos})
+        self._copy(conn, stage, (*keys, "_pos"), probe)
+        on = " AND ".join(f"t.{quote_ident(k)} = s.{quote_ident(k)}" for k in keys)
+        # a nested loop over the keys, each an index lookup (LATERAL ... LIMIT 1): the
+        # temporary table has no statistics, and a hash join would read the whole table
+        lookup = f"(SELECT 1 FROM {quote_ident(table)} t WHERE {on} LIMIT 1) hit"
+        stored = conn.execute(
+            f"SELECT s.\"_pos\" FROM {quote_ident(stage)} s CROSS JOIN LATERAL {lookup}").fetchall()
+        conn.execute(f"TRUNCATE {quote_ident(stage)}")  # a second probe in this transaction
+        return np.fromiter((r[0] for r in stored), np.int64, len(stored))
 
     def _insert_new(self, conn: Any, table: str, columns: tuple[str, ...], data: pa.Table, *,
                     raw_json: bool = False) -> int:

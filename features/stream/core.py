@@ -215,14 +215,16 @@ class StreamProcessor:
             self.stats.slow_records += part.slow
             rows.append(prepared.rows)
             rejects.append(prepared.rejects)
+        merged_rows = rows[0] if len(rows) == 1 else pa.concat_tables(rows)
+        # the aggregations are computed while the last chunks' rows are written, and written
+        # after them (an aggregation row never exists without its history row)
+        plan = self.aggregator.plan(merged_rows, ctx) if self.aggregator is not None else None
         self._writer.drain()
         self._flush_dead_letters(sent)
-        merged_rows = rows[0] if len(rows) == 1 else pa.concat_tables(rows)
         merged_rejects = rejects[0] if len(rejects) == 1 else pa.concat_tables(rejects)
         self._account(merged_rows, merged_rejects, uris, topics, partitions, offs, timestamps_ms, outcome)
-        if self.aggregator is not None:
-            # after the history rows are stored: the aggregation state reads them back
-            done = self.aggregator.apply(merged_rows, ctx)
+        if self.aggregator is not None and plan is not None:
+            done = self.aggregator.commit(plan)
             if self.metrics is not None:
                 self.metrics.aggregation(accepted=done.accepted, late=done.late, duplicates=done.duplicates)
         self.last_rows, self.last_uris = merged_rows, uris

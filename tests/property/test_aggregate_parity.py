@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from aggregate_reference import (
     BASE_US,
@@ -85,3 +86,27 @@ def test_window_edges_and_duplicates_by_hand() -> None:
     assert at_2h["items_2h"] == 2 and at_2h["score_max"] == 2.0
     # the event at 0, arriving last, counts in the 2h window of the event at 1h
     assert dict(zip(names, b[("u", BASE_US + hour)], strict=True))["qty_sum_2h"] == 18
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(-2**40, 2**40)), max_size=80, unique=True),
+       st.sampled_from([(1, "sliding"), (3600, "sliding"), (86_400, "tumbling"), (7, "tumbling")]))
+def test_window_starts_by_time_offsets_and_by_ranks_agree_with_a_scan(
+        events: list[tuple[int, int]], window: tuple[int, str]) -> None:
+    from features.aggregate.engine import _Positions
+    from features.schema.model import Aggregation, Window
+
+    events.sort()
+    codes = np.array([e[0] for e in events], dtype=np.int64)
+    t = np.array([e[1] for e in events], dtype=np.int64)
+    agg = Aggregation(name="x", function="count", store=frozenset({"cold"}),
+                      window=Window(size_s=window[0], kind=window[1]))  # type: ignore[arg-type]
+    size = window[0] * 1_000_000
+    want = []
+    for i, (c, ti) in enumerate(events):
+        start = ti - size if window[1] == "sliding" else ti // size * size
+        inside = [j for j in range(i + 1) if events[j][0] == c
+                  and (events[j][1] > start if window[1] == "sliding" else events[j][1] >= start)]
+        want.append(inside[0])
+    for ranks in (False, True):
+        assert _Positions(codes, t, ranks=ranks).window_starts(agg).tolist() == want
