@@ -10,6 +10,7 @@ in chunks (``AggregateWriter``).
 from __future__ import annotations
 
 import time
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -107,8 +108,14 @@ def backfill(spec: AggSpec, inputs: Inputs, writer: AggregateWriter, ctx: RunCon
     ev_group = group_of[mcodes]
     order = np.argsort(ev_group, kind="stable")  # grouped, input order kept within a group
     bounds = np.searchsorted(ev_group[order], np.arange(int(group_of.max()) + 2))
-    pending: Future[AggregateCounts] | None = None
-    written = 0
+    # Two writers (two Postgres sessions, so that the server's COPY work runs on two cores)
+    # when there is more than one group; at most one group in flight per writer.
+    writers = [writer]
+    if len(bounds) > 2:
+        writers.append(writer.clone())
+        writers[1].open()
+    pending: deque[Future[AggregateCounts]] = deque()
+    written = submitted = 0
 
     def account(done: AggregateCounts) -> None:
         counts.rows_written += done.rows_written
@@ -116,29 +123,34 @@ def backfill(spec: AggSpec, inputs: Inputs, writer: AggregateWriter, ctx: RunCon
         if progress is not None:
             progress.update(written, 0)
 
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="aggregates-write") as pool:
-        for g in range(len(bounds) - 1):
-            idx_g = order[bounds[g]:bounds[g + 1]]
-            if len(idx_g) == 0:
-                continue
-            sub = _take(merged, idx_g)
-            result = compute(spec, sub)
-            counts.duplicates += _duplicates_of_the_load(sub, result, idx_g >= m)
-            acc = result.accepted
-            at = idx_g[acc]
-            sel = np.flatnonzero(merged.time_us[at] >= own[mcodes[at]])
-            rows = at[sel]
-            values = finalize(spec, pa.table(result.raw, schema=raw_schema(spec)).take(pa.array(sel)))
-            if pending is not None:
-                account(pending.result())
-            written += len(rows)
-            part = pa.array(rows)
-            # nothing read back: no other run stored these entities' events in range, so no
-            # aggregation row of these keys exists yet (a COPY without a lookup)
-            pending = pool.submit(writer.write, spec, ctx, merged.entity.take(part), merged.time_us[rows],
-                                  merged.source.take(part), values, new=m == 0)
-        if pending is not None:
-            account(pending.result())
+    try:
+        with ThreadPoolExecutor(max_workers=len(writers), thread_name_prefix="aggregates-write") as pool:
+            for g in range(len(bounds) - 1):
+                idx_g = order[bounds[g]:bounds[g + 1]]
+                if len(idx_g) == 0:
+                    continue
+                sub = _take(merged, idx_g)
+                result = compute(spec, sub)
+                counts.duplicates += _duplicates_of_the_load(sub, result, idx_g >= m)
+                at = idx_g[result.accepted]
+                sel = np.flatnonzero(merged.time_us[at] >= own[mcodes[at]])
+                rows = at[sel]
+                values = finalize(spec, pa.table(result.raw, schema=raw_schema(spec)).take(pa.array(sel)))
+                while len(pending) >= len(writers):
+                    account(pending.popleft().result())
+                written += len(rows)
+                part = pa.array(rows)
+                # nothing read back: no other run stored these entities' events in range, so
+                # no aggregation row of these keys exists yet (a COPY without a lookup)
+                write = writers[submitted % len(writers)].write  # free: its last group was waited for
+                submitted += 1
+                pending.append(pool.submit(write, spec, ctx, merged.entity.take(part), merged.time_us[rows],
+                                           merged.source.take(part), values, new=m == 0))
+            while pending:
+                account(pending.popleft().result())
+    finally:
+        for w in writers[1:]:
+            w.close()
     counts.accepted = counts.events - counts.duplicates
     counts.seconds = time.perf_counter() - t0
     return counts

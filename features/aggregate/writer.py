@@ -178,6 +178,11 @@ class AggregateWriter:
     _hot: Any = field(default=None, init=False)
     _pool: Any = field(default=None, init=False)
 
+    def clone(self) -> AggregateWriter:
+        """Another writer to the same stores (its own connections; not yet open)."""
+        return AggregateWriter(self.compiled, self.postgres_dsn, self.redis_url, search_path=self.search_path,
+                               key_prefix=self.key_prefix)
+
     def open(self) -> None:
         from features.sinks.postgres import PostgresSink
         from features.sinks.redis import RedisSink

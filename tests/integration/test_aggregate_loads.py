@@ -17,6 +17,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import psycopg
 import pyarrow.parquet as pq
@@ -37,6 +38,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
+import features.aggregate.backfill as backfill_module
 from features.compile import compile_schema
 from features.config import Settings
 from features.load import load
@@ -85,7 +87,10 @@ def test_loads_in_any_order_and_split_give_the_values_of_the_whole_history(
         for i, part in enumerate(loads):
             path = Path(tmp) / f"part{i}.parquet"
             pq.write_table(history_table(part), path)
-            summary = load([path], COMPILED, settings, search_path=ns, key_prefix=prefix)
+            # small groups of entities: several computed and written one after the other,
+            # by two writers
+            with mock.patch.object(backfill_module, "WRITE_CHUNK", 1 + len(part) // 3):
+                summary = load([path], COMPILED, settings, search_path=ns, key_prefix=prefix)
             assert summary.adds_up and summary.rejected == 0
             assert summary.aggregations is not None and summary.aggregations["adds_up"]
         want = reference(COMPILED.schema, events)
