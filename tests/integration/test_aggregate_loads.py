@@ -14,6 +14,7 @@ before January included) into real Postgres and Redis. Afterwards:
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from pathlib import Path
 from typing import Any
@@ -51,10 +52,10 @@ AGGS = [a.name for a in COMPILED.schema.aggregations.features]  # type: ignore[u
 
 
 @st.composite
-def cases(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[list[dict[str, Any]]]]:
+def cases(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[list[list[dict[str, Any]]]]]:
     """A history (every event of one key an exact copy of the first, so that the
     history's content cannot depend on order) and the loads it is cut into, in the
-    order they run, each load's rows shuffled."""
+    order they run, each load's rows shuffled and cut into files given in any order."""
     events = one_content_per_key(draw(st.lists(EVENT, min_size=1, max_size=40)))
     k = draw(st.integers(1, 3))
     if draw(st.booleans()):  # consecutive time ranges: the daily/monthly backfill
@@ -67,14 +68,20 @@ def cases(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[list[dict[str, An
         which = draw(st.lists(st.integers(0, k - 1), min_size=len(events), max_size=len(events)))
         parts = [[e for e, w in zip(events, which, strict=True) if w == i] for i in range(k)]
     parts = [draw(st.permutations(p)) for p in parts if p]
-    return events, draw(st.permutations(parts))
+    # each load's rows cut into 1-3 files, given to the loader in any order
+    loads = []
+    for p in draw(st.permutations(parts)):
+        cuts = sorted(draw(st.lists(st.integers(1, max(len(p) - 1, 1)), max_size=2)))
+        files = [p[a:b] for a, b in itertools.pairwise([0, *cuts, len(p)]) if b > a]
+        loads.append(draw(st.permutations(files)))
+    return events, loads
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.too_slow])
 @given(case=cases())
 def test_loads_in_any_order_and_split_give_the_values_of_the_whole_history(
-        case: tuple[list[dict[str, Any]], list[list[dict[str, Any]]]], settings: Settings,
+        case: tuple[list[dict[str, Any]], list[list[list[dict[str, Any]]]]], settings: Settings,
         tmp_path_factory: pytest.TempPathFactory) -> None:
     events, loads = case
     tmp = tmp_path_factory.mktemp("loads")
@@ -84,13 +91,15 @@ def test_loads_in_any_order_and_split_give_the_values_of_the_whole_history(
     admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(ns)))
     r = redis.Redis.from_url(settings.redis_url)
     try:
-        for i, part in enumerate(loads):
-            path = Path(tmp) / f"part{i}.parquet"
-            pq.write_table(history_table(part), path)
+        for i, files in enumerate(loads):
+            paths = []
+            for j, rows in enumerate(files):
+                paths.append(Path(tmp) / f"load{i}_file{j}.parquet")
+                pq.write_table(history_table(rows), paths[-1])
             # small groups of entities: several computed and written one after the other,
             # by two writers
-            with mock.patch.object(backfill_module, "WRITE_CHUNK", 1 + len(part) // 3):
-                summary = load([path], COMPILED, settings, search_path=ns, key_prefix=prefix)
+            with mock.patch.object(backfill_module, "WRITE_CHUNK", 1 + sum(map(len, files)) // 3):
+                summary = load(paths, COMPILED, settings, search_path=ns, key_prefix=prefix)
             assert summary.adds_up and summary.rejected == 0
             assert summary.aggregations is not None and summary.aggregations["adds_up"]
         want = reference(COMPILED.schema, events)
