@@ -62,6 +62,36 @@ def _concat(parts: list[Inputs]) -> Inputs:
     return parts[0] if len(parts) == 1 else concat(parts)
 
 
+def _offsets(sources: pa.Array) -> I64:
+    """Kafka offset + 1 of each ``kafka://topic/partition/offset`` source; 0 for any other
+    source (a backfill's file row: before every record of the stream)."""
+    found = pc.extract_regex(sources, pattern=r"^kafka://.*/(?P<o>[0-9]+)$")
+    text = pc.if_else(found.is_valid(), found.field("o"), pa.scalar("-1"))  # no match: "" in the field
+    return np.asarray(pc.add(pc.cast(text, pa.int64()), 1).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _newest_before(held_pos: I64, held_t: I64, held_off: I64, pos: I64, off: I64) -> I64:
+    """For each record (entity position ``pos``, offset ``off``): the newest time among the
+    held events of its entity that came before it (smaller offset; a backfill's before
+    all), NONE if none. For a new record that is its entity's newest held time; for a
+    record replayed after a restart (the state then holds events that came after it) it
+    is what the first pass saw, so its verdict (late, duplicate) is the same again."""
+    out = np.full(len(pos), NONE, dtype=np.int64)
+    if len(held_pos) == 0 or len(pos) == 0:
+        return out
+    if int(max(held_off.max(), off.max())) >= 1 << 40 or int(max(held_pos.max(), pos.max())) >= 1 << 22:
+        raise OverflowError("Kafka offsets beyond 2**40 or 4M held entities: not supported")
+    hk = (held_pos << 40) | held_off
+    order = np.argsort(hk, kind="stable")
+    hk_s = hk[order]
+    running = pd.Series(held_t[order]).groupby(held_pos[order]).cummax().to_numpy()
+    at = np.searchsorted(hk_s, (pos << 40) | off, side="left") - 1
+    ok = at >= 0
+    ok[ok] &= (hk_s[at[ok]] >> 40) == pos[ok]
+    out[ok] = running[at[ok]]
+    return out
+
+
 def _lanes(sources: pa.Array) -> pa.Array:
     """``kafka://topic/partition/offset`` -> ``kafka://topic/partition``."""
     return pc.replace_substring_regex(sources, pattern=r"/[0-9]+$", replacement="")
@@ -155,7 +185,7 @@ class StreamAggregator:
         found = batch.merge(stored, on=["p", "t"], how="left", suffixes=("", "_held"), indicator=True)
         in_state = (found["_merge"] == "both").to_numpy()
         replay = in_state & (found["s"].to_numpy() == found["s_held"].to_numpy())
-        prior = self._newest[pos]
+        prior = _newest_before(held_pos, held.time_us, _offsets(held.source), pos, _offsets(inp.source))
         before = pd.Series(t).groupby(pos).cummax().groupby(pos).shift(1)
         running = before.to_numpy(dtype=np.float64, na_value=np.nan)
         prev = np.where(np.isnan(running), prior, np.maximum(prior, np.nan_to_num(running).astype(np.int64)))
