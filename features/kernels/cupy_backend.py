@@ -1,4 +1,4 @@
-"""The fused CuPy kernel: one generated ``cupy.ElementwiseKernel`` per schema.
+"""The fused CuPy kernel: one generated ``cupy.RawKernel`` per schema.
 
 Source generation is pure Python (no CuPy needed), so ``features kernels
 --show-source`` works on any machine. One GPU thread computes every kernel feature of
@@ -17,14 +17,21 @@ buffers are kept and reused (grown to the largest batch seen), so steady-state
 batches allocate nothing.
 
 Exactness: constants are written as hexadecimal float literals (exact; C++17, hence
-``--std=c++17``), the kernel is compiled with ``--fmad=false`` (no fused multiply-add
-contraction), and ``log1p`` is the portable ``fl_log1p`` (``numpy_backend.log1p``), so
-every value equals the NumPy program's bit for bit.
+``--std=c++17``; a non-finite one as its bit pattern), the kernel is compiled with
+``--fmad=false`` (no fused multiply-add contraction), ``log1p`` is the portable
+``fl_log1p`` (``numpy_backend.log1p``), and the float32 cast is ``fl_to_float32``,
+integer arithmetic on the bits: the kernel holds no single-precision instruction, so
+the ``-ftz=true`` that CuPy appends to every compile (flush float32 subnormals to zero)
+changes nothing. ``tests/unit/test_kernels_nvrtc.py`` compiles the translation unit with
+NVRTC (no GPU needed), checks the PTX has no ``.f32`` instruction, and runs the same
+source compiled by g++ against the NumPy program.
 """
 
 from __future__ import annotations
 
+import math
 import re
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -47,6 +54,7 @@ from features.kernels.numpy_backend import (
     KernelOutput,
     load_slot,
 )
+from features.kernels.nvrtc import CUPY_APPENDS
 from features.kernels.ops import (
     INT_BOUNDS,
     INVALID_BASE,
@@ -71,6 +79,8 @@ from features.kernels.ops import (
 )
 from features.schema.model import TypeKind
 
+#: threads per block of the launch (one thread per row)
+THREADS: Final = 256
 IN_PARAMS: Final = "raw float64 inp, int64 nrows"
 OUT_PARAMS: Final = "raw float64 outp"
 #: NVRTC options. C++17 for hexadecimal float literals (CuPy would otherwise pick C++11
@@ -79,8 +89,20 @@ NVRTC_OPTIONS: Final = ("--std=c++17", "--fmad=false")
 
 
 def c_double(value: float) -> str:
-    """An exact C literal for ``value`` (hexadecimal float, parenthesised)."""
-    return f"({float(value).hex()})"
+    """An exact C++ expression for ``value``: a hexadecimal float literal, parenthesised;
+    a non-finite value (a ``minmax`` span that overflows) as its bit pattern, which NVRTC
+    and a host compiler both take (``inf`` and ``nan`` are not C++ tokens)."""
+    v = float(value)
+    if math.isfinite(v):
+        return f"({v.hex()})"
+    bits = struct.unpack("<q", struct.pack("<d", v))[0]
+    return f"__longlong_as_double({bits}LL)"
+
+
+def c_comment(text: str) -> str:
+    """``text`` safe inside ``/* ... */``: printable ASCII only, no comment end."""
+    safe = "".join(ch if 32 <= ord(ch) < 127 else f"\\u{ord(ch):04x}" for ch in text)
+    return safe.replace("*/", "* /").replace("/*", "/ *")
 
 
 def _log1p_source() -> str:
@@ -110,6 +132,37 @@ __device__ double fl_log1p(double x) {{
 """
 
 
+_TO_FLOAT32 = """\
+/* x rounded to float32 (to nearest, ties to even; subnormals kept; beyond FLT_MAX: inf),
+   as a double, in integer arithmetic on the bits: no single-precision instruction, so
+   CuPy's -ftz=true (which flushes float32 subnormals) cannot change it, and it equals
+   NumPy's astype(float32) bit for bit. */
+__device__ double fl_to_float32(double x) {
+    unsigned long long b = (unsigned long long)__double_as_longlong(x);
+    unsigned long long sign = b >> 63;
+    int exp = (int)((b >> 52) & 0x7ff);
+    if (exp == 0x7ff) return x;                                   /* inf, nan */
+    unsigned long long sig = b & 0xfffffffffffffULL;
+    int e;                                                        /* x = sig * 2^(e - 52) */
+    if (exp == 0) { e = -1022; } else { sig |= 0x10000000000000ULL; e = exp - 1023; }
+    if (sig == 0) return x;                                       /* +-0 */
+    int drop = 29;                                                /* 53 - 24 significant bits */
+    if (e < -126) drop += -126 - e;                               /* float32 subnormal */
+    double r;
+    if (drop > 54) {
+        r = 0.0;                                                  /* below half the least subnormal */
+    } else {
+        unsigned long long q = sig >> drop;
+        unsigned long long rem = sig & ((1ULL << drop) - 1ULL);
+        unsigned long long half = 1ULL << (drop - 1);
+        if (rem > half || (rem == half && (q & 1ULL))) q += 1ULL;
+        r = ldexp((double)q, e - 52 + drop);                      /* exact: q < 2^25 */
+        if (r > (0x1.fffffep+127)) r = __longlong_as_double(0x7ff0000000000000LL);
+    }
+    return sign ? -r : r;
+}
+"""
+
 _UPPER_BOUND = """\
 /* Number of b[j] <= x (b sorted, strictly increasing): C++ upper_bound. */
 __device__ int fl_upper_bound(const double* b, int nb, double x) {
@@ -122,7 +175,8 @@ __device__ int fl_upper_bound(const double* b, int nb, double x) {
 
 @dataclass(frozen=True)
 class KernelSource:
-    """The generated kernel: what ``cupy.ElementwiseKernel`` is built from."""
+    """The generated kernel: a complete CUDA C++ translation unit that
+    ``cupy.RawKernel`` compiles as it is (and ``features.kernels.nvrtc`` without a GPU)."""
 
     name: str
     in_params: str
@@ -131,16 +185,24 @@ class KernelSource:
     operation: str
     options: tuple[str, ...] = NVRTC_OPTIONS
 
-    def render(self) -> str:
-        """The whole source as one readable text (``features kernels --show-source``)."""
+    def translation_unit(self) -> str:
+        """The whole source: the preamble's device functions, then one ``__global__``
+        function, one thread per row ``i``."""
+        body = "".join(f"    {line}\n" if line else "\n" for line in self.operation.splitlines())
         return (
-            f"// cupy.ElementwiseKernel {self.name!r}\n"
-            f"//   in_params:  {self.in_params}\n"
-            f"//   out_params: {self.out_params}\n"
-            f"//   options:    {' '.join(self.options)}\n"
-            f"// ---- preamble ----\n{self.preamble}"
-            f"// ---- operation (once per row i) ----\n{self.operation}"
+            f"{self.preamble}"
+            f'extern "C" __global__ void {self.name}(const double* __restrict__ inp, const long long nrows,\n'
+            f"        double* __restrict__ outp) {{\n"
+            f"    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n"
+            f"    if (i >= nrows) return;\n"
+            f"{body}"
+            f"}}\n"
         )
+
+    def render(self) -> str:
+        """The source as compiled, with its options (``features kernels --show-source``)."""
+        return (f"// cupy.RawKernel {self.name!r}; NVRTC options: {' '.join(self.options)} "
+                f"(CuPy appends {' '.join(CUPY_APPENDS)})\n{self.translation_unit()}")
 
 
 def _describe(op: KernelOp) -> str:
@@ -217,7 +279,7 @@ def _op_source(op: KernelOp, fidx: int, preamble: list[str]) -> str:
         return (f"if (st == {OK}) {{ double r = rint(x) + 0.0; "
                 f"if (r >= {c_double(lo)} && r < {c_double(hi)}) x = r; else st = {bad}; }}")
     if op.kind is TypeKind.FLOAT32:
-        return f"if (st == {OK}) {{ double r = (double)(float)x; if (isfinite(r)) x = r; else st = {bad}; }}"
+        return f"if (st == {OK}) {{ double r = fl_to_float32(x); if (isfinite(r)) x = r; else st = {bad}; }}"
     if op.kind is TypeKind.BOOL:
         return f"if (st == {OK}) {{ x = (x != 0.0) ? 1.0 : 0.0; }}"
     raise AssertionError(f"unhandled cast to {op.kind}")
@@ -230,29 +292,34 @@ def kernel_name(plan: ProgramPlan) -> str:
 def generate_source(plan: ProgramPlan) -> KernelSource:
     """The fused kernel of ``plan`` (deterministic: same plan, same text)."""
     preamble = [
-        f"// featureline transform kernel for schema {plan.schema_name} {plan.schema_version}.\n"
+        f"// featureline transform kernel for schema {c_comment(plan.schema_name)} "
+        f"{c_comment(str(plan.schema_version))}.\n"
         "// Generated by features.kernels.cupy_backend; semantics in features/kernels/ops.py.\n",
         _log1p_source(),
     ]
     needs_search = False
     n_kernel = len(plan.kernel)
-    body = ["const ptrdiff_t N = (ptrdiff_t)nrows;\n"]
+    body = ["const long long N = nrows;\n"]
     for j, fidx in enumerate(plan.kernel):
         fp: FeaturePlan = plan.features[fidx]
         assert fp.slot is not None
-        body.append(f"{{ /* feature {j}: {fp.name} <- {fp.feature.source} ({fp.dtype}) */\n")
-        body.append(f"    double x = inp[{fp.slot} * N + i];  /* {_describe_slot(plan.slots[fp.slot])} */\n")
+        body.append(f"{{ /* feature {j}: {c_comment(f'{fp.name} <- {fp.feature.source} ({fp.dtype})')} */\n")
+        described = c_comment(_describe_slot(plan.slots[fp.slot]))
+        body.append(f"    double x = inp[{fp.slot} * N + i];  /* {described} */\n")
         body.append(f"    int st = isnan(x) ? {NULL} : {OK};\n")
         for op in fp.ops:
             if isinstance(op, Bucketize) and len(op.boundaries) > UNROLLED_BOUNDARIES:
                 needs_search = True
-            body.append(f"    /* step {op.step}: {_describe(op)} */\n")
+            body.append(f"    /* step {op.step}: {c_comment(_describe(op))} */\n")
             body.append(f"    {_op_source(op, fidx, preamble)}\n")
         body.append(f"    outp[{j} * N + i] = x;\n")
         body.append(f"    outp[{n_kernel + j} * N + i] = (double)st;\n")
         body.append("}\n")
     if needs_search:
         preamble.insert(2, _UPPER_BOUND)
+    if any(isinstance(op, Cast) and op.kind is TypeKind.FLOAT32 and not op.exact
+           for fidx in plan.kernel for op in plan.features[fidx].ops):
+        preamble.insert(2, _TO_FLOAT32)
     return KernelSource(kernel_name(plan), IN_PARAMS, OUT_PARAMS, "".join(preamble), "".join(body))
 
 
@@ -278,13 +345,11 @@ class CupyBackend:
 
     @property
     def kernel(self) -> Any:
-        """The ``cupy.ElementwiseKernel`` (compiled by CuPy on first launch, then cached)."""
+        """The ``cupy.RawKernel`` of the generated translation unit (compiled by CuPy on
+        first use, then cached)."""
         if self._kernel is None:
             src = self.source
-            self._kernel = self.cp.ElementwiseKernel(
-                src.in_params, src.out_params, src.operation, src.name,
-                preamble=src.preamble, options=src.options,
-            )
+            self._kernel = self.cp.RawKernel(src.translation_unit(), src.name, options=src.options)
         return self._kernel
 
     def _reserve(self, rows: int) -> None:
@@ -315,7 +380,8 @@ class CupyBackend:
         """Run the fused kernel over ``rows`` rows of the uploaded inputs."""
         n_in = len(self.plan.slots) * rows
         n_out = 2 * len(self.plan.kernel) * rows
-        self.kernel(self._dev_in[:n_in], np.int64(rows), self._dev_out[:n_out], size=rows)
+        blocks = (rows + THREADS - 1) // THREADS
+        self.kernel((blocks,), (THREADS,), (self._dev_in[:n_in], np.int64(rows), self._dev_out[:n_out]))
 
     def download(self, rows: int) -> KernelOutput:
         """Copy the outputs back (one copy) and convert them to the declared dtypes."""

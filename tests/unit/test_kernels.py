@@ -1,13 +1,12 @@
 """Transform kernels on the CPU: every op's edge cases, policies, dtypes, hashing, and the
-generated CUDA source compiled as C (gcc) against the NumPy program, bit for bit."""
+generated CUDA translation unit compiled by g++ against the NumPy program, bit for bit
+(``tests/kernel_emulation.py``), and the CuPy backend's wiring with a g++-built stand-in."""
 
 from __future__ import annotations
 
 import ctypes
 import datetime as dt
 import math
-import shutil
-import subprocess
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ import pytest
 from features.errors import CompileError, DeviceUnavailable, SourceError
 from features.kernels import REJECT_SCHEMA, TransformResult, compile_transforms
 from features.kernels.columns import decimal_to_float64, prepare_slots
-from features.kernels.cupy_backend import KernelSource, generate_source
+from features.kernels.cupy_backend import generate_source
 from features.kernels.device import find_gpu, resolve_device
 from features.kernels.hashing import fnv1a64, fnv1a64_reference, hash_buckets
 from features.kernels.numpy_backend import NumpyBackend, log1p
@@ -446,24 +445,7 @@ def test_device_cpu_and_auto_without_gpu() -> None:
         resolve_device("tpu")  # type: ignore[arg-type]
 
 
-# --- the generated kernel source, compiled as C -----------------------------------------------
-
-
-def _compile_c(source: KernelSource, tmp_path: Path) -> Any:
-    gcc = shutil.which("gcc") or shutil.which("cc")
-    if gcc is None:
-        pytest.skip("no C compiler (gcc/cc) to compile the generated kernel source")
-    code = "\n".join([
-        "#include <math.h>", "#include <stddef.h>", "#define __device__", source.preamble,
-        "void fl_run(const double* inp, long long nrows, double* outp) {",
-        "  for (ptrdiff_t i = 0; i < (ptrdiff_t)nrows; ++i) {", source.operation, "  }", "}", "",
-    ])
-    c_file, lib = tmp_path / "kernel.c", tmp_path / "kernel.so"
-    c_file.write_text(code)
-    # -ffp-contract=off mirrors --fmad=false; -fno-fast-math keeps IEEE semantics.
-    subprocess.run([gcc, "-O2", "-std=c99", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared",
-                    "-o", str(lib), str(c_file), "-lm"], check=True, capture_output=True)
-    return ctypes.CDLL(str(lib)).fl_run
+# --- the generated kernel source, compiled by g++ (tests/kernel_emulation.py) ---------------
 
 
 ALL_OPS_FIELDS = [fld("id", "string"), fld("ts", "timestamp", unit="us", tz="UTC"), fld("x", "float64"),
@@ -507,12 +489,14 @@ def _all_ops_batch(n: int, seed: int) -> pa.RecordBatch:
     })
 
 
-def test_generated_kernel_compiled_as_c_equals_the_numpy_program_bit_for_bit(tmp_path: Path) -> None:
+def test_generated_kernel_compiled_by_gxx_equals_the_numpy_program_bit_for_bit(tmp_path: Path) -> None:
+    import kernel_emulation
+
     sch = schema(ALL_OPS_FIELDS, ALL_OPS_FEATURES, event_time="ts")
     plan = plan_program(sch)
     source = generate_source(plan)
     assert source == generate_source(plan_program(sch))  # deterministic
-    fl_run = _compile_c(source, tmp_path)
+    lib = kernel_emulation.build(source, tmp_path)
     n = 20_000
     batch = _all_ops_batch(n, seed=11)
     slots = prepare_slots(plan, batch, None)
@@ -522,10 +506,7 @@ def test_generated_kernel_compiled_as_c_equals_the_numpy_program_bit_for_bit(tmp
     for s, sv in enumerate(slots):
         load_slot(packed[s], sv, 0, n)
     k = len(plan.kernel)
-    outp = np.full(2 * k * n, np.nan)
-    ptr = ctypes.POINTER(ctypes.c_double)
-    fl_run(packed.ctypes.data_as(ptr), ctypes.c_longlong(n), outp.ctypes.data_as(ptr))
-    c_values, c_status = outp.reshape(2 * k, n)[:k], outp.reshape(2 * k, n)[k:].astype(np.int8)
+    c_values, c_status = kernel_emulation.run(lib, packed, k)
     ref = NumpyBackend(plan, chunk_rows=1000).run(slots, n)
     assert np.array_equal(c_status, ref.status)
     for j in range(k):
@@ -570,7 +551,8 @@ def test_cli_shows_the_program_and_the_kernel_source(capsys: pytest.CaptureFixtu
 
     assert main(["kernels", "--schema", str(ROOT / "schemas" / "clicks.yaml"), "--show-source"]) == 0
     out = capsys.readouterr().out
-    assert "cupy.ElementwiseKernel 'fl_transform_clicks'" in out
+    assert "cupy.RawKernel 'fl_transform_clicks'" in out
+    assert 'extern "C" __global__ void fl_transform_clicks(' in out
     assert "__device__ double fl_log1p(double x)" in out
     assert "hash_bucket(item_id, n=1024)" in out
     assert main(["kernels", "--schema", str(ROOT / "schemas" / "clicks.yaml"), "--device", "cpu"]) == 0
@@ -578,7 +560,7 @@ def test_cli_shows_the_program_and_the_kernel_source(capsys: pytest.CaptureFixtu
     assert "device cpu" in out and "event_type_onehot__purchase: int8" in out
 
 
-# --- the CuPy backend's wiring, with a C-compiled stand-in for CuPy ----------------------------
+# --- the CuPy backend's wiring, with a g++-built stand-in for CuPy ----------------------------
 
 
 class _HostArray(np.ndarray):  # type: ignore[type-arg]
@@ -597,27 +579,27 @@ class _HostArray(np.ndarray):  # type: ignore[type-arg]
 def _fake_cupy(tmp_path: Path, launches: list[dict[str, Any]]) -> Any:
     import types
 
-    class ElementwiseKernel:
-        def __init__(self, in_params: str, out_params: str, operation: str, name: str, *,
-                     preamble: str, options: tuple[str, ...]) -> None:
-            self.fn = _compile_c(KernelSource(name, in_params, out_params, preamble, operation, options),
-                                 tmp_path)
-            launches.append({"compiled": name, "options": options, "in": in_params, "out": out_params})
+    import kernel_emulation
 
-        def __call__(self, inp: npt.NDArray[np.float64], nrows: np.int64, outp: npt.NDArray[np.float64], *,
-                     size: int) -> None:
-            assert isinstance(nrows, np.int64) and size == int(nrows)
+    class RawKernel:
+        def __init__(self, code: str, name: str, *, options: tuple[str, ...]) -> None:
+            self.lib = kernel_emulation.build((code, name), tmp_path)
+            launches.append({"compiled": name, "options": options})
+
+        def __call__(self, grid: tuple[int], block: tuple[int], args: tuple[Any, ...]) -> None:
+            inp, nrows, outp = args
+            assert isinstance(nrows, np.int64) and grid[0] * block[0] >= int(nrows) > (grid[0] - 1) * block[0]
             ptr = ctypes.POINTER(ctypes.c_double)
-            self.fn(inp.ctypes.data_as(ptr), ctypes.c_longlong(int(nrows)), outp.ctypes.data_as(ptr))
-            launches.append({"rows": size})
+            self.lib.fl_run(inp.ctypes.data_as(ptr), ctypes.c_longlong(int(nrows)), outp.ctypes.data_as(ptr))
+            launches.append({"rows": int(nrows)})
 
     def empty(n: int, dtype: Any) -> _HostArray:
         return np.full(n, np.nan, dtype=dtype).view(_HostArray)  # NaN: stale data would show
 
-    return types.SimpleNamespace(ElementwiseKernel=ElementwiseKernel, empty=empty)
+    return types.SimpleNamespace(RawKernel=RawKernel, empty=empty)
 
 
-def test_cupy_backend_wiring_with_a_c_compiled_stand_in(
+def test_cupy_backend_wiring_with_a_gxx_built_stand_in(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import sys
@@ -639,7 +621,6 @@ def test_cupy_backend_wiring_with_a_c_compiled_stand_in(
         g, c = gpu.run(batch), cpu.run(batch)
         assert g.features.equals(c.features) and g.rejects.equals(c.rejects)
         assert g.kept_row_index.equals(c.kept_row_index)
-    assert launches[0] == {"compiled": "fl_transform_t", "options": ("--std=c++17", "--fmad=false"),
-                           "in": "raw float64 inp, int64 nrows", "out": "raw float64 outp"}
+    assert launches[0] == {"compiled": "fl_transform_t", "options": ("--std=c++17", "--fmad=false")}
     assert [entry["rows"] for entry in launches[1:]] == [3_000, 17, 3_000, 1]  # one launch per batch
     assert gpu.backend._capacity == 3_000  # type: ignore[attr-defined]  # grown once, then reused
