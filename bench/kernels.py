@@ -224,6 +224,10 @@ def naive_chain(plan: ProgramPlan, inputs: Sequence[Any], xp: Any) -> tuple[list
     return values, xp.stack(status) if status else xp.zeros((0, 0), dtype=xp.int8)
 
 
+#: labels whose outputs differed from the fused NumPy program's (main exits 1 when any did)
+MISMATCHES: list[str] = []
+
+
 def check_equal(plan: ProgramPlan, ref: KernelOutput, values: Sequence[Any], status: Any, label: str) -> None:
     """Print whether ``label``'s outputs equal the fused NumPy program's, bit for bit."""
     differ = [] if np.array_equal(ref.status, status) else ["status"]
@@ -233,6 +237,8 @@ def check_equal(plan: ProgramPlan, ref: KernelOutput, values: Sequence[Any], sta
         if a.shape != b.shape or not np.array_equal(a.view(np.uint8), b.view(np.uint8)):
             differ.append(plan.features[fidx].name)
     verdict = "identical" if not differ else f"DIFFERENT in {', '.join(differ)}"
+    if differ:
+        MISMATCHES.append(label)
     print(f"  check: {label} outputs vs numpy fused: {verdict}", flush=True)
 
 
@@ -322,6 +328,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"numpy {np.__version__}, pyarrow {pa.__version__}, python {sys.version.split()[0]}")
     for rows in (int(r) for r in args.rows.split(",")):
         bench_rows(schema, rows, args.repeat, args.chunk, args.gpu)
+    if MISMATCHES:
+        print(f"MISMATCH: outputs differ from the fused NumPy program in: {', '.join(MISMATCHES)}",
+              file=sys.stderr)
+        return 1
     return 0
 
 

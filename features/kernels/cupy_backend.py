@@ -343,6 +343,14 @@ class CupyBackend:
         self._host_in: npt.NDArray[np.float64] = np.empty(0)
         self._host_out: npt.NDArray[np.float64] = np.empty(0)
 
+    def compile(self) -> None:
+        """Compile the kernel now (NVRTC, through CuPy): raises what CuPy raises when it
+        cannot (no runtime compiler, a driver error); a no-op without kernel features."""
+        if self.plan.kernel:
+            kernel = self.kernel
+            if hasattr(kernel, "compile"):
+                kernel.compile()
+
     @property
     def kernel(self) -> Any:
         """The ``cupy.RawKernel`` of the generated translation unit (compiled by CuPy on

@@ -9,6 +9,7 @@ rows a ``reject`` policy refused, as reject rows in the validator's fixed column
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Protocol
@@ -20,6 +21,7 @@ import pyarrow as pa
 from features.compile.arrow import arrow_type
 from features.compile.rules import ReasonCode
 from features.config import Device
+from features.errors import DeviceUnavailable
 from features.kernels.columns import SlotValues, one_hot_values, prepare_slots
 from features.kernels.cupy_backend import KernelSource, generate_source
 from features.kernels.numpy_backend import (
@@ -40,6 +42,8 @@ from features.kernels.ops import (
 )
 from features.schema.model import FieldType, Schema
 from features.validate.result import REJECT_SCHEMA
+
+log = logging.getLogger("features.kernels")
 
 
 def arrow_dtype(dtype: FieldType) -> pa.DataType:
@@ -217,9 +221,12 @@ def compile_transforms(
 ) -> TransformProgram:
     """Compile the derived features of ``schema`` for ``device`` (Settings.device).
 
-    ``auto`` runs on the GPU when CuPy imports and a CUDA device exists, else on the
-    CPU; ``gpu`` without a GPU raises DeviceUnavailable; ``chunk_rows`` tunes the NumPy
-    program. Raises CompileError for features no backend can run (``ops.plan_program``).
+    ``auto`` runs on the GPU when CuPy imports, a CUDA device exists and the kernel
+    compiles there (compiled here, once: a machine with a GPU but no working runtime
+    compiler falls back to the CPU with one warning instead of failing mid-load), else on
+    the CPU; ``gpu`` without all three raises DeviceUnavailable; ``chunk_rows`` tunes the
+    NumPy program. Raises CompileError for features no backend can run
+    (``ops.plan_program``).
     """
     from features.kernels.device import resolve_device
 
@@ -229,7 +236,18 @@ def compile_transforms(
         from features.kernels.cupy_backend import CupyBackend
 
         assert cupy is not None
-        return TransformProgram(plan, CupyBackend(plan, cupy))
+        gpu = CupyBackend(plan, cupy)
+        try:
+            gpu.compile()  # now, not on the first batch of a long load
+        except Exception as exc:  # CuPy's compile and driver errors share no base class
+            why = (f"the GPU kernel of schema {schema.name} does not compile here "
+                   f"({type(exc).__name__}: {exc})")
+            if device == "gpu":
+                raise DeviceUnavailable(f"device gpu was requested (FEATURES_DEVICE=gpu) but {why}; use "
+                                        "FEATURES_DEVICE=auto or cpu to run on the CPU") from exc
+            log.warning("FEATURES_DEVICE=auto: %s; the transforms run on the CPU (NumPy)", why)
+            return TransformProgram(plan, NumpyBackend(plan, chunk_rows=chunk_rows))
+        return TransformProgram(plan, gpu)
     return TransformProgram(plan, NumpyBackend(plan, chunk_rows=chunk_rows))
 
 

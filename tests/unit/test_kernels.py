@@ -624,3 +624,37 @@ def test_cupy_backend_wiring_with_a_gxx_built_stand_in(
     assert launches[0] == {"compiled": "fl_transform_t", "options": ("--std=c++17", "--fmad=false")}
     assert [entry["rows"] for entry in launches[1:]] == [3_000, 17, 3_000, 1]  # one launch per batch
     assert gpu.backend._capacity == 3_000  # type: ignore[attr-defined]  # grown once, then reused
+
+
+def test_auto_falls_back_to_the_cpu_with_one_warning_when_the_gpu_kernel_cannot_compile(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A machine with a GPU but no working runtime compiler: ``auto`` checks at start
+    (not on the first batch), runs on the CPU and says why once; ``gpu`` refuses."""
+    import types
+
+    import features.kernels.device as device
+    from features.errors import DeviceUnavailable
+
+    compiles: list[str] = []
+
+    class RawKernel:
+        def __init__(self, code: str, name: str, *, options: tuple[str, ...]) -> None:
+            self.name = name
+
+        def compile(self) -> None:
+            compiles.append(self.name)
+            raise RuntimeError("cannot load libnvrtc.so.12")
+
+    fake = types.SimpleNamespace(RawKernel=RawKernel)
+    monkeypatch.setattr(device, "find_gpu", lambda: (fake, ""))
+    sch = schema(ALL_OPS_FIELDS, ALL_OPS_FEATURES, event_time="ts")
+    with caplog.at_level("WARNING", logger="features.kernels"):
+        program = compile_transforms(sch, device="auto")
+    assert program.device == "cpu" and compiles == ["fl_transform_t"]
+    warnings = [r for r in caplog.records if r.name == "features.kernels"]
+    assert len(warnings) == 1 and "does not compile here" in warnings[0].getMessage()
+    assert "cannot load libnvrtc.so.12" in warnings[0].getMessage()
+    batch = _all_ops_batch(100, seed=3)
+    assert program.run(batch).features.equals(compile_transforms(sch, device="cpu").run(batch).features)
+    with pytest.raises(DeviceUnavailable, match=r"FEATURES_DEVICE=gpu.*does not compile here"):
+        compile_transforms(sch, device="gpu")
