@@ -52,7 +52,7 @@ class Collector:
     def inputs(self) -> Inputs:
         if not self.parts:
             return extract(self.spec, _empty(self.spec))
-        return _concat(self.parts)
+        return Inputs.concat(self.parts)
 
 
 def _empty(spec: AggSpec) -> pa.Table:
@@ -93,7 +93,7 @@ def backfill(spec: AggSpec, inputs: Inputs, writer: AggregateWriter, ctx: RunCon
     stored = writer.stored_inputs(spec, entity.take(pa.array(firsts)), lo - longest, hi + longest,
                                   exclude_run=ctx.run_id)
     counts.from_history = len(stored)
-    merged = _concat([stored, inputs]) if len(stored) else inputs
+    merged = Inputs.concat([stored, inputs])
     m = len(stored)
     mcodes = group_codes(merged.entity) if m else codes
     kk = int(mcodes.max()) + 1
@@ -129,7 +129,7 @@ def backfill(spec: AggSpec, inputs: Inputs, writer: AggregateWriter, ctx: RunCon
                 idx_g = order[bounds[g]:bounds[g + 1]]
                 if len(idx_g) == 0:
                     continue
-                sub = _take(merged, idx_g)
+                sub = merged.take(idx_g)
                 result = compute(spec, sub)
                 counts.duplicates += _duplicates_of_the_load(sub, result, idx_g >= m)
                 at = idx_g[result.accepted]
@@ -169,27 +169,6 @@ def _duplicates_of_the_load(events: Inputs, result: Computed, of_load: npt.NDArr
     holder[group[result.accepted]] = result.accepted
     same = pc.equal(events.source.take(pa.array(dup)), events.source.take(pa.array(holder[group[dup]])))
     return len(dup) - int(pc.sum(same).as_py() or 0)
-
-
-def _take(inputs: Inputs, idx: npt.NDArray[np.int64]) -> Inputs:
-    """The events at ``idx``, in that order."""
-    at = pa.array(idx, pa.int64())
-    return Inputs(inputs.entity.take(at), inputs.time_us[idx], inputs.source.take(at),
-                  {k: v[idx] for k, v in inputs.contrib.items()},
-                  {k: (v.take(at) if isinstance(v, pa.Array) else v[idx]) for k, v in inputs.values.items()})
-
-
-def _concat(parts: list[Inputs]) -> Inputs:
-    """Inputs one after the other (the entity arrays cast to the last part's type)."""
-    entity_type = parts[-1].entity.type
-    values: dict[str, Any] = {}
-    for name in parts[-1].values:
-        vs = [x.values[name] for x in parts]
-        values[name] = (pa.concat_arrays([v.cast(vs[-1].type) for v in vs]) if isinstance(vs[0], pa.Array)
-                        else np.concatenate(vs))
-    return Inputs(pa.concat_arrays([x.entity.cast(entity_type) for x in parts]),
-                  np.concatenate([x.time_us for x in parts]), pa.concat_arrays([x.source for x in parts]),
-                  {k: np.concatenate([x.contrib[k] for x in parts]) for k in parts[-1].contrib}, values)
 
 
 __all__ = ["WRITE_CHUNK", "Collector", "backfill"]

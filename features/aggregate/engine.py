@@ -128,6 +128,30 @@ class Inputs:
     def __len__(self) -> int:
         return len(self.time_us)
 
+    def take(self, idx: I64) -> Inputs:
+        """The events at ``idx``, in that order."""
+        at = pa.array(idx, pa.int64())
+        return Inputs(self.entity.take(at), self.time_us[idx], self.source.take(at),
+                      {k: v[idx] for k, v in self.contrib.items()},
+                      {k: v.take(at) if isinstance(v, pa.Array) else v[idx] for k, v in self.values.items()})
+
+    @staticmethod
+    def concat(parts: list[Inputs]) -> Inputs:
+        """Inputs one after the other (Arrow columns cast to the last part's types);
+        empty parts are skipped, and a single part comes back as it is."""
+        parts = [p for p in parts if len(p)] or parts[-1:]
+        if len(parts) == 1:
+            return parts[0]
+        entity_type = parts[-1].entity.type
+        values: dict[str, Any] = {}
+        for name in parts[-1].values:
+            vs = [x.values[name] for x in parts]
+            values[name] = (pa.concat_arrays([v.cast(vs[-1].type) for v in vs]) if isinstance(vs[0], pa.Array)
+                            else np.concatenate(vs))
+        return Inputs(pa.concat_arrays([x.entity.cast(entity_type) for x in parts]),
+                      np.concatenate([x.time_us for x in parts]), pa.concat_arrays([x.source for x in parts]),
+                      {k: np.concatenate([x.contrib[k] for x in parts]) for k in parts[-1].contrib}, values)
+
 
 def _scaled_decimal(arr: pa.Array) -> I64:
     """decimal128 values as int64 unscaled integers (exact; nulls become 0)."""

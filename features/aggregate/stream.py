@@ -1,8 +1,9 @@
 """Windowed aggregations in the stream's micro-batch: vectorised, state in the stores.
 
 The stream job computes aggregations where it validates and writes: in the micro-batch
-(``features.stream.core.StreamProcessor``), after the batch's history rows are stored,
-:meth:`StreamAggregator.apply` takes its valid rows in arrival order and
+(``features.stream.core.StreamProcessor``), :meth:`StreamAggregator.plan` takes the
+batch's valid rows in arrival order while their history rows are written, and
+:meth:`StreamAggregator.commit` writes after them:
 
 1. **state**: keeps, per entity, the events it accepted in the last ``horizon``
    (allowed lateness + longest window) before the entity's newest accepted event, in
@@ -32,6 +33,7 @@ error that says so.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -41,8 +43,6 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from features.aggregate.backfill import _concat as concat
-from features.aggregate.backfill import _take
 from features.aggregate.engine import AggSpec, Inputs, compute, extract, finalize, raw_schema
 from features.aggregate.writer import AggregateCounts, AggregateWriter, late_rejects
 from features.errors import ConfigError
@@ -54,12 +54,6 @@ NONE = np.iinfo(np.int64).min  # "no accepted event yet"
 
 class KeyingError(ConfigError):
     """An entity's records arrive on more than one Kafka partition."""
-
-
-def _concat(parts: list[Inputs]) -> Inputs:
-
-    parts = [p for p in parts if len(p)] or parts[:1]
-    return parts[0] if len(parts) == 1 else concat(parts)
 
 
 def _offsets(sources: pa.Array) -> I64:
@@ -132,18 +126,6 @@ class StreamAggregator:
         if self.evict_after_us is None:
             self.evict_after_us = self.spec.horizon_us
 
-    @property
-    def held_events(self) -> int:
-        return 0 if self._events is None else len(self._events)
-
-    @property
-    def held_entities(self) -> int:
-        return 0 if self._known is None else len(self._known)
-
-    def apply(self, rows: pa.Table, ctx: RunContext) -> AggregateCounts:
-        """Aggregate one micro-batch's valid rows (arrival order, with ``_source``)."""
-        return self.commit(self.plan(rows, ctx))
-
     def plan(self, rows: pa.Table, ctx: RunContext) -> Plan:
         """Everything but the writes: read back the entities not held, classify, compute.
         It does not need this micro-batch's history rows stored (its events have no
@@ -163,7 +145,7 @@ class StreamAggregator:
             inp = Inputs(entity, inp.time_us, inp.source, inp.contrib, inp.values)
         if self._known is None:
             self._known = entity.slice(0, 0)
-            self._events = _take(inp, np.zeros(0, np.int64))
+            self._events = inp.take(np.zeros(0, np.int64))
         out.from_history = self._learn(pc.unique(entity))
         assert self._known is not None and self._events is not None
         pos = np.asarray(pc.index_in(entity, value_set=self._known).to_numpy(zero_copy_only=False),
@@ -175,7 +157,7 @@ class StreamAggregator:
         mark = np.zeros(len(self._known), dtype=np.bool_)
         mark[pos] = True
         held_idx = np.flatnonzero(mark[self._event_pos])
-        held = _take(self._events, held_idx)
+        held = self._events.take(held_idx)
         held_pos = self._event_pos[held_idx]
 
         # classify, in arrival order
@@ -201,8 +183,8 @@ class StreamAggregator:
 
         # compute over the held events and the accepted ones; write from each entity's
         # earliest new (or replayed) event on
-        new = _take(inp, accepted)
-        merged = _concat([held, new])
+        new = inp.take(accepted)
+        merged = Inputs.concat([held, new])
         merged_pos = np.concatenate([held_pos, pos[accepted]])
         result = compute(spec, merged)
         lower = np.full(len(self._known), np.iinfo(np.int64).max, dtype=np.int64)
@@ -237,7 +219,7 @@ class StreamAggregator:
         if len(plan.new):
             assert self._events is not None and plan.new_pos is not None
             np.maximum.at(self._newest, plan.new_pos, plan.new.time_us)
-            self._events = _concat([self._events, plan.new])
+            self._events = Inputs.concat([self._events, plan.new])
             self._event_pos = np.concatenate([self._event_pos, plan.new_pos])
         self._forget()
         out.seconds += time.perf_counter() - t0
@@ -263,8 +245,7 @@ class StreamAggregator:
             at = np.asarray(pc.index_in(ent, value_set=missing).to_numpy(zero_copy_only=False),
                             dtype=np.int64)
             np.maximum.at(newest, at, events.time_us)
-            self._events = _concat([self._events, Inputs(ent, events.time_us, events.source, events.contrib,
-                                                         events.values)])
+            self._events = Inputs.concat([self._events, dataclasses.replace(events, entity=ent)])
             self._event_pos = np.concatenate([self._event_pos, base + at])
         self._newest = np.concatenate([self._newest, newest])
         return len(events)
@@ -314,7 +295,7 @@ class StreamAggregator:
             self._event_pos = remap[self._event_pos]
         if not keep.all():
             idx = np.flatnonzero(keep)
-            self._events = _take(self._events, idx)
+            self._events = self._events.take(idx)
             self._event_pos = self._event_pos[idx]
 
 

@@ -81,8 +81,6 @@ from features.schema.model import TypeKind
 
 #: threads per block of the launch (one thread per row)
 THREADS: Final = 256
-IN_PARAMS: Final = "raw float64 inp, int64 nrows"
-OUT_PARAMS: Final = "raw float64 outp"
 #: NVRTC options. C++17 for hexadecimal float literals (CuPy would otherwise pick C++11
 #: or C++14); no contraction of a * b + c into an fma, which rounds once instead of twice.
 NVRTC_OPTIONS: Final = ("--std=c++17", "--fmad=false")
@@ -179,8 +177,6 @@ class KernelSource:
     ``cupy.RawKernel`` compiles as it is (and ``features.kernels.nvrtc`` without a GPU)."""
 
     name: str
-    in_params: str
-    out_params: str
     preamble: str
     operation: str
     options: tuple[str, ...] = NVRTC_OPTIONS
@@ -320,7 +316,7 @@ def generate_source(plan: ProgramPlan) -> KernelSource:
     if any(isinstance(op, Cast) and op.kind is TypeKind.FLOAT32 and not op.exact
            for fidx in plan.kernel for op in plan.features[fidx].ops):
         preamble.insert(2, _TO_FLOAT32)
-    return KernelSource(kernel_name(plan), IN_PARAMS, OUT_PARAMS, "".join(preamble), "".join(body))
+    return KernelSource(kernel_name(plan), "".join(preamble), "".join(body))
 
 
 class CupyBackend:
@@ -413,4 +409,4 @@ class CupyBackend:
         return self.download(rows)
 
 
-__all__ = ["IN_PARAMS", "OUT_PARAMS", "CupyBackend", "KernelSource", "c_double", "generate_source"]
+__all__ = ["CupyBackend", "KernelSource", "c_double", "generate_source"]
