@@ -60,7 +60,9 @@ class Settings:
     ``sslmode``, ``sslrootcert``, ``sslcert`` pass through to the driver."""
     redis_url: str = DEFAULT_REDIS_URL
     """redis:// or rediss:// URL of the hot store (``rediss://user:password@host:port/db
-    ?ssl_ca_certs=/path/ca.pem``; see ``docs/security.md`` for the TLS parameters)."""
+    ?ssl_ca_certs=/path/ca.pem``; see ``docs/security.md`` for the TLS parameters), or
+    ``redis+cluster://`` / ``rediss+cluster://host:port,host:port`` for a Redis Cluster
+    (``docs/redis.md``)."""
     kafka_bootstrap: str = DEFAULT_KAFKA_BOOTSTRAP
     """Kafka bootstrap servers, comma separated host:port."""
     kafka_properties: Mapping[str, str] = field(default_factory=dict, hash=False)

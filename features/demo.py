@@ -149,11 +149,22 @@ def _read_back(settings: Any, compiled: Any) -> None:
     import psycopg
     import redis
 
-    from features.sinks.redis import entity_key
+    from features.sinks.redis import RedisEndpoint, entity_key
 
-    r = redis.Redis.from_url(settings.redis_url)
     key = entity_key(compiled.name, "APP-001000000007")
-    raw: dict[bytes, bytes] = r.hgetall(key)  # type: ignore[assignment]  # sync client
+    endpoint = RedisEndpoint.from_url(settings.redis_url)
+    if endpoint.cluster:  # a Redis Cluster: ask the slot's primary
+        from features.sinks.redis_cluster import Cluster, key_slot
+
+        cluster = Cluster(endpoint, timeout_s=10)
+        try:
+            flat = cluster.call(key_slot(key), ["HGETALL", key])
+        finally:
+            cluster.close()
+        raw = dict(zip(flat[::2], flat[1::2], strict=True))
+    else:
+        r = redis.Redis.from_url(settings.redis_url, **endpoint.redis_py_options())
+        raw = r.hgetall(key)  # type: ignore[assignment]  # sync client
     hot = {k.decode(): v.decode() for k, v in raw.items()}
     shown = {k: hot[k] for k in ("income_monthly", "income_log", "debt_to_income", "_source") if k in hot}
     print(f"redis    HGETALL {key}: {shown}")

@@ -73,6 +73,20 @@ def check_all(settings: Any, *, timeout_s: float = 5.0) -> list[Check]:
     endpoint = RedisEndpoint.from_url(settings.redis_url)
 
     def redis_ping() -> str:
+        if endpoint.cluster:  # every primary of the slot map answers PING
+            from features.sinks.redis_cluster import Cluster
+
+            cluster = Cluster(endpoint, timeout_s=timeout_s)
+            try:
+                cluster.refresh()
+                for node in cluster.nodes:
+                    reply = cluster.conn(node).call(["PING"])
+                    if reply != b"PONG":
+                        raise RuntimeError(f"{node[0]}:{node[1]}: unexpected reply {reply!r}")
+            finally:
+                cluster.close()
+            return (f"{cluster.address}: Redis Cluster, {len(cluster.nodes)} primaries answer PING, "
+                    "every slot served")
         sock = endpoint.connect(timeout_s)
         try:
             sock.sendall(b"*1\r\n$4\r\nPING\r\n")

@@ -272,8 +272,19 @@ class FeatureStore:
         if self._aredis is None:
             from features.sinks.redis import RedisEndpoint
 
-            tls = RedisEndpoint.from_url(self.redis_url).redis_py_options()  # the same TLS checks
-            self._aredis = aredis.Redis.from_url(self.redis_url, socket_timeout=self.timeout_s, **tls)
+            endpoint = RedisEndpoint.from_url(self.redis_url)
+            tls = endpoint.redis_py_options()  # the same TLS checks
+            if endpoint.cluster:  # redis-py's cluster client: routes each HMGET by slot
+                from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+                self._aredis = RedisCluster(
+                    startup_nodes=[ClusterNode(h, p) for h, p in endpoint.seeds],
+                    username=endpoint.username, password=endpoint.password, socket_timeout=self.timeout_s,
+                    ssl=endpoint.tls, ssl_ca_certs=endpoint.ca_certs, ssl_certfile=endpoint.certfile,
+                    ssl_keyfile=endpoint.keyfile,
+                    **({"ssl_cert_reqs": endpoint.cert_reqs} if endpoint.tls else {}), **tls)
+            else:
+                self._aredis = aredis.Redis.from_url(self.redis_url, socket_timeout=self.timeout_s, **tls)
         pipe = self._aredis.pipeline(transaction=False)
         for keys, fields in req.reads:
             for k in keys:
@@ -571,11 +582,25 @@ class _RawRedis:
         self.address = self.endpoint.address
         self.timeout_s = timeout_s
         self._sock: Any = None
+        #: a Redis Cluster (a ``redis+cluster://`` URL, or a node that answered -MOVED):
+        #: each HMGET goes to its slot's primary (features.sinks.redis_cluster)
+        self._cluster: Any = None
+        if self.endpoint.cluster:
+            self._use_cluster()
+
+    def _use_cluster(self) -> None:
+        from features.sinks.redis_cluster import Cluster
+
+        self.close()
+        self._cluster = Cluster(self.endpoint, timeout_s=self.timeout_s)
+        self.address = self._cluster.address
 
     def _connect(self) -> None:
         self._sock = self.endpoint.connect(self.timeout_s)
 
     def close(self) -> None:
+        if self._cluster is not None:
+            self._cluster.invalidate()
         if self._sock is not None:
             try:
                 self._sock.close()
@@ -585,6 +610,8 @@ class _RawRedis:
     def hmget_many(self, reads: Sequence[tuple[Sequence[str], Sequence[str]]]) -> list[list[bytes | None]]:
         """One ``HMGET key *fields`` per key of each ``(keys, fields)`` group, every group
         sent in one write (one round trip); the replies in the same order."""
+        if self._cluster is not None:
+            return self._hmget_cluster(reads)
         request = b"".join(_hmget_request(keys, fields) for keys, fields in reads)
         widths = [len(fields) for keys, fields in reads for _ in keys]
         for attempt in (1, 2):
@@ -593,6 +620,9 @@ class _RawRedis:
                     self._connect()
                 self._sock.sendall(request)
                 return self._read_arrays(widths)
+            except _Moved:  # a plain URL naming one node of a cluster: route by slot from now on
+                self._use_cluster()
+                return self._hmget_cluster(reads)
             except (OSError, ConnectionError) as exc:
                 self.close()
                 if attempt == 2:
@@ -602,6 +632,30 @@ class _RawRedis:
                 self.close()  # replies may be left unread: never reuse this connection
                 raise
         raise AssertionError("unreachable")
+
+    def _hmget_cluster(self, reads: Sequence[tuple[Sequence[str], Sequence[str]]]
+                       ) -> list[list[bytes | None]]:
+        """:meth:`hmget_many` on a cluster: every primary gets its keys' HMGETs in one write
+        (all primaries before any reply is read), redirections followed."""
+        from features.sinks.redis_cluster import ReplyError, key_slots
+
+        keys = [k for ks, _ in reads for k in ks]
+        calls = [_hmget_request([k], fields) for ks, fields in reads for k in ks]
+        slots = key_slots(pa.array(keys, pa.string()))
+        for attempt in (1, 2):
+            try:
+                replies = self._cluster.send_calls(calls, slots, replies=True)
+                break
+            except (OSError, ConnectionError, SinkUnavailable) as exc:
+                self._cluster.invalidate()
+                if attempt == 2:
+                    raise SinkUnavailable(f"Redis Cluster unreachable at {self.address}: {exc}",
+                                          store="redis", address=self.address) from exc
+        for reply in replies:
+            if isinstance(reply, ReplyError):
+                raise SinkError(f"Redis Cluster at {self.address} refused HMGET: {reply.text}",
+                                store="redis", address=self.address)
+        return replies  # type: ignore[no-any-return]  # lists of bytes/None
 
     def _read_arrays(self, widths: Sequence[int]) -> list[list[bytes | None]]:
         """One reply per item of ``widths``, each an array of that many bulk strings (or an
@@ -624,6 +678,8 @@ class _RawRedis:
                 row: list[bytes | None] = []
                 end = buf.index(b"\r\n", pos)
                 head = bytes(buf[pos:end])
+                if head.startswith(b"-MOVED"):
+                    raise _Moved(head.decode(errors="replace"))
                 if head[:1] == b"-":
                     raise SinkError(f"Redis at {self.address} refused HMGET: {head.decode(errors='replace')}",
                                     store="redis", address=self.address)
@@ -645,6 +701,10 @@ class _RawRedis:
                 pos = start
                 more()
         return out
+
+
+class _Moved(Exception):
+    """A -MOVED reply: the server is one node of a Redis Cluster."""
 
 
 def _hmget_request(keys: Sequence[str], fields: Sequence[str]) -> bytes:

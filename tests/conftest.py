@@ -74,6 +74,45 @@ def redis_prefix(request: pytest.FixtureRequest, settings: Settings) -> Iterator
     client.close()
 
 
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[object]:
+    """The local Redis Cluster (3 primaries + 3 replicas, ports 7101-7106, from the Debian
+    ``redis-server``), started if it is not running (``features dev up --redis-cluster``
+    starts the same one). Yields the service (``.url``: its ``redis+cluster://`` URL)."""
+    from features.dev.services import RedisCluster
+    from features.errors import ServiceError
+
+    cluster = RedisCluster()
+    try:
+        cluster.install()
+        cluster.start()
+    except ServiceError as exc:
+        pytest.fail(f"could not start the local Redis Cluster: {exc}")
+    yield cluster
+
+
+@pytest.fixture()
+def redis_cluster_prefix(request: pytest.FixtureRequest, redis_cluster: object) -> Iterator[str]:
+    """A unique key prefix on the cluster; every key under it (on every primary) is deleted after."""
+    import redis
+    from redis.cluster import ClusterNode, RedisCluster
+
+    prefix = _unique(request, "t") + ":"
+    yield prefix
+    client = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", p) for p in (7101, 7102, 7103)],
+                          socket_timeout=5)
+    try:
+        for node in client.get_primaries():
+            conn = client.get_redis_connection(node)
+            keys = list(conn.scan_iter(match=prefix + "*", count=10_000))
+            for key in keys:
+                conn.delete(key)
+    except redis.RedisError:
+        pass  # a fault test may have left the cluster failing over; its keys are throwaway
+    finally:
+        client.close()
+
+
 @pytest.fixture()
 def kafka_topic(request: pytest.FixtureRequest, settings: Settings) -> Iterator[str]:
     """A fresh topic (1 partition) created on the real broker, deleted after the test."""

@@ -16,7 +16,10 @@ def add_parser(sub: Any) -> None:
         "it is checked, never started or stopped.",
     )
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
-    verbs.add_parser("up", help="install what is missing and start everything (idempotent)")
+    up = verbs.add_parser("up", help="install what is missing and start everything (idempotent)")
+    up.add_argument("--redis-cluster", action="store_true",
+                    help="also start a local Redis Cluster (3 primaries + 3 replicas, ports 7101-7106; "
+                    "URL redis+cluster://127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103)")
     verbs.add_parser("down", help="stop what `up` started (pid files under .dev/pids)")
     verbs.add_parser("status", help="print each service with address, version and health; "
                      "exit 1 when any is down")
@@ -31,7 +34,8 @@ def run(args: argparse.Namespace) -> int:
     if args.verb == "down":
         services.down(settings)
         return 0
-    rows = services.up(settings) if args.verb == "up" else services.status(settings)
+    rows = (services.up(settings, redis_cluster=args.redis_cluster) if args.verb == "up"
+            else services.status(settings))
     for row in rows:
         print(row.line())
     return 0 if all(r.healthy for r in rows) else 1

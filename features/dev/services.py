@@ -17,6 +17,7 @@ processes whose pid files ``up`` wrote.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -371,6 +372,119 @@ class Redis:
             return "unknown"
 
 
+class RedisCluster:
+    """A local Redis Cluster: three primaries with one replica each, from the Debian
+    ``redis-server`` package, on loopback ports ``base_port`` .. ``base_port + 5`` (each
+    node also listens on its port + 10000, the cluster bus). Throwaway: no persistence,
+    a 2 s node timeout so failovers finish quickly in tests. Not part of a plain
+    ``features dev up``: ``features dev up --redis-cluster`` or the tests start it."""
+
+    NODES = 6
+
+    def __init__(self, base_port: int = 7101, *, name: str = "redis-cluster") -> None:
+        self.name = name
+        self.host = "127.0.0.1"
+        self.ports = [base_port + i for i in range(self.NODES)]
+        self.dir = STATE / name
+        self.log = self.dir / f"{self.ports[0]}.log"
+        self.external = False
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.ports[0]}-{self.ports[-1]}"
+
+    @property
+    def url(self) -> str:
+        """The ``redis+cluster://`` URL naming the three first nodes as seeds."""
+        return "redis+cluster://" + ",".join(f"{self.host}:{p}" for p in self.ports[:3])
+
+    def pidfile(self, port: int) -> Path:
+        return STATE / "pids" / f"{self.name}-{port}.pid"
+
+    def install(self) -> None:
+        if shutil.which("redis-server") is None:
+            _apt_install("redis-server", service=self.name)
+
+    def running(self) -> bool:
+        return any(_read_pid(self.pidfile(p)) is not None for p in self.ports)
+
+    def start(self) -> str:
+        """Start the six nodes and create the cluster (idempotent: a healthy cluster is kept;
+        a broken one, e.g. after a fault test, is stopped and created afresh)."""
+        if self.healthy():
+            return "already running"
+        self.stop()
+        for port in self.ports:
+            if _port_open(self.host, port) or _port_open(self.host, port + 10000):
+                raise ServiceError(f"port {port} (or its cluster bus port {port + 10000}) is already in "
+                                   "use by a process that is not ours", service=self.name)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (STATE / "pids").mkdir(parents=True, exist_ok=True)
+        for port in self.ports:
+            (self.dir / f"nodes-{port}.conf").unlink(missing_ok=True)
+            self.start_node(port)
+        for port in self.ports:
+            _wait(f"redis node {port} to answer PING", functools.partial(self._ping, port),
+                  service=self.name, timeout=30, log=self.dir / f"{port}.log")
+        _run(["redis-cli", "--cluster", "create", *(f"{self.host}:{p}" for p in self.ports),
+              "--cluster-replicas", "1", "--cluster-yes"], service=self.name, timeout=120)
+        _wait("the cluster to cover every slot with every replica attached", self.healthy,
+              service=self.name, timeout=60, log=self.log)
+        return "started"
+
+    def start_node(self, port: int) -> None:
+        """Start (or restart, after a test killed it) the node on ``port``; it rejoins the
+        cluster from its nodes file."""
+        _run(["redis-server", "--bind", self.host, "--port", str(port), "--cluster-enabled", "yes",
+              "--cluster-config-file", f"nodes-{port}.conf", "--cluster-node-timeout", "2000",
+              "--save", "", "--appendonly", "no", "--daemonize", "yes",
+              "--pidfile", str(self.pidfile(port)), "--logfile", str(self.dir / f"{port}.log"),
+              "--dir", str(self.dir), "--protected-mode", "yes"], service=self.name)
+
+    def _client(self, port: int) -> object:
+        import redis
+
+        return redis.Redis(host=self.host, port=port, socket_timeout=2)
+
+    def _ping(self, port: int) -> bool:
+        try:
+            return bool(self._client(port).ping())  # type: ignore[attr-defined]
+        except Exception:  # not up yet
+            return False
+
+    def healthy(self) -> bool:
+        """Every node answers, the cluster state is ok and every primary has its replica."""
+        try:
+            for port in self.ports:
+                info = self._client(port).cluster("info")  # type: ignore[attr-defined]
+                if info.get("cluster_state") != "ok" or int(info.get("cluster_known_nodes", 0)) != self.NODES:
+                    return False
+            synced = 0  # replicas whose link to their primary is up
+            for port in self.ports:
+                repl = self._client(port).info("replication")  # type: ignore[attr-defined]
+                synced += repl.get("role") == "slave" and repl.get("master_link_status") == "up"
+            return synced == self.NODES // 2
+        except Exception:  # any failure means "not healthy"
+            return False
+
+    def stop(self) -> str:
+        stopped = False
+        for port in self.ports:
+            pid = _read_pid(self.pidfile(port))
+            if pid is not None:
+                _stop_pid(pid)
+                stopped = True
+            self.pidfile(port).unlink(missing_ok=True)
+        return "stopped" if stopped else "not running"
+
+    def version(self) -> str:
+        try:
+            info = self._client(self.ports[0]).info("server")  # type: ignore[attr-defined]
+            return f"Redis {info['redis_version']} cluster"
+        except Exception:  # unreachable: report "unknown"
+            return "unknown"
+
+
 def _maven_fetch(pom: Path, out: Path, *, service: str, extra: Sequence[str] = ()) -> None:
     """Fetch ``pom``'s dependencies into ``out`` (cached: skipped when the pom is unchanged)."""
     stamp = out / ".pom"
@@ -608,18 +722,21 @@ class Chromium:
         return out.strip().removeprefix("Chromium ").split()[0] if out.strip() else "unknown"
 
 
-Service = Postgres | Redis | Kafka | FlinkConnector | Chromium
+Service = Postgres | Redis | Kafka | FlinkConnector | Chromium | RedisCluster
 
 
-def services(settings: Settings) -> list[Service]:
-    """The parts, in start order."""
-    return [Postgres(settings), Redis(settings), Kafka(settings), FlinkConnector(settings),
-            Chromium(settings)]
+def services(settings: Settings, *, redis_cluster: bool = False) -> list[Service]:
+    """The parts, in start order (with ``redis_cluster``: the local Redis Cluster too)."""
+    out: list[Service] = [Postgres(settings), Redis(settings), Kafka(settings), FlinkConnector(settings),
+                          Chromium(settings)]
+    if redis_cluster or RedisCluster().running():
+        out.insert(2, RedisCluster())
+    return out
 
 
-def up(settings: Settings) -> list[ServiceStatus]:
+def up(settings: Settings, *, redis_cluster: bool = False) -> list[ServiceStatus]:
     """Install what is missing and start every managed service; idempotent."""
-    for svc in services(settings):
+    for svc in services(settings, redis_cluster=redis_cluster):
         if svc.external:
             _say(f"{svc.name}: external ({svc.address}), not starting it")
             continue

@@ -27,6 +27,7 @@ are counted in bulk.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import socket
 import ssl
 import time
@@ -48,6 +49,8 @@ from features.sinks.base import WriteResult, WriteUnit, binary_rows, laid_end_to
 
 if TYPE_CHECKING:
     import redis
+
+    from features.sinks.redis_cluster import Cluster
 
 ENCODING_VERSION = "1"
 KEY_PREFIX = "features"
@@ -83,10 +86,13 @@ NEWEST_OR_EQUAL_WINS_SHA = hashlib.sha1(NEWEST_OR_EQUAL_WINS.encode()).hexdigest
 
 #: Lineage that is the same for every row of a run (its text is taken from the first row).
 _CONSTANT_LINEAGE = (SCHEMA_VERSION, SCHEMA_FINGERPRINT, RUN_ID, INGESTED_AT)
-_KEYS_PER_CALL = 256      # standalone Redis: rows per script call (one slot per call in a cluster)
+_KEYS_PER_CALL = 256      # rows per script call at most (on a cluster: rows of one slot)
 _CALLS_PER_ROUND = 256    # NOSCRIPT recovery: script calls sent before their replies are read
 _ROWS_PER_CHUNK = 16_384  # rows encoded at a time on the writer thread, while Redis runs the last chunk
 _CHUNKS_IN_FLIGHT = 3     # chunks at the server before the oldest one's replies are read
+#: rows routed at a time on a cluster: a call's keys share one slot, so the more rows, the
+#: more keys per call (100k rows over 16,384 slots: ~6 per call; bench/RESULTS.md)
+_CLUSTER_ROWS_PER_CHUNK = 131_072
 
 
 def entity_key(schema_name: str, entity: str) -> str:
@@ -235,14 +241,46 @@ class RedisEndpoint:
     key_password: str | None = field(default=None, repr=False)
     cert_reqs: str = "required"
     check_hostname: bool = True
+    #: ``redis+cluster://h1:p1,h2:p2``: every seed node of a Redis Cluster (``host``/``port``
+    #: are the first); empty for a plain URL
+    seeds: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def cluster(self) -> bool:
+        """The URL names a Redis Cluster (``redis+cluster://``/``rediss+cluster://``)."""
+        return bool(self.seeds)
 
     @classmethod
     def from_url(cls, url: str) -> RedisEndpoint:
         """Parse ``url``. A ``ssl_*`` parameter on a ``redis://`` URL, an unknown
-        ``ssl_cert_reqs`` or a malformed port raise ConfigError (without the password)."""
+        ``ssl_cert_reqs`` or a malformed port raise ConfigError (without the password).
+
+        ``redis+cluster://[user:password@]host:port[,host:port...]`` (``rediss+cluster://``
+        with TLS) names a Redis Cluster by one or more seed nodes; the rest of the URL reads
+        as for a single server (a cluster has only database 0)."""
         from features.config import redact
 
         parts = urlsplit(url)
+        if parts.scheme not in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
+            raise ConfigError(f"Redis URL {redact(url)}: expected redis://, rediss://, redis+cluster:// "
+                              "or rediss+cluster://", key="redis_url")
+        seeds: tuple[tuple[str, int], ...] = ()
+        if parts.scheme.endswith("+cluster"):
+            userinfo, _, hosts = parts.netloc.rpartition("@")
+            try:
+                seeds = tuple((h or "127.0.0.1", int(p or 6379)) for h, _, p in
+                              (item.strip().rpartition(":") if ":" in item else (item.strip(), "", "")
+                               for item in hosts.split(",") if item.strip()))
+            except ValueError as exc:
+                raise ConfigError(f"Redis URL {redact(url)}: invalid port", key="redis_url") from exc
+            if not seeds:
+                raise ConfigError(f"Redis URL {redact(url)}: no cluster node given", key="redis_url")
+            # the first seed stands for the URL's host and port in what follows
+            query_part = f"?{parts.query}" if parts.query else ""
+            parts = urlsplit(f"{parts.scheme.split('+')[0]}://{userinfo + '@' if userinfo else ''}"
+                             f"{seeds[0][0]}:{seeds[0][1]}{parts.path}{query_part}")
+            if (parts.path or "/0").lstrip("/") not in ("", "0"):
+                raise ConfigError(f"Redis URL {redact(url)}: a cluster has only database 0", key="redis_url")
         query = {k: v for k, v in parse_qsl(parts.query) if k in TLS_PARAMETERS}
         tls = parts.scheme == "rediss"
         if query and not tls:
@@ -263,7 +301,8 @@ class RedisEndpoint:
                    ca_certs=query.get("ssl_ca_certs"), certfile=query.get("ssl_certfile"),
                    keyfile=query.get("ssl_keyfile"), key_password=query.get("ssl_password"),
                    cert_reqs=reqs,
-                   check_hostname=query.get("ssl_check_hostname", "true").lower() in ("true", "1", "yes"))
+                   check_hostname=query.get("ssl_check_hostname", "true").lower() in ("true", "1", "yes"),
+                   seeds=seeds)
 
     @property
     def address(self) -> str:
@@ -365,6 +404,12 @@ class RedisSink:
         self._sock: socket.socket | ssl.SSLSocket | None = None
         self._pending_bytes = b""  # replies read ahead by _read_lines
         self.keys_per_call = _KEYS_PER_CALL
+        #: a Redis Cluster (a ``redis+cluster://`` URL, or a node that says it is one):
+        #: writes are routed by slot, see features.sinks.redis_cluster
+        self._cluster: Cluster | None = None
+        #: longest wait (ms) for a primary's replicas to acknowledge a unit before its
+        #: ledger entry is written (cluster only; WAIT)
+        self.replica_wait_ms = int(timeout_s * 1000 / 3)
 
     @property
     def hot_columns(self) -> tuple[str, ...]:
@@ -410,7 +455,9 @@ class RedisSink:
         delay = self.backoff_s
         for attempt in range(1, self.retries + 1):
             try:
-                if self._sock is None:
+                if self._cluster is not None:
+                    self._cluster.ensure_map()
+                elif self._sock is None:
                     self._connect()
                 return fn()
             except (OSError, ConnectionError, SinkUnavailable) as exc:
@@ -423,11 +470,14 @@ class RedisSink:
         raise AssertionError("unreachable")
 
     def open(self) -> None:
-        """Check the server (unreachable: SinkUnavailable naming the address), load the
-        script, and choose the call size: many keys per call on a standalone server, one
-        per call on a cluster (a script's keys must share a slot there)."""
+        """Check the server (unreachable: SinkUnavailable naming the address) and load the
+        script; on a Redis Cluster (a ``redis+cluster://`` URL, or a node that reports
+        ``cluster_enabled``) read the slot map and load the script on every primary."""
         import redis
 
+        if self.endpoint.cluster:
+            self._open_cluster()
+            return
         client = self._redis_py()
         try:
             info = client.info("cluster")
@@ -442,9 +492,18 @@ class RedisSink:
                             address=self.address) from exc
         finally:
             client.close()
-        cluster = bool(info.get("cluster_enabled"))  # type: ignore[union-attr]  # sync client
-        self.keys_per_call = 1 if cluster else _KEYS_PER_CALL
+        if info.get("cluster_enabled"):  # type: ignore[union-attr]  # sync client
+            self._open_cluster()  # a plain URL naming one node of a cluster: it seeds the map
+            return
         self._retrying("script load", self._load_script)
+
+    def _open_cluster(self) -> None:
+        from features.sinks.redis_cluster import Cluster
+
+        self._cluster = Cluster(self.endpoint, timeout_s=self.timeout_s, store=self.name)
+        cluster = self._cluster
+        self._retrying("script load", lambda: cluster.load_script(self.script, self.script_sha))
+        self.address = cluster.address
 
     def _load_script(self) -> None:
         reply = self._call(["SCRIPT", "LOAD", self.script], what="SCRIPT LOAD")
@@ -452,6 +511,8 @@ class RedisSink:
             raise SinkError(f"unexpected SCRIPT LOAD reply {reply[:80]!r}", store=self.name)
 
     def close(self) -> None:
+        if self._cluster is not None:
+            self._cluster.invalidate()
         if self._sock is not None:
             try:
                 self._sock.close()
@@ -467,6 +528,12 @@ class RedisSink:
         def fetch() -> set[str]:
             import redis
 
+            if self._cluster is not None:
+                from features.sinks.redis_cluster import key_slot
+
+                members = self._cluster.call(key_slot(self._ledger()), ["SMEMBERS", self._ledger()])
+                prefix = self.compiled.fingerprint[:16] + " "
+                return {m.decode()[len(prefix):] for m in members if m.decode().startswith(prefix)}
             client = self._redis_py()
             try:
                 members = client.smembers(self._ledger())
@@ -487,14 +554,18 @@ class RedisSink:
 
     # --- writes -------------------------------------------------------------------
 
+    def _keys(self, rows: pa.Table) -> pa.Array:
+        """Every row's hash key (:func:`entity_key` with the sink's prefix)."""
+        return pc.binary_join_element_wise(
+            f"{self.key_prefix}{KEY_PREFIX}:{self.hash_name}:{{",
+            pc.cast(encode_column(rows.column(self.entity).combine_chunks()), pa.string()), "}", "")
+
     def _row_blobs(self, rows: pa.Table) -> tuple[bytes, Offsets, bytes, Offsets, Offsets]:
         """Built with Arrow string kernels (no loop over rows): the RESP bulk of every
         row's key, and every row's MessagePack items (event time, count, field/value
         pairs of its non-null values, the run's constant lineage), with their offsets
         and per-row item counts."""
-        keys = _bulk(pc.binary_join_element_wise(
-            f"{self.key_prefix}{KEY_PREFIX}:{self.hash_name}:{{",
-            pc.cast(encode_column(rows.column(self.entity).combine_chunks()), pa.string()), "}", ""))
+        keys = _bulk(self._keys(rows))
         micros = pc.cast(event_time_micros(rows.column(self.event_time).combine_chunks()), pa.string())
         present = np.zeros(rows.num_rows, dtype=np.int64)
         pairs: list[pa.Array] = []
@@ -516,9 +587,9 @@ class RedisSink:
         per_row = pc.binary_join_element_wise(_msgpack_strs(micros), binary_rows(count), const, *pairs, b"")
         return _concat_bytes(keys), _offsets(keys), _concat_bytes(per_row), _offsets(per_row), 2 + 2 * present
 
-    def calls(self, rows: pa.Table) -> list[bytes]:
+    def calls(self, rows: pa.Table, bounds: Sequence[int] | None = None) -> list[bytes]:
         """The EVALSHA calls writing ``rows``: one per group of up to ``keys_per_call``
-        rows (a Python loop over groups, not rows)."""
+        rows, or per ``rows[bounds[i]:bounds[i + 1]]`` (a Python loop over groups, not rows)."""
         n = rows.num_rows
         if n == 0:
             return []
@@ -527,9 +598,9 @@ class RedisSink:
         np.cumsum(items, out=items_before[1:])
         ttl = _const_bulk(str(self.ttl)).encode()
         out = []
-        k = self.keys_per_call
-        for s in range(0, n, k):
-            e = min(n, s + k)
+        if bounds is None:
+            bounds = [*range(0, n, self.keys_per_call), n]
+        for s, e in itertools.pairwise(bounds):
             m = e - s
             body = int(roff[e] - roff[s])
             out.append(b"".join((
@@ -549,6 +620,8 @@ class RedisSink:
             # The ledger entry follows the rows on the same connection, in one retried step:
             # a server that restarted in between (empty, without persistence) never gets
             # the entry without the rows, because the retry sends both again.
+            if self._cluster is not None:
+                return self._send_cluster(rows, member)
             n = self._send(_UnitCalls(self, rows)) if rows.num_rows else 0
             if member is not None:
                 self._call(["SADD", self._ledger(), member], what="SADD ledger")
@@ -562,6 +635,57 @@ class RedisSink:
                 raise
         return WriteResult(stored=written, already_present=rows.num_rows - written,
                            seconds=time.perf_counter() - t0)
+
+    def cluster_calls(self, rows: pa.Table) -> tuple[list[bytes], npt.NDArray[np.int64]]:
+        """For a cluster: the EVALSHA calls writing ``rows`` and the slot of each. A call's
+        keys must share a slot, so the rows are ordered by slot (stably: rows of one entity
+        keep their order) and each call takes up to ``keys_per_call`` rows of one slot."""
+        from features.sinks.redis_cluster import key_slots
+
+        slots = key_slots(self._keys(rows))
+        order = np.argsort(slots, kind="stable")
+        slots = slots[order]
+        n = len(slots)
+        idx = np.arange(n, dtype=np.int64)
+        new_slot = np.ones(n, dtype=bool)
+        new_slot[1:] = slots[1:] != slots[:-1]
+        run_start = np.maximum.accumulate(np.where(new_slot, idx, 0))
+        firsts = idx[(idx - run_start) % self.keys_per_call == 0]  # a call starts here
+        calls = self.calls(rows.take(pa.array(order)), [*firsts.tolist(), n])
+        return calls, slots[firsts]
+
+    def _send_cluster(self, rows: pa.Table, member: str | None) -> int:
+        """Write ``rows`` to a cluster chunk by chunk (every primary's share of a chunk
+        sent before any reply is read), wait for each written primary's replicas, then add
+        the ledger entry. A failure raises before the entry: the retry sends it all again."""
+        from features.sinks.redis_cluster import command, key_slot
+
+        cluster = self._cluster
+        assert cluster is not None
+        written = 0
+        touched: set[tuple[str, int]] = set()
+        for start in range(0, rows.num_rows, _CLUSTER_ROWS_PER_CHUNK):
+            calls, slots = self.cluster_calls(rows.slice(start, _CLUSTER_ROWS_PER_CHUNK))
+            for reply in cluster.send_calls(calls, slots, script_sha=self.script_sha):
+                if isinstance(reply, bytes) and reply.startswith(b":"):
+                    written += int(reply[1:])
+                    continue
+                text = getattr(reply, "text", reply)
+                raise SinkError(f"Redis Cluster at {cluster.address} rejected a write: -{text}",
+                                store=self.name, address=cluster.address)
+            touched.update(cluster.nodes[i] for i in np.unique(cluster.owner[slots]).tolist())
+        if member is not None:
+            short = cluster.wait_replicas(sorted(touched), self.replica_wait_ms)
+            if short:  # a failover now could lose rows the ledger would call written
+                raise SinkUnavailable(f"Redis Cluster: replicas did not acknowledge the unit within "
+                                      f"{self.replica_wait_ms} ms: {', '.join(short)}", store=self.name,
+                                      address=cluster.address)
+            ledger = self._ledger()
+            reply = cluster.send_calls([command(["SADD", ledger, member])], np.array([key_slot(ledger)]))[0]
+            if not (isinstance(reply, bytes) and reply.startswith(b":")):
+                raise SinkError(f"Redis Cluster refused SADD ledger: {getattr(reply, 'text', reply)}",
+                                store=self.name, address=cluster.address)
+        return written
 
     def _send(self, chunks: Iterable[list[bytes]]) -> int:
         """Send the calls chunk by chunk and count the rows they wrote. Up to

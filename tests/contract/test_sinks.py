@@ -78,7 +78,7 @@ def rejects(compiled: CompiledSchema, n: int) -> pa.Table:
     }, schema=REJECTS_SCHEMA)
 
 
-@pytest.fixture(params=["postgres", "redis"])
+@pytest.fixture(params=["postgres", "redis", "redis-cluster"])
 def sink_factory(
     request: pytest.FixtureRequest, settings: Settings, compiled: CompiledSchema, pg_schema: str,
     redis_prefix: str,
@@ -102,7 +102,7 @@ def sink_factory(
             return cold, rej
 
         yield kind, make, snapshot
-    else:
+    elif kind == "redis":
         import redis
 
         from features.sinks.redis import RedisSink
@@ -119,12 +119,34 @@ def sink_factory(
 
         yield kind, make, snapshot
         client.close()
+    else:  # the local Redis Cluster: 3 primaries + 3 replicas
+        from redis.cluster import ClusterNode, RedisCluster
+
+        from features.sinks.redis import RedisSink
+
+        cluster = request.getfixturevalue("redis_cluster")
+        prefix = request.getfixturevalue("redis_cluster_prefix")
+        client = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", p) for p in cluster.ports[:3]])
+
+        def make(url: str | None = None) -> Sink:
+            return RedisSink(url or cluster.url, compiled, key_prefix=prefix, retries=2, backoff_s=0.05)
+
+        def snapshot() -> Any:
+            keys = sorted(k for node in client.get_primaries()
+                          for k in client.get_redis_connection(node).scan_iter(
+                              match=prefix + "features:contract_items:{*", count=10_000))
+            return {k: client.hgetall(k) for k in keys}
+
+        yield "redis", make, snapshot
+        client.close()
 
 
-def test_unreachable_store_raises_sink_unavailable_naming_the_address(sink_factory: Any) -> None:
+def test_unreachable_store_raises_sink_unavailable_naming_the_address(sink_factory: Any,
+                                                                      request: pytest.FixtureRequest) -> None:
     kind, make, _ = sink_factory
+    cluster = request.node.callspec.params["sink_factory"] == "redis-cluster"
     url = ("postgresql://featureline:featureline@127.0.0.1:1/featureline" if kind == "postgres"
-           else "redis://127.0.0.1:1/0")
+           else "redis+cluster://127.0.0.1:1" if cluster else "redis://127.0.0.1:1/0")
     sink = make(url)
     with pytest.raises(SinkUnavailable) as info:
         sink.open()

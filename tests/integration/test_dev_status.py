@@ -15,13 +15,16 @@ def test_status_shows_four_healthy_parts() -> None:
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = {line.split()[0]: line for line in proc.stdout.splitlines() if line.strip()}
-    assert set(lines) == {"postgres", "redis", "kafka", "flink-connector", "chromium"}
+    # the local Redis Cluster is listed too once started (`up --redis-cluster`, the cluster tests)
+    assert set(lines) - {"redis-cluster"} == {"postgres", "redis", "kafka", "flink-connector", "chromium"}
     for _name, line in lines.items():
         assert line.split()[1] == "healthy", line
     assert "PostgreSQL 1" in lines["postgres"] and "127.0.0.1:5433" in lines["postgres"]
     assert "Redis 7" in lines["redis"]
     assert "Kafka 4." in lines["kafka"] and "KRaft" in lines["kafka"]
     assert "PyFlink 2.2" in lines["flink-connector"]
+    if "redis-cluster" in lines:
+        assert "127.0.0.1:7101-7106" in lines["redis-cluster"] and "cluster" in lines["redis-cluster"]
 
 
 def test_up_is_idempotent() -> None:

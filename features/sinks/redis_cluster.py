@@ -1,0 +1,453 @@
+"""Redis Cluster routing, shared by the sink (rows, aggregates, ledger) and the SDK.
+
+A cluster splits the key space into 16,384 slots (CRC16 of the key's hash tag, the
+text between its first ``{`` and the next ``}``; featureline's keys put the entity
+there: ``features:<schema>:{<entity>}``) and every primary owns some slots.
+:class:`Cluster` keeps:
+
+- the **slot map**, read with ``CLUSTER SLOTS`` from any node it knows (the URL's seeds
+  first, then every node of the last map), refreshed when a node answers ``-MOVED``
+  or a connection fails;
+- **one connection per primary**, opened on first use (TLS and AUTH as the URL says;
+  a cluster has only database 0).
+
+:meth:`Cluster.send_calls` pipelines many commands, each with its slot: it sends every
+primary its share before reading any reply (the primaries work in parallel), then
+answers redirections: ``-MOVED`` (refresh the map, resend to the new owner), ``-ASK``
+(``ASKING`` + resend to the node importing the slot), ``-NOSCRIPT`` (``SCRIPT LOAD``
+there, resend), ``-TRYAGAIN``/``-CLUSTERDOWN``/``-LOADING``/``-BUSY`` (back off, resend).
+A resent script call is harmless: featureline's scripts write nothing the second time.
+
+Slots are computed over Arrow arrays (:func:`key_slots`: numpy over a byte matrix,
+no loop over keys) and checked against the server's ``CLUSTER KEYSLOT`` in the tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import ssl
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from features.errors import SinkError, SinkUnavailable
+
+if TYPE_CHECKING:
+    from features.sinks.redis import RedisEndpoint
+
+SLOTS = 16384
+
+
+def _crc16_table() -> npt.NDArray[np.uint16]:
+    """CRC16-XMODEM (polynomial 0x1021), the one Redis Cluster hashes keys with."""
+    table = np.zeros(256, dtype=np.uint16)
+    for byte in range(256):
+        crc = byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else (crc << 1)
+        table[byte] = crc & 0xFFFF
+    return table
+
+
+_CRC16 = _crc16_table()
+
+
+def _hash_span(key: bytes) -> bytes:
+    start = key.find(b"{")
+    if start >= 0:
+        end = key.find(b"}", start + 1)
+        if end > start + 1:
+            return key[start + 1:end]
+    return key
+
+
+def key_slot(key: bytes | str) -> int:
+    """The slot of one key (Redis Cluster spec: CRC16 of the hash tag, mod 16384)."""
+    data = _hash_span(key.encode() if isinstance(key, str) else key)
+    crc = 0
+    for byte in data:
+        crc = ((crc << 8) & 0xFFFF) ^ int(_CRC16[((crc >> 8) ^ byte) & 0xFF])
+    return crc % SLOTS
+
+
+def key_slots(keys: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.int64]:
+    """:func:`key_slot` of every key of a string/binary array (no nulls), vectorised:
+    the keys as a padded byte matrix, the hash tag's bounds found per row with numpy,
+    then one CRC16 step per byte position for all keys at once."""
+    if isinstance(keys, pa.ChunkedArray):
+        keys = keys.combine_chunks()
+    keys = keys.cast(pa.binary())
+    n = len(keys)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    if keys.null_count:
+        raise ValueError("key_slots: null keys have no slot")
+    offsets = np.frombuffer(keys.buffers()[1], dtype=np.int32, count=n + 1, offset=keys.offset * 4)
+    data_buf = keys.buffers()[2]
+    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    starts = offsets[:-1].astype(np.int64)
+    lengths = (offsets[1:] - offsets[:-1]).astype(np.int64)
+    width = max(int(lengths.max()), 1)  # one (empty) column even when every key is ""
+    cols = np.arange(width, dtype=np.int64)
+    inside = cols[None, :] < lengths[:, None]
+    if len(data) == 0:
+        matrix = np.zeros((n, width), dtype=np.uint8)
+    else:
+        matrix = np.where(inside, data[np.minimum(starts[:, None] + cols[None, :], len(data) - 1)], 0)
+        matrix = matrix.astype(np.uint8)
+    rows = np.arange(n)
+    is_open = (matrix == ord("{")) & inside
+    has_open = is_open.any(axis=1)
+    open_at = np.where(has_open, is_open.argmax(axis=1), width)
+    is_close = (matrix == ord("}")) & inside & (cols[None, :] > open_at[:, None])
+    has_close = is_close.any(axis=1)
+    close_at = np.where(has_close, is_close.argmax(axis=1), width)
+    tagged = has_open & has_close & (close_at > open_at + 1)
+    lo = np.where(tagged, open_at + 1, 0)
+    hi = np.where(tagged, close_at, lengths)
+    crc = np.zeros(n, dtype=np.int64)
+    table = _CRC16.astype(np.int64)
+    for j in range(width):
+        active = (j >= lo) & (j < hi)
+        if not active.any():
+            continue
+        step = ((crc << 8) & 0xFFFF) ^ table[((crc >> 8) ^ matrix[rows, j]) & 0xFF]
+        crc = np.where(active, step, crc)
+    return crc % SLOTS
+
+
+# --------------------------------------------------------------------------- protocol
+
+
+class Conn:
+    """One connection: commands out as protocol bytes, replies parsed (RESP2)."""
+
+    def __init__(self, sock: socket.socket | ssl.SSLSocket, address: str) -> None:
+        self.sock = sock
+        self.address = address
+        self.buf = b""
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def _more(self) -> None:
+        chunk = self.sock.recv(1 << 20)
+        if not chunk:
+            raise ConnectionError(f"connection closed by Redis at {self.address}")
+        self.buf += chunk
+
+    def read_lines(self, n: int) -> list[bytes]:
+        """The next ``n`` one-line replies (integers, statuses, errors)."""
+        while self.buf.count(b"\r\n") < n:
+            self._more()
+        lines = self.buf.split(b"\r\n", n)
+        self.buf = lines[n] if len(lines) > n else b""
+        return lines[:n]
+
+    def read_reply(self) -> Any:
+        """One whole reply: bytes, int, None, a list, or :class:`ReplyError` (returned,
+        not raised, so a caller reading many replies reads them all)."""
+        value, pos = self._parse(0)
+        self.buf = self.buf[pos:]
+        return value
+
+    def _line(self, pos: int) -> tuple[bytes, int]:
+        while True:
+            end = self.buf.find(b"\r\n", pos)
+            if end >= 0:
+                return self.buf[pos:end], end + 2
+            self._more()
+
+    def _parse(self, pos: int) -> tuple[Any, int]:
+        line, pos = self._line(pos)
+        kind, rest = line[:1], line[1:]
+        if kind == b"+":
+            return rest, pos
+        if kind == b"-":
+            return ReplyError(rest.decode(errors="replace")), pos
+        if kind == b":":
+            return int(rest), pos
+        if kind == b"$":
+            size = int(rest)
+            if size < 0:
+                return None, pos
+            while len(self.buf) < pos + size + 2:
+                self._more()
+            return self.buf[pos:pos + size], pos + size + 2
+        if kind == b"*":
+            size = int(rest)
+            if size < 0:
+                return None, pos
+            items = []
+            for _ in range(size):
+                item, pos = self._parse(pos)
+                items.append(item)
+            return items, pos
+        raise ConnectionError(f"Redis at {self.address}: unexpected reply {line[:60]!r}")
+
+    def call(self, args: Sequence[str | bytes]) -> Any:
+        self.send(command(args))
+        return self.read_reply()
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplyError:
+    """An error reply (``-ERR ...``, ``-MOVED 3999 127.0.0.1:7102``)."""
+
+    text: str
+
+    @property
+    def code(self) -> str:
+        return self.text.split(" ", 1)[0]
+
+
+def command(args: Sequence[str | bytes]) -> bytes:
+    parts = [f"*{len(args)}\r\n".encode()]
+    for a in args:
+        data = a.encode() if isinstance(a, str) else a
+        parts += [f"${len(data)}\r\n".encode(), data, b"\r\n"]
+    return b"".join(parts)
+
+
+#: Replies after which the same command is sent again after a pause: the slot's owner is
+#: failing over or being elected, a multi-key call hit a slot mid-migration, the node is
+#: loading its data or busy with a script.
+RETRY_LATER = ("TRYAGAIN", "CLUSTERDOWN", "LOADING", "BUSY", "MASTERDOWN")
+
+
+# --------------------------------------------------------------------------- the cluster
+
+
+class Cluster:
+    """The slot map and one connection per primary of one Redis Cluster (see the module
+    docstring). Not thread-safe: one per writer or reader."""
+
+    def __init__(self, seed: RedisEndpoint, *, timeout_s: float = 30.0, store: str = "redis",
+                 attempts: int = 8, backoff_s: float = 0.1) -> None:
+        if seed.db:
+            raise SinkError(f"Redis Cluster at {seed.address}: a cluster has only database 0, the URL "
+                            f"asks for {seed.db}", store=store, address=seed.address)
+        self.seed = seed
+        self.seeds = [(h, p) for h, p in (seed.seeds or ((seed.host, seed.port),))]
+        self.timeout_s = timeout_s
+        self.store = store
+        self.attempts = attempts
+        self.backoff_s = backoff_s
+        self.owner = np.full(SLOTS, -1, dtype=np.int64)   # slot -> index into self.nodes
+        self.nodes: list[tuple[str, int]] = []              # primaries of the last map
+        self.replicas: dict[tuple[str, int], int] = {}      # primary -> its replicas
+        self.conns: dict[tuple[str, int], Conn] = {}
+        self.scripts: dict[str, str] = {}                   # sha -> source, loaded on every primary
+        self.stale = False
+
+    # --- connections ---------------------------------------------------------------
+
+    @property
+    def address(self) -> str:
+        return ",".join(f"{h}:{p}" for h, p in self.seeds)
+
+    def conn(self, node: tuple[str, int]) -> Conn:
+        c = self.conns.get(node)
+        if c is None:
+            endpoint = dataclasses.replace(self.seed, host=node[0], port=node[1], seeds=())
+            c = Conn(endpoint.connect(self.timeout_s, store=self.store), endpoint.address)
+            self.conns[node] = c
+        return c
+
+    def drop(self, node: tuple[str, int]) -> None:
+        c = self.conns.pop(node, None)
+        if c is not None:
+            c.close()
+
+    def close(self) -> None:
+        for node in list(self.conns):
+            self.drop(node)
+
+    # --- the slot map --------------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Read the slot map from the first node that answers (the seeds, then the nodes
+        of the last map). None answers: SinkUnavailable naming them all."""
+        tried: list[str] = []
+        candidates = list(dict.fromkeys([*self.seeds, *self.nodes, *self.replicas]))
+        for node in candidates:
+            try:
+                reply = self.conn(node).call(["CLUSTER", "SLOTS"])
+            except (OSError, ConnectionError, SinkUnavailable) as exc:
+                self.drop(node)
+                tried.append(f"{node[0]}:{node[1]} ({exc})")
+                continue
+            if isinstance(reply, ReplyError):
+                if "cluster support disabled" in reply.text.lower():
+                    raise SinkError(f"Redis at {node[0]}:{node[1]} is not a cluster node (a "
+                                    "redis+cluster:// URL needs one): use a redis:// URL",
+                                    store=self.store, address=f"{node[0]}:{node[1]}")
+                tried.append(f"{node[0]}:{node[1]} ({reply.text})")
+                continue
+            if self._apply(reply, node):
+                return
+            tried.append(f"{node[0]}:{node[1]} (slot map with uncovered slots)")
+        raise SinkUnavailable(f"Redis Cluster: no node gave a slot map covering every slot: "
+                              f"{'; '.join(tried)}", store=self.store, address=self.address)
+
+    def _apply(self, reply: list[Any], via: tuple[str, int]) -> bool:
+        """Take the map of a ``CLUSTER SLOTS`` reply when it covers every slot."""
+        owner = np.full(SLOTS, -1, dtype=np.int64)
+        nodes: list[tuple[str, int]] = []
+        replicas: dict[tuple[str, int], int] = {}
+        for entry in reply:
+            lo, hi, primary, *others = entry
+            host = primary[0].decode() or via[0]  # an empty host: the node we asked
+            node = (host, int(primary[1]))
+            if node not in nodes:
+                nodes.append(node)
+            replicas[node] = max(replicas.get(node, 0), len(others))
+            owner[int(lo):int(hi) + 1] = nodes.index(node)
+        if (owner < 0).any():
+            return False
+        gone = set(self.conns) - set(nodes) - set(self.seeds)
+        for node in gone:
+            self.drop(node)
+        self.owner, self.nodes, self.replicas = owner, nodes, replicas
+        return True
+
+    def ensure_map(self) -> None:
+        if not self.nodes or self.stale:
+            self.refresh()
+            self.stale = False
+
+    def invalidate(self) -> None:
+        """After a failure: close every connection; the next use reads the map again
+        (from the seeds and every node of the old map)."""
+        self.close()
+        self.stale = True
+
+    def node_of(self, slot: int) -> tuple[str, int]:
+        self.ensure_map()
+        return self.nodes[int(self.owner[slot])]
+
+    # --- scripts -------------------------------------------------------------------
+
+    def load_script(self, source: str, sha: str) -> None:
+        """``SCRIPT LOAD`` on every primary (and again on any that answers NOSCRIPT later)."""
+        self.ensure_map()
+        self.scripts[sha] = source
+        for node in self.nodes:
+            self._load_on(node, sha)
+
+    def _load_on(self, node: tuple[str, int], sha: str) -> None:
+        reply = self.conn(node).call(["SCRIPT", "LOAD", self.scripts[sha]])
+        if isinstance(reply, ReplyError):
+            raise SinkError(f"Redis at {node[0]}:{node[1]} refused SCRIPT LOAD: {reply.text}",
+                            store=self.store, address=f"{node[0]}:{node[1]}")
+        if reply != sha.encode():
+            raise SinkError(f"unexpected SCRIPT LOAD reply {reply!r}", store=self.store)
+
+    # --- commands ------------------------------------------------------------------
+
+    def call(self, slot: int, args: Sequence[str | bytes]) -> Any:
+        """One command for ``slot``, redirections followed; an error reply raises SinkError."""
+        reply = self.send_calls([command(args)], np.array([slot]), replies=True)[0]
+        if isinstance(reply, ReplyError):
+            raise SinkError(f"Redis Cluster refused {args[0]!r}: {reply.text}", store=self.store,
+                            address=self.address)
+        return reply
+
+    def send_calls(self, calls: Sequence[bytes], slots: npt.NDArray[np.int64], *,
+                   replies: bool = False, script_sha: str | None = None) -> list[Any]:
+        """Send ``calls[i]`` to the owner of ``slots[i]``, every primary's share before any
+        reply is read; follow MOVED/ASK, reload a lost script (``script_sha``), retry the
+        transient errors (:data:`RETRY_LATER`) with backoff. Returns the final reply of
+        every call, in order (with ``replies``: parsed replies; else the one-line replies
+        as bytes, which script calls and SADD give). Other error replies are returned
+        for the caller to judge; connection failures raise (OSError/ConnectionError)."""
+        self.ensure_map()
+        out: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        asking: dict[int, tuple[str, int]] = {}  # call -> the node an -ASK sent it to
+        delay = self.backoff_s
+        for _ in range(self.attempts):
+            by_node: dict[tuple[str, int], list[int]] = {}
+            owners = self.owner[slots[todo]] if todo else np.zeros(0, dtype=np.int64)
+            for i, o in zip(todo, owners.tolist(), strict=True):
+                by_node.setdefault(asking.get(i, self.nodes[o]), []).append(i)
+            for node, idx in by_node.items():  # every primary's share first: they work in parallel
+                payload = [b"*1\r\n$6\r\nASKING\r\n" + calls[i] if i in asking else calls[i] for i in idx]
+                self.conn(node).send(b"".join(payload))
+            again: list[int] = []
+            moved = later = False
+            for node, idx in by_node.items():
+                c = self.conn(node)
+                lost_script = False
+                for i in idx:
+                    if i in asking:
+                        c.read_reply()  # ASKING's +OK
+                    reply = c.read_reply() if replies else _one_line(c)
+                    err = reply if isinstance(reply, ReplyError) else None
+                    code = err.code if err else ""
+                    asking.pop(i, None)
+                    if code == "MOVED":
+                        moved = True
+                        again.append(i)
+                    elif code == "ASK" and err is not None:
+                        host, _, port = err.text.split(" ")[2].rpartition(":")
+                        asking[i] = (host or node[0], int(port))
+                        again.append(i)
+                    elif code == "NOSCRIPT" and script_sha in self.scripts:
+                        lost_script = True  # loaded once this node's replies are all read
+                        again.append(i)
+                    elif code in RETRY_LATER:
+                        later = True
+                        again.append(i)
+                    else:
+                        out[i] = reply
+                if lost_script:
+                    assert script_sha is not None
+                    self._load_on(node, script_sha)
+            if not again:
+                return out
+            if moved:
+                self.refresh()
+            if later:
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+            todo = sorted(again)
+        pending = ", ".join(sorted({str(int(slots[i])) for i in todo})[:5])
+        raise SinkUnavailable(f"Redis Cluster at {self.address}: slots {pending} still redirected or "
+                              f"unavailable after {self.attempts} attempts", store=self.store,
+                              address=self.address)
+
+    def wait_replicas(self, nodes: Sequence[tuple[str, int]], timeout_ms: int) -> list[str]:
+        """``WAIT`` on each primary in ``nodes`` for all of its replicas; returns the
+        primaries whose replicas did not all acknowledge in time (their writes may be lost
+        if they fail over now)."""
+        short = []
+        for node in nodes:
+            want = self.replicas.get(node, 0)
+            if want == 0:
+                continue
+            got = self.conn(node).call(["WAIT", str(want), str(timeout_ms)])
+            if not isinstance(got, int) or got < want:
+                short.append(f"{node[0]}:{node[1]} ({got}/{want} replicas)")
+        return short
+
+
+def _one_line(c: Conn) -> bytes | ReplyError:
+    line = c.read_lines(1)[0]
+    if line.startswith(b"-"):
+        return ReplyError(line[1:].decode(errors="replace"))
+    return line
+
+
+__all__ = ["SLOTS", "Cluster", "Conn", "ReplyError", "command", "key_slot", "key_slots"]

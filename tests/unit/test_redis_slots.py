@@ -1,0 +1,58 @@
+"""Redis Cluster key slots (vectorised vs the spec's scalar definition) and cluster URLs."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from features.errors import ConfigError
+from features.sinks.redis import RedisEndpoint
+from features.sinks.redis_cluster import key_slot, key_slots
+
+
+def test_slots_of_the_specs_examples() -> None:
+    # CRC16-XMODEM("123456789") = 0x31C3 (the Redis Cluster spec's check value)
+    assert key_slot("123456789") == 0x31C3 % 16384
+    # a hash tag: only the text between the first { and the next } is hashed
+    assert key_slot("{user1000}.following") == key_slot("{user1000}.followers") == key_slot("user1000")
+    assert key_slot("foo{}{bar}") == key_slot(b"foo{}{bar}")  # empty tag: the whole key
+    assert key_slot("foo{{bar}}zap") == key_slot("{bar")
+    assert key_slot("foo{bar}{zap}") == key_slot("bar")
+
+
+keys = st.lists(st.text(alphabet=st.sampled_from("ab{}:é\x00z"), max_size=12)
+                | st.builds(lambda e: f"features:s:{{{e}}}", st.text(max_size=20)), max_size=60)
+
+
+@settings(max_examples=300, deadline=None)
+@given(keys)
+def test_vectorised_slots_equal_the_scalar_definition(values: list[str]) -> None:
+    arr = pa.array(values, pa.string())
+    assert key_slots(arr).tolist() == [key_slot(v) for v in values]
+    if len(values) > 3:  # sliced arrays (an offset into the buffers) too
+        assert key_slots(arr.slice(2)).tolist() == [key_slot(v) for v in values[2:]]
+        chunked = pa.chunked_array([arr.slice(0, 2), arr.slice(2)])
+        assert key_slots(chunked).tolist() == [key_slot(v) for v in values]
+
+
+def test_cluster_urls_parse_with_every_seed_and_keep_credentials_out_of_repr() -> None:
+    e = RedisEndpoint.from_url("redis+cluster://app:s3cret@10.0.0.1:7001,10.0.0.2:7002,10.0.0.3")
+    assert e.cluster and e.seeds == (("10.0.0.1", 7001), ("10.0.0.2", 7002), ("10.0.0.3", 6379))
+    assert (e.host, e.port, e.username, e.password, e.tls) == ("10.0.0.1", 7001, "app", "s3cret", False)
+    assert "s3cret" not in repr(e)
+    tls = RedisEndpoint.from_url("rediss+cluster://h1:7001,h2:7002?ssl_ca_certs=/ca.pem")
+    assert tls.tls and tls.ca_certs == "/ca.pem" and tls.seeds == (("h1", 7001), ("h2", 7002))
+    assert not RedisEndpoint.from_url("redis://127.0.0.1:6380/0").cluster
+
+
+@pytest.mark.parametrize("url, message", [
+    ("redis+cluster://h1:7001/3", "only database 0"),
+    ("redis+cluster://h1:x", "invalid port"),
+    ("redis+cluster://", "no cluster node"),
+    ("memcached://h1:11211", "expected redis://"),
+])
+def test_bad_cluster_urls_are_config_errors(url: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        RedisEndpoint.from_url(url)
