@@ -11,6 +11,7 @@
     ├── SinkError
     │   └── SinkUnavailable  also Transient: retrying is safe
     ├── RowsRejected        only from ValidationResult.raise_if_rejected()
+    ├── WorkerFailed        a worker process of a parallel load died (re-run to finish)
     └── DeviceUnavailable   GPU requested explicitly but absent
 
 Errors carry their context as attributes, not only in the message. Row-level
@@ -122,6 +123,17 @@ class RowsRejected(FeaturesError):
     def __init__(self, message: str, *, rejected: int) -> None:
         self.rejected = rejected
         super().__init__(message)
+
+
+class WorkerFailed(FeaturesError):
+    """A worker of ``features load --workers`` died without reporting (killed, out of
+    memory). What it committed stays committed; re-running the same command finishes
+    the load exactly (the ledger skips the committed units)."""
+
+    def __init__(self, message: str, *, worker: int, workers: int) -> None:
+        super().__init__(message)
+        self.worker = worker
+        self.workers = workers
 
 
 class DeviceUnavailable(FeaturesError):

@@ -71,11 +71,21 @@ class BatchLineage:
     num_rows: int
     unit: str | None = None
     explicit: pa.Array | None = None
+    #: the source row of each batch row when they are not consecutive (a batch filtered
+    #: to one shard of the entities: ``features load --workers``); None: ``first_row + i``
+    source_rows: pa.Int64Array | None = None
+
+    def row_numbers(self, rows: pa.Array | None = None) -> pa.Array:
+        """Source row numbers (0-based in the file) of ``rows`` (0-based within the batch;
+        all rows when None)."""
+        if self.source_rows is not None:
+            return self.source_rows if rows is None else self.source_rows.take(rows)
+        idx = pa.array(np.arange(self.num_rows, dtype=np.int64)) if rows is None else rows.cast(pa.int64())
+        return pc.add(idx, self.first_row) if self.first_row else idx
 
     def row_uris(self, rows: pa.Array | None = None) -> pa.Array:
         """Source URIs for ``rows`` (0-based within the batch; all rows when None)."""
         if self.explicit is not None:
             return self.explicit if rows is None else self.explicit.take(rows)
-        idx = pa.array(np.arange(self.num_rows, dtype=np.int64)) if rows is None else rows.cast(pa.int64())
-        absolute = pc.add(idx, self.first_row)
+        absolute = self.row_numbers(rows)
         return pc.binary_join_element_wise(self.prefix + "#", pc.cast(absolute, pa.string()), "")

@@ -106,6 +106,38 @@ class RunSummary:
         }
 
 
+def merge_summaries(run_id: str, schema: str, parts: Sequence[RunSummary], *, seconds: float) -> RunSummary:
+    """The summary of one run made of ``parts`` (``features load --workers``: one per
+    shard): every count summed, ``seconds`` the run's wall time."""
+    out = RunSummary(run_id, schema, seconds=seconds)
+    for p in parts:
+        out.read += p.read
+        out.stored += p.stored
+        out.rejected += p.rejected
+        out.already_present += p.already_present
+        out.units += p.units
+        out.skipped_units += p.skipped_units
+        out.by_rule.update(p.by_rule)
+        for rule, examples in p.examples.items():
+            have = out.examples.setdefault(rule, [])
+            have.extend(examples[:max(0, _MAX_EXAMPLES - len(have))])
+        for name, st in p.sinks.items():
+            total = out.sinks.setdefault(name, SinkStats())
+            total.written += st.written
+            total.unchanged += st.unchanged
+            total.skipped_units += st.skipped_units
+            total.seconds += st.seconds
+        if p.aggregations is not None:
+            agg = out.aggregations if out.aggregations is not None else {}
+            for key, value in p.aggregations.items():
+                if key == "adds_up":
+                    agg[key] = bool(agg.get(key, True)) and bool(value)
+                elif isinstance(value, int | float):
+                    agg[key] = agg.get(key, 0) + value
+            out.aggregations = agg
+    return out
+
+
 @dataclass(frozen=True)
 class Prepared:
     """One source batch after validation and transforms: what the sinks receive."""
@@ -185,9 +217,11 @@ RowsToJson = Callable[[npt.NDArray[np.int64]], list[str]]
 
 
 def group_rejects(rejects: pa.Table, batch: Any, row_uris: Callable[[pa.Array], pa.Array],
-                   ctx: RunContext, raw: RowsToJson | None = None, row_offset: int = 0) -> pa.Table:
+                   ctx: RunContext, raw: RowsToJson | None = None, row_offset: int = 0,
+                   row_numbers: Callable[[pa.Array], pa.Array] | None = None) -> pa.Table:
     """Reject entries (one per failed rule) -> one row per rejected input row.
-    ``row_index`` is the row in the source (the batch's first row + its row in the batch)."""
+    ``row_index`` is the row in the source: ``row_numbers(rows)`` when given, else the
+    batch's first row (``row_offset``) + its row in the batch."""
     if rejects.num_rows == 0:
         return REJECTS_SCHEMA.empty_table()
     rejects = rejects.sort_by([("row", "ascending")])
@@ -203,7 +237,8 @@ def group_rejects(rejects: pa.Table, batch: Any, row_uris: Callable[[pa.Array], 
     n = len(uniq)
     return pa.table({
         "_source": lineage["_source"],
-        "row_index": pc.add(idx, row_offset) if row_offset else idx,
+        "row_index": (row_numbers(idx) if row_numbers is not None
+                      else pc.add(idx, row_offset) if row_offset else idx),
         "raw": pa.array(raws, pa.string()),
         "errors": pa.array(errors, pa.string()),
         "event_time": pa.nulls(n, pa.timestamp("us", "UTC")),
@@ -250,7 +285,7 @@ def process_batch(sb: SourceBatch, compiled: CompiledSchema, program: Any, ctx: 
     data.update(ctx.columns(sb.lineage.row_uris(pa.array(kept_index, pa.int64()))))
     rows = pa.table(data)
     rejects = pa.concat_tables(reject_parts) if len(reject_parts) > 1 else reject_parts[0]
-    grouped = group_rejects(rejects, batch, sb.lineage.row_uris, ctx, raw, row_offset=sb.lineage.first_row)
+    grouped = group_rejects(rejects, batch, sb.lineage.row_uris, ctx, raw, row_numbers=sb.lineage.row_numbers)
     rule_counts: Counter[str] = Counter()
     if rejects.num_rows:
         for entry in pc.value_counts(rejects.column("rule").combine_chunks()).to_pylist():

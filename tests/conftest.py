@@ -48,6 +48,19 @@ def pg_schema(request: pytest.FixtureRequest, settings: Settings) -> Iterator[st
 
 
 @pytest.fixture()
+def second_pg_schema(pg_schema: str, settings: Settings) -> Iterator[str]:
+    """A second fresh schema (a reference run beside the test's own), dropped after the test."""
+    import psycopg
+    from psycopg import sql
+
+    name = pg_schema + "_b"
+    with psycopg.connect(settings.postgres_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
+        yield name
+        conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(name)))
+
+
+@pytest.fixture()
 def pg_conn(pg_schema: str, settings: Settings) -> Iterator[object]:
     """A connection whose search_path is the test's own schema."""
     import psycopg

@@ -27,6 +27,19 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--schemas-dir", default=None, help="folder of schema YAML files (default: schemas)")
     p.add_argument("--batch-rows", type=int, default=None,
                    help="rows per batch within a row group (default 131072)")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="load with N local processes, each taking one shard of the entities (rows hashed "
+                   "by entity, so no two workers write one key; same counts, lineage and aggregations as "
+                   "one process; default 1). A re-run uses the same N to skip what is committed")
+    p.add_argument("--engine", choices=("local", "flink"), default=None,
+                   help="local: this process (or --workers processes); flink: a Flink job in BATCH mode "
+                   "with --parallelism tasks, one shard of the entities each, on a local mini-cluster or, "
+                   "under `flink run -py jobs/batch_job.py`, on that cluster (default: local; flink under "
+                   "`flink run`)")
+    p.add_argument("--parallelism", type=int, default=None, metavar="N",
+                   help="with --engine flink: tasks (shards) of the job (default: Flink's default "
+                   "parallelism: the cores of this machine locally, `flink run -p N` on a cluster; "
+                   "`flink run` takes a --parallelism after the script as its own -p)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress line even on a terminal (there is none with --log-format json)")
@@ -57,6 +70,8 @@ def _port(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    import os
+
     from features.compile.postgres import rejects_table_name
     from features.config import resolve_settings
     from features.lineage import new_run_id
@@ -65,6 +80,13 @@ def run(args: argparse.Namespace) -> int:
     from features.metrics import Registry, RunMetrics, linger, serve
     from features.sources.parquet import DEFAULT_BATCH_ROWS
 
+    # under `flink run -py`, the client talks to the cluster's gateway: run there by default
+    engine = args.engine or ("flink" if "PYFLINK_GATEWAY_PORT" in os.environ else "local")
+    if args.parallelism is not None and engine != "flink":
+        raise ConfigError("--parallelism is for --engine flink (locally, use --workers)", key="parallelism")
+    if args.workers != 1 and engine == "flink":
+        raise ConfigError("--workers is for the local engine (with --engine flink, use --parallelism)",
+                          key="workers")
     run_id = new_run_id()
     set_run_id(run_id)  # every log line of this process, the sinks' threads included
     settings = resolve_settings(schemas_dir=args.schemas_dir)
@@ -82,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         summary = load(args.paths, compiled, settings, batch_rows=args.batch_rows or DEFAULT_BATCH_ROWS,
                        progress=not args.no_progress and not args.json and active_format() != "json",
-                       run_id=run_id, metrics=metrics)
+                       run_id=run_id, metrics=metrics, engine=engine, workers=args.workers,
+                       parallelism=args.parallelism)
         if args.json:
             print(json.dumps(summary.as_dict(), indent=2))
         else:

@@ -21,6 +21,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -109,11 +111,15 @@ class ParquetSource:
     name = "parquet"
 
     def __init__(self, paths: Sequence[str | Path], compiled: CompiledSchema, *,
-                 batch_rows: int = DEFAULT_BATCH_ROWS) -> None:
+                 batch_rows: int = DEFAULT_BATCH_ROWS, shard: tuple[int, int] | None = None) -> None:
         if batch_rows < 1:
             raise SourceError(f"batch_rows must be >= 1, got {batch_rows}")
+        if shard is not None and not 0 <= shard[0] < shard[1]:
+            raise SourceError(f"shard {shard[0]} of {shard[1]}: expected 0 <= shard < shards")
         self.compiled = compiled
         self.batch_rows = batch_rows
+        #: (i, n): only the rows of entity shard i of n (:func:`entity_shards`); None: all
+        self.shard = shard
         self.files = [self._inspect(p) for p in expand_paths(paths)]
 
     @property
@@ -159,5 +165,40 @@ class ParquetSource:
                 for j, batch in enumerate(pf.iter_batches(batch_size=self.batch_rows, row_groups=[rg],
                                                           columns=list(f.columns), use_threads=True)):
                     unit = f"{f.uri}@{f.digest}/rg{rg}/b{j}x{self.batch_rows}"
-                    yield SourceBatch(batch, BatchLineage(f.uri, first, batch.num_rows, unit))
+                    if self.shard is None:
+                        yield SourceBatch(batch, BatchLineage(f.uri, first, batch.num_rows, unit))
+                    else:
+                        i, n = self.shard
+                        mine = np.flatnonzero(entity_shards(batch, self.compiled, n, first) == i)
+                        rows = pa.array(mine + first, pa.int64())
+                        yield SourceBatch(batch.take(pa.array(mine)), BatchLineage(
+                            f.uri, first, len(mine), f"{unit}/shard{i}of{n}", source_rows=rows))
                     first += batch.num_rows
+
+
+def entity_shards(batch: pa.RecordBatch, compiled: CompiledSchema, shards: int,
+                  first_row: int = 0) -> npt.NDArray[np.int64]:
+    """The shard (0 .. ``shards - 1``) of each row: CRC16 of its entity as the stores
+    write it (the raw value converted exactly as the validator converts it, then encoded
+    as Redis text), so every row of one entity lands in one shard whatever file or
+    representation it comes from. A row whose entity is missing or does not convert (a
+    reject to be) goes by its row number. Deterministic across processes and machines."""
+    from features.compile.arrow import arrow_type
+    from features.sinks.redis import encode_column
+    from features.sinks.redis_cluster import key_slots
+    from features.validate.convert import convert
+
+    n = batch.num_rows
+    field = compiled.schema.field(compiled.schema.entity or "")
+    out = (np.arange(n, dtype=np.int64) + first_row) % shards
+    names = batch.schema.names
+    if field.name not in names or n == 0:
+        return out
+    values = convert(batch.column(names.index(field.name)), field, arrow_type(field.type)).values
+    text = encode_column(values)
+    ok = np.asarray(text.is_valid(), dtype=bool)
+    if ok.any():
+        good = text.filter(pa.array(ok))
+        out[ok] = key_slots(good) % shards
+    return out
+

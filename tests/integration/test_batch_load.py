@@ -165,15 +165,6 @@ def redis_dbs(settings: Settings) -> Any:
         c.flushdb()
 
 
-@pytest.fixture()
-def second_pg_schema(pg_schema: str, settings: Settings) -> Any:
-    name = pg_schema + "_b"
-    with psycopg.connect(settings.postgres_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{name}"')
-        yield name
-        conn.execute(f'DROP SCHEMA "{name}" CASCADE')
-
-
 def test_sigkill_at_random_points_then_rerun_equals_uninterrupted_run(
         tmp_path: Path, settings: Settings, pg_schema: str, second_pg_schema: str, redis_dbs: Any) -> None:
     paths = [str(p) for p in write_files(tmp_path, 12_000, files=2, row_group=3_000)]

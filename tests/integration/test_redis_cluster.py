@@ -15,12 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import redis
-from psycopg import sql
 from redis.cluster import ClusterNode, RedisCluster
 
 from features.compile import CompiledSchema
@@ -78,16 +76,6 @@ def write_files(tmp: Path, rows: int, files: int = 3, seed: int = 11) -> list[Pa
     return paths
 
 
-@pytest.fixture()
-def pg_schema_2(settings: Settings) -> Iterator[str]:
-    """A second fresh Postgres schema (a reference load needs its own)."""
-    name = f"t_ref_{os.urandom(4).hex()}"
-    with psycopg.connect(settings.postgres_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
-        yield name
-        conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(name)))
-
-
 def reference(tmp: Path, paths: list[Path], settings: Settings, compiled: CompiledSchema, schema: str,
               prefix: str) -> dict[bytes, dict[bytes, bytes]]:
     """The same files loaded into the single Redis server: what the cluster must hold."""
@@ -114,10 +102,10 @@ def test_slots_agree_with_the_servers_keyslot(redis_cluster: LocalCluster) -> No
 
 
 def test_batch_load_into_the_cluster_equals_a_single_server_load(
-        tmp_path: Path, settings: Settings, compiled: CompiledSchema, pg_schema: str, pg_schema_2: str,
+        tmp_path: Path, settings: Settings, compiled: CompiledSchema, pg_schema: str, second_pg_schema: str,
         redis_prefix: str, redis_cluster: LocalCluster, redis_cluster_prefix: str) -> None:
     paths = write_files(tmp_path, 3_000)
-    expected = reference(tmp_path, paths, settings, compiled, pg_schema_2, redis_prefix)
+    expected = reference(tmp_path, paths, settings, compiled, second_pg_schema, redis_prefix)
     on_cluster = dataclasses.replace(settings, redis_url=redis_cluster.url)
     first = load(paths, compiled, on_cluster, batch_rows=1_000, search_path=pg_schema,
                  key_prefix=redis_cluster_prefix)
@@ -143,18 +131,18 @@ def test_batch_load_into_the_cluster_equals_a_single_server_load(
 
 
 def test_sdk_reads_the_cluster_as_it_reads_a_single_server(
-        tmp_path: Path, settings: Settings, compiled: CompiledSchema, pg_schema: str, pg_schema_2: str,
+        tmp_path: Path, settings: Settings, compiled: CompiledSchema, pg_schema: str, second_pg_schema: str,
         redis_prefix: str, redis_cluster: LocalCluster, redis_cluster_prefix: str) -> None:
     import asyncio
 
     paths = write_files(tmp_path, 800, files=2)
-    reference(tmp_path, paths, settings, compiled, pg_schema_2, redis_prefix)
+    reference(tmp_path, paths, settings, compiled, second_pg_schema, redis_prefix)
     on_cluster = dataclasses.replace(settings, redis_url=redis_cluster.url)
     load(paths, compiled, on_cluster, batch_rows=500, search_path=pg_schema, key_prefix=redis_cluster_prefix)
     ids = [f"APP-{10**9 + i:012d}" for i in range(0, 800, 7)] + ["APP-nope"]
     volatile = {"_age_seconds"}
     single = FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn,
-                          schemas=ROOT / "schemas", search_path=pg_schema_2, key_prefix=redis_prefix)
+                          schemas=ROOT / "schemas", search_path=second_pg_schema, key_prefix=redis_prefix)
     stores = [FeatureStore(redis_url=url, postgres_dsn=settings.postgres_dsn, schemas=ROOT / "schemas",
                            search_path=pg_schema, key_prefix=redis_cluster_prefix)
               for url in (redis_cluster.url, f"redis://127.0.0.1:{redis_cluster.ports[1]}/0")]
@@ -255,11 +243,11 @@ def _redirects(cluster: LocalCluster) -> int:
 
 
 def test_primary_killed_mid_load_fails_over_and_a_rerun_ends_exact(
-        tmp_path: Path, settings: Settings, compiled: CompiledSchema, pg_schema: str, pg_schema_2: str,
+        tmp_path: Path, settings: Settings, compiled: CompiledSchema, pg_schema: str, second_pg_schema: str,
         redis_prefix: str, fault_cluster: LocalCluster) -> None:
     prefix = f"t_failover_{os.urandom(3).hex()}:"
     paths = write_files(tmp_path, 6_000, files=2)
-    expected = reference(tmp_path, paths, settings, compiled, pg_schema_2, redis_prefix)
+    expected = reference(tmp_path, paths, settings, compiled, second_pg_schema, redis_prefix)
     on_cluster = dataclasses.replace(settings, redis_url=fault_cluster.url)
     thread, out = _load_until(fault_cluster, 5, paths, compiled, settings, prefix, batch_rows=300,
                               search_path=pg_schema)
@@ -286,11 +274,11 @@ def test_primary_killed_mid_load_fails_over_and_a_rerun_ends_exact(
 
 
 def test_slots_migrated_mid_load_lose_nothing(
-        tmp_path: Path, settings: Settings, compiled: CompiledSchema, pg_schema: str, pg_schema_2: str,
+        tmp_path: Path, settings: Settings, compiled: CompiledSchema, pg_schema: str, second_pg_schema: str,
         redis_prefix: str, fault_cluster: LocalCluster) -> None:
     prefix = f"t_reshard_{os.urandom(3).hex()}:"
     paths = write_files(tmp_path, 8_000, files=2)
-    expected = reference(tmp_path, paths, settings, compiled, pg_schema_2, redis_prefix)
+    expected = reference(tmp_path, paths, settings, compiled, second_pg_schema, redis_prefix)
     node = redis.Redis(host="127.0.0.1", port=fault_cluster.ports[0], socket_timeout=5)
     primaries = [(int(p[1]), p[2].decode()) for _, _, p, *_ in node.execute_command("CLUSTER SLOTS")]
     node.close()

@@ -11,6 +11,7 @@ hold what the produced records say they must, checks them exactly like
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -106,6 +107,15 @@ class Cluster:
 @pytest.fixture()
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
     """A standalone cluster from PyFlink's distribution, private to this test; always stopped."""
+    with standalone_cluster(tmp_path) as c:
+        yield c
+
+
+@contextlib.contextmanager
+def standalone_cluster(tmp_path: Path, *, taskmanagers: int = 1, slots: int = 2,
+                       extra: dict[str, Any] | None = None) -> Iterator[Cluster]:
+    """One JobManager and ``taskmanagers`` TaskManagers of ``slots`` slots on this machine
+    (``conf/workers`` lists localhost once per TaskManager), private to the caller."""
     home = _pyflink_home()
     conf_dir, log_dir = tmp_path / "flink-conf", tmp_path / "flink-log"
     shutil.copytree(home / "conf", conf_dir)
@@ -116,7 +126,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     keys = {
         "rest.port": rest_port,                   # the REST client and server (no bind-port set)
         "jobmanager.rpc.port": _free_port(),      # 6123 by default; the TaskManager's ports default to 0
-        "taskmanager.numberOfTaskSlots": 2,
+        "taskmanager.numberOfTaskSlots": slots,
         "jobmanager.memory.process.size": "1000m",
         "taskmanager.memory.process.size": "1500m",
         "env.log.dir": str(log_dir),
@@ -125,9 +135,10 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     }
     if "bind-port" in conf.get("rest", {}):
         keys["rest.bind-port"] = rest_port
-    for key, value in keys.items():
+    for key, value in {**keys, **(extra or {})}.items():
         _set(conf, key, value)
     config_file.write_text(yaml.safe_dump(conf, sort_keys=False))
+    (conf_dir / "workers").write_text("localhost\n" * taskmanagers)
     c = Cluster(home, conf_dir, log_dir, rest_port)
     try:
         started = c.script("start-cluster.sh")
@@ -139,10 +150,12 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
                 overview = c.rest("/overview")
             except OSError:
                 overview = {}
-            if overview.get("taskmanagers", 0) >= 1 and overview.get("slots-total", 0) >= 2:
+            if (overview.get("taskmanagers", 0) >= taskmanagers
+                    and overview.get("slots-total", 0) >= taskmanagers * slots):
                 break
             time.sleep(1)
-        assert overview.get("slots-total", 0) >= 2, f"cluster not up: {overview}\n{c.logs()}"
+        assert overview.get("slots-total", 0) >= taskmanagers * slots, \
+            f"cluster not up: {overview}\n{c.logs()}"
         yield c
     finally:
         stopped = c.script("stop-cluster.sh")

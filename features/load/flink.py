@@ -1,0 +1,120 @@
+"""``features load --engine flink``: the batch loader as a Flink job in BATCH execution mode.
+
+The job is N tasks, one per shard of the entities (``--parallelism N``), each running
+the unchanged loader over its shard (:func:`features.load.load` with ``shard=(i, N)``:
+the same core, ledger, counts and lineage as ``--workers``, see ``docs/loading.md``)::
+
+    shards 0..N-1 (a bounded collection) --rebalance--> load shard i (a Python map, one per task)
+      --> each task's RunSummary, collected by the client and added up
+
+Why shards of entities rather than (file, row group) splits: two tasks must never write
+one entity (both stores decide by key, and an entity's windowed aggregations need its
+whole history in one place), and Flink's own Parquet connector needs Hadoop jars and
+loses row positions. Every task reads every file, keeping its entities' rows; files must
+be at the same path on every TaskManager (a shared file system).
+
+**Failures.** A task that fails (its TaskManager killed, a store unreachable after the
+loader's own retries) is restarted by Flink (``restart_attempts``, fixed delay); the
+restarted task runs its shard again and the commit ledger skips what the failed
+attempt committed, so the result is exact. When the attempts are spent, the job fails
+and running the same command again completes it.
+
+Locally the job runs on a Flink mini-cluster in this process's JVM; under ``flink run
+-py jobs/batch_job.py`` (which adds ``--engine flink``) it runs on that cluster.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from features.compile import CompiledSchema
+from features.config import Settings
+from features.errors import ConfigError
+from features.runner import RunSummary
+
+log = logging.getLogger("features.load")
+
+
+def _shard_load(compiled: CompiledSchema, paths: list[str], settings: Settings, shards: int,
+                kw: dict[str, Any]) -> Any:
+    """The map function of the job (built lazily: importing PyFlink costs ~1 s)."""
+    from pyflink.datastream.functions import MapFunction, RuntimeContext
+
+    class ShardLoad(MapFunction):  # type: ignore[misc]  # untyped base class
+        """Load shard ``i`` of ``shards`` (one element per task); returns its RunSummary."""
+
+        def open(self, runtime_context: RuntimeContext) -> None:
+            from features.logs import has_handler, set_run_id, setup_logging
+
+            if kw.get("run_id"):
+                set_run_id(kw["run_id"])
+            if not has_handler("features"):
+                setup_logging(None, logger="features")
+
+        def map(self, shard: int) -> RunSummary:
+            from features.load import load
+
+            return load(paths, compiled, settings, shard=(shard, shards), **kw)
+
+    return ShardLoad()
+
+
+def load_flink(paths: Sequence[str | Path], compiled: CompiledSchema, settings: Settings, *,
+               parallelism: int | None, batch_rows: int, search_path: str | None = None, key_prefix: str = "",
+               run_id: str, restart_attempts: int = 3) -> RunSummary:
+    """Run the load as a Flink BATCH job of ``parallelism`` shard tasks (module docstring)
+    and return the summary of all of them."""
+    from pyflink.common import Configuration, Types
+    from pyflink.datastream import RuntimeExecutionMode, StreamExecutionEnvironment
+
+    from features.load import open_stores
+    from features.runner import merge_summaries
+    from features.sources.parquet import ParquetSource
+    from features.stream.job import scrub_environment
+
+    if parallelism is not None and parallelism < 1:
+        raise ConfigError(f"parallelism must be >= 1, got {parallelism}", key="parallelism")
+    source = ParquetSource(paths, compiled, batch_rows=batch_rows)  # checks every file first
+    files = [str(f.path) for f in source.files]                        # absolute: any working dir
+    open_stores(compiled, settings, search_path=search_path, key_prefix=key_prefix)
+    scrub_environment()  # the settings travel inside the pickled function, not the environment
+    conf = Configuration()
+    conf.set_string("python.executable", sys.executable)
+    conf.set_string("python.client.executable", sys.executable)
+    if restart_attempts > 0:
+        conf.set_string("restart-strategy.type", "fixed-delay")
+        conf.set_string("restart-strategy.fixed-delay.attempts", str(restart_attempts))
+        conf.set_string("restart-strategy.fixed-delay.delay", "2 s")
+    else:
+        conf.set_string("restart-strategy.type", "none")
+    env = StreamExecutionEnvironment.get_execution_environment(conf)
+    env.set_runtime_mode(RuntimeExecutionMode.BATCH)
+    if parallelism is None:  # `flink run -p N`, or the cores of this machine for a mini-cluster
+        parallelism = int(env.get_parallelism())
+    env.set_parallelism(parallelism)
+    log.info("load started", extra={"schema": compiled.name, "files": len(files), "rows": source.total_rows,
+                                    "engine": "flink", "parallelism": parallelism})
+    kw = {"batch_rows": batch_rows, "search_path": search_path, "key_prefix": key_prefix, "run_id": run_id}
+    fn = _shard_load(compiled, files, settings, parallelism, kw)
+    shards = env.from_collection(list(range(parallelism)), type_info=Types.INT())
+    # set on the operator: in BATCH mode Flink's adaptive scheduler would otherwise derive
+    # its parallelism from the input's size (a few integers: one task for every shard)
+    summaries = shards.rebalance().map(fn, output_type=Types.PICKLED_BYTE_ARRAY())
+    summaries.set_parallelism(parallelism)
+    t0 = time.perf_counter()
+    with summaries.execute_and_collect(f"featureline load {compiled.name}") as results:
+        parts: list[RunSummary] = list(results)
+    summary = merge_summaries(run_id, compiled.name, parts, seconds=time.perf_counter() - t0)
+    if len(parts) != parallelism:
+        raise ConfigError(f"the Flink job returned {len(parts)} shard summaries, expected {parallelism}",
+                          key="parallelism")
+    d = summary.as_dict()
+    log.info("load finished", extra={k: d[k] for k in ("schema", "read", "stored", "rejected",
+                                                       "already_present", "adds_up", "units",
+                                                       "skipped_units", "seconds")})
+    return summary

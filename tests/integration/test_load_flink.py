@@ -1,0 +1,139 @@
+"""The batch loader as a Flink BATCH job (``--engine flink``): on the local mini-cluster,
+and submitted with ``flink run -py jobs/batch_job.py`` to a standalone cluster of two
+TaskManagers, one of which is SIGKILLed mid-run; both end identical to a single-process
+load (both stores, rejects with their row numbers, lineage)."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import redis
+from test_batch_load import _env, _ledger_count, pg_snapshot, redis_snapshot
+from test_stream_cluster import standalone_cluster
+
+from features.config import Settings
+from features.examples import applicants
+
+pytestmark = [pytest.mark.services, pytest.mark.flink, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB = ROOT / "jobs" / "batch_job.py"
+# Redis databases of their own (10-15 belong to other tests and the benchmarks)
+REDIS_REFERENCE, REDIS_FLINK = 8, 9
+
+
+def write_files(tmp: Path, rows: int, files: int, seed: int = 31) -> list[str]:
+    """Files whose ids repeat across files with shuffled rows and other event times."""
+    paths = []
+    for i in range(files):
+        table = applicants(rows, seed=seed + i, first_id=10**9)
+        order = list(range(rows))
+        random.Random(seed + i).shuffle(order)
+        path = tmp / f"part-{i}.parquet"
+        pq.write_table(table.take(pa.array(order)), path, row_group_size=1_000)
+        paths.append(str(path))
+    return paths
+
+
+def _flushed(settings: Settings, db: int) -> redis.Redis:
+    client = redis.Redis.from_url(settings.redis_url.rsplit("/", 1)[0] + f"/{db}")
+    client.flushdb()
+    return client
+
+
+def _reference(settings: Settings, schema: str, paths: list[str]) -> None:
+    """One process, the plain loader: what every engine must end with."""
+    proc = subprocess.run([sys.executable, "-m", "features.cli", "load", "--schema", "credit_applicant",
+                           "--batch-rows", "500", "--no-progress", *paths],
+                          env=_env(settings, schema, REDIS_REFERENCE), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.fixture()
+def two_dbs(settings: Settings) -> Iterator[tuple[redis.Redis, redis.Redis]]:
+    """The reference's and the Flink run's Redis databases, flushed before and after."""
+    clients = (_flushed(settings, REDIS_REFERENCE), _flushed(settings, REDIS_FLINK))
+    yield clients
+    for c in clients:
+        c.flushdb()
+        c.close()
+
+
+def test_flink_engine_on_the_mini_cluster_equals_one_process(
+        tmp_path: Path, settings: Settings, pg_schema: str, second_pg_schema: str,
+        two_dbs: tuple[redis.Redis, redis.Redis]) -> None:
+    paths = write_files(tmp_path, 2_000, files=2)
+    reference, flink = two_dbs
+    _reference(settings, pg_schema, paths)
+    proc = subprocess.run([sys.executable, str(JOB), "--schema", "credit_applicant", "--engine", "flink",
+                           "--parallelism", "2", "--batch-rows", "500", "--json", *paths],
+                          env=_env(settings, second_pg_schema, REDIS_FLINK), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert '"adds_up": true' in proc.stdout and '"read": 4000' in proc.stdout, proc.stdout[-2000:]
+    assert '"units": 16' in proc.stdout, proc.stdout[-2000:]  # 8 units x 2 shards: two tasks ran
+    assert pg_snapshot(settings, second_pg_schema) == pg_snapshot(settings, pg_schema)
+    assert redis_snapshot(flink, "") == redis_snapshot(reference, "")
+
+
+def _descendants(pid: int) -> list[int]:
+    out = []
+    for child in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split():
+        out += [int(child), *_descendants(int(child))]
+    return out
+
+
+def test_backfill_on_a_standalone_cluster_survives_a_killed_taskmanager(
+        tmp_path: Path, settings: Settings, pg_schema: str, second_pg_schema: str,
+        two_dbs: tuple[redis.Redis, redis.Redis]) -> None:
+    paths = write_files(tmp_path, 8_000, files=2)
+    reference, flink = two_dbs
+    py = sys.executable
+    env = _env(settings, second_pg_schema, REDIS_FLINK)
+    # `flink run -p 2`: the job's default parallelism, which --engine flink (the default under
+    # `flink run`) takes as its number of shard tasks
+    args = ["run", "-p", "2", "-py", str(JOB), "-pyexec", py, "-pyclientexec", py, "--schema",
+            "credit_applicant", "--batch-rows", "500", "--json", *paths]
+    _reference(settings, pg_schema, paths)
+    with standalone_cluster(tmp_path, taskmanagers=2, slots=1,
+                            extra={"heartbeat.timeout": 10_000, "heartbeat.interval": 2_000}) as cluster:
+        submit = subprocess.Popen(["bash", str(cluster.home / "bin" / "flink"), *args],
+                                  env={**env, "FLINK_CONF_DIR": str(cluster.conf_dir)}, cwd=ROOT,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # kill one TaskManager (and its Python worker: a lost machine) once units are committed
+        deadline = time.monotonic() + 300
+        while _ledger_count(settings, second_pg_schema) < 6 and submit.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert submit.poll() is None, "the job ended before a TaskManager could be killed"
+        pids = sorted(int(p) for f in (tmp_path / "flink-pid").glob("*taskexecutor*.pid")
+                      for p in f.read_text().split())
+        assert len(pids) == 2, pids
+        victim = next(p for p in pids if _descendants(p))  # the one running a Python task
+        for pid in [victim, *_descendants(victim)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        killed_at = _ledger_count(settings, second_pg_schema)
+        out, err = submit.communicate(timeout=900)
+        assert submit.returncode == 0, (f"flink run exited {submit.returncode}\n{err[-3000:]}\n"
+                                        f"{cluster.logs()}")
+        assert '"adds_up": true' in out and '"units": 64' in out, out[-2000:]  # 32 units x 2 shards
+        logs = cluster.logs(1_000_000)
+        assert "Map (2/2)" in logs, "the job did not run two shard tasks"
+        assert "switched from state RUNNING to RESTARTING" in logs, "no task was restarted"
+    assert 0 < killed_at, killed_at
+    assert pg_snapshot(settings, second_pg_schema) == pg_snapshot(settings, pg_schema)
+    assert redis_snapshot(flink, "") == redis_snapshot(reference, "")
