@@ -80,7 +80,7 @@ def load_flink(paths: Sequence[str | Path], compiled: CompiledSchema, settings: 
     if parallelism is not None and parallelism < 1:
         raise ConfigError(f"parallelism must be >= 1, got {parallelism}", key="parallelism")
     source = ParquetSource(paths, compiled, batch_rows=batch_rows)  # checks every file first
-    files = [str(f.path) for f in source.files]                        # absolute: any working dir
+    files = [f.path for f in source.files]  # absolute paths or URIs: the same on any TaskManager
     open_stores(compiled, settings, search_path=search_path, key_prefix=key_prefix)
     scrub_environment()  # the settings travel inside the pickled function, not the environment
     conf = Configuration()

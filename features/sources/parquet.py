@@ -1,6 +1,7 @@
 """Parquet files -> Arrow batches, row group by row group, memory bounded.
 
-``ParquetSource(paths, compiled)`` expands files, folders (``**/*.parquet``) and globs,
+``ParquetSource(paths, compiled)`` expands files, folders (``**/*.parquet``), globs and
+URIs that ``pyarrow.fs`` reads (``s3://bucket/prefix/``, ``gs://``, ``hdfs://``, ``file://``),
 checks every file's columns against the schema before reading anything (a missing
 required column or a column of an incompatible type refuses to start with a clear
 message; extra columns are ignored with a warning), then yields one batch per slice
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import re
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -39,14 +41,52 @@ class ExtraColumnsWarning(UserWarning):
     """A Parquet file has columns the schema does not declare; they are ignored."""
 
 
-def expand_paths(paths: Sequence[str | Path]) -> list[Path]:
-    """Files, folders (recursive ``*.parquet``) and globs -> sorted unique files.
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def _is_uri(raw: str | Path) -> bool:
+    return isinstance(raw, str) and _URI.match(raw) is not None
+
+
+def _expand_uri(raw: str) -> list[str]:
+    """A file or folder URI (``s3://``, ``gs://``, ``hdfs://``, ``file://``... whatever
+    ``pyarrow.fs`` supports) -> its Parquet files as URIs; [] when nothing is there."""
+    from pyarrow import fs as pafs
+
+    try:
+        filesystem, path = pafs.FileSystem.from_uri(raw)
+        info = filesystem.get_file_info(path)
+        if info.type == pafs.FileType.File:
+            return [raw]
+        if info.type != pafs.FileType.Directory:
+            return []
+        infos = filesystem.get_file_info(pafs.FileSelector(path, recursive=True))
+    except (OSError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise SourceError(f"{raw}: cannot list it through pyarrow.fs: {exc}") from exc
+    head = raw[:raw.index("://") + 3]
+    base = raw[len(head):].rstrip("/")
+    root = path.rstrip("/")
+    return sorted(f"{head}{base}{i.path[len(root):]}" for i in infos
+                  if i.type == pafs.FileType.File and i.path.endswith(".parquet"))
+
+
+def expand_paths(paths: Sequence[str | Path]) -> list[str]:
+    """Files, folders (recursive ``*.parquet``), globs and URIs -> sorted unique sources:
+    local files as absolute paths, URIs (``s3://bucket/prefix/``, ``file:///...``) as
+    URIs, read through ``pyarrow.fs`` (globs are for local paths only).
 
     Raises SourceError naming every argument that matched nothing.
     """
-    found: dict[Path, None] = {}
+    found: dict[str, None] = {}
     missing: list[str] = []
     for raw in paths:
+        if _is_uri(raw):
+            hits_uri = _expand_uri(str(raw))
+            if not hits_uri:
+                missing.append(str(raw))
+            for u in hits_uri:
+                found[u] = None
+            continue
         p = Path(raw)
         if p.is_dir():
             hits = sorted(x for x in p.rglob("*.parquet") if x.is_file())
@@ -57,10 +97,23 @@ def expand_paths(paths: Sequence[str | Path]) -> list[Path]:
         if not hits:
             missing.append(str(raw))
         for h in hits:
-            found[h.resolve()] = None
+            found[str(h.resolve())] = None
     if missing:
         raise SourceError(f"no Parquet file found at: {', '.join(missing)}")
     return sorted(found)
+
+
+def _open(source: str) -> tuple[pq.ParquetFile, str]:
+    """A Parquet file and its lineage URI: ``file:///abs/path`` for a local file (whether
+    named by path or by ``file://`` URI: the same units and lineage either way), else the
+    URI as given."""
+    if _is_uri(source):
+        from pyarrow import fs as pafs
+
+        filesystem, path = pafs.FileSystem.from_uri(source)
+        uri = Path(path).as_uri() if isinstance(filesystem, pafs.LocalFileSystem) else source
+        return pq.ParquetFile(filesystem.open_input_file(path)), uri
+    return pq.ParquetFile(source), Path(source).as_uri()
 
 
 def _textual(t: pa.DataType) -> bool:
@@ -98,7 +151,7 @@ def compatible(t: pa.DataType, f: Field) -> bool:
 
 @dataclass(frozen=True)
 class _File:
-    path: Path
+    path: str       # what expand_paths gave: an absolute local path or a URI
     uri: str
     meta: pq.FileMetaData
     columns: tuple[str, ...]
@@ -126,9 +179,9 @@ class ParquetSource:
     def total_rows(self) -> int:
         return sum(f.meta.num_rows for f in self.files)
 
-    def _inspect(self, path: Path) -> _File:
+    def _inspect(self, path: str) -> _File:
         try:
-            pf = pq.ParquetFile(path)
+            pf, uri = _open(path)
         except (OSError, pa.ArrowInvalid) as exc:
             raise SourceError(f"{path}: not a readable Parquet file: {exc}") from exc
         arrow = pf.schema_arrow
@@ -155,11 +208,11 @@ class ParquetSource:
         # The footer (schema, row group stats, sizes) identifies the bytes well enough for
         # the ledger without reading the data: a rewritten file gets a new digest.
         digest = hashlib.sha256(pf.metadata.to_dict().__repr__().encode()).hexdigest()[:16]
-        return _File(path, path.as_uri(), pf.metadata, columns, digest)
+        return _File(path, uri, pf.metadata, columns, digest)
 
     def batches(self) -> Iterator[SourceBatch]:
         for f in self.files:
-            pf = pq.ParquetFile(f.path)
+            pf, _ = _open(f.path)
             first = 0
             for rg in range(f.meta.num_row_groups):
                 for j, batch in enumerate(pf.iter_batches(batch_size=self.batch_rows, row_groups=[rg],
