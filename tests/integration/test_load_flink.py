@@ -137,3 +137,48 @@ def test_backfill_on_a_standalone_cluster_survives_a_killed_taskmanager(
     assert 0 < killed_at, killed_at
     assert pg_snapshot(settings, second_pg_schema) == pg_snapshot(settings, pg_schema)
     assert redis_snapshot(flink, "") == redis_snapshot(reference, "")
+
+
+def test_flink_engine_backfills_aggregations_equal_to_the_reference(
+        tmp_path: Path, settings: Settings, pg_schema: str, two_dbs: tuple[redis.Redis, redis.Redis]) -> None:
+    """Windowed aggregations through --engine flink (3 shard tasks, two loads, the later
+    time range first): every event's values equal the reference, Redis the newest's."""
+    from decimal import Decimal
+
+    import psycopg
+    from aggregate_reference import BASE_US, MINUTE_US, SCHEMA, T, check_hot, history_table, reference
+    from psycopg import sql
+
+    from features.compile import compile_schema
+    from features.schema import parse_schema
+
+    agg = compile_schema(parse_schema(SCHEMA))
+    schemas = tmp_path / "schemas"
+    schemas.mkdir()
+    (schemas / "agg_props.yaml").write_text(SCHEMA)
+    rng = random.Random(12)
+    events = [{"uid": f"user-{rng.randrange(30)}", T: BASE_US + rng.randrange(900) * MINUTE_US,
+               "kind": rng.choice("abc"), "amount": Decimal(rng.randrange(-500, 5000)) / 100,
+               "qty": rng.choice([None, rng.randrange(10)]), "score": rng.choice([None, rng.random()]),
+               "item": rng.choice([None, "x", "y", "z"])} for _ in range(1_200)]
+    events = list({(e["uid"], e[T]): e for e in events}.values())
+    rng.shuffle(events)
+    cut = BASE_US + 450 * MINUTE_US
+    _, hot = two_dbs
+    for i, rows in enumerate([[e for e in events if e[T] >= cut], [e for e in events if e[T] < cut]]):
+        path = tmp_path / f"load{i}.parquet"
+        pq.write_table(history_table(rows), path, row_group_size=200)
+        proc = subprocess.run([sys.executable, str(JOB), "--schema", "agg_props", "--schemas-dir",
+                               str(schemas), "--engine", "flink", "--parallelism", "3", "--json", str(path)],
+                              env=_env(settings, pg_schema, REDIS_FLINK), capture_output=True, text=True,
+                              timeout=600)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        assert '"adds_up": true' in proc.stdout, proc.stdout[-2000:]
+    want = reference(agg.schema, events)
+    names = [a.name for a in agg.schema.aggregations.features]  # type: ignore[union-attr]
+    with psycopg.connect(settings.postgres_dsn) as conn:
+        got_rows = conn.execute(sql.SQL("SELECT uid, ts, {} FROM {}.agg_props__aggregates").format(
+            sql.SQL(", ").join(sql.Identifier(n) for n in names), sql.Identifier(pg_schema))).fetchall()
+    got = {(u, int(ts.timestamp()) * 1_000_000 + ts.microsecond): tuple(v) for u, ts, *v in got_rows}
+    assert len(got) == len(got_rows) and got == want
+    check_hot(hot, "", agg.schema, want)
