@@ -71,9 +71,15 @@ def pg_conn(pg_schema: str, settings: Settings) -> Iterator[object]:
 
 @pytest.fixture()
 def redis_prefix(request: pytest.FixtureRequest, settings: Settings) -> Iterator[str]:
-    """A unique key prefix; every key under it is deleted after the test."""
+    """A unique key prefix; every key under it is deleted after the test (on every
+    primary when ``settings.redis_url`` names a Redis Cluster)."""
     import redis
 
+    from features.sinks.redis import RedisEndpoint
+
+    if RedisEndpoint.from_url(settings.redis_url).cluster:
+        yield request.getfixturevalue("redis_cluster_prefix")
+        return
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=5)
     try:
         client.ping()

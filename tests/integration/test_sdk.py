@@ -1,9 +1,11 @@
 """The feature SDK (``features.FeatureStore``) against the real stores the batch loader
-wrote: online lookups (Redis, Postgres fallback), async, validation, fingerprint checks."""
+wrote: online lookups (Redis, Postgres fallback), async, validation, fingerprint checks;
+each test against one Redis server and against the local Redis Cluster."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 from collections.abc import Iterator
 from decimal import Decimal
@@ -41,6 +43,21 @@ def compiled() -> CompiledSchema:
     return applicant_schema()
 
 
+@pytest.fixture(params=["redis", "redis-cluster"])
+def hot_kind(request: pytest.FixtureRequest) -> str:
+    """Every test of this module runs against one Redis server and the local Redis Cluster."""
+    return str(request.param)
+
+
+@pytest.fixture()
+def settings(settings: Settings, hot_kind: str, request: pytest.FixtureRequest) -> Settings:
+    """The session's settings, with the cluster's URL for the cluster runs."""
+    if hot_kind == "redis":
+        return settings
+    return dataclasses.replace(settings, redis_url=request.getfixturevalue("redis_cluster").url)
+
+
+
 @pytest.fixture()
 def loaded(tmp_path: Path, settings: Settings, compiled: CompiledSchema, pg_schema: str,
            redis_prefix: str) -> dict[str, tuple[Any, ...]]:
@@ -70,8 +87,15 @@ def fs(settings: Settings, pg_schema: str, redis_prefix: str) -> Iterator[Featur
 
 
 @pytest.fixture()
-def hot(settings: Settings) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(settings.redis_url)
+def hot(settings: Settings, hot_kind: str, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A redis-py client of the hot store (a cluster client for the cluster runs)."""
+    if hot_kind == "redis":
+        client: Any = redis.Redis.from_url(settings.redis_url)
+    else:
+        from redis.cluster import ClusterNode, RedisCluster
+
+        ports = request.getfixturevalue("redis_cluster").ports
+        client = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", p) for p in ports[:3]])
     yield client
     client.close()
 
