@@ -252,8 +252,10 @@ def test_cli_load_json_logs_and_lingering_endpoint(tmp_path: Path, cli_env: dict
     port = free_port()
     cmd = [sys.executable, "-m", "features.cli", "load", "--schema", NAME, str(path), "--json",
            "--metrics-port", str(port), "--metrics-linger-s", "600", "--log-format", "json"]
+    # SIGINT as a terminal would send it: a test run started as a background job of a
+    # non-interactive shell (`make test &`) has SIGINT ignored, and children inherit that
     proc = subprocess.Popen(cmd, env=cli_env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     err_lines: list[str] = []
     try:
         assert proc.stderr is not None and proc.stdout is not None
