@@ -177,6 +177,16 @@ def history_table(events: list[dict[str, Any]]) -> pa.Table:
     })
 
 
+def random_history(rng: Any, n: int, *, users: int, minutes: int) -> list[dict[str, Any]]:
+    """``n`` random events of SCHEMA over ``users`` entities and ``minutes`` minutes from
+    BASE_US, one per (entity, time) key (the first drawn wins), drawn from ``rng``."""
+    events = [{"uid": f"user-{rng.randrange(users)}", T: BASE_US + rng.randrange(minutes) * MINUTE_US,
+               "kind": rng.choice("abc"), "amount": Decimal(rng.randrange(-500, 5000)) / 100,
+               "qty": rng.choice([None, rng.randrange(10)]), "score": rng.choice([None, rng.random()]),
+               "item": rng.choice([None, "x", "y", "z"])} for _ in range(n)]
+    return list({(e["uid"], e[T]): e for e in events}.values())
+
+
 def check_hot(client: Any, key_prefix: str, schema: Schema, want: dict[tuple[Any, int], tuple[Any, ...]]
               ) -> None:
     """Redis holds, per entity of ``want``, the hot values of its newest event (a null
@@ -199,4 +209,4 @@ def check_hot(client: Any, key_prefix: str, schema: Schema, want: dict[tuple[Any
 
 
 __all__ = ["BASE_US", "EVENT", "MINUTE_US", "SCHEMA", "USERS", "T", "check_hot", "history_table",
-           "one_content_per_key", "reference", "stream_late"]
+           "one_content_per_key", "random_history", "reference", "stream_late"]

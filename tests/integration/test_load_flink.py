@@ -126,16 +126,11 @@ def hashes(client: redis.Redis) -> dict[bytes, dict[bytes, bytes]]:
 
 
 def agg_files(tmp: Path, events: int, files: int, seed: int = 44) -> list[str]:
-    from decimal import Decimal
 
-    from aggregate_reference import BASE_US, MINUTE_US, T, history_table
+    from aggregate_reference import history_table, random_history
 
     rng = random.Random(seed)
-    rows = [{"uid": f"user-{rng.randrange(300)}", T: BASE_US + rng.randrange(20_000) * MINUTE_US,
-             "kind": rng.choice("abc"), "amount": Decimal(rng.randrange(-500, 5000)) / 100,
-             "qty": rng.choice([None, rng.randrange(10)]), "score": rng.choice([None, rng.random()]),
-             "item": rng.choice([None, "x", "y", "z"])} for _ in range(events)]
-    rows = list({(e["uid"], e[T]): e for e in rows}.values())
+    rows = random_history(rng, events, users=300, minutes=20_000)
     rng.shuffle(rows)
     paths = []
     for i in range(files):
@@ -206,10 +201,18 @@ def test_flink_engine_backfills_aggregations_equal_to_the_reference(
         tmp_path: Path, settings: Settings, pg_schema: str, two_dbs: tuple[redis.Redis, redis.Redis]) -> None:
     """Windowed aggregations through --engine flink (3 shard tasks, two loads, the later
     time range first): every event's values equal the reference, Redis the newest's."""
-    from decimal import Decimal
 
     import psycopg
-    from aggregate_reference import BASE_US, MINUTE_US, SCHEMA, T, check_hot, history_table, reference
+    from aggregate_reference import (
+        BASE_US,
+        MINUTE_US,
+        SCHEMA,
+        T,
+        check_hot,
+        history_table,
+        random_history,
+        reference,
+    )
     from psycopg import sql
 
     from features.compile import compile_schema
@@ -220,11 +223,7 @@ def test_flink_engine_backfills_aggregations_equal_to_the_reference(
     schemas.mkdir()
     (schemas / "agg_props.yaml").write_text(SCHEMA)
     rng = random.Random(12)
-    events = [{"uid": f"user-{rng.randrange(30)}", T: BASE_US + rng.randrange(900) * MINUTE_US,
-               "kind": rng.choice("abc"), "amount": Decimal(rng.randrange(-500, 5000)) / 100,
-               "qty": rng.choice([None, rng.randrange(10)]), "score": rng.choice([None, rng.random()]),
-               "item": rng.choice([None, "x", "y", "z"])} for _ in range(1_200)]
-    events = list({(e["uid"], e[T]): e for e in events}.values())
+    events = random_history(rng, 1_200, users=30, minutes=900)
     rng.shuffle(events)
     cut = BASE_US + 450 * MINUTE_US
     _, hot = two_dbs

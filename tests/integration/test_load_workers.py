@@ -108,17 +108,21 @@ def test_two_workers_give_what_one_process_gives_and_rerun_exactly(
 
 def test_aggregations_with_three_workers_equal_the_reference(tmp_path: Path, settings: Settings,
                                                              pg_schema: str, redis_prefix: str) -> None:
-    from decimal import Decimal
 
-    from aggregate_reference import BASE_US, MINUTE_US, SCHEMA, T, check_hot, history_table, reference
+    from aggregate_reference import (
+        BASE_US,
+        MINUTE_US,
+        SCHEMA,
+        T,
+        check_hot,
+        history_table,
+        random_history,
+        reference,
+    )
 
     agg = compile_schema(parse_schema(SCHEMA))
     rng = random.Random(8)
-    events = [{"uid": f"user-{rng.randrange(40)}", T: BASE_US + rng.randrange(900) * MINUTE_US,
-               "kind": rng.choice("abc"), "amount": Decimal(rng.randrange(-500, 5000)) / 100,
-               "qty": rng.choice([None, rng.randrange(10)]), "score": rng.choice([None, rng.random()]),
-               "item": rng.choice([None, "x", "y", "z"])} for _ in range(2_000)]
-    events = list({(e["uid"], e[T]): e for e in events}.values())
+    events = random_history(rng, 2_000, users=40, minutes=900)
     rng.shuffle(events)
     cut = BASE_US + 450 * MINUTE_US  # two loads, the later half first
     for i, rows in enumerate([[e for e in events if e[T] >= cut], [e for e in events if e[T] < cut]]):

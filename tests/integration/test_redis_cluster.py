@@ -307,20 +307,24 @@ def test_aggregation_backfill_split_in_two_loads_writes_the_reference_hot_values
         redis_cluster_prefix: str) -> None:
     """The aggregates hashes (their own sink, an equal event time replaces) on the cluster:
     two loads (later time range first) give each entity its newest event's hot values."""
-    from decimal import Decimal
 
-    from aggregate_reference import BASE_US, MINUTE_US, SCHEMA, T, check_hot, history_table, reference
+    from aggregate_reference import (
+        BASE_US,
+        MINUTE_US,
+        SCHEMA,
+        T,
+        check_hot,
+        history_table,
+        random_history,
+        reference,
+    )
 
     from features.compile import compile_schema
     from features.schema import parse_schema
 
     agg = compile_schema(parse_schema(SCHEMA))
     rng = random.Random(3)
-    events = [{"uid": f"user-{rng.randrange(60)}", T: BASE_US + rng.randrange(600) * MINUTE_US,
-               "kind": rng.choice("abc"), "amount": Decimal(rng.randrange(-500, 5000)) / 100,
-               "qty": rng.choice([None, rng.randrange(10)]), "score": rng.choice([None, rng.random()]),
-               "item": rng.choice([None, "x", "y", "z"])} for _ in range(1_500)]
-    events = list({(e["uid"], e[T]): e for e in events}.values())  # one event per key
+    events = random_history(rng, 1_500, users=60, minutes=600)
     cut = BASE_US + 300 * MINUTE_US
     parts = [[e for e in events if e[T] >= cut], [e for e in events if e[T] < cut]]
     on_cluster = dataclasses.replace(settings, redis_url=redis_cluster.url)
