@@ -438,6 +438,9 @@ class RedisCluster:
         _run(["redis-server", "--bind", self.host, "--port", str(port), "--cluster-enabled", "yes",
               "--cluster-config-file", f"nodes-{port}.conf", "--cluster-node-timeout", "2000",
               "--save", "", "--appendonly", "no", "--daemonize", "yes",
+              # each node its own file: a node never loads another's data (the default
+              # dump.rdb in the shared folder, written by a replica's full sync)
+              "--dbfilename", f"dump-{port}.rdb",
               "--pidfile", str(self.pidfile(port)), "--logfile", str(self.dir / f"{port}.log"),
               "--dir", str(self.dir), "--protected-mode", "yes"], service=self.name)
 
