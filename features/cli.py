@@ -33,6 +33,7 @@ COMMANDS: dict[str, str] = {
     "health": "features.health",
     "load": "features.load.cli",
     "kernels": "features.kernels.cli",
+    "prewarm": "features.prewarm",
     "report": "features.report.cli",
     "schema": "features.schema.cli",
     "stream": "features.stream.cli",

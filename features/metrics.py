@@ -610,8 +610,8 @@ class RunMetrics:
             self._dead.inc(n)
 
 
-#: How the SDK was called: ``FeatureStore.online``, ``.online_async``, ``.historical``.
-SdkMethod = Literal["online", "online_async", "historical"]
+#: How the SDK was called: ``FeatureStore.online``, ``.online_dicts``, ``.online_async``, ``.historical``.
+SdkMethod = Literal["online", "online_dicts", "online_async", "historical"]
 
 
 class SdkMetrics:

@@ -27,7 +27,9 @@ __all__ = ["canonical_json", "fingerprint"]
 #: bump when the encoding below changes (every fingerprint changes with it).
 FINGERPRINT_FORMAT: Final = 1
 #: dataclass attributes that carry no semantics.
-_IGNORED: Final = frozenset({"description", "path", "line"})
+_IGNORED: Final = frozenset({"description", "path", "line",
+                             # how the SDK serves hot values, not how data is stored
+                             "refresh_after_seconds"})
 #: attributes added after format 1 shipped: left out while unset, so the fingerprints
 #: of schemas that do not use them stay what they were.
 _OMIT_WHEN_NONE: Final = frozenset({"aggregations"})

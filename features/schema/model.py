@@ -171,9 +171,13 @@ class EvolutionRule:
 
 @dataclass(frozen=True)
 class HotStore:
-    """Redis placement: TTL in seconds (None: no expiry)."""
+    """Redis placement: TTL in seconds (None: no expiry); ``refresh_after_seconds``: the
+    age (since its last write) at which the SDK serves a hot value flagged stale while one
+    caller refreshes it from Postgres (logical expiry, docs/sdk.md; a reader setting, not
+    in the fingerprint)."""
 
     ttl_seconds: int | None = None
+    refresh_after_seconds: int | None = None
 
 
 @dataclass(frozen=True)

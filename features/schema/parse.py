@@ -369,25 +369,42 @@ class _SchemaParser(StepReader):
         node = top.get("hot")
         if node is None or is_null(node):
             return HotStore()
-        m = self.mapping(node, "hot", ("ttl",), (), "hot store settings")
-        if m is None or (ttl_node := m.get("ttl")) is None:
+        m = self.mapping(node, "hot", ("ttl", "refresh_after"), (), "hot store settings")
+        if m is None:
             return HotStore()
-        kp = m.at("ttl")
-        s = self.scalar(ttl_node, kp, "a TTL")
+        ttl = self.hot_duration(m, "ttl", "a TTL")
+        refresh = self.hot_duration(m, "refresh_after", "a refresh age")
+        if refresh is not None and (ttl is None or refresh >= ttl):
+            node = m.get("refresh_after")
+            assert node is not None
+            self.error(node, m.at("refresh_after"),
+                       f"refresh_after ({refresh} s) must be shorter than hot.ttl "
+                       f"({'none' if ttl is None else f'{ttl} s'}): it is the age at which a hot value "
+                       "is served stale while the SDK refreshes it, before the TTL removes it")
+            refresh = None
+        return HotStore(ttl_seconds=ttl, refresh_after_seconds=refresh)
+
+    def hot_duration(self, m: YamlMap, key: str, what: str) -> int | None:
+        """``hot.<key>``: a duration in seconds (> 0, at most 100 years), None when absent."""
+        node = m.get(key)
+        if node is None:
+            return None
+        kp = m.at(key)
+        s = self.scalar(node, kp, what)
         if s is None or is_null(s):
-            return HotStore()
+            return None
         seconds = self.seconds(s)
         if seconds is None:
-            self.error(s, kp, f"ttl {describe(s)} is not a duration: use seconds (86400) "
+            self.error(s, kp, f"{key} {describe(s)} is not a duration: use seconds (86400) "
                               "or a duration such as 7d, 12h, 30m, 45s, 1d12h")
-            return HotStore()
+            return None
         if seconds <= 0:
-            self.error(s, kp, f"ttl must be > 0 seconds, got {s.value}")
-            return HotStore()
+            self.error(s, kp, f"{key} must be > 0 seconds, got {s.value}")
+            return None
         if seconds > MAX_DURATION_S:
-            self.error(s, kp, f"ttl must be at most {MAX_DURATION_S} seconds (100 years), got {s.value}")
-            return HotStore()
-        return HotStore(ttl_seconds=seconds)
+            self.error(s, kp, f"{key} must be at most {MAX_DURATION_S} seconds (100 years), got {s.value}")
+            return None
+        return seconds
 
     def seconds(self, s: ScalarNode) -> int | None:
         """A duration scalar in seconds: an int (any YAML 1.1 spelling) or text such as

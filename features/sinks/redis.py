@@ -68,7 +68,9 @@ local at = string.format('%d', (tonumber(now[1]) + ttl) * 1000 + math.floor(tonu
 for k = 1, #KEYS do
   local et = t[p]; local n = t[p + 1]
   local cur = redis.call('HGET', KEYS[k], '_event_time')
-  if (not cur) or tonumber(cur) < tonumber(et) then
+  -- a hash the SDK filled from Postgres (_filled) yields to the pipeline's write of its event
+  if (not cur) or tonumber(cur) < tonumber(et)
+      or (tonumber(cur) == tonumber(et) and redis.call('HEXISTS', KEYS[k], '_filled') == 1) then
     if cur then redis.call('DEL', KEYS[k]) end
     redis.call('HSET', KEYS[k], '_event_time', et, unpack(t, p + 2, p + 1 + n))
     if ttl > 0 then redis.call('PEXPIREAT', KEYS[k], at) end
@@ -83,6 +85,24 @@ NEWEST_WINS_SHA = hashlib.sha1(NEWEST_WINS.encode()).hexdigest()
 #: (within the allowed lateness) updates the aggregation values of the newest event.
 NEWEST_OR_EQUAL_WINS = NEWEST_WINS.replace("tonumber(cur) < tonumber(et)", "tonumber(cur) <= tonumber(et)")
 NEWEST_OR_EQUAL_WINS_SHA = hashlib.sha1(NEWEST_OR_EQUAL_WINS.encode()).hexdigest()
+#: The SDK's read-through fill and ``features prewarm`` (rows read back from Postgres):
+#: newest wins as above, the hash is marked ``_filled`` (so the pipeline's own write of the
+#: same event replaces it), and a hash that already holds the same event gets its TTL
+#: renewed (Postgres confirmed it is still the newest: the refresh of a logically
+#: expired value, ``hot.refresh_after``). A fill never replaces a hash of the same event.
+FILL = NEWEST_WINS.replace(
+    "  -- a hash the SDK filled from Postgres (_filled) yields to the pipeline's write of its event\n",
+    "").replace(
+    """
+      or (tonumber(cur) == tonumber(et) and redis.call('HEXISTS', KEYS[k], '_filled') == 1)""", "").replace(
+    """    written = written + 1
+  end""", """    written = written + 1
+  elseif ttl > 0 and tonumber(cur) == tonumber(et) then
+    redis.call('PEXPIREAT', KEYS[k], at)
+  end""")
+FILL_SHA = hashlib.sha1(FILL.encode()).hexdigest()
+#: The field marking a hash written by the fill (value ``1``).
+FILLED = "_filled"
 
 #: Lineage that is the same for every row of a run (its text is taken from the first row).
 _CONSTANT_LINEAGE = (SCHEMA_VERSION, SCHEMA_FINGERPRINT, RUN_ID, INGESTED_AT)
@@ -371,7 +391,7 @@ class RedisSink:
 
     def __init__(self, url: str, compiled: CompiledSchema, *, key_prefix: str = "",
                  retries: int = 5, backoff_s: float = 0.5, timeout_s: float = 30.0,
-                 aggregates: bool = False) -> None:
+                 aggregates: bool = False, fill: bool = False) -> None:
         schema = compiled.schema
         if not schema.loadable:
             raise SinkError(f"schema {compiled.name!r} is validation-only: it cannot be loaded into Redis",
@@ -401,6 +421,11 @@ class RedisSink:
             self.fields, self.features = (), tuple(a.name for a in aggs if "hot" in a.store)
             self.hash_name = f"{compiled.name}__aggregates"
             self.script, self.script_sha = NEWEST_OR_EQUAL_WINS, NEWEST_OR_EQUAL_WINS_SHA
+        #: ``fill``: rows read back from Postgres (the SDK's read-through fill, ``features
+        #: prewarm``): the :data:`FILL` script, every row's own lineage, a ``_filled`` mark
+        self.fill = fill
+        if fill:
+            self.script, self.script_sha = FILL, FILL_SHA
         self._sock: socket.socket | ssl.SSLSocket | None = None
         self._pending_bytes = b""  # replies read ahead by _read_lines
         self.keys_per_call = _KEYS_PER_CALL
@@ -569,15 +594,19 @@ class RedisSink:
         micros = pc.cast(event_time_micros(rows.column(self.event_time).combine_chunks()), pa.string())
         present = np.zeros(rows.num_rows, dtype=np.int64)
         pairs: list[pa.Array] = []
-        for name in (*self.hot_columns, SOURCE):
+        # rows read back from Postgres carry their own lineage each (several runs)
+        per_row = (SOURCE, *_CONSTANT_LINEAGE) if self.fill else (SOURCE,)
+        for name in (*self.hot_columns, *per_row):
             v = encode_column(rows.column(name).combine_chunks())
             present += np.asarray(v.is_valid(), dtype=np.int64)
             pair = pc.binary_join_element_wise(_msgpack_str(name), _msgpack_strs(v), b"")
             pairs.append(pc.fill_null(pair, b""))
         # The run's constant lineage, taken from the first row (same text as encode_column).
         constants = {c: str(encode_column(rows.column(c).slice(0, 1).combine_chunks())[0].as_py())
-                     for c in _CONSTANT_LINEAGE}
+                     for c in _CONSTANT_LINEAGE if not self.fill}
         constants["_enc"] = ENCODING_VERSION
+        if self.fill:
+            constants[FILLED] = "1"
         const = b"".join(_msgpack_str(n) + _msgpack_str(v) for n, v in constants.items())
         present += len(constants)
         # the count as a MessagePack uint16 (0xcd + 2 bytes), whatever its value

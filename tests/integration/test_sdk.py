@@ -5,7 +5,6 @@ each test against one Redis server and against the local Redis Cluster."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import datetime as dt
 from collections.abc import Iterator
 from decimal import Decimal
@@ -17,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import redis
+import redis_kinds
 
 from features import FeatureStore
 from features.compile import CompiledSchema
@@ -28,13 +28,15 @@ from features.sinks.redis import entity_key
 from features.validate import validate
 
 pytestmark = pytest.mark.services
+#: each test runs against one Redis server and the local Redis Cluster (tests/redis_kinds.py)
+hot_kind, settings, hot = redis_kinds.hot_kind, redis_kinds.settings, redis_kinds.hot
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "credit_applicant"
 ENTITY, EVENT_TIME = "application_id", "submitted_at"
 HOT_AND_COLD = ("income_monthly", "employment_status", "debt_to_income")
 HOT_ONLY = ("income_log", "employment_status_hash")
 HOT = ("income_monthly", "employment_status", "income_log", "debt_to_income", "employment_status_hash")
-META = ("_event_time", "_age_seconds", "_from", "_found")
+META = ("_event_time", "_age_seconds", "_from", "_found", "_stale")
 UNKNOWN = ["APP-999999999999", "not-an-id", "", "APP-{x}"]
 
 
@@ -43,18 +45,8 @@ def compiled() -> CompiledSchema:
     return applicant_schema()
 
 
-@pytest.fixture(params=["redis", "redis-cluster"])
-def hot_kind(request: pytest.FixtureRequest) -> str:
-    """Every test of this module runs against one Redis server and the local Redis Cluster."""
-    return str(request.param)
 
 
-@pytest.fixture()
-def settings(settings: Settings, hot_kind: str, request: pytest.FixtureRequest) -> Settings:
-    """The session's settings, with the cluster's URL for the cluster runs."""
-    if hot_kind == "redis":
-        return settings
-    return dataclasses.replace(settings, redis_url=request.getfixturevalue("redis_cluster").url)
 
 
 
@@ -75,6 +67,9 @@ def loaded(tmp_path: Path, settings: Settings, compiled: CompiledSchema, pg_sche
 
 
 def make_store(settings: Settings, pg_schema: str, redis_prefix: str, **kwargs: Any) -> FeatureStore:
+    """A store on the test's stores; without the read-through fill unless ``fill=True``
+    (these tests check what the fallback serves; test_sdk_stampede.py checks the fill)."""
+    kwargs.setdefault("fill", False)
     return FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn,
                         schemas=kwargs.pop("schemas", ROOT / "schemas"), search_path=pg_schema,
                         key_prefix=redis_prefix, **kwargs)
@@ -86,18 +81,6 @@ def fs(settings: Settings, pg_schema: str, redis_prefix: str) -> Iterator[Featur
         yield store
 
 
-@pytest.fixture()
-def hot(settings: Settings, hot_kind: str, request: pytest.FixtureRequest) -> Iterator[Any]:
-    """A redis-py client of the hot store (a cluster client for the cluster runs)."""
-    if hot_kind == "redis":
-        client: Any = redis.Redis.from_url(settings.redis_url)
-    else:
-        from redis.cluster import ClusterNode, RedisCluster
-
-        ports = request.getfixturevalue("redis_cluster").ports
-        client = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", p) for p in ports[:3]])
-    yield client
-    client.close()
 
 
 def redis_raw(hot: redis.Redis, prefix: str, ids: list[str]) -> list[dict[bytes, bytes]]:
@@ -113,7 +96,7 @@ def expected_rows(ids: list[Any], cold: dict[str, tuple[Any, ...]], raw: dict[st
         key = str(i)
         src = source.get(key)
         row: dict[str, Any] = {ENTITY: key, **dict.fromkeys(HOT), "_event_time": None, "_from": src,
-                               "_found": src is not None}
+                               "_found": src is not None, "_stale": False}
         if src is not None:
             when, income, status, dti = cold[key]
             row.update(income_monthly=income, employment_status=status, debt_to_income=dti,
@@ -175,6 +158,49 @@ def test_online_matches_what_the_loader_wrote(fs: FeatureStore, loaded: dict[str
     after = dt.datetime.now(dt.UTC)
     check_online(table, expected_rows(ids, loaded, raw, dict.fromkeys(wanted, "redis")), before, after,
                  compiled)
+
+
+def without_age(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in r.items() if k != "_age_seconds"} for r in rows]
+
+
+def test_small_calls_and_online_dicts_give_the_arrow_paths_rows(
+        fs: FeatureStore, loaded: dict[str, tuple[Any, ...]], hot: redis.Redis, redis_prefix: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Calls of at most SMALL_CALL ids found in Redis decode in Python (no Arrow); the
+    rows, types and values are those of the Arrow path (a larger call), for the table and
+    for ``online_dicts``; a miss, a null id or a foreign hash takes the Arrow path."""
+    import features.store as store
+
+    stored = sorted(loaded)
+    big = stored[:40]  # > SMALL_CALL: the Arrow path
+    assert len(big) > store.SMALL_CALL
+    reference = fs.online(NAME, big)
+    for features in (None, ["debt_to_income", "income_monthly"], ["employment_status_hash"]):
+        ref = fs.online(NAME, big, features)
+        for start in range(0, 40, 7):
+            ids = big[start:start + 7]
+            small = fs.online(NAME, ids, features)
+            assert small.schema == ref.schema
+            assert without_age(small.to_pylist()) == without_age(ref.slice(start, len(ids)).to_pylist())
+            assert without_age(fs.online_dicts(NAME, ids, features)) == without_age(small.to_pylist())
+    assert without_age(fs.online_dicts(NAME, big)) == without_age(reference.to_pylist())
+    # a miss, a null id, an unknown id: the Arrow path (and the fallback), the same rows
+    hot.delete(redis_prefix + entity_key(NAME, stored[1]))
+    mixed: list[Any] = [stored[0], stored[1], None, "APP-999999999999", stored[2]]
+    table = fs.online(NAME, mixed)
+    assert table.column("_from").to_pylist() == ["redis", "postgres", None, None, "redis"]
+    assert without_age(fs.online_dicts(NAME, mixed)) == without_age(table.to_pylist())
+    # and without hiredis, the Python reply parser reads the same replies
+    now = fs.online(NAME, big)
+    monkeypatch.setattr(store, "_hiredis", None)
+    with make_store(fs_settings(fs), fs.search_path or "", redis_prefix) as plain:
+        assert without_age(plain.online(NAME, big).to_pylist()) == without_age(now.to_pylist())
+        assert without_age(plain.online_dicts(NAME, big[2:5])) == without_age(now.slice(2, 3).to_pylist())
+
+
+def fs_settings(fs: FeatureStore) -> Settings:
+    return Settings(redis_url=fs.redis_url, postgres_dsn=fs.postgres_dsn)
 
 
 def test_online_feature_subset_and_empty_request(fs: FeatureStore,
@@ -299,6 +325,8 @@ def test_redis_hashes_of_another_schema_or_encoding_raise(
         assert fresh.online(NAME, [second]).column("_found").to_pylist() == [True]
         with pytest.raises(SinkError) as info:
             fresh.online(NAME, [second, first])
+        with pytest.raises(SinkError, match="ffffffffffff"):  # the small-call path checks the same
+            fresh.online_dicts(NAME, [first])
     assert info.value.store == "redis"
     assert "ffffffffffff" in str(info.value) and compiled.fingerprint[:12] in str(info.value)
     hot.hset(key, mapping={"_schema_fingerprint": compiled.fingerprint, "_enc": "2"})

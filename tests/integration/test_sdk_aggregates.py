@@ -38,7 +38,7 @@ pytestmark = pytest.mark.services
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "clicks"
 ENTITY, EVENT_TIME = "user_id", "event_time"
-META = ("_event_time", "_age_seconds", "_from", "_found")
+META = ("_event_time", "_age_seconds", "_from", "_found", "_stale")
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 US = dt.timedelta(microseconds=1)
 
@@ -108,6 +108,8 @@ def stored(tmp_path: Path, settings: Settings, compiled: CompiledSchema, pg_sche
 
 
 def make_store(settings: Settings, pg_schema: str, redis_prefix: str, **kwargs: Any) -> FeatureStore:
+    """A store on the test's stores, without the read-through fill unless ``fill=True``."""
+    kwargs.setdefault("fill", False)
     return FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn,
                         schemas=kwargs.pop("schemas", ROOT / "schemas"), search_path=pg_schema,
                         key_prefix=redis_prefix, **kwargs)
@@ -177,7 +179,7 @@ def test_online_serves_hot_aggregations_from_redis_and_postgres(
         for u in users:
             when, values = stored.newest(u) if source else (None, dict.fromkeys(stored.cold))
             out.append({ENTITY: u, **{n: values[n] for n in hot_aggs}, "_event_time": when, "_from": source,
-                        "_found": source is not None})
+                        "_found": source is not None, "_stale": False})
         return out
 
     want = expected(ids, "redis") + expected(["u999999"], None) + expected([ids[3]], "redis")
@@ -374,3 +376,48 @@ def test_hot_only_aggregation_is_null_in_the_fallback(
             store.historical(NAME, pa.table({ENTITY: users, "timestamp": pa.array(
                 [dt.datetime(2026, 2, 1, tzinfo=dt.UTC)] * len(users), pa.timestamp("us", "UTC"))}),
                 ["clicks_1h"])
+
+
+def test_small_calls_read_aggregations_as_the_arrow_path(fs: FeatureStore, stored: Stored) -> None:
+    """At most SMALL_CALL ids, all in Redis: decoded in Python (features and the
+    aggregates hash), the same rows as the Arrow path of a larger call."""
+    import features.store as store
+
+    users = sorted(stored.aggs)[:30]
+    assert len(users) > store.SMALL_CALL
+
+    def rows(table_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in r.items() if k != "_age_seconds"} for r in table_rows]
+
+    for features in (None, ["spend_today", "dwell_log", "clicks_24h"]):
+        ref = fs.online(NAME, users, features)
+        assert set(ref.column("_from").to_pylist()) == {"redis"}
+        for start in (0, 9, 18):
+            small = fs.online(NAME, users[start:start + 9], features)
+            assert small.schema == ref.schema
+            assert rows(small.to_pylist()) == rows(ref.slice(start, 9).to_pylist())
+            assert rows(fs.online_dicts(NAME, users[start:start + 9], features)) == rows(small.to_pylist())
+
+
+def test_fill_writes_the_entity_and_aggregates_hashes_from_postgres(
+        settings: Settings, pg_schema: str, redis_prefix: str, stored: Stored, hot: redis.Redis) -> None:
+    """The read-through fill of a schema with aggregations: both hashes come back from
+    Postgres (the history row and the newest aggregation row, each with its own event
+    time and lineage, marked ``_filled``); then Redis serves the same values."""
+    users = sorted(stored.aggs)[40:46]
+    keys = [redis_prefix + k(NAME, u) for u in users for k in (entity_key, aggregates_key)]
+    originals = {key: hot.hgetall(key) for key in keys}
+    hot.delete(*keys)
+    with make_store(settings, pg_schema, redis_prefix, fill=False) as plain:
+        want = plain.online(NAME, users).drop_columns(["_age_seconds", "_from"]).to_pylist()
+    with make_store(settings, pg_schema, redis_prefix, fill=True) as fs:
+        first = fs.online(NAME, users)
+        assert first.column("_from").to_pylist() == ["postgres"] * len(users)
+        assert fs._fallback.counts.filled == 2 * len(users)
+        second = fs.online(NAME, users)
+        assert second.column("_from").to_pylist() == ["redis"] * len(users)
+        assert second.drop_columns(["_age_seconds", "_from"]).to_pylist() == want
+    for key in keys:
+        h = hot.hgetall(key)
+        assert h[b"_filled"] == b"1" and h[b"_event_time"] == originals[key][b"_event_time"], key
+        assert h[b"_source"] == originals[key][b"_source"] and h[b"_run_id"] == originals[key][b"_run_id"]

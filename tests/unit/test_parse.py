@@ -349,6 +349,26 @@ def test_hot_ttl_forms() -> None:
         parse_schema(base.format(ttl="0"))
 
 
+def test_hot_refresh_after_is_shorter_than_the_ttl_and_not_in_the_fingerprint() -> None:
+    from features.compile import compile_schema
+
+    base = "name: t\nversion: 1.0.0\nentity: k\nevent_time: t\nhot:\n{hot}fields:\n" \
+           "  - {{name: k, type: int64, constraints: {{required: true}}}}\n" \
+           "  - {{name: t, type: date, constraints: {{required: true}}}}\n"
+    plain = parse_schema(base.format(hot="  ttl: 7d\n"))
+    soft = parse_schema(base.format(hot="  ttl: 7d\n  refresh_after: 1h\n"))
+    assert (soft.hot.ttl_seconds, soft.hot.refresh_after_seconds) == (7 * 86400, 3600)
+    assert plain.hot.refresh_after_seconds is None
+    assert compile_schema(soft).fingerprint == compile_schema(plain).fingerprint
+    for hot, message in [("  ttl: 1h\n  refresh_after: 1h\n", "must be shorter than hot.ttl"),
+                         ("  refresh_after: 1h\n", "must be shorter than hot.ttl \\(none\\)"),
+                         ("  ttl: 1d\n  refresh_after: soon\n", "refresh_after string 'soon' is not"),
+                         ("  ttl: 1d\n  refresh_after: 0\n", "refresh_after must be > 0 seconds"),
+                         ("  ttl: 1d\n  refresh: 1h\n", "refresh")]:
+        with pytest.raises(SchemaErrors, match=message):
+            parse_schema(base.format(hot=hot))
+
+
 def test_step_shorthands_equal_the_long_form() -> None:
     def features(steps: str) -> tuple[Step, ...]:
         text = (
