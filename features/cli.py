@@ -36,6 +36,7 @@ COMMANDS: dict[str, str] = {
     "prewarm": "features.prewarm",
     "report": "features.report.cli",
     "schema": "features.schema.cli",
+    "serve": "features.serve.cli",
     "stream": "features.stream.cli",
     "validate": "features.validate.cli",
 }

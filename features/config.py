@@ -28,7 +28,7 @@ import os
 import re
 import stat
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, overload
@@ -82,27 +82,34 @@ class Settings:
     """Folder holding the schema YAML files."""
     secrets_file: str | None = None
     """The secrets file these settings were read with, if any (a path, not a secret)."""
+    ingest_tokens: tuple[str, ...] = field(default=(), hash=False)
+    """Bearer tokens the HTTP ingest service (``features serve``, ``docs/ingest.md``)
+    accepts. Secrets: from ``FEATURES_INGEST_TOKENS`` (comma separated) or the secrets
+    file (``ingest_tokens = ["...", "..."]``), never from ``featureline.toml``; shown
+    only as ``***`` each."""
 
     def __repr__(self) -> str:
         parts = []
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name in _SECRET_BEARING:
-                value = redact(value)
+                value = _redact_setting(f.name, value)
             parts.append(f"{f.name}={value!r}")
         return f"Settings({', '.join(parts)})"
 
     def redacted(self) -> dict[str, Any]:
         """Every setting as plain values, credentials masked: what may be printed or logged."""
-        return {f.name: (redact(getattr(self, f.name)) if f.name in _SECRET_BEARING
+        return {f.name: (_redact_setting(f.name, getattr(self, f.name)) if f.name in _SECRET_BEARING
                          else getattr(self, f.name)) for f in fields(self)}
 
 
 _FIELD_NAMES = tuple(f.name for f in fields(Settings))
 _MAP_FIELDS = ("kafka_properties", "kafka_java_properties")
-_SECRET_BEARING = ("postgres_dsn", "redis_url", *_MAP_FIELDS)
-#: What a secrets file may hold: the connection settings.
-SECRETS_FILE_KEYS = ("postgres_dsn", "redis_url", "kafka_bootstrap", *_MAP_FIELDS)
+#: Settings that are lists of secrets, each one wholly secret (shown as ``***``).
+_TOKEN_FIELDS = ("ingest_tokens",)
+_SECRET_BEARING = ("postgres_dsn", "redis_url", *_MAP_FIELDS, *_TOKEN_FIELDS)
+#: What a secrets file may hold: the connection settings and the ingest tokens.
+SECRETS_FILE_KEYS = ("postgres_dsn", "redis_url", "kafka_bootstrap", *_MAP_FIELDS, *_TOKEN_FIELDS)
 _DEVICES = ("auto", "cpu", "gpu")
 
 
@@ -171,8 +178,19 @@ def redact(value: str | Mapping[str, str]) -> str | dict[str, str]:
                            value)
 
 
-def _carries_secret(name: str, value: str | Mapping[str, str]) -> list[str]:
+def _redact_setting(name: str, value: Any) -> Any:
+    """A secret-bearing setting as it may be shown: each token ``***``, else :func:`redact`."""
+    if name in _TOKEN_FIELDS:
+        return tuple(MASK for _ in value)
+    return redact(value)
+
+
+def _carries_secret(name: str, value: str | Mapping[str, str] | tuple[str, ...]) -> list[str]:
     """What in ``value`` is a credential (for refusing it in the project file)."""
+    if name in _TOKEN_FIELDS:
+        return [name] if value else []
+    if isinstance(value, tuple):
+        return []
     if isinstance(value, Mapping):
         return [f"{name}.{k}" for k in value if is_secret_name(k)]
     return [name] if redact(value) != value else []
@@ -202,11 +220,25 @@ def _property_map(value: object, where: str, name: str) -> dict[str, str]:
     return out
 
 
+def _token_list(value: object, where: str, name: str) -> tuple[str, ...]:
+    """A list of non-empty tokens (a string: comma separated). Never shows a value."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, Sequence) or not all(isinstance(t, str) for t in items):
+        raise ConfigError(f"{where}: {name} must be a list of strings", key=name, looked_in=[where])
+    tokens = tuple(t.strip() for t in items if t.strip())
+    if any(c.isspace() or c == "," for t in tokens for c in t):
+        raise ConfigError(f"{where}: {name}: a token must not hold whitespace or commas", key=name,
+                          looked_in=[where])
+    return tokens
+
+
 def _typed(table: Mapping[str, object], where: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in table.items():
         if k in _MAP_FIELDS:
             out[k] = _property_map(v, where, k)
+        elif k in _TOKEN_FIELDS:
+            out[k] = _token_list(v, where, k)
         elif isinstance(v, str | int | float | bool):
             out[k] = str(v)
         else:
@@ -292,6 +324,8 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
                                   f"{getattr(exc, 'pos', '?')})", key=name,
                                   looked_in=[env_var(name)]) from None
             values[name] = _property_map(parsed, env_var(name), name)
+        elif name in _TOKEN_FIELDS:
+            values[name] = _token_list(raw, env_var(name), name)
         else:
             values[name] = raw
     return values
@@ -315,7 +349,7 @@ def _check_dsn(dsn: str, origin: str) -> None:
 
 def resolve_settings(
     *, environ: Mapping[str, str] | None = None, root: Path | str = ".",
-    **explicit: str | Mapping[str, str] | None,
+    **explicit: str | Mapping[str, str] | Sequence[str] | None,
 ) -> Settings:
     """Resolve settings from ``explicit`` > environment > secrets file > ``featureline.toml``
     > defaults (the Kafka property maps merge key by key).
@@ -335,6 +369,9 @@ def resolve_settings(
     for name in _MAP_FIELDS:
         if name in given:
             given[name] = _property_map(given[name], "arguments", name)
+    for name in _TOKEN_FIELDS:
+        if name in given:
+            given[name] = _token_list(given[name], "arguments", name)
     project = _from_file(Path(root))
     from_env = _from_env(env)
     secrets_path = given.get("secrets_file") or from_env.get("secrets_file") or project.get("secrets_file")

@@ -236,21 +236,16 @@ class StreamProcessor:
         only: the exception path. Returns how many were sent."""
         if self._producer is None or rejects.num_rows == 0:
             return 0
-        meta = {"schema": self.compiled.name, "schema_version": self.compiled.schema.version_str,
-                "schema_fingerprint": self.compiled.fingerprint, "run_id": self.run_id}
-        head = json.dumps(meta)[1:-1]
         errors = self._delivery_errors
 
         def delivered(err: Any, msg: Any) -> None:
             if err is not None:
                 errors.append(str(err))
 
-        for src, raw, errs in zip(rejects.column("_source").to_pylist(), rejects.column("raw").to_pylist(),
-                                  rejects.column("errors").to_pylist(), strict=True):
-            value = f'{{"source": {json.dumps(src)}, {head}, "errors": {errs}, "raw": {raw}}}'
+        for key, value in dead_letter_messages(rejects, self.compiled, self.run_id):
             while True:
                 try:
-                    self._producer.produce(self.dead_letter_topic, key=src.encode(), value=value.encode(),
+                    self._producer.produce(self.dead_letter_topic, key=key, value=value,
                                            on_delivery=delivered)
                     break
                 except BufferError:
@@ -334,6 +329,24 @@ class StreamProcessor:
                                   "already_present",
                                   "rows_per_second", "batches", "lag_total", "newest_event_time",
                                   "latency_ms")}
+
+
+def dead_letter_messages(rejects: pa.Table, compiled: CompiledSchema, run_id: str
+                         ) -> list[tuple[bytes, bytes]]:
+    """The dead-letter topic's (key, value) per reject row: the key is the record's source
+    URI, the value a JSON object ``{"source", "schema", "schema_version",
+    "schema_fingerprint", "run_id", "errors": [...], "raw": {...}}`` (``errors`` and
+    ``raw`` as the rejects table holds them). The stream job and the HTTP ingest service
+    (``features.serve``) send the same messages. A loop over rejects only."""
+    meta = {"schema": compiled.name, "schema_version": compiled.schema.version_str,
+            "schema_fingerprint": compiled.fingerprint, "run_id": run_id}
+    head = json.dumps(meta)[1:-1]
+    out = []
+    for src, raw, errs in zip(rejects.column("_source").to_pylist(), rejects.column("raw").to_pylist(),
+                              rejects.column("errors").to_pylist(), strict=True):
+        value = f'{{"source": {json.dumps(src)}, {head}, "errors": {errs}, "raw": {raw}}}'
+        out.append((src.encode(), value.encode()))
+    return out
 
 
 @dataclass

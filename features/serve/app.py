@@ -1,0 +1,355 @@
+"""The ingest service's ASGI application: five routes, no framework.
+
+====================================  =======================================================
+``POST /v1/schemas/{name}/events``    records -> rejects table + dead letters, then the topic
+``GET /healthz``                      200 while the process serves
+``GET /readyz``                       200 when the broker answers and every topic exists
+``GET /metrics``                      this worker's Prometheus metrics
+====================================  =======================================================
+
+(``docs/ingest.md`` has the request and response formats.) An events request runs:
+
+1. auth (``Authorization: Bearer <token>``: 401 missing or malformed, 403 unknown),
+   method (405), schema (404), body size (413: Content-Length first, then counted while
+   reading), body shape (400, :mod:`features.serve.body`);
+2. :meth:`~features.serve.ingest.SchemaIngest.submit`: the schema's checking thread runs
+   the stream's micro-batch step on it, together with the requests that arrived
+   meanwhile (never on the event loop);
+3. when some records are rejected: their rows into the rejects table (a thread) and their
+   dead letters to the dead-letter topic, acknowledged, **before** anything else;
+4. the valid records to the schema's topic; the response waits for every acknowledgement:
+   202 (all accepted) or 422 (some rejected, the others accepted), each with the request
+   id; 503 when Postgres or Kafka could not take them (nothing is acknowledged; a retry is
+   safe: the stream's stores keep the first write of an (entity, event time), rejects are
+   unique per ``http://<request id>#<index>``).
+
+The lifespan startup compiles nothing itself: it opens each schema's rejects writer and
+the producer (failing the worker's start when Postgres refuses); the lifespan shutdown,
+which uvicorn runs after the in-flight requests finished, flushes the producer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from features.errors import SinkError
+from features.logs import fields
+from features.metrics import CONTENT_TYPE, MetricsServer, Registry
+from features.serve.body import BadBody
+from features.serve.ingest import SchemaIngest
+from features.serve.producer import AsyncProducer
+
+log = logging.getLogger("features.serve")
+access_log = logging.getLogger("features.serve.access")
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+#: A client's ``X-Request-Id`` is used when it matches this; otherwise a fresh uuid4 hex.
+REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+EVENTS_ROUTE = "/v1/schemas/{name}/events"
+_EVENTS_PATH = re.compile(r"^/v1/schemas/([^/]+)/events/?$")
+#: /readyz asks the broker at most this often (seconds); in between it answers from cache.
+READY_CACHE_S = 1.0
+#: How long /readyz waits for the broker's metadata (seconds).
+READY_TIMEOUT_S = 2.0
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    body: dict[str, Any] | str
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+    records: int = 0
+    accepted: int = 0
+    rejected: int = 0
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class _ClientGone(Exception):
+    pass
+
+
+class IngestMetrics:
+    """The service's metrics (one registry per worker; names in ``docs/operations.md``)."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+        self.requests = registry.counter("featureline_ingest_requests_total",
+                                         "HTTP requests answered, by route and status code.",
+                                         ["route", "status"])
+        self.records = registry.counter("featureline_ingest_records_total",
+                                        "Records received over HTTP, by schema and outcome (accepted: "
+                                        "acknowledged by Kafka; rejected: in the rejects table).",
+                                        ["schema", "outcome"])
+        self.seconds = registry.histogram("featureline_ingest_request_seconds",
+                                          "Seconds from a request's start to its response, by route.",
+                                          ["route"])
+
+
+class IngestApp:
+    """The ASGI application of one worker (see the module docstring).
+
+    ``schemas``: the :class:`SchemaIngest` of every schema served, opened by the lifespan
+    startup. ``tokens``: the accepted bearer tokens, or None to accept every request
+    (``--insecure-no-auth``). ``worker``: this worker's index (its metrics port is
+    ``metrics_port + worker``). ``on_ready`` is called once the startup is done.
+    """
+
+    def __init__(self, schemas: Sequence[SchemaIngest], producer_factory: Callable[[], AsyncProducer], *,
+                 tokens: Sequence[str] | None, max_body_bytes: int, worker: int = 0,
+                 metrics_port: int | None = None, metrics_host: str = "127.0.0.1",
+                 access_log: bool = True, on_ready: Callable[[], None] | None = None) -> None:
+        self.schemas = {s.name: s for s in schemas}
+        self._producer_factory = producer_factory
+        self.producer: AsyncProducer | None = None
+        self.tokens = None if tokens is None else [t.encode() for t in tokens]
+        self.max_body_bytes = max_body_bytes
+        self.worker = worker
+        self.metrics_port = metrics_port
+        self.metrics_host = metrics_host
+        self.access_log = access_log
+        self.on_ready = on_ready
+        self.metrics = IngestMetrics(Registry())
+        self._metrics_server: MetricsServer | None = None
+        self._ready: tuple[float, bool, str] | None = None
+        self._ready_lock: asyncio.Lock | None = None
+
+    # --- ASGI ------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+        elif scope["type"] == "http":
+            await self._http(scope, receive, send)
+        # websocket: not served (uvicorn refuses the upgrade when the app does not accept it)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await asyncio.to_thread(self._start)
+                except Exception as exc:  # reported to uvicorn, which exits the worker (status 3)
+                    log.error("serve: worker %d cannot start: %s", self.worker, exc)
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                self._ready_lock = asyncio.Lock()
+                await send({"type": "lifespan.startup.complete"})
+                if self.on_ready is not None:
+                    self.on_ready()
+            elif message["type"] == "lifespan.shutdown":
+                await asyncio.to_thread(self._stop)
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    def _start(self) -> None:
+        for s in self.schemas.values():
+            s.open()
+        self.producer = self._producer_factory()
+        if self.metrics_port is not None:
+            port = self.metrics_port + self.worker
+            self._metrics_server = MetricsServer(self.metrics.registry, port, self.metrics_host)
+
+    def _stop(self) -> None:
+        """After the last request: flush the producer (every 202 was acknowledged already;
+        this only waits for dead letters of requests that failed), close the stores."""
+        try:
+            if self.producer is not None:
+                left = self.producer.close(30)
+                if left:
+                    log.error("serve: worker %d: %d Kafka messages unacknowledged at shutdown", self.worker,
+                              left)
+        finally:
+            for s in self.schemas.values():
+                s.close()
+            if self._metrics_server is not None:
+                self._metrics_server.close()
+        log.info("serve: worker %d stopped", self.worker)
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        t0 = time.perf_counter()
+        headers = {k.lower(): v for k, v in scope.get("headers", [])}
+        given = headers.get(b"x-request-id", b"").decode("latin-1")
+        request_id = given if REQUEST_ID.match(given) else uuid.uuid4().hex
+        path: str = scope.get("path", "")
+        method: str = scope.get("method", "GET")
+        route, handler = self._route(path)
+        try:
+            response = await handler(method, path, headers, receive, request_id)
+        except _ClientGone:
+            response = Response(499, {"error": "the client went away"})
+        except Exception:  # a bug: answer 500 and keep serving; the traceback goes to the log
+            log.exception("serve: %s %s failed", method, path)
+            response = Response(500, {"error": "internal error; see the server log"})
+        if response.status != 499:
+            await self._send(send, response, request_id)
+        seconds = time.perf_counter() - t0
+        self.metrics.requests.labels(route, str(response.status)).inc()
+        self.metrics.seconds.labels(route).observe(seconds)
+        if self.access_log:
+            access_log.info("request", extra=fields({
+                "request_id": request_id, "method": method, "path": path, "status": response.status,
+                "records": response.records, "accepted": response.accepted, "rejected": response.rejected,
+                "ms": round(seconds * 1000, 2), "worker": self.worker}))
+
+    async def _send(self, send: Send, r: Response, request_id: str) -> None:
+        if isinstance(r.body, str):
+            body, ctype = r.body.encode(), CONTENT_TYPE.encode()
+        else:
+            if "request_id" not in r.body:
+                r = Response(r.status, {"request_id": request_id, **r.body}, r.headers)
+            assert isinstance(r.body, dict)
+            body, ctype = json.dumps(r.body).encode(), b"application/json"
+        await send({"type": "http.response.start", "status": r.status, "headers": [
+            (b"content-type", ctype), (b"content-length", str(len(body)).encode()),
+            (b"x-request-id", request_id.encode()), *r.headers]})
+        await send({"type": "http.response.body", "body": body})
+
+    def _route(self, path: str) -> tuple[str, Any]:
+        if _EVENTS_PATH.match(path):
+            return EVENTS_ROUTE, self._events
+        return {"/healthz": ("/healthz", self._healthz), "/readyz": ("/readyz", self._readyz),
+                "/metrics": ("/metrics", self._metrics)}.get(path, ("other", self._not_found))
+
+    # --- routes ----------------------------------------------------------------------
+
+    async def _not_found(self, method: str, path: str, *_: Any) -> Response:
+        return Response(404, {"error": f"no route {path}; routes: POST {EVENTS_ROUTE}, GET /healthz, "
+                              "GET /readyz, GET /metrics"})
+
+    async def _healthz(self, method: str, *_: Any) -> Response:
+        return _get_only(method) or Response(200, {"status": "ok", "worker": self.worker})
+
+    async def _metrics(self, method: str, *_: Any) -> Response:
+        return _get_only(method) or Response(200, self.metrics.registry.exposition())
+
+    async def _readyz(self, method: str, *_: Any) -> Response:
+        if (wrong := _get_only(method)) is not None:
+            return wrong
+        ok, reason = await self.readiness()
+        return Response(200 if ok else 503, {"status": "ready" if ok else "not ready", "reason": reason,
+                                             "schemas": sorted(self.schemas), "worker": self.worker})
+
+    async def readiness(self) -> tuple[bool, str]:
+        """(ready, reason): the broker answers a metadata request and every topic (and
+        dead-letter topic) exists. Asked at most every READY_CACHE_S seconds."""
+        assert self._ready_lock is not None and self.producer is not None
+        async with self._ready_lock:
+            now = time.monotonic()
+            if self._ready is not None and now - self._ready[0] < READY_CACHE_S:
+                return self._ready[1], self._ready[2]
+            try:
+                topics = await asyncio.to_thread(self.producer.topics, READY_TIMEOUT_S)
+            except Exception as exc:  # KafkaException and kin: the reason is the answer
+                ok, reason = False, f"Kafka at {self.producer.bootstrap} did not answer: {exc}"
+            else:
+                needed = sorted({t for s in self.schemas.values()
+                                 for t in (s.topic, s.dead_letter_topic) if t})
+                missing = [t for t in needed if t not in topics]
+                ok = not missing
+                reason = (f"missing topic(s): {', '.join(missing)}" if missing
+                          else "schemas compiled, broker up")
+            self._ready = (time.monotonic(), ok, reason)
+            return ok, reason
+
+    async def _events(self, method: str, path: str, headers: dict[bytes, bytes], receive: Receive,
+                      request_id: str) -> Response:
+        if (denied := self._authorize(headers)) is not None:
+            return denied
+        if method != "POST":
+            return Response(405, {"error": f"{method} not allowed here; use POST"},
+                            headers=((b"allow", b"POST"),))
+        m = _EVENTS_PATH.match(path)
+        assert m is not None
+        ingest = self.schemas.get(m.group(1))
+        if ingest is None:
+            return Response(404, {"error": f"unknown schema {m.group(1)!r}",
+                                  "schemas": sorted(self.schemas)})
+        try:
+            body = await self._read_body(headers, receive)
+        except _BodyTooLarge:
+            return Response(413, {"error": f"the body is over the limit of {self.max_body_bytes:,} bytes"})
+        except ValueError:
+            return Response(400, {"error": "invalid Content-Length"})
+        ctype = headers.get(b"content-type", b"").decode("latin-1")
+        try:
+            checked = await asyncio.wrap_future(ingest.submit(body, ctype, request_id))
+        except BadBody as exc:
+            return Response(400, {"error": str(exc)})
+        assert self.producer is not None
+        try:
+            if checked.rejected:  # rejects are stored and acknowledged before any valid record
+                await asyncio.to_thread(ingest.write_rejects, checked.rejects)
+                if ingest.dead_letter_topic:
+                    await self.producer.send(ingest.dead_letter_topic,
+                                             [(k, v, None) for k, v in checked.dead_letters])
+            await self.producer.send(ingest.topic, checked.messages)
+        except SinkError as exc:
+            log.warning("serve: request %s: %s", request_id, exc)
+            return Response(503, {"error": f"{exc}; nothing was acknowledged, retry the request (it is "
+                                  "idempotent)"}, headers=((b"retry-after", b"1"),), records=checked.records)
+        self.metrics.records.labels(ingest.name, "accepted").inc(checked.accepted)
+        self.metrics.records.labels(ingest.name, "rejected").inc(checked.rejected)
+        body_out: dict[str, Any] = {"request_id": request_id, "accepted": checked.accepted,
+                                    "rejected": checked.rejected}
+        if checked.rejected:
+            body_out["errors"] = checked.errors
+        return Response(422 if checked.rejected else 202, body_out, records=checked.records,
+                        accepted=checked.accepted, rejected=checked.rejected)
+
+    def _authorize(self, headers: dict[bytes, bytes]) -> Response | None:
+        """None when the request may go on; else the 401/403 response. Every configured
+        token is compared (constant time each), whichever matches."""
+        if self.tokens is None:
+            return None
+        challenge = ((b"www-authenticate", b'Bearer realm="featureline"'),)
+        value = headers.get(b"authorization")
+        if not value:
+            return Response(401, {"error": "missing Authorization: Bearer <token>"}, challenge)
+        scheme, _, token = value.partition(b" ")
+        token = token.strip()
+        if scheme.lower() != b"bearer" or not token:
+            return Response(401, {"error": "malformed Authorization header; expected Bearer <token>"},
+                            challenge)
+        ok = False
+        for known in self.tokens:
+            ok |= hmac.compare_digest(token, known)
+        return None if ok else Response(403, {"error": "token not accepted"})
+
+    async def _read_body(self, headers: dict[bytes, bytes], receive: Receive) -> bytes:
+        declared = headers.get(b"content-length")
+        if declared is not None and int(declared) > self.max_body_bytes:
+            raise _BodyTooLarge
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _ClientGone
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise _BodyTooLarge
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _get_only(method: str) -> Response | None:
+    if method in ("GET", "HEAD"):
+        return None
+    return Response(405, {"error": f"{method} not allowed here; use GET"}, headers=((b"allow", b"GET"),))

@@ -1,0 +1,120 @@
+"""A request body -> the exact bytes of each record it holds.
+
+Three shapes (``docs/ingest.md``):
+
+- **NDJSON** (Content-Type ``application/x-ndjson``, ``application/ndjson`` or
+  ``application/jsonl``): each line that is not blank is one record, its bytes exactly
+  as sent (a line that is not JSON, or not UTF-8, is a record the decoder rejects, as the
+  stream would);
+- **a JSON object**: the body (without surrounding whitespace) is one record;
+- **a JSON array**: each element is one record, its exact source text (found by walking
+  the array with ``json.JSONDecoder.raw_decode``), so numbers reach Kafka byte for byte as
+  sent, never re-serialised through a float. An element that is not an object is a
+  record the decoder rejects.
+
+Anything else (a body that is not UTF-8 or does not parse as JSON, or a top-level value
+that is neither an object nor an array) raises :class:`BadBody`: the request is refused
+whole (HTTP 400) and no record of it is read.
+"""
+
+from __future__ import annotations
+
+import json
+
+#: Content types whose body is newline-delimited JSON (compared without parameters).
+NDJSON_TYPES = frozenset({"application/x-ndjson", "application/ndjson", "application/jsonl"})
+
+_WS = " \t\n\r"
+_DECODER = json.JSONDecoder()
+
+
+class BadBody(ValueError):
+    """The body is not one of the accepted shapes; ``str()`` says why (shown to the client)."""
+
+
+def is_ndjson(content_type: str | None) -> bool:
+    """Whether a Content-Type header value names NDJSON (``; charset=...`` ignored)."""
+    if not content_type:
+        return False
+    return content_type.split(";", 1)[0].strip().lower() in NDJSON_TYPES
+
+
+def split_ndjson(body: bytes) -> list[bytes]:
+    """Every non-blank line of ``body``, as sent (a trailing ``\\r`` stays: JSON whitespace)."""
+    return [line for line in body.split(b"\n") if line.strip()]
+
+
+def split_json(body: bytes) -> list[bytes]:
+    """The records of a JSON body (an object: itself; an array: its elements' source text).
+
+    Raises BadBody for a body that is not UTF-8, not JSON, or whose top-level value is
+    neither an object nor an array. An object too deeply nested for Python's parser is
+    still one record (the decoder rejects it, as the stream would); inside an array such
+    an element cannot be delimited, so the body is refused.
+    """
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadBody(f"the body is not UTF-8 (byte {exc.start})") from None
+    start = len(text) - len(text.lstrip(_WS))
+    stripped = text.strip(_WS)
+    if not stripped:
+        raise BadBody("the body is empty; send a JSON object, a JSON array of objects, or NDJSON")
+    if stripped[0] == "{":
+        try:
+            _DECODER.decode(stripped)
+        except RecursionError:
+            pass  # valid or not, the decoder rejects it as nested too deeply
+        except ValueError as exc:
+            raise BadBody(f"the body is not valid JSON: {exc}") from None
+        return [stripped.encode("utf-8")]
+    if stripped[0] != "[":
+        try:
+            value = json.loads(stripped)
+        except (ValueError, RecursionError) as exc:
+            raise BadBody(f"the body is not valid JSON: {exc}") from None
+        raise BadBody(f"the body is a JSON {type(value).__name__}; send a JSON object, a JSON array of "
+                      "objects, or NDJSON (Content-Type application/x-ndjson)")
+    return _array_elements(text, start, body if body.isascii() else None)
+
+
+def _array_elements(text: str, pos: int, ascii_body: bytes | None) -> list[bytes]:
+    """The source text of each element of the array starting at ``text[pos]`` (``[``),
+    which must be the whole rest of the body (whitespace aside)."""
+    out: list[bytes] = []
+    n = len(text)
+    i = _skip(text, pos + 1)
+    if i < n and text[i] == "]":
+        i += 1
+    else:
+        while True:
+            try:
+                _, end = _DECODER.raw_decode(text, i)
+            except RecursionError:
+                raise BadBody(f"array element {len(out)} is nested too deeply to read") from None
+            except ValueError as exc:
+                raise BadBody(f"the body is not valid JSON: {exc}") from None
+            out.append(ascii_body[i:end] if ascii_body is not None else text[i:end].encode("utf-8"))
+            i = _skip(text, end)
+            if i < n and text[i] == ",":
+                i = _skip(text, i + 1)
+                continue
+            if i < n and text[i] == "]":
+                i += 1
+                break
+            raise BadBody(f"the body is not valid JSON: expected ',' or ']' at character {i}")
+    if _skip(text, i) != n:
+        raise BadBody(f"the body is not valid JSON: extra data after the array at character {i}")
+    return out
+
+
+def _skip(text: str, i: int) -> int:
+    n = len(text)
+    while i < n and text[i] in _WS:
+        i += 1
+    return i
+
+
+def split_body(body: bytes, content_type: str | None) -> list[bytes]:
+    """The records of ``body`` (see the module docstring); BadBody when it is refused."""
+    return split_ndjson(body) if is_ndjson(content_type) else split_json(body)

@@ -1,0 +1,340 @@
+"""``features serve --schemas DIR``: the HTTP ingest service (``docs/ingest.md``).
+
+The parent process checks the settings and the schemas, binds the listening socket once
+and runs ``--workers`` worker processes (multiprocessing ``spawn``), each serving
+:class:`features.serve.app.IngestApp` with uvicorn on that shared socket (the kernel
+spreads the connections); with one worker it serves in its own process. It prints one
+line with the URL once every worker is ready.
+
+Signals: SIGTERM or SIGINT to the parent is forwarded to the workers as SIGTERM (each in
+its own process group, so a terminal's Ctrl-C reaches only the parent); each worker then
+stops accepting, finishes its in-flight requests, runs the lifespan shutdown (flushes the
+producer) and exits; the parent closes its copy of the socket, waits for them and exits
+0. A worker that dies on its own is replaced; a worker whose parent died stops itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from features.load.cli import _port
+
+log = logging.getLogger("features.serve")
+
+#: The worker's graceful shutdown waits this long for in-flight requests, then cancels them
+#: (a cancelled request was never answered 202, so nothing acknowledged is lost).
+GRACEFUL_TIMEOUT_S = 30
+#: How long the parent waits for every worker's startup.
+STARTUP_TIMEOUT_S = 180.0
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMG]i?B?|B)?\s*$", re.IGNORECASE)
+
+
+def _size(text: str) -> int:
+    """``16MiB``, ``512KiB``, ``1048576``, ``10MB`` -> bytes."""
+    m = _SIZE.match(text)
+    if m is None:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r} (e.g. 16MiB, 512KiB, 1000000)")
+    unit = (m.group(2) or "B").upper()
+    scale = 1 if unit == "B" else (1024 if "I" in unit else 1000) ** "KMG".index(unit[0]) * (
+        1024 if "I" in unit else 1000)
+    return int(m.group(1)) * scale
+
+
+def _workers(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError("--workers must be at least 1")
+    return n
+
+
+def add_parser(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "serve", help="HTTP ingest service: validate posted events and produce them to the schema's topic",
+        description="Serve POST /v1/schemas/{name}/events: each posted record (one JSON object, a JSON "
+        "array of objects, or NDJSON) is decoded and validated with the stream job's own code; rejects go "
+        "to the rejects table and the dead-letter topic, then the valid records (their bytes as sent) are "
+        "produced to the schema's Kafka topic, keyed by entity, and the response waits for the broker's "
+        "acknowledgement (202 all accepted, 422 some rejected, 503 retry). Also GET /healthz, /readyz and "
+        "/metrics. Needs ingest tokens (FEATURES_INGEST_TOKENS or ingest_tokens in the secrets file) "
+        "unless --insecure-no-auth on a loopback host. SIGTERM: stop accepting, finish in-flight "
+        "requests, flush, exit 0. See docs/ingest.md. Exit 2 on configuration errors.",
+    )
+    p.add_argument("--schemas", required=True, metavar="DIR",
+                   help="folder of schema YAML files; every schema with an entity and an event time is "
+                   "served")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=_port, default=8000, help="port to listen on (default 8000; 0: a free one, "
+                   "printed)")
+    p.add_argument("--workers", type=_workers, default=1,
+                   help="worker processes sharing the socket, about one per core (default 1)")
+    p.add_argument("--topic-template", default="{schema}",
+                   help="each schema's Kafka topic; {schema} is its name (default '{schema}')")
+    p.add_argument("--dead-letter-topic-template", default="{topic}.rejects",
+                   help="each schema's dead-letter topic; {topic} and {schema} are replaced (default "
+                   "'{topic}.rejects'; '' disables dead letters, rejects still go to the rejects table)")
+    p.add_argument("--max-body-bytes", type=_size, default=16 * 1024 * 1024, metavar="SIZE",
+                   help="largest request body, e.g. 16MiB, 512KiB, 1000000 (default 16MiB; larger: 413)")
+    p.add_argument("--insecure-no-auth", action="store_true",
+                   help="accept requests without a token (refused unless --host is a loopback address)")
+    p.add_argument("--metrics-port", type=_port, default=None, metavar="PORT",
+                   help="worker i also serves its metrics on http://127.0.0.1:PORT+i/metrics (GET /metrics "
+                   "on the main port shows the worker that answered)")
+    p.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True,
+                   help="one log line per request: request_id, method, path, status, records, accepted, "
+                   "rejected, ms (default on)")
+    p.set_defaults(func=run)
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """What every worker needs (picklable: workers are spawned)."""
+
+    schemas_dir: str
+    schemas: tuple[str, ...]
+    topic_template: str
+    dead_letter_template: str
+    max_body_bytes: int
+    insecure_no_auth: bool
+    metrics_port: int | None
+    access_log: bool
+    run_id: str
+    log_format: str | None
+
+    def topic(self, schema: str) -> str:
+        return self.topic_template.format(schema=schema)
+
+    def dead_letter_topic(self, schema: str) -> str | None:
+        if not self.dead_letter_template:
+            return None
+        return self.dead_letter_template.format(topic=self.topic(schema), schema=schema)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (``localhost``, 127.0.0.0/8, ``::1``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def run(args: argparse.Namespace) -> int:
+    from features.compile import compile_schema
+    from features.config import resolve_settings
+    from features.errors import ConfigError
+    from features.lineage import new_run_id
+    from features.logs import active_format, set_run_id
+    from features.schema import load_schemas
+
+    settings = resolve_settings(schemas_dir=args.schemas)
+    if args.insecure_no_auth:
+        if not is_loopback(args.host):
+            raise ConfigError(f"--insecure-no-auth is refused with --host {args.host}: without a token "
+                              "anyone who reaches the port can write events; it is allowed on a loopback "
+                              "address only (127.0.0.1, ::1)", key="ingest_tokens")
+    elif not settings.ingest_tokens:
+        raise ConfigError("no ingest token configured: set FEATURES_INGEST_TOKENS (comma separated) or "
+                          "ingest_tokens in the secrets file (docs/ingest.md), or pass --insecure-no-auth "
+                          "on a loopback host for local development", key="ingest_tokens",
+                          looked_in=["FEATURES_INGEST_TOKENS", "secrets file"])
+    for template, keys in ((args.topic_template, {"schema": "s"}),
+                           (args.dead_letter_topic_template, {"schema": "s", "topic": "t"})):
+        try:
+            template.format(**keys)
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ConfigError(f"invalid topic template {template!r}: {exc!r}", key="topic_template") from None
+    loaded = load_schemas(args.schemas)
+    served = []
+    for name, schema in loaded.items():
+        if schema.loadable:
+            compile_schema(schema)  # a schema that does not compile fails here, before any worker
+            served.append(name)
+        else:
+            log.warning("serve: schema %s has no entity or event time (validation only): not served", name)
+    if not served:
+        raise ConfigError(f"no servable schema in {args.schemas} (each needs an entity and an event time)",
+                          key="schemas", looked_in=[args.schemas])
+    run_id = new_run_id()
+    set_run_id(run_id)
+    options = ServeOptions(args.schemas, tuple(served), args.topic_template, args.dead_letter_topic_template,
+                           args.max_body_bytes, args.insecure_no_auth, args.metrics_port, args.access_log,
+                           run_id, active_format())
+    sock = _bind(args.host, args.port)
+    host, port = sock.getsockname()[:2]
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+
+    def ready() -> None:
+        print(f"features serve: listening on {url} ({args.workers} worker{'s' if args.workers > 1 else ''}; "
+              f"schemas {', '.join(served)}; run {run_id})", flush=True)
+
+    if args.workers == 1:
+        try:
+            return serve_worker(0, sock, options, on_ready=ready)
+        finally:
+            sock.close()
+    return _supervise(sock, options, args.workers, ready)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError as exc:
+        sock.close()
+        from features.errors import ConfigError
+
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}", key="port") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+# --------------------------------------------------------------------------- workers
+
+
+def serve_worker(index: int, sock: socket.socket, options: ServeOptions, *, on_ready: Any = None,
+                 watch_parent: int | None = None) -> int:
+    """Run one worker until it is told to stop; returns its exit code (0 after a graceful
+    shutdown, 3 when its startup failed)."""
+    import uvicorn
+
+    from features.config import resolve_settings
+    from features.serve.app import IngestApp
+    from features.serve.ingest import SchemaIngest
+    from features.serve.producer import AsyncProducer
+
+    settings = resolve_settings(schemas_dir=options.schemas_dir)
+    from features.compile import compile_schema
+    from features.schema import load_schemas
+
+    loaded = load_schemas(options.schemas_dir)
+    ingests = [SchemaIngest(compile_schema(loaded[name]), settings, topic=options.topic(name),
+                            dead_letter_topic=options.dead_letter_topic(name), run_id=options.run_id)
+               for name in options.schemas]
+    max_message = max(2 * i.max_bytes + 65_536 for i in ingests)
+
+    def producer() -> AsyncProducer:
+        return AsyncProducer(settings.kafka_bootstrap, settings.kafka_properties,
+                             max_message_bytes=max_message)
+
+    app = IngestApp(ingests, producer, tokens=None if options.insecure_no_auth else settings.ingest_tokens,
+                    max_body_bytes=options.max_body_bytes, worker=index, metrics_port=options.metrics_port,
+                    access_log=options.access_log, on_ready=on_ready)
+    config = uvicorn.Config(app, loop="uvloop", http="httptools", lifespan="on", access_log=False,
+                            log_config=None, server_header=False, proxy_headers=False,
+                            timeout_graceful_shutdown=GRACEFUL_TIMEOUT_S)
+    server = _server_class()(config)
+    if watch_parent is not None:
+        threading.Thread(target=_watch_parent, args=(server, watch_parent), daemon=True).start()
+    try:
+        server.run(sockets=[sock])
+    except SystemExit as exc:  # uvicorn exits with 3 when the lifespan startup failed
+        return int(exc.code) if isinstance(exc.code, int) else 3
+    return 0 if server.started else 3
+
+
+def _watch_parent(server: Any, parent: int) -> None:
+    """Stop the worker gracefully when its parent is gone (killed without forwarding)."""
+    while not server.should_exit:
+        if os.getppid() != parent:
+            log.warning("serve: the parent process is gone; stopping")
+            server.should_exit = True
+            return
+        time.sleep(1.0)
+
+
+def _server_class() -> Any:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, except that the signal that stopped it is not raised again
+        after the shutdown (uvicorn does, for process managers): the worker then exits 0."""
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True  # a second Ctrl-C: stop waiting for in-flight requests
+            self.should_exit = True
+
+    return Server
+
+
+def _worker_main(index: int, sock: socket.socket, options: ServeOptions, ready: Any, parent: int) -> None:
+    """A spawned worker: its own process group (only the parent's SIGTERM stops it), the
+    parent's log format and run id, then :func:`serve_worker`."""
+    from features.logs import set_run_id, setup_logging
+
+    os.setpgrp()
+    setup_logging(options.log_format)
+    set_run_id(options.run_id)
+    code = serve_worker(index, sock, options, on_ready=ready.set, watch_parent=parent)
+    sock.close()
+    sys.exit(code)
+
+
+def _supervise(sock: socket.socket, options: ServeOptions, workers: int, ready: Any) -> int:
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    stopping = threading.Event()
+    procs: dict[int, Any] = {}
+    events: dict[int, Any] = {}
+
+    def start(i: int) -> None:
+        events[i] = ctx.Event()
+        proc = ctx.Process(target=_worker_main, args=(i, sock, options, events[i], os.getpid()),
+                           name=f"features-serve-{i}")
+        proc.start()
+        procs[i] = proc
+
+    def on_signal(sig: int, frame: Any) -> None:
+        if not stopping.is_set():
+            log.info("serve: signal %d: stopping the workers gracefully", sig)
+        stopping.set()
+        for p in procs.values():
+            if p.is_alive() and p.pid is not None:
+                os.kill(p.pid, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    for i in range(workers):
+        start(i)
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while not all(e.is_set() for e in events.values()):
+        dead = [i for i, p in procs.items() if not p.is_alive()]
+        if dead or stopping.is_set() or time.monotonic() > deadline:
+            on_signal(signal.SIGTERM, None)
+            for p in procs.values():
+                p.join(GRACEFUL_TIMEOUT_S + 10)
+            sock.close()
+            if stopping.is_set() and not dead:
+                return 0
+            from features.errors import ConfigError
+
+            raise ConfigError(f"worker {dead[0] if dead else '?'} did not start (see its log lines above)",
+                              key="workers")
+        time.sleep(0.05)
+    ready()
+    while not stopping.is_set():
+        for i, p in list(procs.items()):
+            if not p.is_alive() and not stopping.is_set():
+                log.error("serve: worker %d exited (code %s); starting a new one", i, p.exitcode)
+                start(i)
+        stopping.wait(0.5)
+    sock.close()  # the workers close theirs while stopping: new connections are refused
+    for p in procs.values():
+        p.join()
+    return 0

@@ -1,0 +1,236 @@
+"""One schema's side of an ingest request: records -> (messages to produce, rejects).
+
+:meth:`SchemaIngest.check` runs the stream job's own micro-batch step,
+:func:`features.stream.core.prepare_records`, on the records of one request (so a
+record is decoded, validated and transformed exactly as the stream job will, with the
+same reject rules and messages), and turns the outcome into what the service sends:
+
+- the valid records, their original bytes, each keyed by its entity id (as
+  :func:`features.stream.kafka.entity_keys` keys them: every event of an entity on one
+  partition) with a ``featureline-source`` header naming the request and the position;
+- the rejects, as the rejects table holds them (``_source`` =
+  ``http://<request id>#<index>``, ``row_index`` = index) and as dead-letter messages
+  (:func:`features.stream.core.dead_letter_messages`, the stream's format);
+- one error entry per field error, for the response.
+
+``check`` is pure (writes nothing) and blocking: the server calls it in a thread.
+:meth:`SchemaIngest.write_rejects` writes the rejects table (one Postgres connection
+per schema and worker, used by one thread at a time).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from features.compile import CompiledSchema
+from features.config import Settings
+from features.lineage import RunContext
+from features.serve.body import BadBody, split_body
+from features.serve.producer import Message
+
+#: The Kafka header naming where a produced record came from (``http://<id>#<index>``).
+SOURCE_HEADER = "featureline-source"
+
+
+def record_uri(request_id: str, index: int) -> str:
+    """The lineage URI of record ``index`` (0-based) of request ``request_id``."""
+    return f"http://{request_id}#{index}"
+
+
+@dataclass
+class Checked:
+    """One request's records, checked: what to produce and what to refuse."""
+
+    records: int
+    #: (key, value, headers) of each valid record, in request order
+    messages: list[Message]
+    #: reject rows as the rejects table holds them (one per rejected record)
+    rejects: pa.Table
+    #: (key, value) of each dead-letter message (one per rejected record)
+    dead_letters: list[tuple[bytes, bytes]]
+    #: one entry per field error, by record index: {"index", "field", "rule", "message"}
+    errors: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def accepted(self) -> int:
+        return len(self.messages)
+
+    @property
+    def rejected(self) -> int:
+        return int(self.rejects.num_rows)
+
+
+#: A batch of queued requests holds at most this many body bytes (at least one request).
+MAX_BATCH_BYTES = 4 * 1024 * 1024
+
+
+@dataclass
+class _Job:
+    body: bytes
+    content_type: str
+    request_id: str
+    future: Future[Checked]
+
+
+#: The rejects of a request without any (the rejects table's columns, no row).
+_NO_REJECTS = pa.table({"_source": pa.array([], pa.string()), "row_index": pa.array([], pa.int64()),
+                        "errors": pa.array([], pa.string()), "raw": pa.array([], pa.string())})
+
+
+class SchemaIngest:
+    """The compiled schema, its transform program, its columnar decoder and its rejects
+    writer, for one worker. ``open`` connects to Postgres (SinkUnavailable naming the
+    address; SinkError when the tables belong to another fingerprint)."""
+
+    def __init__(self, compiled: CompiledSchema, settings: Settings, *, topic: str,
+                 dead_letter_topic: str | None, run_id: str) -> None:
+        from features.load import transform_program
+        from features.sinks.postgres import PostgresSink
+        from features.stream.columnar import ColumnarDecoder
+
+        schema = compiled.schema
+        assert schema.entity is not None, "only loadable schemas are served"
+        self.compiled = compiled
+        self.name = compiled.name
+        self.topic = topic
+        self.dead_letter_topic = dead_letter_topic
+        self.run_id = run_id
+        self.entity: str = schema.entity
+        self.max_bytes = schema.payload.max_bytes
+        self.program = transform_program(compiled, settings)
+        self.decoder = ColumnarDecoder(schema, max_bytes=self.max_bytes)
+        # a request waits for these: a short retry budget, then 503 (the client retries)
+        self.pg = PostgresSink(settings.postgres_dsn, compiled, retries=2, backoff_s=0.2)
+        self._decode_lock = threading.Lock()  # the decoder learns read types: one batch at a time
+        self._pg_lock = threading.Lock()      # one connection
+        self._queue: list[_Job] = []
+        self._wake = threading.Condition()
+        self._closing = False
+        self._thread: threading.Thread | None = None
+
+    def open(self) -> None:
+        """Connect to Postgres and start the thread that checks the requests' bodies."""
+        self.pg.open()
+        self._thread = threading.Thread(target=self._run, name=f"check-{self.name}", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop the checking thread (after the requests queued) and close the connection."""
+        with self._wake:
+            self._closing = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(30)
+        with self._pg_lock:
+            self.pg.close()
+
+    # --- requests are checked in batches ------------------------------------------------
+
+    def submit(self, body: bytes, content_type: str, request_id: str) -> Future[Checked]:
+        """Queue a request body for :meth:`check_many`; the future holds its
+        :class:`Checked`, or raises BadBody (the body is refused whole). Requests that
+        arrive while a batch is being checked are checked together next, so concurrent
+        small requests share ``prepare_records``' fixed cost."""
+        job = _Job(body, content_type, request_id, Future())
+        with self._wake:
+            self._queue.append(job)
+            self._wake.notify()
+        return job.future
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._queue and not self._closing:
+                    self._wake.wait()
+                if not self._queue:
+                    return
+                take, size = 0, 0
+                while take < len(self._queue) and (take == 0 or size + len(self._queue[take].body)
+                                                   <= MAX_BATCH_BYTES):
+                    size += len(self._queue[take].body)
+                    take += 1
+                batch, self._queue = self._queue[:take], self._queue[take:]
+            parsed: list[tuple[_Job, list[bytes]]] = []
+            for job in batch:
+                try:
+                    parsed.append((job, split_body(job.body, job.content_type)))
+                except BadBody as exc:
+                    job.future.set_exception(exc)
+            if not parsed:
+                continue
+            try:
+                results = self.check_many([(records, job.request_id) for job, records in parsed])
+            except BaseException as exc:  # a bug: every request of the batch answers 500 (logged there)
+                for job, _ in parsed:
+                    job.future.set_exception(exc)
+                continue
+            for (job, _), result in zip(parsed, results, strict=True):
+                job.future.set_result(result)
+
+    def check(self, records: list[bytes], request_id: str) -> Checked:
+        """Decode, validate and transform the records of one request (see the module docstring)."""
+        return self.check_many([(records, request_id)])[0]
+
+    def check_many(self, requests: Sequence[tuple[list[bytes], str]]) -> list[Checked]:
+        """:meth:`check` for several requests at once: one ``prepare_records`` call over all
+        their records (its fixed cost, a few milliseconds, paid once), the outcome split
+        back per request. Each record keeps its own request's URI and index."""
+        from features.stream.core import dead_letter_messages, prepare_records
+
+        values: list[bytes] = []
+        uris: list[str] = []
+        starts: list[int] = []
+        for records, request_id in requests:
+            starts.append(len(values))
+            values.extend(records)
+            uris.extend(record_uri(request_id, i) for i in range(len(records)))
+        now = dt.datetime.now(dt.UTC)
+        c = self.compiled
+        ctx = RunContext(c.name, c.schema.version_str, c.fingerprint, self.run_id, now)
+        # row_index of a reject = its position here (made the request's own index below)
+        positions = np.arange(len(values), dtype=np.int64)
+        with self._decode_lock:
+            part = prepare_records(values, pa.array(uris, pa.string()), positions, c, self.program, ctx, now,
+                                   decoder=self.decoder)
+        prepared = part.prepared
+        first = np.asarray(starts, dtype=np.int64)
+        index = prepared.index if prepared.index is not None else np.zeros(0, dtype=np.int64)
+        entities = pc.cast(prepared.rows.column(self.entity), pa.string()).to_pylist() if len(index) else []
+        out = [Checked(len(records), [], _NO_REJECTS, []) for records, _ in requests]
+        owner = np.searchsorted(first, index, side="right") - 1
+        for pos, job, entity in zip(index.tolist(), owner.tolist(), entities, strict=True):
+            out[job].messages.append((entity.encode() if entity is not None else None, values[pos],
+                                      [(SOURCE_HEADER, uris[pos].encode())]))
+        rejects = prepared.rejects
+        if rejects.num_rows:
+            at = rejects.column("row_index").to_numpy()
+            jobs = np.searchsorted(first, at, side="right") - 1
+            local = rejects.set_column(rejects.schema.get_field_index("row_index"), "row_index",
+                                       pa.array(at - first[jobs], pa.int64()))
+            for job in np.unique(jobs).tolist():
+                mine = local.filter(pa.array(jobs == job))
+                errors: list[dict[str, Any]] = []
+                for i, errs in zip(mine.column("row_index").to_pylist(), mine.column("errors").to_pylist(),
+                                   strict=True):
+                    errors.extend({"index": i, "field": e.get("field"), "rule": e.get("rule"),
+                                   "message": e.get("message")} for e in json.loads(errs))
+                errors.sort(key=lambda e: e["index"])  # stable: a record's errors keep their order
+                dead = dead_letter_messages(mine, c, self.run_id) if self.dead_letter_topic else []
+                out[job] = Checked(out[job].records, out[job].messages, mine, dead, errors)
+        return out
+
+    def write_rejects(self, rejects: pa.Table) -> int:
+        """Insert reject rows into the rejects table (a retried request inserts none twice:
+        rejects are unique per source URI). SinkUnavailable when Postgres is unreachable."""
+        with self._pg_lock:
+            return self.pg.insert_rejects(rejects)

@@ -1,0 +1,515 @@
+"""``features serve`` (the HTTP ingest service) as a real process against the real broker and stores.
+
+Each test starts ``features serve`` in its own process on a free port (``--port 0``; the
+URL is read from its ready line), with the test's own Postgres schema and Kafka topics
+(``--topic-template``), and talks HTTP to it with ``http.client``:
+
+- hostile payloads posted as NDJSON get exactly the rejects (index, field, rule,
+  message) that the stream's own ``prepare_records`` gives the same bytes;
+- a mixed batch: 422 naming exactly the bad records; the good ones in the topic, byte for
+  byte and keyed by entity, and stored by the stream's micro-batch step
+  (``StreamProcessor``) run over the topic; the bad ones in the rejects table and the
+  dead-letter topic under ``http://<request id>#<index>``;
+- JSON array and single-object bodies (numbers produced as sent); 400, 404, 405, 413;
+- auth: 401 / 403 / 202, and refusing to start without a token;
+- SIGTERM to a 2-worker server under load from several clients: every record answered
+  202 is in the topic, and nothing else is;
+- /healthz, /readyz, /metrics (and ``--metrics-port``), the JSON access log.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import http.client
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from features.config import Settings
+from features.examples import UNDECODABLE, applicant_events, applicant_schema
+from features.metrics import parse_exposition, sample_value
+from features.stream.kafka import ensure_topic, read_topic
+
+pytestmark = pytest.mark.services
+
+ROOT = Path(__file__).resolve().parents[2]
+FUZZ = ROOT / "fuzz" / "corpus" / "decoder"
+SCHEMA = "credit_applicant"
+TOKENS = ("tok-alpha-1", "tok-beta-2")
+NDJSON = {"Content-Type": "application/x-ndjson"}
+AUTH = {"Authorization": f"Bearer {TOKENS[0]}"}
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture()
+def schemas_dir(tmp_path: Path) -> Path:
+    """A schemas folder with the one schema served here."""
+    d = tmp_path / "schemas"
+    d.mkdir()
+    shutil.copy(ROOT / "schemas" / f"{SCHEMA}.yaml", d)
+    return d
+
+
+@pytest.fixture()
+def topics(settings: Settings) -> Iterator[str]:
+    """The topic template ``t_serve_<hex>_{schema}``; the schema's topic (2 partitions) and
+    its dead-letter topic are created, and deleted after."""
+    from confluent_kafka.admin import AdminClient
+
+    prefix = f"t_serve_{uuid.uuid4().hex[:8]}_"
+    topic = prefix + SCHEMA
+    ensure_topic(settings.kafka_bootstrap, topic, partitions=2)
+    ensure_topic(settings.kafka_bootstrap, topic + ".rejects", partitions=1)
+    yield prefix + "{schema}"
+    AdminClient({"bootstrap.servers": settings.kafka_bootstrap}).delete_topics([topic, topic + ".rejects"])
+
+
+@pytest.fixture()
+def env(settings: Settings, pg_schema: str) -> dict[str, str]:
+    """The server's environment: the test's Postgres schema, the test tokens."""
+    sep = "&" if "?" in settings.postgres_dsn else "?"
+    out = {k: v for k, v in os.environ.items() if not k.startswith("FEATURES_")}
+    dsn = f"{settings.postgres_dsn}{sep}options=-csearch_path%3D{pg_schema}"
+    return {**out, "FEATURES_POSTGRES_DSN": dsn,
+            "FEATURES_REDIS_URL": settings.redis_url, "FEATURES_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+            "FEATURES_INGEST_TOKENS": ",".join(TOKENS)}
+
+
+def _command(*args: str) -> list[str]:
+    exe = Path(sys.executable).parent / "features"
+    head = [str(exe)] if exe.exists() else [sys.executable, "-m", "features.cli"]
+    return [*head, "--log-format", "json", "serve", *args]
+
+
+class Server:
+    def __init__(self, proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
+        self.proc = proc
+        self.url = url
+        parts = urlsplit(url)
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or 80
+        self.log = log
+
+    def conn(self, timeout: float = 30) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+
+    def request(self, method: str, path: str, body: bytes | None = None,
+                headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], Any]:
+        c = self.conn()
+        try:
+            c.request(method, path, body=body, headers=headers or {})
+            r = c.getresponse()
+            data = r.read()
+            hdrs = {k.lower(): v for k, v in r.getheaders()}
+            ctype = hdrs.get("content-type", "")
+            return r.status, hdrs, json.loads(data) if ctype.startswith("application/json") else data.decode()
+        finally:
+            c.close()
+
+    def post(self, body: bytes, headers: dict[str, str] | None = None, schema: str = SCHEMA
+             ) -> tuple[int, dict[str, str], Any]:
+        return self.request("POST", f"/v1/schemas/{schema}/events", body, {**AUTH, **(headers or {})})
+
+    def log_lines(self) -> list[dict[str, Any]]:
+        out = []
+        for line in self.log.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue  # librdkafka's own lines, a traceback
+        return out
+
+
+@contextmanager
+def serve(tmp_path: Path, env: dict[str, str], *args: str) -> Iterator[Server]:
+    """``features serve ARGS --port 0`` until its ready line; SIGTERM and wait after."""
+    log = tmp_path / f"serve-{uuid.uuid4().hex[:6]}.log"
+    with log.open("wb") as err:
+        proc = subprocess.Popen(_command("--port", "0", *args), env=env, stdout=subprocess.PIPE, stderr=err,
+                                start_new_session=True)
+    assert proc.stdout is not None
+    line: list[bytes] = []
+    reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    reader.join(120)
+    try:
+        assert line and line[0].startswith(b"features serve: listening on "), (line, log.read_text()[-3000:])
+        url = line[0].split()[4].decode()
+        yield Server(proc, url, log)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+        proc.stdout.close()
+
+
+def _ndjson(values: list[bytes]) -> bytes:
+    return b"\n".join(values) + b"\n"
+
+
+def _reference_errors(values: list[bytes], request_id: str) -> list[tuple[int, str, str, str]]:
+    """(index, field, rule, message) per field error: the stream's own micro-batch step on
+    the same bytes, with the lineage URIs the service gives them."""
+    from features.config import resolve_settings
+    from features.lineage import RunContext
+    from features.load import transform_program
+    from features.stream.columnar import ColumnarDecoder
+    from features.stream.core import prepare_records
+
+    compiled = applicant_schema()
+    now = dt.datetime.now(dt.UTC)
+    ctx = RunContext(compiled.name, compiled.schema.version_str, compiled.fingerprint, "ref", now)
+    uris = pa.array([f"http://{request_id}#{i}" for i in range(len(values))])
+    prepared = prepare_records(list(values), uris, np.arange(len(values), dtype=np.int64), compiled,
+                               transform_program(compiled, resolve_settings(root=ROOT)), ctx, now,
+                               decoder=ColumnarDecoder(compiled.schema,
+                                                       max_bytes=compiled.schema.payload.max_bytes)).prepared
+    out = []
+    for i, errs in zip(prepared.rejects.column("row_index").to_pylist(),
+                       prepared.rejects.column("errors").to_pylist(), strict=True):
+        out.extend((i, e["field"], e["rule"], e["message"]) for e in json.loads(errs))
+    return sorted(out, key=lambda e: e[0])
+
+
+def _errors(body: dict[str, Any]) -> list[tuple[int, str, str, str]]:
+    return [(e["index"], e["field"], e["rule"], e["message"]) for e in body["errors"]]
+
+
+def _valid_events(n: int, seed: int) -> list[bytes]:
+    values = applicant_events(n, seed=seed, invalid_share=0.0, undecodable_every=0, duplicate_share=0.0)
+    return [v for v in values if v is not None]
+
+
+def _hostile() -> list[bytes]:
+    """The stream tests' undecodable payloads, the decoder fuzz corpus and hand-made edge
+    cases: every one that fits on an NDJSON line."""
+    corpus = [p.read_bytes() for p in sorted(FUZZ.iterdir()) if ".batch." not in p.name]
+    good = _valid_events(3, seed=5)
+    base = json.loads(good[0])
+    edits = [
+        {**base, "income_monthly": float("nan")}, {**base, "income_monthly": "NaN"},
+        {**base, "income_monthly": 0}, {**base, "income_monthly": "0.001"},
+        {**base, "employment_duration_months": 10**30}, {**base, "employment_duration_months": 1.5},
+        {**base, "application_id": "APP-12"}, {**base, "submitted_at": "2024-13-01T00:00:00Z"},
+        {**base, "submitted_at": None}, {k: v for k, v in base.items() if k != "income_monthly"},
+    ]
+    made = [json.dumps(e, allow_nan=True).encode() for e in edits] + [
+        good[1].replace(b"{", b'{"x": "\\ud800", ', 1), b'{"application_id": Infinity}', b"-0", b"[]",
+        b"{" * 10 + b"}" * 10, b'{"a": 1}{"b": 2}', b"\xef\xbb\xbf{}"]
+    out = [v for v in (*UNDECODABLE, *corpus, *made, *good)
+           if v is not None and v.strip() and b"\n" not in v]
+    return out
+
+
+# --------------------------------------------------------------------------- tests
+
+
+def test_hostile_payloads_get_the_stream_rejects(tmp_path: Path, env: dict[str, str], schemas_dir: Path,
+                                                 topics: str, settings: Settings) -> None:
+    values = _hostile()
+    assert len(values) > 60
+    with serve(tmp_path, env, "--schemas", str(schemas_dir), "--topic-template", topics) as server:
+        status, headers, body = server.post(_ndjson(values), {**NDJSON, "X-Request-Id": "hostile-1"})
+    assert status == 422, body
+    assert headers["x-request-id"] == body["request_id"] == "hostile-1"
+    want = _reference_errors(values, "hostile-1")
+    assert _errors(body) == want
+    rejected = {e[0] for e in want}
+    assert body["rejected"] == len(rejected) and body["accepted"] == len(values) - len(rejected)
+    assert body["accepted"] >= 3  # the valid records among them went through
+    produced = read_topic(settings.kafka_bootstrap, topics.format(schema=SCHEMA))
+    assert sorted(m.value() for m in produced) == sorted(v for i, v in enumerate(values) if i not in rejected)
+
+
+def test_mixed_batch_422_topic_stream_rejects_and_dead_letters(tmp_path: Path, env: dict[str, str],
+                                                               schemas_dir: Path, topics: str,
+                                                               settings: Settings, pg_schema: str,
+                                                               redis_prefix: str) -> None:
+    import psycopg
+
+    from features.lineage import new_run_id
+    from features.stream.core import StreamProcessor
+    from features.stream.kafka import entity_keys
+
+    values = [v for v in applicant_events(400, seed=3, undecodable_every=60) if v is not None]
+    want = _reference_errors(values, "mixed-1")
+    bad = sorted({e[0] for e in want})
+    assert 5 < len(bad) < 100
+    with serve(tmp_path, env, "--schemas", str(schemas_dir), "--topic-template", topics) as server:
+        status, _, body = server.post(_ndjson(values), {**NDJSON, "X-Request-Id": "mixed-1"})
+    assert status == 422
+    assert sorted({e["index"] for e in body["errors"]}) == bad
+    assert _errors(body) == want
+    assert body["accepted"] == len(values) - len(bad) and body["rejected"] == len(bad)
+
+    # the topic: exactly the good records, as sent, keyed by entity
+    topic = topics.format(schema=SCHEMA)
+    good = [v for i, v in enumerate(values) if i not in set(bad)]
+    msgs = read_topic(settings.kafka_bootstrap, topic)
+    assert Counter(m.value() for m in msgs) == Counter(good)
+    for m in msgs:
+        assert m.key() == entity_keys([m.value()], "application_id")[0]
+        assert dict(m.headers())["featureline-source"].decode().startswith("http://mixed-1#")
+
+    # the stream's micro-batch step over the topic stores them
+    proc = StreamProcessor(applicant_schema(), settings, run_id=new_run_id(), dead_letter_topic=None,
+                           search_path=pg_schema, key_prefix=redis_prefix)
+    proc.open()
+    try:
+        proc.process([m.value() for m in msgs], pa.array([m.topic() for m in msgs]),
+                     pa.array([m.partition() for m in msgs], pa.int32()),
+                     pa.array([m.offset() for m in msgs], pa.int64()))
+    finally:
+        proc.close()
+    distinct = {(o["application_id"], o["submitted_at"]) for o in map(json.loads, good)}
+    summary = proc.stats.summary
+    assert summary.rejected == 0 and summary.read == len(good)
+    assert summary.stored == len(distinct) and summary.adds_up
+    with psycopg.connect(settings.postgres_dsn, options=f"-c search_path={pg_schema}") as conn:
+        stored = conn.execute("SELECT count(*) FROM credit_applicant").fetchone()
+        rejects = conn.execute("SELECT _source, row_index FROM credit_applicant__rejects").fetchall()
+    assert stored is not None and stored[0] == len(distinct)
+    assert sorted(r[0] for r in rejects) == sorted(f"http://mixed-1#{i}" for i in bad)
+    assert all(r[0] == f"http://mixed-1#{r[1]}" for r in rejects)
+
+    dead = read_topic(settings.kafka_bootstrap, topic + ".rejects")
+    assert sorted(m.key().decode() for m in dead) == sorted(f"http://mixed-1#{i}" for i in bad)
+    letter = json.loads(dead[0].value())
+    assert letter["schema"] == SCHEMA and letter["errors"] and "raw" in letter
+
+
+def test_json_array_and_single_object_bodies(tmp_path: Path, env: dict[str, str], schemas_dir: Path,
+                                             topics: str, settings: Settings) -> None:
+    values = _valid_events(6, seed=21)
+    # numbers as a client writes them (a trailing zero, an exponent): produced byte for byte
+    obj = json.loads(values[0])
+    exact = json.dumps({**obj, "income_monthly": "@"}).encode().replace(b'"@"', b"1234.50")
+    array = b"[\n  " + b" ,\n  ".join([exact, *values[1:5]]) + b"\n]\n"
+    with serve(tmp_path, env, "--schemas", str(schemas_dir), "--topic-template", topics) as server:
+        status, _, body = server.post(array, {"Content-Type": "application/json"})
+        assert (status, body["accepted"], body["rejected"]) == (202, 5, 0), body
+        status, _, body = server.post(b"  " + values[5] + b"\n")
+        assert (status, body["accepted"], body["rejected"]) == (202, 1, 0), body
+        status, _, body = server.post(b"[" + values[0] + b", 42]")
+        assert status == 422 and _errors(body) == [
+            (1, "_payload", "_payload.decode", "record value is a JSON number, expected an object")]
+        status, _, body = server.post(b"[]")
+        assert (status, body["accepted"]) == (202, 0)
+    got = sorted(m.value() for m in read_topic(settings.kafka_bootstrap, topics.format(schema=SCHEMA)))
+    assert got == sorted([exact, *values[1:6], values[0]])
+    assert b'"income_monthly": 1234.50' in exact
+
+
+def test_bad_requests_400_404_405_413_and_readyz_without_topics(tmp_path: Path, env: dict[str, str],
+                                                                 schemas_dir: Path) -> None:
+    missing = f"t_serve_missing_{uuid.uuid4().hex[:8]}_{{schema}}"
+    with serve(tmp_path, env, "--schemas", str(schemas_dir), "--topic-template", missing,
+               "--max-body-bytes", "4KiB") as server:
+        for body, ctype in [(b"not json", "application/json"), (b"", "application/json"),
+                            (b"42", "application/json"), (b'"text"', None), (b"\xff\xfe{}", None),
+                            (b'{"a": 1} trailing', None), (b"[1, 2", None)]:
+            status, _, out = server.post(body, {"Content-Type": ctype} if ctype else {})
+            assert status == 400, (body, out)
+            assert out["error"] and out["request_id"]
+        status, _, out = server.post(b"{}", schema="nope")
+        assert status == 404 and out["schemas"] == [SCHEMA]
+        status, _, out = server.request("GET", "/nowhere")
+        assert status == 404
+        status, headers, _ = server.request("GET", f"/v1/schemas/{SCHEMA}/events", headers=AUTH)
+        assert status == 405 and headers["allow"] == "POST"
+        status, _, _ = server.request("POST", "/healthz")
+        assert status == 405
+        status, _, out = server.post(b"{" + b" " * 5000 + b"}")  # Content-Length over the limit
+        assert status == 413 and "4,096" in out["error"]
+        c = server.conn()  # chunked (no Content-Length): counted while reading
+        c.request("POST", f"/v1/schemas/{SCHEMA}/events", body=iter([b"[" + b" " * 3000] * 3),
+                  headers={**AUTH, "Content-Type": "application/json"}, encode_chunked=True)
+        r = c.getresponse()
+        assert r.status == 413
+        c.close()
+        status, _, out = server.request("GET", "/readyz")
+        assert status == 503 and "missing topic" in out["reason"]
+        # bad request ids are replaced; good ones echoed
+        status, headers, out = server.post(b"42", {"X-Request-Id": "bad id with spaces"})
+        assert len(headers["x-request-id"]) == 32 and out["request_id"] == headers["x-request-id"]
+
+
+def test_auth_tokens_and_refusing_to_start_without_one(tmp_path: Path, env: dict[str, str], schemas_dir: Path,
+                                                       topics: str) -> None:
+    record = _valid_events(1, seed=8)[0]
+    with serve(tmp_path, env, "--schemas", str(schemas_dir), "--topic-template", topics) as server:
+        path = f"/v1/schemas/{SCHEMA}/events"
+        status, headers, out = server.request("POST", path, record)
+        assert status == 401 and headers["www-authenticate"].startswith("Bearer")
+        assert server.request("POST", path, record, {"Authorization": f"Basic {TOKENS[0]}"})[0] == 401
+        assert server.request("POST", path, record, {"Authorization": "Bearer"})[0] == 401
+        assert server.request("POST", path, record, {"Authorization": "Bearer tok-alpha-"})[0] == 403
+        assert server.request("POST", path, record, {"Authorization": "Bearer " + TOKENS[0] + "x"})[0] == 403
+        # unauthenticated requests learn nothing about schemas
+        assert server.request("POST", "/v1/schemas/nope/events", record)[0] == 401
+        status, _, out = server.request("POST", path, record, {"Authorization": f"Bearer {TOKENS[1]}"})
+        assert (status, out["accepted"]) == (202, 1)
+        log = server.log.read_text()
+    assert not any(t in log for t in TOKENS), "a token reached the log"
+
+    no_tokens = {k: v for k, v in env.items() if k != "FEATURES_INGEST_TOKENS"}
+    proc = subprocess.run(_command("--schemas", str(schemas_dir), "--port", "0"), env=no_tokens,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "FEATURES_INGEST_TOKENS" in proc.stderr, proc.stderr
+    proc = subprocess.run(_command("--schemas", str(schemas_dir), "--port", "0", "--insecure-no-auth",
+                                   "--host", "0.0.0.0"), env=no_tokens, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and "loopback" in proc.stderr, proc.stderr
+    with serve(tmp_path, no_tokens, "--schemas", str(schemas_dir), "--topic-template", topics,
+               "--insecure-no-auth") as server:
+        assert server.request("POST", f"/v1/schemas/{SCHEMA}/events", record)[0] == 202
+
+
+def test_sigterm_under_load_loses_nothing_acknowledged(tmp_path: Path, env: dict[str, str], schemas_dir: Path,
+                                                       topics: str, settings: Settings) -> None:
+    from features.stream.kafka import topic_size
+
+    pool = _valid_events(2000, seed=13)
+    accepted = Counter[str]()
+    answered = Counter[int]()
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def client(k: int, server: Server) -> None:
+        rng = np.random.default_rng(k)
+        conn = server.conn(timeout=60)
+        while not stop.is_set():
+            batch = [pool[int(i)] for i in rng.integers(0, len(pool), int(rng.integers(1, 40)))]
+            try:
+                conn.request("POST", f"/v1/schemas/{SCHEMA}/events", body=_ndjson(batch),
+                             headers={**AUTH, **NDJSON})
+                r = conn.getresponse()
+                out = json.loads(r.read())
+            except (OSError, http.client.HTTPException):
+                conn.close()  # the server closed the connection or is gone: not acknowledged
+                conn = server.conn(timeout=60)
+                try:
+                    conn.connect()
+                except OSError:
+                    time.sleep(0.05)  # refused: the server stopped listening
+                continue
+            with lock:
+                answered[r.status] += 1
+                if r.status in (202, 422):
+                    accepted["records"] += out["accepted"]
+        conn.close()
+
+    with serve(tmp_path, env, "--schemas", str(schemas_dir), "--topic-template", topics, "--workers", "2",
+               "--no-access-log") as server:
+        threads = [threading.Thread(target=client, args=(k, server)) for k in range(6)]
+        for t in threads:
+            t.start()
+        time.sleep(4)
+        with lock:
+            before = answered[202]
+        server.proc.send_signal(signal.SIGTERM)
+        code = server.proc.wait(90)
+        time.sleep(0.5)
+        stop.set()
+        for t in threads:
+            t.join(60)
+    assert code == 0, server.log.read_text()[-3000:]
+    assert before > 20, answered
+    assert set(answered) <= {202}, answered  # refused or cut connections are not answers
+    topic = topics.format(schema=SCHEMA)
+    assert topic_size(settings.kafka_bootstrap, topic) == accepted["records"]
+    assert len(read_topic(settings.kafka_bootstrap, topic, timeout_s=60)) == accepted["records"]
+
+
+def test_healthz_readyz_metrics_and_access_log(tmp_path: Path, env: dict[str, str], schemas_dir: Path,
+                                              topics: str) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        metrics_port = s.getsockname()[1]
+    values = [*_valid_events(5, seed=2), b"null"]
+    with serve(tmp_path, env, "--schemas", str(schemas_dir), "--topic-template", topics,
+               "--metrics-port", str(metrics_port)) as server:
+        status, _, out = server.request("GET", "/healthz")
+        assert status == 200 and out["status"] == "ok"
+        status, _, out = server.request("GET", "/readyz")
+        assert status == 200, out
+        status, _, _ = server.post(_ndjson(values), {**NDJSON, "X-Request-Id": "metrics-1"})
+        assert status == 422
+        status, headers, text = server.request("GET", "/metrics")
+        assert status == 200 and headers["content-type"].startswith("text/plain; version=0.0.4")
+        samples = parse_exposition(text)
+        assert sample_value(samples, "featureline_ingest_requests_total",
+                            route="/v1/schemas/{name}/events", status="422") == 1
+        records = "featureline_ingest_records_total"
+        assert sample_value(samples, records, schema=SCHEMA, outcome="accepted") == 5
+        assert sample_value(samples, records, schema=SCHEMA, outcome="rejected") == 1
+        assert sample_value(samples, "featureline_ingest_request_seconds_count",
+                            route="/v1/schemas/{name}/events") == 1
+        c = http.client.HTTPConnection("127.0.0.1", metrics_port, timeout=10)
+        c.request("GET", "/metrics")
+        side = parse_exposition(c.getresponse().read().decode())
+        c.close()
+        assert sample_value(side, "featureline_ingest_records_total", schema=SCHEMA, outcome="accepted") == 5
+    lines = [x for x in server.log_lines() if x.get("logger") == "features.serve.access"]
+    line = next(x for x in lines if x.get("request_id") == "metrics-1")
+    assert {k: line[k] for k in ("method", "status", "records", "accepted", "rejected")} == {
+        "method": "POST", "status": 422, "records": 6, "accepted": 5, "rejected": 1}
+    assert line["path"] == f"/v1/schemas/{SCHEMA}/events" and line["ms"] > 0
+
+
+# --------------------------------------------------------------------------- pure parts
+
+
+def test_body_shapes_split_into_exact_records() -> None:
+    from features.serve.body import BadBody, split_body
+
+    assert split_body(b' [ {"a": 1.10} , 2,{"b":"\xc3\xa9"} ]\n', "application/json") == [
+        b'{"a": 1.10}', b"2", b'{"b":"\xc3\xa9"}']
+    assert split_body(b'{"a":1}\r\n\n  \n{bad\n', "application/x-ndjson; charset=utf-8") == [
+        b'{"a":1}\r', b"{bad"]
+    assert split_body(b'\n {"a": 1e5} \n', None) == [b'{"a": 1e5}']
+    for bad in (b"", b"3", b"[1,]", b"[1] x", b"\xff", b"[", b'"s"'):
+        with pytest.raises(BadBody):
+            split_body(bad, "application/json")
+
+
+def test_ingest_tokens_are_secrets(tmp_path: Path) -> None:
+    from features.config import resolve_settings
+    from features.errors import ConfigError
+
+    s = resolve_settings(environ={"FEATURES_INGEST_TOKENS": " a1, b2 ,,"}, root=tmp_path)
+    assert s.ingest_tokens == ("a1", "b2")
+    assert "a1" not in repr(s) and s.redacted()["ingest_tokens"] == ("***", "***")
+    secrets = tmp_path / "secrets.toml"
+    secrets.write_text('ingest_tokens = ["x9", "y8"]\n')
+    secrets.chmod(0o600)
+    assert resolve_settings(environ={"FEATURES_SECRETS_FILE": str(secrets)}, root=tmp_path).ingest_tokens == (
+        "x9", "y8")
+    (tmp_path / "featureline.toml").write_text('[settings]\ningest_tokens = ["z7"]\n')
+    with pytest.raises(ConfigError) as info:
+        resolve_settings(environ={}, root=tmp_path)
+    assert info.value.key == "ingest_tokens" and "z7" not in str(info.value)
