@@ -27,7 +27,9 @@ Contenders, in interleaved rounds (each round runs each once, in this order):
 Each run prints one line as soon as it is measured; the summary gives per contender the
 median, min and max over the rounds and the ratio ndjson / producer records/s per round
 and its median (target: >= 0.5). The client threads run in this process on the same
-machine as the server, the broker and Postgres: they take CPU from the server.
+machine as the server, the broker and Postgres: they take CPU from the server. After each
+run a ``CPU:`` line gives the CPU seconds each kind of process used during it (server,
+bench, Kafka, Postgres, Redis; ``/proc/<pid>/stat``) and per record.
 """
 
 from __future__ import annotations
@@ -211,6 +213,52 @@ def summary(runs: list[Run]) -> None:
               f"median {statistics.median(ratios):.2f} (target >= 0.5)", flush=True)
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_by_process(server_pid: int | None) -> dict[str, float]:
+    """CPU seconds (user + system) so far per kind of process on this machine: the
+    server (its parent and workers: the session ``server_pid`` leads), this bench (the
+    clients and the baseline producer), Kafka, Postgres, Redis, other."""
+    out: dict[str, float] = {}
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(b")") + 2:].split()
+        seconds = (int(fields[11]) + int(fields[12])) / _TICK
+        session = int(fields[3])
+        pid = int(entry)
+        if pid == me:
+            kind = "bench (clients, baseline producer)"
+        elif server_pid is not None and (pid == server_pid or session == server_pid):
+            kind = "features serve (parent + workers)"
+        elif b"kafka" in cmd and b"java" in cmd:
+            kind = "kafka"
+        elif cmd.startswith(b"postgres"):
+            kind = "postgres"
+        elif cmd.startswith(b"redis-server"):
+            kind = "redis"
+        else:
+            kind = "other"
+        out[kind] = out.get(kind, 0.0) + seconds
+    return out
+
+
+def cpu_line(before: dict[str, float], after: dict[str, float], records: int) -> str:
+    used = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    parts = [f"{k} {v:.2f} s ({v / records * 1e6:.1f} us/record)" for k, v in
+             sorted(used.items(), key=lambda kv: -kv[1]) if v >= 0.01]
+    return "    CPU: " + "; ".join(parts)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--events", type=int, default=50_000, help="records per producer / ndjson run")
@@ -260,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         post_all(host, port, ndjson[:4] + singles[:50], args.clients, "warmup", 0)
         for rnd in range(1, args.rounds + 1):
             for name in ("producer", "ndjson", "single"):
+                before = cpu_by_process(proc.pid)
                 if name == "producer":
                     run = produce_baseline(settings, baseline_topic, values, keys, rnd)
                 else:
@@ -267,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
                     run = post_all(host, port, bodies, args.clients, name, rnd)
                 runs.append(run)
                 print(run.line(), flush=True)
+                print(cpu_line(before, cpu_by_process(proc.pid), run.records), flush=True)
         summary(runs)
     finally:
         if proc is not None:

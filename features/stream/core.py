@@ -47,6 +47,11 @@ from features.validate.result import ValidationResult
 
 log = logging.getLogger("features.stream")
 
+#: Fewer records than this take the per-record path even with a columnar decoder: Arrow's
+#: JSON reader costs ~1 ms a call, more than ``json.loads`` of a few hundred records
+#: (measured with the applicant records: equal at ~800, per-record 15% faster at 256; the
+#: HTTP ingest's small requests, a stream's small micro-batches).
+COLUMNAR_MIN_RECORDS = 256
 #: Records per chunk of a micro-batch (``StreamProcessor.chunk_records``); see bench/RESULTS.md.
 DEFAULT_CHUNK_RECORDS = 8000
 #: A micro-batch with no rows of its own (the stream hands the writer prepared rows).
@@ -363,10 +368,12 @@ class PreparedRecords:
 
 def prepare_records(values: Sequence[bytes | None], uris: pa.Array, offsets: npt.NDArray[np.int64],
                     compiled: CompiledSchema, program: Any, ctx: RunContext, now: dt.datetime, *,
-                    decoder: ColumnarDecoder | None = None) -> PreparedRecords:
+                    decoder: ColumnarDecoder | None = None,
+                    columnar_min: int = COLUMNAR_MIN_RECORDS) -> PreparedRecords:
     """Decode, validate and transform one micro-batch of record values (pure: writes nothing).
 
-    With ``decoder`` (the stream's default) the records it can read columnar are read by
+    With ``decoder`` (the stream's default) and at least ``columnar_min`` records (default
+    ``COLUMNAR_MIN_RECORDS``), the records it can read columnar are read by
     Arrow (:mod:`features.stream.columnar`) and validated as one table; the others, and the
     records whose ``type`` reject there shows a float64-read value (:func:`_reread_rows`),
     take the per-record path (:func:`features.stream.decode.decode`, a dict per record), so
@@ -381,7 +388,7 @@ def prepare_records(values: Sequence[bytes | None], uris: pa.Array, offsets: npt
     parts: list[tuple[Prepared, npt.NDArray[np.int64]]] = []
     unknown: Counter[str] = Counter()
     slow = np.arange(n, dtype=np.int64)
-    if decoder is not None and n:
+    if decoder is not None and n >= max(columnar_min, 1):
         col = decoder.decode(values)
         slow = col.slow
         if col.table.num_rows:
