@@ -185,9 +185,11 @@ def test_sdk_counts_lookups_fallbacks_and_misses(loaded: list[str], settings: Se
     client = redis.Redis.from_url(settings.redis_url)
     client.delete(*[redis_prefix + entity_key(NAME, i) for i in evicted])
     client.close()
+    # fill=False: every call below that misses Redis must take the fallback (a fill would
+    # turn the later calls for the same ids into Redis hits)
     with FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn,
                       schemas=ROOT / "schemas", search_path=pg_schema, key_prefix=redis_prefix,
-                      metrics_port=0) as fs:
+                      metrics_port=0, fill=False) as fs:
         assert fs.metrics_server is not None
         port = fs.metrics_server.port
         got = fs.online(NAME, [*in_redis, *evicted, *unknown])
@@ -196,7 +198,7 @@ def test_sdk_counts_lookups_fallbacks_and_misses(loaded: list[str], settings: Se
         # a second store counting into the same registry (an application sharing one)
         other = FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn,
                              schemas=ROOT / "schemas", search_path=pg_schema, key_prefix=redis_prefix,
-                             registry=fs.registry)
+                             registry=fs.registry, fill=False)
 
         async def lookup_async() -> None:
             try:
