@@ -8,11 +8,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv up down status lint lock help
+.PHONY: demo test check venv up down status lint lock help
 
 help:
 	@echo "make demo    the main job: services, compile, example data, batch load, summary"
 	@echo "make test    create/reuse .venv, start services (features dev up), run every test"
+	@echo "make check   the edit-run loop (~3 min): lint, mypy, compile --check, unit + property + fast integration tests"
 	@echo "make up|down|status   the local services"
 	@echo "make lint    ruff"
 
@@ -49,6 +50,17 @@ test: up
 	$(BIN)/mypy features
 	$(BIN)/features compile --check
 	$(BIN)/pytest -p no:cacheprovider
+
+# The edit-run loop: the same checks as `make test` on the fast tests only (no test marked
+# slow, no Flink job, no Redis Cluster run; about 3 minutes). `make test` stays the whole suite.
+CHECK_TESTS := tests/unit tests/property tests/contract tests/integration/test_sdk.py \
+	tests/integration/test_sdk_stampede.py tests/integration/test_redis_wire.py \
+	tests/integration/test_ddl_applies.py tests/integration/test_health.py
+check: up
+	$(BIN)/ruff check features jobs tests bench fuzz
+	$(BIN)/mypy features
+	$(BIN)/features compile --check
+	$(BIN)/pytest -p no:cacheprovider -q -m "not slow and not flink" -k "not redis-cluster" $(CHECK_TESTS)
 
 # Refresh the lock after changing dependencies in pyproject.toml.
 lock: venv

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true", help="time per field and a cProfile")
     args = parser.parse_args(argv)
 
-    from features.validate import validate
+    from features.validation import validate
 
     compiled = compiled_schema()
     t0 = time.perf_counter()
@@ -179,8 +179,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _profile(table: pa.RecordBatch, compiled: Any) -> None:
-    from features.validate import validator as v
-    from features.validate.masks import filter_rows
+    from features.validation import validator as v
+    from features.validation.masks import filter_rows
 
     plan = v._plan(compiled)
     source = v._Input(table)

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from features.compile import CompiledSchema, compile_schema
     from features.schema import Schema, load_schema, parse_schema
     from features.store import FeatureStore
-    from features.validate import ValidationResult, validate
+    from features.validation import ValidationResult, validate
 
 __version__ = "0.1.0"
 
@@ -30,7 +30,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "Schema": "features.schema", "load_schema": "features.schema", "parse_schema": "features.schema",
     "CompiledSchema": "features.compile", "compile_schema": "features.compile",
-    "ValidationResult": "features.validate", "validate": "features.validate",
+    "ValidationResult": "features.validation", "validate": "features.validation",
     "FeatureStore": "features.store",
 }
 

@@ -38,7 +38,7 @@ COMMANDS: dict[str, str] = {
     "schema": "features.schema.cli",
     "serve": "features.serve.cli",
     "stream": "features.stream.cli",
-    "validate": "features.validate.cli",
+    "validate": "features.validation.cli",
 }
 
 

@@ -15,7 +15,7 @@
     └── DeviceUnavailable   GPU requested explicitly but absent
 
 Errors carry their context as attributes, not only in the message. Row-level
-problems are never exceptions: they are reject rows (see ``features.validate``).
+problems are never exceptions: they are reject rows (see ``features.validation``).
 """
 
 from __future__ import annotations

@@ -36,8 +36,8 @@ from features.lineage import LINEAGE_COLUMNS, RunContext
 from features.metrics import RunMetrics
 from features.sinks.base import Sink, WriteResult, WriteUnit
 from features.sources.base import Source, SourceBatch
-from features.validate import validate
-from features.validate.result import ValidationResult
+from features.validation import validate
+from features.validation.result import ValidationResult
 
 #: One row per rejected input row, as the rejects table stores it.
 REJECTS_SCHEMA = pa.schema([

@@ -737,7 +737,7 @@ class FeatureStore:
     def validate(self, schema: str, rows: Any) -> Any:
         """The compiled rules on model inputs: a list of dicts, an Arrow table/batch or a
         pandas DataFrame. Returns the pipelines' ``ValidationResult``."""
-        from features.validate import validate
+        from features.validation import validate
 
         c = self.schema(schema)
         if not isinstance(rows, pa.Table | pa.RecordBatch | list):

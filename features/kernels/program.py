@@ -41,7 +41,7 @@ from features.kernels.ops import (
     plan_program,
 )
 from features.schema.model import FieldType, Schema
-from features.validate.result import REJECT_SCHEMA
+from features.validation.result import REJECT_SCHEMA
 
 log = logging.getLogger("features.kernels")
 

@@ -3,7 +3,7 @@
 Each batch (a Parquet row-group slice, or a page of a server-side cursor over the
 cold table) goes through:
 
-1. the compiled validator (:func:`features.validate.validate`): row counts, reject
+1. the compiled validator (:func:`features.validation.validate`): row counts, reject
    rows per rule, up to :data:`EXAMPLES` examples per rule. These are the report's
    numbers for rows rejected by rule ("one truth");
 2. the generated GX suite (:func:`features.compile.expectations.run_suite_detailed`,
@@ -36,8 +36,8 @@ from features.compile import CompiledSchema
 from features.compile.expectations import META_KEY, render_suite, run_suite_detailed
 from features.report.stats import FieldStats, jsonable
 from features.runner import LineProgress as Progress
-from features.validate import validate
-from features.validate.convert import convert
+from features.validation import validate
+from features.validation.convert import convert
 
 if TYPE_CHECKING:
     from features.report.drift import Side

@@ -52,7 +52,7 @@ import pyarrow.compute as pc
 from features.compile import CompiledSchema
 from features.report.core import Chunk
 from features.schema.model import NUMERIC_KINDS, Field, TypeKind
-from features.validate.convert import convert
+from features.validation.convert import convert
 
 F64 = npt.NDArray[np.float64]
 

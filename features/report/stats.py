@@ -1,7 +1,7 @@
 """Per-field statistics over a stream of batches, in bounded memory.
 
 For each declared field, over the values *as converted to the declared type* by the
-validator's own conversion (:func:`features.validate.convert.convert`):
+validator's own conversion (:func:`features.validation.convert.convert`):
 
 - ``rows``: rows seen; ``null_count``: nulls (after ``empty_as_null``, before defaults
   are filled; a column absent from a batch counts all its rows as null);

@@ -239,7 +239,7 @@ def entity_shards(batch: pa.RecordBatch, compiled: CompiledSchema, shards: int,
     from features.compile.arrow import arrow_type
     from features.sinks.redis import encode_column
     from features.sinks.redis_cluster import key_slots
-    from features.validate.convert import convert
+    from features.validation.convert import convert
 
     n = batch.num_rows
     field = compiled.schema.field(compiled.schema.entity or "")

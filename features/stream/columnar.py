@@ -73,7 +73,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
 from features.schema.model import INTEGER_KINDS, Schema, TypeKind
-from features.validate.masks import valid_mask
+from features.validation.masks import valid_mask
 
 Index = npt.NDArray[np.int64]
 

@@ -42,8 +42,8 @@ from features.runner import BatchWriter, Prepared, RunSummary, group_rejects, pr
 from features.sources.base import SourceBatch
 from features.stream.columnar import ColumnarDecoder
 from features.stream.decode import decode, payload_json, record_uris
-from features.validate import validate
-from features.validate.result import ValidationResult
+from features.validation import validate
+from features.validation.result import ValidationResult
 
 log = logging.getLogger("features.stream")
 

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from features.compile.rules import ReasonCode
-from features.validate.result import REJECT_SCHEMA
+from features.validation.result import REJECT_SCHEMA
 
 PAYLOAD_FIELD = "_payload"
 

@@ -35,7 +35,7 @@ from aggregate_reference import T, stream_late
 from features.config import Settings
 from features.examples import click_history, click_records, clicks_schema
 from features.stream.kafka import produce
-from features.validate import validate
+from features.validation import validate
 
 pytestmark = [pytest.mark.services, pytest.mark.flink]
 

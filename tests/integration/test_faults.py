@@ -265,7 +265,7 @@ def write_history(folder: Path, files: int, rows: int, *, row_group: int) -> tup
 def reference(compiled: CompiledSchema, rows: pa.Table) -> dict[str, Any]:
     """What the stores must hold after loading ``rows`` (in order): the valid distinct
     (entity, event time) keys, the rejected sources, the newest event time per entity."""
-    from features.validate import validate
+    from features.validation import validate
 
     result = validate(rows.drop_columns(["_source"]), compiled)
     sources = rows.column("_source").to_pylist()
@@ -638,7 +638,7 @@ def check_aggregations(run: StreamRun, pg: PrivatePostgres, schema: str) -> None
     more than the lateness behind their entity's newest earlier one left out."""
     from features.compile import compile_schema
     from features.schema import load_schema
-    from features.validate import validate
+    from features.validation import validate
 
     compiled = compile_schema(load_schema(run.schemas_dir / f"{SCHEMA}.yaml"))  # type: ignore[operator]
     objs = []

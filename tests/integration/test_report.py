@@ -21,7 +21,7 @@ from features.examples import applicant_schema, applicants
 from features.load import load
 from features.report.stats import DistinctCounter
 from features.schema import load_schema
-from features.validate import validate
+from features.validation import validate
 
 pytestmark = pytest.mark.services
 

@@ -25,7 +25,7 @@ from features.errors import ConfigError, SinkError
 from features.examples import applicant_schema, applicants
 from features.load import load
 from features.sinks.redis import entity_key
-from features.validate import validate
+from features.validation import validate
 
 pytestmark = pytest.mark.services
 #: each test runs against one Redis server and the local Redis Cluster (tests/redis_kinds.py)

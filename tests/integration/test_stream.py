@@ -54,7 +54,7 @@ def _job(args: list[str], env: dict[str, str], tmp: Path) -> list[str]:
 def expected(compiled: CompiledSchema, topic: str, values: list[bytes | None],
              positions: list[tuple[int, int, int]]) -> dict[str, Any]:
     """The reference: which records are valid, which rejected, the newest per entity."""
-    from features.validate import validate
+    from features.validation import validate
 
     valid: dict[tuple[str, Any], str] = {}
     rejected: set[str] = set()

@@ -45,7 +45,7 @@ from features.schema.model import (
     Schema,
     TypeKind,
 )
-from features.validate import validate
+from features.validation import validate
 
 pytestmark = pytest.mark.services
 
@@ -335,6 +335,7 @@ def _pg_verdict(conn: psycopg.Connection[Any], compiled: CompiledSchema, table: 
     return None
 
 
+@pytest.mark.slow  # ~40 s in all: `make test`, not `make check`
 @pytest.mark.parametrize("name", sorted(SCHEMAS))
 def test_validator_and_postgres_agree_row_by_row(name: str, pg_conn: psycopg.Connection[Any]) -> None:
     compiled = SCHEMAS[name]
@@ -365,6 +366,7 @@ def test_validator_and_postgres_agree_row_by_row(name: str, pg_conn: psycopg.Con
 # --------------------------------------------------------------------------- GX
 
 
+@pytest.mark.slow  # ~45 s in all (GX)
 @pytest.mark.parametrize("name", sorted(SCHEMAS))
 def test_gx_counts_equal_validator_counts_per_rule(name: str) -> None:
     compiled = SCHEMAS[name]

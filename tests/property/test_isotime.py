@@ -1,4 +1,4 @@
-"""The fixed-layout ISO reader (``features.validate.isotime``) gives exactly what the
+"""The fixed-layout ISO reader (``features.validation.isotime``) gives exactly what the
 general path (regular expression + ``strptime`` + round trip) gives: same values, same
 failures, same messages, for random text near the layouts it reads."""
 
@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from features.schema.model import Constraints, Field, FieldType, TypeKind
-from features.validate.convert import _parse_dates, _parse_timestamps, convert
+from features.validation.convert import _parse_dates, _parse_timestamps, convert
 
 _DIGITS = "0123456789"
 
@@ -60,7 +60,7 @@ def test_timestamps_fast_equals_general(texts: list[str | None], unit_tz: tuple[
     target = pa.timestamp(unit, tz)
     fast = convert(raw, _field(TypeKind.TIMESTAMP, unit, tz), target)
     general = _parse_timestamps(raw, target)
-    from features.validate.convert import _within_years
+    from features.validation.convert import _within_years
     _same(fast, _within_years(raw, general, target))
 
 
@@ -71,12 +71,12 @@ def test_dates_fast_equals_general(texts: list[str | None]) -> None:
     raw = pa.array(texts, pa.string())
     target = pa.date32()
     fast = convert(raw, _field(TypeKind.DATE), target)
-    from features.validate.convert import _within_years
+    from features.validation.convert import _within_years
     _same(fast, _within_years(raw, _parse_dates(raw, target), target))
 
 
 def test_the_fast_path_reads_the_usual_layouts() -> None:
-    from features.validate import isotime
+    from features.validation import isotime
 
     raw = pa.array(["2024-02-29T23:59:59.123456+00:00", "2023-10-10 11:51:17Z",
                     "1970-01-01T00:00:00.5-01:30"])

@@ -69,6 +69,7 @@ def test_the_kernel_of_every_shipped_schema_compiles_with_nvrtc() -> None:
     assert compiled >= 2, "the shipped schemas with derived features"
 
 
+@pytest.mark.slow  # the longest property test (~40 s): `make test`, not `make check`
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(chain=st.lists(steps(), min_size=1, max_size=6), dtype=st.sampled_from(OUT_KINDS),
        on_invalid=st.sampled_from(["null", "reject"]))

@@ -369,12 +369,14 @@ records = st.one_of(
 # --------------------------------------------------------------------------- the properties
 
 
+@pytest.mark.slow  # ~30 s: `make test`, not `make check`
 @_HYPOTHESIS_MORE
 @given(st.lists(records, min_size=1, max_size=24))
 def test_columnar_and_per_record_paths_agree(values: list[bytes | None]) -> None:
     check_batch(values)
 
 
+@pytest.mark.slow  # ~20 s
 @_HYPOTHESIS
 @given(st.lists(_valid | _edited, min_size=1, max_size=40))
 def test_paths_agree_on_mostly_valid_batches(values: list[bytes | None]) -> None:

@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 
 from features.compile import CompiledSchema, compile_schema
 from features.schema.parse import parse_schema
-from features.validate import ValidationResult, validate
-from features.validate.masks import compile_fixed_width, filter_rows, fixed_width_pattern, string_lengths
+from features.validation import ValidationResult, validate
+from features.validation.masks import compile_fixed_width, filter_rows, fixed_width_pattern, string_lengths
 
 SCHEMA = textwrap.dedent("""\
     name: reference

@@ -34,7 +34,7 @@ from features.compile.postgres import (
 from features.errors import CompileError, SourceError
 from features.schema import load_schema
 from features.schema.model import Constraints, Field, FieldType, Schema, TypeKind
-from features.validate import validate
+from features.validation import validate
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS = ROOT / "schemas"

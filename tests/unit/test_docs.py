@@ -11,3 +11,20 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_redis_doc_quotes_the_newest_wins_script_verbatim() -> None:
     assert NEWEST_WINS.strip() in (ROOT / "docs" / "redis.md").read_text()
+
+
+def test_every_file_the_docs_name_exists() -> None:
+    """A path to a file of this repository named in README.md or docs/ (``tests/...py``,
+    ``features/...py``, ``bench/...py``, ``jobs/...py``, ``docs/...md``, ``schemas/...yaml``)
+    exists: a renamed or removed file leaves no reference behind."""
+    import re
+
+    pattern = re.compile(r"(?<![\w/.-])((?:tests|features|bench|jobs|docs|schemas|sql|expectations|fuzz)"
+                         r"/[\w/.-]*\.(?:py|md|yaml|sql|json|sh))\b")
+    examples = {"schemas/x.yaml"}  # an illustrative file in an example of compile errors
+    missing = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for m in pattern.finditer(doc.read_text()):
+            if m.group(1) not in examples and not (ROOT / m.group(1)).exists():
+                missing.append(f"{doc.relative_to(ROOT)}: {m.group(1)}")
+    assert not missing, "\n".join(missing)

@@ -380,7 +380,7 @@ def test_decimals_convert_to_the_nearest_float64() -> None:
 
 
 def test_reject_rows_are_sorted_by_row_then_feature_and_match_the_validator_columns() -> None:
-    from features.validate import REJECT_SCHEMA as VALIDATOR_REJECTS
+    from features.validation import REJECT_SCHEMA as VALIDATOR_REJECTS
 
     assert REJECT_SCHEMA.equals(VALIDATOR_REJECTS)
     fields = [fld("x", "float64")]

@@ -22,11 +22,11 @@ from features.compile.rules import ReasonCode
 from features.errors import CompileError, RowsRejected, SourceError
 from features.schema.model import FieldType, TypeKind
 from features.schema.parse import parse_schema
-from features.validate import REJECT_SCHEMA, ValidationResult, validate
-from features.validate import masks as masks_module
-from features.validate import result as result_module
-from features.validate import validator as validator_module
-from features.validate.masks import (
+from features.validation import REJECT_SCHEMA, ValidationResult, validate
+from features.validation import masks as masks_module
+from features.validation import result as result_module
+from features.validation import validator as validator_module
+from features.validation.masks import (
     compile_fixed_width,
     decimal_words,
     filter_rows,

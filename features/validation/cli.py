@@ -122,7 +122,7 @@ def _validate_file(path: str, compiled: CompiledSchema, summary: Summary) -> str
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from features.validate import validate
+    from features.validation import validate
 
     try:
         pf = pq.ParquetFile(path)

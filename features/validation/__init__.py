@@ -2,17 +2,17 @@
 
 ``validate(data, compiled)`` returns a :class:`ValidationResult` with the valid rows
 (in the declared Arrow schema), the reject rows (:data:`REJECT_SCHEMA`) and counts.
-Bad rows are data, never exceptions; see :mod:`features.validate.validator`.
+Bad rows are data, never exceptions; see :mod:`features.validation.validator`.
 """
 
 from __future__ import annotations
 
-from features.validate.result import (
+from features.validation.result import (
     REJECT_SCHEMA,
     ReasonCode,
     ValidationCounts,
     ValidationResult,
 )
-from features.validate.validator import validate
+from features.validation.validator import validate
 
 __all__ = ["REJECT_SCHEMA", "ReasonCode", "ValidationCounts", "ValidationResult", "validate"]

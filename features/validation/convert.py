@@ -53,8 +53,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from features.schema.model import NUMERIC_KINDS, Field, TypeKind
-from features.validate import isotime
-from features.validate.masks import valid_mask
+from features.validation import isotime
+from features.validation.masks import valid_mask
 
 BoolMask = npt.NDArray[np.bool_]
 Index = npt.NDArray[np.int64]
@@ -574,7 +574,7 @@ def _from_strings(raw: pa.Array, field: Field, target: pa.DataType) -> Converted
 
 def _fast_or_general(raw: pa.Array, target: pa.DataType, values: npt.NDArray[Any], handled: BoolMask,
                      general: Callable[[pa.Array, pa.DataType], Converted]) -> Converted:
-    """Values the fixed-layout reader (``features.validate.isotime``) accepted, and the
+    """Values the fixed-layout reader (``features.validation.isotime``) accepted, and the
     general path's verdict on the rest (nulls included), as one :class:`Converted`."""
     valid = _valid(raw)
     if (handled | ~valid).all():

@@ -1,6 +1,6 @@
 """ISO 8601 dates and timestamps in the common fixed layouts, read with NumPy on the bytes.
 
-``features.validate.convert`` reads date/timestamp text with a regular expression, Arrow's
+``features.validation.convert`` reads date/timestamp text with a regular expression, Arrow's
 ``strptime`` and a ``strftime`` round trip (about 2.5 µs per value for a zoned
 timestamp). Text from JSON and CSV is nearly always one layout, such as
 ``2024-05-01T12:00:00.123456+00:00``. For those values this module does the same
@@ -20,12 +20,12 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from features.validate.masks import _string_buffers, valid_mask
+from features.validation.masks import _string_buffers, valid_mask
 
 BoolMask = npt.NDArray[np.bool_]
 I64 = npt.NDArray[np.int64]
 
-#: time units of Arrow timestamps, per second (``features.validate.convert`` uses it too)
+#: time units of Arrow timestamps, per second (``features.validation.convert`` uses it too)
 UNITS_PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
 _ZERO = ord("0")
 _MONTH_DAYS = np.array([0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31], dtype=np.int64)

@@ -3,7 +3,7 @@
 It executes ``compiled.rules`` (the one rule list, see ``features.compile.rules``)
 over a whole batch at once: every rule yields a failing mask, computed with
 ``pyarrow.compute`` or, for the commonest rules, with NumPy on the Arrow buffers
-(``features.validate.masks``, held equal to the Arrow expressions by the tests); only
+(``features.validation.masks``, held equal to the Arrow expressions by the tests); only
 the failing rows (a few percent) are rendered into messages. No Python code runs per
 row, except to read a list of dicts (which is Python objects already). Large batches
 are checked field by field on a small thread pool (Arrow and NumPy release the GIL).
@@ -14,7 +14,7 @@ Per field, in order:
    is filled with the default; else, for a ``required`` field, every row gets a
    ``missing`` reject; else it is all null. (In a list of dicts a key absent from a
    record counts as a missing column for that record only.)
-2. **type**: exact conversion to the declared Arrow type (``features.validate.convert``).
+2. **type**: exact conversion to the declared Arrow type (``features.validation.convert``).
    A value that does not convert is a ``type`` reject and is not checked further.
 3. **default**: nulls (and, with ``empty_as_null``, empty strings) become the default.
 4. **not_null**, **nan**, **min**, **max**, **min_length**, **max_length**, **pattern**,
@@ -54,8 +54,8 @@ from features.compile import CompiledSchema
 from features.compile.rules import ReasonCode, Rule
 from features.errors import CompileError, SourceError
 from features.schema.model import FLOAT_KINDS, INTEGER_KINDS, Field, TypeKind
-from features.validate.convert import ABSENT, INT_RANGES, Converted, convert, convert_pylist, render
-from features.validate.masks import (
+from features.validation.convert import ABSENT, INT_RANGES, Converted, convert, convert_pylist, render
+from features.validation.masks import (
     compile_fixed_width,
     decimal_words,
     filter_rows,
@@ -64,7 +64,7 @@ from features.validate.masks import (
     string_lengths,
     valid_mask,
 )
-from features.validate.result import REJECT_SCHEMA, ValidationResult
+from features.validation.result import REJECT_SCHEMA, ValidationResult
 
 Index = npt.NDArray[np.int64]
 BoolMask = npt.NDArray[np.bool_]
