@@ -519,7 +519,7 @@ class _SchemaParser(StepReader):
         name = self.string(node, m.at("name"), f"a {what} name")
         if name is None:
             return None
-        problem = identifier_problem(name)
+        problem = identifier_problem(name, reserved_ok=True)  # a column: always quoted
         if problem is not None:
             self.error(node, m.at("name"), f"invalid {what} name '{name}': {problem}")
             return None

@@ -29,7 +29,8 @@ MAX_IDENTIFIER: Final = 63
 MAX_SCHEMA_NAME: Final = MAX_IDENTIFIER - len("__rejects")
 
 #: PostgreSQL's reserved key words (those that cannot be column names unquoted) plus
-#: the ones that need ``AS``; refused so that hand-written SQL over our tables works.
+#: the ones that need ``AS``; refused as schema (table) names so that hand-written SQL
+#: over our tables works; allowed as field, feature and aggregation names (quoted).
 RESERVED_WORDS: Final = frozenset("""
 all analyse analyze and any array as asc asymmetric authorization binary both case cast
 check collate collation column concurrently constraint create cross current_catalog
@@ -58,8 +59,10 @@ def suggest(word: str, choices: Iterable[str]) -> str:
     return f" (did you mean '{match[0]}'?)" if match else ""
 
 
-def identifier_problem(name: str) -> str | None:
-    """Why ``name`` cannot be a column/table name, or None when it can."""
+def identifier_problem(name: str, *, reserved_ok: bool = False) -> str | None:
+    """Why ``name`` cannot be a column/table name, or None when it can. ``reserved_ok``:
+    a reserved SQL word is allowed (column names: every one reaches SQL quoted, and real
+    data has columns called ``user``, ``order``, ``group``, ``from``)."""
     if not name:
         return "it is empty"
     if len(name) > MAX_IDENTIFIER:
@@ -68,7 +71,7 @@ def identifier_problem(name: str) -> str | None:
         return "names starting with '_' are reserved for lineage columns"
     if not IDENTIFIER_RE.match(name):
         return "it is not a safe identifier (lowercase letters, digits and '_', starting with a letter)"
-    if name in RESERVED_WORDS:
+    if name in RESERVED_WORDS and not reserved_ok:
         return "it is a reserved SQL word"
     return None
 

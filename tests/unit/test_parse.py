@@ -84,7 +84,7 @@ BAD_CASES: list[tuple[str, int | None, str, str]] = [
      "nullable: true contradicts required: true"),
     # names
     ("duplicate_field", 5, "fields[1].name", "duplicate field name 'a' (first at line 3)"),
-    ("reserved_field_name", 3, "fields[0].name", "invalid field name 'select': it is a reserved SQL word"),
+    ("reserved_schema_name", 1, "name", "invalid schema name 'select': it is a reserved SQL word"),
     ("underscore_field_name", 3, "fields[0].name",
      "names starting with '_' are reserved for lineage columns"),
     ("long_field_name", 3, "fields[0].name", "it is too long (64 characters, at most 63)"),
