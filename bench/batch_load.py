@@ -62,8 +62,8 @@ def prepared_rows(path: Path, compiled: Any, settings: Any) -> pa.Table:
     """The valid, transformed rows with lineage, exactly what the sinks receive."""
     import datetime as dt
 
+    from features.compile import transform_program
     from features.lineage import RunContext
-    from features.load import transform_program
     from features.runner import process_batch
     from features.sources.parquet import ParquetSource
 

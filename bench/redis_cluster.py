@@ -44,8 +44,7 @@ from batch_load import dataset, prepared_rows, raw_redis  # noqa: E402
 from features.config import resolve_settings  # noqa: E402
 from features.dev.services import RedisCluster  # noqa: E402
 from features.examples import applicant_schema  # noqa: E402
-from features.runner import REJECTS_SCHEMA  # noqa: E402
-from features.sinks.base import WriteUnit  # noqa: E402
+from features.sinks.base import REJECTED_ROWS_SCHEMA, WriteUnit  # noqa: E402
 from features.sinks.redis import RedisSink, encode_column  # noqa: E402
 
 UNIT = 100_000  # rows per sink write (a loader unit is one row group or batch)
@@ -85,7 +84,7 @@ def redis_cpu(ports: list[int]) -> float:
 def sink_write(url: str, rows: pa.Table, compiled: Any) -> float:
     sink = RedisSink(url, compiled)
     sink.open()
-    empty = REJECTS_SCHEMA.empty_table()
+    empty = REJECTED_ROWS_SCHEMA.empty_table()
     try:
         t0 = time.perf_counter()
         stored = 0

@@ -61,11 +61,11 @@ def generate_files(out: Path, rows: int, files: int) -> list[Path]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from features.compile import compile_schema
+    from features.compile import compile_schema, find_schema
     from features.compile.postgres import rejects_table_name
     from features.config import resolve_settings
     from features.dev import services
-    from features.load import find_schema, load, render_summary
+    from features.load import load, render_summary
     from features.schema import load_schemas
 
     t0 = time.perf_counter()

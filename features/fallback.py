@@ -380,7 +380,7 @@ def fill_rows(c: CompiledSchema, rows: pa.Table, sink_for: Any) -> int:
     fallback serves them: null) and, where a row has one, the aggregates hashes. Returns
     the hashes written."""
     from features.sinks.base import WriteUnit
-    from features.store import _declared_type
+    from features.stored import declared_type
 
     schema = c.schema
     ent, et = str(schema.entity), str(schema.event_time)
@@ -390,7 +390,7 @@ def fill_rows(c: CompiledSchema, rows: pa.Table, sink_for: Any) -> int:
     data = {ent: rows.column(ent), et: rows.column(et)}
     for name in sink.hot_columns:
         data[name] = rows.column(name) if name in rows.column_names else pa.nulls(rows.num_rows,
-                                                                                   _declared_type(c, name))
+                                                                                   declared_type(c, name))
     for name in LINEAGE:
         data[name] = rows.column(name)
     units.append((False, pa.table(data)))
@@ -401,7 +401,7 @@ def fill_rows(c: CompiledSchema, rows: pa.Table, sink_for: Any) -> int:
             data = {ent: have.column(ent), et: have.column(AGG + et)}
             for name in agg_sink.hot_columns:
                 data[name] = have.column(name) if name in have.column_names else pa.nulls(
-                    have.num_rows, _declared_type(c, name))
+                    have.num_rows, declared_type(c, name))
             for name in LINEAGE:
                 data[name] = have.column(AGG + name)
             units.append((True, pa.table(data)))

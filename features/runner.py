@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -34,24 +34,13 @@ import pyarrow.compute as pc
 from features.compile import CompiledSchema
 from features.lineage import LINEAGE_COLUMNS, RunContext
 from features.metrics import RunMetrics
-from features.sinks.base import Sink, WriteResult, WriteUnit
+from features.sinks.base import REJECTED_ROWS_SCHEMA, Sink, WriteResult, WriteUnit
 from features.sources.base import Source, SourceBatch
 from features.validation import validate
 from features.validation.result import ValidationResult
 
-#: One row per rejected input row, as the rejects table stores it.
-REJECTS_SCHEMA = pa.schema([
-    pa.field("_source", pa.string(), nullable=False),
-    pa.field("row_index", pa.int64()),
-    pa.field("raw", pa.string()),        # JSON object of the input values
-    pa.field("errors", pa.string()),     # JSON array of {field, rule, reason, message, value}
-    pa.field("event_time", pa.timestamp("us", "UTC")),
-    pa.field("_schema_name", pa.string()),
-    pa.field("_schema_version", pa.string()),
-    pa.field("_schema_fingerprint", pa.string()),
-    pa.field("_run_id", pa.string()),
-    pa.field("_ingested_at", pa.timestamp("us", "UTC")),
-])
+if TYPE_CHECKING:
+    from features.kernels import TransformProgram
 
 _MAX_EXAMPLES = 3
 
@@ -223,7 +212,7 @@ def group_rejects(rejects: pa.Table, batch: Any, row_uris: Callable[[pa.Array], 
     ``row_index`` is the row in the source: ``row_numbers(rows)`` when given, else the
     batch's first row (``row_offset``) + its row in the batch."""
     if rejects.num_rows == 0:
-        return REJECTS_SCHEMA.empty_table()
+        return REJECTED_ROWS_SCHEMA.empty_table()
     rejects = rejects.sort_by([("row", "ascending")])
     rows = rejects.column("row").to_numpy()
     uniq, starts = np.unique(rows, return_index=True)
@@ -243,10 +232,11 @@ def group_rejects(rejects: pa.Table, batch: Any, row_uris: Callable[[pa.Array], 
         "errors": pa.array(errors, pa.string()),
         "event_time": pa.nulls(n, pa.timestamp("us", "UTC")),
         **{k: v for k, v in lineage.items() if k != "_source"},
-    }, schema=REJECTS_SCHEMA)
+    }, schema=REJECTED_ROWS_SCHEMA)
 
 
-def process_batch(sb: SourceBatch, compiled: CompiledSchema, program: Any, ctx: RunContext,
+def process_batch(sb: SourceBatch, compiled: CompiledSchema, program: TransformProgram | None,
+                  ctx: RunContext,
                   reference_time: dt.datetime,
                   raw: RowsToJson | None = None,
                   extra_rejects: pa.Table | None = None,
@@ -449,7 +439,8 @@ class BatchWriter:
     """
 
     def __init__(self, compiled: CompiledSchema, sinks: Sequence[Sink], *, summary: RunSummary,
-                 program: Any = None, progress: Progress | None = None, in_flight: int = 2,
+                 program: TransformProgram | None = None, progress: Progress | None = None,
+                 in_flight: int = 2,
                  committed: dict[str, set[str]] | None = None,
                  observer: Callable[[pa.Table], None] | None = None,
                  metrics: RunMetrics | None = None) -> None:
@@ -522,7 +513,8 @@ class BatchWriter:
 
 
 def run(source: Source, compiled: CompiledSchema, sinks: Sequence[Sink], *, ctx: RunContext,
-        program: Any = None, reference_time: dt.datetime | None = None, progress: Progress | None = None,
+        program: TransformProgram | None = None, reference_time: dt.datetime | None = None,
+        progress: Progress | None = None,
         batches: Iterable[SourceBatch] | None = None, in_flight: int = 2,
         observer: Callable[[pa.Table], None] | None = None, metrics: RunMetrics | None = None) -> RunSummary:
     """Load everything ``source`` yields into ``sinks`` (see :class:`BatchWriter`).
@@ -549,5 +541,5 @@ def run(source: Source, compiled: CompiledSchema, sinks: Sequence[Sink], *, ctx:
     return summary
 
 
-__all__ = ["LINEAGE_COLUMNS", "REJECTS_SCHEMA", "BatchWriter", "LineProgress", "Prepared", "Progress",
+__all__ = ["LINEAGE_COLUMNS", "BatchWriter", "LineProgress", "Prepared", "Progress",
            "RunSummary", "group_rejects", "newest_event_time", "process_batch", "raw_json_rows", "run"]

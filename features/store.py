@@ -30,6 +30,10 @@ import pyarrow.compute as pc
 from features.compile import CompiledSchema, compile_schema
 from features.errors import ConfigError, SinkError, SinkUnavailable
 from features.metrics import DEFAULT_HOST, MetricsServer, Registry, SdkMethod, SdkMetrics
+from features.stored import aggregation_names as _aggregation_names
+from features.stored import cold_columns as _cold_columns
+from features.stored import declared_type as _declared_type
+from features.stored import hot_columns as _hot_columns
 
 #: Columns every ``online`` result carries besides the entity and the features.
 EVENT_TIME = "_event_time"
@@ -992,39 +996,6 @@ def _hmget_request(keys: Sequence[str], fields: Sequence[str] | None) -> bytes:
     head = f"*{2 + len(fields)}\r\n$5\r\nHMGET\r\n"
     return "".join(f"{head}${len(k.encode())}\r\n{k}\r\n{tail}" for k in keys).encode()
 
-
-
-def _hot_columns(c: CompiledSchema) -> list[str]:
-    s = c.schema
-    return [f.name for f in s.fields if "hot" in f.store] + list(s.stored_features("hot"))
-
-
-def _cold_columns(c: CompiledSchema) -> list[str]:
-    s = c.schema
-    return [f.name for f in s.fields if "cold" in f.store] + list(s.stored_features("cold"))
-
-
-def _aggregation_names(c: CompiledSchema, store: str) -> list[str]:
-    """The schema's aggregations stored in ``store`` (``hot``/``cold``), in schema order."""
-    aggs = c.schema.aggregations
-    return [a.name for a in aggs.features if store in a.store] if aggs is not None else []
-
-
-def _declared_type(c: CompiledSchema, name: str) -> pa.DataType:
-    from features.compile.arrow import arrow_type
-
-    for feature in c.schema.features:
-        if name in c.schema.feature_columns(feature):
-            return arrow_type(feature.dtype)
-    aggs = c.schema.aggregations
-    for agg in aggs.features if aggs is not None else ():
-        if agg.name == name:
-            from features.aggregate.engine import AggSpec
-
-            spec = AggSpec.of(c.schema)
-            assert spec is not None
-            return spec.output_type(agg)
-    return c.arrow_schema.field(name).type
 
 
 #: The lineage columns the fallback reads (``features.fallback.LINEAGE``), and the

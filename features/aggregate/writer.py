@@ -72,11 +72,11 @@ def _iso(us: int) -> str:
 def late_rejects(spec: AggSpec, ctx: RunContext, entity: pa.Array, time_us: I64, sources: pa.Array,
                  newest_us: I64, released: npt.NDArray[np.bool_] | None = None) -> pa.Table:
     """One reject row per late event. A loop over late events only: the exception path."""
-    from features.runner import REJECTS_SCHEMA
+    from features.sinks.base import REJECTED_ROWS_SCHEMA
 
     n = len(time_us)
     if n == 0:
-        return REJECTS_SCHEMA.empty_table()
+        return REJECTED_ROWS_SCHEMA.empty_table()
     schema = spec.schema
     assert schema.entity is not None and schema.event_time is not None
     et, ent = schema.event_time, schema.entity
@@ -105,7 +105,7 @@ def late_rejects(spec: AggSpec, ctx: RunContext, entity: pa.Array, time_us: I64,
         "errors": pa.array(errors, pa.string()),
         "event_time": pa.array(time_us, pa.timestamp("us", "UTC")),
         **{k: v for k, v in lineage.items() if k != "_source"},
-    }, schema=REJECTS_SCHEMA)
+    }, schema=REJECTED_ROWS_SCHEMA)
 
 
 def _narrow(arr: pa.Array) -> pa.Array:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from features.compile.rules import Rule, compile_rules
@@ -15,6 +16,9 @@ from features.schema.model import Schema
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+    from features.config import Settings
+    from features.kernels import TransformProgram
 
 
 @dataclass(frozen=True, eq=False)
@@ -59,3 +63,26 @@ def compile_schema(schema: Schema) -> CompiledSchema:
     from features.compile.fingerprint import fingerprint
 
     return CompiledSchema(schema=schema, fingerprint=fingerprint(schema), rules=compile_rules(schema))
+
+
+def find_schema(name: str, schemas_dir: str | Path) -> CompiledSchema:
+    """Compile the schema called ``name`` from ``schemas_dir`` (ConfigError when absent)."""
+    from features.errors import ConfigError
+    from features.schema import load_schemas
+
+    schemas = load_schemas(Path(schemas_dir))
+    if name not in schemas:
+        known = ", ".join(sorted(schemas)) or "none"
+        raise ConfigError(f"no schema named {name!r} in {schemas_dir} (known: {known})", key="schema",
+                          looked_in=[str(schemas_dir)])
+    return compile_schema(schemas[name])
+
+
+def transform_program(compiled: CompiledSchema, settings: Settings) -> TransformProgram | None:
+    """The compiled transform program of the schema's derived features on the settings'
+    device, or None for a schema without any (``features.kernels``)."""
+    if not compiled.schema.features:
+        return None
+    from features.kernels import compile_transforms
+
+    return compile_transforms(compiled.schema, device=settings.device)

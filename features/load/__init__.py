@@ -2,45 +2,24 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from features.compile import CompiledSchema, compile_schema
+from features.compile import CompiledSchema
 from features.config import Settings
 from features.errors import ConfigError, FeaturesError, WorkerFailed
-from features.lineage import RunContext, new_run_id
+from features.lineage import new_run_id
+from features.load.local import load_local
+from features.load.stores import open_stores
 from features.logs import bind_run_id
 from features.metrics import RunMetrics
-from features.runner import LineProgress, Progress, RunSummary, run
-from features.sinks.base import Sink
+from features.runner import RunSummary
 from features.sources.parquet import DEFAULT_BATCH_ROWS, ParquetSource
 
 log = logging.getLogger("features.load")
-
-
-def find_schema(name: str, schemas_dir: str | Path) -> CompiledSchema:
-    """Compile the schema called ``name`` from ``schemas_dir`` (ConfigError when absent)."""
-    from features.schema import load_schemas
-
-    schemas = load_schemas(Path(schemas_dir))
-    if name not in schemas:
-        known = ", ".join(sorted(schemas)) or "none"
-        raise ConfigError(f"no schema named {name!r} in {schemas_dir} (known: {known})", key="schema",
-                          looked_in=[str(schemas_dir)])
-    return compile_schema(schemas[name])
-
-
-def transform_program(compiled: CompiledSchema, settings: Settings) -> Any:
-    """The compiled transform program for the schema's derived features, or None."""
-    if not compiled.schema.features:
-        return None
-    from features.kernels import compile_transforms
-
-    return compile_transforms(compiled.schema, device=settings.device)
 
 
 def load(paths: Sequence[str | Path], compiled: CompiledSchema, settings: Settings, *,
@@ -80,83 +59,9 @@ def load(paths: Sequence[str | Path], compiled: CompiledSchema, settings: Settin
             return load_workers(paths, compiled, settings, workers=workers, batch_rows=batch_rows,
                                 search_path=search_path, key_prefix=key_prefix, progress=progress,
                                 run_id=run_id, metrics=metrics)
-        return _load(paths, compiled, settings, batch_rows=batch_rows, search_path=search_path,
-                     key_prefix=key_prefix, progress=progress, run_id=run_id, metrics=metrics, shard=shard)
-
-
-def _load(paths: Sequence[str | Path], compiled: CompiledSchema, settings: Settings, *, batch_rows: int,
-          search_path: str | None, key_prefix: str, progress: bool, run_id: str,
-          metrics: RunMetrics | None, shard: tuple[int, int] | None = None) -> RunSummary:
-    from features.aggregate.backfill import Collector, backfill
-    from features.aggregate.engine import AggSpec
-    from features.aggregate.writer import AggregateWriter
-    from features.sinks.postgres import PostgresSink
-    from features.sinks.redis import RedisSink
-
-    source = ParquetSource(paths, compiled, batch_rows=batch_rows, shard=shard)
-    program = transform_program(compiled, settings)
-    pg = PostgresSink(settings.postgres_dsn, compiled, search_path=search_path)
-    hot = RedisSink(settings.redis_url, compiled, key_prefix=key_prefix)
-    sinks: list[Sink] = [pg, hot]  # the first is the primary: its commit decides "stored"
-    spec = AggSpec.of(compiled.schema)
-    aggs = None if spec is None else AggregateWriter(compiled, settings.postgres_dsn, settings.redis_url,
-                                                     search_path=search_path, key_prefix=key_prefix)
-    collector = None if spec is None else Collector(spec)
-    try:
-        # Redis first: its open() writes no data, so a store that is down stops the
-        # run before Postgres applies any DDL or row.
-        for first in (hot, pg):
-            first.open()
-        if aggs is not None:
-            aggs.open()
-        now = dt.datetime.now(dt.UTC)
-        ctx = RunContext(compiled.name, compiled.schema.version_str, compiled.fingerprint, run_id, now)
-        log.info("load started", extra={"schema": compiled.name, "files": len(source.files),
-                                        "rows": source.total_rows})
-        summary = run(source, compiled, sinks, ctx=ctx, program=program,
-                      progress=Progress(source.total_rows, enabled=progress), observer=collector,
-                      metrics=metrics)
-        if spec is not None and aggs is not None and collector is not None:
-            inputs = collector.inputs()
-            line = LineProgress("aggregations", None, enabled=progress)
-            counts = backfill(spec, inputs, aggs, ctx, progress=line)
-            line.close(counts.accepted, counts.late)
-            summary.aggregations = counts.as_dict()
-            if metrics is not None:
-                metrics.aggregation(accepted=counts.accepted, late=counts.late, duplicates=counts.duplicates)
-        d = summary.as_dict()
-        log.info("load finished", extra={k: d[k] for k in ("schema", "read", "stored", "rejected",
-                                                           "already_present", "adds_up", "units",
-                                                           "skipped_units", "seconds")})
-        return summary
-    finally:
-        for s in sinks:
-            s.close()  # idempotent; also frees a sink whose open() failed half way
-        if aggs is not None:
-            aggs.close()
-
-
-def open_stores(compiled: CompiledSchema, settings: Settings, *, search_path: str | None = None,
-                key_prefix: str = "") -> None:
-    """Open (and close) every store a load writes to: checks they answer and the schema's
-    fingerprint, applies the DDL and loads the Redis scripts once, before workers start
-    (concurrent ``CREATE TABLE IF NOT EXISTS`` can fail in Postgres)."""
-    from features.aggregate.engine import AggSpec
-    from features.aggregate.writer import AggregateWriter
-    from features.sinks.postgres import PostgresSink
-    from features.sinks.redis import RedisSink
-
-    stores: list[Any] = [RedisSink(settings.redis_url, compiled, key_prefix=key_prefix),
-                         PostgresSink(settings.postgres_dsn, compiled, search_path=search_path)]
-    if AggSpec.of(compiled.schema) is not None:
-        stores.append(AggregateWriter(compiled, settings.postgres_dsn, settings.redis_url,
-                                      search_path=search_path, key_prefix=key_prefix))
-    try:
-        for store in stores:
-            store.open()
-    finally:
-        for store in stores:
-            store.close()
+        return load_local(paths, compiled, settings, batch_rows=batch_rows, search_path=search_path,
+                          key_prefix=key_prefix, progress=progress, run_id=run_id, metrics=metrics,
+                          shard=shard)
 
 
 def _worker(args: tuple[Any, ...]) -> RunSummary:

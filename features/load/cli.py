@@ -72,10 +72,11 @@ def _port(text: str) -> int:
 def run(args: argparse.Namespace) -> int:
     import os
 
+    from features.compile import find_schema
     from features.compile.postgres import rejects_table_name
     from features.config import resolve_settings
     from features.lineage import new_run_id
-    from features.load import find_schema, load, render_summary
+    from features.load import load, render_summary
     from features.logs import active_format, set_run_id, user_message
     from features.metrics import Registry, RunMetrics, linger, serve
     from features.sources.parquet import DEFAULT_BATCH_ROWS

@@ -57,9 +57,11 @@ def _shard_load(compiled: CompiledSchema, paths: list[str], settings: Settings, 
                 setup_logging(None, logger="features")
 
         def map(self, shard: int) -> RunSummary:
-            from features.load import load
+            from features.load.local import load_local
+            from features.logs import bind_run_id
 
-            return load(paths, compiled, settings, shard=(shard, shards), **kw)
+            with bind_run_id(kw["run_id"]):
+                return load_local(paths, compiled, settings, shard=(shard, shards), **kw)
 
     return ShardLoad()
 
@@ -72,7 +74,7 @@ def load_flink(paths: Sequence[str | Path], compiled: CompiledSchema, settings: 
     from pyflink.common import Configuration, Types
     from pyflink.datastream import RuntimeExecutionMode, StreamExecutionEnvironment
 
-    from features.load import open_stores
+    from features.load.stores import open_stores
     from features.runner import merge_summaries
     from features.sources.parquet import ParquetSource
     from features.stream.job import scrub_environment

@@ -102,8 +102,8 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from features.compile import find_schema
     from features.config import resolve_settings
-    from features.load import find_schema
     from features.report.build import parquet_report, rejects_report, table_report, write_report
     from features.report.drift import SAMPLE_SIZE, DriftOptions, Thresholds
     from features.report.sources import PG_BATCH_ROWS

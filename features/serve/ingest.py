@@ -94,7 +94,7 @@ class SchemaIngest:
 
     def __init__(self, compiled: CompiledSchema, settings: Settings, *, topic: str,
                  dead_letter_topic: str | None, run_id: str) -> None:
-        from features.load import transform_program
+        from features.compile import transform_program
         from features.sinks.postgres import PostgresSink
         from features.stream.columnar import ColumnarDecoder
 

@@ -17,6 +17,24 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from features.lineage import INGESTED_AT, RUN_ID, SCHEMA_FINGERPRINT, SCHEMA_NAME, SCHEMA_VERSION, SOURCE
+
+#: What a sink receives for the rejects of a unit (``WriteUnit.rejects``) and the rejects
+#: table stores: one row per rejected input row, with its lineage. (The validator's own
+#: ``REJECT_SCHEMA`` in ``features.validation.result`` is one row per failed rule.)
+REJECTED_ROWS_SCHEMA = pa.schema([
+    pa.field(SOURCE, pa.string(), nullable=False),
+    pa.field("row_index", pa.int64()),
+    pa.field("raw", pa.string()),        # JSON object of the input values
+    pa.field("errors", pa.string()),     # JSON array of {field, rule, reason, message, value}
+    pa.field("event_time", pa.timestamp("us", "UTC")),
+    pa.field(SCHEMA_NAME, pa.string()),
+    pa.field(SCHEMA_VERSION, pa.string()),
+    pa.field(SCHEMA_FINGERPRINT, pa.string()),
+    pa.field(RUN_ID, pa.string()),
+    pa.field(INGESTED_AT, pa.timestamp("us", "UTC")),
+])
+
 
 @dataclass(frozen=True)
 class WriteUnit:
@@ -24,7 +42,7 @@ class WriteUnit:
 
     - ``rows``: valid, transformed rows: entity, event time, fields, features and
       lineage columns (each sink picks the columns it stores);
-    - ``rejects``: one row per rejected input row (see ``features.runner.REJECTS_SCHEMA``);
+    - ``rejects``: one row per rejected input row (:data:`REJECTED_ROWS_SCHEMA`);
     - ``unit``: ledger key, or None for idempotent (stream) writes;
     - ``read``: how many input rows the unit covers (for the ledger's counts).
     """

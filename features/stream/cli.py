@@ -77,9 +77,9 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from features.compile import find_schema
     from features.config import resolve_settings
     from features.lineage import new_run_id
-    from features.load import find_schema
     from features.logs import active_format, set_run_id, user_message
     from features.stream.job import StreamConfig, latest_checkpoint, merged_summary
     from features.stream.job import run as run_job

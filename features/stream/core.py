@@ -22,7 +22,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -44,6 +44,9 @@ from features.stream.columnar import ColumnarDecoder
 from features.stream.decode import decode, payload_json, record_uris
 from features.validation import validate
 from features.validation.result import ValidationResult
+
+if TYPE_CHECKING:
+    from features.kernels import TransformProgram
 
 log = logging.getLogger("features.stream")
 
@@ -110,7 +113,7 @@ class StreamProcessor:
                  dead_letter_topic: str | None, search_path: str | None = None, key_prefix: str = "",
                  log_every_s: float = 10.0, instance: str = "", metrics: RunMetrics | None = None,
                  chunk_records: int = DEFAULT_CHUNK_RECORDS) -> None:
-        from features.load import transform_program
+        from features.compile import transform_program
         from features.sinks.postgres import PostgresSink
         from features.sinks.redis import RedisSink
 
@@ -367,7 +370,8 @@ class PreparedRecords:
 
 
 def prepare_records(values: Sequence[bytes | None], uris: pa.Array, offsets: npt.NDArray[np.int64],
-                    compiled: CompiledSchema, program: Any, ctx: RunContext, now: dt.datetime, *,
+                    compiled: CompiledSchema, program: TransformProgram | None, ctx: RunContext,
+                    now: dt.datetime, *,
                     decoder: ColumnarDecoder | None = None,
                     columnar_min: int = COLUMNAR_MIN_RECORDS) -> PreparedRecords:
     """Decode, validate and transform one micro-batch of record values (pure: writes nothing).
@@ -496,7 +500,8 @@ def _in_record_order(tables: list[pa.Table], positions: list[npt.NDArray[np.int6
     return pa.concat_tables(tables).take(pa.array(order)), pos[order]
 
 
-def _empty_rows(compiled: CompiledSchema, program: Any, ctx: RunContext, now: dt.datetime) -> pa.Table:
+def _empty_rows(compiled: CompiledSchema, program: TransformProgram | None, ctx: RunContext,
+                now: dt.datetime) -> pa.Table:
     """The rows table of a micro-batch without a valid row (the columns the stores expect)."""
     sb = SourceBatch([], BatchLineage("kafka://", 0, 0, unit=None, explicit=pa.array([], pa.string())))
     return process_batch(sb, compiled, program, ctx, now).rows

@@ -14,9 +14,8 @@ from features.compile import CompiledSchema, compile_schema
 from features.config import Settings
 from features.errors import SinkUnavailable
 from features.lineage import RunContext
-from features.runner import REJECTS_SCHEMA
 from features.schema.parse import parse_schema
-from features.sinks.base import Sink, WriteUnit
+from features.sinks.base import REJECTED_ROWS_SCHEMA, Sink, WriteUnit
 
 pytestmark = pytest.mark.services
 
@@ -75,7 +74,7 @@ def rejects(compiled: CompiledSchema, n: int) -> pa.Table:
         "errors": pa.array(['[{"rule": "item_id.not_null"}]'] * n),
         "event_time": pa.nulls(n, pa.timestamp("us", "UTC")),
         **{k: v for k, v in lineage.items() if k != "_source"},
-    }, schema=REJECTS_SCHEMA)
+    }, schema=REJECTED_ROWS_SCHEMA)
 
 
 @pytest.fixture(params=["postgres", "redis", "redis-cluster"])

@@ -21,10 +21,11 @@ import redis
 from psycopg import sql
 
 from features import FeatureStore, compile_schema, parse_schema, validate
+from features.compile import transform_program
 from features.compile.expectations import run_suite
 from features.config import Settings
 from features.lineage import RunContext
-from features.load import load, transform_program
+from features.load import load
 from features.sinks.redis import entity_key
 from features.stream.columnar import ColumnarDecoder
 from features.stream.core import prepare_records

@@ -381,9 +381,8 @@ def test_online_event_time_is_utc_for_redis_and_fallback_rows(
     zoned timestamp in another zone, a date), for Redis rows and fallback rows alike."""
     from features.compile import compile_schema
     from features.lineage import RunContext
-    from features.runner import REJECTS_SCHEMA
     from features.schema.parse import parse_schema
-    from features.sinks.base import WriteUnit
+    from features.sinks.base import REJECTED_ROWS_SCHEMA, WriteUnit
     from features.sinks.postgres import PostgresSink
     from features.sinks.redis import RedisSink
 
@@ -402,7 +401,7 @@ def test_online_event_time_is_utc_for_redis_and_fallback_rows(
     for sink, part in ((pg, rows), (hot, rows.slice(0, 1))):  # "b" only in Postgres
         sink.open()
         try:
-            sink.write(WriteUnit(part, REJECTS_SCHEMA.empty_table(), None, part.num_rows))
+            sink.write(WriteUnit(part, REJECTED_ROWS_SCHEMA.empty_table(), None, part.num_rows))
         finally:
             sink.close()
     with make_store(settings, pg_schema, redis_prefix, schemas=tmp_path) as store:

@@ -30,9 +30,8 @@ from hypothesis import strategies as st
 from features.compile import CompiledSchema, compile_schema
 from features.config import Settings
 from features.lineage import RunContext
-from features.runner import REJECTS_SCHEMA
 from features.schema.parse import parse_schema
-from features.sinks.base import WriteUnit
+from features.sinks.base import REJECTED_ROWS_SCHEMA, WriteUnit
 from features.sinks.postgres import PostgresSink
 from features.store import FeatureStore
 
@@ -123,7 +122,7 @@ def write_history(sink: PostgresSink, compiled: CompiledSchema, rows: list[Row],
     bounds = np.linspace(0, len(rows), units + 1).astype(int)
     for k in range(units):
         part = rows[bounds[k]:bounds[k + 1]]
-        res = sink.write(WriteUnit(_table(compiled, part, str(k)), REJECTS_SCHEMA.empty_table(), None,
+        res = sink.write(WriteUnit(_table(compiled, part, str(k)), REJECTED_ROWS_SCHEMA.empty_table(), None,
                                    len(part)))
         assert (res.stored, res.already_present) == (len(part), 0)
 
@@ -292,7 +291,7 @@ def test_historical_120k_rows_against_200k_history(store: tuple[FeatureStore, Po
                          "file:///big.parquet#", pc.cast(pa.array(np.arange(n)), pa.string()), ""))})
     for lo in range(0, n, 50_000):
         part = hist.slice(lo, 50_000)
-        sink.write(WriteUnit(part, REJECTS_SCHEMA.empty_table(), None, part.num_rows))
+        sink.write(WriteUnit(part, REJECTED_ROWS_SCHEMA.empty_table(), None, part.num_rows))
 
     # Queries: known entities (some before their first event), ties with event times, unknowns.
     q_ent = rng.integers(0, n_entities + 500, n_queries)  # ids >= n_entities have no history

@@ -358,10 +358,10 @@ class MemorySink:
 
 
 def test_runner_accounting_and_metrics_agree(tmp_path: Path) -> None:
+    from features.compile import transform_program
     from features.config import Settings
     from features.examples import applicant_schema, applicants
     from features.lineage import RunContext
-    from features.load import transform_program
     from features.runner import run
     from features.sources.parquet import ParquetSource
 

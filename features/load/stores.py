@@ -1,0 +1,32 @@
+"""Opening every store a load writes to, once, before the workers or Flink tasks start
+(``features.load.load_workers``, ``features.load.flink``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from features.compile import CompiledSchema
+from features.config import Settings
+
+
+def open_stores(compiled: CompiledSchema, settings: Settings, *, search_path: str | None = None,
+                key_prefix: str = "") -> None:
+    """Open (and close) every store a load writes to: checks they answer and the schema's
+    fingerprint, applies the DDL and loads the Redis scripts once, before workers start
+    (concurrent ``CREATE TABLE IF NOT EXISTS`` can fail in Postgres)."""
+    from features.aggregate.engine import AggSpec
+    from features.aggregate.writer import AggregateWriter
+    from features.sinks.postgres import PostgresSink
+    from features.sinks.redis import RedisSink
+
+    stores: list[Any] = [RedisSink(settings.redis_url, compiled, key_prefix=key_prefix),
+                         PostgresSink(settings.postgres_dsn, compiled, search_path=search_path)]
+    if AggSpec.of(compiled.schema) is not None:
+        stores.append(AggregateWriter(compiled, settings.postgres_dsn, settings.redis_url,
+                                      search_path=search_path, key_prefix=key_prefix))
+    try:
+        for store in stores:
+            store.open()
+    finally:
+        for store in stores:
+            store.close()
