@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -35,6 +35,7 @@ from features.stored import cold_columns as _cold_columns
 from features.stored import declared_type as _declared_type
 from features.stored import hot_columns as _hot_columns
 
+_T = TypeVar("_T")
 #: Columns every ``online`` result carries besides the entity and the features.
 EVENT_TIME = "_event_time"
 AGE = "_age_seconds"
@@ -168,9 +169,9 @@ class FeatureStore:
             return
         from features.compile.postgres import SCHEMAS_TABLE, quote_ident
 
-        conn = self._postgres()
-        row = conn.execute(f"SELECT version, fingerprint FROM {quote_ident(SCHEMAS_TABLE)} "
-                           "WHERE schema_name = %s", (c.name,)).fetchone()
+        row = self._pg_run("the fingerprint check", lambda conn: conn.execute(
+            f"SELECT version, fingerprint FROM {quote_ident(SCHEMAS_TABLE)} WHERE schema_name = %s",
+            (c.name,)).fetchone())
         if row is not None and row[1] != c.fingerprint:
             raise SinkError(f"the stores hold schema {c.name} {row[0]} (fingerprint {row[1][:12]}), but "
                             f"{self.schemas_path} has {c.schema.version_str} (fingerprint "
@@ -187,6 +188,35 @@ class FeatureStore:
         return " ".join(filter(None, [str(conninfo_to_dict(self.postgres_dsn).get("options") or ""),
                                       "-c TimeZone=UTC",
                                       f"-c search_path={self.search_path}" if self.search_path else ""]))
+
+    def _pg_run(self, what: str, fn: Callable[[Any], _T]) -> _T:
+        """``fn(connection)``, with driver errors translated at this edge: a connection lost
+        under it (the server restarted, the backend was terminated) is reopened once and
+        ``fn`` run again; still failing: SinkUnavailable naming the address. Any other
+        driver error is a SinkError naming ``what``; UndefinedTable passes through (the
+        callers decide what a missing table means)."""
+        import psycopg
+        from psycopg import errors
+
+        from features.sinks.postgres import _address
+
+        for attempt in (1, 2):
+            conn = self._postgres()
+            try:
+                return fn(conn)
+            except errors.UndefinedTable:
+                raise
+            except psycopg.OperationalError as exc:
+                conn.close()
+                if attempt == 2:
+                    address = _address(self.postgres_dsn)
+                    raise SinkUnavailable(f"Postgres at {address} failed during {what}: "
+                                          f"{str(exc).strip().splitlines()[0]}", store="postgres",
+                                          address=address) from exc
+            except psycopg.Error as exc:
+                raise SinkError(f"Postgres refused {what}: {str(exc).strip().splitlines()[0]}",
+                                store="postgres") from exc
+        raise AssertionError("unreachable")
 
     def _postgres(self) -> Any:
         if self._pg is None or self._pg.closed:
@@ -558,7 +588,7 @@ class FeatureStore:
         self._check_fingerprint_or_none(c)
         query, names = self.fetch_query(c, f"h.{quote_ident(str(c.schema.entity))} = ANY(%s)")
         try:
-            rows = self._postgres().execute(query, [ids]).fetchall()
+            rows = self._pg_run("the fallback read", lambda conn: conn.execute(query, [ids]).fetchall())
         except errors.UndefinedTable:
             rows = []
         return _rows_to_table(c, names, rows)
@@ -631,6 +661,16 @@ class FeatureStore:
                     done += rows.num_rows
                     if progress is not None:
                         progress(done, written)
+        except psycopg.OperationalError as exc:  # translated at this edge, as in _pg_run
+            from features.sinks.postgres import _address
+
+            address = _address(self.postgres_dsn)
+            raise SinkUnavailable(f"Postgres at {address} failed during prewarm: "
+                                  f"{str(exc).strip().splitlines()[0]}", store="postgres",
+                                  address=address) from exc
+        except psycopg.Error as exc:
+            raise SinkError(f"Postgres refused the prewarm read: {str(exc).strip().splitlines()[0]}",
+                            store="postgres") from exc
         finally:
             for sink in sinks.values():
                 sink.close()
@@ -701,7 +741,6 @@ class FeatureStore:
         cold_aggs = set(_aggregation_names(c, "cold"))
         names = [x for x in columns if x not in cold_aggs]
         aggs = [x for x in columns if x in cold_aggs]
-        conn = self._postgres()
         ids = pc.cast(entity_df.column(entity), pa.string())
         # Event times are microseconds: flooring a finer timestamp keeps the as-of answer.
         if ts.type.unit == "ns":
@@ -722,14 +761,20 @@ class FeatureStore:
             f"ORDER BY h.{et} DESC LIMIT 1) {alias} ON true"
             for alias, table, cols in joins)
         query = f"SELECT {select} FROM _featureline_asof q {laterals} ORDER BY q.o"
-        with conn.transaction():
-            conn.execute("CREATE TEMP TABLE IF NOT EXISTS _featureline_asof "
-                         "(e text, t timestamptz, o bigint) ON COMMIT DELETE ROWS")
-            copy = "COPY _featureline_asof (e, t, o) FROM STDIN (FORMAT csv)"
-            with conn.cursor() as cur, cur.copy(copy) as cp:
-                cp.write(copy_csv(stage))
-            conn.execute("ANALYZE _featureline_asof")
-            rows = conn.execute(query, [max_age] * len(joins) if max_age is not None else []).fetchall()
+
+        def as_of(conn: Any) -> list[Any]:
+            with conn.transaction():
+                conn.execute("CREATE TEMP TABLE IF NOT EXISTS _featureline_asof "
+                             "(e text, t timestamptz, o bigint) ON COMMIT DELETE ROWS")
+                copy = "COPY _featureline_asof (e, t, o) FROM STDIN (FORMAT csv)"
+                with conn.cursor() as cur, cur.copy(copy) as cp:
+                    cp.write(copy_csv(stage))
+                conn.execute("ANALYZE _featureline_asof")
+                result: list[Any] = conn.execute(
+                    query, [max_age] * len(joins) if max_age is not None else []).fetchall()
+                return result
+
+        rows = self._pg_run("the as-of query", as_of)
         got = _rows_to_table(c, [event_time, *names, *aggs], rows)
         out = entity_df
         for name in columns:

@@ -203,6 +203,31 @@ def fs_settings(fs: FeatureStore) -> Settings:
     return Settings(redis_url=fs.redis_url, postgres_dsn=fs.postgres_dsn)
 
 
+def test_a_lost_postgres_connection_is_reopened_and_driver_errors_are_translated(
+        fs: FeatureStore, settings: Settings, loaded: dict[str, tuple[Any, ...]], hot: Any,
+        redis_prefix: str) -> None:
+    """The server ends the SDK's backend (a restart, a failover, an idle-session timeout):
+    the next fallback read and the next ``historical`` reopen the connection once and
+    answer; a driver error reaches the caller as the package's SinkError, not raw."""
+    first, second = sorted(loaded)[:2]
+    hot.delete(redis_prefix + entity_key(NAME, first), redis_prefix + entity_key(NAME, second))
+    entity_df = pa.table({ENTITY: [first], "timestamp": pa.array([dt.datetime(2100, 1, 1, tzinfo=dt.UTC)],
+                                                                 pa.timestamp("us", "UTC"))})
+    with make_store(fs_settings(fs), fs.search_path or "", redis_prefix) as store:
+        assert store.online(NAME, [first]).column("_from").to_pylist() == ["postgres"]
+        for call in (lambda: store.online(NAME, [second]).column("_from").to_pylist() == ["postgres"],
+                     lambda: store.historical(NAME, entity_df, ["income_monthly"]).column(
+                         "income_monthly").to_pylist() == [loaded[first][1]]):
+            pid = store._pg.info.backend_pid
+            with psycopg.connect(settings.postgres_dsn, autocommit=True) as admin:
+                assert admin.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone() == (True,)
+            assert call()
+            assert store._pg.info.backend_pid != pid
+        with pytest.raises(SinkError, match="Postgres refused the as-of query"):
+            # q.t - max_age before 4713 BC: "timestamp out of range", a DataError
+            store.historical(NAME, entity_df, ["income_monthly"], max_age=dt.timedelta(days=999_999_999))
+
+
 def test_online_feature_subset_and_empty_request(fs: FeatureStore,
                                                  loaded: dict[str, tuple[Any, ...]]) -> None:
     some = sorted(loaded)[:3]
