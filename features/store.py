@@ -198,8 +198,6 @@ class FeatureStore:
         import psycopg
         from psycopg import errors
 
-        from features.sinks.postgres import _address
-
         for attempt in (1, 2):
             conn = self._postgres()
             try:
@@ -209,14 +207,24 @@ class FeatureStore:
             except psycopg.OperationalError as exc:
                 conn.close()
                 if attempt == 2:
-                    address = _address(self.postgres_dsn)
-                    raise SinkUnavailable(f"Postgres at {address} failed during {what}: "
-                                          f"{str(exc).strip().splitlines()[0]}", store="postgres",
-                                          address=address) from exc
+                    raise self._pg_error(exc, what) from exc
             except psycopg.Error as exc:
-                raise SinkError(f"Postgres refused {what}: {str(exc).strip().splitlines()[0]}",
-                                store="postgres") from exc
+                raise self._pg_error(exc, what) from exc
         raise AssertionError("unreachable")
+
+    def _pg_error(self, exc: Exception, what: str) -> SinkError:
+        """A psycopg error as the package's: SinkUnavailable for a lost or refused
+        connection (naming the address), SinkError for a refused statement."""
+        import psycopg
+
+        from features.sinks.postgres import _address
+
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if isinstance(exc, psycopg.OperationalError):
+            address = _address(self.postgres_dsn)
+            return SinkUnavailable(f"Postgres at {address} failed during {what}: {text}", store="postgres",
+                                   address=address)
+        return SinkError(f"Postgres refused {what}: {text}", store="postgres")
 
     def _postgres(self) -> Any:
         if self._pg is None or self._pg.closed:
@@ -661,16 +669,8 @@ class FeatureStore:
                     done += rows.num_rows
                     if progress is not None:
                         progress(done, written)
-        except psycopg.OperationalError as exc:  # translated at this edge, as in _pg_run
-            from features.sinks.postgres import _address
-
-            address = _address(self.postgres_dsn)
-            raise SinkUnavailable(f"Postgres at {address} failed during prewarm: "
-                                  f"{str(exc).strip().splitlines()[0]}", store="postgres",
-                                  address=address) from exc
-        except psycopg.Error as exc:
-            raise SinkError(f"Postgres refused the prewarm read: {str(exc).strip().splitlines()[0]}",
-                            store="postgres") from exc
+        except psycopg.Error as exc:  # translated at this edge, as in _pg_run
+            raise self._pg_error(exc, "the prewarm read") from exc
         finally:
             for sink in sinks.values():
                 sink.close()
