@@ -149,7 +149,8 @@ def _read_back(settings: Any, compiled: Any) -> None:
     import psycopg
     import redis
 
-    from features.sinks.redis import RedisEndpoint, entity_key
+    from features.sinks.redis import entity_key
+    from features.sinks.redis_wire import RedisEndpoint
 
     key = entity_key(compiled.name, "APP-001000000007")
     endpoint = RedisEndpoint.from_url(settings.redis_url)

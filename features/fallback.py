@@ -415,7 +415,7 @@ def redis_py_client(url: str, timeout_s: float) -> Any:
     client), with the endpoint's TLS checks."""
     import redis
 
-    from features.sinks.redis import RedisEndpoint
+    from features.sinks.redis_wire import RedisEndpoint
 
     endpoint = RedisEndpoint.from_url(url)
     tls = endpoint.redis_py_options()

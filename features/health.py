@@ -58,7 +58,7 @@ def _timed(kind: str, name: str, fn: Any) -> Check:
 
 def check_all(settings: Any, *, timeout_s: float = 5.0) -> list[Check]:
     from features.sinks.postgres import _address
-    from features.sinks.redis import RedisEndpoint
+    from features.sinks.redis_wire import RedisEndpoint
 
     checks: list[Check] = []
     pg_address = _address(settings.postgres_dsn)

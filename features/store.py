@@ -385,7 +385,7 @@ class FeatureStore:
         import redis.asyncio as aredis
 
         if self._aredis is None:
-            from features.sinks.redis import RedisEndpoint
+            from features.sinks.redis_wire import RedisEndpoint
 
             endpoint = RedisEndpoint.from_url(self.redis_url)
             tls = endpoint.redis_py_options()  # the same TLS checks
@@ -861,17 +861,17 @@ class _RawPool:
 
 
 class _RawRedis:
-    """One Redis connection that pipelines HMGETs as protocol bytes and parses the replies
-    itself (redis-py's pure-Python reply parser costs ~45 µs per HMGET; this ~5 µs).
-    Reconnects once on a lost connection; an unreachable server raises SinkUnavailable."""
+    """One Redis connection that pipelines HMGETs as protocol bytes (``features.sinks.
+    redis_wire``: the replies read by hiredis's C reader). Reconnects once on a lost
+    connection; an unreachable server raises SinkUnavailable."""
 
     def __init__(self, url: str, timeout_s: float) -> None:
-        from features.sinks.redis import RedisEndpoint
+        from features.sinks.redis_wire import RedisEndpoint
 
         self.endpoint = RedisEndpoint.from_url(url)
         self.address = self.endpoint.address
         self.timeout_s = timeout_s
-        self._sock: Any = None
+        self._conn: Any = None  # a features.sinks.redis_wire.Conn
         #: a Redis Cluster (a ``redis+cluster://`` URL, or a node that answered -MOVED):
         #: each HMGET goes to its slot's primary (features.sinks.redis_cluster)
         self._cluster: Any = None
@@ -886,16 +886,18 @@ class _RawRedis:
         self.address = self._cluster.address
 
     def _connect(self) -> None:
-        self._sock = self.endpoint.connect(self.timeout_s)
+        from features.sinks.redis_wire import Conn
+
+        self._conn = Conn(self.endpoint.connect(self.timeout_s), self.address)
 
     def close(self) -> None:
         if self._cluster is not None:
             self._cluster.invalidate()
-        if self._sock is not None:
+        if self._conn is not None:
             try:
-                self._sock.close()
+                self._conn.close()
             finally:
-                self._sock = None
+                self._conn = None
 
     def hmget_many(self, reads: Sequence[tuple[Sequence[str], Sequence[str] | None]]) -> list[Any]:
         """One ``HMGET key *fields`` per key of each ``(keys, fields)`` group (``PTTL key``
@@ -903,14 +905,23 @@ class _RawRedis:
         replies in the same order (lists of bytes/None; integers for PTTL)."""
         if self._cluster is not None:
             return self._hmget_cluster(reads)
+        from features.sinks.redis_wire import ReplyError
+
         request = b"".join(_hmget_request(keys, fields) for keys, fields in reads)
-        widths = [len(fields) if fields is not None else None for keys, fields in reads for _ in keys]
+        n = sum(len(keys) for keys, _ in reads)
         for attempt in (1, 2):
             try:
-                if self._sock is None:
+                if self._conn is None:
                     self._connect()
-                self._sock.sendall(request)
-                return self._read_arrays(widths)
+                self._conn.send(request)
+                replies: list[Any] = self._conn.read_replies(n)
+                for reply in replies:
+                    if isinstance(reply, ReplyError):
+                        if reply.code == "MOVED":
+                            raise _Moved(reply.text)
+                        raise SinkError(f"Redis at {self.address} refused HMGET: -{reply.text}",
+                                        store="redis", address=self.address)
+                return replies
             except _Moved:  # a plain URL naming one node of a cluster: route by slot from now on
                 self._use_cluster()
                 return self._hmget_cluster(reads)
@@ -927,7 +938,8 @@ class _RawRedis:
     def _hmget_cluster(self, reads: Sequence[tuple[Sequence[str], Sequence[str] | None]]) -> list[Any]:
         """:meth:`hmget_many` on a cluster: every primary gets its keys' HMGETs in one write
         (all primaries before any reply is read), redirections followed."""
-        from features.sinks.redis_cluster import ReplyError, key_slots
+        from features.sinks.redis_cluster import key_slots
+        from features.sinks.redis_wire import ReplyError
 
         keys = [k for ks, _ in reads for k in ks]
         calls = [_hmget_request([k], fields) for ks, fields in reads for k in ks]
@@ -947,99 +959,18 @@ class _RawRedis:
                                 store="redis", address=self.address)
         return replies  # type: ignore[no-any-return]  # lists of bytes/None
 
-    def _read_arrays(self, widths: Sequence[int | None]) -> list[Any]:
-        """One reply per item of ``widths``, each an array of that many bulk strings (an
-        integer where the width is None), or an error. Parsed by hiredis's C reader when it
-        is installed (a dependency; ~20x faster), else by :meth:`_parse_arrays`."""
-        if _hiredis is None:
-            return self._parse_arrays(widths)
-        reader = _hiredis.Reader()
-        out: list[Any] = []
-        n = len(widths)
-        sock = self._sock
-        while len(out) < n:
-            chunk = sock.recv(1 << 20)
-            if not chunk:
-                raise ConnectionError("connection closed by Redis")
-            reader.feed(chunk)
-            while len(out) < n:
-                reply = reader.gets()
-                if reply is False:
-                    break
-                if isinstance(reply, _hiredis.ReplyError):
-                    text = str(reply)
-                    if text.startswith("MOVED"):
-                        raise _Moved(text)
-                    raise SinkError(f"Redis at {self.address} refused HMGET: -{text}", store="redis",
-                                    address=self.address)
-                out.append(reply)
-        return out
-
-    def _parse_arrays(self, widths: Sequence[int | None]) -> list[Any]:
-        """:meth:`_read_arrays` in Python (without hiredis)."""
-        buf = bytearray()
-        out: list[Any] = []
-        pos = 0
-        sock = self._sock
-
-        def more() -> None:
-            chunk = sock.recv(1 << 20)
-            if not chunk:
-                raise ConnectionError("connection closed by Redis")
-            buf.extend(chunk)
-
-        while len(out) < len(widths):
-            width = widths[len(out)]
-            start = pos
-            try:
-                row: list[bytes | None] = []
-                end = buf.index(b"\r\n", pos)
-                head = bytes(buf[pos:end])
-                if head.startswith(b"-MOVED"):
-                    raise _Moved(head.decode(errors="replace"))
-                if head[:1] == b"-":
-                    raise SinkError(f"Redis at {self.address} refused HMGET: {head.decode(errors='replace')}",
-                                    store="redis", address=self.address)
-                pos = end + 2
-                if width is None:  # an integer reply (PTTL)
-                    out.append(int(head[1:]))
-                    continue
-                for _ in range(width):
-                    end = buf.index(b"\r\n", pos)
-                    size = int(buf[pos + 1:end])
-                    if size < 0:
-                        row.append(None)
-                        pos = end + 2
-                        continue
-                    stop = end + 2 + size
-                    if stop + 2 > len(buf):
-                        raise ValueError("incomplete")
-                    row.append(bytes(buf[end + 2:stop]))
-                    pos = stop + 2
-                out.append(row)
-            except ValueError:  # an incomplete reply (bytes.index or our check): read more
-                pos = start
-                more()
-        return out
-
-
-_hiredis: Any
-try:  # redis-py's C reply parser (the ``hiredis`` extra of redis; a dependency of featureline)
-    import hiredis as _hiredis
-except ImportError:  # pragma: no cover - hiredis ships wheels for every supported platform
-    _hiredis = None
-
 
 class _Moved(Exception):
     """A -MOVED reply: the server is one node of a Redis Cluster."""
 
 
 def _hmget_request(keys: Sequence[str], fields: Sequence[str] | None) -> bytes:
+    """``HMGET key *fields`` per key (``PTTL key`` where ``fields`` is None)."""
+    from features.sinks.redis_wire import repeated_commands
+
     if fields is None:
-        return "".join(f"*2\r\n$4\r\nPTTL\r\n${len(k.encode())}\r\n{k}\r\n" for k in keys).encode()
-    tail = "".join(f"${len(f.encode())}\r\n{f}\r\n" for f in fields)
-    head = f"*{2 + len(fields)}\r\n$5\r\nHMGET\r\n"
-    return "".join(f"{head}${len(k.encode())}\r\n{k}\r\n{tail}" for k in keys).encode()
+        return repeated_commands(["PTTL"], keys, [])
+    return repeated_commands(["HMGET"], keys, fields)
 
 
 

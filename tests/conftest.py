@@ -75,7 +75,7 @@ def redis_prefix(request: pytest.FixtureRequest, settings: Settings) -> Iterator
     primary when ``settings.redis_url`` names a Redis Cluster)."""
     import redis
 
-    from features.sinks.redis import RedisEndpoint
+    from features.sinks.redis_wire import RedisEndpoint
 
     if RedisEndpoint.from_url(settings.redis_url).cluster:
         yield request.getfixturevalue("redis_cluster_prefix")

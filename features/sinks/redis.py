@@ -28,14 +28,10 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import socket
-import ssl
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, unquote, urlsplit
 
 import numpy as np
 import numpy.typing as npt
@@ -43,9 +39,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from features.compile import CompiledSchema
-from features.errors import ConfigError, SinkError, SinkUnavailable
+from features.errors import SinkError, SinkUnavailable
 from features.lineage import INGESTED_AT, RUN_ID, SCHEMA_FINGERPRINT, SCHEMA_VERSION, SOURCE
 from features.sinks.base import WriteResult, WriteUnit, binary_rows, laid_end_to_end
+from features.sinks.redis_wire import Conn, RedisEndpoint, ReplyError
 
 if TYPE_CHECKING:
     import redis
@@ -230,160 +227,6 @@ def _offsets(arr: pa.Array) -> Offsets:
     return out
 
 
-#: TLS parameters a ``rediss://`` URL may carry in its query (the names redis-py reads too).
-TLS_PARAMETERS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_password", "ssl_cert_reqs",
-                  "ssl_check_hostname")
-_CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
-
-
-@dataclass(frozen=True)
-class RedisEndpoint:
-    """Where a ``redis://`` / ``rediss://`` URL points, and how to open a raw connection
-    there (TLS, AUTH, SELECT): shared by the sink and the SDK's reader.
-
-    ``rediss://`` connects with TLS, verifying the server's certificate against the
-    system's CAs or ``?ssl_ca_certs=/path/ca.pem``, and its host name unless
-    ``ssl_check_hostname=false``; ``ssl_certfile``/``ssl_keyfile``/``ssl_password`` give a
-    client certificate, ``ssl_cert_reqs=none`` turns verification off (tests only).
-    The user name and password come from the URL's userinfo (``rediss://user:pw@host``).
-    ``repr()`` never shows a password.
-    """
-
-    host: str
-    port: int
-    tls: bool
-    username: str | None
-    password: str | None = field(repr=False)
-    db: int = 0
-    ca_certs: str | None = None
-    certfile: str | None = None
-    keyfile: str | None = None
-    key_password: str | None = field(default=None, repr=False)
-    cert_reqs: str = "required"
-    check_hostname: bool = True
-    #: ``redis+cluster://h1:p1,h2:p2``: every seed node of a Redis Cluster (``host``/``port``
-    #: are the first); empty for a plain URL
-    seeds: tuple[tuple[str, int], ...] = ()
-
-    @property
-    def cluster(self) -> bool:
-        """The URL names a Redis Cluster (``redis+cluster://``/``rediss+cluster://``)."""
-        return bool(self.seeds)
-
-    @classmethod
-    def from_url(cls, url: str) -> RedisEndpoint:
-        """Parse ``url``. A ``ssl_*`` parameter on a ``redis://`` URL, an unknown
-        ``ssl_cert_reqs`` or a malformed port raise ConfigError (without the password).
-
-        ``redis+cluster://[user:password@]host:port[,host:port...]`` (``rediss+cluster://``
-        with TLS) names a Redis Cluster by one or more seed nodes; the rest of the URL reads
-        as for a single server (a cluster has only database 0)."""
-        from features.config import redact
-
-        parts = urlsplit(url)
-        if parts.scheme not in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
-            raise ConfigError(f"Redis URL {redact(url)}: expected redis://, rediss://, redis+cluster:// "
-                              "or rediss+cluster://", key="redis_url")
-        seeds: tuple[tuple[str, int], ...] = ()
-        if parts.scheme.endswith("+cluster"):
-            userinfo, _, hosts = parts.netloc.rpartition("@")
-            try:
-                seeds = tuple((h or "127.0.0.1", int(p or 6379)) for h, _, p in
-                              (item.strip().rpartition(":") if ":" in item else (item.strip(), "", "")
-                               for item in hosts.split(",") if item.strip()))
-            except ValueError as exc:
-                raise ConfigError(f"Redis URL {redact(url)}: invalid port", key="redis_url") from exc
-            if not seeds:
-                raise ConfigError(f"Redis URL {redact(url)}: no cluster node given", key="redis_url")
-            # the first seed stands for the URL's host and port in what follows
-            query_part = f"?{parts.query}" if parts.query else ""
-            parts = urlsplit(f"{parts.scheme.split('+')[0]}://{userinfo + '@' if userinfo else ''}"
-                             f"{seeds[0][0]}:{seeds[0][1]}{parts.path}{query_part}")
-            if (parts.path or "/0").lstrip("/") not in ("", "0"):
-                raise ConfigError(f"Redis URL {redact(url)}: a cluster has only database 0", key="redis_url")
-        query = {k: v for k, v in parse_qsl(parts.query) if k in TLS_PARAMETERS}
-        tls = parts.scheme == "rediss"
-        if query and not tls:
-            raise ConfigError(f"Redis URL {redact(url)}: {', '.join(sorted(query))} need(s) a rediss:// URL",
-                              key="redis_url")
-        reqs = query.get("ssl_cert_reqs", "required").lower()
-        if reqs not in _CERT_REQS:
-            raise ConfigError(f"Redis URL {redact(url)}: ssl_cert_reqs must be required, optional or none",
-                              key="redis_url")
-        try:
-            port = parts.port or 6379
-        except ValueError as exc:
-            raise ConfigError(f"Redis URL {redact(url)}: invalid port", key="redis_url") from exc
-        return cls(host=parts.hostname or "127.0.0.1", port=port, tls=tls,
-                   username=unquote(parts.username) if parts.username else None,
-                   password=unquote(parts.password) if parts.password else None,
-                   db=int((parts.path or "/0").lstrip("/") or 0),
-                   ca_certs=query.get("ssl_ca_certs"), certfile=query.get("ssl_certfile"),
-                   keyfile=query.get("ssl_keyfile"), key_password=query.get("ssl_password"),
-                   cert_reqs=reqs,
-                   check_hostname=query.get("ssl_check_hostname", "true").lower() in ("true", "1", "yes"),
-                   seeds=seeds)
-
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    def ssl_context(self) -> ssl.SSLContext:
-        """The TLS context of a ``rediss://`` URL (see the class docstring)."""
-        ctx = ssl.create_default_context(cafile=self.ca_certs)
-        if self.certfile:
-            ctx.load_cert_chain(self.certfile, self.keyfile, password=self.key_password)
-        ctx.check_hostname = self.check_hostname and self.cert_reqs != "none"
-        ctx.verify_mode = _CERT_REQS[self.cert_reqs]
-        return ctx
-
-    def redis_py_options(self) -> dict[str, Any]:
-        """Keyword arguments for ``redis.Redis.from_url`` so that redis-py checks the host
-        name as this endpoint does (redis-py 5 does not by default); none for ``redis://``."""
-        return {"ssl_check_hostname": self.check_hostname and self.cert_reqs != "none"} if self.tls else {}
-
-    def connect(self, timeout_s: float, store: str = "redis") -> socket.socket | ssl.SSLSocket:
-        """A connected, authenticated socket on the right database. Unreachable (or a
-        TLS handshake that fails): SinkUnavailable naming the address; AUTH or SELECT
-        refused: SinkError."""
-        try:
-            sock: socket.socket | ssl.SSLSocket = socket.create_connection((self.host, self.port),
-                                                                             timeout=timeout_s)
-            if self.tls:
-                sock = self.ssl_context().wrap_socket(sock, server_hostname=self.host)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError as exc:
-            raise SinkUnavailable(f"Redis unreachable at {self.address}: {exc}", store=store,
-                                  address=self.address) from exc
-        setup: list[list[str]] = []
-        if self.password is not None:
-            setup.append(["AUTH", *([self.username] if self.username else []), self.password])
-        if self.db:
-            setup.append(["SELECT", str(self.db)])
-        try:
-            for cmd in setup:
-                sock.sendall(command_bytes(cmd))
-                reply = b""
-                while not reply.endswith(b"\r\n"):
-                    chunk = sock.recv(4096)
-                    if not chunk:
-                        raise ConnectionError("connection closed by Redis")
-                    reply += chunk
-                if not reply.startswith(b"+"):
-                    raise SinkError(f"Redis at {self.address} refused {cmd[0]}: "
-                                    f"{reply.decode(errors='replace').strip()}", store=store,
-                                    address=self.address)
-        except BaseException:
-            sock.close()
-            raise
-        return sock
-
-
-def command_bytes(args: Sequence[str]) -> bytes:
-    """One Redis command as protocol bytes."""
-    return (f"*{len(args)}\r\n" + "".join(_const_bulk(a) for a in args)).encode()
-
-
 class RedisSink:
     """Hot features, newest event per entity. See the module docstring for the layout."""
 
@@ -426,8 +269,7 @@ class RedisSink:
         self.fill = fill
         if fill:
             self.script, self.script_sha = FILL, FILL_SHA
-        self._sock: socket.socket | ssl.SSLSocket | None = None
-        self._pending_bytes = b""  # replies read ahead by _read_lines
+        self._conn: Conn | None = None  # the one connection to a standalone server
         self.keys_per_call = _KEYS_PER_CALL
         #: a Redis Cluster (a ``redis+cluster://`` URL, or a node that says it is one):
         #: writes are routed by slot, see features.sinks.redis_cluster
@@ -442,10 +284,9 @@ class RedisSink:
 
     # --- connection ---------------------------------------------------------------
 
-    def _connect(self) -> socket.socket | ssl.SSLSocket:
-        self._pending_bytes = b""
-        self._sock = self.endpoint.connect(self.timeout_s, store=self.name)
-        return self._sock
+    def _connect(self) -> Conn:
+        self._conn = Conn(self.endpoint.connect(self.timeout_s, store=self.name), self.address)
+        return self._conn
 
     def _redis_py(self) -> redis.Redis:
         """A redis-py client for the control calls (INFO, the ledger), with the same TLS checks."""
@@ -454,25 +295,15 @@ class RedisSink:
         return redis.Redis.from_url(self.url, socket_timeout=self.timeout_s,
                                     **self.endpoint.redis_py_options())
 
-    def _command(self, args: Sequence[str]) -> bytes:
-        return command_bytes(args)
-
-    def _call(self, args: Sequence[str], *, what: str) -> bytes:
-        """Send one command, return its raw reply; a server that is not ready yet
+    def _call(self, args: Sequence[str], *, what: str) -> Any:
+        """Send one command, return its parsed reply; a server that is not ready yet
         (``-LOADING``, ``-BUSY``, ``-TRYAGAIN``) raises ConnectionError, which the
         retries handle; other errors become SinkError."""
-        assert self._sock is not None
-        self._sock.sendall(self._command(args))
-        lines = self._read_lines(1)
-        if lines[0].startswith(b"$") and not lines[0].startswith(b"$-1"):
-            lines += self._read_lines(1)  # a bulk string: its value follows (SCRIPT LOAD's sha)
-        elif lines[0].startswith(b"*"):
-            lines += self._read_lines(2 * max(int(lines[0][1:]), 0))  # an array of bulk strings
-        reply = b"\r\n".join(lines) + b"\r\n"
-        _raise_if_not_ready(reply)
-        if reply.startswith(b"-"):
-            text = reply.decode(errors="replace").strip()
-            raise SinkError(f"Redis at {self.address} refused {what}: {text}", store=self.name,
+        assert self._conn is not None
+        reply = self._conn.call(args)
+        if isinstance(reply, ReplyError):
+            _raise_if_not_ready(b"-" + reply.text.encode())
+            raise SinkError(f"Redis at {self.address} refused {what}: -{reply.text}", store=self.name,
                             address=self.address)
         return reply
 
@@ -482,7 +313,7 @@ class RedisSink:
             try:
                 if self._cluster is not None:
                     self._cluster.ensure_map()
-                elif self._sock is None:
+                elif self._conn is None:
                     self._connect()
                 return fn()
             except (OSError, ConnectionError, SinkUnavailable) as exc:
@@ -532,17 +363,17 @@ class RedisSink:
 
     def _load_script(self) -> None:
         reply = self._call(["SCRIPT", "LOAD", self.script], what="SCRIPT LOAD")
-        if self.script_sha.encode() not in reply:
+        if reply != self.script_sha.encode():
             raise SinkError(f"unexpected SCRIPT LOAD reply {reply[:80]!r}", store=self.name)
 
     def close(self) -> None:
         if self._cluster is not None:
             self._cluster.invalidate()
-        if self._sock is not None:
+        if self._conn is not None:
             try:
-                self._sock.close()
+                self._conn.close()
             finally:
-                self._sock = None
+                self._conn = None
 
     # --- ledger -------------------------------------------------------------------
 
@@ -687,7 +518,8 @@ class RedisSink:
         """Write ``rows`` to a cluster chunk by chunk (every primary's share of a chunk
         sent before any reply is read), wait for each written primary's replicas, then add
         the ledger entry. A failure raises before the entry: the retry sends it all again."""
-        from features.sinks.redis_cluster import command, key_slot
+        from features.sinks.redis_cluster import key_slot
+        from features.sinks.redis_wire import command
 
         cluster = self._cluster
         assert cluster is not None
@@ -725,14 +557,15 @@ class RedisSink:
         then the script is loaded again and every call from the first refused one on is
         sent again, in order (a call that had run writes nothing the second time: an
         equal event time keeps the stored value)."""
-        assert self._sock is not None
+        conn = self._conn
+        assert conn is not None
         written = 0
         pending: deque[list[bytes]] = deque()
         redo: list[bytes] = []
 
         def settle(part: list[bytes]) -> None:
             nonlocal written
-            for call, line in zip(part, self._read_lines(len(part)), strict=True):
+            for call, line in zip(part, conn.read_lines(len(part)), strict=True):
                 if line.startswith(b":"):
                     written += int(line[1:])
                     if redo:
@@ -752,14 +585,14 @@ class RedisSink:
             redo.clear()
             for start in range(0, len(again), _CALLS_PER_ROUND):
                 part = again[start:start + _CALLS_PER_ROUND]
-                self._sock.sendall(b"".join(part))  # type: ignore[union-attr]  # connected above
+                conn.send(b"".join(part))
                 settle(part)
             if redo:
                 raise SinkError(f"Redis at {self.address} answered NOSCRIPT right after SCRIPT LOAD",
                                 store=self.name, address=self.address)
 
         for part in chunks:
-            self._sock.sendall(b"".join(part))
+            conn.send(b"".join(part))
             pending.append(part)
             if len(pending) > _CHUNKS_IN_FLIGHT:
                 settle(pending.popleft())
@@ -770,20 +603,6 @@ class RedisSink:
         if redo:
             recover()
         return written
-
-    def _read_lines(self, n: int) -> list[bytes]:
-        """The next ``n`` one-line replies; bytes read past them (replies to calls sent
-        later) wait in a buffer for the next read."""
-        assert self._sock is not None
-        buf = self._pending_bytes
-        while buf.count(b"\r\n") < n:
-            chunk = self._sock.recv(1 << 20)
-            if not chunk:
-                raise ConnectionError("connection closed by Redis")
-            buf += chunk
-        lines = buf.split(b"\r\n", n)
-        self._pending_bytes = lines[n] if len(lines) > n else b""
-        return lines[:n]
 
 
 #: Replies of a server that cannot answer yet: loading its data after a restart, busy

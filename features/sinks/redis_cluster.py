@@ -25,8 +25,6 @@ no loop over keys) and checked against the server's ``CLUSTER KEYSLOT`` in the t
 from __future__ import annotations
 
 import dataclasses
-import socket
-import ssl
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -36,9 +34,10 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from features.errors import SinkError, SinkUnavailable
+from features.sinks.redis_wire import Conn, ReplyError, command
 
 if TYPE_CHECKING:
-    from features.sinks.redis import RedisEndpoint
+    from features.sinks.redis_wire import RedisEndpoint
 
 SLOTS = 16384
 
@@ -122,102 +121,6 @@ def key_slots(keys: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.int64]:
 
 
 # --------------------------------------------------------------------------- protocol
-
-
-class Conn:
-    """One connection: commands out as protocol bytes, replies parsed (RESP2)."""
-
-    def __init__(self, sock: socket.socket | ssl.SSLSocket, address: str) -> None:
-        self.sock = sock
-        self.address = address
-        self.buf = b""
-
-    def close(self) -> None:
-        try:
-            self.sock.close()
-        except OSError:
-            pass
-
-    def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
-    def _more(self) -> None:
-        chunk = self.sock.recv(1 << 20)
-        if not chunk:
-            raise ConnectionError(f"connection closed by Redis at {self.address}")
-        self.buf += chunk
-
-    def read_lines(self, n: int) -> list[bytes]:
-        """The next ``n`` one-line replies (integers, statuses, errors)."""
-        while self.buf.count(b"\r\n") < n:
-            self._more()
-        lines = self.buf.split(b"\r\n", n)
-        self.buf = lines[n] if len(lines) > n else b""
-        return lines[:n]
-
-    def read_reply(self) -> Any:
-        """One whole reply: bytes, int, None, a list, or :class:`ReplyError` (returned,
-        not raised, so a caller reading many replies reads them all)."""
-        value, pos = self._parse(0)
-        self.buf = self.buf[pos:]
-        return value
-
-    def _line(self, pos: int) -> tuple[bytes, int]:
-        while True:
-            end = self.buf.find(b"\r\n", pos)
-            if end >= 0:
-                return self.buf[pos:end], end + 2
-            self._more()
-
-    def _parse(self, pos: int) -> tuple[Any, int]:
-        line, pos = self._line(pos)
-        kind, rest = line[:1], line[1:]
-        if kind == b"+":
-            return rest, pos
-        if kind == b"-":
-            return ReplyError(rest.decode(errors="replace")), pos
-        if kind == b":":
-            return int(rest), pos
-        if kind == b"$":
-            size = int(rest)
-            if size < 0:
-                return None, pos
-            while len(self.buf) < pos + size + 2:
-                self._more()
-            return self.buf[pos:pos + size], pos + size + 2
-        if kind == b"*":
-            size = int(rest)
-            if size < 0:
-                return None, pos
-            items = []
-            for _ in range(size):
-                item, pos = self._parse(pos)
-                items.append(item)
-            return items, pos
-        raise ConnectionError(f"Redis at {self.address}: unexpected reply {line[:60]!r}")
-
-    def call(self, args: Sequence[str | bytes]) -> Any:
-        self.send(command(args))
-        return self.read_reply()
-
-
-@dataclasses.dataclass(frozen=True)
-class ReplyError:
-    """An error reply (``-ERR ...``, ``-MOVED 3999 127.0.0.1:7102``)."""
-
-    text: str
-
-    @property
-    def code(self) -> str:
-        return self.text.split(" ", 1)[0]
-
-
-def command(args: Sequence[str | bytes]) -> bytes:
-    parts = [f"*{len(args)}\r\n".encode()]
-    for a in args:
-        data = a.encode() if isinstance(a, str) else a
-        parts += [f"${len(data)}\r\n".encode(), data, b"\r\n"]
-    return b"".join(parts)
 
 
 #: Replies after which the same command is sent again after a pause: the slot's owner is

@@ -193,7 +193,9 @@ def test_small_calls_and_online_dicts_give_the_arrow_paths_rows(
     assert without_age(fs.online_dicts(NAME, mixed)) == without_age(table.to_pylist())
     # and without hiredis, the Python reply parser reads the same replies
     now = fs.online(NAME, big)
-    monkeypatch.setattr(store, "_hiredis", None)
+    import features.sinks.redis_wire as wire
+
+    monkeypatch.setattr(wire, "_hiredis", None)
     with make_store(fs_settings(fs), fs.search_path or "", redis_prefix) as plain:
         assert without_age(plain.online(NAME, big).to_pylist()) == without_age(now.to_pylist())
         assert without_age(plain.online_dicts(NAME, big[2:5])) == without_age(now.slice(2, 3).to_pylist())

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from features.errors import ConfigError
-from features.sinks.redis import RedisEndpoint
 from features.sinks.redis_cluster import key_slot, key_slots
+from features.sinks.redis_wire import RedisEndpoint
 
 
 def test_slots_of_the_specs_examples() -> None:

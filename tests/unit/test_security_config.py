@@ -19,7 +19,7 @@ from features.config import MASK, Settings, is_secret_name, read_secrets_file, r
 from features.errors import CompileError, ConfigError, SchemaError, SchemaErrors
 from features.schema import parse_schema
 from features.schema.syntax import identifier_problem
-from features.sinks.redis import RedisEndpoint
+from features.sinks.redis_wire import RedisEndpoint
 from features.stream.job import StreamConfig, redacted, source_options
 
 SECRET = "S3cr3t-xyzzy"
