@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 from features.compile import CompiledSchema
 from features.lineage import LINEAGE_COLUMNS, RunContext
 from features.metrics import RunMetrics
+from features.progress import Progress
 from features.sinks.base import REJECTED_ROWS_SCHEMA, Sink, WriteResult, WriteUnit
 from features.sources.base import Source, SourceBatch
 from features.validation import validate
@@ -290,61 +291,6 @@ def process_batch(sb: SourceBatch, compiled: CompiledSchema, program: TransformP
     return Prepared(rows, grouped, grouped.num_rows, rule_counts, examples, kept_index)
 
 
-class LineProgress:
-    """A one-line progress display on a terminal (rows, rows/s, rejects so far, an optional
-    tail); silent when the stream is not a TTY. The loader's, the stream's and the
-    report's progress lines."""
-
-    def __init__(self, label: str, total: int | None, *, enabled: bool, stream: Any = None) -> None:
-        import sys
-
-        self.label = label
-        self.total = total
-        self.stream = stream or sys.stderr
-        self.enabled = enabled and bool(getattr(self.stream, "isatty", lambda: False)())
-        self.t0 = time.perf_counter()
-        self.last = 0.0
-
-    def update(self, rows: int, rejected: int, *, force: bool = False, tail: str = "") -> None:
-        if not self.enabled:
-            return
-        now = time.perf_counter()
-        if not force and now - self.last < 0.2:
-            return
-        self.last = now
-        rate = rows / max(now - self.t0, 1e-9)
-        done = f"{rows:,}"
-        if self.total:
-            done += f"/{self.total:,} ({min(100.0, 100 * rows / self.total):.0f}%)"
-        self.stream.write(f"\r{self.label}: {done} rows  {rate:,.0f} rows/s  rejected {rejected:,}{tail}   ")
-        self.stream.flush()
-
-    def close(self, rows: int, rejected: int, *, tail: str = "") -> None:
-        if self.enabled:
-            self.update(rows, rejected, force=True, tail=tail)
-            self.stream.write("\n")
-            self.stream.flush()
-
-
-class Progress:
-    """The loader's progress line, fed with its :class:`RunSummary`."""
-
-    def __init__(self, total: int | None, *, enabled: bool, stream: Any = None) -> None:
-        self.line = LineProgress("", total, enabled=enabled, stream=stream)
-
-    @property
-    def enabled(self) -> bool:
-        return self.line.enabled
-
-    def update(self, s: RunSummary, *, force: bool = False) -> None:
-        self.line.label = s.schema
-        self.line.update(s.read, s.rejected, force=force, tail=f"  stored {s.stored:,}")
-
-    def close(self, s: RunSummary) -> None:
-        self.line.label = s.schema
-        self.line.close(s.read, s.rejected, tail=f"  stored {s.stored:,}")
-
-
 def account(summary: RunSummary, prepared: Prepared, read: int, results: dict[str, Any],
             primary: str, metrics: RunMetrics | None = None, event_time: str | None = None) -> None:
     """Add one unit's outcome to ``summary`` (and to ``metrics``, by the same amounts);
@@ -541,5 +487,5 @@ def run(source: Source, compiled: CompiledSchema, sinks: Sequence[Sink], *, ctx:
     return summary
 
 
-__all__ = ["LINEAGE_COLUMNS", "BatchWriter", "LineProgress", "Prepared", "Progress",
+__all__ = ["LINEAGE_COLUMNS", "BatchWriter", "Prepared",
            "RunSummary", "group_rejects", "newest_event_time", "process_batch", "raw_json_rows", "run"]

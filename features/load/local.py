@@ -13,7 +13,8 @@ from features.compile import CompiledSchema, transform_program
 from features.config import Settings
 from features.lineage import RunContext
 from features.metrics import RunMetrics
-from features.runner import LineProgress, Progress, RunSummary, run
+from features.progress import LineProgress, Progress
+from features.runner import RunSummary, run
 from features.sinks.base import Sink
 from features.sources.parquet import DEFAULT_BATCH_ROWS, ParquetSource
 
