@@ -370,8 +370,9 @@ class Fallback:
 
 def fillable(c: CompiledSchema) -> bool:
     """Whether the schema's rows can be filled into Redis: it has hot features."""
-    s = c.schema
-    return bool(s.loadable and (any("hot" in f.store for f in s.fields) or s.stored_features("hot")))
+    from features.stored import hot_columns
+
+    return bool(c.schema.loadable and hot_columns(c))
 
 
 def fill_rows(c: CompiledSchema, rows: pa.Table, sink_for: Any) -> int:
@@ -410,23 +411,29 @@ def fill_rows(c: CompiledSchema, rows: pa.Table, sink_for: Any) -> int:
     return written
 
 
-def redis_py_client(url: str, timeout_s: float) -> Any:
+def redis_py_client(url: str, timeout_s: float, *, asyncio: bool = False) -> Any:
     """A redis-py client for ``url`` (a ``redis+cluster://`` URL: redis-py's cluster
-    client), with the endpoint's TLS checks."""
-    import redis
-
+    client), with the endpoint's TLS checks; ``asyncio``: the ``redis.asyncio`` one."""
     from features.sinks.redis_wire import RedisEndpoint
 
     endpoint = RedisEndpoint.from_url(url)
     tls = endpoint.redis_py_options()
     if endpoint.cluster:
-        from redis.cluster import ClusterNode, RedisCluster
-
-        return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in endpoint.seeds],  # type: ignore[no-untyped-call]
+        if asyncio:
+            from redis.asyncio.cluster import ClusterNode, RedisCluster
+        else:
+            from redis.cluster import ClusterNode, RedisCluster  # type: ignore[assignment]
+        return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in endpoint.seeds],  # type: ignore[no-untyped-call, unused-ignore]
                             username=endpoint.username, password=endpoint.password, socket_timeout=timeout_s,
                             ssl=endpoint.tls, ssl_ca_certs=endpoint.ca_certs, ssl_certfile=endpoint.certfile,
                             ssl_keyfile=endpoint.keyfile,
                             **({"ssl_cert_reqs": endpoint.cert_reqs} if endpoint.tls else {}), **tls)
+    if asyncio:
+        import redis.asyncio as aredis
+
+        return aredis.Redis.from_url(url, socket_timeout=timeout_s, **tls)
+    import redis
+
     return redis.Redis.from_url(url, socket_timeout=timeout_s, **tls)
 
 

@@ -384,22 +384,10 @@ class FeatureStore:
 
         import redis.asyncio as aredis
 
-        if self._aredis is None:
-            from features.sinks.redis_wire import RedisEndpoint
+        if self._aredis is None:  # redis-py's cluster client for a cluster: routes each HMGET by slot
+            from features.fallback import redis_py_client
 
-            endpoint = RedisEndpoint.from_url(self.redis_url)
-            tls = endpoint.redis_py_options()  # the same TLS checks
-            if endpoint.cluster:  # redis-py's cluster client: routes each HMGET by slot
-                from redis.asyncio.cluster import ClusterNode, RedisCluster
-
-                self._aredis = RedisCluster(
-                    startup_nodes=[ClusterNode(h, p) for h, p in endpoint.seeds],
-                    username=endpoint.username, password=endpoint.password, socket_timeout=self.timeout_s,
-                    ssl=endpoint.tls, ssl_ca_certs=endpoint.ca_certs, ssl_certfile=endpoint.certfile,
-                    ssl_keyfile=endpoint.keyfile,
-                    **({"ssl_cert_reqs": endpoint.cert_reqs} if endpoint.tls else {}), **tls)
-            else:
-                self._aredis = aredis.Redis.from_url(self.redis_url, socket_timeout=self.timeout_s, **tls)
+            self._aredis = redis_py_client(self.redis_url, self.timeout_s, asyncio=True)
         pipe = self._aredis.pipeline(transaction=False)
         for keys, fields in req.reads:
             for k in keys:
@@ -428,21 +416,15 @@ class FeatureStore:
         c = plan.c
         n = len(replies)
         width = len(names) + len(_CHECKED) + 1
-        if n == 1:  # one id: a column per value, no gather
-            row = replies[0]
-            cols = [pa.array([v], pa.binary()).cast(pa.string()) for v in row]
-            self._check_hashes(c, pa.concat_arrays(cols[len(names):len(names) + 2]), 1, what)
-            columns = {name: _from_text(c, name, cols[j], plan.types[name]) for j, name in enumerate(names)}
-            return columns, cols[-1].cast(pa.int64())
         # One Arrow array over every reply value, then one strided take per column.
         flat = pa.array(list(chain.from_iterable(replies)), pa.binary()).cast(pa.string())
         # column-major: one take, then a zero-copy slice per column
-        cols_all = flat.take(pa.array((np.arange(n, dtype=np.int64)[None, :] * width
-                                       + np.arange(width, dtype=np.int64)[:, None]).ravel()))
-        self._check_hashes(c, cols_all.slice(len(names) * n, 2 * n), n, what)
-        columns = {name: _from_text(c, name, cols_all.slice(j * n, n), plan.types[name])
+        cols = flat.take(pa.array((np.arange(n, dtype=np.int64)[None, :] * width
+                                   + np.arange(width, dtype=np.int64)[:, None]).ravel()))
+        self._check_hashes(c, cols.slice(len(names) * n, 2 * n), n, what)
+        columns = {name: _from_text(c, name, cols.slice(j * n, n), plan.types[name])
                    for j, name in enumerate(names)}
-        return columns, cols_all.slice((width - 1) * n, n).cast(pa.int64())
+        return columns, cols.slice((width - 1) * n, n).cast(pa.int64())
 
     def _finish_online(self, req: _OnlineRequest, replies: list[Any], fallback: bool | None,
                        max_age: dt.timedelta | None, since: float) -> tuple[pa.Table, int, int]:
