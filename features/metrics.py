@@ -482,13 +482,23 @@ def serve_first_free(registry: Registry, ports: range, host: str = DEFAULT_HOST)
     return None
 
 
+def sleep_interruptibly(seconds: float, step: float = 0.25) -> None:
+    """``time.sleep(seconds)`` in short steps, so that Ctrl-C ends it at once.
+
+    A process-directed SIGINT may be delivered to any thread (the metrics server's, a
+    driver's); CPython then only sets a flag for the main thread, which sees it when its
+    sleep returns: one long ``time.sleep`` would keep an interrupted process alive to its end."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(left, step))
+
+
 def linger(server: MetricsServer | None, seconds: float) -> None:
     """Keep ``server`` up ``seconds`` more (so a scraper sees the final values), then close it."""
     if server is None:
         return
     try:
-        if seconds > 0:
-            time.sleep(seconds)
+        sleep_interruptibly(seconds)
     finally:
         server.close()
 
@@ -658,4 +668,4 @@ class SdkMetrics:
 __all__ = ["CONTENT_TYPE", "DEFAULT_HOST", "ROWS_BUCKETS", "SECONDS_BUCKETS", "AggregationMetrics", "Counter",
            "Gauge", "Histogram", "MetricsServer", "Registry", "RunMetrics", "Sample", "SdkMethod",
            "SdkMetrics", "escape_help", "escape_label_value", "format_value", "linger", "parse_exposition",
-           "sample_value", "serve", "serve_first_free"]
+           "sample_value", "serve", "serve_first_free", "sleep_interruptibly"]

@@ -291,7 +291,7 @@ def serve_final_metrics(summary_dir: str | Path, run_id: str, host: str, seconds
     import functools
     import time
 
-    from features.metrics import MetricsServer
+    from features.metrics import MetricsServer, sleep_interruptibly
 
     servers: list[MetricsServer] = []
     try:
@@ -312,7 +312,7 @@ def serve_final_metrics(summary_dir: str | Path, run_id: str, host: str, seconds
         if servers:
             log.info("metrics: serving the subtasks' final values %.0f s more", seconds,
                      extra={"metrics_urls": [s.url for s in servers], "linger_s": seconds})
-            time.sleep(seconds)
+            sleep_interruptibly(seconds)
         return [s.port for s in servers]
     finally:
         for server in servers:

@@ -248,6 +248,11 @@ def cli_env(settings: Settings, pg_schema: str) -> Iterator[dict[str, str]]:
     client.close()
 
 
+def _sigint_as_from_a_terminal() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def test_cli_load_json_logs_and_lingering_endpoint(tmp_path: Path, cli_env: dict[str, str]) -> None:
     path = tmp_path / "applicants.parquet"
     pq.write_table(applicants(2_500, seed=17), path, row_group_size=1_000)
@@ -255,11 +260,13 @@ def test_cli_load_json_logs_and_lingering_endpoint(tmp_path: Path, cli_env: dict
     cmd = [sys.executable, "-m", "features.cli", "load", "--schema", NAME, str(path), "--json",
            "--metrics-port", str(port), "--metrics-linger-s", "600", "--log-format", "json"]
     # SIGINT as a terminal would send it: a test run started as a background job of a
-    # non-interactive shell (`make test &`) has SIGINT ignored, and children inherit that
-    proc = subprocess.Popen(cmd, env=cli_env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    err_lines: list[str] = []
-    try:
+    # non-interactive shell (`make test &`) has SIGINT ignored, a supervisor may have it
+    # blocked, and children inherit both (exec keeps the mask)
+    # PYTHONFAULTHANDLER: should it hang after all, SIGABRT makes it print every thread's stack
+    with subprocess.Popen(cmd, env={**cli_env, "PYTHONFAULTHANDLER": "1"}, cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True,
+                          preexec_fn=_sigint_as_from_a_terminal) as proc:
+        err_lines: list[str] = []
         assert proc.stderr is not None and proc.stdout is not None
         for line in proc.stderr:  # until the load is done and the endpoint lingers
             err_lines.append(line)
@@ -268,11 +275,13 @@ def test_cli_load_json_logs_and_lingering_endpoint(tmp_path: Path, cli_env: dict
         assert proc.poll() is None, "".join(err_lines)
         samples = scrape(port)  # after the run, before the process ends
         proc.send_signal(signal.SIGINT)  # end the linger
-        out, rest = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        try:
+            out, rest = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            out, rest = proc.communicate(timeout=30)
+            pytest.fail("SIGINT did not end the linger within 60 s; stacks at SIGABRT:\n" + "".join(err_lines)
+                        + rest)
     err_lines += rest.splitlines(keepends=True)
     assert proc.returncode == 130, "".join(err_lines)
     summary = json.loads(out)
