@@ -35,7 +35,7 @@ COMMANDS: dict[str, str] = {
     "kernels": "features.kernels.cli",
     "prewarm": "features.prewarm",
     "report": "features.report.cli",
-    "schema": "features.schema.cli",
+    "schema": "features.compile.schema_cli",
     "serve": "features.serve.cli",
     "stream": "features.stream.cli",
     "validate": "features.validation.cli",

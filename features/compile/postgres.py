@@ -460,8 +460,8 @@ def aggregation_pg_type(schema: Schema | CompiledSchema, agg: Aggregation) -> st
 def render_aggregates_table(schema: Schema) -> str:
     """``CREATE TABLE IF NOT EXISTS <schema>__aggregates (...);`` for a loadable schema
     with aggregations: the entity and event time (the key), a column per aggregation
-    stored cold, and lineage. The same text ``render_ddl`` writes; ``features schema
-    diff`` uses it when a schema gains its first aggregations."""
+    stored cold, and lineage. The same text ``render_ddl`` writes; the migration
+    (``features.compile.migration``) uses it when a schema gains its first aggregations."""
     assert schema.entity is not None and schema.event_time is not None and schema.aggregations is not None
     keys = (schema.entity, schema.event_time)
     lines = [f"{quote_ident(k)} {pg_type(schema.field(k).type)} NOT NULL" for k in keys]

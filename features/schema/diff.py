@@ -1,49 +1,49 @@
 """Schema evolution: classify every change between two versions of one schema.
 
-``diff_schemas(old, new)`` compares two parsed schemas and returns a
-:class:`SchemaDiff`: one :class:`Change` per difference that matters to producers,
-readers or the stores, each classified *compatible* (old producers and readers keep
-working; the cold table can be migrated in place) or *breaking*. The
+``diff_schemas(old, new, aggregation_type=...)`` compares two parsed schemas and
+returns a :class:`SchemaDiff`: one :class:`Change` per difference that matters to
+producers, readers or the stores, each classified *compatible* (old producers and
+readers keep working; the stored history keeps its meaning) or *breaking*. The
 ``evolution_rules`` of the NEW schema then override the classification for the field,
-derived feature or aggregation they name. Finally the version is gated: a breaking change needs a
-new major version, and compatible changes should bump the version.
+derived feature or aggregation they name. Finally the version is gated: a breaking
+change needs a new major version, and compatible changes should bump the version.
+
+This module reads the schema model only. The DDL that migrates the stores for the
+compatible changes is rendered by :mod:`features.compile.migration`
+(``plan_migration(old, new)`` classifies and renders in one call).
 
 Classification (``kind``: compatible / breaking):
 
 =================  ==========================================================
 field_added        compatible when nullable (and not required) or with a
-                   default: ADD COLUMN; breaking when required or not nullable
-                   without a default (old producers do not send it)
+                   default; breaking when required or not nullable without a
+                   default (old producers do not send it)
 field_removed      breaking (readers lose it)
 field_renamed      a removed and an added field of the same type: breaking,
                    reported as ``renamed?``
 type               widening (int8 < int16 < int32 < int64, float32 < float64,
                    decimal(p,s) -> decimal(p',s') with s' >= s and
-                   p'-s' >= p-s): compatible, ALTER COLUMN TYPE; narrowing, a
-                   kind change, a timestamp unit or zone change: breaking
-nullable           false -> true compatible (DROP NOT NULL); true -> false breaking
+                   p'-s' >= p-s): compatible; narrowing, a kind change, a
+                   timestamp unit or zone change: breaking
+nullable           false -> true compatible; true -> false breaking
 required           removed compatible; added breaking
 min, max,          loosened (min lowered or removed, max raised or removed,
-min_length,        pattern removed, lengths relaxed): compatible, the CHECK is
-max_length,        dropped and re-added; tightened or added: breaking; a changed
-pattern            pattern is breaking (no regex is proven a superset of another)
-enum               values only added: compatible, the CHECK is replaced; any
-                   value removed: breaking
-default            added or changed: compatible (SET DEFAULT); removed: breaking
-                   when the field is not nullable, else compatible (DROP DEFAULT)
+min_length,        pattern removed, lengths relaxed): compatible; tightened or
+max_length,        added: breaking; a changed pattern is breaking (no regex is
+pattern            proven a superset of another)
+enum               values only added: compatible; any value removed: breaking
+default            added or changed: compatible; removed: breaking when the
+                   field is not nullable, else compatible
 accept_strings     false -> true compatible; true -> false breaking
 empty_as_null      changed either way: breaking (empty strings change meaning)
-store              ``cold`` added: compatible (ADD COLUMN) when the column can be
-                   added (as for field_added) or no cold table exists yet;
-                   ``hot`` added: compatible;
-                   a store removed: breaking
-feature_added      compatible (ADD COLUMN when stored cold)
+store              ``cold`` added: compatible when the column can be added (as
+                   for field_added) or no cold table exists yet; ``hot``
+                   added: compatible; a store removed: breaking
+feature_added      compatible
 feature_removed    breaking
 feature_changed    source, steps, dtype or on_invalid changed: breaking (the
                    values change meaning)
-aggregation_added  compatible: the CREATE TABLE of ``<schema>__aggregates`` when
-                   the old schema had no aggregations, else ADD COLUMN there
-                   when stored cold
+aggregation_added  compatible
 aggregation_       breaking
 removed
 aggregation_       function, of, window, where, numerator, denominator or
@@ -51,11 +51,12 @@ changed            on_zero changed, or a windowed aggregation a ratio divides:
                    breaking (the stored values were computed differently; a
                    backfill is needed)
 allowed_lateness   changed: breaking, as aggregation_changed for every one
-store (of an       as for derived features (``cold`` added: ADD COLUMN in the
-aggregation)       aggregates table)
+store (of an       as for derived features
+aggregation)
 type (of an        the output of an unchanged sum/min/max/last follows its
-aggregation)       field's new type: compatible when the field's type change is,
-                   ALTER COLUMN TYPE in the aggregates table
+aggregation)       field's new type: reported when its stored type (the
+                   caller's ``aggregation_type``) changes; compatible when the
+                   field's type change is
 entity,            changed or removed: breaking (the table key changes); set on a
 event_time         validation-only schema: compatible (the table is created new)
 name               breaking (another table)
@@ -71,45 +72,18 @@ either name): ``breaking_change: false`` makes every change to it compatible (th
 detail says so), ``breaking_change: true`` makes every change to it breaking.
 Schema-level changes (``name``, ``entity``, ``event_time``, ``hot_ttl``,
 ``payload``, ``allowed_lateness``) are not field changes and no rule overrides them.
-
-Migration DDL touches only the cold table (named after the schema, identifiers
-always quoted, unqualified) and the aggregates table (``<schema>__aggregates``), and
-only columns stored cold there; constraint names are ``<column>__<kind>`` as in the
-generated DDL. It is generated for compatible changes (including ones made
-compatible by a rule) when both schemas are loadable under the same name: all
-constraint drops first, then column changes, then constraint adds. When the
-schema gains its first aggregations, the CREATE TABLE of the aggregates table (the
-text ``features compile`` writes) is among the column changes. When the diff is
-allowed and has no breaking change it ends by recording the new version and
-fingerprint in ``featureline_schemas``. A breaking change has no generated
-migration: a major version means a manual migration or a new table.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 from typing import Literal
 
-# The migration writes the very same CHECK text as the generated DDL (check_expr).
-from features.compile.postgres import (
-    SCHEMAS_TABLE,
-    aggregates_table_name,
-    aggregation_pg_type,
-    check_expr,
-    cold_table_name,
-    constraint_name,
-    pg_type,
-    quote_ident,
-    quote_literal,
-    render_aggregates_table,
-    sql_value,
-)
-from features.compile.rules import ReasonCode, field_rules
 from features.schema.model import (
     INTEGER_KINDS,
     Aggregation,
@@ -125,7 +99,7 @@ from features.schema.model import (
 
 
 class ChangeKind(StrEnum):
-    """What changed. Constraint kinds share their name with the CHECK suffix."""
+    """What changed. Constraint kinds are named after their constraint key (``min``, ...)."""
 
     NAME = "name"
     ENTITY = "entity"
@@ -163,13 +137,13 @@ SCHEMA_KINDS = frozenset(
      ChangeKind.ALLOWED_LATENESS}
 )
 
-#: Change kinds whose DDL is exactly the CHECK constraint ``<column>__<kind>``.
-_CHECK_KINDS = frozenset(
-    {ChangeKind.MIN, ChangeKind.MAX, ChangeKind.PATTERN, ChangeKind.MIN_LENGTH,
-     ChangeKind.MAX_LENGTH, ChangeKind.ENUM}
-)
-
 Scope = Literal["schema", "field", "feature", "aggregation"]
+
+#: The name of the type an aggregation's values are stored as, given its schema:
+#: aggregations whose names are equal store alike. ``diff_schemas`` compares the names
+#: of an unchanged aggregation in the old and the new schema, and quotes them in the
+#: change's detail. ``features.compile.migration`` passes the Postgres column type.
+AggregationType = Callable[[Schema, Aggregation], str]
 
 
 @dataclass(frozen=True)
@@ -184,9 +158,11 @@ class Change:
       ``classified_compatible`` is the classification before them.
     - ``honoured_rule``: the evolution rule of the new schema that applies to this
       change (whether it confirmed or overrode the classification), else None.
-    - ``ddl``: the statements that would apply this change to the cold table (or the
-      aggregates table), in order; empty when nothing in Postgres changes or the
-      change is breaking.
+
+    The changes of one item (field, feature, aggregation) follow one another; the
+    changes to a field present in both schemas come in this order: min, max,
+    min_length, max_length, pattern, enum, then required, nullable, empty_as_null,
+    then type, default, accept_strings, then store (hot before cold).
     """
 
     field: str
@@ -197,7 +173,6 @@ class Change:
     classified_compatible: bool = True
     scope: Scope = "field"
     old_field: str | None = None
-    ddl: tuple[str, ...] = ()
 
     @property
     def overridden(self) -> bool:
@@ -214,16 +189,11 @@ class SchemaDiff:
       breaking change.
     - ``warnings``: problems that do not refuse the change (a compatible change
       without a version bump, a version going backwards).
-    - ``migration_ddl``: the statements migrating the cold table for the
-      compatible changes (see the module docstring), without trailing semicolons,
-      meant to run in one transaction; ``complete`` is False when breaking changes
-      exist (they have no generated migration, and the fingerprint is not updated).
     """
 
     old: Schema
     new: Schema
     changes: tuple[Change, ...]
-    migration_ddl: list[str]
     allowed: bool
     refusal: str | None = None
     warnings: tuple[str, ...] = ()
@@ -236,105 +206,6 @@ class SchemaDiff:
     def compatible(self) -> bool:
         """True when no change is breaking (an empty diff is compatible)."""
         return not self.breaking
-
-    @property
-    def complete(self) -> bool:
-        return self.compatible
-
-
-# --------------------------------------------------------------------------- DDL
-# Columns, CHECKs and defaults come from features.compile.postgres, the same code
-# that writes the cold table, so a migrated table equals a freshly created one.
-
-
-def _checks(f: Field) -> dict[str, str]:
-    """The CHECK constraints of ``f``'s cold column: constraint name -> expression.
-
-    Raises CompileError where the generated DDL would (a pattern Postgres cannot
-    match like RE2, a bound that is not a value of the type)."""
-    out: dict[str, str] = {}
-    for rule in field_rules(f):
-        expr = check_expr(f, rule)
-        if expr is not None:
-            out[constraint_name(f.name, rule.kind)] = expr
-    return out
-
-
-def _not_null(f: Field) -> bool:
-    """As the not_null rule: required, or not nullable."""
-    return f.constraints.required or not f.constraints.nullable
-
-
-def _default_sql(f: Field) -> str | None:
-    """The column DEFAULT expression, or None (as in the generated DDL)."""
-    c = f.constraints
-    if not c.has_default or c.default is None:
-        return None
-    return sql_value(c.default, f.type, f"field {f.name} default")
-
-
-@dataclass
-class _Ddl:
-    """Statements of one change, by phase (drops, column changes, adds)."""
-
-    drops: list[str] = field(default_factory=list)
-    alters: list[str] = field(default_factory=list)
-    adds: list[str] = field(default_factory=list)
-
-    def all(self) -> tuple[str, ...]:
-        return (*self.drops, *self.alters, *self.adds)
-
-
-class _Table:
-    """The cold table a migration runs against (and the aggregates table beside it):
-    builds their ALTER TABLE statements. ``schema`` is the NEW schema."""
-
-    def __init__(self, schema: Schema) -> None:
-        self.schema = schema
-        self.name = quote_ident(cold_table_name(schema))
-        self.aggregates = quote_ident(aggregates_table_name(schema))
-        self.keys = frozenset({schema.entity or "", schema.event_time or ""})
-
-    def alter(self, action: str) -> str:
-        return f"ALTER TABLE {self.name} {action}"
-
-    def alter_aggregates(self, action: str) -> str:
-        return f"ALTER TABLE {self.aggregates} {action}"
-
-    def add_aggregation_column(self, agg: Aggregation, ddl: _Ddl) -> None:
-        ddl.alters.append(self.alter_aggregates(
-            f"ADD COLUMN {quote_ident(agg.name)} {aggregation_pg_type(self.schema, agg)}"))
-
-    def add_column(self, f: Field, ddl: _Ddl) -> None:
-        parts = [f"ADD COLUMN {quote_ident(f.name)} {pg_type(f.type)}"]
-        if _not_null(f):
-            parts.append("NOT NULL")
-        if (default := _default_sql(f)) is not None:
-            parts.append(f"DEFAULT {default}")
-        ddl.alters.append(self.alter(" ".join(parts)))
-        self.add_checks(_checks(f), {}, ddl)
-
-    def add_feature_column(self, feat: Feature, ddl: _Ddl) -> None:
-        ddl.alters.append(self.alter(f"ADD COLUMN {quote_ident(feat.name)} {pg_type(feat.dtype)}"))
-
-    def drop_checks(self, old: dict[str, str], new: dict[str, str], ddl: _Ddl) -> set[str]:
-        """Drop each constraint of ``old`` that ``new`` lacks or words differently;
-        returns the names dropped."""
-        names = {name for name, expr in old.items() if new.get(name) != expr}
-        ddl.drops.extend(
-            self.alter(f"DROP CONSTRAINT IF EXISTS {quote_ident(name)}") for name in old if name in names
-        )
-        return names
-
-    def add_checks(self, new: dict[str, str], old: dict[str, str], ddl: _Ddl) -> set[str]:
-        """Add each constraint of ``new`` that ``old`` lacks or words differently;
-        returns the names added."""
-        names = {name for name, expr in new.items() if old.get(name) != expr}
-        ddl.adds.extend(
-            self.alter(f"ADD CONSTRAINT {quote_ident(name)} CHECK ({expr})")
-            for name, expr in new.items() if name in names
-        )
-        return names
 
 
 # ------------------------------------------------------------------ comparisons
@@ -481,24 +352,48 @@ def _agg_redefined(old: Aggregation, new: Aggregation) -> list[str]:
     return what
 
 
+def _addable(f: Field) -> bool:
+    """Whether old producers (and history rows) can do without the new field ``f``:
+    it has a default, or nulls are allowed."""
+    return f.constraints.has_default or not f.constraints.not_null
+
+
+def _renames(old: Schema, new: Schema) -> dict[str, Field]:
+    """The fields reported as ``renamed?``: new name -> the old field. A field removed
+    from ``old`` pairs with the first field added in ``new`` (in declared order) that
+    has the same type and is not paired yet."""
+    old_names, new_names = set(old.field_names), set(new.field_names)
+    added = [f for f in new.fields if f.name not in old_names]
+    renames: dict[str, Field] = {}
+    for gone in old.fields:
+        if gone.name in new_names:
+            continue
+        for f in added:
+            if f.name not in renames and f.type == gone.type:
+                renames[f.name] = gone
+                break
+    return renames
+
+
 # ----------------------------------------------------------------------- differ
 
 
 class _Differ:
-    """Collects the changes of one diff, with the DDL of each."""
+    """Collects the changes of one diff, in order."""
 
-    def __init__(self, old: Schema, new: Schema) -> None:
+    def __init__(self, old: Schema, new: Schema, aggregation_type: AggregationType) -> None:
         self.old, self.new = old, new
+        self.aggregation_type = aggregation_type
         self.rules = {r.field: r for r in new.evolution_rules}
-        self.changes: list[tuple[Change, _Ddl]] = []
-        same_table = old.loadable and new.loadable and old.name == new.name
-        self.table = _Table(new) if same_table else None
+        self.changes: list[Change] = []
+        #: whether a cold table exists that the new schema's rows go on to
+        self.same_table = old.loadable and new.loadable and old.name == new.name
 
     # -- recording ------------------------------------------------------------
 
     def add(
         self, name: str, kind: ChangeKind, compatible: bool, detail: str, *,
-        scope: Scope = "field", old_name: str | None = None, ddl: _Ddl | None = None,
+        scope: Scope = "field", old_name: str | None = None,
     ) -> None:
         rule = None
         if scope != "schema":
@@ -508,14 +403,7 @@ class _Differ:
             why = f": {rule.description}" if rule.description else ""
             verdict = "compatible" if final else "breaking"
             detail = f"{detail} [declared {verdict} by evolution rule for {rule.field}{why}]"
-        self.changes.append((
-            Change(name, kind, final, detail, rule, compatible, scope, old_name), ddl or _Ddl(),
-        ))
-
-    def in_cold(self, f: Field | Feature, schema: Schema) -> bool:
-        if self.table is None:
-            return False
-        return "cold" in f.store or f.name in (schema.entity, schema.event_time)
+        self.changes.append(Change(name, kind, final, detail, rule, compatible, scope, old_name))
 
     # -- schema level -----------------------------------------------------------
 
@@ -560,16 +448,7 @@ class _Differ:
 
     def fields(self) -> None:
         old_by = {f.name: f for f in self.old.fields}
-        new_by = {f.name: f for f in self.new.fields}
-        removed = [f for f in self.old.fields if f.name not in new_by]
-        added = [f for f in self.new.fields if f.name not in old_by]
-        renames: dict[str, Field] = {}  # new name -> old field
-        for gone in removed:
-            for f in added:
-                if f.name not in renames and f.type == gone.type:
-                    renames[f.name] = gone
-                    break
-        renamed_old = {f.name for f in renames.values()}
+        renames = _renames(self.old, self.new)
         for f in self.new.fields:
             if f.name in renames:
                 self.renamed(renames[f.name], f)
@@ -577,92 +456,55 @@ class _Differ:
                 self.modified(old_by[f.name], f)
             else:
                 self.field_added(f)
-        for f in removed:
-            if f.name not in renamed_old:
+        renamed_old = {f.name for f in renames.values()}
+        new_names = set(self.new.field_names)
+        for f in self.old.fields:
+            if f.name not in new_names and f.name not in renamed_old:
                 self.field_removed(f)
 
-    def addable(self, f: Field) -> bool:
-        """Whether old producers (and history rows) can do without ``f``."""
-        return f.constraints.has_default or not _not_null(f)
-
     def field_added(self, f: Field) -> None:
-        ddl = _Ddl()
-        if self.in_cold(f, self.new):
-            assert self.table is not None
-            self.table.add_column(f, ddl)
         where = f" (stored {', '.join(sorted(f.store))})" if f.store else ""
-        if self.addable(f):
+        if _addable(f):
             detail = f"field added as {f.type}{where}, " + (
                 f"default {_show(f.constraints.default)}" if f.constraints.has_default else "nullable"
             )
-            self.add(f.name, ChangeKind.FIELD_ADDED, True, detail, ddl=ddl)
+            self.add(f.name, ChangeKind.FIELD_ADDED, True, detail)
         else:
             what = "required" if f.constraints.required else "not nullable"
             self.add(f.name, ChangeKind.FIELD_ADDED, False,
                      f"field added as {f.type}{where}, {what} without a default: "
-                     "old producers do not send it", ddl=ddl)
-
-    def keep_history(self, f: Field, ddl: _Ddl) -> None:
-        """DDL for a column no longer written: kept for history, nulls allowed."""
-        if self.in_cold(f, self.old) and self.table is not None and f.name not in self.table.keys:
-            if _not_null(f):
-                ddl.alters.append(self.table.alter(f"ALTER COLUMN {quote_ident(f.name)} DROP NOT NULL"))
+                     "old producers do not send it")
 
     def field_removed(self, f: Field) -> None:
-        ddl = _Ddl()
-        self.keep_history(f, ddl)
         self.add(f.name, ChangeKind.FIELD_REMOVED, False,
-                 f"field {f.name} ({f.type}) removed: readers lose it", ddl=ddl)
+                 f"field {f.name} ({f.type}) removed: readers lose it")
 
     def renamed(self, old: Field, new: Field) -> None:
-        ddl = _Ddl()
-        if self.table is not None and self.in_cold(old, self.old) and self.in_cold(new, self.new):
-            ddl.alters.append(self.table.alter(
-                f"RENAME COLUMN {quote_ident(old.name)} TO {quote_ident(new.name)}"))
-            for rule in field_rules(old):
-                if check_expr(old, rule) is not None:
-                    ddl.alters.append(self.table.alter(
-                        f"RENAME CONSTRAINT {quote_ident(constraint_name(old.name, rule.kind))} "
-                        f"TO {quote_ident(constraint_name(new.name, rule.kind))}"))
         self.add(new.name, ChangeKind.FIELD_RENAMED, False,
                  f"renamed? field {old.name} removed and {new.name} added with the same type "
-                 f"{new.type}: readers of {old.name} break", old_name=old.name, ddl=ddl)
+                 f"{new.type}: readers of {old.name} break", old_name=old.name)
         # Whatever else differs is compared under the new name.
         self.modified(dataclasses.replace(old, name=new.name), new, old_name=old.name)
 
     def modified(self, old: Field, new: Field, old_name: str | None = None) -> None:
-        """Changes to a field present in both schemas (under ``new``'s name)."""
+        """Changes to a field present in both schemas (under ``new``'s name), in the
+        order :class:`Change` states."""
         name = new.name
         a, b = old.constraints, new.constraints
-        table = self.table if self.in_cold(old, self.old) and self.in_cold(new, self.new) else None
-        old_checks, new_checks = (_checks(old), _checks(new)) if table is not None else ({}, {})
-        dropped: set[str] = set()  # CHECKs some change drops (and maybe re-adds)
-        added: set[str] = set()
 
-        def add(kind: ChangeKind, compatible: bool, detail: str, ddl: _Ddl | None = None) -> None:
-            self.add(name, kind, compatible, detail, old_name=old_name, ddl=ddl)
-
-        def check_ddl(*kinds: ReasonCode, ddl: _Ddl | None = None) -> _Ddl:
-            """Drop and re-add the CHECKs of ``kinds`` whose expression changed."""
-            ddl = ddl or _Ddl()
-            names = {constraint_name(name, k) for k in kinds}
-            if table is not None:
-                before = {k: v for k, v in old_checks.items() if k in names}
-                after = {k: v for k, v in new_checks.items() if k in names}
-                dropped.update(table.drop_checks(before, after, ddl))
-                added.update(table.add_checks(after, before, ddl))
-            return ddl
+        def add(kind: ChangeKind, compatible: bool, detail: str) -> None:
+            self.add(name, kind, compatible, detail, old_name=old_name)
 
         # Bounds and lengths, enum values.
-        for kind, code, x, y, down in (
-            (ChangeKind.MIN, ReasonCode.MIN, a.min, b.min, True),
-            (ChangeKind.MAX, ReasonCode.MAX, a.max, b.max, False),
-            (ChangeKind.MIN_LENGTH, ReasonCode.MIN_LENGTH, a.min_length, b.min_length, True),
-            (ChangeKind.MAX_LENGTH, ReasonCode.MAX_LENGTH, a.max_length, b.max_length, False),
+        for kind, x, y, down in (
+            (ChangeKind.MIN, a.min, b.min, True),
+            (ChangeKind.MAX, a.max, b.max, False),
+            (ChangeKind.MIN_LENGTH, a.min_length, b.min_length, True),
+            (ChangeKind.MAX_LENGTH, a.max_length, b.max_length, False),
         ):
             verdict = _bound_change(kind, x, y, down)
             if verdict is not None:
-                add(kind, verdict[0], verdict[1], check_ddl(code))
+                add(kind, verdict[0], verdict[1])
         if a.pattern != b.pattern:
             if b.pattern is None:
                 verdict = True, f"pattern removed (was {a.pattern!r})"
@@ -670,7 +512,7 @@ class _Differ:
                 verdict = False, f"pattern added: {b.pattern!r}"
             else:
                 verdict = False, f"pattern changed from {a.pattern!r} to {b.pattern!r}"
-            add(ChangeKind.PATTERN, verdict[0], verdict[1], check_ddl(ReasonCode.PATTERN))
+            add(ChangeKind.PATTERN, verdict[0], verdict[1])
         if old.type.kind is TypeKind.ENUM and new.type.kind is TypeKind.ENUM and old.values != new.values:
             gained = [v for v in new.values if v not in old.values]
             lost = [v for v in old.values if v not in new.values]
@@ -679,106 +521,58 @@ class _Differ:
                 parts.append("values added: " + ", ".join(map(repr, gained)))
             if lost:
                 parts.append("values removed: " + ", ".join(map(repr, lost)))
-            add(ChangeKind.ENUM, not lost, "enum " + ("; ".join(parts) or "values reordered"),
-                check_ddl(ReasonCode.ENUM))
+            add(ChangeKind.ENUM, not lost, "enum " + ("; ".join(parts) or "values reordered"))
 
-        # Nulls: `required` and `nullable` are reported apart; NOT NULL (and the
-        # empty-string CHECK of empty_as_null) follow the not_null rule they make.
-        null_ddl = _Ddl()
-        if table is not None and name not in table.keys and _not_null(old) != _not_null(new):
-            action = "SET NOT NULL" if _not_null(new) else "DROP NOT NULL"
-            null_ddl.alters.append(table.alter(f"ALTER COLUMN {quote_ident(name)} {action}"))
-        check_ddl(ReasonCode.NOT_NULL, ddl=null_ddl)
-        null_changes: list[tuple[ChangeKind, bool, str]] = []
+        # Nulls: `required` and `nullable` are reported apart.
         if a.required != b.required:
-            null_changes.append((ChangeKind.REQUIRED, not b.required,
-                                 "required removed" if a.required
-                                 else "required added: the column must now be present"))
+            add(ChangeKind.REQUIRED, not b.required,
+                "required removed" if a.required else "required added: the column must now be present")
         # `required` implies not nullable: a nullable change that only follows it is no news.
         follows_required = a.required != b.required and b.nullable != b.required
         if a.nullable != b.nullable and not follows_required:
-            null_changes.append((ChangeKind.NULLABLE, b.nullable,
-                                 "nullable false -> true: nulls now accepted" if b.nullable
-                                 else "nullable true -> false: nulls now rejected"))
+            add(ChangeKind.NULLABLE, b.nullable,
+                "nullable false -> true: nulls now accepted" if b.nullable
+                else "nullable true -> false: nulls now rejected")
         if a.empty_as_null != b.empty_as_null:
-            null_changes.append((ChangeKind.EMPTY_AS_NULL, False,
-                                 f"empty_as_null {_show(a.empty_as_null)} -> {_show(b.empty_as_null)}: "
-                                 "empty strings change meaning"))
-        for i, (kind, compatible, detail) in enumerate(null_changes):
-            add(kind, compatible, detail, null_ddl if i == 0 else None)
+            add(ChangeKind.EMPTY_AS_NULL, False,
+                f"empty_as_null {_show(a.empty_as_null)} -> {_show(b.empty_as_null)}: "
+                "empty strings change meaning")
 
-        # The type; it also owns every CHECK no other change handles (the int8 range,
-        # NaN, bounds whose SQL changes with the type). When the column type changes,
-        # Postgres keeps the old casts inside CHECKs and DEFAULT (``'NaN'::real``):
-        # they are written again so the table equals a freshly created one.
-        old_default, new_default = _default_sql(old), _default_sql(new)
-        retyped = pg_type(new.type) != pg_type(old.type)
-        default_changed = a.has_default != b.has_default or not _same(a.default, b.default)
         if old.type != new.type:
-            compatible, detail = _type_change(old.type, new.type)
-            ddl = _Ddl()
-            if table is not None:
-                rest_old = {k: v for k, v in old_checks.items() if k not in dropped}
-                rest_new = {k: v for k, v in new_checks.items() if k not in added}
-                table.drop_checks(rest_old, {} if retyped else rest_new, ddl)
-                if retyped:
-                    col = quote_ident(name)
-                    pg = pg_type(new.type)
-                    ddl.alters.append(table.alter(f"ALTER COLUMN {col} TYPE {pg} USING {col}::{pg}"))
-                    if new_default is not None and not default_changed:
-                        ddl.alters.append(table.alter(f"ALTER COLUMN {col} SET DEFAULT {new_default}"))
-                table.add_checks(rest_new, {} if retyped else rest_old, ddl)
-            add(ChangeKind.TYPE, compatible, detail, ddl)
+            add(ChangeKind.TYPE, *_type_change(old.type, new.type))
 
-        if default_changed:
-            ddl = _Ddl()
-            if table is not None and (old_default != new_default or retyped):
-                col = quote_ident(name)
-                action = "DROP DEFAULT" if new_default is None else f"SET DEFAULT {new_default}"
-                ddl.alters.append(table.alter(f"ALTER COLUMN {col} {action}"))
+        if a.has_default != b.has_default or not _same(a.default, b.default):
             if not a.has_default:
                 verdict = True, f"default added: {_show(b.default)}"
             elif b.has_default:
                 verdict = True, f"default changed from {_show(a.default)} to {_show(b.default)}"
-            elif _not_null(new):
+            elif b.not_null:
                 verdict = False, f"default removed (was {_show(a.default)}): missing values are now rejected"
             else:
                 verdict = True, f"default removed (was {_show(a.default)}): missing values stay null"
-            add(ChangeKind.DEFAULT, verdict[0], verdict[1], ddl)
+            add(ChangeKind.DEFAULT, verdict[0], verdict[1])
 
         if old.accept_strings != new.accept_strings:
             add(ChangeKind.ACCEPT_STRINGS, new.accept_strings,
                 "accept_strings false -> true: string input now parsed" if new.accept_strings
                 else "accept_strings true -> false: string input now rejected")
 
-        self.stores(old, new, self.addable(new))
+        self.stores(old, new, _addable(new))
 
     def stores(self, old: Field | Feature | Aggregation, new: Field | Feature | Aggregation,
                addable: bool) -> None:
-        targets: tuple[StoreTarget, ...] = ("hot", "cold")
         scope: Scope = "field" if isinstance(new, Field) else (
             "aggregation" if isinstance(new, Aggregation) else "feature")
-        for target in targets:
-            if target in new.store and target not in old.store:
-                ddl = _Ddl()
-                if target == "cold" and self.table is not None and old.name not in self.table.keys:
-                    if isinstance(new, Field):
-                        self.table.add_column(new, ddl)
-                    elif isinstance(new, Aggregation):
-                        self.table.add_aggregation_column(new, ddl)
-                    else:
-                        self.table.add_feature_column(new, ddl)
+        for target, added in store_changes(old, new):
+            if added:
                 # Without a cold table yet (the schema just became loadable) there is
                 # no history to fill.
-                ok = addable or target == "hot" or self.table is None
+                ok = addable or target == "hot" or not self.same_table
                 why = "" if ok else " (not nullable without a default: history rows have no value)"
-                self.add(new.name, ChangeKind.STORE, ok, f"now stored {target}{why}", ddl=ddl, scope=scope)
-            elif target in old.store and target not in new.store:
-                ddl = _Ddl()
-                if target == "cold" and isinstance(old, Field):
-                    self.keep_history(old, ddl)
+                self.add(new.name, ChangeKind.STORE, ok, f"now stored {target}{why}", scope=scope)
+            else:
                 self.add(new.name, ChangeKind.STORE, False, f"no longer stored {target}: readers lose it",
-                         ddl=ddl, scope=scope)
+                         scope=scope)
 
     # -- derived features -------------------------------------------------------
 
@@ -788,12 +582,9 @@ class _Differ:
         for feat in self.new.features:
             before = old_by.get(feat.name)
             if before is None:
-                ddl = _Ddl()
-                if self.table is not None and "cold" in feat.store:
-                    self.table.add_feature_column(feat, ddl)
                 self.add(feat.name, ChangeKind.FEATURE_ADDED, True,
                          f"derived feature added ({feat.dtype} from {feat.source}, stored "
-                         f"{', '.join(sorted(feat.store))})", scope="feature", ddl=ddl)
+                         f"{', '.join(sorted(feat.store))})", scope="feature")
                 continue
             what = []
             if before.source != feat.source:
@@ -831,14 +622,9 @@ class _Differ:
         for agg in new_aggs:
             before = old_by.get(agg.name)
             if before is None:
-                ddl = _Ddl()
-                # Without aggregations before there is no aggregates table to alter: it is
-                # created below with every cold aggregation in it.
-                if self.table is not None and old_section is not None and "cold" in agg.store:
-                    self.table.add_aggregation_column(agg, ddl)
                 self.add(agg.name, ChangeKind.AGGREGATION_ADDED, True,
                          f"aggregation added ({_agg_summary(agg)}, stored {', '.join(sorted(agg.store))})",
-                         scope="aggregation", ddl=ddl)
+                         scope="aggregation")
                 continue
             what = _agg_redefined(before, agg)
             for role, ref, was in (("numerator", agg.numerator, before.numerator),
@@ -849,57 +635,39 @@ class _Differ:
                 self.add(agg.name, ChangeKind.AGGREGATION_CHANGED, False,
                          f"aggregation {', '.join(what)}: {_RECOMPUTED}", scope="aggregation")
             else:
-                self.aggregation_type(before, agg)
+                self.aggregation_output(before, agg)
             self.stores(before, agg, True)
         for before in old_by.values():
             if before.name not in new_names:
                 self.add(before.name, ChangeKind.AGGREGATION_REMOVED, False,
                          "aggregation removed: readers lose it", scope="aggregation")
-        if old_section is None and new_section is not None and self.table is not None:
-            create = render_aggregates_table(self.new).rstrip().removesuffix(";")
-            for change, ddl in self.changes:
-                if change.kind is ChangeKind.AGGREGATION_ADDED and change.compatible:
-                    ddl.alters.insert(0, create)
-                    break
 
-    def aggregation_type(self, old: Aggregation, new: Aggregation) -> None:
-        """An unchanged sum/min/max/last whose output type follows its field's new type."""
-        before, after = aggregation_pg_type(self.old, old), aggregation_pg_type(self.new, new)
+    def aggregation_output(self, old: Aggregation, new: Aggregation) -> None:
+        """An unchanged sum/min/max/last whose stored type follows its field's new type."""
+        before, after = self.aggregation_type(self.old, old), self.aggregation_type(self.new, new)
         if before == after or new.of is None:
             return
         old_type, new_type = self.old.field(new.of).type, self.new.field(new.of).type
         compatible, _ = _type_change(old_type, new_type)
-        ddl = _Ddl()
-        if self.table is not None and "cold" in old.store and "cold" in new.store:
-            col = quote_ident(new.name)
-            ddl.alters.append(self.table.alter_aggregates(
-                f"ALTER COLUMN {col} TYPE {after} USING {col}::{after}"))
         self.add(new.name, ChangeKind.TYPE, compatible,
                  f"output type {before} -> {after}, following field {new.of} ({old_type} -> {new_type})",
-                 scope="aggregation", ddl=ddl)
+                 scope="aggregation")
 
 
 # ------------------------------------------------------------------ public API
 
 
-def _phases(ddls: Iterable[_Ddl]) -> list[str]:
-    items = list(ddls)
-    return [s for d in items for s in d.drops] + [s for d in items for s in d.alters] + [
-        s for d in items for s in d.adds
-    ]
-
-
-def _record_fingerprint(new: Schema, fingerprint: str) -> str:
-    """Upsert the new version and fingerprint into ``featureline_schemas`` (the table
-    ``features compile``'s DDL creates, keyed by schema name)."""
-    columns = ("schema_name", "version", "fingerprint", "applied_at")
-    name, version, fp, applied = (quote_ident(c) for c in columns)
-    values = ", ".join(quote_literal(v) for v in (new.name, new.version_str, fingerprint))
-    return (
-        f"INSERT INTO {quote_ident(SCHEMAS_TABLE)} ({name}, {version}, {fp}) VALUES ({values}) "
-        f"ON CONFLICT ({name}) DO UPDATE SET {version} = EXCLUDED.{version}, "
-        f"{fp} = EXCLUDED.{fp}, {applied} = now()"
-    )
+def store_changes(
+    old: Field | Feature | Aggregation, new: Field | Feature | Aggregation
+) -> list[tuple[StoreTarget, bool]]:
+    """The stores ``new`` gained (True) or lost (False) against ``old``, hot before cold:
+    the order of its ``store`` changes."""
+    out: list[tuple[StoreTarget, bool]] = []
+    targets: tuple[StoreTarget, ...] = ("hot", "cold")
+    for target in targets:
+        if (target in new.store) != (target in old.store):
+            out.append((target, target in new.store))
+    return out
 
 
 def _version_verdict(old: Schema, new: Schema, changes: Sequence[Change]) -> tuple[str | None, list[str]]:
@@ -923,32 +691,27 @@ def _version_verdict(old: Schema, new: Schema, changes: Sequence[Change]) -> tup
     return None, warnings
 
 
-def diff_schemas(old: Schema, new: Schema) -> SchemaDiff:
+def diff_schemas(old: Schema, new: Schema, *, aggregation_type: AggregationType) -> SchemaDiff:
     """Classify every change from ``old`` to ``new`` and gate the version.
 
-    Pure: reads only the two schemas. Never raises for a refused change: the result
-    says ``allowed=False`` with a ``refusal`` message. Raises whatever
-    ``features.compile.fingerprint.fingerprint`` raises when the diff is allowed,
-    compatible and has a migration to record.
+    ``aggregation_type`` names the stored type of an aggregation (see
+    :data:`AggregationType`); it is the one thing the classification asks of the
+    stores. Pure: reads only the two schemas and calls ``aggregation_type``. Never
+    raises for a refused change: the result says ``allowed=False`` with a
+    ``refusal`` message.
     """
-    differ = _Differ(old, new)
+    differ = _Differ(old, new, aggregation_type)
     differ.schema_level()
     differ.fields()
     differ.features()
     differ.aggregations()
-    changes = tuple(
-        dataclasses.replace(c, ddl=d.all() if c.compatible else ()) for c, d in differ.changes
-    )
+    changes = tuple(differ.changes)
     refusal, warnings = _version_verdict(old, new, changes)
-    migration = _phases(d for c, d in differ.changes if c.compatible)
-    if changes and refusal is None and all(c.compatible for c in changes) and differ.table is not None:
-        from features.compile.fingerprint import fingerprint
-
-        migration.append(_record_fingerprint(new, fingerprint(new)))
     return SchemaDiff(
-        old=old, new=new, changes=changes, migration_ddl=migration,
-        allowed=refusal is None, refusal=refusal, warnings=tuple(warnings),
+        old=old, new=new, changes=changes, allowed=refusal is None, refusal=refusal, warnings=tuple(warnings),
     )
 
 
-__all__ = ["SCHEMA_KINDS", "Change", "ChangeKind", "SchemaDiff", "diff_schemas"]
+__all__ = [
+    "SCHEMA_KINDS", "AggregationType", "Change", "ChangeKind", "SchemaDiff", "diff_schemas", "store_changes",
+]

@@ -94,6 +94,12 @@ class Constraints:
     has_default: bool = False
     empty_as_null: bool = False
 
+    @property
+    def not_null(self) -> bool:
+        """Nulls are rejected: ``required``, or not ``nullable`` (the not_null rule;
+        NOT NULL on a cold column)."""
+        return self.required or not self.nullable
+
 
 StoreTarget = Literal["hot", "cold"]
 

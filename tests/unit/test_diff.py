@@ -1,4 +1,5 @@
-"""features.schema.diff and ``features schema diff``: every change kind, rules, versions."""
+"""features.schema.diff (the classification), features.compile.migration (its DDL) and
+``features schema diff``: every change kind, rules, versions."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pytest
 from features.cli import main
 from features.compile import compile_schema
 from features.compile.fingerprint import fingerprint
-from features.schema.diff import Change, ChangeKind, SchemaDiff, diff_schemas
+from features.compile.migration import Migration, plan_migration
+from features.schema.diff import Change, ChangeKind
 from features.schema.model import Schema
 from features.schema.parse import parse_schema
 
@@ -44,14 +46,14 @@ def field(name: str, type_: str, constraints: str = "", more: str = "") -> str:
     return out
 
 
-def only(d: SchemaDiff) -> Change:
-    assert len(d.changes) == 1, d.changes
-    return d.changes[0]
+def only(d: Migration) -> Change:
+    assert len(d.diff.changes) == 1, d.diff.changes
+    return d.diff.changes[0]
 
 
 def diff(old_fields: str, new_fields: str, *, old_v: str = "1.0.0", new_v: str = "1.1.0",
-         old_extra: str = "", new_extra: str = "") -> SchemaDiff:
-    return diff_schemas(
+         old_extra: str = "", new_extra: str = "") -> Migration:
+    return plan_migration(
         schema(old_fields, version=old_v, extra=old_extra),
         schema(new_fields, version=new_v, extra=new_extra),
     )
@@ -66,15 +68,15 @@ T = '"applicants"'
 def test_identical_schemas_have_no_changes_and_no_ddl() -> None:
     f = field("income", "decimal(15,2)", "min: 0.01")
     d = diff(f, f, new_v="1.0.0")
-    assert d.changes == ()
-    assert d.migration_ddl == []
-    assert d.allowed and d.compatible and d.warnings == ()
+    assert d.diff.changes == ()
+    assert d.statements == []
+    assert d.diff.allowed and d.diff.compatible and d.diff.warnings == ()
 
 
 def test_description_and_field_order_are_not_changes() -> None:
     a, b = field("a", "int32"), field("b", "int32")
     d = diff(a + b, b + field("a", "int32", more="description: now documented"), new_v="1.0.0")
-    assert d.changes == ()
+    assert d.diff.changes == ()
 
 
 # -------------------------------------------------------------- fields added
@@ -84,7 +86,7 @@ def test_field_added_nullable_is_compatible_with_add_column() -> None:
     d = diff("", field("score", "int32", "max: 100"))
     c = only(d)
     assert (c.field, c.kind, c.compatible) == ("score", ChangeKind.FIELD_ADDED, True)
-    assert d.migration_ddl[:2] == [
+    assert d.statements[:2] == [
         f'ALTER TABLE {T} ADD COLUMN "score" integer',
         f'ALTER TABLE {T} ADD CONSTRAINT "score__max" CHECK ("score" <= 100)',
     ]
@@ -94,7 +96,7 @@ def test_field_added_not_nullable_with_default_is_compatible() -> None:
     d = diff("", field("months", "int32", "nullable: false, default: 0"))
     c = only(d)
     assert c.compatible and c.kind is ChangeKind.FIELD_ADDED
-    assert d.migration_ddl[0] == f'ALTER TABLE {T} ADD COLUMN "months" integer NOT NULL DEFAULT 0'
+    assert d.statements[0] == f'ALTER TABLE {T} ADD COLUMN "months" integer NOT NULL DEFAULT 0'
 
 
 @pytest.mark.parametrize("constraints", ["required: true", "nullable: false"])
@@ -111,8 +113,8 @@ def test_field_removed_is_breaking() -> None:
     d = diff(field("score", "int32"), "", new_v="2.0.0")
     c = only(d)
     assert (c.field, c.kind, c.compatible) == ("score", ChangeKind.FIELD_REMOVED, False)
-    assert d.allowed
-    assert d.migration_ddl == []
+    assert d.diff.allowed
+    assert d.statements == []
 
 
 def test_field_renamed_is_detected_as_a_breaking_rename_hint() -> None:
@@ -125,7 +127,7 @@ def test_field_renamed_is_detected_as_a_breaking_rename_hint() -> None:
 
 def test_removed_and_added_fields_of_different_types_are_not_a_rename() -> None:
     d = diff(field("score", "int32"), field("label", "string"), new_v="2.0.0")
-    assert [(c.field, c.kind) for c in d.changes] == [
+    assert [(c.field, c.kind) for c in d.diff.changes] == [
         ("label", ChangeKind.FIELD_ADDED), ("score", ChangeKind.FIELD_REMOVED),
     ]
 
@@ -149,21 +151,21 @@ def test_type_widening_is_compatible_with_alter_column_type(old: str, new: str, 
     c = only(d)
     assert (c.kind, c.compatible) == (ChangeKind.TYPE, True)
     assert f"widened from {old} to {new}" in c.detail
-    assert f'ALTER TABLE {T} ALTER COLUMN "x" TYPE {pg} USING "x"::{pg}' in d.migration_ddl
+    assert f'ALTER TABLE {T} ALTER COLUMN "x" TYPE {pg} USING "x"::{pg}' in d.statements
 
 
 def test_int8_to_int16_drops_the_int8_range_check_without_retyping() -> None:
     d = diff(field("x", "int8"), field("x", "int16"))
     c = only(d)
     assert c.compatible
-    assert c.ddl == (f'ALTER TABLE {T} DROP CONSTRAINT IF EXISTS "x__type"',)  # both are smallint
+    assert d.change_ddl[0] == (f'ALTER TABLE {T} DROP CONSTRAINT IF EXISTS "x__type"',)  # both are smallint
 
 
 def test_retyping_rewrites_checks_and_default_that_keep_the_old_cast() -> None:
     # Postgres keeps `'NaN'::real` inside a CHECK across ALTER TYPE: it is re-added.
     d = diff(field("r", "float32", "default: 0.5"), field("r", "float64", "default: 0.5"))
-    c = only(d)
-    assert c.ddl == (
+    only(d)
+    assert d.change_ddl[0] == (
         f'ALTER TABLE {T} DROP CONSTRAINT IF EXISTS "r__type"',
         f'ALTER TABLE {T} DROP CONSTRAINT IF EXISTS "r__nan"',
         f'ALTER TABLE {T} ALTER COLUMN "r" TYPE double precision USING "r"::double precision',
@@ -193,7 +195,7 @@ def test_type_narrowing_or_kind_change_is_breaking(old: str, new: str, word: str
     c = only(d)
     assert (c.kind, c.compatible) == (ChangeKind.TYPE, False)
     assert f"{word} from {old} to {new}" in c.detail
-    assert d.migration_ddl == []
+    assert d.statements == []
 
 
 @pytest.mark.parametrize(
@@ -217,7 +219,7 @@ def test_nullable_false_to_true_is_compatible_drop_not_null() -> None:
     d = diff(field("x", "int32", "nullable: false"), field("x", "int32", "nullable: true"))
     c = only(d)
     assert (c.kind, c.compatible) == (ChangeKind.NULLABLE, True)
-    assert d.migration_ddl[0] == f'ALTER TABLE {T} ALTER COLUMN "x" DROP NOT NULL'
+    assert d.statements[0] == f'ALTER TABLE {T} ALTER COLUMN "x" DROP NOT NULL'
 
 
 def test_nullable_true_to_false_is_breaking() -> None:
@@ -235,7 +237,7 @@ def test_required_removed_is_compatible_and_drops_not_null() -> None:
     d = diff(field("x", "int32", "required: true"), field("x", "int32"))
     c = only(d)
     assert (c.kind, c.compatible) == (ChangeKind.REQUIRED, True)
-    assert f'ALTER TABLE {T} ALTER COLUMN "x" DROP NOT NULL' in d.migration_ddl
+    assert f'ALTER TABLE {T} ALTER COLUMN "x" DROP NOT NULL' in d.statements
 
 
 # -------------------------------------------------------------- constraints
@@ -262,14 +264,14 @@ def test_constraint_loosened_is_compatible_and_replaces_the_check(
     assert (c.kind, c.compatible) == (kind, True)
     assert detail in c.detail
     name = f'"x__{kind.value}"'
-    assert d.migration_ddl[0] == f"ALTER TABLE {T} DROP CONSTRAINT IF EXISTS {name}"
-    re_added = [s for s in d.migration_ddl if f"ADD CONSTRAINT {name}" in s]
+    assert d.statements[0] == f"ALTER TABLE {T} DROP CONSTRAINT IF EXISTS {name}"
+    re_added = [s for s in d.statements if f"ADD CONSTRAINT {name}" in s]
     assert len(re_added) == (1 if new else 0)
 
 
 def test_loosened_min_re_adds_the_check_with_the_new_bound() -> None:
     d = diff(field("x", "int32", "min: 10"), field("x", "int32", "min: 5"))
-    assert d.migration_ddl[:2] == [
+    assert d.statements[:2] == [
         f'ALTER TABLE {T} DROP CONSTRAINT IF EXISTS "x__min"',
         f'ALTER TABLE {T} ADD CONSTRAINT "x__min" CHECK ("x" >= 5)',
     ]
@@ -294,7 +296,7 @@ def test_constraint_tightened_is_breaking(
     c = only(d)
     assert (c.kind, c.compatible) == (kind, False)
     assert detail in c.detail
-    assert d.migration_ddl == []
+    assert d.statements == []
 
 
 def test_enum_value_added_is_compatible_and_replaces_the_check() -> None:
@@ -303,7 +305,7 @@ def test_enum_value_added_is_compatible_and_replaces_the_check() -> None:
     c = only(d)
     assert (c.kind, c.compatible) == (ChangeKind.ENUM, True)
     assert "values added: 'c'" in c.detail
-    assert d.migration_ddl[:2] == [
+    assert d.statements[:2] == [
         f'ALTER TABLE {T} DROP CONSTRAINT IF EXISTS "status__enum"',
         f'ALTER TABLE {T} ADD CONSTRAINT "status__enum" CHECK ("status" IN (\'a\', \'b\', \'c\'))',
     ]
@@ -324,7 +326,7 @@ def test_default_added_or_changed_is_compatible_set_default(old: str, new: str, 
     d = diff(field("x", "int32", old), field("x", "int32", new))
     c = only(d)
     assert (c.kind, c.compatible) == (ChangeKind.DEFAULT, True)
-    assert d.migration_ddl[0] == f'ALTER TABLE {T} ALTER COLUMN "x" {sql}'
+    assert d.statements[0] == f'ALTER TABLE {T} ALTER COLUMN "x" {sql}'
 
 
 def test_default_removed_from_a_not_nullable_field_is_breaking() -> None:
@@ -350,7 +352,7 @@ def test_entity_changed_is_breaking() -> None:
         + KEYS + field("customer_id", "string", "required: true"),
         "applicants.yaml",
     )
-    c = only(diff_schemas(old, new))
+    c = only(plan_migration(old, new))
     assert (c.kind, c.compatible, c.scope) == (ChangeKind.ENTITY, False, "schema")
     assert "application_id" in c.detail and "customer_id" in c.detail
 
@@ -359,7 +361,7 @@ def test_event_time_changed_is_breaking() -> None:
     fields = field("decided_at", "timestamp(us, UTC)", "required: true")
     old = schema(fields)
     new = schema(fields, version="2.0.0", head="entity: application_id\nevent_time: decided_at\n")
-    c = only(diff_schemas(old, new))
+    c = only(plan_migration(old, new))
     assert (c.kind, c.compatible) == (ChangeKind.EVENT_TIME, False)
 
 
@@ -367,11 +369,11 @@ def test_validation_only_schema_becoming_loadable_is_compatible_without_ddl() ->
     fields = field("months", "int32", "nullable: false")
     old = schema(fields, head="\n")
     new = schema(fields, version="1.1.0")
-    d = diff_schemas(old, new)
+    d = plan_migration(old, new)
     assert not old.loadable and new.loadable
-    assert {c.kind for c in d.changes} == {ChangeKind.ENTITY, ChangeKind.EVENT_TIME, ChangeKind.STORE}
-    assert d.compatible and d.allowed
-    assert d.migration_ddl == []  # `features compile` creates the tables
+    assert {c.kind for c in d.diff.changes} == {ChangeKind.ENTITY, ChangeKind.EVENT_TIME, ChangeKind.STORE}
+    assert d.diff.compatible and d.diff.allowed
+    assert d.statements == []  # `features compile` creates the tables
 
 
 def test_hot_ttl_change_is_compatible_without_ddl() -> None:
@@ -379,7 +381,7 @@ def test_hot_ttl_change_is_compatible_without_ddl() -> None:
     c = only(d)
     assert (c.kind, c.compatible) == (ChangeKind.HOT_TTL, True)
     assert "604800s" in c.detail and "86400s" in c.detail
-    assert len(d.migration_ddl) == 1 and d.migration_ddl[0].startswith('INSERT INTO "featureline_schemas"')
+    assert len(d.statements) == 1 and d.statements[0].startswith('INSERT INTO "featureline_schemas"')
 
 
 # --------------------------------------------------------------------- stores
@@ -389,13 +391,13 @@ def test_cold_store_added_is_compatible_with_add_column() -> None:
     d = diff(field("x", "int32", more="store: hot"), field("x", "int32", more="store: [hot, cold]"))
     c = only(d)
     assert (c.kind, c.compatible) == (ChangeKind.STORE, True)
-    assert d.migration_ddl[0] == f'ALTER TABLE {T} ADD COLUMN "x" integer'
+    assert d.statements[0] == f'ALTER TABLE {T} ADD COLUMN "x" integer'
 
 
 def test_hot_store_added_is_compatible_without_ddl() -> None:
     d = diff(field("x", "int32", more="store: cold"), field("x", "int32", more="store: [hot, cold]"))
     c = only(d)
-    assert (c.kind, c.compatible, c.ddl) == (ChangeKind.STORE, True, ())
+    assert (c.kind, c.compatible, d.change_ddl[0]) == (ChangeKind.STORE, True, ())
 
 
 @pytest.mark.parametrize(("old", "new"), [("[hot, cold]", "cold"), ("[hot, cold]", "hot")])
@@ -409,7 +411,7 @@ def test_changes_to_fields_not_stored_cold_touch_no_column() -> None:
     old = field("x", "int32", "min: 5", more="store: hot")
     d = diff(old, field("x", "int32", "min: 1", more="store: hot"))
     assert only(d).compatible
-    assert not any('"x' in s for s in d.migration_ddl)
+    assert not any('"x' in s for s in d.statements)
 
 
 # ----------------------------------------------------------- derived features
@@ -429,7 +431,7 @@ def test_derived_feature_added_is_compatible_with_add_column_when_cold() -> None
     c = only(d)
     assert (c.field, c.kind, c.scope) == ("income_log", ChangeKind.FEATURE_ADDED, "feature")
     assert c.compatible
-    assert d.migration_ddl[0] == f'ALTER TABLE {T} ADD COLUMN "income_log" double precision'
+    assert d.statements[0] == f'ALTER TABLE {T} ADD COLUMN "income_log" double precision'
 
 
 def test_derived_feature_removed_is_breaking() -> None:
@@ -463,38 +465,38 @@ def aggs(*items: str, lateness: str = "") -> str:
 
 
 def agg_diff(old: str, new: str, *, new_v: str = "1.1.0", fields: str = AGG_FIELDS,
-             new_fields: str | None = None) -> SchemaDiff:
+             new_fields: str | None = None) -> Migration:
     return diff(fields, fields if new_fields is None else new_fields, new_v=new_v, old_extra=old,
                 new_extra=new)
 
 
 def test_identical_aggregations_are_no_change() -> None:
     section = aggs(CLICKS, VIEWS, CTR, lateness="10m")
-    assert agg_diff(section, section, new_v="1.0.0").changes == ()
+    assert agg_diff(section, section, new_v="1.0.0").diff.changes == ()
 
 
 def test_first_aggregations_create_the_aggregates_table_as_compile_does() -> None:
     d = agg_diff("", aggs(CLICKS, VIEWS, CTR))
-    assert [(c.field, c.kind, c.scope, c.compatible) for c in d.changes] == [
+    assert [(c.field, c.kind, c.scope, c.compatible) for c in d.diff.changes] == [
         ("clicks_1h", ChangeKind.AGGREGATION_ADDED, "aggregation", True),
         ("views_1h", ChangeKind.AGGREGATION_ADDED, "aggregation", True),
         ("ctr_1h", ChangeKind.AGGREGATION_ADDED, "aggregation", True),
     ]
-    assert "count over 3600s sliding where kind in ('click')" in d.changes[0].detail
-    create = d.migration_ddl[0]
-    assert d.changes[0].ddl == (create,)  # one CREATE TABLE, not one per aggregation
+    assert "count over 3600s sliding where kind in ('click')" in d.diff.changes[0].detail
+    create = d.statements[0]
+    assert d.change_ddl[0] == (create,)  # one CREATE TABLE, not one per aggregation
     assert create.startswith(f"CREATE TABLE IF NOT EXISTS {A} (\n")
     assert '"clicks_1h" bigint' in create and '"ctr_1h"' not in create  # ctr_1h is hot only
     # The very text `features compile` writes (without the statement's semicolon).
-    assert create + ";\n" in compile_schema(d.new).ddl
-    assert len(d.migration_ddl) == 2 and d.migration_ddl[1].startswith('INSERT INTO "featureline_schemas"')
+    assert create + ";\n" in compile_schema(d.diff.new).ddl
+    assert len(d.statements) == 2 and d.statements[1].startswith('INSERT INTO "featureline_schemas"')
 
 
 def test_first_aggregations_of_a_schema_becoming_loadable_need_no_ddl() -> None:
     old = schema(AGG_FIELDS, head="\n")
     new = schema(AGG_FIELDS + aggs(CLICKS), version="1.1.0")
-    d = diff_schemas(old, new)
-    assert d.compatible and d.migration_ddl == []  # `features compile` creates every table
+    d = plan_migration(old, new)
+    assert d.diff.compatible and d.statements == []  # `features compile` creates every table
 
 
 @pytest.mark.parametrize(("spec", "pg"), [
@@ -511,15 +513,15 @@ def test_aggregation_added_to_a_section_adds_a_typed_column(spec: str, pg: str) 
     d = agg_diff(aggs(CLICKS), aggs(CLICKS, added))
     c = only(d)
     assert (c.field, c.kind, c.compatible) == ("new_one", ChangeKind.AGGREGATION_ADDED, True)
-    assert d.migration_ddl[0] == f'ALTER TABLE {A} ADD COLUMN "new_one" {pg}'
-    assert f'"new_one" {pg},' in compile_schema(d.new).ddl  # as a fresh table has it
+    assert d.statements[0] == f'ALTER TABLE {A} ADD COLUMN "new_one" {pg}'
+    assert f'"new_one" {pg},' in compile_schema(d.diff.new).ddl  # as a fresh table has it
 
 
 def test_aggregation_added_hot_only_touches_no_table() -> None:
     d = agg_diff(aggs(CLICKS, VIEWS), aggs(CLICKS, VIEWS, CTR))
     c = only(d)
-    assert (c.kind, c.compatible, c.ddl) == (ChangeKind.AGGREGATION_ADDED, True, ())
-    assert len(d.migration_ddl) == 1  # only the fingerprint record
+    assert (c.kind, c.compatible, d.change_ddl[0]) == (ChangeKind.AGGREGATION_ADDED, True, ())
+    assert len(d.statements) == 1  # only the fingerprint record
 
 
 def test_aggregation_removed_is_breaking() -> None:
@@ -527,7 +529,7 @@ def test_aggregation_removed_is_breaking() -> None:
     c = only(d)
     assert (c.field, c.kind, c.compatible, c.scope) == ("views_1h", ChangeKind.AGGREGATION_REMOVED, False,
                                                          "aggregation")
-    assert d.allowed and d.migration_ddl == []
+    assert d.diff.allowed and d.statements == []
 
 
 @pytest.mark.parametrize(("old", "new", "what"), [
@@ -552,23 +554,23 @@ def test_aggregation_redefined_is_breaking_and_needs_a_backfill(old: str, new: s
     assert (c.kind, c.compatible, c.scope) == (ChangeKind.AGGREGATION_CHANGED, False, "aggregation")
     assert c.detail == (f"aggregation {what}: the values already stored were computed differently "
                         "(a backfill is needed)")
-    assert not d.allowed and d.refusal is not None and "expected 2.0.0" in d.refusal
+    assert not d.diff.allowed and d.diff.refusal is not None and "expected 2.0.0" in d.diff.refusal
 
 
 def test_a_ratio_changes_with_the_aggregation_it_divides() -> None:
     d = agg_diff(aggs(CLICKS, VIEWS, CTR), aggs(CLICKS, VIEWS.replace("window: 1h", "window: 1d"), CTR),
                  new_v="2.0.0")
-    assert [(c.field, c.kind, c.compatible) for c in d.changes] == [
+    assert [(c.field, c.kind, c.compatible) for c in d.diff.changes] == [
         ("views_1h", ChangeKind.AGGREGATION_CHANGED, False),
         ("ctr_1h", ChangeKind.AGGREGATION_CHANGED, False),
     ]
-    assert d.changes[1].detail.startswith("aggregation its denominator views_1h changed: ")
+    assert d.diff.changes[1].detail.startswith("aggregation its denominator views_1h changed: ")
 
 
 def test_where_values_in_another_order_are_no_change() -> None:
     two = "    - {name: seen, function: count, where: {kind: [view, click]}, window: 1h, store: cold}\n"
     d = agg_diff(aggs(two), aggs(two.replace("[view, click]", "[click, view]")), new_v="1.0.0")
-    assert d.changes == ()
+    assert d.diff.changes == ()
 
 
 def test_allowed_lateness_changed_is_breaking_and_no_rule_overrides_it() -> None:
@@ -586,12 +588,13 @@ def test_aggregation_cold_store_added_is_compatible_with_add_column() -> None:
     d = agg_diff(aggs(CLICKS, VIEWS, CTR), aggs(CLICKS, VIEWS, cold_ctr))
     c = only(d)
     assert (c.field, c.kind, c.scope, c.compatible) == ("ctr_1h", ChangeKind.STORE, "aggregation", True)
-    assert d.migration_ddl[0] == f'ALTER TABLE {A} ADD COLUMN "ctr_1h" double precision'
+    assert d.statements[0] == f'ALTER TABLE {A} ADD COLUMN "ctr_1h" double precision'
 
 
 def test_aggregation_hot_store_added_is_compatible_without_ddl() -> None:
-    c = only(agg_diff(aggs(CLICKS), aggs(CLICKS.replace("store: cold", "store: [cold, hot]"))))
-    assert (c.kind, c.compatible, c.ddl) == (ChangeKind.STORE, True, ())
+    d = agg_diff(aggs(CLICKS), aggs(CLICKS.replace("store: cold", "store: [cold, hot]")))
+    c = only(d)
+    assert (c.kind, c.compatible, d.change_ddl[0]) == (ChangeKind.STORE, True, ())
 
 
 @pytest.mark.parametrize(("old", "new"), [("[hot, cold]", "hot"), ("[hot, cold]", "cold")])
@@ -608,18 +611,18 @@ def test_rule_makes_an_aggregation_change_compatible() -> None:
     c = only(d)
     assert (c.kind, c.compatible, c.classified_compatible) == (ChangeKind.AGGREGATION_CHANGED, True, False)
     assert "declared compatible by evolution rule for clicks_1h: dashboards only" in c.detail
-    assert d.allowed
+    assert d.diff.allowed
 
 
 def test_aggregation_output_type_follows_its_widened_field() -> None:
     top = "    - {name: top_qty, function: max, of: qty, window: 1h, store: cold}\n"
     widened = AGG_FIELDS.replace("type: int32", "type: int64")
     d = agg_diff(aggs(top), aggs(top), new_fields=widened)
-    assert [(c.field, c.kind, c.scope, c.compatible) for c in d.changes] == [
+    assert [(c.field, c.kind, c.scope, c.compatible) for c in d.diff.changes] == [
         ("qty", ChangeKind.TYPE, "field", True), ("top_qty", ChangeKind.TYPE, "aggregation", True),
     ]
-    assert d.changes[1].detail == "output type integer -> bigint, following field qty (int32 -> int64)"
-    assert f'ALTER TABLE {A} ALTER COLUMN "top_qty" TYPE bigint USING "top_qty"::bigint' in d.migration_ddl
+    assert d.diff.changes[1].detail == "output type integer -> bigint, following field qty (int32 -> int64)"
+    assert f'ALTER TABLE {A} ALTER COLUMN "top_qty" TYPE bigint USING "top_qty"::bigint' in d.statements
 
 
 # ---------------------------------------------------------- evolution rules
@@ -636,8 +639,8 @@ def test_rule_breaking_change_false_makes_a_narrowing_compatible_with_a_note() -
     assert c.compatible and not c.classified_compatible and c.overridden
     assert c.honoured_rule is not None and c.honoured_rule.field == "x"
     assert "declared compatible by evolution rule for x: values never exceed 2^31" in c.detail
-    assert d.allowed
-    assert f'ALTER TABLE {T} ALTER COLUMN "x" TYPE integer USING "x"::integer' in d.migration_ddl
+    assert d.diff.allowed
+    assert f'ALTER TABLE {T} ALTER COLUMN "x" TYPE integer USING "x"::integer' in d.statements
 
 
 def test_rule_breaking_change_true_makes_a_new_enum_value_breaking() -> None:
@@ -647,8 +650,8 @@ def test_rule_breaking_change_true_makes_a_new_enum_value_breaking() -> None:
     c = only(d)
     assert (c.compatible, c.classified_compatible) == (False, True)
     assert c.honoured_rule is not None and c.honoured_rule.breaking_change is True
-    assert not d.allowed
-    assert d.refusal is not None and "status" in d.refusal
+    assert not d.diff.allowed
+    assert d.diff.refusal is not None and "status" in d.diff.refusal
 
 
 def test_rule_that_agrees_is_reported_but_overrides_nothing() -> None:
@@ -662,7 +665,7 @@ def test_rule_for_a_renamed_field_applies_under_the_old_name() -> None:
     d = diff(field("score", "int32"), field("points", "int32"), new_extra=extra)
     c = only(d)
     assert (c.kind, c.compatible) == (ChangeKind.FIELD_RENAMED, True)
-    assert d.migration_ddl[0] == f'ALTER TABLE {T} RENAME COLUMN "score" TO "points"'
+    assert d.statements[0] == f'ALTER TABLE {T} RENAME COLUMN "score" TO "points"'
 
 
 def test_rules_do_not_override_schema_level_changes() -> None:
@@ -670,7 +673,7 @@ def test_rules_do_not_override_schema_level_changes() -> None:
     old = schema(fields)
     new = schema(fields + rule("decided_at", False), version="1.1.0",
                  head="entity: application_id\nevent_time: decided_at\n")
-    c = only(diff_schemas(old, new))
+    c = only(plan_migration(old, new))
     assert (c.kind, c.compatible, c.honoured_rule) == (ChangeKind.EVENT_TIME, False, None)
 
 
@@ -697,12 +700,12 @@ evolution_rules:
   - field: employment_status
     breaking_change: true
 """
-    d = diff_schemas(parse_schema(text("3.1.0", "decimal(15,2)"), "credit.yaml"),
+    d = plan_migration(parse_schema(text("3.1.0", "decimal(15,2)"), "credit.yaml"),
                      parse_schema(text("3.2.1", "decimal(18,2)"), "credit.yaml"))
     c = only(d)
     assert (c.field, c.kind, c.compatible, c.overridden) == ("income_monthly", ChangeKind.TYPE, True, False)
-    assert d.allowed and d.warnings == ()
-    assert d.migration_ddl == []  # validation-only: no cold table to migrate
+    assert d.diff.allowed and d.diff.warnings == ()
+    assert d.statements == []  # validation-only: no cold table to migrate
 
 
 # --------------------------------------------------------------- versioning
@@ -710,35 +713,35 @@ evolution_rules:
 
 def test_breaking_change_without_major_bump_is_refused_naming_each_change() -> None:
     d = diff(field("a", "int32") + field("b", "int64"), field("b", "int32"), new_v="1.5.0")
-    assert not d.allowed
-    assert {c.field for c in d.breaking} == {"a", "b"}
-    assert d.refusal is not None
-    assert "2 breaking change(s)" in d.refusal and "expected 2.0.0" in d.refusal
-    assert "  - b: type narrowed from int64 to int32" in d.refusal
-    assert "  - a: field a (int32) removed" in d.refusal
+    assert not d.diff.allowed
+    assert {c.field for c in d.diff.breaking} == {"a", "b"}
+    assert d.diff.refusal is not None
+    assert "2 breaking change(s)" in d.diff.refusal and "expected 2.0.0" in d.diff.refusal
+    assert "  - b: type narrowed from int64 to int32" in d.diff.refusal
+    assert "  - a: field a (int32) removed" in d.diff.refusal
 
 
 def test_breaking_change_with_major_bump_is_allowed_without_fingerprint_update() -> None:
     old = field("a", "int32") + field("b", "int32", "max: 9")
     d = diff(old, field("b", "int32", "max: 99"), new_v="2.0.0")
-    assert d.allowed and not d.compatible and not d.complete
-    assert not any("featureline_schemas" in s for s in d.migration_ddl)
-    assert f'ALTER TABLE {T} ADD CONSTRAINT "b__max" CHECK ("b" <= 99)' in d.migration_ddl
+    assert d.diff.allowed and not d.diff.compatible and not d.complete
+    assert not any("featureline_schemas" in s for s in d.statements)
+    assert f'ALTER TABLE {T} ADD CONSTRAINT "b__max" CHECK ("b" <= 99)' in d.statements
 
 
 def test_compatible_change_without_bump_is_allowed_with_a_warning() -> None:
     d = diff(field("a", "int32", "max: 9"), field("a", "int32", "max: 99"), new_v="1.0.0")
-    assert d.allowed
-    assert len(d.warnings) == 1 and "version not bumped" in d.warnings[0]
+    assert d.diff.allowed
+    assert len(d.diff.warnings) == 1 and "version not bumped" in d.diff.warnings[0]
 
 
 @pytest.mark.parametrize("new_v", ["1.0.1", "1.1.0", "2.0.0"])
 def test_compatible_change_with_a_bump_ends_with_the_fingerprint_update(new_v: str) -> None:
     old = schema(field("a", "int32", "max: 9"))
     new = schema(field("a", "int32", "max: 99"), version=new_v)
-    d = diff_schemas(old, new)
-    assert d.allowed and d.warnings == ()
-    assert d.migration_ddl[-1] == (
+    d = plan_migration(old, new)
+    assert d.diff.allowed and d.diff.warnings == ()
+    assert d.statements[-1] == (
         'INSERT INTO "featureline_schemas" ("schema_name", "version", "fingerprint") '
         f"VALUES ('applicants', '{new_v}', '{fingerprint(new)}') "
         'ON CONFLICT ("schema_name") DO UPDATE SET "version" = EXCLUDED."version", '
@@ -748,7 +751,7 @@ def test_compatible_change_with_a_bump_ends_with_the_fingerprint_update(new_v: s
 
 def test_version_going_backwards_warns() -> None:
     d = diff(field("a", "int32", "max: 9"), field("a", "int32", "max: 99"), old_v="1.2.0", new_v="1.1.0")
-    assert any("backwards" in w for w in d.warnings)
+    assert any("backwards" in w for w in d.diff.warnings)
 
 
 # -------------------------------------------------------------------- quoting
@@ -757,11 +760,11 @@ def test_version_going_backwards_warns() -> None:
 def test_every_identifier_in_the_migration_is_quoted() -> None:
     d = diff(field("a", "int32", "required: true"),
              field("a", "int64") + field("b", "string", "max_length: 4", more="store: cold"))
-    assert d.migration_ddl
-    for statement in d.migration_ddl[:-1]:
+    assert d.statements
+    for statement in d.statements[:-1]:
         assert statement.startswith(f"ALTER TABLE {T} ")
     # no bare (unquoted) column names: every reference to a or b is quoted
-    body = " ".join(d.migration_ddl)
+    body = " ".join(d.statements)
     assert not re.search(r'(?<!["\w])(a|b)(?!["\w])', body.replace("'", " "))
 
 

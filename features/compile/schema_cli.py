@@ -2,7 +2,9 @@
 
 ``features schema diff OLD NEW [--json]`` classifies every change from the schema
 file OLD to the schema file NEW (see :mod:`features.schema.diff`), prints each one,
-then the migration DDL of the compatible changes.
+then the migration DDL of the compatible changes (:mod:`features.compile.migration`).
+It lives in ``compile/`` because it prints both: the schema package knows nothing of
+the DDL.
 
 Exit codes: 0 the change is allowed (compatible, or breaking with a new major
 version); 1 refused (a breaking change without a major version bump); 2 a usage
@@ -17,7 +19,8 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from features.schema.diff import Change, SchemaDiff
+    from features.compile.migration import Migration
+    from features.schema.diff import Change
     from features.schema.model import Schema
 
 
@@ -44,7 +47,7 @@ def run_diff(args: argparse.Namespace) -> int:
     A file that cannot be read or parsed raises (SchemaError) or, for an OS error,
     prints it and returns 2.
     """
-    from features.schema.diff import diff_schemas
+    from features.compile.migration import plan_migration
     from features.schema.parse import load_schema
 
     try:
@@ -53,13 +56,13 @@ def run_diff(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"features schema diff: error: {exc}", file=sys.stderr)
         return 2
-    result = diff_schemas(old, new)
+    migration = plan_migration(old, new)
     if args.json:
-        print(json.dumps(_as_json(result), indent=2))
+        print(json.dumps(_as_json(migration), indent=2))
     else:
-        _print_text(result)
-    if result.refusal is not None:
-        print(f"features schema diff: refused: {result.refusal}", file=sys.stderr)
+        _print_text(migration)
+    if migration.diff.refusal is not None:
+        print(f"features schema diff: refused: {migration.diff.refusal}", file=sys.stderr)
         return 1
     return 0
 
@@ -71,7 +74,9 @@ def _rule_json(change: Change) -> dict[str, Any] | None:
     return {"field": rule.field, "breaking_change": rule.breaking_change, "description": rule.description}
 
 
-def _as_json(result: SchemaDiff) -> dict[str, Any]:
+def _as_json(migration: Migration) -> dict[str, Any]:
+    result = migration.diff
+
     def side(schema: Schema) -> dict[str, Any]:
         return {"name": schema.name, "version": schema.version_str, "path": schema.path}
 
@@ -92,15 +97,16 @@ def _as_json(result: SchemaDiff) -> dict[str, Any]:
                 "classified_compatible": c.classified_compatible,
                 "detail": c.detail,
                 "rule": _rule_json(c),
-                "ddl": list(c.ddl),
+                "ddl": list(ddl),
             }
-            for c in result.changes
+            for c, ddl in zip(result.changes, migration.change_ddl, strict=True)
         ],
-        "migration_ddl": list(result.migration_ddl),
+        "migration_ddl": list(migration.statements),
     }
 
 
-def _print_text(result: SchemaDiff) -> None:
+def _print_text(migration: Migration) -> None:
+    result = migration.diff
     old, new = result.old, result.new
     title = old.name if old.name == new.name else f"{old.name} -> {new.name}"
     print(f"schema {title}: {old.version_str} -> {new.version_str}")
@@ -116,7 +122,7 @@ def _print_text(result: SchemaDiff) -> None:
         print(line)
     for warning in result.warnings:
         print(f"warning: {warning}")
-    if result.migration_ddl:
+    if migration.statements:
         print()
         if result.compatible:
             print("-- migration DDL")
@@ -124,7 +130,7 @@ def _print_text(result: SchemaDiff) -> None:
             print("-- partial migration DDL: only the compatible changes; breaking changes need a "
                   "manual migration")
         print("BEGIN;")
-        for statement in result.migration_ddl:
+        for statement in migration.statements:
             print(f"{statement};")
         print("COMMIT;")
     elif result.changes and result.compatible:
