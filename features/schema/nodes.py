@@ -2,10 +2,11 @@
 
 ``NodeReader`` holds the helpers every part of the schema parser uses: check that a
 node is a mapping with known keys (reporting unknown, duplicate and missing keys), a
-list, a string, a bool, an int or an exact number, and convert a constraint value
-exactly to a field's type. Each helper records a :class:`SchemaError` with the
-node's 1-based line and the key path, and returns None (or ``INVALID``) instead of
-raising, so one pass collects every problem in a file.
+list, a string, a bool, an int or an exact number, convert a constraint value
+exactly to a field's type, and read a column name, a ``store`` or a duration. Each
+helper records a :class:`SchemaError` with the node's 1-based line and the key path,
+and returns None (or ``INVALID``) instead of raising, so one pass collects every
+problem in a file.
 """
 
 from __future__ import annotations
@@ -16,15 +17,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Context, Decimal, InvalidOperation
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from yaml import YAMLError
 from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from features.errors import SchemaError
-from features.schema.model import FLOAT_KINDS, INTEGER_KINDS, FieldType, ScalarValue, TypeKind
-from features.schema.syntax import suggest
+from features.schema.model import FLOAT_KINDS, INTEGER_KINDS, FieldType, ScalarValue, StoreTarget, TypeKind
+from features.schema.syntax import MAX_DURATION_S, duration_seconds, identifier_problem, suggest
 
 _T: Final = "tag:yaml.org,2002:"
 STR: Final = _T + "str"
@@ -264,6 +265,11 @@ class NodeReader:
             return None
         return str(s.value)
 
+    def optional_string(self, m: YamlMap, key: str) -> str | None:
+        """The string under ``key`` of ``m``, None when the key is absent (or not a string)."""
+        node = m.get(key)
+        return None if node is None else self.string(node, m.at(key))
+
     def boolean(self, node: Node, kp: str) -> bool | None:
         s = self.scalar(node, kp, "true or false")
         if s is None:
@@ -432,6 +438,73 @@ class NodeReader:
         if dt.tzinfo is not None:
             dt = dt.astimezone(UTC)
         return dt.isoformat()
+
+    # ---- names, stores and durations (fields, features, aggregations, the hot store)
+
+    def parse_identifier(self, m: YamlMap, what: str) -> str | None:
+        """``m``'s ``name``, a column name (a reserved word is fine: columns are always
+        quoted); None when it is absent or invalid (the problem recorded)."""
+        node = m.get("name")
+        if node is None:
+            return None
+        name = self.string(node, m.at("name"), f"a {what} name")
+        if name is None:
+            return None
+        problem = identifier_problem(name, reserved_ok=True)  # a column: always quoted
+        if problem is not None:
+            self.error(node, m.at("name"), f"invalid {what} name '{name}': {problem}")
+            return None
+        return name
+
+    def parse_store(self, node: Node, kp: str, *, allow_none: bool) -> frozenset[StoreTarget] | None:
+        """A ``store``: ``hot``, ``cold`` or a list of them; with ``allow_none`` also ``none``
+        (the empty set). None after recording a problem."""
+        choices = ("hot", "cold", "none") if allow_none else ("hot", "cold")
+        expected = "hot, cold, none or a list of hot/cold" if allow_none else "hot, cold or [hot, cold]"
+        if isinstance(node, ScalarNode) and node.tag == STR:
+            items: list[Node] = [node]
+            if allow_none and node.value == "none":
+                return frozenset()
+        elif isinstance(node, SequenceNode):
+            items = list(node.value)
+        else:
+            self.error(node, kp, f"store must be {expected}, got {describe(node)}")
+            return None
+        out: set[StoreTarget] = set()
+        for i, item in enumerate(items):
+            ikp = kp if item is node else join_path(kp, i)
+            value = self.string(item, ikp, "a store name")
+            if value is None:
+                return None
+            if value == "none" and not allow_none:
+                self.error(item, ikp, f"a feature must be stored: {expected}")
+                return None
+            if value not in ("hot", "cold"):
+                hint = self.suggest(value, choices)
+                self.error(item, ikp, f"unknown store '{value}'{hint} (expected {expected})")
+                return None
+            if value in out:
+                self.error(item, ikp, f"duplicate store '{value}'")
+                return None
+            out.add(cast(StoreTarget, value))
+        if not out and not allow_none:
+            self.error(node, kp, f"a feature must be stored: {expected}")
+            return None
+        return frozenset(out)
+
+    def seconds(self, s: ScalarNode) -> int | None:
+        """A duration scalar in seconds: an int (any YAML 1.1 spelling) or text such as
+        7d, 12h, 30m, 45s, 1d12h; None when it is neither. Too large to convert (past
+        Python's int digit limit): ``MAX_DURATION_S + 1``."""
+        if s.tag == INT:
+            digits = str(s.value).replace("_", "").lstrip("+-").lstrip("0")
+            if digits.isdigit() and len(digits) > 15:  # int() past 4300 digits raises
+                return MAX_DURATION_S + 1
+            try:
+                return int(self.construct(s))  # also 0x10, 0o17, 1:30 (YAML 1.1 ints)
+            except ValueError:  # an explicit !!int that is none
+                return None
+        return duration_seconds(str(s.value)) if s.tag == STR else None
 
 
 def _decimal_places(d: Decimal) -> int:

@@ -1,0 +1,345 @@
+"""Windowed aggregations: the checks of the ``aggregations:`` section of a schema.
+
+``AggregationReader.parse_aggregations`` reads ``allowed_lateness`` and the list of
+aggregation features, each checked against the schema's fields (and the names its
+fields and derived features take), and returns an :class:`~features.schema.model.Aggregations`,
+or None after recording every problem (see :mod:`features.schema.nodes`).
+
+==============  ================================  ==============================
+function        of (the field it aggregates)      other keys
+==============  ================================  ==============================
+count           none (counts events) or any       window, where
+                field (counts non-null values)
+sum, mean       an integer or decimal field       window, where
+min, max, last  a numeric field                   window, where
+count_distinct  a string, enum, bool or integer   window, where
+                field
+ratio           -                                 numerator, denominator (two
+                                                  windowed aggregations), on_zero
+==============  ================================  ==============================
+
+A field an aggregation reads (``of``, ``where``) must be stored cold: windows are
+computed over the history table. ``where`` filters on string, enum, bool and integer
+fields, by listed values (never null). ``docs/aggregations.md`` gives the semantics.
+"""
+
+from __future__ import annotations
+
+from typing import Final, cast
+
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from features.schema.model import (
+    INTEGER_KINDS,
+    NUMERIC_KINDS,
+    AggFunction,
+    Aggregation,
+    Aggregations,
+    Feature,
+    Field,
+    ScalarValue,
+    TypeKind,
+    Window,
+    WindowKind,
+)
+from features.schema.nodes import Invalid, NodeReader, YamlMap, describe, is_null, join_path, line_of
+from features.schema.syntax import MAX_DURATION_S
+
+_AGG_SECTION_KEYS: Final = ("allowed_lateness", "features")
+_AGG_KEYS: Final = ("name", "function", "of", "window", "where", "numerator", "denominator", "on_zero",
+                    "store", "description")
+_AGG_FUNCTIONS: Final = ("count", "sum", "mean", "min", "max", "last", "count_distinct", "ratio")
+#: the field types each function accepts for ``of`` (why, in the error, for the others)
+_AGG_OF_KINDS: Final = {
+    "count": None,  # any type: counts non-null values
+    "sum": (INTEGER_KINDS | {TypeKind.DECIMAL}, "an integer or decimal field (float sums depend on the "
+                                                "order of addition, so batch and stream could differ)"),
+    "mean": (INTEGER_KINDS | {TypeKind.DECIMAL}, "an integer or decimal field (float sums depend on the "
+                                                 "order of addition, so batch and stream could differ)"),
+    "min": (NUMERIC_KINDS, "a numeric field"),
+    "max": (NUMERIC_KINDS, "a numeric field"),
+    "last": (NUMERIC_KINDS, "a numeric field"),
+    "count_distinct": (INTEGER_KINDS | {TypeKind.STRING, TypeKind.ENUM, TypeKind.BOOL},
+                       "a string, enum, bool or integer field"),
+}
+_WHERE_KINDS: Final = INTEGER_KINDS | {TypeKind.STRING, TypeKind.ENUM, TypeKind.BOOL}
+
+
+class AggregationReader(NodeReader):
+    """NodeReader plus the checks of the aggregations section."""
+
+    @staticmethod
+    def _value_node(node: Node, key: str) -> Node:
+        """The value of ``key`` in the mapping ``node`` (for an error's line), else ``node``."""
+        if isinstance(node, MappingNode):
+            for knode, vnode in node.value:
+                if isinstance(knode, ScalarNode) and knode.value == key:
+                    return cast(Node, vnode)
+        return node
+
+    def parse_aggregations(
+        self, top: YamlMap, fields: list[tuple[Field, Node]] | None, loadable: bool,
+        features: tuple[Feature, ...] | None,
+    ) -> Aggregations | None:
+        """The ``aggregations:`` section of ``top``: None when it is absent, or after
+        recording every problem in it. ``fields`` and ``features`` are the schema's
+        (None when they did not parse: references to them are then not checked); an
+        aggregation needs a ``loadable`` schema."""
+        node = top.get("aggregations")
+        if node is None or is_null(node):
+            return None
+        if not loadable:
+            self.error(node, "aggregations", "aggregations need a loadable schema: add entity and event_time")
+            return None
+        m = self.mapping(node, "aggregations", _AGG_SECTION_KEYS, ("features",), "the aggregations section")
+        if m is None:
+            return None
+        lateness = 0
+        if (late_node := m.get("allowed_lateness")) is not None:
+            lateness = self.duration(late_node, m.at("allowed_lateness"), "allowed_lateness", minimum=0) or 0
+        items = None if (f_node := m.get("features")) is None else self.sequence(
+            f_node, m.at("features"), "the list of aggregation features")
+        if items is None:
+            return None
+        if not items:
+            self.error(f_node, m.at("features"), "aggregations.features must list at least one aggregation")
+            return None
+        by_field = None if fields is None else {f.name: f for f, _ in fields}
+        taken = {f.name: "field" for f, _ in fields or ()}
+        taken.update({f.name: "feature" for f in features or ()})
+        first_line: dict[str, int | None] = {}
+        out: list[Aggregation] = []
+        ok = True
+        for i, item in enumerate(items):
+            kp = join_path(m.at("features"), i)
+            agg = self.parse_aggregation(item, kp, by_field)
+            if agg is None:
+                ok = False
+                continue
+            name_node = self._value_node(item, "name")
+            if agg.name in first_line:
+                self.error(name_node, join_path(kp, "name"),
+                           f"duplicate aggregation name '{agg.name}' (first at line {first_line[agg.name]})")
+                ok = False
+                continue
+            if agg.name in taken:
+                self.error(name_node, join_path(kp, "name"),
+                           f"aggregation name '{agg.name}' clashes with the {taken[agg.name]} '{agg.name}' "
+                           "(fields, features and aggregations share one set of names)")
+                ok = False
+                continue
+            first_line[agg.name] = line_of(name_node)
+            out.append(agg)
+        if not ok:
+            return None
+        windowed = {a.name: a for a in out if a.function != "ratio"}
+        for i, agg in enumerate(out):
+            if agg.function != "ratio":
+                continue
+            kp = join_path(m.at("features"), i)
+            for role, ref in (("numerator", agg.numerator), ("denominator", agg.denominator)):
+                if ref in windowed:
+                    continue
+                if ref in first_line:
+                    reason = (f"{role} '{ref}' is a ratio: a ratio divides two windowed aggregations "
+                              "(count, sum, mean, min, max, last or count_distinct), not another ratio")
+                else:
+                    reason = (f"{role} '{ref}' is not a windowed aggregation of this schema"
+                              + self.suggest(str(ref), windowed))
+                self.error(self._value_node(items[i], role), join_path(kp, role), reason)
+                ok = False
+        return Aggregations(allowed_lateness_s=lateness, features=tuple(out)) if ok else None
+
+    def duration(self, node: Node, kp: str, what: str, *, minimum: int) -> int | None:
+        """A duration: seconds as an int, or text such as 7d, 12h, 30m, 45s, 1d12h."""
+        s = self.scalar(node, kp, what)
+        if s is None:
+            return None
+        seconds = self.seconds(s)
+        if seconds is None:
+            self.error(s, kp, f"{what} {describe(s)} is not a duration: use seconds (3600) "
+                              "or a duration such as 7d, 12h, 30m, 45s, 1d12h")
+            return None
+        if seconds < minimum:
+            self.error(s, kp, f"{what} must be >= {minimum} seconds, got {s.value}")
+            return None
+        if seconds > MAX_DURATION_S:
+            self.error(s, kp, f"{what} must be at most {MAX_DURATION_S} seconds (100 years), got {s.value}")
+            return None
+        return seconds
+
+    def parse_window(self, node: Node, kp: str) -> Window | None:
+        if isinstance(node, MappingNode):
+            m = self.mapping(node, kp, ("size", "type"), ("size",), "a window")
+            if m is None or (size_node := m.get("size")) is None:
+                return None
+            size = self.duration(size_node, m.at("size"), "window size", minimum=1)
+            kind = "sliding"
+            if (type_node := m.get("type")) is not None:
+                text = self.string(type_node, m.at("type"), "sliding or tumbling")
+                if text is None:
+                    return None
+                if text not in ("sliding", "tumbling"):
+                    self.error(type_node, m.at("type"),
+                               f"window type must be sliding or tumbling, got '{text}'"
+                               + self.suggest(text, ("sliding", "tumbling")))
+                    return None
+                kind = text
+            return None if size is None else Window(size_s=size, kind=cast(WindowKind, kind))
+        size = self.duration(node, kp, "window", minimum=1)
+        return None if size is None else Window(size_s=size)
+
+    def parse_where(self, node: Node, kp: str, fields: dict[str, Field] | None
+                    ) -> tuple[tuple[str, tuple[ScalarValue, ...]], ...] | None:
+        # Every key is taken here and checked against the fields below, so that an unknown
+        # one reads as "not a field" rather than as an unknown key of some fixed set.
+        keys = [str(k.value) for k, _ in node.value if isinstance(k, ScalarNode)] \
+            if isinstance(node, MappingNode) else []
+        m = self.mapping(node, kp, keys, (), "a where filter (field: [values])")
+        if m is None:
+            return None
+        if not m.entries:
+            if not keys:
+                self.error(node, kp, "where must name at least one field")
+            return None
+        if fields is None:
+            return None  # the fields did not parse: their errors are reported already
+        out: list[tuple[str, tuple[ScalarValue, ...]]] = []
+        ok = True
+        for name, (knode, vnode) in m.entries.items():
+            vkp = m.at(name)
+            if (field := fields.get(name)) is None:
+                self.error(knode, vkp, f"where on '{name}': it is not a field of this schema"
+                                       + self.suggest(name, fields))
+                ok = False
+                continue
+            if "cold" not in field.store:
+                self.error(knode, vkp, _not_cold(name))
+                ok = False
+                continue
+            if field.type.kind not in _WHERE_KINDS:
+                self.error(vnode, vkp, f"where on field '{name}' ({field.type}): only string, enum, bool and "
+                                       "integer fields can be filtered")
+                return None
+            items = self.sequence(vnode, vkp, "the allowed values") if isinstance(vnode, SequenceNode) \
+                else [vnode]
+            if items is None:
+                return None
+            if not items:
+                self.error(vnode, vkp, "where needs at least one allowed value")
+                return None
+            values: list[ScalarValue] = []
+            seen: set[ScalarValue] = set()
+            for j, item in enumerate(items):
+                ikp = vkp if item is vnode else join_path(vkp, j)
+                if is_null(item):
+                    self.error(item, ikp, f"where values must not be null (a filter on '{name}' keeps "
+                                          "the events with one of the listed values; null matches none)")
+                    return None
+                value = self.typed_value(item, ikp, field.type, f"where value for '{name}'")
+                if isinstance(value, Invalid):
+                    return None
+                if field.type.kind is TypeKind.ENUM and value not in field.values:
+                    self.error(item, ikp, f"'{value}' is not one of the values of enum field '{name}'"
+                                          + self.suggest(str(value), field.values))
+                    return None
+                if value not in seen:
+                    seen.add(value)
+                    values.append(value)
+            out.append((name, tuple(values)))
+        return tuple(out) if ok else None
+
+    def parse_aggregation(self, node: Node, kp: str, fields: dict[str, Field] | None) -> Aggregation | None:
+        m = self.mapping(node, kp, _AGG_KEYS, ("name", "function", "store"), "an aggregation")
+        if m is None:
+            return None
+        name = self.parse_identifier(m, "aggregation")
+        function: str | None = None
+        if (fn_node := m.get("function")) is not None:
+            function = self.string(fn_node, m.at("function"), "an aggregation function")
+            if function is not None and function not in _AGG_FUNCTIONS:
+                hint = self.suggest(function, _AGG_FUNCTIONS) \
+                    or f"; expected one of: {', '.join(_AGG_FUNCTIONS)}"
+                self.error(fn_node, m.at("function"), f"unknown aggregation function '{function}'{hint}")
+                function = None
+        store = None
+        if (store_node := m.get("store")) is not None:
+            store = self.parse_store(store_node, m.at("store"), allow_none=False)
+        description = self.optional_string(m, "description") or ""
+        if function is None or name is None or store is None:
+            return None
+        ok = True
+        is_ratio = function == "ratio"
+        allowed = {"numerator", "denominator", "on_zero"} if is_ratio else {"of", "window", "where"}
+        for key in ("of", "window", "where", "numerator", "denominator", "on_zero"):
+            if m.get(key) is not None and key not in allowed:
+                reason = "a ratio divides two other aggregations: it has numerator, denominator and on_zero" \
+                    if is_ratio else f"{key} belongs to ratio aggregations only"
+                self.error(m.get(key), m.at(key), f"{key} does not apply to function {function}: {reason}")
+                ok = False
+        if is_ratio:
+            refs: list[str | None] = []
+            for key in ("numerator", "denominator"):
+                ref_node = m.get(key)
+                if ref_node is None:
+                    self.error(m.node, m.at(key), f"a ratio needs {key}: the name of another aggregation")
+                    ok = False
+                    refs.append(None)
+                else:
+                    refs.append(self.string(ref_node, m.at(key), "an aggregation name"))
+            on_zero = None
+            if (oz_node := m.get("on_zero")) is None:
+                self.error(m.node, m.at("on_zero"),
+                           "a ratio needs on_zero: its value where the denominator is 0")
+                ok = False
+            else:
+                number = self.plain_number(oz_node, m.at("on_zero"), "on_zero")
+                on_zero = None if number is None else float(number)
+                ok = ok and number is not None
+            if not ok or None in refs:
+                return None
+            return Aggregation(name=name, function="ratio", store=store, numerator=refs[0],
+                               denominator=refs[1], on_zero=on_zero, description=description,
+                               line=line_of(node))
+        of: str | None = None
+        if (of_node := m.get("of")) is not None:
+            of = self.string(of_node, m.at("of"), "a field name")
+            field = None if of is None or fields is None else fields.get(of)
+            if of is not None and fields is not None and field is None:
+                self.error(of_node, m.at("of"),
+                           f"of '{of}' is not a field of this schema{self.suggest(of, fields)}")
+                ok = False
+            if field is not None and "cold" not in field.store:
+                self.error(of_node, m.at("of"), _not_cold(field.name))
+                ok = False
+            rule = _AGG_OF_KINDS.get(function)
+            if field is not None and rule is not None and field.type.kind not in rule[0]:
+                self.error(of_node, m.at("of"), f"{function} of field '{of}' ({field.type}): "
+                                                f"{function} needs {rule[1]}")
+                ok = False
+            ok = ok and of is not None
+        elif function != "count":
+            self.error(m.node, m.at("of"), f"{function} needs of: the field it aggregates")
+            ok = False
+        window = None
+        if (w_node := m.get("window")) is None:
+            self.error(m.node, m.at("window"), "a windowed aggregation needs window: e.g. 24h, or "
+                                               "{size: 1d, type: tumbling}")
+            ok = False
+        else:
+            window = self.parse_window(w_node, m.at("window"))
+            ok = ok and window is not None
+        where: tuple[tuple[str, tuple[ScalarValue, ...]], ...] = ()
+        if (where_node := m.get("where")) is not None:
+            parsed_where = self.parse_where(where_node, m.at("where"), fields)
+            ok = ok and parsed_where is not None
+            where = parsed_where or ()
+        if not ok:
+            return None
+        return Aggregation(name=name, function=cast(AggFunction, function), store=store, of=of, window=window,
+                           where=where, description=description, line=line_of(node))
+
+
+def _not_cold(name: str) -> str:
+    return (f"field '{name}' is read by an aggregation, so it must be stored cold (store: cold or "
+            "[hot, cold]): windows are computed over the history table, which holds only cold fields")
