@@ -1,10 +1,11 @@
 """The package's import graph: no cycle among features' modules (counting imports inside
-functions too, not those under ``if TYPE_CHECKING``)."""
+functions too, not those under ``if TYPE_CHECKING``), and no import of the compiler by the
+schema model (counting every import)."""
 
 from __future__ import annotations
 
 import ast
-from collections import defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,23 +32,41 @@ def _type_checking_nodes(tree: ast.AST) -> set[int]:
     return skip
 
 
-def import_graph() -> dict[str, set[str]]:
+def imports_of(source: str, mods: Iterable[str], *, type_checking: bool = False) -> set[str]:
+    """The modules of ``mods`` that ``source`` imports, at any depth (inside functions
+    too); those under ``if TYPE_CHECKING:`` only when ``type_checking``."""
+    known = set(mods)
+    tree = ast.parse(source)
+    skip = set() if type_checking else _type_checking_nodes(tree)
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        module = node.module if isinstance(node, ast.ImportFrom) and node.level == 0 else None
+        if module is not None and module.startswith("features"):
+            for alias in node.names:
+                full = f"{module}.{alias.name}"
+                out.add(full if full in known else module)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("features"))
+    return {m for m in out if m in known}
+
+
+def import_graph(*, type_checking: bool = False) -> dict[str, set[str]]:
     mods = _modules()
-    graph: dict[str, set[str]] = defaultdict(set)
-    for name, path in mods.items():
-        tree = ast.parse(path.read_text())
-        skip = _type_checking_nodes(tree)
-        for node in ast.walk(tree):
-            if id(node) in skip:
-                continue
-            module = node.module if isinstance(node, ast.ImportFrom) and node.level == 0 else None
-            if module is not None and module.startswith("features"):
-                for alias in node.names:
-                    full = f"{module}.{alias.name}"
-                    graph[name].add(full if full in mods else module)
-            elif isinstance(node, ast.Import):
-                graph[name].update(a.name for a in node.names if a.name.startswith("features"))
-    return {k: {v for v in vs if v in mods and v != k} for k, vs in graph.items()}
+    graph = {name: imports_of(path.read_text(), mods, type_checking=type_checking)
+             for name, path in mods.items()}
+    return {k: vs - {k} for k, vs in graph.items() if vs - {k}}
+
+
+def imports_across(graph: dict[str, set[str]], importer: str, imported: str) -> list[str]:
+    """``a -> b`` for each module ``a`` of package ``importer`` that imports a module
+    ``b`` of package ``imported``."""
+    def within(module: str, package: str) -> bool:
+        return module == package or module.startswith(package + ".")
+
+    return sorted(f"{a} -> {b}" for a, bs in graph.items() if within(a, importer)
+                  for b in bs if within(b, imported))
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -94,3 +113,33 @@ def test_no_import_cycle_in_the_package() -> None:
 
 def test_the_walk_finds_a_cycle() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_schema_model_imports_nothing_from_the_compiler() -> None:
+    """Issue 21: ``features.schema`` (YAML -> Schema) knows nothing of its artefacts; the
+    compiler imports the schema, never the reverse (the migration DDL of a schema diff
+    lives in ``features.compile.migration``)."""
+    found = imports_across(import_graph(type_checking=True), "features.schema", "features.compile")
+    assert not found, "features.schema imports the compiler: " + "; ".join(found)
+
+
+def test_the_walk_finds_an_import_inside_a_function() -> None:
+    source = (
+        "from __future__ import annotations\n"
+        "from typing import TYPE_CHECKING\n"
+        "from features.schema.model import Schema\n"
+        "if TYPE_CHECKING:\n    import features.compile.rules\n"
+        "def f(s: Schema) -> str:\n"
+        "    from features.compile.postgres import pg_type\n"
+        "    return pg_type(s.fields[0].type)\n"
+    )
+    mods = _modules()
+    graph = {"features.schema.fake": imports_of(source, mods)}
+    assert imports_across(graph, "features.schema", "features.compile") == [
+        "features.schema.fake -> features.compile.postgres"]
+    graph = {"features.schema.fake": imports_of(source, mods, type_checking=True)}
+    assert imports_across(graph, "features.schema", "features.compile") == [
+        "features.schema.fake -> features.compile.postgres", "features.schema.fake -> features.compile.rules"]
+    # a package whose name only starts like features.schema is another package
+    assert imports_across({"features.schemas_x": {"features.compile"}}, "features.schema",
+                          "features.compile") == []
