@@ -21,8 +21,10 @@ DDL per change kind (see :mod:`features.schema.diff` for the classification):
 
 =================  ==========================================================
 field_added        ADD COLUMN (NOT NULL, DEFAULT) and its CHECKs, when cold
-field_removed      DROP NOT NULL: the column stays for history
-field_renamed      RENAME COLUMN and RENAME CONSTRAINT of its CHECKs
+field_removed      DROP NOT NULL (the column stays for history), when a rule
+                   allows the removal
+field_renamed      RENAME COLUMN and RENAME CONSTRAINT of its CHECKs, when a
+                   rule allows the rename
 type               ALTER COLUMN TYPE ... USING when the Postgres type changes,
                    and the CHECKs and DEFAULT written again (Postgres keeps the
                    old casts inside them); CHECKs that change with the type
@@ -34,7 +36,8 @@ min, max, ...,     the CHECK ``<column>__<kind>`` dropped and re-added
 pattern, enum
 default            SET DEFAULT / DROP DEFAULT
 store              ``cold`` added: ADD COLUMN (in the aggregates table for an
-                   aggregation); ``cold`` removed from a field: DROP NOT NULL
+                   aggregation); ``cold`` removed from a field: DROP NOT NULL,
+                   when a rule allows it
 feature_added      ADD COLUMN when stored cold
 aggregation_added  ADD COLUMN in the aggregates table when stored cold; the
                    CREATE TABLE of the aggregates table when the old schema had
@@ -110,8 +113,9 @@ def plan_migration(old: Schema, new: Schema) -> Migration:
 
 
 def render_migration(diff: SchemaDiff) -> Migration:
-    """The DDL of each change of ``diff`` and the whole migration (see
-    :func:`plan_migration` for what it raises)."""
+    """The DDL of each change of ``diff`` (as :func:`~features.schema.diff.diff_schemas`
+    returned it: the renderer finds each change by its item and kind) and the whole
+    migration. Raises as :func:`plan_migration` does."""
     renderer = _Renderer(diff.old, diff.new, diff.changes)
     renderer.fields()
     renderer.features()
