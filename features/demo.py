@@ -146,9 +146,9 @@ def _stream(settings: Any, topic: str, events: int) -> dict[str, Any] | None:
 
 
 def _read_back(settings: Any, compiled: Any) -> None:
-    import psycopg
     import redis
 
+    from features.sinks import pg
     from features.sinks.redis import entity_key
     from features.sinks.redis_wire import RedisEndpoint
 
@@ -169,7 +169,7 @@ def _read_back(settings: Any, compiled: Any) -> None:
     hot = {k.decode(): v.decode() for k, v in raw.items()}
     shown = {k: hot[k] for k in ("income_monthly", "income_log", "debt_to_income", "_source") if k in hot}
     print(f"redis    HGETALL {key}: {shown}")
-    with psycopg.connect(settings.postgres_dsn) as conn:
+    with pg.connect(settings.postgres_dsn) as conn:
         n = conn.execute(f'SELECT count(*) FROM "{compiled.name}"').fetchone()[0]  # type: ignore[index]
         nr = conn.execute(f'SELECT count(*) FROM "{compiled.name}__rejects"').fetchone()[0]  # type: ignore[index]
         sample = conn.execute(f'SELECT _source, errors->0->>\'message\' FROM "{compiled.name}__rejects" '

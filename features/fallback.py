@@ -42,7 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from features.compile import CompiledSchema
-from features.errors import SinkError, SinkUnavailable
+from features.errors import SinkUnavailable
 from features.lineage import INGESTED_AT, RUN_ID, SCHEMA_FINGERPRINT, SCHEMA_VERSION, SOURCE
 
 if TYPE_CHECKING:
@@ -311,17 +311,13 @@ class Fallback:
         return self._control
 
     def _pipeline(self, commands: Sequence[Sequence[Any]], what: str) -> list[Any]:
-        import redis
+        from features.sinks.redis_wire import map_redis_errors
 
         pipe = self._redis().pipeline(transaction=False)
         for cmd in commands:
             pipe.execute_command(*cmd)
-        try:
+        with map_redis_errors(self.store.redis_address, f"the {what}"):
             return list(pipe.execute())
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise SinkUnavailable(f"Redis unreachable for the {what}: {exc}", store="redis") from exc
-        except redis.RedisError as exc:
-            raise SinkError(f"Redis refused the {what}: {exc}", store="redis") from exc
 
     def _lock_fill(self, c: CompiledSchema, ids: Sequence[str]) -> set[str]:
         """The ids whose fill lock this caller won (``SET NX PX``, one round trip)."""

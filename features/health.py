@@ -57,16 +57,15 @@ def _timed(kind: str, name: str, fn: Any) -> Check:
 
 
 def check_all(settings: Any, *, timeout_s: float = 5.0) -> list[Check]:
-    from features.sinks.postgres import _address
+    from features.sinks import pg
     from features.sinks.redis_wire import RedisEndpoint
 
     checks: list[Check] = []
-    pg_address = _address(settings.postgres_dsn)
+    pg_address = pg.address(settings.postgres_dsn)
 
     def postgres() -> str:
-        import psycopg
-
-        with psycopg.connect(settings.postgres_dsn, connect_timeout=max(int(timeout_s), 1)) as conn:
+        with pg.connect(settings.postgres_dsn, timeout_s=timeout_s) as conn, \
+                pg.map_psycopg_errors(settings.postgres_dsn, "SHOW server_version"):
             row = conn.execute("SHOW server_version").fetchone()
         return f"{pg_address}: PostgreSQL {row[0] if row else '?'}"
 
@@ -117,17 +116,17 @@ def check_all(settings: Any, *, timeout_s: float = 5.0) -> list[Check]:
 
 
 def _schema_checks(settings: Any, timeout_s: float) -> list[Check]:
-    import psycopg
-
     from features.compile import compile_schema
     from features.compile.postgres import SCHEMAS_TABLE, quote_ident
     from features.schema import load_schemas
+    from features.sinks import pg
 
     out: list[Check] = []
     schemas = load_schemas(settings.schemas_dir)
     recorded: dict[str, tuple[str, str]] = {}
     timeout = max(int(timeout_s), 1)
-    with psycopg.connect(settings.postgres_dsn, connect_timeout=timeout, autocommit=True) as conn:
+    with pg.connect(settings.postgres_dsn, timeout_s=timeout, autocommit=True) as conn, \
+            pg.map_psycopg_errors(settings.postgres_dsn, "the fingerprint read"):
         row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (quote_ident(SCHEMAS_TABLE),)).fetchone()
         if row and row[0]:
             for r in conn.execute(f"SELECT schema_name, version, fingerprint FROM "

@@ -74,7 +74,11 @@ class FeatureStore:
                  metrics_host: str = DEFAULT_HOST, fill: bool = True,
                  fill_lock: dt.timedelta = dt.timedelta(seconds=2), fill_wait: dt.timedelta = dt.timedelta(0),
                  negative_ttl: dt.timedelta = dt.timedelta(seconds=1)) -> None:
+        from features.sinks.redis_wire import RedisEndpoint
+
         self.redis_url = redis_url
+        #: ``host:port`` of the Redis URL (the first seed of a cluster), never its password
+        self.redis_address = RedisEndpoint.from_url(redis_url).address
         self.postgres_dsn = postgres_dsn
         self.schemas_path = Path(schemas)
         self.fallback = fallback
@@ -181,64 +185,32 @@ class FeatureStore:
 
     # --- connections ----------------------------------------------------------------------
 
-    def _pg_options(self) -> str:
-        """The DSN's own ``options`` plus UTC and the store's ``search_path``."""
-        from psycopg.conninfo import conninfo_to_dict
-
-        return " ".join(filter(None, [str(conninfo_to_dict(self.postgres_dsn).get("options") or ""),
-                                      "-c TimeZone=UTC",
-                                      f"-c search_path={self.search_path}" if self.search_path else ""]))
-
     def _pg_run(self, what: str, fn: Callable[[Any], _T]) -> _T:
-        """``fn(connection)``, with driver errors translated at this edge: a connection lost
-        under it (the server restarted, the backend was terminated) is reopened once and
-        ``fn`` run again; still failing: SinkUnavailable naming the address. Any other
-        driver error is a SinkError naming ``what``; UndefinedTable passes through (the
-        callers decide what a missing table means)."""
+        """``fn(connection)``, with driver errors translated at this edge
+        (:func:`features.sinks.pg.map_psycopg_errors`): a connection lost under it (the
+        server restarted, the backend was terminated) is reopened once and ``fn`` run
+        again; still failing: SinkUnavailable naming the address. Any other driver error
+        is a SinkError naming ``what``; UndefinedTable passes through (the callers decide
+        what a missing table means)."""
         import psycopg
         from psycopg import errors
 
-        for attempt in (1, 2):
+        from features.sinks import pg
+
+        with pg.map_psycopg_errors(self.postgres_dsn, what, passthrough=(errors.UndefinedTable,)):
             conn = self._postgres()
             try:
                 return fn(conn)
-            except errors.UndefinedTable:
-                raise
-            except psycopg.OperationalError as exc:
+            except psycopg.OperationalError:
                 conn.close()
-                if attempt == 2:
-                    raise self._pg_error(exc, what) from exc
-            except psycopg.Error as exc:
-                raise self._pg_error(exc, what) from exc
-        raise AssertionError("unreachable")
-
-    def _pg_error(self, exc: Exception, what: str) -> SinkError:
-        """A psycopg error as the package's: SinkUnavailable for a lost or refused
-        connection (naming the address), SinkError for a refused statement."""
-        import psycopg
-
-        from features.sinks.postgres import _address
-
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if isinstance(exc, psycopg.OperationalError):
-            address = _address(self.postgres_dsn)
-            return SinkUnavailable(f"Postgres at {address} failed during {what}: {text}", store="postgres",
-                                   address=address)
-        return SinkError(f"Postgres refused {what}: {text}", store="postgres")
+            return fn(self._postgres())
 
     def _postgres(self) -> Any:
         if self._pg is None or self._pg.closed:
-            import psycopg
+            from features.sinks import pg
 
-            try:
-                self._pg = psycopg.connect(self.postgres_dsn, autocommit=True, options=self._pg_options(),
-                                           connect_timeout=max(int(self.timeout_s), 1))
-            except psycopg.OperationalError as exc:
-                from features.sinks.postgres import _address
-
-                raise SinkUnavailable(f"Postgres unreachable at {_address(self.postgres_dsn)}: "
-                                      f"{str(exc).strip()}", store="postgres",
-                                      address=_address(self.postgres_dsn)) from exc
+            self._pg = pg.connect(self.postgres_dsn, autocommit=True, utc=True, search_path=self.search_path,
+                                  timeout_s=self.timeout_s)
         return self._pg
 
     # --- online -----------------------------------------------------------------------------
@@ -382,7 +354,7 @@ class FeatureStore:
                             since: float) -> tuple[pa.Table, int, int]:
         import asyncio
 
-        import redis.asyncio as aredis
+        from features.sinks.redis_wire import map_redis_errors
 
         if self._aredis is None:  # redis-py's cluster client for a cluster: routes each HMGET by slot
             from features.fallback import redis_py_client
@@ -395,11 +367,8 @@ class FeatureStore:
                     pipe.pttl(k)
                 else:
                     pipe.hmget(k, fields)
-        try:
+        with map_redis_errors(self.redis_address, "the online read"):
             replies = await pipe.execute()
-        except (aredis.ConnectionError, aredis.TimeoutError) as exc:
-            raise SinkUnavailable(f"Redis unreachable at {self.redis_url.split('@')[-1]}: {exc}",
-                                  store="redis") from exc
         return await asyncio.to_thread(self._finish_online, req, replies, fallback, max_age, since)
 
     async def aclose(self) -> None:
@@ -635,11 +604,13 @@ class FeatureStore:
                 sinks[aggregates].open()
             return sinks[aggregates]
 
-        import psycopg
+        from features.sinks import pg
 
         done = written = 0
         try:
-            with psycopg.connect(self.postgres_dsn, autocommit=False, options=self._pg_options()) as conn, \
+            with pg.map_psycopg_errors(self.postgres_dsn, "the prewarm read"), \
+                    pg.connect(self.postgres_dsn, utc=True, search_path=self.search_path,
+                               timeout_s=self.timeout_s) as conn, \
                     conn.cursor(name="featureline_prewarm") as cur:
                 cur.execute(query, params)
                 while True:
@@ -651,8 +622,6 @@ class FeatureStore:
                     done += rows.num_rows
                     if progress is not None:
                         progress(done, written)
-        except psycopg.Error as exc:  # translated at this edge, as in _pg_run
-            raise self._pg_error(exc, "the prewarm read") from exc
         finally:
             for sink in sinks.values():
                 sink.close()

@@ -285,9 +285,9 @@ class Postgres:
 
     def healthy(self) -> bool:
         try:
-            import psycopg
+            from features.sinks import pg
 
-            with psycopg.connect(self.dsn, connect_timeout=3) as conn:
+            with pg.connect(self.dsn, timeout_s=3) as conn:
                 conn.execute("SELECT 1")
             return True
         except Exception:  # any failure means "not healthy"; status reports it, never raises
@@ -295,9 +295,9 @@ class Postgres:
 
     def version(self) -> str:
         try:
-            import psycopg
+            from features.sinks import pg
 
-            with psycopg.connect(self.dsn, connect_timeout=3) as conn:
+            with pg.connect(self.dsn, timeout_s=3) as conn:
                 row = conn.execute("SHOW server_version").fetchone()
             return f"PostgreSQL {row[0].split()[0]}" if row else "?"
         except Exception:  # unreachable: report "unknown" rather than fail status

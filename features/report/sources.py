@@ -19,8 +19,9 @@ from typing import Any
 import pyarrow as pa
 
 from features.compile import CompiledSchema
-from features.errors import SinkError, SinkUnavailable, SourceError
+from features.errors import SinkError, SourceError
 from features.report.core import Chunk
+from features.sinks.pg import address, connect, map_psycopg_errors
 
 #: Rows fetched per round trip from a Postgres cursor.
 PG_BATCH_ROWS = 50_000
@@ -67,35 +68,17 @@ def parquet_input(paths: Sequence[str | Path], compiled: CompiledSchema, batch_r
 # --------------------------------------------------------------------------- Postgres
 
 
-def _address(dsn: str) -> str:
-    """``host:port/dbname`` of a DSN (URL or key=value), never its credentials."""
-    from psycopg.conninfo import conninfo_to_dict
-
-    try:
-        d = conninfo_to_dict(dsn)
-    except Exception:  # a malformed DSN: connect() reports it; show nothing of it here
-        return "(unparsable DSN)"
-    return f"{d.get('host') or 'localhost'}:{d.get('port') or 5432}/{d.get('dbname') or ''}"
-
-
 class Postgres:
-    """A read-only connection for the report; every failure becomes a FeaturesError."""
+    """A read-only connection for the report; every failure becomes a FeaturesError
+    (opened and translated by :mod:`features.sinks.pg`)."""
 
     def __init__(self, dsn: str) -> None:
         self.dsn = dsn
+        self.address = address(dsn)
         self.conn: Any = None
 
     def __enter__(self) -> Postgres:
-        import psycopg
-
-        try:
-            self.conn = psycopg.connect(self.dsn, connect_timeout=5)
-            self.conn.read_only = True
-        except psycopg.Error as exc:
-            raise SinkUnavailable(
-                f"Postgres unreachable at {_address(self.dsn)}: {str(exc).strip()} "
-                "(is it running? `features dev up`)", store="postgres", address=_address(self.dsn),
-            ) from exc
+        self.conn = connect(self.dsn, read_only=True, hint=" (is it running? `features dev up`)")
         return self
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
@@ -103,17 +86,12 @@ class Postgres:
         if self.conn is not None:
             self.conn.close()
 
-    def _fail(self, exc: Exception, what: str) -> SinkError:
-        return SinkError(f"Postgres at {_address(self.dsn)}: {what}: {str(exc).strip()}", store="postgres",
-                         address=_address(self.dsn))
-
     def resolve(self, table: str) -> tuple[str, str, list[str], int | None]:
         """(schema, table, columns, estimated rows) of ``table`` on the search_path;
         SinkError naming the search_path when there is none."""
-        import psycopg
         from psycopg import sql
 
-        try:
+        with map_psycopg_errors(self.dsn, f"the lookup of table {table!r}"):
             ident = sql.Identifier(table).as_string(self.conn)
             row = self.conn.execute(
                 "SELECT n.nspname, c.relname, c.reltuples::bigint FROM pg_class c "
@@ -123,36 +101,30 @@ class Postgres:
                 path = self.conn.execute("SHOW search_path").fetchone()[0]
                 self.conn.rollback()
                 raise SinkError(
-                    f"no table {table!r} on search_path {path!r} in Postgres at {_address(self.dsn)} "
+                    f"no table {table!r} on search_path {path!r} in Postgres at {self.address} "
                     "(load data with `features load` first, or set the search_path in the DSN)",
-                    store="postgres", address=_address(self.dsn))
+                    store="postgres", address=self.address)
             columns = [r[0] for r in self.conn.execute(
                 "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0 "
                 "AND NOT attisdropped ORDER BY attnum", (ident,)).fetchall()]
-        except psycopg.Error as exc:
-            raise self._fail(exc, f"cannot look up table {table!r}") from exc
         estimate = int(row[2]) if row[2] is not None and row[2] >= 0 else None
         return str(row[0]), str(row[1]), columns, estimate
 
     def stream(self, query: Any, params: Sequence[Any], batch_rows: int, what: str
                ) -> Iterator[tuple[list[str], list[tuple[Any, ...]]]]:
         """(column names, rows) pages of ``query`` through a server-side cursor."""
-        import psycopg
-
-        try:
-            with self.conn.transaction(), self.conn.cursor(name="features_report") as cur:
-                cur.itersize = batch_rows
-                cur.execute(query, params)
-                names: list[str] | None = None
-                while True:
-                    rows = cur.fetchmany(batch_rows)
-                    if names is None:
-                        names = [d.name for d in cur.description]
-                    if not rows:
-                        break
-                    yield names, rows
-        except psycopg.Error as exc:
-            raise self._fail(exc, f"reading {what} failed") from exc
+        with map_psycopg_errors(self.dsn, f"the read of {what}"), self.conn.transaction(), \
+                self.conn.cursor(name="features_report") as cur:
+            cur.itersize = batch_rows
+            cur.execute(query, params)
+            names: list[str] | None = None
+            while True:
+                rows = cur.fetchmany(batch_rows)
+                if names is None:
+                    names = [d.name for d in cur.description]
+                if not rows:
+                    break
+                yield names, rows
 
 
 def _column(values: list[Any], target: pa.DataType, name: str) -> pa.Array:
@@ -187,7 +159,7 @@ def table_input(pg: Postgres, compiled: CompiledSchema, batch_rows: int
         sql.SQL(", ").join(sql.Identifier(c) for c in wanted) if wanted else sql.SQL("NULL"),
         sql.Identifier(nsp), sql.Identifier(table))
     runs, origins, ingested = BoundedSet(), BoundedSet(), Range()
-    lineage: dict[str, Any] = {"kind": "table", "table": f"{nsp}.{table}", "postgres": _address(pg.dsn),
+    lineage: dict[str, Any] = {"kind": "table", "table": f"{nsp}.{table}", "postgres": pg.address,
                                "columns": columns, "batch_rows": batch_rows,
                                # filled while the chunks are read; see features.report.build.finish
                                "run_ids": runs, "origins": origins, "ingested_at": ingested}
@@ -234,7 +206,7 @@ def rejects_input(pg: Postgres, compiled: CompiledSchema, since: dt.datetime | N
         params.append(since)
     if "id" in columns:
         query = sql.SQL("{} ORDER BY {}").format(query, sql.Identifier("id"))
-    lineage: dict[str, Any] = {"kind": "rejects", "table": f"{nsp}.{table}", "postgres": _address(pg.dsn),
+    lineage: dict[str, Any] = {"kind": "rejects", "table": f"{nsp}.{table}", "postgres": pg.address,
                                "since": since.isoformat() if since else None, "batch_rows": batch_rows}
 
     def pages() -> Iterator[list[dict[str, Any]]]:

@@ -10,13 +10,16 @@ re-run skips what is already stored; without a key (streams) it writes idempoten
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from features.errors import SinkUnavailable
 from features.lineage import INGESTED_AT, RUN_ID, SCHEMA_FINGERPRINT, SCHEMA_NAME, SCHEMA_VERSION, SOURCE
 
 #: What a sink receives for the rejects of a unit (``WriteUnit.rejects``) and the rejects
@@ -34,6 +37,28 @@ REJECTED_ROWS_SCHEMA = pa.schema([
     pa.field(RUN_ID, pa.string()),
     pa.field(INGESTED_AT, pa.timestamp("us", "UTC")),
 ])
+
+T = TypeVar("T")
+
+
+def retrying(fn: Callable[[], T], *, attempts: int, backoff_s: float,
+             transient: tuple[type[BaseException], ...], reset: Callable[[], None],
+             give_up: Callable[[BaseException, int], SinkUnavailable]) -> T:
+    """``fn()``, tried up to ``attempts`` times: after a ``transient`` error ``reset()``
+    (drop the connection; ``fn`` reconnects), wait ``backoff_s`` (doubling each time) and
+    try again; the last failure raises ``give_up(error, attempts)``. The sinks' one retry
+    loop: a store restarting under a load costs a pause, not the run."""
+    delay = backoff_s
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn()
+        except transient as exc:
+            reset()
+            if attempt == attempts:
+                raise give_up(exc, attempt) from exc
+            time.sleep(delay)
+            delay *= 2
+    raise AssertionError("unreachable")
 
 
 @dataclass(frozen=True)

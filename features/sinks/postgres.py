@@ -45,7 +45,8 @@ from features.compile.postgres import (
     rejects_table_name,
 )
 from features.errors import SinkError, SinkUnavailable
-from features.sinks.base import WriteResult, WriteUnit
+from features.sinks import pg
+from features.sinks.base import WriteResult, WriteUnit, retrying
 from features.sinks.pgbinary import copy_binary
 
 LEDGER_TABLE = "featureline_ledger"
@@ -66,16 +67,6 @@ CREATE TABLE IF NOT EXISTS {quote_ident(LEDGER_TABLE)} (
 
 T = TypeVar("T")
 _CSV = pacsv.WriteOptions(include_header=False, quoting_style="needed")
-
-
-def _address(dsn: str) -> str:
-    try:
-        from psycopg.conninfo import conninfo_to_dict
-
-        info = conninfo_to_dict(dsn)
-    except Exception:  # an unparsable DSN: show nothing rather than leak a password
-        return "<unparsable DSN>"
-    return f"{info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
 
 
 def copy_csv(table: pa.Table) -> bytes:
@@ -113,7 +104,7 @@ class PostgresSink:
             raise SinkError(f"schema {compiled.name!r} is validation-only (no entity/event_time): "
                             "it cannot be loaded into Postgres", store=self.name)
         self.dsn = dsn
-        self.address = _address(dsn)
+        self.address = pg.address(dsn)
         self.compiled = compiled
         self.search_path = search_path
         self.retries = retries
@@ -143,47 +134,34 @@ class PostgresSink:
     # --- connection ---------------------------------------------------------------
 
     def _connect(self) -> Any:
-        import psycopg
-        from psycopg.conninfo import conninfo_to_dict
-
         # TimeZone=UTC: COPY data carries zoned timestamps as UTC wall clock (see copy_csv).
-        # Appended to any options the DSN already has (e.g. its own search_path).
-        options = " ".join(filter(None, [str(conninfo_to_dict(self.dsn).get("options") or ""),
-                                         "-c TimeZone=UTC",
-                                         f"-c search_path={self.search_path}" if self.search_path else ""]))
-        try:
-            conn = psycopg.connect(self.dsn, connect_timeout=5, options=options)
-        except psycopg.OperationalError as exc:
-            raise SinkUnavailable(f"Postgres unreachable at {self.address}: {str(exc).strip()}",
-                                  store=self.name, address=self.address) from exc
-        return conn
+        return pg.connect(self.dsn, utc=True, search_path=self.search_path)
 
     def _retrying(self, what: str, fn: Callable[[Any], T]) -> T:
         """Run ``fn(conn)``; on a lost connection reconnect and retry with backoff."""
         import psycopg
 
-        delay = self.backoff_s
-        for attempt in range(1, self.retries + 1):
+        def attempt() -> T:
+            if self._conn is None or self._conn.closed:
+                self._conn = self._connect()
+                self._staged.clear()
             try:
-                if self._conn is None or self._conn.closed:
-                    self._conn = self._connect()
-                    self._staged.clear()
-                try:
-                    return fn(self._conn)
-                except BaseException:
-                    self._staged.clear()  # the failed transaction may have taken a CREATE back
-                    raise
-            except (psycopg.OperationalError, SinkUnavailable) as exc:
-                if self._conn is not None:
-                    self._conn.close()
-                self._conn = None
-                if attempt == self.retries:
-                    raise SinkUnavailable(
-                        f"Postgres at {self.address}: {what} failed after {attempt} attempts: "
-                        f"{str(exc).strip()}", store=self.name, address=self.address) from exc
-                time.sleep(delay)
-                delay *= 2
-        raise AssertionError("unreachable")
+                return fn(self._conn)
+            except BaseException:
+                self._staged.clear()  # the failed transaction may have taken a CREATE back
+                raise
+
+        def reset() -> None:
+            if self._conn is not None:
+                self._conn.close()
+            self._conn = None
+
+        def give_up(exc: BaseException, attempts: int) -> SinkUnavailable:
+            return SinkUnavailable(f"Postgres at {self.address}: {what} failed after {attempts} attempts: "
+                                   f"{str(exc).strip()}", store=self.name, address=self.address)
+
+        return retrying(attempt, attempts=self.retries, backoff_s=self.backoff_s,
+                        transient=(psycopg.OperationalError, SinkUnavailable), reset=reset, give_up=give_up)
 
     def open(self) -> None:
         self._conn = self._connect()

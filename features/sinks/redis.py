@@ -41,8 +41,8 @@ import pyarrow.compute as pc
 from features.compile import CompiledSchema
 from features.errors import SinkError, SinkUnavailable
 from features.lineage import INGESTED_AT, RUN_ID, SCHEMA_FINGERPRINT, SCHEMA_VERSION, SOURCE
-from features.sinks.base import WriteResult, WriteUnit, binary_rows, laid_end_to_end
-from features.sinks.redis_wire import Conn, RedisEndpoint, ReplyError
+from features.sinks.base import WriteResult, WriteUnit, binary_rows, laid_end_to_end, retrying
+from features.sinks.redis_wire import Conn, RedisEndpoint, ReplyError, map_redis_errors
 
 if TYPE_CHECKING:
     import redis
@@ -308,44 +308,33 @@ class RedisSink:
         return reply
 
     def _retrying(self, what: str, fn: Any) -> Any:
-        delay = self.backoff_s
-        for attempt in range(1, self.retries + 1):
-            try:
-                if self._cluster is not None:
-                    self._cluster.ensure_map()
-                elif self._conn is None:
-                    self._connect()
-                return fn()
-            except (OSError, ConnectionError, SinkUnavailable) as exc:
-                self.close()
-                if attempt == self.retries:
-                    raise SinkUnavailable(f"Redis at {self.address}: {what} failed after {attempt} "
-                                          f"attempts: {exc}", store=self.name, address=self.address) from exc
-                time.sleep(delay)
-                delay *= 2
-        raise AssertionError("unreachable")
+        def attempt() -> Any:
+            if self._cluster is not None:
+                self._cluster.ensure_map()
+            elif self._conn is None:
+                self._connect()
+            return fn()
+
+        def give_up(exc: BaseException, attempts: int) -> SinkUnavailable:
+            return SinkUnavailable(f"Redis at {self.address}: {what} failed after {attempts} attempts: {exc}",
+                                   store=self.name, address=self.address)
+
+        return retrying(attempt, attempts=self.retries, backoff_s=self.backoff_s,
+                        transient=(OSError, ConnectionError, SinkUnavailable), reset=self.close,
+                        give_up=give_up)
 
     def open(self) -> None:
         """Check the server (unreachable: SinkUnavailable naming the address) and load the
         script; on a Redis Cluster (a ``redis+cluster://`` URL, or a node that reports
         ``cluster_enabled``) read the slot map and load the script on every primary."""
-        import redis
 
         if self.endpoint.cluster:
             self._open_cluster()
             return
         client = self._redis_py()
         try:
-            info = client.info("cluster")
-        except redis.AuthenticationError as exc:  # a ConnectionError subclass, but not transient
-            raise SinkError(f"Redis at {self.address} refused the credentials (AUTH): {exc}",
-                            store=self.name, address=self.address) from exc
-        except redis.ConnectionError as exc:
-            raise SinkUnavailable(f"Redis unreachable at {self.address}: {exc}", store=self.name,
-                                  address=self.address) from exc
-        except redis.RedisError as exc:
-            raise SinkError(f"Redis at {self.address} refused INFO: {exc}", store=self.name,
-                            address=self.address) from exc
+            with map_redis_errors(self.address, "INFO", store=self.name):
+                info = client.info("cluster")
         finally:
             client.close()
         if info.get("cluster_enabled"):  # type: ignore[union-attr]  # sync client
@@ -382,7 +371,6 @@ class RedisSink:
 
     def committed_units(self) -> set[str]:
         def fetch() -> set[str]:
-            import redis
 
             if self._cluster is not None:
                 from features.sinks.redis_cluster import key_slot
@@ -392,13 +380,8 @@ class RedisSink:
                 return {m.decode()[len(prefix):] for m in members if m.decode().startswith(prefix)}
             client = self._redis_py()
             try:
-                members = client.smembers(self._ledger())
-            except redis.AuthenticationError as exc:
-                raise SinkError(f"Redis at {self.address} refused the credentials (AUTH): {exc}",
-                                store=self.name, address=self.address) from exc
-            except redis.ConnectionError as exc:
-                raise SinkUnavailable(f"Redis unreachable at {self.address}: {exc}", store=self.name,
-                                      address=self.address) from exc
+                with map_redis_errors(self.address, "SMEMBERS", store=self.name):
+                    members = client.smembers(self._ledger())
             finally:
                 client.close()
             prefix = self.compiled.fingerprint[:16] + " "

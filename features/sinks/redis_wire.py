@@ -2,7 +2,9 @@
 the SDK's reader): where a URL points and how to connect (:class:`RedisEndpoint`: TLS,
 AUTH, SELECT), how a command is written (:func:`command`), and how replies are read
 (:class:`Conn`: RESP2; many replies at once through hiredis's C reader when it is
-installed, a dependency, else in Python).
+installed, a dependency, else in Python). Where redis-py is the client (control calls,
+the SDK's fill path and ``online_async``), :func:`map_redis_errors` translates its errors
+as the raw connections' are.
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 import socket
 import ssl
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -171,6 +174,25 @@ class RedisEndpoint:
             sock.close()
             raise
         return sock
+
+
+@contextmanager
+def map_redis_errors(address: str, what: str, *, store: str = "redis") -> Iterator[None]:
+    """Translate redis-py errors raised in the block (sync and asyncio clients share the
+    classes): a refused AUTH -> SinkError (not transient: retrying will not help); a
+    connection refused, lost or timed out -> SinkUnavailable "Redis unreachable at";
+    any other error reply -> SinkError "Redis at ... refused <what>"."""
+    import redis
+
+    try:
+        yield
+    except redis.AuthenticationError as exc:  # a ConnectionError subclass, but not transient
+        raise SinkError(f"Redis at {address} refused the credentials (AUTH): {exc}", store=store,
+                        address=address) from exc
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise SinkUnavailable(f"Redis unreachable at {address}: {exc}", store=store, address=address) from exc
+    except redis.RedisError as exc:
+        raise SinkError(f"Redis at {address} refused {what}: {exc}", store=store, address=address) from exc
 
 
 def command(args: Sequence[str | bytes]) -> bytes:

@@ -143,3 +143,19 @@ def test_the_walk_finds_an_import_inside_a_function() -> None:
     # a package whose name only starts like features.schema is another package
     assert imports_across({"features.schemas_x": {"features.compile"}}, "features.schema",
                           "features.compile") == []
+
+
+def _calls(name: str) -> dict[str, list[int]]:
+    """module -> lines where ``name(...)`` is called (``name`` as written, e.g. "psycopg.connect")."""
+    out: dict[str, list[int]] = {}
+    for module, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == name:
+                out.setdefault(module, []).append(node.lineno)
+    return out
+
+
+def test_postgres_connections_open_in_one_place() -> None:
+    """Every Postgres connection comes from features.sinks.pg.connect (its errors mapped
+    there); a second ``psycopg.connect`` would be a second error mapping to keep in step."""
+    assert set(_calls("psycopg.connect")) == {"features.sinks.pg"}, _calls("psycopg.connect")
