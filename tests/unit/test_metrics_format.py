@@ -15,6 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from memory_sink import MemorySink
 
 from features.metrics import (
     CONTENT_TYPE,
@@ -320,41 +321,6 @@ def test_stream_and_sdk_metrics_have_their_names() -> None:
 
 
 # --------------------------------------------------------------------------- runner wiring
-
-
-class MemorySink:
-    """Wiring only (STYLE: an in-memory sink may test runner.py, never stand in for a
-    store): keeps each (entity, event time) once and a commit ledger."""
-
-    def __init__(self, name: str, entity: str, event_time: str) -> None:
-        self.name = name
-        self.keys: set[tuple[object, object]] = set()
-        self.units: set[str] = set()
-        self.cols = (entity, event_time)
-
-    def open(self) -> None:
-        pass
-
-    def committed_units(self) -> set[str]:
-        return set(self.units)
-
-    def write(self, unit: object) -> object:
-        from features.sinks.base import WriteResult, WriteUnit
-
-        assert isinstance(unit, WriteUnit)
-        if unit.unit is not None and unit.unit in self.units:
-            return WriteResult(skipped=True)
-        new = 0
-        for k in zip(*(unit.rows.column(c).to_pylist() for c in self.cols), strict=True):
-            if k not in self.keys:
-                self.keys.add(k)
-                new += 1
-        if unit.unit is not None:
-            self.units.add(unit.unit)
-        return WriteResult(stored=new, already_present=unit.rows.num_rows - new, seconds=0.001)
-
-    def close(self) -> None:
-        pass
 
 
 def test_runner_accounting_and_metrics_agree(tmp_path: Path) -> None:
