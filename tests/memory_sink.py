@@ -36,7 +36,6 @@ class MemorySink:
         self.fail_on = fail_on
         self.delay_s = delay_s
         self.gate = gate
-        self.started = threading.Event()  # set by the first write call
         self.active = 0  # writes in progress now
         self._lock = threading.Lock()
 
@@ -51,7 +50,6 @@ class MemorySink:
             self.received.append(unit)
             call = len(self.received)
             self.active += 1
-        self.started.set()
         try:
             if self.gate is not None:
                 self.gate.wait(10)

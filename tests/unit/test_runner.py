@@ -387,7 +387,9 @@ def test_units_reach_each_sink_in_source_order_and_in_flight_bounds_what_is_read
         source, compiled, [cold, hot], ctx=_ctx(compiled), batches=counted(), in_flight=3)))
     worker.start()
     try:
-        assert cold.started.wait(10)
+        deadline = time.monotonic() + 10
+        while pulled < 3 + 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
         time.sleep(0.3)  # time enough to read far ahead, were nothing bounding it
         assert pulled == 3 + 1  # three units waiting on the hung store, a fourth prepared
     finally:
