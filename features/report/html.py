@@ -40,9 +40,15 @@ def num(value: Any) -> str:
     return text(value)
 
 
+def _px(x: float) -> str:
+    """A chart coordinate as SVG text: 0.1 px is finer than any screen shows."""
+    return f"{x:.1f}"
+
+
 def histogram_chart(h: dict[str, Any]) -> dict[str, Any] | None:
     """Overlaid histograms (shares): the bars of the reference and of the data over the
-    same bins, scaled to the tallest; None when the bins are missing or inconsistent."""
+    same bins, scaled to the tallest (coordinates as SVG text); None when the bins are
+    missing or inconsistent."""
     ref, data, edges = h.get("reference") or [], h.get("data") or [], h.get("edges") or []
     if not ref or len(edges) != len(ref) + 1:
         return None
@@ -53,14 +59,14 @@ def histogram_chart(h: dict[str, Any]) -> dict[str, Any] | None:
         for i, share in enumerate(shares):
             height = (_H - 14) * share / top  # 12 px below for the axis labels, 2 above
             if height > 0:
-                bars.append({"series": series, "x": i * bw, "y": _H - 12 - height,
-                             "width": max(bw - 1, 0.5), "height": height})
+                bars.append({"series": series, "x": _px(i * bw), "y": _px(_H - 12 - height),
+                             "width": _px(max(bw - 1, 0.5)), "height": _px(height)})
     return {"width": _W, "height": _H, "bars": bars, "low": edges[0], "high": edges[-1]}
 
 
 def category_chart(categories: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Paired horizontal bars (reference above data) for the first 8 categories, labels
-    cut to 14 characters; None when there is no category."""
+    cut to 14 characters (widths as SVG text); None when there is no category."""
     cats = categories[:8]
     if not cats:
         return None
@@ -71,7 +77,7 @@ def category_chart(categories: list[dict[str, Any]]) -> dict[str, Any] | None:
     for i, c in enumerate(cats):
         label = str(c["value"])
         rows.append({"y": 2 + i * row, "label": label if len(label) <= 14 else label[:13] + "…",
-                     "bars": [{"series": series, "width": span * float(c[f"{series}_share"]) / top}
+                     "bars": [{"series": series, "width": _px(span * float(c[f"{series}_share"]) / top)}
                               for series in ("reference", "data")]})
     return {"width": _W, "height": row * len(cats) + 4, "label_x": label_w - 4, "bar_x": label_w,
             "rows": rows}
@@ -97,6 +103,7 @@ def render_html(r: dict[str, Any]) -> str:
 
     Raises ``jinja2.UndefinedError`` when ``r`` lacks a key the page shows (a report
     from :mod:`features.report.build` never does)."""
+    # The reasons rules have no GX expectation, once each, numbered by first appearance.
     notes = list(dict.fromkeys(e["not_expressible"] for e in r.get("expectations") or []
                                if e.get("gx") is None and e.get("not_expressible")))
     return _template().render(r=r, notes=notes)

@@ -102,11 +102,11 @@ def test_numbers_and_chart_geometry() -> None:
     chart = histogram_chart({"reference": [0.25, 0.75], "data": [0.75, 0.0], "edges": [0, 1, 2]})
     assert chart is not None
     assert [(b["series"], b["x"], b["height"]) for b in chart["bars"]] == [
-        ("reference", 0.0, 22.0), ("reference", 130.0, 66.0), ("data", 0.0, 66.0)]
+        ("reference", "0.0", "22.0"), ("reference", "130.0", "66.0"), ("data", "0.0", "66.0")]
     assert category_chart([]) is None
     cats = category_chart([{"value": "x" * 20, "reference_share": 0.5, "data_share": 0.25}])
     assert cats is not None and cats["rows"][0]["label"] == "x" * 13 + "…"
-    assert [b["width"] for b in cats["rows"][0]["bars"]] == [166.0, 83.0]
+    assert [b["width"] for b in cats["rows"][0]["bars"]] == ["166.0", "83.0"]
 
 
 def test_templates_ship_as_package_data() -> None:
