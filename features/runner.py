@@ -37,6 +37,7 @@ from features.metrics import RunMetrics
 from features.progress import Progress
 from features.sinks.base import REJECTED_ROWS_SCHEMA, Sink, WriteResult, WriteUnit
 from features.sources.base import Source, SourceBatch
+from features.sources.names import as_fields
 from features.validation import validate
 from features.validation.result import ValidationResult
 
@@ -248,10 +249,14 @@ def process_batch(sb: SourceBatch, compiled: CompiledSchema, program: TransformP
     rejects (a transform producing NaN/inf under ``on_invalid: reject``) join the
     validator's. ``extra_rejects`` (same columns as validator rejects) lets a stream
     add decode failures for rows it could not even parse. ``validated``: the batch's
-    validation result when the caller already has it. Pure: writes nothing.
+    validation result when the caller already has it. The batch has the input's names
+    (a field's ``source:``, :mod:`features.sources.names`): it is renamed to field
+    names for validation, and the rejects' ``raw`` keeps the input's names. Pure:
+    writes nothing.
     """
     batch = sb.batch
-    result = validated if validated is not None else validate(batch, compiled)
+    # validated with field names; rejects' raw is rendered from ``batch`` (input names)
+    result = validated if validated is not None else validate(as_fields(batch, compiled.schema), compiled)
     valid = result.valid
     valid_index = result.valid_row_index.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
     reject_parts = [result.rejects]

@@ -2,7 +2,10 @@
 
 Two schemas with the same fingerprint validate, transform and store data the same
 way. Descriptions, the file path and line numbers do not count (editing a comment
-or moving a file changes nothing); everything else does, including the name and the
+or moving a file changes nothing), nor a field's ``source`` (the input name it is read
+from: it changes how input is read, not what is stored or how it is checked, so the
+stored data, the hot hashes and the load ledger stay valid when a producer's column
+name is mapped anew); everything else does, including the name and the
 version, field order, enum value order and evolution rules.
 
 The canonical JSON is deterministic across processes and platforms: sorted keys,
@@ -20,7 +23,7 @@ from decimal import Decimal
 from enum import Enum
 from typing import Any, Final
 
-from features.schema.model import Schema
+from features.schema.model import Field, Schema
 
 __all__ = ["canonical_json", "fingerprint"]
 
@@ -30,6 +33,8 @@ FINGERPRINT_FORMAT: Final = 1
 _IGNORED: Final = frozenset({"description", "path", "line",
                              # how the SDK serves hot values, not how data is stored
                              "refresh_after_seconds"})
+#: attributes ignored on one model class only (``Feature.source``, its input field, counts)
+_IGNORED_ON: Final[dict[type, frozenset[str]]] = {Field: frozenset({"source"})}
 #: attributes added after format 1 shipped: left out while unset, so the fingerprints
 #: of schemas that do not use them stay what they were.
 _OMIT_WHEN_NONE: Final = frozenset({"aggregations"})
@@ -38,10 +43,11 @@ _OMIT_WHEN_NONE: Final = frozenset({"aggregations"})
 def _canonical(value: Any) -> Any:
     """A JSON-ready picture of a model value; raises TypeError for a type it does not know."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        ignored = _IGNORED | _IGNORED_ON.get(type(value), frozenset())
         return {
             f.name: _canonical(getattr(value, f.name))
             for f in dataclasses.fields(value)
-            if f.name not in _IGNORED and not (f.name in _OMIT_WHEN_NONE and getattr(value, f.name) is None)
+            if f.name not in ignored and not (f.name in _OMIT_WHEN_NONE and getattr(value, f.name) is None)
         }
     if isinstance(value, Enum):
         return _canonical(value.value)

@@ -1,7 +1,8 @@
 """Where the report's rows come from: Parquet files or Postgres, read in batches.
 
 - Parquet: :class:`features.sources.parquet.ParquetSource` (row group by row group,
-  declared columns only, at most ``batch_rows`` rows a batch).
+  declared columns only, at most ``batch_rows`` rows a batch), renamed from the input's
+  column names to field names (a field's ``source:``) before anything reads them.
 - Postgres: a server-side (named) cursor in a read-only transaction, fetched
   ``batch_rows`` rows at a time; tables are looked up through the connection's
   ``search_path`` (set it in the DSN: ``options=-csearch_path%3D<schema>``).
@@ -45,6 +46,7 @@ def parquet_input(paths: Sequence[str | Path], compiled: CompiledSchema, batch_r
                   ) -> tuple[dict[str, Any], int, Iterator[Chunk]]:
     """(lineage, total rows, chunks) of Parquet ``paths``; SourceError when a path
     matches no file, a file is unreadable or does not fit the schema."""
+    from features.sources.names import as_fields
     from features.sources.parquet import ParquetSource
 
     source = ParquetSource(paths, compiled, batch_rows=batch_rows)
@@ -59,7 +61,7 @@ def parquet_input(paths: Sequence[str | Path], compiled: CompiledSchema, batch_r
             if not isinstance(batch, pa.RecordBatch):  # pragma: no cover - Parquet yields Arrow
                 raise SourceError("Parquet source yielded a non-Arrow batch")
             prefix, start = sb.lineage.prefix, sb.lineage.first_row
-            yield Chunk(batch, first, _FileRows(prefix, start))
+            yield Chunk(as_fields(batch, compiled.schema), first, _FileRows(prefix, start))
             first += batch.num_rows
 
     return lineage, source.total_rows, chunks()

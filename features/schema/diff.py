@@ -35,6 +35,9 @@ enum               values only added: compatible; any value removed: breaking
 default            added or changed: compatible; removed: breaking when the
                    field is not nullable, else compatible
 accept_strings     false -> true compatible; true -> false breaking
+source             the input column/key a field is read from changed: breaking
+                   (producers still sending the old name are no longer read);
+                   no DDL (the stored column keeps the field's name)
 empty_as_null      changed either way: breaking (empty strings change meaning)
 store              ``cold`` added: compatible when the column can be added (as
                    for field_added) or no cold table exists yet; ``hot``
@@ -120,6 +123,7 @@ class ChangeKind(StrEnum):
     ENUM = "enum"
     DEFAULT = "default"
     ACCEPT_STRINGS = "accept_strings"
+    SOURCE = "source"
     EMPTY_AS_NULL = "empty_as_null"
     STORE = "store"
     FEATURE_ADDED = "feature_added"
@@ -556,6 +560,12 @@ class _Differ:
             add(ChangeKind.ACCEPT_STRINGS, new.accept_strings,
                 "accept_strings false -> true: string input now parsed" if new.accept_strings
                 else "accept_strings true -> false: string input now rejected")
+
+        old_input = old.source if old.source is not None else (old_name or old.name)
+        if old_input != new.input_name:
+            add(ChangeKind.SOURCE, False,
+                f"source '{old_input}' -> '{new.input_name}': read from input column/key "
+                f"'{new.input_name}' now; producers still sending '{old_input}' are no longer read")
 
         self.stores(old, new, _addable(new))
 

@@ -111,7 +111,11 @@ class Field:
     ``store`` is the set of stores this field is written to as it is (empty: not
     stored, only validated). ``accept_strings``: string input such as ``"12.50"`` is
     parsed exactly into a numeric/date/timestamp/bool type (default False: a string in
-    a numeric column is a type reject). ``line`` is the 1-based line of the field.
+    a numeric column is a type reject). ``source``: the input column (Parquet) or JSON
+    key (Kafka, HTTP) the field is read from when that is not ``name`` (``Dep Delay``,
+    ``depDelay``); None: the input uses ``name``. Only the edges that read input use it
+    (``input_name``); everything downstream knows the field by ``name``. ``line`` is the
+    1-based line of the field.
     """
 
     name: str
@@ -120,8 +124,14 @@ class Field:
     values: tuple[str, ...] = ()
     store: frozenset[StoreTarget] = frozenset()
     accept_strings: bool = False
+    source: str | None = None
     description: str = ""
     line: int | None = None
+
+    @property
+    def input_name(self) -> str:
+        """The name of this field's column or key in the input: ``source`` or ``name``."""
+        return self.name if self.source is None else self.source
 
 
 OpName = Literal[
@@ -291,6 +301,16 @@ class Schema:
     @property
     def field_names(self) -> tuple[str, ...]:
         return tuple(f.name for f in self.fields)
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        """Each field's name in the input (``Field.input_name``), in field order; unique."""
+        return tuple(f.input_name for f in self.fields)
+
+    @property
+    def renames_input(self) -> bool:
+        """Whether some field is read from an input name other than its own (``source``)."""
+        return any(f.input_name != f.name for f in self.fields)
 
     def feature_columns(self, feature: Feature) -> tuple[str, ...]:
         """The stored columns of a derived feature: its name, or for ``one_hot`` one column

@@ -106,12 +106,14 @@ _TOP_KEYS: Final = (
     "name", "version", "description", "entity", "event_time", "hot", "payload", "fields",
     "features", "aggregations", "evolution_rules",
 )
-_FIELD_KEYS: Final = ("name", "type", "description", "store", "accept_strings", "values", "constraints")
+_FIELD_KEYS: Final = ("name", "type", "description", "store", "accept_strings", "values", "constraints",
+                       "source")
 _CONSTRAINT_KEYS: Final = (
     "required", "nullable", "min", "max", "pattern", "min_length", "max_length", "default",
     "empty_as_null",
 )
-_FEATURE_KEYS: Final = ("name", "from", "steps", "dtype", "store", "on_invalid", "description")
+#: ``source`` is taken only to refuse it with a reason (it belongs on input fields)
+_FEATURE_KEYS: Final = ("name", "from", "steps", "dtype", "store", "on_invalid", "description", "source")
 _RULE_KEYS: Final = ("field", "breaking_change", "description")
 
 _SEMVER_RE: Final = re.compile(r"^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)$")
@@ -407,6 +409,7 @@ class _SchemaParser(StepReader, AggregationReader):
             self.error(node, "fields", "fields must list at least one field")
             return None
         out: list[tuple[Field, Node]] = []
+        sources: list[tuple[Node | None, str]] = []
         seen: dict[str, int | None] = {}
         ok = True
         for i, item in enumerate(items):
@@ -414,17 +417,46 @@ class _SchemaParser(StepReader, AggregationReader):
             if parsed is None:
                 ok = False
                 continue
-            field, name_node = parsed
+            field, name_node, source_node = parsed
             if field.name in seen:
                 self.error(name_node, join_path(join_path("fields", i), "name"),
                            f"duplicate field name '{field.name}' (first at line {seen[field.name]})")
                 ok = False
                 continue
             seen[field.name] = line_of(name_node)
-            out.append(parsed)
-        return out if ok else None
+            out.append((field, name_node))
+            sources.append((source_node, join_path(join_path("fields", i), "source")))
+        sources_ok = self.check_sources(out, sources)
+        return out if ok and sources_ok else None
 
-    def parse_field(self, node: Node, kp: str, loadable: bool) -> tuple[Field, Node] | None:
+    def check_sources(self, fields: list[tuple[Field, Node]], sources: list[tuple[Node | None, str]]) -> bool:
+        """Each input name feeds one field: no two fields read the same ``source``, and a
+        ``source`` naming another field is allowed only when that field is read from a
+        source of its own (two fields may swap names). ``sources``: each field's
+        ``source`` node and key path. False after recording a problem."""
+        by_name = {f.name: f for f, _ in fields}
+        readers: dict[str, Field] = {}
+        ok = True
+        for (f, _), (node, kp) in zip(fields, sources, strict=True):
+            if f.source is None or f.source == f.name:
+                continue
+            other, first = by_name.get(f.source), readers.get(f.source)
+            if other is not None and other.source in (None, other.name):
+                self.error(node, kp, f"source '{f.source}' of field '{f.name}' is the name of field "
+                                     f"'{other.name}', which reads its own column '{other.name}': give "
+                                     f"'{other.name}' a source too (two fields may swap names) or read "
+                                     "another column")
+                ok = False
+            elif first is not None:
+                self.error(node, kp, f"field '{f.name}' reads source '{f.source}', as field '{first.name}' "
+                                     f"does (line {first.line}): each input column feeds one field")
+                ok = False
+            else:
+                readers[f.source] = f
+        return ok
+
+    def parse_field(self, node: Node, kp: str, loadable: bool) -> tuple[Field, Node, Node | None] | None:
+        """(field, its name node, its source node) or None after recording a problem."""
         m = self.mapping(node, kp, _FIELD_KEYS, ("name", "type"), "a field")
         if m is None:
             return None
@@ -457,16 +489,22 @@ class _SchemaParser(StepReader, AggregationReader):
                     self.error(store_node, m.at("store"),
                                f"field '{name}' is stored ({', '.join(sorted(store))}) but the schema is "
                                "validation-only: add entity and event_time to make it loadable")
+        source = None
+        if (source_node := m.get("source")) is not None:
+            source = self.string(source_node, m.at("source"), "the input column name (a string)")
+            if source == "":
+                self.error(source_node, m.at("source"), "source must name the input column: it is empty")
+                source = None
         description = self.optional_string(m, "description") or ""
         if name is None or ftype is None or values is None:
             return None
         field = Field(
             name=name, type=ftype, constraints=constraints, values=values, store=store,
-            accept_strings=accept_strings, description=description, line=line_of(node),
+            accept_strings=accept_strings, source=source, description=description, line=line_of(node),
         )
         name_node = m.get("name")
         assert name_node is not None
-        return field, name_node
+        return field, name_node, source_node
 
     def parse_values(self, m: YamlMap, ftype: FieldType | None) -> tuple[str, ...] | None:
         node = m.get("values")
@@ -692,6 +730,12 @@ class _SchemaParser(StepReader, AggregationReader):
         if m is None:
             return None
         name = self.parse_identifier(m, "feature")
+        if (src_node := m.get("source")) is not None:
+            self.error(src_node, m.at("source"),
+                       "source applies to input fields (the input column a field is read from); a "
+                       "derived feature is computed, not read: name its field with from:, and put source "
+                       "on that field")
+            name = None
         if name is not None and fields is not None and name in fields:
             self.error(m.get("name"), m.at("name"),
                        f"feature name '{name}' clashes with the field '{name}' (one column each)")

@@ -6,6 +6,10 @@ checks every file's columns against the schema before reading anything (a missin
 required column or a column of an incompatible type refuses to start with a clear
 message; extra columns are ignored with a warning), then yields one batch per slice
 of at most ``batch_rows`` rows of each row group, reading only the schema's columns.
+Columns are the input's: a field with ``source: Dep Delay`` reads the column ``Dep Delay``
+(the checks and the warning name it so, with the field), and the batches keep that name
+(:func:`features.sources.names.as_fields` renames them for validation, so a reject's raw
+row shows the file's own column names).
 Peak memory is about one row group's worth of the needed columns, whatever the
 input size.
 
@@ -187,23 +191,28 @@ class ParquetSource:
         arrow = pf.schema_arrow
         problems: list[str] = []
         for f in self.compiled.schema.fields:
-            idx = arrow.get_field_index(f.name)
+            column = f.input_name
+            of = "" if column == f.name else f" (source of field {f.name!r})"
+            idx = arrow.get_field_index(column)
             if idx < 0:
                 if f.constraints.required and not f.constraints.has_default:
-                    problems.append(f"missing required column {f.name!r}")
+                    problems.append(f"missing required column {column!r}{of}")
                 continue
             t = arrow.field(idx).type
             if not compatible(t, f):
                 hint = " (set accept_strings: true to parse text)" if _textual(t) else ""
-                problems.append(f"column {f.name!r} has type {t}, incompatible with {f.type}{hint}")
+                problems.append(f"column {column!r}{of} has type {t}, incompatible with {f.type}{hint}")
         if problems:
             raise SourceError(f"{path}: refusing to load with schema {self.compiled.name!r}: "
                               + "; ".join(problems))
-        declared = set(self.compiled.schema.field_names)
+        declared = set(self.compiled.schema.input_names)
         extra = [n for n in arrow.names if n not in declared]
         if extra:
+            # a column spelled like a field that reads another column is ignored too: say why
+            mapped = {f.name: f.input_name for f in self.compiled.schema.fields if f.input_name != f.name}
+            shown = [f"{n} (field {n} reads {mapped[n]!r})" if n in mapped else n for n in extra]
             warnings.warn(f"{path}: ignoring column(s) not in schema {self.compiled.name!r}: "
-                          f"{', '.join(extra)}", ExtraColumnsWarning, stacklevel=3)
+                          f"{', '.join(shown)}", ExtraColumnsWarning, stacklevel=3)
         columns = tuple(n for n in arrow.names if n in declared)
         # The footer (schema, row group stats, sizes) identifies the bytes well enough for
         # the ledger without reading the data: a rewritten file gets a new digest.
@@ -244,10 +253,10 @@ def entity_shards(batch: pa.RecordBatch, compiled: CompiledSchema, shards: int,
     n = batch.num_rows
     field = compiled.schema.field(compiled.schema.entity or "")
     out = (np.arange(n, dtype=np.int64) + first_row) % shards
-    names = batch.schema.names
-    if field.name not in names or n == 0:
+    names = batch.schema.names  # the input's (the batches of ParquetSource)
+    if field.input_name not in names or n == 0:
         return out
-    values = convert(batch.column(names.index(field.name)), field, arrow_type(field.type)).values
+    values = convert(batch.column(names.index(field.input_name)), field, arrow_type(field.type)).values
     text = encode_column(values)
     ok = np.asarray(text.is_valid(), dtype=bool)
     if ok.any():

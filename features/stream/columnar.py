@@ -54,6 +54,11 @@ of the stream. Dates and timestamps are text
 Fields the schema does not know are read too (Arrow infers their types) so that
 ``unknown_fields`` counts, per unknown key, the records in which it holds a value
 (not null), as the per-record path does.
+
+Keys are the input's: a field with ``source: depDelay`` is read from the key
+``depDelay`` and the table's column keeps that name (the caller renames it with
+:func:`features.sources.names.as_fields`); a key spelled like such a field
+(``dep_delay``) is an unknown key.
 """
 
 from __future__ import annotations
@@ -99,7 +104,8 @@ _KIND_TYPES = {"string": _STRING, "number": _FLOAT}
 @dataclass
 class Columnar:
     """One micro-batch, read. ``table``: the records of ``index`` (record positions,
-    ascending), one column per declared field in its read type (not yet validated);
+    ascending), one column per declared field in its read type (not yet validated),
+    named by the field's JSON key (``Field.input_name``);
     ``slow``: the positions left to the per-record path (ascending);
     ``unknown``: per unknown key, which rows of ``table`` hold a value for it;
     ``reads``: Arrow reads this batch took (1 when nothing was refused)."""
@@ -126,13 +132,16 @@ class ColumnarDecoder:
 
     def __init__(self, schema: Schema, *, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self.names = [f.name for f in schema.fields]
+        #: the JSON keys read, one per field (everything below is keyed by them)
+        self.names = list(schema.input_names)
         self.known = frozenset(self.names)
+        #: JSON key -> field name (the rejects name fields)
+        self.field_of = {f.input_name: f.name for f in schema.fields}
         self.types: dict[str, pa.DataType] = {}
         self.alternatives: dict[str, frozenset[pa.DataType]] = {}
-        self.required = [f.name for f in schema.fields if f.constraints.required]
-        self.float_fields = [f.name for f in schema.fields if f.type.kind in (TypeKind.FLOAT32,
-                                                                              TypeKind.FLOAT64)]
+        self.required = [f.input_name for f in schema.fields if f.constraints.required]
+        self.float_fields = [f.input_name for f in schema.fields if f.type.kind in (TypeKind.FLOAT32,
+                                                                                    TypeKind.FLOAT64)]
         for f in schema.fields:
             kind = f.type.kind
             if kind in INTEGER_KINDS:
@@ -146,12 +155,12 @@ class ColumnarDecoder:
                 first, alts = _BOOL, {_BOOL}
             else:  # string, enum; date and timestamp are ISO text in JSON
                 first, alts = _STRING, {_STRING}
-            self.types[f.name] = first
-            self.alternatives[f.name] = frozenset(alts)
+            self.types[f.input_name] = first
+            self.alternatives[f.input_name] = frozenset(alts)
 
     def float_read(self) -> frozenset[str]:
-        """The fields read as float64 now."""
-        return frozenset(n for n, t in self.types.items() if t == _FLOAT)
+        """The fields (their names, as the rejects give them) read as float64 now."""
+        return frozenset(self.field_of[n] for n, t in self.types.items() if t == _FLOAT)
 
     def read_schema(self) -> pa.Schema:
         return pa.schema([pa.field(n, self.types[n]) for n in self.names])

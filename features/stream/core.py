@@ -40,6 +40,7 @@ from features.logs import fields
 from features.metrics import RunMetrics
 from features.runner import BatchWriter, Prepared, RunSummary, group_rejects, process_batch, raw_json_rows
 from features.sources.base import SourceBatch
+from features.sources.names import as_fields
 from features.stream.columnar import ColumnarDecoder
 from features.stream.decode import decode, payload_json, record_uris
 from features.validation import validate
@@ -386,7 +387,7 @@ def prepare_records(values: Sequence[bytes | None], uris: pa.Array, offsets: npt
     equal).
     """
     schema = compiled.schema
-    known = frozenset(f.name for f in schema.fields)
+    known = frozenset(schema.input_names)  # JSON keys: a field's source:, else its name
     max_bytes = schema.payload.max_bytes
     n = len(values)
     parts: list[tuple[Prepared, npt.NDArray[np.int64]]] = []
@@ -396,7 +397,7 @@ def prepare_records(values: Sequence[bytes | None], uris: pa.Array, offsets: npt
         col = decoder.decode(values)
         slow = col.slow
         if col.table.num_rows:
-            result = validate(col.table, compiled, json_text=True)
+            result = validate(as_fields(col.table, schema), compiled, json_text=True)
             rerun = _reread_rows(result.rejects, decoder)
             if len(rerun):  # rejects only the per-record path renders exactly
                 slow = np.union1d(slow, col.index[rerun])

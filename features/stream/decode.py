@@ -6,8 +6,11 @@ so the field rules reject them with a field-level error), is a JSON object and h
 lone surrogate (a ``"\\ud800"`` escape: text UTF-8, Arrow and PostgreSQL cannot hold).
 Every other record is a ``decode`` reject on the pseudo-field ``_payload``; nothing is
 dropped. A record over the limit is refused by its length alone, before any decoding.
-Fields the schema does not know are ignored; ``unknown_fields`` counts, per unknown key,
-the records in which it holds a value (not null).
+Keys the schema does not read are ignored; ``unknown_fields`` counts, per unknown key,
+the records in which it holds a value (not null). The keys read (``known``) are the
+fields' input names: a field's ``source:`` (``"Dep Delay"``), else its name, so with a
+source the field's own name is an unknown key. The rows keep the record's keys (the
+rejects' raw shows them); :func:`features.sources.names.as_fields` renames them.
 
 Lineage of a record: ``kafka://<topic>/<partition>/<offset>``.
 """
@@ -105,7 +108,8 @@ def _has_lone_surrogate(value: bytes, obj: dict[str, Any]) -> bool:
 
 
 def decode(values: Sequence[bytes | None], *, max_bytes: int, known: frozenset[str]) -> Decoded:
-    """Decode record values (see the module docstring). One ``json.loads`` per record."""
+    """Decode record values (see the module docstring). One ``json.loads`` per record.
+    ``known``: the JSON keys the schema reads (``Schema.input_names``)."""
     rows: list[dict[str, Any]] = []
     index: list[int] = []
     bad_rows: list[int] = []

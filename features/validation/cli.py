@@ -122,6 +122,7 @@ def _validate_file(path: str, compiled: CompiledSchema, summary: Summary) -> str
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from features.sources.names import as_fields
     from features.validation import validate
 
     try:
@@ -129,13 +130,13 @@ def _validate_file(path: str, compiled: CompiledSchema, summary: Summary) -> str
     except (OSError, pa.ArrowException) as exc:
         return f"cannot read {path}: {exc}"
     present = set(pf.schema_arrow.names)
-    columns = [name for name in compiled.schema.field_names if name in present]
+    columns = [name for name in compiled.schema.input_names if name in present]  # a field's source:
     summary.files.append(path)
     offset = 0
     try:
         batches = pf.iter_batches(batch_size=BATCH_ROWS, columns=columns)
         for batch in batches:
-            result = validate(batch, compiled)
+            result = validate(as_fields(batch, compiled.schema), compiled)
             counts = result.counts
             summary.input_rows += counts.input_rows
             summary.valid_rows += counts.valid_rows
