@@ -60,8 +60,8 @@ def clip(value: Any) -> Any:
 
 @dataclass(frozen=True)
 class Chunk:
-    """One batch of input: declared columns (as read), the global row number of its
-    first row, and its lineage URI for a row (0-based within the batch)."""
+    """One batch of input: declared columns (as read, under the fields' names), the global
+    row number of its first row, and its lineage URI for a row (0-based within the batch)."""
 
     data: pa.RecordBatch
     first_row: int

@@ -561,8 +561,9 @@ class _Differ:
                 "accept_strings false -> true: string input now parsed" if new.accept_strings
                 else "accept_strings true -> false: string input now rejected")
 
+        # (a rename without any source: the input name follows the field's, the rename says so)
         old_input = old.source if old.source is not None else (old_name or old.name)
-        if old_input != new.input_name:
+        if old_input != new.input_name and (old.source, new.source) != (None, None):
             add(ChangeKind.SOURCE, False,
                 f"source '{old_input}' -> '{new.input_name}': read from input column/key "
                 f"'{new.input_name}' now; producers still sending '{old_input}' are no longer read")

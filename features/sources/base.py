@@ -13,7 +13,9 @@ from features.lineage import BatchLineage
 
 @dataclass(frozen=True)
 class SourceBatch:
-    """One batch of input rows (column names as in the source) and where it came from.
+    """One batch of input rows (column names as in the source: a field's ``source:`` name,
+    renamed to the field's by :func:`features.sources.names.as_fields` before validation)
+    and where it came from.
 
     ``batch`` is an Arrow record batch (files), or decoded JSON objects (streams: each
     record keeps its own Python types, so a wrong type is a per-row reject).

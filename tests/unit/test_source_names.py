@@ -314,3 +314,23 @@ def test_diff_reports_a_changed_source_as_breaking_and_a_kept_one_as_nothing() -
         for f in old.fields))
     kinds = {c.kind for c in diff_schemas(old, renamed).changes}
     assert ChangeKind.FIELD_RENAMED in kinds and ChangeKind.SOURCE not in kinds
+
+
+def test_features_validate_reads_the_source_columns(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from features.cli import main as cli_main
+
+    schemas = tmp_path / "schemas"
+    schemas.mkdir()
+    (schemas / "src.yaml").write_text(BASE.replace("version:", "name: src\nversion:") +
+                                      "    constraints: {required: true}\n")
+    path = tmp_path / "in.parquet"
+    # "A col" feeds the int32 field a; the text column named a is not read (it would be a type
+    # reject on every row); b is required: the row without it is the one reject
+    pq.write_table(pa.table({"A col": pa.array([1, None, 3], pa.int32()), "a": ["x", "y", "z"],
+                             "b": ["p", None, "r"]}), path)
+    code = cli_main(["validate", "--schema", "src", "--schemas-dir", str(schemas), "--json", str(path)])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert (out["input_rows"], out["valid_rows"], out["rejected_rows"]) == (3, 2, 1)
+    assert out["by_rule"] == {"b.not_null": 1}
