@@ -225,6 +225,18 @@ def test_parquet_batches_keep_the_input_names_and_warn_about_the_shadowed_one(tm
     assert sb.batch.schema.names == ["Flight ID", "timeHour", "Dep Delay"]
 
 
+def test_entity_shards_read_the_entity_from_its_source_column() -> None:
+    from features.sources.parquet import entity_shards
+
+    ids = [f"f{i}" for i in range(200)]
+    mapped = entity_shards(pa.record_batch({"Flight ID": ids, "flight_id": ["same"] * 200}), _compiled(), 8)
+    plain = _compiled(SCHEMA.replace("    source: Flight ID\n", ""))
+    assert mapped.tolist() == entity_shards(pa.record_batch({"flight_id": ids}), plain, 8).tolist()
+    assert len(set(mapped.tolist())) == 8  # by the ids, not by the decoy column (one shard) or row numbers
+    by_rows = entity_shards(pa.record_batch({"other": ids}), _compiled(), 8)
+    assert by_rows.tolist() == [i % 8 for i in range(200)] != mapped.tolist()
+
+
 # --------------------------------------------------------------------------- JSON
 
 
