@@ -2,7 +2,7 @@
 errors, the fingerprint, the one rename (``features.sources.names.as_fields``), the
 Parquet source's checks, the JSON decoders and ``prepare_records`` (stream and HTTP
 ingest), and ``features schema diff``. The loads into the real stores are in
-``tests/integration/test_source_names.py``."""
+``tests/integration/test_source_names_real_data.py``."""
 
 from __future__ import annotations
 

