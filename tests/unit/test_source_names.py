@@ -19,11 +19,12 @@ import pytest
 
 from features.compile import CompiledSchema, compile_schema, transform_program
 from features.compile.fingerprint import fingerprint
+from features.compile.migration import plan_migration
 from features.config import resolve_settings
 from features.errors import SchemaErrors, SourceError
 from features.lineage import RunContext
 from features.schema import parse_schema
-from features.schema.diff import ChangeKind, diff_schemas
+from features.schema.diff import ChangeKind
 from features.sources.names import as_fields
 from features.sources.parquet import ExtraColumnsWarning, ParquetSource
 from features.stream.columnar import ColumnarDecoder
@@ -314,17 +315,19 @@ def test_the_columnar_and_per_record_paths_agree_on_mapped_records() -> None:
 def test_diff_reports_a_changed_source_as_breaking_and_a_kept_one_as_nothing() -> None:
     old = _compiled().schema
     bumped = dataclasses.replace(old, version=(1, 1, 0))
-    assert not [c for c in diff_schemas(old, bumped).changes if c.kind is ChangeKind.SOURCE]
+    assert not [c for c in plan_migration(old, bumped).diff.changes if c.kind is ChangeKind.SOURCE]
     new = dataclasses.replace(bumped, fields=tuple(
         dataclasses.replace(f, source="DepDelay") if f.name == "dep_delay" else f for f in old.fields))
-    (change,) = [c for c in diff_schemas(old, new).changes if c.kind is ChangeKind.SOURCE]
-    assert change.field == "dep_delay" and not change.compatible and change.ddl == ()
+    migration = plan_migration(old, new)
+    ((change, ddl),) = [(c, d) for c, d in zip(migration.diff.changes, migration.change_ddl, strict=True)
+                        if c.kind is ChangeKind.SOURCE]
+    assert change.field == "dep_delay" and not change.compatible and ddl == ()
     assert "'Dep Delay' -> 'DepDelay'" in change.detail
     # a stored field renamed while its input keeps the old name: a rename, not a source change
     renamed = dataclasses.replace(bumped, fields=tuple(
         dataclasses.replace(f, name="carrier_code", source="carrier") if f.name == "carrier" else f
         for f in old.fields))
-    kinds = {c.kind for c in diff_schemas(old, renamed).changes}
+    kinds = {c.kind for c in plan_migration(old, renamed).diff.changes}
     assert ChangeKind.FIELD_RENAMED in kinds and ChangeKind.SOURCE not in kinds
 
 
