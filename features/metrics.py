@@ -1,22 +1,39 @@
-"""Prometheus metrics: a small registry, the text exposition format 0.0.4, an HTTP endpoint.
+"""Prometheus metrics: featureline's metrics on ``prometheus_client``.
 
-No client library: counters, gauges and histograms with labels, rendered as the
-text format Prometheus scrapes (``# HELP``/``# TYPE`` lines, ``name{label="value"} 1``),
-served by :mod:`http.server` on a daemon thread. Every name and label is listed in
-``docs/operations.md``; :class:`RunMetrics` (the batch loader and the stream job) and
-:class:`SdkMetrics` (``FeatureStore``) define them in one place.
+``prometheus_client`` provides the metric types (counters, gauges and histograms with
+labels), the text exposition format 0.0.4 (``generate_latest``), its parser and the HTTP
+endpoint (``start_http_server``). This module adds what featureline needs around them:
 
-Conventions (https://prometheus.io/docs/practices/naming/): base units in the name
-(``_seconds``, ``_bytes``), counters end in ``_total``, histograms expose
-``_bucket{le="..."}`` (cumulative, ending at ``+Inf``), ``_sum`` and ``_count``.
+- :class:`Registry`: a ``CollectorRegistry`` per run, store or worker, never the
+  process-global default one (tests and several stores in one process never collide).
+  Its ``counter``/``gauge``/``histogram`` return the family already registered under a
+  name when the definition is the same (two ``FeatureStore`` objects sharing one
+  registry, two schemas' :class:`RunMetrics`), and it leaves out prometheus_client's
+  ``<name>_created`` series (creation times, which no featureline metric defines);
+- :class:`BatchHistogram`, written here: the one histogram observed in bulk, the
+  stream's produce -> stored latency of every record of a micro-batch.
+  prometheus_client observes one value per call, ~85x slower for a 2,000-record
+  micro-batch than one NumPy ``searchsorted`` (``bench/metrics.py``; bench/RESULTS.md,
+  "Metrics overhead (issue 21)");
+- :class:`MetricsServer`: prometheus_client's server with ``.port`` (port 0 picks a
+  free one), ``.url``, an idempotent ``close()``, and a text source besides a registry
+  (the stream job serves its subtasks' saved final values);
+- :func:`parse_exposition` and :func:`sample_value`, on ``prometheus_client.parser``,
+  for tests and tools.
 
-Thread-safe: each metric family has one lock; writers (sink threads, the SDK in a
-model server) and the HTTP thread that renders it never see a half-updated histogram.
+Every name and label is listed in ``docs/operations.md``; :class:`RunMetrics` (the batch
+loader and the stream job) and :class:`SdkMetrics` (``FeatureStore``) define them in one
+place. Conventions (https://prometheus.io/docs/practices/naming/): base units in the name
+(``_seconds``), counters end in ``_total``, histograms expose ``_bucket{le="..."}``
+(cumulative, ending at ``+Inf``), ``_count`` and ``_sum``.
+
+Thread-safe: every value has a lock (prometheus_client's; :class:`BatchHistogram` one per
+family). A scrape can land between a histogram's ``_sum`` and its bucket being updated.
 """
 
 from __future__ import annotations
 
-import bisect
+import itertools
 import logging
 import math
 import re
@@ -24,18 +41,28 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, ClassVar, Generic, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
+
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.utils import floatToGoString
 
 log = logging.getLogger("features.metrics")
 
-#: The Content-Type of the text exposition format.
+#: The Content-Type of what :meth:`Registry.exposition` returns: the text format 0.0.4,
+#: which ``generate_latest`` writes and every Prometheus reads (prometheus_client's own
+#: ``CONTENT_TYPE_LATEST`` names version 1.0.0 since 0.22, 0.0.4 before).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 #: Where the endpoint listens unless told otherwise: this machine only.
 DEFAULT_HOST = "127.0.0.1"
 
 MetricType = Literal["counter", "gauge", "histogram"]
 
+# The classic names, checked here: prometheus_client 0.22+ accepts any UTF-8 name, which
+# the 0.0.4 text format would then write with its characters replaced by underscores.
 _NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
@@ -46,320 +73,182 @@ SECONDS_BUCKETS: tuple[float, ...] = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
 ROWS_BUCKETS: tuple[float, ...] = (1, 10, 100, 500, 1_000, 2_000, 5_000, 10_000, 50_000, 100_000,
                                    131_072, 500_000, 1_000_000)
 
-
-# --------------------------------------------------------------------------- text format
-
-
-def escape_label_value(value: str) -> str:
-    """A label value as the text format quotes it: ``\\`` -> ``\\\\``, ``"`` -> ``\\"``,
-    newline -> ``\\n``."""
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+_F = TypeVar("_F")
+#: A bound as prometheus_client writes ``le`` (Go's formatting: ``0.005``, ``1.0``, ``1e+06``);
+#: typed here, untyped there.
+_go_float: Callable[[float], str] = floatToGoString
 
 
-def escape_help(text: str) -> str:
-    """HELP text: ``\\`` -> ``\\\\`` and newline -> ``\\n`` (quotes stay)."""
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
+def _bounds(name: str, buckets: Sequence[float]) -> tuple[float, ...]:
+    """Finite, distinct, ascending bucket bounds (+Inf is implied); ValueError otherwise."""
+    bounds = tuple(sorted(float(b) for b in buckets if not math.isinf(b)))
+    if not bounds or len(set(bounds)) != len(bounds) or any(math.isnan(b) for b in bounds):
+        raise ValueError(f"histogram {name}: buckets must be distinct numbers, got {list(buckets)}")
+    return bounds
 
 
-def format_value(value: float) -> str:
-    """A sample value as Go's ParseFloat reads it: integers without a fraction, ``+Inf``,
-    ``-Inf``, ``NaN``, otherwise Python's shortest round-trip repr (``0.1``, ``1e-05``)."""
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if float(value).is_integer() and abs(value) < 2**53:
-        return str(int(value))
-    return repr(float(value))
+# --------------------------------------------------------------------------- the hand-written histogram
 
 
-def _le(bound: float) -> str:
-    """A bucket bound for the ``le`` label (``0.005``, ``1.0``, ``+Inf``), as client libraries write it."""
-    return "+Inf" if math.isinf(bound) else repr(float(bound))
+class BatchChild:
+    """One series of a :class:`BatchHistogram`."""
 
-
-def _labels_text(pairs: Sequence[tuple[str, str]]) -> str:
-    if not pairs:
-        return ""
-    return "{" + ",".join(f'{k}="{escape_label_value(v)}"' for k, v in pairs) + "}"
-
-
-# --------------------------------------------------------------------------- metric families
-
-
-class _CounterChild:
-    def __init__(self, lock: threading.Lock) -> None:
-        self._lock = lock
-        self._value = 0.0
-
-    def inc(self, amount: float = 1.0) -> None:
-        """Add ``amount`` (>= 0; a counter never goes down: ValueError)."""
-        if amount < 0:
-            raise ValueError(f"a counter only goes up, got inc({amount})")
-        with self._lock:
-            self._value += amount
-
-    def get(self) -> float:
-        return self._value
-
-
-class _GaugeChild:
-    def __init__(self, lock: threading.Lock) -> None:
-        self._lock = lock
-        self._value = 0.0
-        self._function: Callable[[], float] | None = None
-
-    def set(self, value: float) -> None:
-        with self._lock:
-            self._value = float(value)
-            self._function = None
-
-    def inc(self, amount: float = 1.0) -> None:
-        with self._lock:
-            self._value += amount
-
-    def set_function(self, function: Callable[[], float]) -> None:
-        """Compute the value when scraped (e.g. seconds since something); an exception
-        in ``function`` shows as NaN."""
-        with self._lock:
-            self._function = function
-
-    def get(self) -> float:
-        if self._function is None:
-            return self._value
-        try:
-            return float(self._function())
-        except Exception:  # a broken callback must not break the scrape: NaN says "unknown"
-            return math.nan
-
-
-class _HistogramChild:
     def __init__(self, lock: threading.Lock, bounds: tuple[float, ...]) -> None:
         self._lock = lock
-        self._bounds = bounds                      # finite upper bounds, ascending
+        self._bounds = np.asarray(bounds, dtype=np.float64)
         self._counts = [0] * (len(bounds) + 1)     # per bucket (not cumulative); last: > every bound
         self._sum = 0.0
-        self._count = 0
-
-    def observe(self, value: float) -> None:
-        """Count one observation (in the family's unit; NaN is ignored)."""
-        if math.isnan(value):
-            return
-        i = bisect.bisect_left(self._bounds, value)  # first bound >= value: le semantics
-        with self._lock:
-            self._counts[i] += 1
-            self._sum += value
-            self._count += 1
 
     def observe_many(self, values: Iterable[float]) -> None:
-        """Count many observations at once (a NumPy array or any iterable; NaN ignored)."""
-        import numpy as np
-
+        """Count many observations at once (a NumPy array or any iterable of numbers, in
+        the family's unit); NaN values are left out (prometheus_client's observe would
+        turn ``_sum`` into NaN for good)."""
         arr = np.asarray(values if hasattr(values, "__len__") else list(values), dtype=np.float64)
         arr = arr[~np.isnan(arr)]
         if arr.size == 0:
             return
-        per = np.bincount(np.searchsorted(np.asarray(self._bounds), arr, side="left"),
-                          minlength=len(self._counts))
+        # side="left": the first bound >= the value, the le ("less than or equal") bucket
+        per = np.bincount(np.searchsorted(self._bounds, arr, side="left"), minlength=len(self._counts))
         total = float(arr.sum())
         with self._lock:
             for i, n in enumerate(per.tolist()):
                 self._counts[i] += n
             self._sum += total
-            self._count += int(arr.size)
 
-    def snapshot(self) -> tuple[list[int], float, int]:
-        return list(self._counts), self._sum, self._count
-
-
-_C = TypeVar("_C", _CounterChild, _GaugeChild, _HistogramChild)
+    def observe(self, value: float) -> None:
+        """One observation (NaN is left out)."""
+        self.observe_many((value,))
 
 
-class _Family(Generic[_C]):
-    """A metric family: one name, one help text, one type, fixed label names; a child per
-    distinct label values (created on first use)."""
+class BatchHistogram:
+    """A histogram whose series are observed a batch of values at a time
+    (:meth:`BatchChild.observe_many`), exposed through a :class:`Registry` as
+    prometheus_client's histograms are: same ``le`` labels, ``_bucket``, ``_count``,
+    ``_sum``. Made by :meth:`Registry.batch_histogram`."""
 
-    type: ClassVar[MetricType]
-    _reserved: ClassVar[frozenset[str]] = frozenset()
-
-    def __init__(self, name: str, help: str, labelnames: Sequence[str]) -> None:
-        if not _NAME.match(name):
-            raise ValueError(f"invalid metric name {name!r}")
-        for label in labelnames:
-            if not _LABEL.match(label) or label.startswith("__") or label in self._reserved:
-                raise ValueError(f"invalid label name {label!r} for metric {name}")
-        if len(set(labelnames)) != len(labelnames):
-            raise ValueError(f"metric {name}: duplicate label names {list(labelnames)}")
+    def __init__(self, name: str, help: str, labelnames: Sequence[str], buckets: Sequence[float]) -> None:
         self.name = name
         self.help = help
         self.labelnames = tuple(labelnames)
+        self.buckets = _bounds(name, buckets)
+        self._le = [_go_float(b) for b in self.buckets] + ["+Inf"]
         self._lock = threading.Lock()
-        self._children: dict[tuple[str, ...], _C] = {}
+        self._children: dict[tuple[str, ...], BatchChild] = {}
         if not self.labelnames:
-            self._children[()] = self._new_child()
+            self._children[()] = BatchChild(self._lock, self.buckets)
 
-    def _new_child(self) -> _C:
-        raise NotImplementedError
-
-    def _key(self, values: Sequence[Any], named: Mapping[str, Any]) -> tuple[str, ...]:
-        if values and named:
-            raise ValueError(f"metric {self.name}: give label values by position or by name, not both")
-        if named:
-            if set(named) != set(self.labelnames):
-                raise ValueError(f"metric {self.name} has labels {list(self.labelnames)}, "
-                                 f"got {sorted(named)}")
-            values = [named[k] for k in self.labelnames]
+    def labels(self, *values: object) -> BatchChild:
+        """The series for these label values (by position; values become text)."""
         if len(values) != len(self.labelnames):
-            raise ValueError(f"metric {self.name} has labels {list(self.labelnames)}, "
+            raise ValueError(f"metric {self.name} has label names {list(self.labelnames)}, "
                              f"got {len(values)} values")
-        return tuple(str(v) for v in values)
-
-    def labels(self, *values: Any, **named: Any) -> _C:
-        """The child for these label values (by position or by name; values become text)."""
-        key = self._key(values, named)
+        key = tuple(str(v) for v in values)
         with self._lock:
             child = self._children.get(key)
             if child is None:
-                child = self._children[key] = self._new_child()
+                child = self._children[key] = BatchChild(self._lock, self.buckets)
             return child
 
-    def samples(self) -> list[tuple[str, list[tuple[str, str]], float]]:
-        """``(sample name, label pairs, value)`` for every child, in label order."""
+    def describe(self) -> list[Metric]:
+        """The family without samples: what the registry checks names against."""
+        return [HistogramMetricFamily(self.name, self.help, labels=self.labelnames)]
+
+    def collect(self) -> list[Metric]:
+        """The family with a series per label values (what a scrape renders)."""
         with self._lock:
-            items = sorted(self._children.items())
-            out: list[tuple[str, list[tuple[str, str]], float]] = []
-            for key, child in items:
-                out.extend(self._child_samples(list(zip(self.labelnames, key, strict=True)), child))
-            return out
-
-    def _child_samples(self, pairs: list[tuple[str, str]], child: _C
-                       ) -> list[tuple[str, list[tuple[str, str]], float]]:
-        raise NotImplementedError
+            series = [(key, list(c._counts), c._sum) for key, c in self._children.items()]
+        family = HistogramMetricFamily(self.name, self.help, labels=self.labelnames)
+        for key, counts, total in series:
+            family.add_metric(list(key), list(zip(self._le, map(float, itertools.accumulate(counts)),
+                                                  strict=True)), total)
+        return [family]
 
 
-class Counter(_Family[_CounterChild]):
-    """A monotonic count. The name ends in ``_total`` (checked)."""
-
-    type = "counter"
-
-    def __init__(self, name: str, help: str, labelnames: Sequence[str] = ()) -> None:
-        if not name.endswith("_total"):
-            raise ValueError(f"counter {name!r}: counter names end in _total")
-        super().__init__(name, help, labelnames)
-
-    def _new_child(self) -> _CounterChild:
-        return _CounterChild(self._lock)
-
-    def inc(self, amount: float = 1.0) -> None:
-        """For a family without labels."""
-        self.labels().inc(amount)
-
-    def _child_samples(self, pairs: list[tuple[str, str]], child: _CounterChild
-                       ) -> list[tuple[str, list[tuple[str, str]], float]]:
-        return [(self.name, pairs, child.get())]
+# --------------------------------------------------------------------------- the registry
 
 
-class Gauge(_Family[_GaugeChild]):
-    """A value that goes up and down (or is computed at scrape time)."""
+class Registry(CollectorRegistry):
+    """The metric families one endpoint serves: a prometheus_client ``CollectorRegistry``
+    (so ``generate_latest``, ``push_to_gateway`` and the like take it as it is).
 
-    type = "gauge"
-
-    def _new_child(self) -> _GaugeChild:
-        return _GaugeChild(self._lock)
-
-    def set(self, value: float) -> None:
-        """For a family without labels."""
-        self.labels().set(value)
-
-    def _child_samples(self, pairs: list[tuple[str, str]], child: _GaugeChild
-                       ) -> list[tuple[str, list[tuple[str, str]], float]]:
-        return [(self.name, pairs, child.get())]
-
-
-class Histogram(_Family[_HistogramChild]):
-    """Observations counted in buckets (``le``: less than or equal), with their sum and count."""
-
-    type = "histogram"
-    _reserved = frozenset({"le"})
-
-    def __init__(self, name: str, help: str, labelnames: Sequence[str] = (),
-                 buckets: Sequence[float] = SECONDS_BUCKETS) -> None:
-        bounds = tuple(sorted(float(b) for b in buckets if not math.isinf(b)))
-        if not bounds or len(set(bounds)) != len(bounds) or any(math.isnan(b) for b in bounds):
-            raise ValueError(f"histogram {name}: buckets must be distinct numbers, got {list(buckets)}")
-        self.buckets = bounds
-        super().__init__(name, help, labelnames)
-
-    def _new_child(self) -> _HistogramChild:
-        return _HistogramChild(self._lock, self.buckets)
-
-    def observe(self, value: float) -> None:
-        """For a family without labels."""
-        self.labels().observe(value)
-
-    def _child_samples(self, pairs: list[tuple[str, str]], child: _HistogramChild
-                       ) -> list[tuple[str, list[tuple[str, str]], float]]:
-        counts, total, count = child.snapshot()
-        out: list[tuple[str, list[tuple[str, str]], float]] = []
-        cumulative = 0
-        for bound, n in zip((*self.buckets, math.inf), counts, strict=True):
-            cumulative += n
-            out.append((self.name + "_bucket", [*pairs, ("le", _le(bound))], float(cumulative)))
-        out.append((self.name + "_sum", pairs, total))
-        out.append((self.name + "_count", pairs, float(count)))
-        return out
-
-
-class Registry:
-    """The metric families one endpoint serves, in registration order.
-
-    Registering a name again with the same type, labels (and buckets) returns the
-    family already there, so several users (two ``FeatureStore`` objects, two schemas'
-    :class:`RunMetrics`) can share a registry; a different definition raises ValueError.
+    ``counter``, ``gauge``, ``histogram`` and ``batch_histogram`` create a family, or
+    return the one already there under that name with the same type, labels (and
+    buckets), so several users can share a registry; another definition raises
+    ValueError, as do an invalid metric or label name, a label reserved to Prometheus
+    (``__*``, a histogram's ``le``), a counter whose name does not end in ``_total`` and
+    histogram buckets that are not distinct numbers.
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._families: dict[str, _Family[Any]] = {}
+        super().__init__()
+        self._define_lock = threading.Lock()
+        self._defined: dict[str, tuple[tuple[object, ...], Any]] = {}
 
-    def _register(self, family: _Family[Any]) -> Any:
-        with self._lock:
-            have = self._families.get(family.name)
-            if have is None:
-                self._families[family.name] = family
-                return family
-            same = (type(have) is type(family) and have.labelnames == family.labelnames
-                    and getattr(have, "buckets", None) == getattr(family, "buckets", None))
-            if not same:
-                raise ValueError(f"metric {family.name} is already registered with another definition")
-            return have
+    def _family(self, kind: MetricType | Literal["batch_histogram"], name: str, labelnames: Sequence[str],
+                buckets: tuple[float, ...] | None, make: Callable[[], _F]) -> _F:
+        if not _NAME.match(name):
+            raise ValueError(f"invalid metric name {name!r}")
+        labels = tuple(labelnames)
+        for label in labels:
+            if not _LABEL.match(label) or label.startswith("__") or (buckets is not None and label == "le"):
+                raise ValueError(f"invalid label name {label!r} for metric {name}")
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"metric {name}: duplicate label names {list(labels)}")
+        definition = (kind, labels, buckets)
+        with self._define_lock:
+            have = self._defined.get(name)
+            if have is not None:
+                if have[0] != definition:
+                    raise ValueError(f"metric {name} is already registered with another definition")
+                return cast(_F, have[1])
+            family = make()  # registers itself (or is registered below): DuplicateTimeseries is a ValueError
+            self._defined[name] = (definition, family)
+            return family
 
     def counter(self, name: str, help: str, labelnames: Sequence[str] = ()) -> Counter:
-        c: Counter = self._register(Counter(name, help, labelnames))
-        return c
+        if not name.endswith("_total"):
+            raise ValueError(f"counter {name!r}: counter names end in _total")
+        return self._family("counter", name, labelnames, None,
+                            lambda: Counter(name, help, labelnames, registry=self))
 
     def gauge(self, name: str, help: str, labelnames: Sequence[str] = ()) -> Gauge:
-        g: Gauge = self._register(Gauge(name, help, labelnames))
-        return g
+        """A gauge. ``set_function`` callbacks run at scrape time; one that raises fails
+        the scrape, so it should return NaN for "unknown" instead."""
+        return self._family("gauge", name, labelnames, None,
+                            lambda: Gauge(name, help, labelnames, registry=self))
 
     def histogram(self, name: str, help: str, labelnames: Sequence[str] = (),
                   buckets: Sequence[float] = SECONDS_BUCKETS) -> Histogram:
-        h: Histogram = self._register(Histogram(name, help, labelnames, buckets))
-        return h
+        """A histogram (``buckets``: finite bounds, any order; +Inf is added). Its
+        ``observe`` takes one value; never give it NaN (its ``_sum`` would stay NaN)."""
+        bounds = _bounds(name, buckets)
+        return self._family("histogram", name, labelnames, bounds,
+                            lambda: Histogram(name, help, labelnames, registry=self, buckets=bounds))
 
-    def families(self) -> list[_Family[Any]]:
-        with self._lock:
-            return list(self._families.values())
+    def batch_histogram(self, name: str, help: str, labelnames: Sequence[str] = (),
+                        buckets: Sequence[float] = SECONDS_BUCKETS) -> BatchHistogram:
+        """A :class:`BatchHistogram`: for values that come thousands at a time."""
+        bounds = _bounds(name, buckets)
+
+        def make() -> BatchHistogram:
+            family = BatchHistogram(name, help, labelnames, bounds)
+            self.register(family)
+            return family
+
+        return self._family("batch_histogram", name, labelnames, bounds, make)
+
+    def collect(self) -> Iterable[Metric]:
+        """Every family, less the ``<name>_created`` samples of counters and histograms."""
+        for metric in super().collect():
+            if metric.type in ("counter", "histogram"):
+                created = metric.name + "_created"
+                metric.samples = [s for s in metric.samples if s.name != created]
+            yield metric
 
     def exposition(self) -> str:
-        """Every family in the text exposition format 0.0.4 (ends with a newline)."""
-        lines: list[str] = []
-        for fam in self.families():
-            lines.append(f"# HELP {fam.name} {escape_help(fam.help)}")
-            lines.append(f"# TYPE {fam.name} {fam.type}")
-            for name, pairs, value in fam.samples():
-                lines.append(f"{name}{_labels_text(pairs)} {format_value(value)}")
-        return "\n".join(lines) + "\n"
+        """Every family in the text exposition format 0.0.4 (``generate_latest``; ends
+        with a newline; labels in name order)."""
+        return generate_latest(self).decode("utf-8")
 
 
 # --------------------------------------------------------------------------- reading it back
@@ -374,37 +263,13 @@ class Sample:
     value: float
 
 
-_SAMPLE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})? (?P<value>\S+)$')
-_PAIR = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"\s*(,|$)')
-_UNESCAPE = re.compile(r"\\(.)")
-
-
-def _unescape(m: re.Match[str]) -> str:
-    return "\n" if m.group(1) == "n" else m.group(1)
-
-
 def parse_exposition(text: str) -> list[Sample]:
-    """The samples of a text exposition (this module's, or any 0.0.4 text without
-    timestamps); ``# HELP``/``# TYPE`` and other comment lines are skipped. Raises
-    ValueError naming the first line that is not the format."""
-    out: list[Sample] = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE.match(line)
-        if m is None:
-            raise ValueError(f"line {number} is not a sample: {line!r}")
-        labels: dict[str, str] = {}
-        rest = m.group("labels") or ""
-        pos = 0
-        while pos < len(rest):
-            p = _PAIR.match(rest, pos)
-            if p is None:
-                raise ValueError(f"line {number}: bad labels at {rest[pos:]!r}")
-            labels[p.group(1)] = _UNESCAPE.sub(_unescape, p.group(2))
-            pos = p.end()
-        out.append(Sample(m.group("name"), labels, float(m.group("value"))))
-    return out
+    """The samples of a text exposition (0.0.4, timestamps ignored), in their order;
+    ``# HELP``/``# TYPE`` and other comment lines are skipped. prometheus_client's
+    parser: it raises ValueError on most lines that are not the format, but it is laxer
+    than Prometheus' own."""
+    return [Sample(s.name, dict(s.labels), float(s.value))
+            for family in text_string_to_metric_families(text) for s in family.samples]
 
 
 def sample_value(samples: Iterable[Sample], name: str, **labels: str) -> float | None:
@@ -418,37 +283,39 @@ def sample_value(samples: Iterable[Sample], name: str, **labels: str) -> float |
 # --------------------------------------------------------------------------- the endpoint
 
 
+class _TextCollector:
+    """A collector whose families are the text exposition ``render()`` returns at scrape
+    time (parsed back, then written again by prometheus_client)."""
+
+    def __init__(self, render: Callable[[], str]) -> None:
+        self._render = render
+
+    def collect(self) -> Iterable[Metric]:
+        return text_string_to_metric_families(self._render())
+
+
 class MetricsServer:
-    """``GET /metrics`` (and ``/``) on ``host:port``, served from a daemon thread until
-    :meth:`close`: a registry's exposition, or the text ``source()`` returns. Port 0
-    picks a free port (see :attr:`port`). OSError when the port is taken."""
+    """prometheus_client's HTTP endpoint (``start_http_server``) on ``host:port``, served
+    from a daemon thread until :meth:`close`: a registry, or the exposition text
+    ``source()`` returns (re-read at every scrape). Every path answers the metrics, in the
+    text format 0.0.4 (or OpenMetrics when the scraper asks for it, as Prometheus does).
 
-    def __init__(self, source: Registry | Callable[[], str], port: int, host: str = DEFAULT_HOST) -> None:
-        render = source.exposition if isinstance(source, Registry) else source
+    What the wrapper adds: :attr:`port` (port 0 picks a free port), :attr:`url`, an
+    idempotent :meth:`close` that frees the port, and the text source, which
+    prometheus_client's server does not take. OSError when the port is taken."""
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # the name http.server calls
-                if self.path.split("?", 1)[0] not in ("/metrics", "/"):
-                    self.send_error(404, "only /metrics here")
-                    return
-                body = render().encode("utf-8")
-                self.send_response(200)
-                self.send_header("Content-Type", CONTENT_TYPE)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                # http.server writes every request to stderr; keep stderr for our log lines
-                log.debug("metrics %s - " + format, self.address_string(), *args)
-
-        self._httpd = ThreadingHTTPServer((host, port), Handler)
-        self._httpd.daemon_threads = True
+    def __init__(self, source: CollectorRegistry | Callable[[], str], port: int,
+                 host: str = DEFAULT_HOST) -> None:
+        if isinstance(source, CollectorRegistry):
+            registry = source
+        else:
+            registry = CollectorRegistry()
+            registry.register(_TextCollector(source))
+        self._httpd, self._thread = start_http_server(port, host, registry)
         self.host = host
-        self.port: int = self._httpd.server_address[1]
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name=f"metrics-{self.port}",
-                                        daemon=True)
-        self._thread.start()
+        self.port: int = self._httpd.server_port
+        self._lock = threading.Lock()
+        self._closed = False
 
     @property
     def url(self) -> str:
@@ -457,19 +324,24 @@ class MetricsServer:
 
     def close(self) -> None:
         """Stop serving and free the port (idempotent)."""
-        if self._thread.is_alive():
-            self._httpd.shutdown()
-            self._thread.join(5)
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._httpd.shutdown()
+        self._thread.join(5)
         self._httpd.server_close()
 
 
-def serve(source: Registry | Callable[[], str], port: int, host: str = DEFAULT_HOST) -> MetricsServer:
+def serve(source: CollectorRegistry | Callable[[], str], port: int,
+          host: str = DEFAULT_HOST) -> MetricsServer:
     """Serve ``source`` (a registry, or a function returning exposition text) on
     ``host:port`` (OSError when the port is taken)."""
     return MetricsServer(source, port, host)
 
 
-def serve_first_free(registry: Registry, ports: range, host: str = DEFAULT_HOST) -> MetricsServer | None:
+def serve_first_free(registry: CollectorRegistry, ports: range,
+                     host: str = DEFAULT_HOST) -> MetricsServer | None:
     """Serve ``registry`` on the first port of ``ports`` that is free; None when none is
     (a warning is logged: metrics are never a reason to fail a job)."""
     for port in ports:
@@ -559,15 +431,17 @@ class RunMetrics:
                               "until a row is written.", ["schema"])
         self._aggs = AggregationMetrics(registry, schema)
         self._lag: Gauge | None = None
-        self._latency: _HistogramChild | None = None
-        self._dead: _CounterChild | None = None
+        self._latency: BatchChild | None = None
+        self._dead: Counter | None = None
         if stream:
             self._lag = r.gauge("featureline_consumer_lag", "Records behind the partition's end offset "
                                 "(stream job; refreshed every few seconds).",
                                 ["schema", "topic", "partition"])
-            self._latency = r.histogram("featureline_produce_to_stored_seconds",
-                                        "Seconds from a record's Kafka timestamp to its micro-batch being "
-                                        "stored (stream job).", ["schema"], SECONDS_BUCKETS).labels(schema)
+            # every record of a micro-batch at once: BatchHistogram (prometheus_client observes one)
+            self._latency = r.batch_histogram("featureline_produce_to_stored_seconds",
+                                              "Seconds from a record's Kafka timestamp to its micro-batch "
+                                              "being stored (stream job).", ["schema"],
+                                              SECONDS_BUCKETS).labels(schema)
             self._dead = r.counter("featureline_dead_letters_total",
                                    "Rejects published to the dead-letter topic (stream job).",
                                    ["schema"]).labels(schema)
@@ -643,8 +517,7 @@ class SdkMetrics:
                                "row at or before the timestamp).", labels)
         self._errors = r.counter("featureline_sdk_errors_total", "SDK calls that raised.", labels)
         #: (schema, method) -> its children: a lookup then costs no label resolution
-        self._bound: dict[tuple[str, str], tuple[_HistogramChild, _CounterChild, _CounterChild,
-                                                 _CounterChild]] = {}
+        self._bound: dict[tuple[str, str], tuple[Histogram, Counter, Counter, Counter]] = {}
 
     def lookup(self, schema: str, method: SdkMethod, seconds: float, *, entities: int, fallback: int,
                missed: int) -> None:
@@ -665,7 +538,7 @@ class SdkMetrics:
         self._errors.labels(schema, method).inc()
 
 
-__all__ = ["CONTENT_TYPE", "DEFAULT_HOST", "ROWS_BUCKETS", "SECONDS_BUCKETS", "AggregationMetrics", "Counter",
-           "Gauge", "Histogram", "MetricsServer", "Registry", "RunMetrics", "Sample", "SdkMethod",
-           "SdkMetrics", "escape_help", "escape_label_value", "format_value", "linger", "parse_exposition",
-           "sample_value", "serve", "serve_first_free", "sleep_interruptibly"]
+__all__ = ["CONTENT_TYPE", "DEFAULT_HOST", "ROWS_BUCKETS", "SECONDS_BUCKETS", "AggregationMetrics",
+           "BatchChild", "BatchHistogram", "Counter", "Gauge", "Histogram", "MetricsServer", "Registry",
+           "RunMetrics", "Sample", "SdkMethod", "SdkMetrics", "linger", "parse_exposition", "sample_value",
+           "serve", "serve_first_free", "sleep_interruptibly"]

@@ -1,10 +1,12 @@
-"""features.metrics: the registry, the text exposition format 0.0.4 (read back line by
-line), the HTTP endpoint, and the runner's accounting into RunMetrics (an in-memory
-sink: wiring only, no store)."""
+"""features.metrics: the registry on prometheus_client, the text exposition format 0.0.4
+it writes (checked line by line against the format, independently of both), the
+hand-written BatchHistogram, the HTTP endpoint, and the runner's accounting into
+RunMetrics (an in-memory sink: wiring only, no store)."""
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import http.client
 import math
 import re
@@ -23,8 +25,6 @@ from features.metrics import (
     RunMetrics,
     Sample,
     SdkMetrics,
-    escape_label_value,
-    format_value,
     parse_exposition,
     sample_value,
     serve,
@@ -99,8 +99,9 @@ def test_counter_lines_and_escaping_read_back() -> None:
     lines = text.splitlines()
     assert lines[0] == '# HELP demo_events_total Events seen.\\nSecond line with a \\\\ and "quotes".'
     assert lines[1] == "# TYPE demo_events_total counter"
-    assert 'demo_events_total{path="/plain",kind="b"} 2.5' in lines
-    assert 'demo_events_total{path="C:\\\\dir\\\\\\"quoted\\"\\nnext line",kind="a"} 1' in lines
+    assert 'demo_events_total{kind="b",path="/plain"} 2.5' in lines  # labels in name order
+    assert 'demo_events_total{kind="a",path="C:\\\\dir\\\\\\"quoted\\"\\nnext line"} 1.0' in lines
+    assert not [line for line in lines if "_created" in line]  # prometheus_client's, left out
     assert check_format(text) == {"demo_events_total": "counter"}
     samples = parse_exposition(text)
     assert Sample("demo_events_total", {"path": tricky, "kind": "a"}, 1.0) in samples
@@ -110,49 +111,81 @@ def test_counter_lines_and_escaping_read_back() -> None:
 
 
 def test_label_value_escaping_is_exactly_the_three_sequences() -> None:
-    assert escape_label_value('a\\b"c\nd') == 'a\\\\b\\"c\\nd'
-    assert escape_label_value("tab\tand ünïcode} {") == "tab\tand ünïcode} {"
+    reg = Registry()
+    c = reg.counter("esc_total", "x", ["v"])
+    c.labels('a\\b"c\nd').inc()
+    c.labels("tab\tand ünïcode} {").inc()
+    lines = reg.exposition().splitlines()
+    assert 'esc_total{v="a\\\\b\\"c\\nd"} 1.0' in lines
+    assert 'esc_total{v="tab\tand ünïcode} {"} 1.0' in lines
 
 
 def test_values_are_what_go_parsefloat_reads() -> None:
-    assert [format_value(v) for v in (0, 3, -2, 0.5, 1e-05, 1e20, math.inf, -math.inf, math.nan)] == \
-        ["0", "3", "-2", "0.5", "1e-05", "1e+20", "+Inf", "-Inf", "NaN"]
-    assert float(format_value(0.1)) == 0.1
+    values = (0, 3, -2, 0.5, 0.1, 1e-05, 1e20, math.inf, -math.inf, math.nan)
+    reg = Registry()
+    g = reg.gauge("v", "x", ["i"])
+    for i, v in enumerate(values):
+        g.labels(str(i)).set(v)
+    text = reg.exposition()
+    check_format(text)
+    written = {line.split('"')[1]: line.rsplit(" ", 1)[1]
+               for line in text.splitlines() if line.startswith("v{")}
+    assert [written[str(i)] for i in range(len(values))] == \
+        ["0.0", "3.0", "-2.0", "0.5", "0.1", "1e-05", "1e+20", "+Inf", "-Inf", "NaN"]
+    for i, v in enumerate(values):  # read back exactly
+        got = float(written[str(i)])
+        assert got == v or (math.isnan(got) and math.isnan(v))
 
 
 def test_histogram_buckets_sum_count_and_le_semantics() -> None:
     reg = Registry()
     h = reg.histogram("demo_latency_seconds", "Latency.", ["store"], buckets=[0.1, 1, 0.5])
     child = h.labels("redis")
-    for v in (0.05, 0.1, 0.3, 0.5, 2.0, math.nan):  # 0.1 and 0.5 are on a bound: le counts them there
+    for v in (0.05, 0.1, 0.3, 0.5, 2.0):  # 0.1 and 0.5 are on a bound: le counts them there
         child.observe(v)
     text = reg.exposition()
     check_format(text)
     assert [line for line in text.splitlines() if line.startswith("demo_latency_seconds")] == [
-        'demo_latency_seconds_bucket{store="redis",le="0.1"} 2',
-        'demo_latency_seconds_bucket{store="redis",le="0.5"} 4',
-        'demo_latency_seconds_bucket{store="redis",le="1.0"} 4',
-        'demo_latency_seconds_bucket{store="redis",le="+Inf"} 5',
+        'demo_latency_seconds_bucket{le="0.1",store="redis"} 2.0',
+        'demo_latency_seconds_bucket{le="0.5",store="redis"} 4.0',
+        'demo_latency_seconds_bucket{le="1.0",store="redis"} 4.0',
+        'demo_latency_seconds_bucket{le="+Inf",store="redis"} 5.0',
+        'demo_latency_seconds_count{store="redis"} 5.0',
         'demo_latency_seconds_sum{store="redis"} 2.95',
-        'demo_latency_seconds_count{store="redis"} 5',
     ]
 
 
-def test_observe_many_equals_observe_one_by_one() -> None:
+def test_bucket_bounds_are_written_as_prometheus_clients_are() -> None:
+    """The rows buckets' le labels (1e+06: Go's formatting, as every client library writes it)."""
+    from features.metrics import ROWS_BUCKETS
+
+    reg = Registry()
+    reg.histogram("rows", "x", buckets=ROWS_BUCKETS).observe(3)
+    les = [s.labels["le"] for s in parse_exposition(reg.exposition()) if s.name == "rows_bucket"]
+    assert les == ["1.0", "10.0", "100.0", "500.0", "1000.0", "2000.0", "5000.0", "10000.0", "50000.0",
+                   "100000.0", "131072.0", "500000.0", "1e+06", "+Inf"]
+
+
+def test_batch_histogram_equals_prometheus_clients_observed_one_by_one() -> None:
     import numpy as np
 
     values = np.random.default_rng(3).exponential(0.2, 5_000)
     values[::97] = 0.25  # exactly on a bound
     one, many = Registry(), Registry()
-    h1 = one.histogram("x_seconds", "x", buckets=[0.01, 0.1, 0.25, 1])
-    h2 = many.histogram("x_seconds", "x", buckets=[0.01, 0.1, 0.25, 1])
+    h1 = one.histogram("x_seconds", "x", ["s"], buckets=[0.01, 0.1, 0.25, 1, 1e6])
+    h2 = many.batch_histogram("x_seconds", "x", ["s"], buckets=[0.01, 0.1, 0.25, 1, 1e6])
     for v in values.tolist():
-        h1.observe(v)
-    h2.labels().observe_many(values)
+        h1.labels("a").observe(v)
+    h2.labels("a").observe_many(np.concatenate([values[:1000], [math.nan]]))  # NaN: left out
+    h2.labels("a").observe_many(iter(values[1000:].tolist()))
+    check_format(many.exposition())
     a, b = parse_exposition(one.exposition()), parse_exposition(many.exposition())
     assert [(s.name, s.labels) for s in a] == [(s.name, s.labels) for s in b]
     for x, y in zip(a, b, strict=True):
         assert x.value == pytest.approx(y.value, rel=1e-12)
+    assert many.batch_histogram("x_seconds", "x", ["s"], buckets=[0.01, 0.1, 0.25, 1, 1e6]) is h2
+    with pytest.raises(ValueError, match="another definition"):
+        many.histogram("x_seconds", "x", ["s"], buckets=[0.01, 0.1, 0.25, 1, 1e6])
 
 
 def test_gauge_set_inc_and_scrape_time_function() -> None:
@@ -161,13 +194,16 @@ def test_gauge_set_inc_and_scrape_time_function() -> None:
     g.labels("a").set(5)
     g.labels("a").inc(-2)
     g.labels("b").set_function(lambda: 7.5)
-    g.labels("c").set_function(lambda: 1 / 0)
+    g.labels("c").set_function(lambda: math.nan)  # "unknown", as RunMetrics' freshness says it
     samples = parse_exposition(reg.exposition())
     assert sample_value(samples, "demo_queue_depth", queue="a") == 3
     assert sample_value(samples, "demo_queue_depth", queue="b") == 7.5
     value = sample_value(samples, "demo_queue_depth", queue="c")
     assert value is not None and math.isnan(value)
     check_format(reg.exposition())
+    g.labels("d").set_function(lambda: 1 / 0)  # a callback that raises fails the scrape (documented)
+    with pytest.raises(ZeroDivisionError):
+        reg.exposition()
 
 
 def test_unlabelled_families_start_at_zero_and_empty_labelled_ones_have_no_samples() -> None:
@@ -177,8 +213,8 @@ def test_unlabelled_families_start_at_zero_and_empty_labelled_ones_have_no_sampl
     reg.gauge("labelled", "Labelled.", ["x"])
     text = reg.exposition()
     check_format(text)
-    assert "plain_total 0" in text.splitlines()
-    assert 'plain_seconds_bucket{le="+Inf"} 0' in text.splitlines()
+    assert "plain_total 0.0" in text.splitlines()
+    assert 'plain_seconds_bucket{le="+Inf"} 0.0' in text.splitlines()
     assert not [s for s in parse_exposition(text) if s.name == "labelled"]
 
 
@@ -204,15 +240,18 @@ def test_registry_returns_the_same_family_or_refuses_another_definition() -> Non
         reg.counter("shared_total", "x", ["schema", "more"])
     with pytest.raises(ValueError, match="another definition"):
         reg.gauge("shared_total", "x", ["schema"])
+    reg.counter("clash_total", "x")
+    with pytest.raises(ValueError, match="Duplicated timeseries"):  # prometheus_client's own check
+        reg.gauge("clash", "x")
 
 
 def test_labels_and_counters_refuse_misuse() -> None:
     c = Registry().counter("c_total", "x", ["a", "b"])
-    with pytest.raises(ValueError, match="labels"):
+    with pytest.raises(ValueError, match="label count"):
         c.labels("only one")
-    with pytest.raises(ValueError, match="labels"):
+    with pytest.raises(ValueError, match="label names"):
         c.labels(a="1", c="2")
-    with pytest.raises(ValueError, match="only goes up"):
+    with pytest.raises(ValueError, match="non-negative"):
         c.labels("1", "2").inc(-1)
 
 
@@ -249,16 +288,38 @@ def test_endpoint_serves_the_exposition_and_frees_its_port() -> None:
         assert resp.status == 200
         assert resp.getheader("Content-Type") == CONTENT_TYPE
         assert body == reg.exposition()
-        conn.request("GET", "/elsewhere")
+        conn.request("GET", "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
         resp = conn.getresponse()
-        resp.read()
-        assert resp.status == 404
+        body = resp.read().decode()
+        assert resp.getheader("Content-Type", "").startswith("application/openmetrics-text")
+        assert body.endswith("# EOF\n") and "served_total 3.0" in body and "_created" not in body
         conn.close()
     finally:
         server.close()
+    server.close()  # idempotent
     with socket.socket() as s:  # the port is free again
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", server.port))
+
+
+def test_endpoint_serves_a_text_source_as_read_at_each_scrape() -> None:
+    """The stream job serves its subtasks' saved final values (features.stream.job)."""
+    reg = Registry()
+    RunMetrics(reg, "s", stream=True).unit(read=5, stored=4, rejected=1, already_present=0,
+                                           by_rule={"income.min": 1})
+    text = reg.exposition()
+    server = serve(functools.partial(str, text), 0)
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        conn.request("GET", "/metrics")
+        resp = conn.getresponse()
+        body = resp.read().decode()
+        conn.close()
+    finally:
+        server.close()
+    assert resp.status == 200 and resp.getheader("Content-Type") == CONTENT_TYPE
+    check_format(body)
+    assert parse_exposition(body) == parse_exposition(text)
 
 
 def test_first_free_port_skips_a_taken_one_and_gives_up_quietly() -> None:
