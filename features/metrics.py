@@ -12,7 +12,7 @@ endpoint (``start_http_server``). This module adds what featureline needs around
   ``<name>_created`` series (creation times, which no featureline metric defines);
 - :class:`BatchHistogram`, written here: the one histogram observed in bulk, the
   stream's produce -> stored latency of every record of a micro-batch.
-  prometheus_client observes one value per call: ~5 ms for a 2,000-record micro-batch
+  prometheus_client observes one value per call: 3-5 ms for a 2,000-record micro-batch
   against ~0.04 ms in one NumPy ``searchsorted`` (``bench/metrics.py``; bench/RESULTS.md,
   "Metrics overhead (issue 21)");
 - :class:`MetricsServer`: prometheus_client's server with ``.port`` (port 0 picks a
