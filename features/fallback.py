@@ -78,9 +78,16 @@ class SingleFlight:
     :meth:`resolve` or :meth:`fail` for them) and those another caller is fetching, or
     fetched after this caller's ``since`` (a monotonic time: when its Redis read began, so
     that read could not have seen the other's fill). Finished entries are forgotten
-    ``linger_s`` after they finish."""
+    ``linger_s`` after they finish.
 
-    def __init__(self, linger_s: float = 1.0) -> None:
+    Sharing depends only on ``since <= done_at``, never on the linger: the linger only
+    bounds memory, and it must outlast the longest stall between a caller's Redis read and
+    its claim. With hundreds of threads in one process that stall is the GIL's round robin
+    (5 ms a turn: 200 runnable threads, ~1 s), so a 1 s linger let a stalled caller
+    query Postgres a second time; 10 s holds a finished entry (a reference to a few rows)
+    per key read in the last 10 s."""
+
+    def __init__(self, linger_s: float = 10.0) -> None:
         self.linger_s = linger_s
         self._lock = threading.Lock()
         self._entries: dict[Hashable, _Entry] = {}
