@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "demo": "features.demo",
     "dev": "features.dev.cli",
     "health": "features.health",
+    "init": "features.init",
     "load": "features.load.cli",
     "kernels": "features.kernels.cli",
     "prewarm": "features.prewarm",

@@ -7,9 +7,11 @@ address and the command to run; it never silently skips.
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,25 @@ import pytest
 from features.config import Settings, resolve_settings
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@contextmanager
+def cli_environment(settings: Settings, pg_schema: str, redis_db: int) -> Iterator[dict[str, str]]:
+    """The environment of a CLI subprocess: Postgres in ``pg_schema`` (its search_path),
+    Redis database ``redis_db`` (flushed before and after), this checkout's package."""
+    import redis
+
+    url = settings.redis_url.rsplit("/", 1)[0] + f"/{redis_db}"
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    sep = "&" if "?" in settings.postgres_dsn else "?"
+    try:
+        yield {**os.environ, "PYTHONPATH": str(ROOT),
+               "FEATURES_POSTGRES_DSN": f"{settings.postgres_dsn}{sep}options=-csearch_path%3D{pg_schema}",
+               "FEATURES_REDIS_URL": url, "FEATURES_KAFKA_BOOTSTRAP": settings.kafka_bootstrap}
+    finally:
+        client.flushdb()
+        client.close()
 
 
 @pytest.fixture(scope="session")

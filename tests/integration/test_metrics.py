@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import redis
+from conftest import cli_environment
 
 from features import FeatureStore
 from features.compile import CompiledSchema
@@ -237,15 +238,8 @@ def test_sdk_counts_lookups_fallbacks_and_misses(loaded: list[str], settings: Se
 @pytest.fixture()
 def cli_env(settings: Settings, pg_schema: str) -> Iterator[dict[str, str]]:
     """Environment for a CLI subprocess: the test's Postgres schema, Redis database CLI_REDIS_DB."""
-    url = settings.redis_url.rsplit("/", 1)[0] + f"/{CLI_REDIS_DB}"
-    client = redis.Redis.from_url(url)
-    client.flushdb()
-    sep = "&" if "?" in settings.postgres_dsn else "?"
-    yield {**os.environ,
-           "FEATURES_POSTGRES_DSN": f"{settings.postgres_dsn}{sep}options=-csearch_path%3D{pg_schema}",
-           "FEATURES_REDIS_URL": url, "FEATURES_KAFKA_BOOTSTRAP": settings.kafka_bootstrap}
-    client.flushdb()
-    client.close()
+    with cli_environment(settings, pg_schema, CLI_REDIS_DB) as env:
+        yield env
 
 
 def _sigint_as_from_a_terminal() -> None:

@@ -1,0 +1,171 @@
+"""``features init [DIR]``: start a project that uses featureline.
+
+Writes ``schemas/`` with one commented example schema, ``featureline.toml`` with every
+setting and its default commented out, and a short README of the commands. Refuses to
+overwrite: when any of those files exists nothing is written (exit 2, naming them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from features.config import (
+    CONFIG_FILE,
+    DEFAULT_KAFKA_BOOTSTRAP,
+    DEFAULT_POSTGRES_DSN,
+    DEFAULT_REDIS_URL,
+    env_var,
+)
+from features.errors import ConfigError
+
+EXAMPLE_SCHEMA = "schemas/orders.yaml"
+
+_SCHEMA = """\
+# An example schema: one row per order; edit it or replace it with your own.
+# Every key is described in featureline's docs/schema.md.
+name: orders
+version: 1.0.0
+description: orders as placed, with the features a model reads
+entity: order_id          # the key of the hot (Redis) and cold (Postgres) rows
+event_time: placed_at     # newest wins per entity; windows and point-in-time reads use it
+hot:
+  ttl: 7d                 # how long Redis keeps an order's hot features
+fields:
+  - name: order_id
+    type: string
+    store: [hot, cold]
+    constraints:
+      required: true
+      pattern: ^ORD-[0-9]{8}$
+  - name: placed_at
+    type: timestamp(us, UTC)
+    store: [hot, cold]
+    constraints:
+      required: true
+  - name: amount
+    type: decimal(12,2)   # exact: never a float
+    store: [hot, cold]
+    accept_strings: true  # "12.50" in JSON is read exactly
+    constraints:
+      min: 0.01
+      nullable: false
+  - name: country
+    type: string
+    # source: "Country Code"   # the input column / JSON key when it differs from the name
+    constraints:
+      min_length: 2
+      max_length: 2
+      nullable: true
+features:
+  - name: amount_log
+    description: log(1 + amount)
+    from: amount
+    steps:
+      - log1p
+    dtype: float64
+    store: hot
+"""
+
+_README = """\
+# A featureline project
+
+Schemas live in `schemas/` (one YAML file each; see featureline's docs/schema.md);
+settings in `featureline.toml` (credentials never: use the environment or a secrets file).
+
+```bash
+features dev up                                   # local Postgres, Redis and Kafka (loopback)
+features dev status
+features compile                                  # schemas/*.yaml -> sql/, expectations/
+features load --schema orders orders.parquet      # validate + store; rejects kept in Postgres
+features stream --schema orders --topic orders --bounded
+features report --schema orders orders.parquet    # validation report (report.html + JSON)
+features health
+```
+
+From Python:
+
+```python
+from features import FeatureStore
+
+with FeatureStore.from_env() as fs:  # the settings above: FEATURES_* and featureline.toml
+    print(fs.online("orders", ["ORD-00000001"]))
+```
+"""
+
+
+def _config() -> str:
+    lines = [
+        "# featureline settings for this project. Every setting is shown with its default,",
+        "# commented out. Precedence: command-line arguments > FEATURES_* environment variables",
+        "# > the secrets file > this file > the defaults. This file is meant to be committed:",
+        "# it refuses credentials (a password in a DSN or URL, a secret Kafka property); put",
+        f"# those in the environment ({env_var('postgres_dsn')}, ...) or a secrets file.",
+        "",
+        "[settings]",
+        "# where the stores are (the defaults point at what `features dev up` starts;",
+        "# the default DSN carries the dev server's password, so it comes from the defaults,",
+        "# not from this file)",
+        f"# postgres_dsn = \"{DEFAULT_POSTGRES_DSN.replace(':featureline@', '@')}\"",
+        f"# redis_url = \"{DEFAULT_REDIS_URL}\"",
+        f"# kafka_bootstrap = \"{DEFAULT_KAFKA_BOOTSTRAP}\"",
+        "# where the kernels run: auto (a GPU when CuPy finds one), cpu or gpu",
+        "# device = \"auto\"",
+        "# the folder of schema YAML files",
+        "# schemas_dir = \"schemas\"",
+        "# a TOML file of credentials, readable by its owner only",
+        "# secrets_file = \"secrets.toml\"",
+        "",
+        "# extra librdkafka properties (confluent-kafka clients)",
+        "# [settings.kafka_properties]",
+        "# \"security.protocol\" = \"SASL_SSL\"",
+        "",
+        "# extra Java Kafka client properties (the Flink Kafka connector)",
+        "# [settings.kafka_java_properties]",
+        "# \"security.protocol\" = \"SASL_SSL\"",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def files() -> dict[str, str]:
+    """Relative path -> content of what ``features init`` writes."""
+    return {EXAMPLE_SCHEMA: _SCHEMA, CONFIG_FILE: _config(),
+            "README.md": _README}
+
+
+def init(directory: Path | str) -> list[Path]:
+    """Write the project files under ``directory`` (created when missing); the paths
+    written. ConfigError, writing nothing, when any of them exists."""
+    root = Path(directory)
+    planned = {root / rel: text for rel, text in files().items()}
+    present = [str(p) for p in planned if p.exists()]
+    if present:
+        raise ConfigError(f"refusing to overwrite {', '.join(present)}: features init starts a new "
+                          "project (move those files away, or pick another folder)", key="init")
+    for path, text in planned.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    return list(planned)
+
+
+def add_parser(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "init", help="start a project: schemas/ with an example, featureline.toml, a README",
+        description=__doc__.split("\n\n")[1] if __doc__ else None)
+    p.add_argument("directory", nargs="?", default=".", metavar="DIR",
+                   help="the project folder (default: the current one; created when missing)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    written = init(args.directory)
+    for path in written:
+        print(f"wrote {path}")
+    print(f"next: cd {args.directory} && features dev up && features compile", file=sys.stdout)
+    return 0
+
+
+__all__ = ["EXAMPLE_SCHEMA", "add_parser", "files", "init", "run"]
