@@ -6,9 +6,10 @@ ignored ``.dev/`` folder and downloads cached under ``.cache/``:
 - PostgreSQL (Debian package ``postgresql``), a ``featureline`` role and database;
 - Redis (Debian package ``redis-server``), no persistence;
 - Apache Kafka 4.x, single node in KRaft mode, from Maven Central artefacts fetched
-  with ``mvn dependency:copy-dependencies`` (``dev/kafka/pom.xml``) and started with
-  ``java -cp``;
-- the Flink Kafka SQL connector jar matching the pinned PyFlink (``dev/flink/pom.xml``).
+  with ``mvn dependency:copy-dependencies`` (``features/dev/maven/kafka/pom.xml``, package
+  data, so it ships in the wheel) and started with ``java -cp``;
+- the Flink Kafka SQL connector jar matching the pinned PyFlink
+  (``features/dev/maven/flink/pom.xml``).
 
 A service whose ``FEATURES_*`` variable points somewhere other than the default is
 *external*: ``up`` does not start it, ``status`` only checks it. ``down`` stops only
@@ -39,7 +40,9 @@ from features.config import (
 from features.errors import ServiceError
 
 ROOT = Path(__file__).resolve().parents[2]
-"""The repository root (the folder holding ``features/`` and ``dev/``)."""
+"""The repository root (the folder holding ``features/``)."""
+POMS = Path(__file__).resolve().parent / "maven"
+"""The Maven poms of what ``up`` fetches (package data: they ship in the wheel)."""
 STATE = ROOT / ".dev"
 CACHE = ROOT / ".cache"
 KAFKA_LIBS = CACHE / "kafka-libs"
@@ -525,7 +528,7 @@ class Kafka:
         java = shutil.which("java")
         if java is None:
             _apt_install("openjdk-17-jre-headless", service=self.name)
-        _maven_fetch(ROOT / "dev" / "kafka" / "pom.xml", KAFKA_LIBS, service=self.name,
+        _maven_fetch(POMS / "kafka" / "pom.xml", KAFKA_LIBS, service=self.name,
                      extra=["-DincludeScope=runtime"])
 
     def _java(self) -> list[str]:
@@ -641,7 +644,7 @@ class FlinkConnector:
     external = False
 
     def __init__(self, settings: Settings) -> None:
-        self.pom = ROOT / "dev" / "flink" / "pom.xml"
+        self.pom = POMS / "flink" / "pom.xml"
 
     @property
     def address(self) -> str:
