@@ -116,7 +116,18 @@ def run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port, metrics_host=args.metrics_host,
         metrics_linger_s=args.metrics_linger_s, log_format=active_format())
     cfg.check()
-    result = run_job(cfg, wait=not args.detach)
+    # The gateway JVM (started by run_job) and the Python workers it starts inherit this
+    # process's fd 1: their console output (a Kafka admin client's stack trace at shutdown)
+    # would land inside the summary on stdout and break --json. They get stderr as their
+    # stdout; fd 1 is restored once the JVM has its copy.
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        result = run_job(cfg, wait=not args.detach)
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
     if args.detach:
         client = result.get_job_client()
         job_id = str(client.get_job_id()) if client is not None else "unknown"
