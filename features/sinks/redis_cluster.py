@@ -15,7 +15,8 @@ there: ``features:<schema>:{<entity>}``) and every primary owns some slots.
 primary its share before reading any reply (the primaries work in parallel), then
 answers redirections: ``-MOVED`` (refresh the map, resend to the new owner), ``-ASK``
 (``ASKING`` + resend to the node importing the slot), ``-NOSCRIPT`` (``SCRIPT LOAD``
-there, resend), ``-TRYAGAIN``/``-CLUSTERDOWN``/``-LOADING``/``-BUSY`` (back off, resend).
+there, resend), ``-TRYAGAIN``/``-CLUSTERDOWN``/``-LOADING``/``-BUSY`` and a script's "non local key" error
+mid-migration (back off, resend).
 A resent script call is harmless: featureline's scripts write nothing the second time.
 
 Slots are computed over Arrow arrays (:func:`key_slots`: numpy over a byte matrix,
@@ -127,6 +128,19 @@ def key_slots(keys: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.int64]:
 #: failing over or being elected, a multi-key call hit a slot mid-migration, the node is
 #: loading its data or busy with a script.
 RETRY_LATER = ("TRYAGAIN", "CLUSTERDOWN", "LOADING", "BUSY", "MASTERDOWN")
+
+#: The error a script gets when one of its commands touches a key of a slot that is
+#: migrating and the key is not (or no longer) here: the newest-wins script DELs a hash
+#: before its HSET, and while the slot migrates that HSET is refused this way instead of
+#: the -ASK the call itself would get. Scripts are not rolled back, so the keys before it
+#: are written (a retry finds them equal and skips them) and this one is absent until
+#: the retry, which the node now redirects (-ASK) to the importing node.
+SCRIPT_KEY_MOVING = "Script attempted to access a non local key"
+
+
+def retry_later(err: ReplyError) -> bool:
+    """Whether ``err`` is transient: the same command succeeds once the cluster settles."""
+    return err.code in RETRY_LATER or (err.code == "ERR" and SCRIPT_KEY_MOVING in err.text)
 
 
 # --------------------------------------------------------------------------- the cluster
@@ -310,7 +324,7 @@ class Cluster:
                     elif code == "NOSCRIPT" and script_sha in self.scripts:
                         lost_script = True  # loaded once this node's replies are all read
                         again.append(i)
-                    elif code in RETRY_LATER:
+                    elif err is not None and retry_later(err):
                         later = True
                         again.append(i)
                     else:

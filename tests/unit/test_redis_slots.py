@@ -56,3 +56,20 @@ def test_cluster_urls_parse_with_every_seed_and_keep_credentials_out_of_repr() -
 def test_bad_cluster_urls_are_config_errors(url: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         RedisEndpoint.from_url(url)
+
+
+def test_a_script_refused_a_migrating_key_is_retried_and_other_errors_are_not() -> None:
+    """Mid-migration, Redis 7.0 answers a script whose DEL + HSET meets a key that left
+    the slot with this -ERR instead of -ASK; it must be retried like -TRYAGAIN (a full
+    suite once failed a reshard-mid-load test on it), and no other -ERR may be."""
+    from features.sinks.redis_cluster import retry_later
+    from features.sinks.redis_wire import ReplyError
+
+    moving = ReplyError("ERR Script attempted to access a non local key in a cluster node script: "
+                        "f_1234abcd (call to f_1234abcd): @user_script:11: ...")
+    assert retry_later(moving)
+    assert retry_later(ReplyError("TRYAGAIN Multiple keys request during rehashing of slot"))
+    assert retry_later(ReplyError("CLUSTERDOWN The cluster is down"))
+    assert not retry_later(ReplyError("ERR wrong number of arguments for 'hset' command"))
+    assert not retry_later(ReplyError("WRONGTYPE Operation against a key holding the wrong kind of value"))
+    assert not retry_later(ReplyError("CROSSSLOT Keys in request don't hash to the same slot"))
