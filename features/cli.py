@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "dev": "features.dev.cli",
     "health": "features.health",
     "init": "features.init",
+    "job-file": "features.jobs",
     "load": "features.load.cli",
     "kernels": "features.kernels.cli",
     "prewarm": "features.prewarm",

@@ -13,7 +13,7 @@ from pathlib import Path
 # `flink run -py` starts this file with the repository root not on sys.path.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from features.cli import main
+from features.jobs.stream import run
 
 if __name__ == "__main__":
-    sys.exit(main(["stream", *sys.argv[1:]]))
+    sys.exit(run())
