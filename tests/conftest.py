@@ -183,3 +183,29 @@ def stream_topic(settings: Settings) -> Iterator[str]:
     ensure_topic(settings.kafka_bootstrap, name + ".rejects", partitions=1)
     yield name
     AdminClient({"bootstrap.servers": settings.kafka_bootstrap}).delete_topics([name, name + ".rejects"])
+
+
+@pytest.fixture(scope="session")
+def featureline_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A wheel built from this checkout (in a temporary copy of its sources)."""
+    from installed_env import build_wheel
+
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+@pytest.fixture(scope="session")
+def deps_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Python of a fresh virtual environment with the locked dependencies and no
+    featureline: a cluster's Python, to which a job ships the package."""
+    from installed_env import make_venv
+
+    return make_venv(tmp_path_factory.mktemp("deps-venv") / "venv", wheel=None)
+
+
+@pytest.fixture(scope="session")
+def installed_venv(tmp_path_factory: pytest.TempPathFactory, featureline_wheel: Path) -> Path:
+    """The Python of a fresh virtual environment outside the checkout with the locked
+    dependencies and featureline installed from its wheel: a user's project environment."""
+    from installed_env import make_venv
+
+    return make_venv(tmp_path_factory.mktemp("installed-venv") / "venv", wheel=featureline_wheel)
