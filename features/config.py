@@ -7,7 +7,9 @@ Precedence, highest first:
 3. the secrets file, if one is named (``FEATURES_SECRETS_FILE``, or ``secrets_file`` in
    ``featureline.toml``): a TOML file of connection settings only, readable by its owner
    only (see :func:`read_secrets_file`);
-4. the project config file ``featureline.toml`` (table ``[settings]``), if present;
+4. the project config file ``featureline.toml`` (table ``[settings]``) in the project
+   folder (``features.home``: ``FEATURES_HOME``, else the nearest folder at or above the
+   current one holding the file), if present;
 5. the defaults below, which point at the local services ``features dev up`` starts.
 
 The two Kafka property maps merge key by key across these layers (a key set higher
@@ -35,6 +37,7 @@ from typing import Any, Literal, overload
 from urllib.parse import unquote
 
 from features.errors import ConfigError
+from features.home import CACHE_VAR, CONFIG_FILE, project_home
 
 Device = Literal["auto", "cpu", "gpu"]
 
@@ -42,7 +45,6 @@ DEFAULT_POSTGRES_DSN = "postgresql://featureline:featureline@127.0.0.1:5433/feat
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6380/0"
 DEFAULT_KAFKA_BOOTSTRAP = "127.0.0.1:9092"
 
-CONFIG_FILE = "featureline.toml"
 #: What :func:`redact` puts in place of a secret.
 MASK = "***"
 
@@ -80,6 +82,11 @@ class Settings:
     """Where kernels run: ``auto`` (GPU when CuPy and a device exist), ``cpu`` or ``gpu``."""
     schemas_dir: str = "schemas"
     """Folder holding the schema YAML files."""
+    cache_dir: str | None = None
+    """Where ``features dev up`` keeps its downloads (Kafka's jars, the Flink Kafka
+    connector jar, Maven's repository). None: the per-user cache shared by every project,
+    ``$XDG_CACHE_HOME/featureline`` or ``~/.cache/featureline``; a relative path in
+    ``featureline.toml`` is relative to the project folder (``features.home.cache_home``)."""
     secrets_file: str | None = None
     """The secrets file these settings were read with, if any (a path, not a secret)."""
     ingest_tokens: tuple[str, ...] = field(default=(), hash=False)
@@ -246,7 +253,9 @@ def _typed(table: Mapping[str, object], where: str) -> dict[str, Any]:
     return out
 
 
-def _from_file(root: Path) -> dict[str, Any]:
+def read_project_file(root: Path) -> dict[str, Any]:
+    """The ``[settings]`` of ``root/featureline.toml`` ({} when there is none), checked:
+    unknown keys, wrong types and credentials are refused with ConfigError."""
     path = root / CONFIG_FILE
     if not path.is_file():
         return {}
@@ -271,6 +280,26 @@ def _from_file(root: Path) -> dict[str, Any]:
             "see docs/security.md",
             key=secrets[0], looked_in=[str(path)])
     return values
+
+
+def cache_home(environ: Mapping[str, str] | None = None, cwd: Path | None = None) -> Path:
+    """The download cache (absolute): ``FEATURES_CACHE_DIR`` (relative to the current
+    folder), else the project file's ``cache_dir`` (relative to the project folder), else
+    ``$XDG_CACHE_HOME/featureline`` (an absolute XDG_CACHE_HOME only, as the XDG spec
+    says), else ``~/.cache/featureline``."""
+    env = os.environ if environ is None else environ
+    here = (cwd or Path.cwd()).absolute()
+    named = env.get(CACHE_VAR)
+    if named:
+        return Path(os.path.normpath(here / Path(named).expanduser()))
+    project = project_home(env, here)
+    in_file = read_project_file(project).get("cache_dir")
+    if in_file:
+        return Path(os.path.normpath(project / Path(str(in_file)).expanduser()))
+    xdg = env.get("XDG_CACHE_HOME", "")
+    if xdg and Path(xdg).is_absolute():
+        return Path(xdg) / "featureline"
+    return Path(env.get("HOME") or Path.home()) / ".cache" / "featureline"
 
 
 def read_secrets_file(path: Path) -> dict[str, Any]:
@@ -348,15 +377,19 @@ def _check_dsn(dsn: str, origin: str) -> None:
 
 
 def resolve_settings(
-    *, environ: Mapping[str, str] | None = None, root: Path | str = ".",
+    *, environ: Mapping[str, str] | None = None, root: Path | str | None = None,
     **explicit: str | Mapping[str, str] | Sequence[str] | None,
 ) -> Settings:
     """Resolve settings from ``explicit`` > environment > secrets file > ``featureline.toml``
     > defaults (the Kafka property maps merge key by key).
 
     ``explicit`` values that are None are treated as not given, so a CLI flag left
-    unset never beats the environment. A relative ``secrets_file`` is relative to ``root``.
-    Raises ConfigError for an unknown setting name, an invalid value, a credential in
+    unset never beats the environment. ``root`` is the project folder holding
+    ``featureline.toml``; by default it is found as :func:`features.home.project_home`
+    says (``FEATURES_HOME``, else the nearest folder at or above the current one holding
+    the file), and when that is above the current folder a relative ``schemas_dir`` from
+    the file or the default is made relative to it. A relative ``secrets_file`` is
+    relative to ``root``. Raises ConfigError for an unknown setting name, an invalid value, a credential in
     ``featureline.toml``, or a secrets file that is unreadable, too widely readable or
     malformed; its messages never quote a credential. Reads nothing but ``environ``, the
     project file and the secrets file.
@@ -365,6 +398,8 @@ def resolve_settings(
     unknown = sorted(set(explicit) - set(_FIELD_NAMES))
     if unknown:
         raise ConfigError(f"unknown setting(s) {', '.join(unknown)}", key=unknown[0])
+    discovered = root is None
+    root = project_home(env) if root is None else Path(root)
     given = {k: v for k, v in explicit.items() if v is not None}
     for name in _MAP_FIELDS:
         if name in given:
@@ -372,7 +407,7 @@ def resolve_settings(
     for name in _TOKEN_FIELDS:
         if name in given:
             given[name] = _token_list(given[name], "arguments", name)
-    project = _from_file(Path(root))
+    project = read_project_file(root)
     from_env = _from_env(env)
     secrets_path = given.get("secrets_file") or from_env.get("secrets_file") or project.get("secrets_file")
     layers: list[tuple[str, dict[str, Any]]] = [(str(Path(root) / CONFIG_FILE), project)]
@@ -395,4 +430,9 @@ def resolve_settings(
         )
     if "postgres_dsn" in values:
         _check_dsn(str(values["postgres_dsn"]), origin["postgres_dsn"])
+    schemas = Path(str(values.get("schemas_dir", Settings.schemas_dir)))
+    if (discovered and root != Path.cwd().absolute() and not schemas.is_absolute()
+            and origin.get("schemas_dir") not in ("arguments", env_var("schemas_dir"))):
+        # run from below the project folder: its schemas_dir is relative to the project
+        values["schemas_dir"] = os.path.relpath(root / schemas)
     return Settings(**values)

@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from features.config import (
-    CONFIG_FILE,
     DEFAULT_KAFKA_BOOTSTRAP,
     DEFAULT_POSTGRES_DSN,
     DEFAULT_REDIS_URL,
     env_var,
 )
 from features.errors import ConfigError
+from features.home import CONFIG_FILE
 
 EXAMPLE_SCHEMA = "schemas/orders.yaml"
 
@@ -74,6 +74,7 @@ _README = """\
 
 Schemas live in `schemas/` (one YAML file each; see featureline's docs/schema.md);
 settings in `featureline.toml` (credentials never: use the environment or a secrets file).
+The local servers keep their data in `.dev/` here; downloads go to `~/.cache/featureline`.
 
 ```bash
 features dev up                                   # local Postgres, Redis and Kafka (loopback)
@@ -81,7 +82,7 @@ features dev status
 features compile                                  # schemas/*.yaml -> sql/, expectations/
 features load --schema orders orders.parquet      # validate + store; rejects kept in Postgres
 features stream --schema orders --topic orders --bounded
-features report --schema orders orders.parquet    # validation report (report.html + JSON)
+features report --schema orders --table --out report    # report.html + report.json
 features health
 ```
 
@@ -115,6 +116,9 @@ def _config() -> str:
         "# device = \"auto\"",
         "# the folder of schema YAML files",
         "# schemas_dir = \"schemas\"",
+        "# where `features dev up` keeps its downloads (default: the per-user cache,",
+        "# $XDG_CACHE_HOME/featureline or ~/.cache/featureline, shared by every project)",
+        "# cache_dir = \".cache\"",
         "# a TOML file of credentials, readable by its owner only",
         "# secrets_file = \"secrets.toml\"",
         "",

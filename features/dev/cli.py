@@ -11,7 +11,10 @@ def add_parser(sub: Any) -> None:
         "dev", help="start, stop or check the local services (Postgres, Redis, Kafka, Flink jars)",
         description="Install if missing and start, on loopback only, PostgreSQL and Redis (Debian "
         "packages), Apache Kafka in KRaft mode (Maven Central jars) and the Flink Kafka connector jar. "
-        "Data lives in .dev/, downloads in .cache/. A service whose FEATURES_POSTGRES_DSN / "
+        "Data and pid files live in the project's .dev/ (the project folder is FEATURES_HOME, else the "
+        "nearest folder holding featureline.toml, else the current one); downloads in the cache "
+        "(FEATURES_CACHE_DIR, else the cache_dir setting, else $XDG_CACHE_HOME/featureline or "
+        "~/.cache/featureline, shared by every project). A service whose FEATURES_POSTGRES_DSN / "
         "FEATURES_REDIS_URL / FEATURES_KAFKA_BOOTSTRAP points elsewhere than the default is external: "
         "it is checked, never started or stopped.",
     )
@@ -20,7 +23,7 @@ def add_parser(sub: Any) -> None:
     up.add_argument("--redis-cluster", action="store_true",
                     help="also start a local Redis Cluster (3 primaries + 3 replicas, ports 7101-7106; "
                     "URL redis+cluster://127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103)")
-    verbs.add_parser("down", help="stop what `up` started (pid files under .dev/pids)")
+    verbs.add_parser("down", help="stop what `up` started (pid files under the project's .dev/pids)")
     verbs.add_parser("status", help="print each service with address, version and health; "
                      "exit 1 when any is down")
     p.set_defaults(func=run)

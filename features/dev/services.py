@@ -1,7 +1,9 @@
 """Real local services for development and tests, on loopback only.
 
-``features dev up`` installs what is missing and starts, with data under the repo's
-ignored ``.dev/`` folder and downloads cached under ``.cache/``:
+``features dev up`` installs what is missing and starts, with data under the project's
+``.dev/`` folder and downloads in the per-user cache (``features.home``: the project is
+``FEATURES_HOME`` or the folder holding ``featureline.toml``, the cache
+``FEATURES_CACHE_DIR`` or ``~/.cache/featureline``):
 
 - PostgreSQL (Debian package ``postgresql``), a ``featureline`` role and database;
 - Redis (Debian package ``redis-server``), no persistence;
@@ -36,18 +38,27 @@ from features.config import (
     DEFAULT_POSTGRES_DSN,
     DEFAULT_REDIS_URL,
     Settings,
+    cache_home,
 )
 from features.errors import ServiceError
+from features.home import shown, state_home
 
-ROOT = Path(__file__).resolve().parents[2]
-"""The repository root (the folder holding ``features/``)."""
 POMS = Path(__file__).resolve().parent / "maven"
 """The Maven poms of what ``up`` fetches (package data: they ship in the wheel)."""
-STATE = ROOT / ".dev"
-CACHE = ROOT / ".cache"
-KAFKA_LIBS = CACHE / "kafka-libs"
-FLINK_JARS = CACHE / "flink-jars"
-M2 = CACHE / "m2"
+
+
+def kafka_libs() -> Path:
+    """Kafka's jars (the broker ``up`` starts, the SASL test's broker)."""
+    return cache_home() / "kafka-libs"
+
+
+def flink_jars() -> Path:
+    """The Flink Kafka connector jar."""
+    return cache_home() / "flink-jars"
+
+
+def _m2() -> Path:
+    return cache_home() / "m2"
 
 KAFKA_CONNECTOR_ARTIFACT = "flink-sql-connector-kafka"
 
@@ -174,11 +185,12 @@ def _ensure_traversable(path: Path, user: str) -> None:
 class Postgres:
     name = "postgres"
 
-    def __init__(self, settings: Settings, *, state: Path = STATE) -> None:
-        """``state``: the folder for data, socket, log and pid file (tests start private
-        servers in their own folder)."""
+    def __init__(self, settings: Settings, *, state: Path | None = None) -> None:
+        """``state``: the folder for data, socket, log and pid file (default: the project's
+        ``.dev``; tests start private servers in their own folder)."""
         self.dsn = settings.postgres_dsn
-        self.external = self.dsn != DEFAULT_POSTGRES_DSN and state == STATE
+        self.external = self.dsn != DEFAULT_POSTGRES_DSN and state is None
+        state = state_home() if state is None else state
         parts = urlsplit(self.dsn) if "://" in self.dsn else None
         self.host = (parts.hostname if parts else None) or "127.0.0.1"
         self.port = (parts.port if parts else None) or 5432
@@ -216,7 +228,7 @@ class Postgres:
             return "already running"
         if _port_open(self.host, self.port):
             if self.healthy():
-                return "reusing the server already listening there (not started by this checkout)"
+                return "reusing the server already listening there (not started by this project)"
             raise ServiceError(f"port {self.port} is already in use by a process that is not ours; "
                                "stop it or set FEATURES_POSTGRES_DSN to use it", service=self.name)
         bindir = self._bin()
@@ -316,9 +328,10 @@ class Redis:
         parts = urlsplit(self.url)
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or 6379
-        self.dir = STATE / "redis"
+        state = state_home()
+        self.dir = state / "redis"
         self.log = self.dir / "redis.log"
-        self.pidfile = STATE / "pids" / "redis.pid"
+        self.pidfile = state / "pids" / "redis.pid"
 
     @property
     def address(self) -> str:
@@ -336,7 +349,7 @@ class Redis:
             return "already running"
         if _port_open(self.host, self.port):
             if self.healthy():
-                return "reusing the server already listening there (not started by this checkout)"
+                return "reusing the server already listening there (not started by this project)"
             raise ServiceError(f"port {self.port} is already in use by a process that is not ours; "
                                "stop it or set FEATURES_REDIS_URL to use it", service=self.name)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -388,7 +401,8 @@ class RedisCluster:
         self.name = name
         self.host = "127.0.0.1"
         self.ports = [base_port + i for i in range(self.NODES)]
-        self.dir = STATE / name
+        self.state = state_home()
+        self.dir = self.state / name
         self.log = self.dir / f"{self.ports[0]}.log"
         self.external = False
 
@@ -402,7 +416,7 @@ class RedisCluster:
         return "redis+cluster://" + ",".join(f"{self.host}:{p}" for p in self.ports[:3])
 
     def pidfile(self, port: int) -> Path:
-        return STATE / "pids" / f"{self.name}-{port}.pid"
+        return self.state / "pids" / f"{self.name}-{port}.pid"
 
     def install(self) -> None:
         if shutil.which("redis-server") is None:
@@ -422,7 +436,7 @@ class RedisCluster:
                 raise ServiceError(f"port {port} (or its cluster bus port {port + 10000}) is already in "
                                    "use by a process that is not ours", service=self.name)
         self.dir.mkdir(parents=True, exist_ok=True)
-        (STATE / "pids").mkdir(parents=True, exist_ok=True)
+        (self.state / "pids").mkdir(parents=True, exist_ok=True)
         for port in self.ports:
             (self.dir / f"nodes-{port}.conf").unlink(missing_ok=True)
             self.start_node(port)
@@ -498,11 +512,11 @@ def _maven_fetch(pom: Path, out: Path, *, service: str, extra: Sequence[str] = (
         return
     if shutil.which("mvn") is None:
         _apt_install("maven", service=service)
-    _say(f"{service}: fetching jars from Maven Central into {out.relative_to(ROOT)} ...")
+    _say(f"{service}: fetching jars from Maven Central into {shown(out)} ...")
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    _run(["mvn", "-q", "-B", f"-Dmaven.repo.local={M2}", "-f", str(pom),
+    _run(["mvn", "-q", "-B", f"-Dmaven.repo.local={_m2()}", "-f", str(pom),
           "dependency:copy-dependencies", f"-DoutputDirectory={out}", *extra], service=service)
     stamp.write_text(pom.read_text())
 
@@ -515,10 +529,11 @@ class Kafka:
         self.external = self.bootstrap != DEFAULT_KAFKA_BOOTSTRAP
         self.host, self.port = _host_port(self.bootstrap.split(",")[0], 9092)
         self.controller_port = self.port + 1
-        self.dir = STATE / "kafka"
+        state = state_home()
+        self.dir = state / "kafka"
         self.data = self.dir / "data"
         self.log = self.dir / "kafka.log"
-        self.pidfile = STATE / "pids" / "kafka.pid"
+        self.pidfile = state / "pids" / "kafka.pid"
 
     @property
     def address(self) -> str:
@@ -528,11 +543,11 @@ class Kafka:
         java = shutil.which("java")
         if java is None:
             _apt_install("openjdk-17-jre-headless", service=self.name)
-        _maven_fetch(POMS / "kafka" / "pom.xml", KAFKA_LIBS, service=self.name,
+        _maven_fetch(POMS / "kafka" / "pom.xml", kafka_libs(), service=self.name,
                      extra=["-DincludeScope=runtime"])
 
     def _java(self) -> list[str]:
-        return ["java", "-Xms512m", "-Xmx512m", "-cp", f"{KAFKA_LIBS}/*",
+        return ["java", "-Xms512m", "-Xmx512m", "-cp", f"{kafka_libs()}/*",
                 f"-Dlog4j2.configurationFile=file:{self.dir / 'log4j2.properties'}"]
 
     def _write_config(self) -> Path:
@@ -583,7 +598,7 @@ class Kafka:
         if self.running() and self.healthy():
             return "already running"
         if _port_open(self.host, self.port) and self.healthy():
-            return "reusing the broker already listening there (not started by this checkout)"
+            return "reusing the broker already listening there (not started by this project)"
         if _port_open(self.host, self.port) or _port_open(self.host, self.controller_port):
             raise ServiceError(f"port {self.port} or {self.controller_port} is already in use by a process "
                                "that is not ours; stop it or set FEATURES_KAFKA_BOOTSTRAP to use it",
@@ -631,7 +646,7 @@ class Kafka:
             return False
 
     def version(self) -> str:
-        jars = sorted(KAFKA_LIBS.glob("kafka_2.13-*.jar"))
+        jars = sorted(kafka_libs().glob("kafka_2.13-*.jar"))
         if self.external or not jars:
             return "Kafka (external)" if self.external else "unknown"
         return "Kafka " + jars[-1].stem.removeprefix("kafka_2.13-") + " (KRaft)"
@@ -649,13 +664,13 @@ class FlinkConnector:
     @property
     def address(self) -> str:
         jar = self.jar()
-        return str(jar.relative_to(ROOT)) if jar else str(FLINK_JARS.relative_to(ROOT))
+        return shown(jar if jar else flink_jars())
 
     def jar(self) -> Path | None:
         return _connector_jar()
 
     def install(self) -> None:
-        _maven_fetch(self.pom, FLINK_JARS, service=self.name, extra=["-DexcludeTransitive=true"])
+        _maven_fetch(self.pom, flink_jars(), service=self.name, extra=["-DexcludeTransitive=true"])
 
     def running(self) -> bool:
         return self.jar() is not None
@@ -777,7 +792,7 @@ def status(settings: Settings) -> list[ServiceStatus]:
 
 
 def _connector_jar() -> Path | None:
-    jars = sorted(FLINK_JARS.glob(f"{KAFKA_CONNECTOR_ARTIFACT}-*.jar"))
+    jars = sorted(flink_jars().glob(f"{KAFKA_CONNECTOR_ARTIFACT}-*.jar"))
     return jars[-1] if jars else None
 
 
@@ -785,7 +800,7 @@ def kafka_connector_jar() -> Path:
     """The Flink Kafka connector jar; raises ServiceError when ``features dev up`` has not run."""
     jar = _connector_jar()
     if jar is None:
-        raise ServiceError(f"no Flink Kafka connector jar under {FLINK_JARS}: run `features dev up`",
+        raise ServiceError(f"no Flink Kafka connector jar under {flink_jars()}: run `features dev up`",
                            service="flink-connector")
     return jar
 

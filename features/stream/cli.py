@@ -16,8 +16,6 @@ from typing import Any
 from features.load.cli import add_metrics_arguments
 from features.stream.job import StreamConfig
 
-DEFAULT_STATE_DIR = Path(".dev") / "stream"
-
 
 def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
@@ -46,8 +44,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--parallelism", type=int, default=1, help="Flink parallelism (default 1)")
     p.add_argument("--checkpoint-interval-ms", type=int, default=5000,
                    help="checkpoint every N ms (default 5000)")
-    p.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR),
-                   help="checkpoints and run summaries go here (default .dev/stream)")
+    p.add_argument("--state-dir", default=None,
+                   help="checkpoints and run summaries go here (default: .dev/stream in the project "
+                   "folder, which is FEATURES_HOME or the folder holding featureline.toml, else the "
+                   "current one)")
     p.add_argument("--from-checkpoint", default=None, metavar="PATH|latest",
                    help="resume from a retained checkpoint (a chk-N folder, or 'latest' under --state-dir); "
                    "without it the job resumes from the consumer group's offsets, which the source "
@@ -79,6 +79,7 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from features.compile import find_schema
     from features.config import resolve_settings
+    from features.home import shown, state_home
     from features.lineage import new_run_id
     from features.logs import active_format, set_run_id, user_message
     from features.stream.job import StreamConfig, latest_checkpoint, merged_summary
@@ -89,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
     path = compiled.schema.path
     if path is None:
         raise SystemExit(f"features stream: schema {args.schema!r} has no file")
-    state = Path(args.state_dir) / compiled.name
+    state_dir = Path(args.state_dir) if args.state_dir else Path(shown(state_home() / "stream"))
+    state = state_dir / compiled.name
     checkpoint = args.from_checkpoint
     if checkpoint == "latest":
         checkpoint = latest_checkpoint(state / "checkpoints")

@@ -334,12 +334,13 @@ def own_postgres(settings: Settings) -> Any:
     import shutil
     import uuid
 
-    from features.dev.services import STATE, Postgres
+    from features.dev.services import Postgres
+    from features.home import state_home
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    state = STATE / f"test-pg-{uuid.uuid4().hex[:8]}"
+    state = state_home() / f"test-pg-{uuid.uuid4().hex[:8]}"
     dsn = f"postgresql://featureline:featureline@127.0.0.1:{port}/featureline"
     pg = Postgres(dataclasses.replace(settings, postgres_dsn=dsn), state=state)
     pg.start()

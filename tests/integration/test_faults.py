@@ -48,8 +48,9 @@ from test_stream import check_stores, expected  # the stream tests' reference an
 
 from features.compile import CompiledSchema
 from features.config import Settings
-from features.dev.services import STATE, Kafka, Postgres
+from features.dev.services import Kafka, Postgres
 from features.examples import applicant_events, applicant_schema, applicants
+from features.home import state_home
 from features.load import load
 from features.sinks.postgres import PostgresSink
 from features.sinks.redis import RedisSink
@@ -133,7 +134,7 @@ class PrivatePostgres:
     def __init__(self, settings: Settings) -> None:
         self.port = free_port()
         self.dsn = f"postgresql://featureline:featureline@127.0.0.1:{self.port}/featureline"
-        self.state = STATE / f"test-faults-pg-{uuid.uuid4().hex[:8]}"
+        self.state = state_home() / f"test-faults-pg-{uuid.uuid4().hex[:8]}"
         self.server = Postgres(dataclasses.replace(settings, postgres_dsn=self.dsn), state=self.state)
 
     def start(self) -> None:

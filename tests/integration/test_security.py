@@ -41,6 +41,7 @@ from psycopg import sql
 from features import FeatureStore
 from features.compile import CompiledSchema, compile_schema
 from features.config import Settings
+from features.dev.services import kafka_libs
 from features.errors import SinkError, SinkUnavailable
 from features.load import load
 from features.report import rejects_report, table_report, write_report
@@ -570,7 +571,7 @@ def test_redis_over_tls_with_a_ca_file(tmp_path: Path, settings: Settings, pg_sc
 
 # --------------------------------------------------------------------------- Kafka with SASL
 
-KAFKA_LIBS = ROOT / ".cache" / "kafka-libs"
+KAFKA_LIBS = kafka_libs()
 
 
 @pytest.fixture()
