@@ -30,10 +30,13 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from features.config import resolve_settings
+    from features.config import cache_home, resolve_settings
     from features.dev import services
+    from features.home import state_home
+    from features.logs import user_message
 
     settings = resolve_settings()
+    user_message(f"project state: {state_home()}  downloads: {cache_home()}")
     if args.verb == "down":
         services.down(settings)
         return 0

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.services
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_status_shows_four_healthy_parts() -> None:
@@ -25,6 +28,8 @@ def test_status_shows_four_healthy_parts() -> None:
     assert "PyFlink 2.2" in lines["flink-connector"]
     if "redis-cluster" in lines:
         assert "127.0.0.1:7101-7106" in lines["redis-cluster"] and "cluster" in lines["redis-cluster"]
+    # where it keeps things: this checkout is a project whose downloads stay in its .cache/
+    assert f"project state: {ROOT / '.dev'}  downloads: {ROOT / '.cache'}" in proc.stderr, proc.stderr
 
 
 def test_up_is_idempotent() -> None:
