@@ -26,7 +26,6 @@ Locally the job runs on a Flink mini-cluster in this process's JVM; under ``flin
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -77,7 +76,7 @@ def load_flink(paths: Sequence[str | Path], compiled: CompiledSchema, settings: 
     from features.load.stores import open_stores
     from features.runner import merge_summaries
     from features.sources.parquet import ParquetSource
-    from features.stream.job import scrub_environment
+    from features.stream.job import python_executables, scrub_environment
 
     if parallelism is not None and parallelism < 1:
         raise ConfigError(f"parallelism must be >= 1, got {parallelism}", key="parallelism")
@@ -86,8 +85,6 @@ def load_flink(paths: Sequence[str | Path], compiled: CompiledSchema, settings: 
     open_stores(compiled, settings, search_path=search_path, key_prefix=key_prefix)
     scrub_environment()  # the settings travel inside the pickled function, not the environment
     conf = Configuration()
-    conf.set_string("python.executable", sys.executable)
-    conf.set_string("python.client.executable", sys.executable)
     if restart_attempts > 0:
         conf.set_string("restart-strategy.type", "fixed-delay")
         conf.set_string("restart-strategy.fixed-delay.attempts", str(restart_attempts))
@@ -95,6 +92,7 @@ def load_flink(paths: Sequence[str | Path], compiled: CompiledSchema, settings: 
     else:
         conf.set_string("restart-strategy.type", "none")
     env = StreamExecutionEnvironment.get_execution_environment(conf)
+    python_executables(env)
     env.set_runtime_mode(RuntimeExecutionMode.BATCH)
     if parallelism is None:  # `flink run -p N`, or the cores of this machine for a mini-cluster
         parallelism = int(env.get_parallelism())

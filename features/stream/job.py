@@ -164,6 +164,29 @@ def scrub_environment() -> list[str]:
     return removed
 
 
+def python_executables(env: Any) -> dict[str, str]:
+    """Give ``env`` (a PyFlink ``StreamExecutionEnvironment``) this process's Python for
+    its Python workers (``python.executable``) and client (``python.client.executable``)
+    where the submitter chose none: ``flink run -pyexec``/``-pyclientexec`` or the
+    cluster's ``config.yaml`` win. Returns the two settings in effect.
+
+    Not set in the ``Configuration`` the environment is created with: under ``flink run``
+    that one is stacked on top of the submitter's options, so it would replace ``-pyexec``
+    (measured with PyFlink 2.2.1: the TaskManagers ran the client's Python instead). Flink's
+    own default is ``python``, which Debian does not have."""
+    from pyflink.java_gateway import get_gateway
+
+    jvm = get_gateway().jvm
+    conf = jvm.org.apache.flink.python.util.PythonConfigUtil.getEnvironmentConfig(
+        env._j_stream_execution_environment)
+    chosen: dict[str, str] = {}
+    for key in ("python.executable", "python.client.executable"):
+        if not conf.containsKey(key):
+            conf.setString(key, sys.executable)
+        chosen[key] = str(conf.getString(key, sys.executable))
+    return chosen
+
+
 def _sql_string(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
@@ -351,8 +374,6 @@ def build(cfg: StreamConfig) -> tuple[Any, Any]:
     cfg.check()
     scrub_environment()
     conf = Configuration()
-    conf.set_string("python.executable", sys.executable)
-    conf.set_string("python.client.executable", sys.executable)
     conf.set_string("pipeline.name", f"featureline stream {Path(cfg.schema_path).stem} <- {cfg.topic}")
     conf.set_string("python.fn-execution.bundle.size", str(cfg.batch_size))
     conf.set_string("python.fn-execution.arrow.batch.size", str(cfg.batch_size))
@@ -372,6 +393,7 @@ def build(cfg: StreamConfig) -> tuple[Any, Any]:
     else:
         conf.set_string("restart-strategy.type", "none")
     env = StreamExecutionEnvironment.get_execution_environment(conf)
+    python_executables(env)
     # Appended to pipeline.jars: under `flink run` that list already holds flink-python,
     # which replacing it would drop (ClassNotFoundException for the Python operator).
     env.add_jars(kafka_connector_jar().as_uri())
