@@ -1,11 +1,26 @@
-"""The stream job, unchanged, on a standalone Flink cluster submitted with ``flink run -py``.
+"""The stream job on a standalone Flink cluster, submitted with ``flink run`` from a user's
+project: nothing of this checkout is on any Python's path.
 
-The cluster is the one that ships with PyFlink (``<pyflink>/bin/start-cluster.sh``): one
-JobManager and one TaskManager with two slots, run from a private copy of its ``conf``
-folder (free ports, logs and pid files under the test's tmp folder, small memory), so it
-never meets another cluster on this machine. ``<pyflink>/bin/flink run -d -py
-jobs/stream_job.py --detach`` submits the unbounded job; the test waits until the stores
-hold what the produced records say they must, checks them exactly like
+The cluster is the one that ships with PyFlink (``<pyflink>/bin/start-cluster.sh``) of
+``deps_venv``, a fresh virtual environment outside the checkout with the locked
+dependencies and no featureline: one JobManager and one TaskManager with two slots, run
+from a private copy of its ``conf`` folder (free ports, logs and pid files under the
+test's tmp folder, small memory) and started from that tmp folder without PYTHONPATH, so
+it never meets another cluster on this machine and its Python workers (``python -m``,
+started in the TaskManager's folder) cannot import the checkout.
+
+The user's project is a tmp folder made by ``features init`` with the credit_applicant
+schema copied in and the wheel in ``dist/``; the client is ``installed_venv`` (the wheel
+installed), run from that folder with no PYTHONPATH. The submit is the documented one
+(docs/streaming.md, "On a Flink cluster")::
+
+    <pyflink>/bin/flink run -d -py "$(features job-file stream)" -pyfs dist/featureline-*.whl \
+        -pyexec <cluster's python> -pyclientexec <project's python> --schema ... --detach
+
+``-pyfs`` ships the wheel; each Python worker gets it on its PYTHONPATH and imports the
+package from it (a wheel is a zip: zipimport). The TaskManager's log must show the cluster's
+Python and the shipped wheel as the workers' only PYTHONPATH entry. The test then waits until
+the stores hold what the produced records say they must, checks them exactly like
 ``test_stream.py`` does, cancels the job with ``flink cancel`` and stops the cluster.
 """
 
@@ -18,7 +33,6 @@ import re
 import shutil
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -27,6 +41,7 @@ from typing import Any
 
 import pytest
 import yaml
+from installed_env import site_packages
 from test_stream import check_stores, expected
 
 from features.config import Settings
@@ -36,17 +51,22 @@ from features.stream.kafka import entity_keys, produce
 pytestmark = [pytest.mark.services, pytest.mark.flink, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-JOB = ROOT / "jobs" / "stream_job.py"
 # A Redis database of its own: test_stream.py's REDIS_DB (15) is flushed by each of its tests,
 # 11-14 belong to other tests and the benchmarks.
 REDIS_DB = 10
 STORES_TIMEOUT_S = 240
 
 
-def _pyflink_home() -> Path:
-    import pyflink
+def _pyflink_home(python: Path | None = None) -> Path:
+    """The PyFlink distribution (``bin/``, ``conf/``, ``lib/``) of ``python``, else of this
+    interpreter."""
+    if python is None:
+        import pyflink
 
-    return Path(pyflink.__file__).resolve().parent
+        return Path(pyflink.__file__).resolve().parent
+    out = subprocess.run([str(python), "-c", "import pyflink, os; print(os.path.dirname(pyflink.__file__))"],
+                         capture_output=True, text=True, check=True, timeout=120, cwd="/")
+    return Path(out.stdout.strip())
 
 
 def _free_port() -> int:
@@ -65,20 +85,23 @@ def _set(conf: dict[str, Any], key: str, value: Any) -> None:
 
 
 class Cluster:
-    def __init__(self, home: Path, conf_dir: Path, log_dir: Path, rest_port: int) -> None:
+    def __init__(self, home: Path, conf_dir: Path, log_dir: Path, rest_port: int, cwd: Path) -> None:
         self.home = home
         self.conf_dir = conf_dir
         self.log_dir = log_dir
         self.rest_port = rest_port
+        self.cwd = cwd
         self.env = {**os.environ, "FLINK_CONF_DIR": str(conf_dir)}
 
-    def script(self, name: str, *args: str, env: dict[str, str] | None = None,
-               timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    def script(self, name: str, *args: str, env: dict[str, str] | None = None, timeout: float = 180,
+               home: Path | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        """``<home>/bin/<name> args`` (``home``: the cluster's PyFlink unless given) with this
+        cluster's conf, from ``cwd`` (else the cluster's folder), without PYTHONPATH."""
         run_env = {**(env or self.env), "FLINK_CONF_DIR": str(self.conf_dir)}
-        for k in ("FLINK_LOG_DIR", "FLINK_PID_DIR", "FLINK_HOME", "_FLINK_HOME_DETERMINED"):
+        for k in ("FLINK_LOG_DIR", "FLINK_PID_DIR", "FLINK_HOME", "_FLINK_HOME_DETERMINED", "PYTHONPATH"):
             run_env.pop(k, None)
-        return subprocess.run(["bash", str(self.home / "bin" / name), *args], env=run_env,
-                              capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+        return subprocess.run(["bash", str((home or self.home) / "bin" / name), *args], env=run_env,
+                              capture_output=True, text=True, timeout=timeout, cwd=cwd or self.cwd)
 
     def rest(self, path: str) -> Any:
         with urllib.request.urlopen(f"http://localhost:{self.rest_port}{path}", timeout=10) as resp:
@@ -105,18 +128,26 @@ class Cluster:
 
 
 @pytest.fixture()
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    """A standalone cluster from PyFlink's distribution, private to this test; always stopped."""
-    with standalone_cluster(tmp_path) as c:
+def cluster(tmp_path: Path, deps_venv: Path) -> Iterator[Cluster]:
+    """A standalone cluster from the PyFlink distribution of ``deps_venv`` (no featureline),
+    started from this test's tmp folder, private to this test; always stopped."""
+    cwd = tmp_path / "cluster"
+    cwd.mkdir()
+    with standalone_cluster(tmp_path, home=_pyflink_home(deps_venv), cwd=cwd) as c:
         yield c
 
 
 @contextlib.contextmanager
 def standalone_cluster(tmp_path: Path, *, taskmanagers: int = 1, slots: int = 2,
-                       extra: dict[str, Any] | None = None) -> Iterator[Cluster]:
+                       extra: dict[str, Any] | None = None, home: Path | None = None,
+                       cwd: Path = ROOT) -> Iterator[Cluster]:
     """One JobManager and ``taskmanagers`` TaskManagers of ``slots`` slots on this machine
-    (``conf/workers`` lists localhost once per TaskManager), private to the caller."""
-    home = _pyflink_home()
+    (``conf/workers`` lists localhost once per TaskManager), private to the caller.
+
+    ``home``: the PyFlink distribution (this interpreter's unless given). ``cwd``: the folder
+    the daemons start in, which is also their Python workers' folder and first on those
+    workers' ``sys.path`` (they run ``python -m``): the checkout unless given."""
+    home = home or _pyflink_home()
     conf_dir, log_dir = tmp_path / "flink-conf", tmp_path / "flink-log"
     shutil.copytree(home / "conf", conf_dir)
     log_dir.mkdir()
@@ -139,7 +170,7 @@ def standalone_cluster(tmp_path: Path, *, taskmanagers: int = 1, slots: int = 2,
         _set(conf, key, value)
     config_file.write_text(yaml.safe_dump(conf, sort_keys=False))
     (conf_dir / "workers").write_text("localhost\n" * taskmanagers)
-    c = Cluster(home, conf_dir, log_dir, rest_port)
+    c = Cluster(home, conf_dir, log_dir, rest_port, cwd)
     try:
         started = c.script("start-cluster.sh")
         assert started.returncode == 0, started.stdout + started.stderr + c.logs()
@@ -179,18 +210,53 @@ def _stores(settings: Settings, pg_schema: str, redis_url: str) -> tuple[int, in
     return counts[0], counts[1], hot
 
 
-def test_unbounded_stream_job_on_a_standalone_cluster(settings: Settings, pg_schema: str,
-                                                      stream_topic: str, cluster: Cluster,
-                                                      tmp_path: Path) -> None:
+def _project(tmp_path: Path, installed_venv: Path, wheel: Path, env: dict[str, str]) -> Path:
+    """A user's project folder outside the checkout: ``features init``, the credit_applicant
+    schema, the wheel in ``dist/``."""
+    init = subprocess.run([str(installed_venv.parent / "features"), "init", "project"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert init.returncode == 0, init.stdout + init.stderr
+    project = tmp_path / "project"
+    shutil.copy2(ROOT / "schemas" / "credit_applicant.yaml", project / "schemas")
+    (project / "dist").mkdir()
+    shutil.copy2(wheel, project / "dist" / wheel.name)
+    return project
+
+
+def _user_env(settings: Settings, pg_schema: str, redis_url: str, installed_venv: Path) -> dict[str, str]:
+    """A user's shell: the project's environment first on PATH, no PYTHONPATH (the checkout
+    is not importable), the stores of this test, and the download cache this checkout's
+    ``features dev up`` filled (the Kafka connector jar, which travels with the job)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "FEATURES_HOME") and not k.startswith("VIRTUAL_ENV")}
+    sep = "&" if "?" in settings.postgres_dsn else "?"
+    env.update({"PATH": f"{installed_venv.parent}{os.pathsep}{env.get('PATH', '')}",
+                "FEATURES_POSTGRES_DSN": f"{settings.postgres_dsn}{sep}options=-csearch_path%3D{pg_schema}",
+                "FEATURES_REDIS_URL": redis_url, "FEATURES_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+                "FEATURES_CACHE_DIR": str(ROOT / ".cache")})
+    return env
+
+
+def test_unbounded_stream_job_from_a_users_project_on_a_standalone_cluster(
+        settings: Settings, pg_schema: str, stream_topic: str, tmp_path: Path, featureline_wheel: Path,
+        installed_venv: Path, deps_venv: Path, cluster: Cluster) -> None:
     import redis
 
     topic = stream_topic
     redis_url = settings.redis_url.rsplit("/", 1)[0] + f"/{REDIS_DB}"
     redis.Redis.from_url(redis_url).flushdb()
-    sep = "&" if "?" in settings.postgres_dsn else "?"
-    env = {**cluster.env,
-           "FEATURES_POSTGRES_DSN": f"{settings.postgres_dsn}{sep}options=-csearch_path%3D{pg_schema}",
-           "FEATURES_REDIS_URL": redis_url, "FEATURES_KAFKA_BOOTSTRAP": settings.kafka_bootstrap}
+    env = _user_env(settings, pg_schema, redis_url, installed_venv)
+    project = _project(tmp_path, installed_venv, featureline_wheel, env)
+    for path in (project, installed_venv, deps_venv, cluster.cwd):
+        assert not path.resolve().is_relative_to(ROOT), path
+    bare = subprocess.run([str(deps_venv), "-c", "import features"], cwd=cluster.cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert "No module named 'features'" in bare.stderr, "the cluster's Python must not have featureline"
+    job_file = subprocess.run([str(installed_venv.parent / "features"), "job-file", "stream"], cwd=project,
+                              env=env, capture_output=True, text=True, timeout=120)
+    assert job_file.returncode == 0, job_file.stderr
+    job = Path(job_file.stdout.strip())
+    assert job.is_file() and job.is_relative_to(site_packages(installed_venv)), job
 
     compiled = applicant_schema()
     values = applicant_events(1500, seed=5, undecodable_every=150)
@@ -198,12 +264,13 @@ def test_unbounded_stream_job_on_a_standalone_cluster(settings: Settings, pg_sch
     want = expected(compiled, topic, values, positions)
     assert want["rejected"] and want["undecodable"] and len(want["newest"]) < len(want["valid"])
 
-    py = sys.executable
     try:
         submit = cluster.script(
-            "flink", "run", "-d", "-py", str(JOB), "-pyexec", py, "-pyclientexec", py,
+            "flink", "run", "-d", "-py", str(job), "-pyfs", f"dist/{featureline_wheel.name}",
+            "-pyexec", str(deps_venv), "-pyclientexec", str(installed_venv),
             "--schema", "credit_applicant", "--topic", topic, "--state-dir", str(tmp_path / "state"),
-            "--restart-attempts", "0", "--detach", "--json", env=env, timeout=400)
+            "--restart-attempts", "0", "--detach", "--json",
+            env=env, timeout=400, home=_pyflink_home(installed_venv), cwd=project)
         out = submit.stdout + submit.stderr
         causes = dict.fromkeys(line.strip() for line in out.splitlines() if "Caused by" in line)
         assert submit.returncode == 0, (f"`flink run` exited {submit.returncode}:\n" + "\n".join(causes)
@@ -228,6 +295,17 @@ def test_unbounded_stream_job_on_a_standalone_cluster(settings: Settings, pg_sch
         assert now == goal, f"job {state}: stores (cold, rejects, hot) = {now}, expected {goal}"
         assert cluster.job_state(job_id) == "RUNNING", "an unbounded job keeps running"
         check_stores(settings, pg_schema, topic, want, redis_db=REDIS_DB)
+
+        # The workers ran the cluster's Python (-pyexec, not the client's) with the shipped
+        # wheel (a copy under the TaskManager's io.tmp.dirs) as their only PYTHONPATH entry.
+        tm_log = "\n".join(f.read_text(errors="replace") for f in cluster.log_dir.glob("*taskexecutor*.log"))
+        assert f"Python interpreter path: {deps_venv}\n" in tm_log, cluster.logs()
+        paths = re.findall(r"PYTHONPATH of python worker: (\S+)", tm_log)
+        assert paths, cluster.logs()
+        for entries in paths:
+            shipped = Path(entries)  # one entry: no os.pathsep
+            assert shipped.name == featureline_wheel.name and shipped.is_relative_to(tmp_path / "flink-io"), \
+                entries
 
         cancel = cluster.script("flink", "cancel", job_id, timeout=180)
         assert cancel.returncode == 0, cancel.stdout[-2000:] + cancel.stderr[-2000:]
