@@ -69,6 +69,13 @@ def run(args: argparse.Namespace) -> int:
     from features.schema import load_schemas
 
     t0 = time.perf_counter()
+    if not (ROOT / "schemas" / "credit_applicant.yaml").is_file():
+        # installed from a wheel: the demo's schemas and jobs are the repository's, not the package's
+        print("features demo runs from a featureline checkout (`make demo`): it uses the repository's "
+              f"schemas/ and example data, which the installed package ({Path(__file__).parent}) does "
+              "not hold. In your own project: `features init`, then the commands of its README "
+              "(featureline's README, \"Use it in your own project\").", file=sys.stderr)
+        return 2
     settings = resolve_settings()
     if not args.no_services:
         _step("services (features dev up)")

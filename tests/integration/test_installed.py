@@ -161,6 +161,11 @@ def test_the_readme_block_from_an_installed_wheel(tmp_path: Path, user_env: dict
     sdk = outputs["python -c"].stdout
     assert "'order_id': 'ORD-00000001'" in sdk and "2.25" in sdk and "'_from': 'redis'" in sdk, sdk
 
+    # the demo is the checkout's: installed, it says so and writes nothing
+    demo = subprocess.run([str(venv_root / "bin" / "features"), "demo", "--no-services"], cwd=project,
+                          env=user_env, capture_output=True, text=True, timeout=120)
+    assert demo.returncode == 2 and "runs from a featureline checkout" in demo.stderr, demo.stderr[-2000:]
+
     # state in the project folder, nothing inside the installed package or beside it
     assert (project / ".dev" / "stream" / "orders").is_dir()
     assert _tree(site) == site_before, sorted(set(_tree(site)) ^ set(site_before))[:20]
