@@ -1,12 +1,18 @@
 """The batch loader as a Flink BATCH job (``--engine flink``): on the local mini-cluster,
-and submitted with ``flink run -py jobs/batch_job.py`` to a standalone cluster of two
-TaskManagers, one of which is SIGKILLed mid-run; both end identical to a single-process
-load (both stores, rejects with their row numbers, lineage)."""
+and submitted to a standalone cluster of two TaskManagers, one of which is SIGKILLed
+mid-run; both end identical to a single-process load (both stores, rejects with their row
+numbers, lineage). The cluster submit is the documented one (docs/loading.md), from a
+folder outside the checkout: ``flink run -py "$(features job-file batch)" -pyfs
+dist/<wheel>``, the client the wheel installed in a fresh environment, the cluster's
+Python one with the locked dependencies and no featureline (as in
+``test_stream_cluster.py``)."""
 
 from __future__ import annotations
 
 import os
 import random
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,7 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 from test_batch_load import _env, _ledger_count, pg_snapshot, redis_snapshot
-from test_stream_cluster import standalone_cluster
+from test_stream_cluster import _pyflink_home, standalone_cluster
 
 from features.config import Settings
 from features.examples import applicants
@@ -27,7 +33,7 @@ from features.examples import applicants
 pytestmark = [pytest.mark.services, pytest.mark.flink, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-JOB = ROOT / "jobs" / "batch_job.py"
+JOB = ROOT / "jobs" / "batch_job.py"  # the mini-cluster tests run the checkout's entry point
 # Redis databases of their own (10-15 belong to other tests and the benchmarks)
 REDIS_REFERENCE, REDIS_FLINK = 8, 9
 
@@ -142,7 +148,8 @@ def agg_files(tmp: Path, events: int, files: int, seed: int = 44) -> list[str]:
 @pytest.mark.parametrize("schema", ["credit_applicant", "agg_props"])
 def test_backfill_on_a_standalone_cluster_survives_a_killed_taskmanager(
         schema: str, tmp_path: Path, settings: Settings, pg_schema: str, second_pg_schema: str,
-        two_dbs: tuple[redis.Redis, redis.Redis]) -> None:
+        two_dbs: tuple[redis.Redis, redis.Redis], featureline_wheel: Path, installed_venv: Path,
+        deps_venv: Path) -> None:
     """Also with windowed aggregations: the restarted task recomputes its entities' values
     from its whole shard (rows the failed attempt committed included)."""
     from aggregate_reference import SCHEMA
@@ -154,20 +161,32 @@ def test_backfill_on_a_standalone_cluster_survives_a_killed_taskmanager(
     paths = (write_files(tmp_path, 8_000, files=2) if schema == "credit_applicant"
              else agg_files(tmp_path, 16_000, files=2))
     reference, flink = two_dbs
-    py = sys.executable
     common = ["--schema", schema, "--schemas-dir", str(schemas), "--batch-rows", "500"]
     ref = subprocess.run([sys.executable, "-m", "features.cli", "load", *common, "--no-progress", *paths],
                          env=_env(settings, pg_schema, REDIS_REFERENCE), capture_output=True, text=True,
                          timeout=600)
     assert ref.returncode == 0, ref.stderr[-3000:]
-    env = _env(settings, second_pg_schema, REDIS_FLINK)
+    # the user's shell: the installed environment, nothing of the checkout importable
+    env = {k: v for k, v in _env(settings, second_pg_schema, REDIS_FLINK).items()
+           if k not in ("PYTHONPATH", "FEATURES_HOME") and not k.startswith("VIRTUAL_ENV")}
+    env["PATH"] = f"{installed_venv.parent}{os.pathsep}{env.get('PATH', '')}"
+    project = tmp_path / "project"
+    (project / "dist").mkdir(parents=True)
+    shutil.copy2(featureline_wheel, project / "dist" / featureline_wheel.name)
+    job = subprocess.run([str(installed_venv.parent / "features"), "job-file", "batch"], cwd=project, env=env,
+                         capture_output=True, text=True, timeout=120).stdout.strip()
+    assert Path(job).is_file() and not Path(job).is_relative_to(ROOT), job
     # `flink run -p 2`: the job's default parallelism, which --engine flink (the default under
     # `flink run`) takes as its number of shard tasks
-    args = ["run", "-p", "2", "-py", str(JOB), "-pyexec", py, "-pyclientexec", py, *common, "--json", *paths]
-    with standalone_cluster(tmp_path, taskmanagers=2, slots=1,
+    args = ["run", "-p", "2", "-py", job, "-pyfs", f"dist/{featureline_wheel.name}",
+            "-pyexec", str(deps_venv), "-pyclientexec", str(installed_venv), *common, "--json", *paths]
+    (tmp_path / "cluster").mkdir()
+    with standalone_cluster(tmp_path, taskmanagers=2, slots=1, home=_pyflink_home(deps_venv),
+                            cwd=tmp_path / "cluster",
                             extra={"heartbeat.timeout": 10_000, "heartbeat.interval": 2_000}) as cluster:
-        submit = subprocess.Popen(["bash", str(cluster.home / "bin" / "flink"), *args],
-                                  env={**env, "FLINK_CONF_DIR": str(cluster.conf_dir)}, cwd=ROOT,
+        client_flink = _pyflink_home(installed_venv) / "bin" / "flink"
+        submit = subprocess.Popen(["bash", str(client_flink), *args],
+                                  env={**env, "FLINK_CONF_DIR": str(cluster.conf_dir)}, cwd=project,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         # kill one TaskManager (and its Python worker: a lost machine) once units are committed
         deadline = time.monotonic() + 300
@@ -192,6 +211,10 @@ def test_backfill_on_a_standalone_cluster_survives_a_killed_taskmanager(
         logs = cluster.logs(1_000_000)
         assert "Map (2/2)" in logs, "the job did not run two shard tasks"
         assert "switched from state RUNNING to RESTARTING" in logs, "no task was restarted"
+        # the workers ran the cluster's Python with the shipped wheel as their PYTHONPATH
+        assert f"Python interpreter path: {deps_venv}\n" in logs, logs[-3000:]
+        assert all(Path(p).name == featureline_wheel.name
+                   for p in re.findall(r"PYTHONPATH of python worker: (\S+)", logs)), logs[-3000:]
     assert 0 < killed_at, killed_at
     assert tables_snapshot(settings, second_pg_schema, schema) == tables_snapshot(settings, pg_schema, schema)
     assert hashes(flink) == hashes(reference)
