@@ -174,8 +174,13 @@ class PostgresSink:
     def _prepare(self, conn: Any) -> None:
         schema = self.compiled.schema
         with conn.transaction():
-            # One applier at a time: concurrent loaders must not race on CREATE TABLE.
-            conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"featureline:{schema.name}",))
+            # One applier at a time per namespace (the first schema of the search_path, where
+            # the tables go): every schema's DDL also creates the namespace's shared tables
+            # (featureline_schemas, the ledger), so a lock per schema name let two loaders of
+            # different schemas race there (a unique violation on pg_type) and made loaders of
+            # one schema into two namespaces wait on each other.
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext('featureline:ddl:' || "
+                         "coalesce(current_schema(), '')))")
             exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
                                   (quote_ident(self.table),)).fetchone()[0]
             if not exists:
