@@ -101,7 +101,13 @@ class ServiceError(FeaturesError):
 
 
 class SourceError(FeaturesError):
-    """A source cannot be read (missing file, incompatible column, broker refused)."""
+    """A source cannot be read (missing file, incompatible column, broker refused).
+    ``path`` names the file or location when one is at fault, ``field`` the column."""
+
+    def __init__(self, message: str, *, path: str | None = None, field: str | None = None) -> None:
+        self.path = path
+        self.field = field
+        super().__init__(message)
 
 
 class SinkError(FeaturesError):

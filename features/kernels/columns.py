@@ -109,7 +109,7 @@ def numeric_values(arr: pa.Array, name: str) -> SlotValues:
         return SlotValues(decimal_to_float64(arr), null_mask(arr))
     if pa.types.is_null(t):
         return SlotValues(np.zeros(len(arr)), np.ones(len(arr), dtype=np.bool_))
-    raise SourceError(f"column {name} has type {t}; the transforms need a number or bool")
+    raise SourceError(f"column {name} has type {t}; the transforms need a number or bool", field=name)
 
 
 def temporal_us(arr: pa.Array, name: str) -> tuple[npt.NDArray[np.int64], BoolArray | None]:
@@ -133,7 +133,7 @@ def temporal_us(arr: pa.Array, name: str) -> tuple[npt.NDArray[np.int64], BoolAr
         us = _fixed_width(arr, np.int64).astype(np.int64)
         us *= 1_000
     else:
-        raise SourceError(f"column {name} has type {t}; time_since needs a date or timestamp")
+        raise SourceError(f"column {name} has type {t}; time_since needs a date or timestamp", field=name)
     return us, null_mask(arr)
 
 
@@ -151,7 +151,7 @@ def column(batch: pa.RecordBatch, name: str) -> pa.Array:
     index = batch.schema.get_field_index(name)
     if index < 0:
         raise SourceError(f"the transform input has no column {name!r} (expected the validator's valid "
-                          f"batch, with columns {', '.join(batch.schema.names)})")
+                          f"batch, with columns {', '.join(batch.schema.names)})", field=name)
     return batch.column(index)
 
 
@@ -162,7 +162,7 @@ def _strings(batch: pa.RecordBatch, name: str, fill: str | None) -> pa.Array:
         arr = arr.cast(pa.string() if pa.types.is_null(t) else t.value_type)
         t = arr.type
     if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
-        raise SourceError(f"column {name} has type {t}; hash_bucket and one_hot need strings")
+        raise SourceError(f"column {name} has type {t}; hash_bucket and one_hot need strings", field=name)
     if fill is not None and arr.null_count:
         arr = pc.fill_null(arr, pa.scalar(fill, t))
     return arr

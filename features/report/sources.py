@@ -139,7 +139,7 @@ def _column(values: list[Any], target: pa.DataType, name: str) -> pa.Array:
     try:
         return pa.array(values)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
-        raise SourceError(f"column {name!r}: values do not convert to Arrow: {exc}") from exc
+        raise SourceError(f"column {name!r}: values do not convert to Arrow: {exc}", field=name) from exc
 
 
 def table_input(pg: Postgres, compiled: CompiledSchema, batch_rows: int

@@ -43,7 +43,7 @@ def as_fields(data: Data, schema: Schema) -> Data:
             found = data.schema.get_all_field_indices(f.input_name)
             if len(found) > 1:
                 raise SourceError(f"input has several columns named {f.input_name!r} (the input of field "
-                                  f"{f.name!r})")
+                                  f"{f.name!r})", field=f.name)
             if found:
                 indices.append(found[0])
                 names.append(f.name)

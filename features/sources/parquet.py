@@ -66,7 +66,7 @@ def _expand_uri(raw: str) -> list[str]:
             return []
         infos = filesystem.get_file_info(pafs.FileSelector(path, recursive=True))
     except (OSError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        raise SourceError(f"{raw}: cannot list it through pyarrow.fs: {exc}") from exc
+        raise SourceError(f"{raw}: cannot list it through pyarrow.fs: {exc}", path=raw) from exc
     head = raw[:raw.index("://") + 3]
     base = raw[len(head):].rstrip("/")
     root = path.rstrip("/")
@@ -103,7 +103,7 @@ def expand_paths(paths: Sequence[str | Path]) -> list[str]:
         for h in hits:
             found[str(h.resolve())] = None
     if missing:
-        raise SourceError(f"no Parquet file found at: {', '.join(missing)}")
+        raise SourceError(f"no Parquet file found at: {', '.join(missing)}", path=missing[0])
     return sorted(found)
 
 
@@ -187,9 +187,10 @@ class ParquetSource:
         try:
             pf, uri = _open(path)
         except (OSError, pa.ArrowInvalid) as exc:
-            raise SourceError(f"{path}: not a readable Parquet file: {exc}") from exc
+            raise SourceError(f"{path}: not a readable Parquet file: {exc}", path=str(path)) from exc
         arrow = pf.schema_arrow
         problems: list[str] = []
+        at_fault: list[str] = []  # the fields the problems name, in order
         for f in self.compiled.schema.fields:
             column = f.input_name
             of = "" if column == f.name else f" (source of field {f.name!r})"
@@ -197,14 +198,16 @@ class ParquetSource:
             if idx < 0:
                 if f.constraints.required and not f.constraints.has_default:
                     problems.append(f"missing required column {column!r}{of}")
+                    at_fault.append(f.name)
                 continue
             t = arrow.field(idx).type
             if not compatible(t, f):
                 hint = " (set accept_strings: true to parse text)" if _textual(t) else ""
                 problems.append(f"column {column!r}{of} has type {t}, incompatible with {f.type}{hint}")
+                at_fault.append(f.name)
         if problems:
             raise SourceError(f"{path}: refusing to load with schema {self.compiled.name!r}: "
-                              + "; ".join(problems))
+                              + "; ".join(problems), path=str(path), field=at_fault[0])
         declared = set(self.compiled.schema.input_names)
         extra = [n for n in arrow.names if n not in declared]
         if extra:

@@ -450,7 +450,7 @@ class _Input:
         name = fp.field.name
         if self.table is not None:
             if name in self.duplicates:
-                raise SourceError(f"input has several columns named {name!r}")
+                raise SourceError(f"input has several columns named {name!r}", field=name)
             i = self.index.get(name)
             if i is None:
                 return None, None

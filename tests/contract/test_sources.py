@@ -203,28 +203,33 @@ def test_missing_input_is_a_source_error_naming_it(tmp_path: Path, make: MakeSou
     with pytest.raises(SourceError, match="no Parquet file found at") as info:
         make(root, ["missing.parquet"], compiled, 16)
     assert str(root) in str(info.value)
+    assert info.value.path is not None and str(root) in info.value.path  # context as attributes too
+    assert info.value.field is None
 
 
 def test_an_unreadable_file_is_a_source_error_naming_it_before_anything_is_read(
         tmp_path: Path, make: MakeSource, compiled: CompiledSchema) -> None:
     names = _put(tmp_path, INPUT)
     (tmp_path / "sub" / "c.parquet").write_bytes(b"PAR1 these bytes are not a Parquet file")
-    with pytest.raises(SourceError, match=r"c\.parquet: not a readable Parquet file"):
+    with pytest.raises(SourceError, match=r"c\.parquet: not a readable Parquet file") as info:
         make(tmp_path, [*names, "sub/c.parquet"], compiled, 16)
+    assert info.value.path is not None and info.value.path.endswith("c.parquet")
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    (lambda t: t.drop_columns(["application_id"]), "missing required column 'application_id'"),
+@pytest.mark.parametrize(("change", "message", "field"), [
+    (lambda t: t.drop_columns(["application_id"]), "missing required column 'application_id'",
+     "application_id"),
     (lambda t: t.set_column(t.schema.get_field_index("age"), "age", pa.array(["x"] * t.num_rows)),
-     "column 'age' has type string, incompatible with int16"),
+     "column 'age' has type string, incompatible with int16", "age"),
 ])
 def test_a_file_that_cannot_fit_the_schema_refuses_to_start(
         tmp_path: Path, make: MakeSource, compiled: CompiledSchema,
-        change: Callable[[pa.Table], pa.Table], message: str) -> None:
+        change: Callable[[pa.Table], pa.Table], message: str, field: str) -> None:
     files = {"a.parquet": (applicants(20, seed=7), 10), "sub/b.parquet": (change(applicants(20, seed=8)), 10)}
     with pytest.raises(SourceError, match="refusing to load") as info:
         make(tmp_path, _put(tmp_path, files), compiled, 16)
     assert message in str(info.value) and "b.parquet" in str(info.value)
+    assert info.value.field == field and info.value.path is not None and info.value.path.endswith("b.parquet")
 
 
 # --------------------------------------------------------------------------- Parquet only
