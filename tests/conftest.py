@@ -68,17 +68,29 @@ def pg_schema(request: pytest.FixtureRequest, settings: Settings) -> Iterator[st
         conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(name)))
 
 
-@pytest.fixture()
-def second_pg_schema(pg_schema: str, settings: Settings) -> Iterator[str]:
-    """A second fresh schema (a reference run beside the test's own), dropped after the test."""
+@contextmanager
+def _schema_beside(settings: Settings, name: str) -> Iterator[str]:
     import psycopg
     from psycopg import sql
 
-    name = pg_schema + "_b"
     with psycopg.connect(settings.postgres_dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
         yield name
         conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(name)))
+
+
+@pytest.fixture()
+def second_pg_schema(pg_schema: str, settings: Settings) -> Iterator[str]:
+    """A second fresh schema (a reference run beside the test's own), dropped after the test."""
+    with _schema_beside(settings, pg_schema + "_b") as name:
+        yield name
+
+
+@pytest.fixture()
+def third_pg_schema(pg_schema: str, settings: Settings) -> Iterator[str]:
+    """A third fresh schema, dropped after the test."""
+    with _schema_beside(settings, pg_schema + "_c") as name:
+        yield name
 
 
 @pytest.fixture()

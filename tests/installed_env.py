@@ -9,9 +9,11 @@ locked dependencies (requirements.lock) from pip's cache or PyPI, about a minute
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,6 +54,18 @@ def make_venv(path: Path, *, wheel: Path | None) -> Path:
         _run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
               str(wheel)], "installing the featureline wheel")
     return python
+
+
+def users_shell(env: Mapping[str, str], python: Path) -> dict[str, str]:
+    """``env`` as a user's shell with the environment of ``python`` activated: its ``bin/``
+    first on PATH, no PYTHONPATH, FEATURES_HOME or VIRTUAL_ENV (nothing of this checkout is
+    importable), and the download cache this checkout's ``features dev up`` filled (a
+    per-user cache every project shares: the Kafka connector jar)."""
+    shell = {k: v for k, v in env.items()
+             if k not in ("PYTHONPATH", "FEATURES_HOME") and not k.startswith("VIRTUAL_ENV")}
+    shell["PATH"] = f"{python.parent}{os.pathsep}{shell.get('PATH', '')}"
+    shell["FEATURES_CACHE_DIR"] = str(ROOT / ".cache")
+    return shell
 
 
 def site_packages(python: Path) -> Path:

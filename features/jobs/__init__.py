@@ -10,11 +10,19 @@ repository's ``jobs/*.py`` are thin wrappers over these.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
 #: job name -> the ``features`` subcommand it runs.
 JOBS = {"stream": "stream", "batch": "load"}
+
+
+def run(name: str) -> int:
+    """Job ``name`` with this process's arguments: what its job file runs."""
+    from features.cli import main
+
+    return main([JOBS[name], *sys.argv[1:]])
 
 
 def job_file(name: str) -> Path:

@@ -15,12 +15,7 @@ if __package__ in (None, ""):  # run as a file: its folder is sys.path[0], not t
     _here = Path(__file__).resolve().parent
     sys.path[:] = [str(_here.parents[1]), *(p for p in sys.path if Path(p or ".").resolve() != _here)]
 
-from features.cli import main
-
-
-def run() -> int:
-    return main(["stream", *sys.argv[1:]])
-
+from features.jobs import run
 
 if __name__ == "__main__":
-    sys.exit(run())
+    sys.exit(run("stream"))

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import re
 import shlex
 import subprocess
@@ -29,7 +28,7 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 from conftest import ROOT, cli_environment
-from installed_env import site_packages
+from installed_env import site_packages, users_shell
 
 from features.config import Settings
 from features.init import files
@@ -43,12 +42,17 @@ SETUP_LINES = ("python3.11 -m venv", ". .venv/bin/activate", "pip wheel", "pip i
 T0 = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
 
 
+def _command(line: str) -> str:
+    """A shell line without its trailing comment (two spaces or more, then ``#``)."""
+    return re.sub(r"\s{2,}#.*$", "", line).strip()
+
+
 def readme_block() -> list[str]:
     """The command lines of the README's "Use it in your own project" bash block."""
     text = (ROOT / "README.md").read_text()
     section = text.split("## Use it in your own project", 1)[1].split("\n## ", 1)[0]
     block = section.split("```bash\n", 1)[1].split("```", 1)[0]
-    return [re.sub(r"\s{2,}#.*$", "", line).strip() for line in block.splitlines() if line.strip()]
+    return [_command(line) for line in block.splitlines() if line.strip()]
 
 
 def _tree(folder: Path) -> dict[str, tuple[int, int]]:
@@ -58,14 +62,9 @@ def _tree(folder: Path) -> dict[str, tuple[int, int]]:
 
 @pytest.fixture()
 def user_env(settings: Settings, pg_schema: str, installed_venv: Path) -> Iterator[dict[str, str]]:
-    """A user's shell: the installed environment first on PATH, no PYTHONPATH (the checkout
-    is not importable), the stores of this test, and the download cache this checkout's
-    `features dev up` filled (a per-user cache every project shares)."""
+    """A user's shell (``installed_env.users_shell``) with the stores of this test."""
     with cli_environment(settings, pg_schema, REDIS_DB) as env:
-        env = {k: v for k, v in env.items() if k != "PYTHONPATH" and not k.startswith("VIRTUAL_ENV")}
-        env["PATH"] = f"{installed_venv.parent}{os.pathsep}{env.get('PATH', '')}"
-        env["FEATURES_CACHE_DIR"] = str(ROOT / ".cache")
-        yield env
+        yield users_shell(env, installed_venv)
 
 
 def _orders(first: int, n: int, bad: int) -> list[dict[str, object]]:
@@ -93,7 +92,7 @@ def test_the_readme_block_from_an_installed_wheel(tmp_path: Path, user_env: dict
     shown = {c for c in commands if c.startswith("features ")}
     init_readme = files()["README.md"].split("```bash\n", 1)[1].split("```", 1)[0]
     for line in init_readme.splitlines():
-        command = re.sub(r"\s{2,}#.*$", "", line).strip()
+        command = _command(line)
         assert command in shown, f"features init's README shows {command!r}, which the README block does not"
 
     site = site_packages(installed_venv)

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import redis
+from installed_env import users_shell
 from test_batch_load import _env, _ledger_count, pg_snapshot, redis_snapshot
 from test_stream_cluster import _pyflink_home, standalone_cluster
 
@@ -167,9 +168,7 @@ def test_backfill_on_a_standalone_cluster_survives_a_killed_taskmanager(
                          timeout=600)
     assert ref.returncode == 0, ref.stderr[-3000:]
     # the user's shell: the installed environment, nothing of the checkout importable
-    env = {k: v for k, v in _env(settings, second_pg_schema, REDIS_FLINK).items()
-           if k not in ("PYTHONPATH", "FEATURES_HOME") and not k.startswith("VIRTUAL_ENV")}
-    env["PATH"] = f"{installed_venv.parent}{os.pathsep}{env.get('PATH', '')}"
+    env = users_shell(_env(settings, second_pg_schema, REDIS_FLINK), installed_venv)
     project = tmp_path / "project"
     (project / "dist").mkdir(parents=True)
     shutil.copy2(featureline_wheel, project / "dist" / featureline_wheel.name)

@@ -9,14 +9,11 @@ Each case is one kind of compatible change (``features/compile/migration.py``'s 
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 import yaml
-from psycopg import sql
 
 from features.compile import compile_schema
 from features.compile.migration import plan_migration
@@ -91,18 +88,6 @@ CASES = {"field_added": _add_nullable, "field_added_default": _add_with_default,
          "feature_added_cold": _feature_cold, "aggregations_added": _first_aggregations}
 
 
-@pytest.fixture()
-def namespaces(settings: Settings) -> Iterator[tuple[str, str]]:
-    names = (f"t_mig_old_{uuid.uuid4().hex[:8]}", f"t_mig_new_{uuid.uuid4().hex[:8]}")
-    with psycopg.connect(settings.postgres_dsn, autocommit=True) as conn:
-        for name in names:
-            conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
-    yield names
-    with psycopg.connect(settings.postgres_dsn, autocommit=True) as conn:
-        for name in names:
-            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
-
-
 def _catalog(conn: psycopg.Connection[Any], namespace: str) -> dict[str, Any]:
     """Every table of ``namespace``: its columns (type, NOT NULL, default) and CHECKs."""
     out: dict[str, Any] = {}
@@ -122,8 +107,8 @@ def _catalog(conn: psycopg.Connection[Any], namespace: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_a_migrated_table_equals_a_fresh_one(case: str, settings: Settings,
-                                             namespaces: tuple[str, str]) -> None:
+def test_a_migrated_table_equals_a_fresh_one(case: str, settings: Settings, pg_schema: str,
+                                             second_pg_schema: str) -> None:
     new_yaml = yaml.safe_load(yaml.safe_dump(BASE))
     CASES[case](new_yaml)
     new_yaml["version"] = "1.1.0"
@@ -131,7 +116,7 @@ def test_a_migrated_table_equals_a_fresh_one(case: str, settings: Settings,
     migration = plan_migration(old.schema, new.schema)
     assert migration.diff.allowed and migration.diff.compatible, migration.diff.changes
     assert migration.statements, f"{case}: no DDL generated"
-    migrated, fresh = namespaces
+    migrated, fresh = pg_schema, second_pg_schema
     with psycopg.connect(settings.postgres_dsn, options=f"-c search_path={migrated}") as conn:
         conn.execute(old.ddl)
         conn.execute("INSERT INTO mig (uid, ts, qty, price, kind, code, _source, _schema_name, "

@@ -11,8 +11,6 @@ waited for one of the same schema in another namespace.
 from __future__ import annotations
 
 import threading
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -37,15 +35,9 @@ def _schemas(n: int) -> list[CompiledSchema]:
 
 
 @pytest.fixture()
-def namespaces(settings: Settings) -> Iterator[list[str]]:
-    names = [f"t_setup_{uuid.uuid4().hex[:8]}" for _ in range(3)]
-    with psycopg.connect(settings.postgres_dsn, autocommit=True) as conn:
-        for name in names:
-            conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
-    yield names
-    with psycopg.connect(settings.postgres_dsn, autocommit=True) as conn:
-        for name in names:
-            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+def namespaces(pg_schema: str, second_pg_schema: str, third_pg_schema: str) -> list[str]:
+    """Three fresh Postgres schemas, dropped after the test."""
+    return [pg_schema, second_pg_schema, third_pg_schema]
 
 
 def _open_at_once(settings: Settings, compiled: list[CompiledSchema], namespace: str) -> list[BaseException]:

@@ -41,7 +41,7 @@ from typing import Any
 
 import pytest
 import yaml
-from installed_env import site_packages
+from installed_env import site_packages, users_shell
 from test_stream import check_stores, expected
 
 from features.config import Settings
@@ -224,17 +224,14 @@ def _project(tmp_path: Path, installed_venv: Path, wheel: Path, env: dict[str, s
 
 
 def _user_env(settings: Settings, pg_schema: str, redis_url: str, installed_venv: Path) -> dict[str, str]:
-    """A user's shell: the project's environment first on PATH, no PYTHONPATH (the checkout
-    is not importable), the stores of this test, and the download cache this checkout's
-    ``features dev up`` filled (the Kafka connector jar, which travels with the job)."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "FEATURES_HOME") and not k.startswith("VIRTUAL_ENV")}
+    """A user's shell (``installed_env.users_shell``: the Kafka connector jar, which travels
+    with the job, comes from the shared download cache) with the stores of this test."""
     sep = "&" if "?" in settings.postgres_dsn else "?"
-    env.update({"PATH": f"{installed_venv.parent}{os.pathsep}{env.get('PATH', '')}",
-                "FEATURES_POSTGRES_DSN": f"{settings.postgres_dsn}{sep}options=-csearch_path%3D{pg_schema}",
-                "FEATURES_REDIS_URL": redis_url, "FEATURES_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
-                "FEATURES_CACHE_DIR": str(ROOT / ".cache")})
-    return env
+    return users_shell({
+        **os.environ,
+        "FEATURES_POSTGRES_DSN": f"{settings.postgres_dsn}{sep}options=-csearch_path%3D{pg_schema}",
+        "FEATURES_REDIS_URL": redis_url, "FEATURES_KAFKA_BOOTSTRAP": settings.kafka_bootstrap},
+        installed_venv)
 
 
 def test_unbounded_stream_job_from_a_users_project_on_a_standalone_cluster(
