@@ -168,6 +168,8 @@ def render(s: dict[str, Any], schema: str) -> str:
         f"{s['batches']} micro-batches",
         f"  read {s['read']:,} = stored {s['stored']:,} + rejected {s['rejected']:,} + already present "
         f"{s['already_present']:,}  [{'adds up' if s['adds_up'] else 'DOES NOT ADD UP'}]",
+        f"  consumer lag {'not measured' if s.get('lag_total') is None else format(s['lag_total'], ',')}"
+        f" record(s) behind the end offsets",
         f"  dead-letter messages {s['dead_letters']:,}; produce -> stored latency p50 "
         f"{s['latency_ms']['p50']} ms, p99 {s['latency_ms']['p99']} ms",
     ]

@@ -309,8 +309,9 @@ class StreamProcessor:
         elif self.metrics is not None and done - self._last_lag >= _LAG_EVERY_S:
             self.update_lag()  # the lag gauge stays fresher than the status lines
 
-    def update_lag(self) -> None:
-        """Consumer lag per partition seen: the partition's end offset minus our next offset."""
+    def update_lag(self, timeout: float = 5.0) -> None:
+        """Consumer lag per partition seen: the partition's end offset minus our next offset
+        (``timeout``: seconds per partition's query)."""
         if not self.stats.offsets:
             return
         self._last_lag = time.time()
@@ -325,7 +326,8 @@ class StreamProcessor:
                         "group.id": f"featureline-lag-{self.run_id}", "enable.auto.commit": False}))
             for key, nxt in self.stats.offsets.items():
                 topic, part = key.rsplit("/", 1)
-                _, high = self._lag_client.get_watermark_offsets(TopicPartition(topic, int(part)), timeout=5)
+                _, high = self._lag_client.get_watermark_offsets(TopicPartition(topic, int(part)),
+                                                                 timeout=timeout)
                 self.stats.lag[key] = max(int(high) - nxt, 0)
                 if self.metrics is not None:
                     self.metrics.lag(topic, part, self.stats.lag[key])

@@ -271,7 +271,10 @@ def _make_udf(cfg: StreamConfig) -> Any:
                 return
             from features.logs import fields
 
-            self.proc.update_lag()
+            # Flink may end this worker soon after the job ends: a short lag query, so
+            # that the summary and this line come out (the lag is also refreshed with
+            # every status line, see --log-every-s).
+            self.proc.update_lag(timeout=1.0)
             log.info("stream finished", extra=fields(self._save()))
             self.proc.close()
             if self.server is not None:
@@ -471,7 +474,8 @@ def run(cfg: StreamConfig, *, wait: bool = True) -> Any:
 
 
 def merged_summary(summary_dir: str | Path, run_id: str) -> dict[str, Any]:
-    """The counts of every subtask of run ``run_id`` (each writes one file when it closes)."""
+    """The counts of every subtask of run ``run_id`` (each replaces its own file after every
+    micro-batch and when it closes)."""
     parts = [json.loads(p.read_text()) for p in sorted(Path(summary_dir).glob(f"{run_id}-*.json"))]
     keys = ("read", "stored", "rejected", "already_present", "batches", "dead_letters")
     total: dict[str, Any] = {k: sum(int(p.get(k) or 0) for p in parts) for k in keys}
@@ -488,6 +492,9 @@ def merged_summary(summary_dir: str | Path, run_id: str) -> dict[str, Any]:
     lat = [p["latency_ms"] for p in parts if p.get("latency_ms", {}).get("p50") is not None]
     total["latency_ms"] = {"p50": max((x["p50"] for x in lat), default=None),
                            "p99": max((x["p99"] for x in lat), default=None)}
+    # consumer lag as each subtask last measured it (with its status lines and on close)
+    total["lag"] = {k: int(v) for p in parts for k, v in (p.get("lag") or {}).items()}
+    total["lag_total"] = sum(total["lag"].values()) if total["lag"] else None
     total["unknown_fields"] = {}
     for p in parts:
         for k, v in (p.get("unknown_fields") or {}).items():

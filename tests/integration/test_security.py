@@ -450,7 +450,8 @@ def test_stream_job_keeps_credentials_out_of_its_output_and_flink_logs(
                                                    f'password="{java}";'}))
     state = tmp_path / "state"
     cmd = [sys.executable, str(ROOT / "jobs" / "stream_job.py"), "--schema", "credit_applicant", "--topic",
-           stream_topic, "--bounded", "--restart-attempts", "0", "--state-dir", str(state), "--json"]
+           stream_topic, "--bounded", "--restart-attempts", "0", "--state-dir", str(state), "--json",
+           "--log-every-s", "0"]  # the lag is measured with every micro-batch's status line
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     summary = json.loads(proc.stdout)
@@ -689,7 +690,8 @@ def test_kafka_sasl_properties_reach_every_client(tmp_path: Path, settings: Sett
 
     state = tmp_path / "state"
     job = [str(ROOT / "jobs" / "stream_job.py"), "--schema", "credit_applicant", "--topic", topic,
-           "--bounded", "--restart-attempts", "0", "--state-dir", str(state), "--json"]
+           "--bounded", "--restart-attempts", "0", "--state-dir", str(state), "--json",
+           "--log-every-s", "0"]  # the lag is measured with every micro-batch's status line
     # Secured librdkafka clients but no Java properties: refused before Flink starts.
     refused = cli("stream without java properties", *job)
     assert refused.returncode == 2 and "FEATURES_KAFKA_JAVA_PROPERTIES" in refused.stderr
@@ -701,8 +703,11 @@ def test_kafka_sasl_properties_reach_every_client(tmp_path: Path, settings: Sett
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     summary = json.loads(proc.stdout)
     assert summary["adds_up"] and summary["read"] == len(values) and summary["rejected"] > 0
-    # the lag consumer authenticated (a failure there is only a warning)
-    assert "stream finished" in proc.stderr and "could not read end offsets" not in proc.stderr
+    # The lag consumer authenticated: it measured both partitions (a failure there is only a
+    # warning, and the lag stays unmeasured). Not the worker's "stream finished" line: Flink
+    # does not always let a worker finish closing (CI lost it once).
+    assert summary["lag_total"] is not None, proc.stderr[-4000:]
+    assert set(summary["lag"]) == {f"{topic}/0", f"{topic}/1"}
     # the dead-letter producer (librdkafka, in the Python worker) authenticated too
     assert len(read_topic(bootstrap, topic + ".rejects", properties=props)) == summary["dead_letters"] \
         == summary["rejected"]
