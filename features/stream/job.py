@@ -275,7 +275,7 @@ def _make_udf(cfg: StreamConfig) -> Any:
             # that the summary and this line come out (the lag is also refreshed with
             # every status line, see --log-every-s).
             self.proc.update_lag(timeout=1.0)
-            log.info("stream finished", extra=fields(self._save()))
+            log.info("stream finished", extra=fields({**self._save(), "instance": self.instance}))
             self.proc.close()
             if self.server is not None:
                 self.server.close()

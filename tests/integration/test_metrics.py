@@ -321,7 +321,7 @@ def test_bounded_stream_serves_its_metrics(settings: Settings, stream_topic: str
     cmd = [sys.executable, str(ROOT / "jobs" / "stream_job.py"), "--schema", NAME, "--topic", stream_topic,
            "--bounded", "--restart-attempts", "0", "--state-dir", str(tmp_path / "state"), "--json",
            "--batch-size", "100", "--parallelism", "2", "--metrics-port", str(port),
-           "--metrics-linger-s", "15", "--log-format", "json"]
+           "--metrics-linger-s", "15", "--log-format", "json", "--log-every-s", "0"]
     proc = subprocess.Popen(cmd, env=cli_env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     scrapes: list[list[Sample]] = []
@@ -382,6 +382,13 @@ def test_bounded_stream_serves_its_metrics(settings: Settings, stream_topic: str
     # our own lines are JSON with the run id (the JVM's own output is not ours)
     ours = [json.loads(line) for line in job_log.splitlines() if line.startswith('{"ts"')]
     assert any(o["message"] == "stream: submitting" and o["topic"] == stream_topic for o in ours)
-    finished = [o for o in ours if o["message"] == "stream finished"]  # one per subtask, fields merged in
-    assert len(finished) == 2 and sum(o["read"] for o in finished) == len(values)
+    # a status line per micro-batch (--log-every-s 0), fields merged in, from both subtasks
+    last: dict[str, int] = {}
+    for o in ours:
+        if o["message"] == "stream":
+            last[o["instance"]] = max(last.get(o["instance"], 0), o["read"])
+    assert len(last) == 2 and sum(last.values()) == len(values)
+    # "stream finished" comes from the worker's close(), which Flink does not always let finish
+    finished = [o for o in ours if o["message"] == "stream finished"]
+    assert len(finished) <= 2 and all(o["read"] == last[o["instance"]] for o in finished)
     assert all(o["run_id"] == summary["run_id"] for o in ours)
