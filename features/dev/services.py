@@ -71,15 +71,17 @@ class ServiceStatus:
     address: str
     healthy: bool
     version: str
-    managed: bool
-    """True when ``up`` started it (pid file under ``.dev/``); False when external."""
+    owner: str
+    """``managed``: this project's ``features dev up`` started or installed it (a pid file
+    under its ``.dev/``), so ``features dev down`` stops it; ``reused``: at the local default
+    address but started by something else (another project, a system service), left alone by
+    ``down``; ``external``: the settings point elsewhere."""
     detail: str = ""
 
     def line(self) -> str:
         state = "healthy" if self.healthy else "DOWN"
-        owner = "managed" if self.managed else "external"
         extra = f"  {self.detail}" if self.detail else ""
-        return f"{self.name:<16} {state:<8} {self.address:<22} {self.version:<28} {owner}{extra}"
+        return f"{self.name:<16} {state:<8} {self.address:<22} {self.version:<28} {self.owner}{extra}"
 
 
 def _say(msg: str) -> None:
@@ -773,6 +775,9 @@ def down(settings: Settings) -> None:
     for svc in reversed(services(settings)):
         if svc.external:
             continue
+        if not svc.running() and svc.healthy():  # another project's (or a system) server
+            _say(f"{svc.name}: left running (not started by this project)")
+            continue
         outcome = svc.stop()
         if outcome != "nothing to stop":
             _say(f"{svc.name}: {outcome}")
@@ -786,8 +791,9 @@ def status(settings: Settings) -> list[ServiceStatus]:
         detail = ""
         if not healthy and not svc.external and not svc.running():
             detail = "(not started: run `features dev up`)"
+        owner = "external" if svc.external else "managed" if svc.running() or not healthy else "reused"
         out.append(ServiceStatus(svc.name, svc.address, healthy,
-                                 svc.version() if healthy else "-", not svc.external, detail))
+                                 svc.version() if healthy else "-", owner, detail))
     return out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -40,3 +41,25 @@ def test_up_is_idempotent() -> None:
         line = next(x for x in proc.stdout.splitlines() if x.startswith(f"{name}: "))
         # this checkout's own server, or another checkout's on the same port: never a second one
         assert line.startswith((f"{name}: already running", f"{name}: reusing")), line
+
+
+def test_servers_another_project_started_are_shown_as_reused(tmp_path: Path) -> None:
+    """A second project beside this checkout's running servers uses them, says so, and its
+    `features dev down` leaves them running."""
+    env = {**os.environ, "FEATURES_HOME": str(tmp_path), "FEATURES_CACHE_DIR": str(ROOT / ".cache")}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "features.cli", "dev", *args], capture_output=True,
+                              text=True, timeout=120, env=env, cwd=tmp_path)
+
+    status = cli("status")
+    assert status.returncode == 0, status.stdout + status.stderr
+    owners = {line.split()[0]: line.split()[-1] for line in status.stdout.splitlines() if line.strip()}
+    assert {owners[n] for n in ("postgres", "redis", "kafka")} == {"reused"}, status.stdout
+    assert owners["flink-connector"] == "managed"  # the shared download is there
+    down = cli("down")
+    assert down.returncode == 0, down.stdout + down.stderr
+    for name in ("postgres", "redis", "kafka"):
+        assert f"{name}: left running (not started by this project)" in down.stdout, down.stdout
+    again = cli("status")
+    assert again.returncode == 0 and again.stdout == status.stdout, again.stdout
