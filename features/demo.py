@@ -1,8 +1,9 @@
 """``features demo``: the README's main job, end to end on the shipped example data.
 
 Steps: start the local services (``features dev up``; external ones are only
-checked), compile every schema in ``schemas/``, generate the example applicant data
-(deterministic, with about 2% invalid rows) under ``data/demo/``, load it into Redis
+checked), compile the example schemas (a checkout's ``schemas/``; installed, the copies
+the package ships), generate the example applicant data (deterministic, with about 2%
+invalid rows) under the project's ``data/demo/``, load it into Redis
 and Postgres with the batch loader, stream example events (invalid, out-of-order,
 duplicated and undecodable ones among them) through Kafka and the PyFlink job, read a
 few features back, and print the summary of both paths. Running it twice stores
@@ -20,6 +21,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _schemas_dir() -> Path:
+    """The demo's schemas: a checkout's own ``schemas/`` (every schema, the example ones
+    among them), else the example schemas the installed package ships."""
+    from features.examples import EXAMPLE_SCHEMAS
+
+    checkout = ROOT / "schemas"
+    return checkout if (checkout / "credit_applicant.yaml").is_file() else EXAMPLE_SCHEMAS
+
+
 def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "demo", help="run the demo pipeline end to end (services, compile, example data, load, summary)",
@@ -27,7 +37,8 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--rows", type=int, default=300_000, help="applicant rows to generate (default 300000)")
     p.add_argument("--files", type=int, default=3, help="Parquet files to split them into (default 3)")
-    p.add_argument("--out", default=str(ROOT / "data" / "demo"), help="where the example data goes")
+    p.add_argument("--out", default=None,
+                   help="where the example data goes (default: data/demo in the project folder)")
     p.add_argument("--events", type=int, default=20_000,
                    help="example events to stream through Kafka and the Flink job (default 20000; 0: skip)")
     p.add_argument("--topic", default="featureline-demo-applications", help="Kafka topic for the events")
@@ -65,18 +76,14 @@ def run(args: argparse.Namespace) -> int:
     from features.compile.postgres import rejects_table_name
     from features.config import resolve_settings
     from features.dev import services
+    from features.home import project_home
     from features.load import load, render_summary
     from features.schema import load_schemas
 
     t0 = time.perf_counter()
-    if not (ROOT / "schemas" / "credit_applicant.yaml").is_file():
-        # installed from a wheel: the demo's schemas and jobs are the repository's, not the package's
-        print("features demo runs from a featureline checkout (`make demo`): it uses the repository's "
-              f"schemas/ and example data, which the installed package ({Path(__file__).parent}) does "
-              "not hold. In your own project: `features init`, then the commands of its README "
-              "(featureline's README, \"Use it in your own project\").", file=sys.stderr)
-        return 2
     settings = resolve_settings()
+    schemas = _schemas_dir()
+    out = Path(args.out) if args.out else project_home() / "data" / "demo"
     if not args.no_services:
         _step("services (features dev up)")
         rows = services.up(settings)
@@ -85,24 +92,24 @@ def run(args: argparse.Namespace) -> int:
         if not all(r.healthy for r in rows):
             print("features demo: a service is down; see above", file=sys.stderr)
             return 2
-    _step("compile schemas/")
-    for name, schema in sorted(load_schemas(ROOT / settings.schemas_dir).items()):
+    _step(f"compile {_shown(schemas)}/")
+    for name, schema in sorted(load_schemas(schemas).items()):
         compiled = compile_schema(schema)
         kind = "loadable" if schema.loadable else "validation-only"
         print(f"{name:<20} {schema.version_str:<8} {compiled.fingerprint[:12]}  {len(compiled.rules)} rules, "
               f"{len(schema.features)} derived features ({kind})")
     _step(f"example data ({args.rows:,} applicant rows, ~2% invalid)")
-    paths = generate_files(Path(args.out), args.rows, args.files)
+    paths = generate_files(out, args.rows, args.files)
     for p in paths:
-        print(p.relative_to(ROOT) if p.is_relative_to(ROOT) else p)
+        print(_shown(p))
     _step("batch load: Parquet -> validate -> transform -> Redis (hot) + Postgres (cold)")
-    compiled = find_schema("credit_applicant", ROOT / settings.schemas_dir)
+    compiled = find_schema("credit_applicant", schemas)
     summary = load(paths, compiled, settings, progress=True)
     print(render_summary(summary, rejects_table=rejects_table_name(compiled.schema)))
     stream: dict[str, Any] | None = None
     if args.events:
         _step(f"stream: {args.events:,} events -> Kafka {args.topic} -> PyFlink job -> Redis + Postgres")
-        stream = _stream(settings, args.topic, args.events)
+        stream = _stream(settings, args.topic, args.events, schemas)
         if stream is None:
             return 1
     _step("read back")
@@ -117,7 +124,13 @@ def run(args: argparse.Namespace) -> int:
     return 0 if summary.adds_up and (stream is None or stream["adds_up"]) else 1
 
 
-def _stream(settings: Any, topic: str, events: int) -> dict[str, Any] | None:
+def _shown(path: Path) -> Path:
+    """``path`` relative to the current folder when it is below it."""
+    here = Path.cwd()
+    return path.relative_to(here) if path.is_absolute() and path.is_relative_to(here) else path
+
+
+def _stream(settings: Any, topic: str, events: int, schemas: Path) -> dict[str, Any] | None:
     """Produce the example events once (a topic that already holds them is reused), then
     run the bounded stream job over the whole topic with a fresh consumer group."""
     import json
@@ -138,10 +151,14 @@ def _stream(settings: Any, topic: str, events: int) -> dict[str, Any] | None:
               f"among them) to {topic}")
     else:
         print(f"{topic} already holds {have:,} records: reusing them")
-    cmd = [sys.executable, str(ROOT / "jobs" / "stream_job.py"), "--schema", "credit_applicant",
+    from features.jobs import job_file
+
+    job = job_file("stream")
+    cmd = [sys.executable, str(job), "--schema", "credit_applicant", "--schemas-dir", str(schemas),
            "--topic", topic, "--bounded", "--group-id", f"featureline-demo-{uuid.uuid4().hex[:8]}",
            "--json"]
-    print("$ " + " ".join(["python", "jobs/stream_job.py", *cmd[2:]]), flush=True)
+    print("$ " + " ".join(["python", str(_shown(job)), *cmd[2:5], str(_shown(schemas)), *cmd[6:]]),
+          flush=True)
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         print(proc.stderr[-4000:], file=sys.stderr)

@@ -15,7 +15,8 @@ import pyarrow.compute as pc
 
 from features.compile import CompiledSchema, compile_schema
 
-ROOT = Path(__file__).resolve().parents[1]
+#: The example schemas, shipped in the package (in a checkout: links to ``schemas/``).
+EXAMPLE_SCHEMAS = Path(__file__).resolve().parent / "example_schemas"
 SEED = 20240611
 INVALID_SHARE = 0.02
 
@@ -23,7 +24,7 @@ INVALID_SHARE = 0.02
 def applicant_schema() -> CompiledSchema:
     from features.schema import load_schema
 
-    return compile_schema(load_schema(ROOT / "schemas" / "credit_applicant.yaml"))
+    return compile_schema(load_schema(EXAMPLE_SCHEMAS / "credit_applicant.yaml"))
 
 
 def applicants(rows: int, seed: int = SEED, *, first_id: int = 10**9, invalid_share: float = INVALID_SHARE,
@@ -205,7 +206,7 @@ def _cents(cents: npt.NDArray[np.int64], null: npt.NDArray[np.bool_] | None) -> 
 def clicks_schema() -> CompiledSchema:
     from features.schema import load_schema
 
-    return compile_schema(load_schema(ROOT / "schemas" / "clicks.yaml"))
+    return compile_schema(load_schema(EXAMPLE_SCHEMAS / "clicks.yaml"))
 
 
 CLICKS_START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z

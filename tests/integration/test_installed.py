@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import redis
+from confluent_kafka.admin import AdminClient
 from conftest import ROOT, cli_environment
 from installed_env import site_packages, users_shell
 
@@ -160,10 +161,24 @@ def test_the_readme_block_from_an_installed_wheel(tmp_path: Path, user_env: dict
     sdk = outputs["python -c"].stdout
     assert "'order_id': 'ORD-00000001'" in sdk and "2.25" in sdk and "'_from': 'redis'" in sdk, sdk
 
-    # the demo is the checkout's: installed, it says so and writes nothing
-    demo = subprocess.run([str(venv_root / "bin" / "features"), "demo", "--no-services"], cwd=project,
-                          env=user_env, capture_output=True, text=True, timeout=120)
-    assert demo.returncode == 2 and "runs from a featureline checkout" in demo.stderr, demo.stderr[-2000:]
+    # the demo, installed: the example schemas the package ships, its data in the project folder
+    demo_topic = f"{stream_topic}_demo"
+    try:
+        demo = subprocess.run([str(venv_root / "bin" / "features"), "demo", "--no-services", "--rows", "3000",
+                               "--files", "2", "--events", "400", "--topic", demo_topic], cwd=project,
+                              env=user_env, capture_output=True, text=True, timeout=600)
+    finally:
+        AdminClient({"bootstrap.servers": settings.kafka_bootstrap}).delete_topics(
+            [demo_topic, f"{demo_topic}.rejects"])
+    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+    summary = re.findall(r"(batch|stream) +\((?:Parquet|Kafka)\): +read ([\d,]+) = stored ([\d,]+) "
+                         r"\+ rejected ([\d,]+) \+ already present ([\d,]+)", demo.stdout)
+    counts = {kind: [int(x.replace(",", "")) for x in rest] for kind, *rest in summary}
+    assert counts["batch"][0] == 3000 and counts["stream"][0] > 400, demo.stdout[-3000:]
+    for read, stored, rejected, present in counts.values():
+        assert read == stored + rejected + present and stored > 0 and rejected > 0
+    assert "example_schemas/" in demo.stdout and "redis    HGETALL" in demo.stdout, demo.stdout[-3000:]
+    assert len(list((project / "data" / "demo").glob("applicants-*.parquet"))) == 2
 
     # state in the project folder, nothing inside the installed package or beside it
     assert (project / ".dev" / "stream" / "orders").is_dir()
