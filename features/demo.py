@@ -154,12 +154,10 @@ def _stream(settings: Any, topic: str, events: int, schemas: Path) -> dict[str, 
     from features.jobs import job_file
 
     job = job_file("stream")
-    cmd = [sys.executable, str(job), "--schema", "credit_applicant", "--schemas-dir", str(schemas),
-           "--topic", topic, "--bounded", "--group-id", f"featureline-demo-{uuid.uuid4().hex[:8]}",
-           "--json"]
-    print("$ " + " ".join(["python", str(_shown(job)), *cmd[2:5], str(_shown(schemas)), *cmd[6:]]),
-          flush=True)
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    args = ["--schema", "credit_applicant", "--schemas-dir", str(_shown(schemas)), "--topic", topic,
+            "--bounded", "--group-id", f"featureline-demo-{uuid.uuid4().hex[:8]}", "--json"]
+    print("$ " + " ".join(["python", str(_shown(job)), *args]), flush=True)
+    proc = subprocess.run([sys.executable, str(job), *args], capture_output=True, text=True)
     if proc.returncode != 0:
         print(proc.stderr[-4000:], file=sys.stderr)
         print(f"features demo: the stream job failed (exit {proc.returncode})", file=sys.stderr)

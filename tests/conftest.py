@@ -21,6 +21,25 @@ from features.config import Settings, resolve_settings
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def search_path_dsn(dsn: str, search_path: str) -> str:
+    """``dsn`` (a URL) whose sessions use ``search_path`` (libpq ``options=-c search_path=...``)."""
+    sep = "&" if "?" in dsn else "?"
+    return f"{dsn}{sep}options=-csearch_path%3D{search_path}"
+
+
+#: A `features demo` summary line: "batch  (Parquet): read N = stored N + rejected N + already present N".
+DEMO_LINE = re.compile(r"(batch|stream) +\((?:Parquet|Kafka)\): +read ([\d,]+) = stored ([\d,]+) "
+                       r"\+ rejected ([\d,]+) \+ already present ([\d,]+)")
+
+
+def demo_counts(out: str) -> dict[str, tuple[int, ...]]:
+    """The (read, stored, rejected, already present) of the batch and the stream summary lines
+    of `features demo`'s output ``out``; asserts that both lines are there."""
+    found = {m[1]: tuple(int(x.replace(",", "")) for x in m.groups()[1:]) for m in DEMO_LINE.finditer(out)}
+    assert set(found) == {"batch", "stream"}, out[-3000:]
+    return found
+
+
 @contextmanager
 def cli_environment(settings: Settings, pg_schema: str, redis_db: int) -> Iterator[dict[str, str]]:
     """The environment of a CLI subprocess: Postgres in ``pg_schema`` (its search_path),
@@ -30,10 +49,9 @@ def cli_environment(settings: Settings, pg_schema: str, redis_db: int) -> Iterat
     url = settings.redis_url.rsplit("/", 1)[0] + f"/{redis_db}"
     client = redis.Redis.from_url(url)
     client.flushdb()
-    sep = "&" if "?" in settings.postgres_dsn else "?"
     try:
         yield {**os.environ, "PYTHONPATH": str(ROOT),
-               "FEATURES_POSTGRES_DSN": f"{settings.postgres_dsn}{sep}options=-csearch_path%3D{pg_schema}",
+               "FEATURES_POSTGRES_DSN": search_path_dsn(settings.postgres_dsn, pg_schema),
                "FEATURES_REDIS_URL": url, "FEATURES_KAFKA_BOOTSTRAP": settings.kafka_bootstrap}
     finally:
         client.flushdb()

@@ -198,7 +198,7 @@ def test_weather_streamed_out_of_order_after_a_backfill_equals_one_backfill(
 
     import pandas as pd
     import redis
-    from conftest import ROOT
+    from conftest import ROOT, search_path_dsn
 
     from features.stream.kafka import entity_keys, produce
 
@@ -225,9 +225,8 @@ def test_weather_streamed_out_of_order_after_a_backfill_equals_one_backfill(
     assert (sent.time_hour.to_numpy()[1:] < sent.time_hour.to_numpy()[:-1]).any()  # out of order
     values = _json_records(sent)
     produce(settings.kafka_bootstrap, stream_topic, values, keys=entity_keys(values, "origin"))
-    sep = "&" if "?" in settings.postgres_dsn else "?"
     env = {**os.environ, "FEATURES_REDIS_URL": settings.redis_url,
-           "FEATURES_POSTGRES_DSN": f"{settings.postgres_dsn}{sep}options=-csearch_path%3D{pg_schema}",
+           "FEATURES_POSTGRES_DSN": search_path_dsn(settings.postgres_dsn, pg_schema),
            "FEATURES_KAFKA_BOOTSTRAP": settings.kafka_bootstrap}
     cmd = [sys.executable, str(ROOT / "jobs" / "stream_job.py"), "--schema", "weather",
            "--schemas-dir", str(tmp_path / "schemas"), "--topic", stream_topic, "--bounded",

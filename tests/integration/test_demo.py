@@ -6,7 +6,6 @@ database, topic and data folder."""
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import uuid
 from pathlib import Path
@@ -15,19 +14,11 @@ import psycopg
 import pytest
 import redis
 from confluent_kafka.admin import AdminClient
+from conftest import ROOT, demo_counts
 
 from features.config import Settings
 
 pytestmark = [pytest.mark.services, pytest.mark.flink, pytest.mark.slow]
-ROOT = Path(__file__).resolve().parents[2]
-LINE = re.compile(r"(batch|stream) +\((?:Parquet|Kafka)\): +read ([\d,]+) = stored ([\d,]+) "
-                  r"\+ rejected ([\d,]+) \+ already present ([\d,]+)")
-
-
-def _counts(out: str) -> dict[str, tuple[int, ...]]:
-    found = {m[1]: tuple(int(x.replace(",", "")) for x in m.groups()[1:]) for m in LINE.finditer(out)}
-    assert set(found) == {"batch", "stream"}, out[-3000:]
-    return found
 
 
 def test_demo_runs_end_to_end_and_a_second_run_stores_nothing(tmp_path: Path, settings: Settings,
@@ -43,14 +34,14 @@ def test_demo_runs_end_to_end_and_a_second_run_stores_nothing(tmp_path: Path, se
     try:
         first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
         assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-        one = _counts(first.stdout)
+        one = demo_counts(first.stdout)
         for read, stored, rejected, present in one.values():
             assert read == stored + rejected + present and stored > 0 and rejected > 0
         assert one["batch"][0] == 3000
         assert "redis    HGETALL" in first.stdout
         second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
         assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-        two = _counts(second.stdout)
+        two = demo_counts(second.stdout)
         for kind, (read, stored, rejected, present) in two.items():
             assert (read, stored) == (one[kind][0], 0), (kind, two)
             assert rejected + present == read

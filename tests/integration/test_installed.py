@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 from confluent_kafka.admin import AdminClient
-from conftest import ROOT, cli_environment
+from conftest import ROOT, cli_environment, demo_counts
 from installed_env import site_packages, users_shell
 
 from features.config import Settings
@@ -171,9 +171,7 @@ def test_the_readme_block_from_an_installed_wheel(tmp_path: Path, user_env: dict
         AdminClient({"bootstrap.servers": settings.kafka_bootstrap}).delete_topics(
             [demo_topic, f"{demo_topic}.rejects"])
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
-    summary = re.findall(r"(batch|stream) +\((?:Parquet|Kafka)\): +read ([\d,]+) = stored ([\d,]+) "
-                         r"\+ rejected ([\d,]+) \+ already present ([\d,]+)", demo.stdout)
-    counts = {kind: [int(x.replace(",", "")) for x in rest] for kind, *rest in summary}
+    counts = demo_counts(demo.stdout)
     assert counts["batch"][0] == 3000 and counts["stream"][0] > 400, demo.stdout[-3000:]
     for read, stored, rejected, present in counts.values():
         assert read == stored + rejected + present and stored > 0 and rejected > 0

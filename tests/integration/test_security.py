@@ -36,6 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import redis
+from conftest import search_path_dsn
 from psycopg import sql
 
 from features import FeatureStore
@@ -154,11 +155,6 @@ def _table(rows: list[dict[str, Any]]) -> pa.Table:
     })
 
 
-def _dsn_with_path(dsn: str, search_path: str) -> str:
-    sep = "&" if "?" in dsn else "?"
-    return f"{dsn}{sep}options=-csearch_path%3D{search_path}"
-
-
 def test_hostile_names_and_literals_reach_sql_only_quoted(tmp_path: Path, settings: Settings, pg_schema: str,
                                                           pg_conn: Any, redis_prefix: str) -> None:
     path = tmp_path / "drop.yaml"
@@ -223,7 +219,7 @@ def test_hostile_names_and_literals_reach_sql_only_quoted(tmp_path: Path, settin
                                      if r["values"] == row["values"] and r["timestamp"] <= src["timestamp"])
 
     # The reports read the hostile tables; the HTML escapes what the rows hold.
-    dsn = _dsn_with_path(settings.postgres_dsn, pg_schema)
+    dsn = search_path_dsn(settings.postgres_dsn, pg_schema)
     table = table_report(dsn, compiled, batch_rows=7)  # re-validates every stored row, GX too
     assert (table["counts"]["input_rows"], table["counts"]["rejected_rows"]) == (len(valid), 0)
     assert table["verdict"] == "PASS" and table["disagreements"] == [], table["verdict_reasons"]
@@ -670,7 +666,7 @@ def test_kafka_sasl_properties_reach_every_client(tmp_path: Path, settings: Sett
     produce(bootstrap, topic, values, keys=entity_keys(values, "application_id"), properties=props)
 
     env = _clean_env(
-        FEATURES_POSTGRES_DSN=_dsn_with_path(settings.postgres_dsn, pg_schema), FEATURES_REDIS_URL=redis_db,
+        FEATURES_POSTGRES_DSN=search_path_dsn(settings.postgres_dsn, pg_schema), FEATURES_REDIS_URL=redis_db,
         FEATURES_KAFKA_BOOTSTRAP=bootstrap, FEATURES_KAFKA_PROPERTIES=json.dumps(props))
     seen: dict[str, str] = {}
 
