@@ -8,6 +8,9 @@ Contract:
   schema: the message names both versions and the migration command.
 - ``write(unit)`` runs one transaction: the rows, the rejects, and (for a unit with a
   ledger key) a ``featureline_ledger`` row. Either all of it commits or none of it.
+  Two writers of one unit at once (two loads of one file) are serialised by a
+  transaction advisory lock on the unit: the second waits, then finds the ledger row and
+  returns ``skipped`` (the run counts the unit as already present).
 - Rows go in with ``COPY ... FROM STDIN (FORMAT binary)``, encoded from Arrow by
   :mod:`features.sinks.pgbinary` (no Python loop over rows); a table with a column that
   encoder cannot write exactly (e.g. ``jsonb``, ``numeric`` wider than 18 digits) gets
@@ -233,6 +236,13 @@ class PostgresSink:
 
         with conn.transaction():
             if unit.unit is not None:
+                # Claim the unit first: a loader of the same unit elsewhere waits here until
+                # this transaction ends, then finds its ledger row. The FOR UPDATE below locks
+                # no row while none exists, so two loaders both went on and the second died on
+                # the ledger's primary key.
+                conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                             (f"featureline:unit:{self.compiled.name}:{self.compiled.fingerprint}:"
+                              f"{unit.unit}",))
                 done = conn.execute(
                     f"SELECT 1 FROM {quote_ident(LEDGER_TABLE)} WHERE schema_name = %s AND "
                     "fingerprint = %s AND unit = %s FOR UPDATE",
