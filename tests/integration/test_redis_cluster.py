@@ -93,6 +93,9 @@ def test_slots_agree_with_the_servers_keyslot(redis_cluster: LocalCluster) -> No
     alphabet = "ab{}:é-_0\x00"
     keys = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 14))) for _ in range(300)]
     keys += [f"features:credit_applicant:{{APP-{i:012d}}}" for i in range(200)]
+    # hash-tag edge cases, and long keys beside short ones (the ragged path and its scalar tail)
+    keys += ["", "{}", "{", "}", "}{", "{}{a}", "a{b}{c}", "{{a}}", "é{ü}", "x" * 20_000,
+             "y" * 5_000 + "{tag}" + "z" * 5_000, "{" + "w" * 9_000, "q" * 300 + "{}" + "r" * 300]
     node = redis.Redis(host="127.0.0.1", port=redis_cluster.ports[0])
     try:
         server = [node.cluster("keyslot", k) for k in keys]

@@ -73,3 +73,57 @@ def test_a_script_refused_a_migrating_key_is_retried_and_other_errors_are_not() 
     assert not retry_later(ReplyError("ERR wrong number of arguments for 'hset' command"))
     assert not retry_later(ReplyError("WRONGTYPE Operation against a key holding the wrong kind of value"))
     assert not retry_later(ReplyError("CROSSSLOT Keys in request don't hash to the same slot"))
+
+
+long_keys = st.lists(st.binary(max_size=6)
+                     | st.builds(lambda a, tag, b: a + tag + b,
+                                 st.binary(max_size=3000),
+                                 st.sampled_from([b"{", b"}", b"{}", b"{x}", b"}{"]),
+                                 st.binary(max_size=3000)), max_size=30)
+
+
+@settings(max_examples=150, deadline=None)
+@given(long_keys)
+def test_vectorised_slots_of_ragged_binary_keys_equal_the_scalar_definition(values: list[bytes]) -> None:
+    """Keys of very different lengths (a few KB beside empty ones), any bytes, braces
+    anywhere: each key's slot is still the spec's."""
+    arr = pa.array(values, pa.binary())
+    assert key_slots(arr).tolist() == [key_slot(v) for v in values]
+
+
+_PEAK = """
+import resource, sys
+import pyarrow as pa
+from features.sinks.redis_cluster import key_slots
+resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))  # a regression fails, not the machine
+n, long_len, with_long = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
+keys = [f"features:s:{{APP-{i:012d}}}" for i in range(n)]
+if with_long:
+    keys[n // 2] = "x" * long_len
+slots = key_slots(pa.array(keys, pa.string()))
+assert len(slots) == n
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def _peak_kib(n: int, long_len: int, with_long: bool) -> int:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    proc = subprocess.run([sys.executable, "-c", _PEAK, str(n), str(long_len), "1" if with_long else "0"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return int(proc.stdout.split()[-1])
+
+
+@pytest.mark.parametrize("n, long_len", [(2_000, 20_000), (131_072, 100_000)])
+def test_one_long_key_costs_memory_for_its_own_bytes_only(n: int, long_len: int) -> None:
+    """Peak RSS of a child computing the slots, with one long key among short ones,
+    against the same keys without it: the long key adds about its own size (was: rows times
+    the longest key, 773 MB for one 20 KB key among 2,000)."""
+    extra_mib = (_peak_kib(n, long_len, True) - _peak_kib(n, long_len, False)) / 1024
+    assert extra_mib < 32, f"one {long_len}-byte key among {n} added {extra_mib:.0f} MiB of peak memory"
