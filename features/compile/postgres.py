@@ -55,6 +55,13 @@ from features.schema.model import (
     Schema,
     TypeKind,
 )
+from features.schema.syntax import (
+    AGGREGATES_SUFFIX,
+    CHECK_SUFFIX,
+    PKEY_SUFFIX,
+    REJECTS_SUFFIX,
+    SOURCE_KEY_SUFFIX,
+)
 
 if TYPE_CHECKING:
     from features.compile import CompiledSchema
@@ -150,17 +157,17 @@ def cold_table_name(schema: Schema) -> str:
 
 def rejects_table_name(schema: Schema) -> str:
     """The rejects table: ``<schema>__rejects``."""
-    return f"{schema.name}__rejects"
+    return schema.name + REJECTS_SUFFIX
 
 
 def aggregates_table_name(schema: Schema) -> str:
     """The cold aggregation table: ``<schema>__aggregates`` (hashed when over 63 bytes)."""
-    return _bounded(schema.name, "__aggregates")
+    return _bounded(schema.name, AGGREGATES_SUFFIX)
 
 
 def check_table_name(schema: Schema) -> str:
     """The all-fields check table of a validation-only schema: ``<schema>__check``."""
-    return f"{schema.name}__check"
+    return schema.name + CHECK_SUFFIX
 
 
 # --- types and literals -----------------------------------------------------------
@@ -436,7 +443,7 @@ def _cold_table(compiled: CompiledSchema) -> str:
     _check_width(table, len(lines))
     for f in columns:
         lines.extend(_field_checks(f, by_field.get(f.name, ())))
-    pkey = quote_ident(_bounded(table, "__pkey"))
+    pkey = quote_ident(_bounded(table, PKEY_SUFFIX))
     lines.append(f"CONSTRAINT {pkey} PRIMARY KEY ({', '.join(quote_ident(k) for k in keys)})")
     return _create_table(table, lines)
 
@@ -470,7 +477,7 @@ def render_aggregates_table(schema: Schema) -> str:
     lines.extend(f"{quote_ident(name)} {typ} NOT NULL" for name, typ in LINEAGE_COLUMNS)
     table = aggregates_table_name(schema)
     _check_width(table, len(lines))
-    pkey = quote_ident(_bounded(table, "__pkey"))
+    pkey = quote_ident(_bounded(table, PKEY_SUFFIX))
     lines.append(f"CONSTRAINT {pkey} PRIMARY KEY ({', '.join(quote_ident(k) for k in keys)})")
     return _create_table(table, lines)
 
@@ -492,7 +499,7 @@ def _rejects_table(compiled: CompiledSchema) -> str:
         f"CHECK (jsonb_typeof({quote_ident('errors')}) = 'array')",
         # One reject row per input record and schema: replaying a file or a Kafka
         # range inserts nothing new (ON CONFLICT DO NOTHING on this key).
-        f"CONSTRAINT {quote_ident(_bounded(table, '__source_key'))} "
+        f"CONSTRAINT {quote_ident(_bounded(table, SOURCE_KEY_SUFFIX))} "
         f"UNIQUE ({quote_ident(lineage.SOURCE)}, {quote_ident(lineage.SCHEMA_FINGERPRINT)})",
     ]
     return _create_table(table, lines)

@@ -87,6 +87,7 @@ from features.schema.syntax import (
     identifier_problem,
     parse_type,
     regex_problem,
+    reserved_name_problem,
 )
 
 __all__ = ["MAX_SCHEMA_CHARS", "load_schema", "load_schemas", "parse_schema"]
@@ -329,8 +330,8 @@ class _SchemaParser(StepReader, AggregationReader):
         if problem is None and len(name) > MAX_SCHEMA_NAME:
             problem = (f"it is too long ({len(name)} characters, at most {MAX_SCHEMA_NAME} to leave room "
                        "for __rejects)")
-        if problem is None and (name.endswith("__rejects") or name == "featureline_schemas"):
-            problem = "it clashes with a table featureline creates"
+        if problem is None:
+            problem = reserved_name_problem(name)
         if problem is not None:
             hint = "" if node is not None else "; add name:"
             self.error(node if node is not None else top.node, "name", f"invalid {source}: {problem}{hint}")

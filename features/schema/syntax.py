@@ -19,14 +19,36 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from features.schema.model import FieldType, TypeKind
 
 __all__ = [
-    "IDENTIFIER_RE", "MAX_DURATION_S", "MAX_IDENTIFIER", "MAX_SCHEMA_NAME", "POSIX_CLASSES", "RESERVED_WORDS",
-    "duration_seconds", "full_match", "identifier_problem", "parse_type", "regex_problem", "suggest",
+    "AGGREGATES_SUFFIX", "CHECK_SUFFIX", "IDENTIFIER_RE", "MAX_DURATION_S", "MAX_IDENTIFIER",
+    "MAX_SCHEMA_NAME", "PKEY_SUFFIX", "POSIX_CLASSES", "REJECTS_SUFFIX", "RESERVED_PREFIXES",
+    "RESERVED_SUFFIXES", "RESERVED_WORDS", "SOURCE_KEY_SUFFIX", "duration_seconds", "full_match",
+    "identifier_problem", "parse_type", "regex_problem", "reserved_name_problem", "suggest",
 ]
 
 IDENTIFIER_RE: Final = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 MAX_IDENTIFIER: Final = 63
+# The suffixes of the names featureline derives from a schema's name, in the one
+# namespace (and Redis database) the schema's tables share with every other schema's:
+# a schema named ``x__aggregates`` would share schema ``x``'s aggregates table and Redis
+# hashes. The names are built from these constants (compile/postgres.py, sinks/redis.py)
+# and schema names are refused when they end with one (:func:`reserved_name_problem`).
+#: the rejects table ``<schema>__rejects``
+REJECTS_SUFFIX: Final = "__rejects"
+#: the aggregates table and the Redis hashes ``features:<schema>__aggregates:{<entity>}``
+AGGREGATES_SUFFIX: Final = "__aggregates"
+#: the all-fields check table of a validation-only schema
+CHECK_SUFFIX: Final = "__check"
+#: a table's primary-key index (a relation of the namespace)
+PKEY_SUFFIX: Final = "__pkey"
+#: the rejects table's unique index on (``_source``, fingerprint)
+SOURCE_KEY_SUFFIX: Final = "__source_key"
+RESERVED_SUFFIXES: Final = (REJECTS_SUFFIX, AGGREGATES_SUFFIX, CHECK_SUFFIX, PKEY_SUFFIX, SOURCE_KEY_SUFFIX)
+#: featureline's own tables (``featureline_schemas``, ``featureline_ledger``) and any
+#: it may add
+RESERVED_PREFIXES: Final = ("featureline_",)
+
 #: a schema name leaves room for the ``__rejects`` suffix of its rejects table.
-MAX_SCHEMA_NAME: Final = MAX_IDENTIFIER - len("__rejects")
+MAX_SCHEMA_NAME: Final = MAX_IDENTIFIER - len(REJECTS_SUFFIX)
 
 #: PostgreSQL's reserved key words (those that cannot be column names unquoted) plus
 #: the ones that need ``AS``; refused as schema (table) names so that hand-written SQL
@@ -354,3 +376,17 @@ def duration_seconds(text: str) -> int | None:
         return MAX_DURATION_S + 1
     d, h, mi, s = (int(g or 0) for g in m.groups())
     return ((d * 24 + h) * 60 + mi) * 60 + s
+
+
+def reserved_name_problem(name: str) -> str | None:
+    """Why ``name`` may not be a schema's name because featureline derives its own
+    tables or keys with that name (see :data:`RESERVED_SUFFIXES`, :data:`RESERVED_PREFIXES`),
+    or None. The problem names the reserved part."""
+    for prefix in RESERVED_PREFIXES:
+        if name.startswith(prefix):
+            return f"names starting with '{prefix}' are reserved for featureline's own tables"
+    for suffix in RESERVED_SUFFIXES:
+        if name.endswith(suffix):
+            return (f"names ending with '{suffix}' are reserved: featureline derives '{name}' "
+                    f"from the schema '{name.removesuffix(suffix)}' (a table or Redis key of its own)")
+    return None

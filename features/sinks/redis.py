@@ -41,6 +41,7 @@ import pyarrow.compute as pc
 from features.compile import CompiledSchema
 from features.errors import SinkError, SinkUnavailable
 from features.lineage import INGESTED_AT, RUN_ID, SCHEMA_FINGERPRINT, SCHEMA_VERSION, SOURCE
+from features.schema.syntax import AGGREGATES_SUFFIX
 from features.sinks.base import WriteResult, WriteUnit, binary_rows, laid_end_to_end, retrying
 from features.sinks.redis_wire import Conn, RedisEndpoint, ReplyError, map_redis_errors
 
@@ -119,7 +120,7 @@ def entity_key(schema_name: str, entity: str) -> str:
 
 def aggregates_key(schema_name: str, entity: str) -> str:
     """The hash of one entity's hot aggregations: ``features:<schema>__aggregates:{<entity>}``."""
-    return entity_key(f"{schema_name}__aggregates", entity)
+    return entity_key(schema_name + AGGREGATES_SUFFIX, entity)
 
 
 def ledger_key(schema_name: str) -> str:
@@ -262,7 +263,7 @@ class RedisSink:
         if aggregates:
             aggs = schema.aggregations.features if schema.aggregations else ()
             self.fields, self.features = (), tuple(a.name for a in aggs if "hot" in a.store)
-            self.hash_name = f"{compiled.name}__aggregates"
+            self.hash_name = compiled.name + AGGREGATES_SUFFIX
             self.script, self.script_sha = NEWEST_OR_EQUAL_WINS, NEWEST_OR_EQUAL_WINS_SHA
         #: ``fill``: rows read back from Postgres (the SDK's read-through fill, ``features
         #: prewarm``): the :data:`FILL` script, every row's own lineage, a ``_filled`` mark

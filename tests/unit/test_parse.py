@@ -395,6 +395,44 @@ def test_name_comes_from_the_stem_only_for_validation_only_schemas() -> None:
         parse_schema(text)
 
 
+@pytest.mark.parametrize(("name", "reserved"), [
+    ("featureline_ledger", "featureline_"), ("featureline_schemas", "featureline_"),
+    ("featureline_x", "featureline_"),
+    ("x__aggregates", "__aggregates"), ("y__check", "__check"), ("z__rejects", "__rejects"),
+    ("w__pkey", "__pkey"), ("v__source_key", "__source_key"),
+])
+def test_names_featureline_derives_its_own_tables_and_keys_from_are_refused(name: str, reserved: str) -> None:
+    """A schema named like one of featureline's own tables, or like a table or Redis key
+    derived from another schema's name (``x__aggregates`` is schema ``x``'s aggregates
+    table and hashes), would share it: refused, naming the reserved part."""
+    text = f"name: {name}\nversion: 1.0.0\nfields:\n  - {{name: a, type: string}}\n"
+    with pytest.raises(SchemaErrors) as info:
+        parse_schema(text, "schemas/s.yaml")
+    (error,) = info.value.errors
+    assert error.key_path == "name" and error.line == 1
+    assert f"invalid schema name '{name}'" in error.reason and f"'{reserved}'" in error.reason
+    assert "reserved" in error.reason
+
+
+def test_every_suffix_of_a_derived_name_is_reserved() -> None:
+    """The one list the schema check uses is the one the derived names are built from:
+    tables, their key indexes (relations in the same namespace) and Redis hashes."""
+    from features.compile import compile_schema, postgres
+    from features.schema.syntax import RESERVED_PREFIXES, RESERVED_SUFFIXES
+    from features.sinks.redis import aggregates_key
+
+    schema = parse_schema("name: s\nversion: 1.0.0\nentity: e\nevent_time: t\nfields:\n"
+                          "  - {name: e, type: string, constraints: {required: true}}\n"
+                          "  - {name: t, type: date, constraints: {required: true}}\n")
+    derived = [postgres.rejects_table_name(schema), postgres.aggregates_table_name(schema),
+               postgres.check_table_name(schema), aggregates_key("s", "E").split(":")[1], "s__pkey"]
+    for name in derived:
+        assert name.removeprefix("s") in RESERVED_SUFFIXES, name
+    ddl = compile_schema(schema).ddl
+    assert '"s__pkey"' in ddl and '"s__rejects__source_key"' in ddl and "__source_key" in RESERVED_SUFFIXES
+    assert RESERVED_PREFIXES == ("featureline_",)
+
+
 # --------------------------------------------------------------------------- regexes
 
 
