@@ -63,12 +63,23 @@ local p = 1; local written = 0
 -- than EXPIRE, which Redis rewrites into a PEXPIREAT for every key
 local now = redis.call('TIME')
 local at = string.format('%d', (tonumber(now[1]) + ttl) * 1000 + math.floor(tonumber(now[2]) / 1000))
+-- whether the row at p (n field/value strings) has the _source that the hash holds: the
+-- same event, not another one of the same event time (which Postgres refused)
+local function same_source(key, p, n)
+  local held = redis.call('HGET', key, '_source')
+  for i = p + 2, p + n, 2 do
+    if t[i] == '_source' then return held == t[i + 1] end
+  end
+  return false
+end
 for k = 1, #KEYS do
   local et = t[p]; local n = t[p + 1]
   local cur = redis.call('HGET', KEYS[k], '_event_time')
-  -- a hash the SDK filled from Postgres (_filled) yields to the pipeline's write of its event
+  -- a hash the SDK filled from Postgres (_filled) yields to the pipeline's write of its
+  -- event (the same _source), never to another event of its time: Postgres kept the first
   if (not cur) or tonumber(cur) < tonumber(et)
-      or (tonumber(cur) == tonumber(et) and redis.call('HEXISTS', KEYS[k], '_filled') == 1) then
+      or (tonumber(cur) == tonumber(et) and redis.call('HEXISTS', KEYS[k], '_filled') == 1
+          and same_source(KEYS[k], p, n)) then
     if cur then redis.call('DEL', KEYS[k]) end
     redis.call('HSET', KEYS[k], '_event_time', et, unpack(t, p + 2, p + 1 + n))
     if ttl > 0 then redis.call('PEXPIREAT', KEYS[k], at) end
@@ -89,10 +100,12 @@ NEWEST_OR_EQUAL_WINS_SHA = hashlib.sha1(NEWEST_OR_EQUAL_WINS.encode()).hexdigest
 #: renewed (Postgres confirmed it is still the newest: the refresh of a logically
 #: expired value, ``hot.refresh_after``). A fill never replaces a hash of the same event.
 FILL = NEWEST_WINS.replace(
-    "  -- a hash the SDK filled from Postgres (_filled) yields to the pipeline's write of its event\n",
+    "  -- a hash the SDK filled from Postgres (_filled) yields to the pipeline's write of its\n"
+    "  -- event (the same _source), never to another event of its time: Postgres kept the first\n",
     "").replace(
     """
-      or (tonumber(cur) == tonumber(et) and redis.call('HEXISTS', KEYS[k], '_filled') == 1)""", "").replace(
+      or (tonumber(cur) == tonumber(et) and redis.call('HEXISTS', KEYS[k], '_filled') == 1
+          and same_source(KEYS[k], p, n))""", "").replace(
     """    written = written + 1
   end""", """    written = written + 1
   elseif ttl > 0 and tonumber(cur) == tonumber(et) then
