@@ -57,6 +57,21 @@ def _load(path: Path, settings: Settings, pg_schema: str, redis_prefix: str) -> 
     assert s.adds_up and s.rejected == 0
 
 
+def _fill(settings: Settings, pg_schema: str, redis_prefix: str, hot: redis.Redis, ids: list[str]) -> None:
+    """Delete the ids' hashes, read them through the SDK (Postgres fallback and fill) and
+    wait until every one is back in Redis, marked ``_filled``."""
+    hot.delete(*[redis_prefix + entity_key(NAME, i) for i in ids])
+    with FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn,
+                      schemas=ROOT / "schemas", search_path=pg_schema, key_prefix=redis_prefix,
+                      fill=True) as fs:
+        assert fs.online(NAME, ids).column("_from").to_pylist() == ["postgres"] * len(ids)
+        deadline = time.monotonic() + 30
+        while (not all(hot.hexists(redis_prefix + entity_key(NAME, i), FILLED) for i in ids)
+               and time.monotonic() < deadline):
+            time.sleep(0.05)
+    assert all(hot.hexists(redis_prefix + entity_key(NAME, i), FILLED) for i in ids)
+
+
 def test_a_filled_hash_keeps_the_first_event_like_postgres(
         tmp_path: Path, settings: Settings, pg_schema: str, redis_prefix: str) -> None:
     a, b = _two_versions(tmp_path)
@@ -65,16 +80,7 @@ def test_a_filled_hash_keeps_the_first_event_like_postgres(
     ids = sorted(_cold_income(settings, pg_schema))
     first = _hot_income(hot, redis_prefix, ids)
     filled = ids[:20]
-    hot.delete(*[redis_prefix + entity_key(NAME, i) for i in filled])
-    with FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn,
-                      schemas=ROOT / "schemas", search_path=pg_schema, key_prefix=redis_prefix,
-                      fill=True) as fs:
-        assert fs.online(NAME, filled).column("_from").to_pylist() == ["postgres"] * len(filled)
-        deadline = time.monotonic() + 30
-        while (not all(hot.hexists(redis_prefix + entity_key(NAME, i), FILLED) for i in filled)
-               and time.monotonic() < deadline):
-            time.sleep(0.05)
-    assert all(hot.hexists(redis_prefix + entity_key(NAME, i), FILLED) for i in filled)
+    _fill(settings, pg_schema, redis_prefix, hot, filled)
     assert _hot_income(hot, redis_prefix, filled) == {i: first[i] for i in filled}
     _load(b, settings, pg_schema, redis_prefix)  # B: already present in Postgres
     cold = _cold_income(settings, pg_schema)
@@ -92,15 +98,7 @@ def test_the_first_event_is_unchanged_after_a_replay_of_itself_through_a_fill(
     hot = redis.Redis.from_url(settings.redis_url)
     ids = sorted(_cold_income(settings, pg_schema))[:10]
     before = {i: hot.hgetall(redis_prefix + entity_key(NAME, i)) for i in ids}
-    hot.delete(*[redis_prefix + entity_key(NAME, i) for i in ids])
-    with FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn,
-                      schemas=ROOT / "schemas", search_path=pg_schema, key_prefix=redis_prefix,
-                      fill=True) as fs:
-        fs.online(NAME, ids)
-        deadline = time.monotonic() + 30
-        while (not all(hot.hexists(redis_prefix + entity_key(NAME, i), FILLED) for i in ids)
-               and time.monotonic() < deadline):
-            time.sleep(0.05)
+    _fill(settings, pg_schema, redis_prefix, hot, ids)
     # a new run of the same file: new ledger units (another run id), same events
     s = load([a], applicant_schema(), settings, search_path=pg_schema, key_prefix=redis_prefix,
              batch_rows=77)
