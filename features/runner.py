@@ -341,8 +341,11 @@ def newest_event_time(rows: pa.Table, column: str | None) -> float | None:
 
 
 def _finish_unit(summary: RunSummary, pending: _Pending, primary: str, progress: Progress | None,
-                 metrics: RunMetrics | None = None, event_time: str | None = None) -> None:
-    """Wait for one unit's writes (in submission order) and account for them."""
+                 metrics: RunMetrics | None = None, event_time: str | None = None,
+                 superseded: Callable[[pa.Table], None] | None = None) -> None:
+    """Wait for one unit's writes (in submission order) and account for them. Rows the
+    primary refused for another event of their (entity, event time) go to ``superseded``
+    once every store has written the unit (the other stores drop what they kept of them)."""
     results: dict[str, Any] = {}
     for name, fut in pending.futures.items():
         res = fut.result()  # a sink's final error (after its retries) propagates here
@@ -358,6 +361,9 @@ def _finish_unit(summary: RunSummary, pending: _Pending, primary: str, progress:
                 metrics.write(name, res.seconds)
     for name in pending.skipped:
         summary.sinks[name].skipped_units += 1
+    refused = results[primary].superseded if primary in results else None
+    if superseded is not None and refused is not None and refused.num_rows:
+        superseded(refused)
     if primary and primary not in results:
         # the primary committed this unit in an earlier run; only other sinks caught up
         results[primary] = WriteResult(skipped=True)
@@ -444,18 +450,28 @@ class BatchWriter:
             prepared = process_batch(sb, self.compiled, self.program, ctx, reference_time or ctx.ingested_at)
         while len(self._queue) >= self.in_flight:
             _finish_unit(summary, self._queue.popleft(), self.primary, self.progress, self.metrics,
-                         self._event_time)
+                         self._event_time, self._drop_superseded)
         write = WriteUnit(prepared.rows, prepared.rejects, unit, n)
         futures = {}
         for s in todo:
             futures[s.name] = self._pools[s.name].submit(s.write, write)
         self._queue.append(_Pending(prepared, n, futures, [s.name for s in self.sinks if s not in todo]))
 
+    def _drop_superseded(self, refused: pa.Table) -> None:
+        """Both stores agree on two events with one (entity, event time): the cold store
+        kept the first, so every other store drops what it holds of the refused ones
+        (Redis: a hash that expired and was re-created by the later event). Runs on each
+        store's own thread, after the writes already queued there."""
+        drops = [self._pools[s.name].submit(drop, refused) for s in self.sinks
+                 if s.name != self.primary and (drop := getattr(s, "drop_superseded", None)) is not None]
+        for fut in drops:
+            fut.result()
+
     def drain(self) -> None:
         """Wait for every submitted write and account for it."""
         while self._queue:
             _finish_unit(self.summary, self._queue.popleft(), self.primary, self.progress, self.metrics,
-                         self._event_time)
+                         self._event_time, self._drop_superseded)
 
     def close(self) -> None:
         """Let the writes already submitted finish (they commit or fail on their own)."""

@@ -82,13 +82,17 @@ class WriteUnit:
 class WriteResult:
     """``stored``: rows newly written; ``already_present``: rows the store already held
     (same key), left as they were; ``skipped``: True when the ledger said the unit was
-    already committed and nothing was written."""
+    already committed and nothing was written. ``superseded`` (the cold store only): the
+    entity and ``_source`` of rows it refused because *another* event (another
+    ``_source``) holds their (entity, event time); the other stores must not keep them
+    either (:meth:`features.sinks.redis.RedisSink.drop_superseded`)."""
 
     stored: int = 0
     already_present: int = 0
     rejects_stored: int = 0
     skipped: bool = False
     seconds: float = 0.0
+    superseded: pa.Table | None = None
 
 
 @runtime_checkable

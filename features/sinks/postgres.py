@@ -31,6 +31,7 @@ Contract:
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import time
 from collections.abc import Callable
@@ -48,6 +49,7 @@ from features.compile.postgres import (
     rejects_table_name,
 )
 from features.errors import SinkError, SinkUnavailable
+from features.lineage import SOURCE
 from features.sinks import pg
 from features.sinks.base import WriteResult, WriteUnit, retrying
 from features.sinks.pgbinary import copy_binary
@@ -228,8 +230,7 @@ class PostgresSink:
     def write(self, unit: WriteUnit) -> WriteResult:
         t0 = time.perf_counter()
         result = self._retrying("write", lambda conn: self._write(conn, unit))
-        return WriteResult(result.stored, result.already_present, result.rejects_stored,
-                           result.skipped, time.perf_counter() - t0)
+        return dataclasses.replace(result, seconds=time.perf_counter() - t0)
 
     def _write(self, conn: Any, unit: WriteUnit) -> WriteResult:
         import psycopg
@@ -261,6 +262,7 @@ class PostgresSink:
                         stored = self._insert_new(conn, self.table, self.columns, rows)
                 else:
                     stored = self._insert_probed(conn, rows)
+            superseded = self._superseded(conn, rows) if stored < rows.num_rows else None
             rejects_stored = 0
             if unit.rejects.num_rows:
                 rejects = unit.rejects.select(list(self.reject_columns))
@@ -273,7 +275,34 @@ class PostgresSink:
                     (self.compiled.name, self.compiled.fingerprint, unit.unit,
                      _first(unit.rows, unit.rejects, "_run_id"), unit.read, stored,
                      rows.num_rows - stored, unit.rejects.num_rows))
-        return WriteResult(stored, rows.num_rows - stored, rejects_stored)
+        return WriteResult(stored, rows.num_rows - stored, rejects_stored, superseded=superseded)
+
+    def _superseded(self, conn: Any, rows: pa.Table) -> pa.Table:
+        """The entity and ``_source`` of ``rows`` whose (entity, event time) the table holds
+        from another event (another ``_source``): the rows it kept out. Only a unit with
+        rows already stored asks (replays, duplicate events): their keys and sources are
+        COPYed into a temporary table and each looked up in the primary key."""
+        import numpy as np
+
+        keys = self.columns[:2]
+        stage = f"_super_{self.table}"[:63]
+        if stage not in self._staged:  # see _insert_new
+            names = ", ".join(quote_ident(k) for k in (*keys, SOURCE))
+            conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {quote_ident(stage)} ON COMMIT DELETE ROWS AS "
+                         f"SELECT {names}, 0::bigint AS \"_pos\" FROM {quote_ident(self.table)} WITH NO DATA")
+            self._staged.add(stage)
+        pos = pa.array(np.arange(rows.num_rows, dtype=np.int64))
+        probe = pa.table({keys[0]: rows.column(keys[0]), keys[1]: rows.column(keys[1]),
+                          SOURCE: rows.column(SOURCE), "_pos": pos})
+        self._copy(conn, stage, (*keys, SOURCE, "_pos"), probe)
+        on = " AND ".join(f"t.{quote_ident(k)} = s.{quote_ident(k)}" for k in keys)
+        lookup = (f"(SELECT 1 FROM {quote_ident(self.table)} t WHERE {on} AND "
+                  f"t.{quote_ident(SOURCE)} IS DISTINCT FROM s.{quote_ident(SOURCE)} LIMIT 1) hit")
+        found = conn.execute(
+            f"SELECT s.\"_pos\" FROM {quote_ident(stage)} s CROSS JOIN LATERAL {lookup}").fetchall()
+        conn.execute(f"TRUNCATE {quote_ident(stage)}")
+        at = pa.array(np.fromiter((r[0] for r in found), np.int64, len(found)))
+        return rows.select([keys[0], SOURCE]).take(at)
 
     def insert_rejects(self, rejects: pa.Table) -> int:
         """Reject rows alone (the aggregations' late events); replays insert nothing."""

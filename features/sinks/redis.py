@@ -126,6 +126,15 @@ _CHUNKS_IN_FLIGHT = 3     # chunks at the server before the oldest one's replies
 _CLUSTER_ROWS_PER_CHUNK = 131_072
 
 
+#: Delete each KEYS[i] whose ``_source`` is ARGV[i] (see RedisSink.drop_superseded).
+DROP_IF_SOURCE = """local n = 0
+for i = 1, #KEYS do
+  if redis.call('HGET', KEYS[i], '_source') == ARGV[i] then n = n + redis.call('DEL', KEYS[i]) end
+end
+return n
+"""
+
+
 def entity_key(schema_name: str, entity: str) -> str:
     """The Redis key of one entity (what readers such as the SDK compute)."""
     return f"{KEY_PREFIX}:{schema_name}:{{{entity}}}"
@@ -492,6 +501,36 @@ class RedisSink:
                 raise
         return WriteResult(stored=written, already_present=rows.num_rows - written,
                            seconds=time.perf_counter() - t0)
+
+    def drop_superseded(self, superseded: pa.Table) -> int:
+        """Delete the hashes that hold a row the cold store refused (``superseded``: entity,
+        ``_source``, from :class:`~features.sinks.base.WriteResult`): another event of
+        the same (entity, event time) was stored there first, so Redis must not serve this
+        one. Only a hash whose ``_source`` is still that row's goes (an expired hash that
+        the row re-created); a hash holding anything else stays. The next read falls back
+        to Postgres, which fills the first event in. Returns how many hashes went."""
+        if self.hash_name != self.compiled.name or superseded.num_rows == 0:
+            return 0
+        keys = self._keys(superseded).to_pylist()
+        sources = superseded.column(SOURCE).to_pylist()
+
+        def send() -> int:
+            if self._cluster is not None:
+                from features.sinks.redis_cluster import key_slots
+                from features.sinks.redis_wire import command
+
+                calls = [command(["EVAL", DROP_IF_SOURCE, "1", k, v])
+                         for k, v in zip(keys, sources, strict=True)]
+                replies = self._cluster.send_calls(calls, key_slots(pa.array(keys)))
+                return sum(int(r[1:]) for r in replies if isinstance(r, bytes) and r.startswith(b":"))
+            dropped = 0
+            for at in range(0, len(keys), self.keys_per_call):
+                part = slice(at, at + self.keys_per_call)
+                dropped += int(self._call(["EVAL", DROP_IF_SOURCE, str(len(keys[part])), *keys[part],
+                                           *sources[part]], what="EVAL drop superseded"))
+            return dropped
+
+        return int(self._retrying("drop superseded", send))
 
     def cluster_calls(self, rows: pa.Table) -> tuple[list[bytes], npt.NDArray[np.int64]]:
         """For a cluster: the EVALSHA calls writing ``rows`` and the slot of each. A call's

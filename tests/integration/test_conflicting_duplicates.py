@@ -110,19 +110,31 @@ def test_the_first_event_is_unchanged_after_a_replay_of_itself_through_a_fill(
         assert after[b"_source"] == before[i][b"_source"]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29 item 13, not fixed yet: an expired hash is replaced by "
-                   "a different event of the same (entity, event time) that Postgres refused")
 def test_an_expired_hash_is_not_replaced_by_another_event_of_its_time(
         tmp_path: Path, settings: Settings, pg_schema: str, redis_prefix: str) -> None:
+    """Redis cannot tell an expired hash from a new entity, so B re-creates it; the cold
+    store's refusal (another ``_source`` at that key) makes Redis drop it again, and the
+    next read falls back to Postgres: online and historical agree on A."""
     a, b = _two_versions(tmp_path)
     _load(a, settings, pg_schema, redis_prefix)
     hot = redis.Redis.from_url(settings.redis_url)
     ids = sorted(_cold_income(settings, pg_schema))
-    for i in ids[:20]:
+    first = _hot_income(hot, redis_prefix, ids)
+    expired, kept = ids[:20], ids[20:]
+    for i in expired:
         hot.pexpire(redis_prefix + entity_key(NAME, i), 1)
     time.sleep(0.05)
-    assert not any(hot.exists(redis_prefix + entity_key(NAME, i)) for i in ids[:20])
+    assert not any(hot.exists(redis_prefix + entity_key(NAME, i)) for i in expired)
     _load(b, settings, pg_schema, redis_prefix)
     cold = _cold_income(settings, pg_schema)
-    assert {i: Decimal(v) for i, v in _hot_income(hot, redis_prefix, ids).items()} == \
-        {i: Decimal(v) for i, v in cold.items()}
+    assert {i: Decimal(v) for i, v in first.items()} == {i: Decimal(v) for i, v in cold.items()}
+    # no hash holds B: the expired ones are gone again, the others still hold A
+    assert not any(hot.exists(redis_prefix + entity_key(NAME, i)) for i in expired)
+    assert _hot_income(hot, redis_prefix, kept) == {i: first[i] for i in kept}
+    with FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn,
+                      schemas=ROOT / "schemas", search_path=pg_schema, key_prefix=redis_prefix) as fs:
+        online = fs.online(NAME, ids)
+    got = dict(zip(online.column(ENTITY).to_pylist(), online.column("income_monthly").to_pylist(),
+                   strict=True))
+    assert got == {i: Decimal(v) for i, v in cold.items()}
+    assert online.column("_from").to_pylist() == ["postgres" if i in expired else "redis" for i in ids]
