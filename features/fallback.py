@@ -280,7 +280,9 @@ class Fallback:
         if query:
             rows = store._fetch_rows(c, query)
             self._count(queries=1)
-            pos = {e: r for r, e in enumerate(rows.column(str(c.schema.entity)).to_pylist())}
+            # the stored entity (of its own type) as the text the ids are (a Redis key's)
+            entities = pc.cast(rows.column(str(c.schema.entity)), pa.string()).to_pylist()
+            pos = {e: r for r, e in enumerate(entities)}
             missing = [i for i in query if i not in pos]
             self.negative.add(((c.name, i) for i in missing), time.monotonic())
             out.update({(c.name, i): ((rows, pos[i]) if i in pos else None) for i in query})

@@ -33,6 +33,7 @@ from features.metrics import DEFAULT_HOST, MetricsServer, Registry, SdkMethod, S
 from features.stored import aggregation_names as _aggregation_names
 from features.stored import cold_columns as _cold_columns
 from features.stored import declared_type as _declared_type
+from features.stored import entity_values as _entity_values
 from features.stored import hot_columns as _hot_columns
 
 _T = TypeVar("_T")
@@ -542,12 +543,11 @@ class FeatureStore:
         database without the schema's tables has none."""
         from psycopg import errors
 
-        from features.compile.postgres import quote_ident
-
         self._check_fingerprint_or_none(c)
-        query, names = self.fetch_query(c, f"h.{quote_ident(str(c.schema.entity))} = ANY(%s)")
+        query, names = self.fetch_query(c, _entity_in(c))
+        values = _entity_list(c, ids)
         try:
-            rows = self._pg_run("the fallback read", lambda conn: conn.execute(query, [ids]).fetchall())
+            rows = self._pg_run("the fallback read", lambda conn: conn.execute(query, [values]).fetchall())
         except errors.UndefinedTable:
             rows = []
         return _rows_to_table(c, names, rows)
@@ -568,10 +568,11 @@ class FeatureStore:
         except errors.UndefinedTable:
             pass
 
-    def prewarm(self, schema: str, *, since: dt.timedelta | None = None, ids: Sequence[str] | None = None,
+    def prewarm(self, schema: str, *, since: dt.timedelta | None = None, ids: Sequence[Any] | None = None,
                 chunk_rows: int = 50_000, progress: Any = None) -> dict[str, int]:
         """Fill Redis from the newest Postgres row of every entity (``since``: only entities
-        with an event in that span; ``ids``: only those), with the fill's newest-wins script:
+        with an event in that span; ``ids``: only those, compared as text as ``online`` compares
+        them), with the fill's newest-wins script:
         a hash Redis holds with a newer or the same event is left as it is. For deploys and
         after a Redis loss (``features prewarm``). ``progress(done_rows, written)`` is called
         after each chunk. Returns ``{"rows": read from Postgres, "written": hashes written}``."""
@@ -583,12 +584,12 @@ class FeatureStore:
             raise ConfigError(f"schema {schema!r} has no hot features: nothing to prewarm", key="schema")
         self._check_fingerprint(c)
         s = c.schema
-        ent, et = quote_ident(str(s.entity)), quote_ident(str(s.event_time))
+        et = quote_ident(str(s.event_time))
         where: list[str] = ["true"]
         params: list[Any] = []
         if ids is not None:
-            where.append(f"h.{ent} = ANY(%s)")
-            params.append(list(ids))
+            where.append(_entity_in(c))
+            params.append(_entity_list(c, ids))
         if since is not None:  # entities with an event in the span: their newest row is in it
             where.append(f"h.{et} >= now() - %s")
             params.append(since)
@@ -692,7 +693,10 @@ class FeatureStore:
         cold_aggs = set(_aggregation_names(c, "cold"))
         names = [x for x in columns if x not in cold_aggs]
         aggs = [x for x in columns if x in cold_aggs]
-        ids = pc.cast(entity_df.column(entity), pa.string())
+        # The ids in the entity's own type (compared as text; an id that is no value of it
+        # matches nothing), so the join compares like types and probes the primary key.
+        ids = _entity_values(c, entity_df.column(entity))
+        stage_table, stage_type = _stage_table(c)
         # Event times are microseconds: flooring a finer timestamp keeps the as-of answer.
         if ts.type.unit == "ns":
             ts = pc.floor_temporal(ts, unit="microsecond")
@@ -711,16 +715,16 @@ class FeatureStore:
             f"FROM {quote_ident(table)} h WHERE h.{ent} = q.e AND h.{et} <= q.t {age}"
             f"ORDER BY h.{et} DESC LIMIT 1) {alias} ON true"
             for alias, table, cols in joins)
-        query = f"SELECT {select} FROM _featureline_asof q {laterals} ORDER BY q.o"
+        query = f"SELECT {select} FROM {stage_table} q {laterals} ORDER BY q.o"
 
         def as_of(conn: Any) -> list[Any]:
             with conn.transaction():
-                conn.execute("CREATE TEMP TABLE IF NOT EXISTS _featureline_asof "
-                             "(e text, t timestamptz, o bigint) ON COMMIT DELETE ROWS")
-                copy = "COPY _featureline_asof (e, t, o) FROM STDIN (FORMAT csv)"
+                conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {stage_table} "
+                             f"(e {stage_type}, t timestamptz, o bigint) ON COMMIT DELETE ROWS")
+                copy = f"COPY {stage_table} (e, t, o) FROM STDIN (FORMAT csv)"
                 with conn.cursor() as cur, cur.copy(copy) as cp:
                     cp.write(copy_csv(stage))
-                conn.execute("ANALYZE _featureline_asof")
+                conn.execute(f"ANALYZE {stage_table}")
                 result: list[Any] = conn.execute(
                     query, [max_age] * len(joins) if max_age is not None else []).fetchall()
                 return result
@@ -923,6 +927,35 @@ def _hmget_request(keys: Sequence[str], fields: Sequence[str] | None) -> bytes:
         return repeated_commands(["PTTL"], keys, [])
     return repeated_commands(["HMGET"], keys, fields)
 
+
+
+def _entity_pg_type(c: CompiledSchema) -> str:
+    """The entity column's Postgres type (``text``, ``smallint``, ``integer``, ``bigint``)."""
+    from features.compile.postgres import pg_type
+
+    return pg_type(c.schema.field(str(c.schema.entity)).type)
+
+
+def _entity_in(c: CompiledSchema) -> str:
+    """``h.<entity> = ANY(%s::<its type>[])``: the parameter is :func:`_entity_list`."""
+    from features.compile.postgres import quote_ident
+
+    return f"h.{quote_ident(str(c.schema.entity))} = ANY(%s::{_entity_pg_type(c)}[])"
+
+
+def _entity_list(c: CompiledSchema, ids: Sequence[Any]) -> list[Any]:
+    """Caller ids as values of the entity's type (:func:`features.stored.entity_values`),
+    those that are no value of it left out (they match nothing)."""
+    text = pa.array([_entity_text(i) for i in ids], pa.string())
+    values: list[Any] = _entity_values(c, text).drop_null().to_pylist()
+    return values
+
+
+def _stage_table(c: CompiledSchema) -> tuple[str, str]:
+    """The session's temporary table ``historical`` stages entity rows in, one per entity
+    column type (a connection serves schemas of several), and that type."""
+    t = _entity_pg_type(c)
+    return f"_featureline_asof_{t}", t
 
 
 #: The lineage columns the fallback reads (``features.fallback.LINEAGE``), and the
