@@ -15,12 +15,13 @@ Every table comes back in the schema's declared Arrow types. See ``docs/sdk.md``
 from __future__ import annotations
 
 import datetime as dt
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -28,13 +29,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from features.compile import CompiledSchema, compile_schema
-from features.errors import ConfigError, SinkError, SinkUnavailable
+from features.errors import ConfigError, SchemaError, SinkError, SinkUnavailable
 from features.metrics import DEFAULT_HOST, MetricsServer, Registry, SdkMethod, SdkMetrics
 from features.stored import aggregation_names as _aggregation_names
 from features.stored import cold_columns as _cold_columns
 from features.stored import declared_type as _declared_type
 from features.stored import entity_values as _entity_values
 from features.stored import hot_columns as _hot_columns
+
+if TYPE_CHECKING:
+    from features.schema import Schema
 
 _T = TypeVar("_T")
 #: Columns every ``online`` result carries besides the entity and the features.
@@ -43,6 +47,9 @@ AGE = "_age_seconds"
 FROM = "_from"            # "redis", "postgres" or null (found nowhere)
 FOUND = "_found"
 STALE = "_stale"          # a Redis value past hot.refresh_after, served while refreshed
+#: The metrics' ``schema`` label of calls for a schema the store does not have (or
+#: could not open): never a schema name, which is an identifier.
+UNKNOWN_SCHEMA = "(unknown)"
 #: Read with every hash and checked (encoding version, schema fingerprint).
 _CHECKED = ("_enc", "_schema_fingerprint")
 
@@ -93,6 +100,9 @@ class FeatureStore:
         self.fill_wait = fill_wait
         self.negative_ttl = negative_ttl
         self._compiled: dict[str, CompiledSchema] = {}
+        #: the folder's stat signal and what parsing it gave (see :meth:`_schema_index`)
+        self._index: tuple[tuple[int, ...] | None, dict[str, Schema] | SchemaError] | None = None
+        self._index_lock = threading.Lock()
         self._aredis: Any = None
         self._pool = _RawPool(redis_url, timeout_s)
         self._plans: dict[tuple[str, tuple[str, ...] | None], _Plan] = {}
@@ -141,6 +151,11 @@ class FeatureStore:
         self._metrics.lookup(schema, method, time.perf_counter() - t0, entities=entities, fallback=fallback,
                              missed=missed)
 
+    def _label(self, schema: str) -> str:
+        """The metrics' ``schema`` label of a call: the name of a schema this store opened,
+        else :data:`UNKNOWN_SCHEMA` (a caller's unknown names never grow the registry)."""
+        return schema if schema in self._compiled else UNKNOWN_SCHEMA
+
     def __enter__(self) -> FeatureStore:
         return self
 
@@ -150,17 +165,47 @@ class FeatureStore:
     # --- schemas ------------------------------------------------------------------------
 
     def schema(self, name: str) -> CompiledSchema:
-        """The compiled schema ``name`` (ConfigError naming the known ones when absent)."""
-        if name not in self._compiled:
-            from features.schema import load_schemas
+        """The compiled schema ``name`` (ConfigError naming the known ones when absent).
 
-            schemas = load_schemas(self.schemas_path)
-            if name not in schemas:
-                raise ConfigError(f"no schema named {name!r} in {self.schemas_path} (known: "
-                                  f"{', '.join(sorted(schemas)) or 'none'})", key="schema",
-                                  looked_in=[str(self.schemas_path)])
-            self._compiled[name] = compile_schema(schemas[name])
-        return self._compiled[name]
+        The schema files are parsed once into an index of names (:meth:`_schema_index`),
+        so an unknown name costs a ``stat`` of ``schemas``, never a parse; a schema once
+        compiled is kept for the store's life."""
+        c = self._compiled.get(name)
+        if c is not None:
+            return c
+        schemas = self._schema_index()
+        if name not in schemas:
+            raise ConfigError(f"no schema named {name!r} in {self.schemas_path} (known: "
+                              f"{', '.join(sorted(schemas)) or 'none'})", key="schema",
+                              looked_in=[str(self.schemas_path)])
+        with self._index_lock:
+            c = self._compiled.get(name)
+            if c is None:
+                c = self._compiled[name] = compile_schema(schemas[name])
+        return c
+
+    def _schema_index(self) -> dict[str, Schema]:
+        """Every schema in ``schemas`` by name, parsed once and again only when the
+        folder's (or the file's) ``stat`` changes: a file added, removed or renamed in it
+        (an editor's save by rename too). A file edited in place is seen by a new store.
+        A folder that does not parse raises its SchemaError each time, parsed once."""
+        from features.schema import load_schemas
+
+        try:
+            st = self.schemas_path.stat()
+            signal: tuple[int, ...] | None = (st.st_ino, st.st_mtime_ns, st.st_size)
+        except OSError:
+            signal = None  # load_schemas says what is wrong
+        with self._index_lock:
+            if self._index is None or self._index[0] != signal:
+                try:
+                    self._index = (signal, load_schemas(self.schemas_path))
+                except SchemaError as exc:
+                    self._index = (signal, exc)
+            found = self._index[1]
+        if isinstance(found, SchemaError):
+            raise found.with_traceback(None)
+        return found
 
     def _loadable(self, name: str) -> CompiledSchema:
         c = self.schema(name)
@@ -308,7 +353,7 @@ class FeatureStore:
             else:
                 table, from_pg, missed = self._finish_online(req, replies, fallback, max_age, since)
         except Exception:  # counted, then raised as it is
-            self._metrics.error(schema, "online")
+            self._metrics.error(self._label(schema), "online")
             raise
         self._observe(schema, "online", t0, len(req.ids), from_pg, missed)
         return table
@@ -330,7 +375,7 @@ class FeatureStore:
                 table, from_pg, missed = self._finish_online(req, replies, fallback, max_age, since)
                 rows = table.to_pylist()
         except Exception:  # counted, then raised as it is
-            self._metrics.error(schema, "online_dicts")
+            self._metrics.error(self._label(schema), "online_dicts")
             raise
         self._observe(schema, "online_dicts", t0, len(req.ids), from_pg, missed)
         return rows
@@ -346,7 +391,7 @@ class FeatureStore:
             req = self._online_request(schema, entity_ids, features)
             table, from_pg, missed = await self._online_async(req, fallback, max_age, since)
         except Exception:  # counted, then raised as it is
-            self._metrics.error(schema, "online_async")
+            self._metrics.error(self._label(schema), "online_async")
             raise
         self._observe(schema, "online_async", t0, len(req.ids), from_pg, missed)
         return table
@@ -650,7 +695,7 @@ class FeatureStore:
         try:
             out = self._historical_checked(schema, entity_df, features, timestamp_column, max_age)
         except Exception:  # counted, then raised as it is
-            self._metrics.error(schema, "historical")
+            self._metrics.error(self._label(schema), "historical")
             raise
         missed = out.column(EVENT_TIME).null_count
         self._observe(schema, "historical", t0, out.num_rows, 0, missed)
@@ -1149,5 +1194,5 @@ def _utf8(b: bytes) -> str:
     return b.decode("utf-8")
 
 
-__all__ = ["AGE", "EVENT_TIME", "FOUND", "FROM", "STALE", "FeatureStore"]
+__all__ = ["AGE", "EVENT_TIME", "FOUND", "FROM", "STALE", "UNKNOWN_SCHEMA", "FeatureStore"]
 
