@@ -1,10 +1,11 @@
 """Every entity type a schema may declare (docs/schema.md: a string or an integer field)
-through every SDK read against the real Redis and Postgres: ``online`` and
-``online_dicts`` (from Redis and from the Postgres fallback, with the read-through
-fill), ``historical`` and ``prewarm``."""
+through every SDK read against the real Redis and Postgres: ``online``,
+``online_dicts`` and ``online_async`` (from Redis and from the Postgres fallback, with
+the read-through fill), ``historical`` and ``prewarm``."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -122,11 +123,21 @@ def test_online_and_online_dicts_from_redis(loaded: Loaded) -> None:
         assert [r["score"] for r in fs.online_dicts(NAME, ask)] == [1, 11, 21]
 
 
-@pytest.mark.parametrize("method", ["online", "online_dicts"])
+@pytest.mark.parametrize("method", ["online", "online_dicts", "online_async"])
 def test_the_postgres_fallback_serves_and_fills(loaded: Loaded, method: str) -> None:
     fs, ids, texts = loaded.fs, loaded.ids, loaded.texts
     loaded.drop_hot()  # Redis lost: every id takes the fallback, and its fill writes it back
-    got = fs.online(NAME, ids) if method == "online" else pa.Table.from_pylist(fs.online_dicts(NAME, ids))
+    if method == "online":
+        got = fs.online(NAME, ids)
+    elif method == "online_dicts":
+        got = pa.Table.from_pylist(fs.online_dicts(NAME, ids))
+    else:
+        async def read() -> pa.Table:
+            table = await fs.online_async(NAME, ids)
+            await fs.aclose()  # its asyncio client belongs to this loop (the store reopens the rest)
+            return table
+
+        got = asyncio.run(read())
     assert got.column("score").to_pylist() == [1, 11, 21]
     assert got.column("_from").to_pylist() == ["postgres"] * 3
     assert got.column("eid").to_pylist() == texts
