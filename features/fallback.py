@@ -32,7 +32,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -133,12 +133,26 @@ class SingleFlight:
 
 
 class NegativeCache:
-    """Ids known absent from Postgres, each until its expiry (monotonic seconds)."""
+    """Ids known absent from Postgres, each until its expiry (monotonic seconds).
 
-    def __init__(self, ttl_s: float) -> None:
+    Bounded and O(1) per id, however many ids callers ask for: one TTL for every entry
+    and a re-added id moves to the end, so the entries stay in expiry order. An add first
+    drops the expired entries at the front, and when ``max_entries`` are still live drops
+    the oldest (counted in ``evicted``): an evicted id is only asked of Postgres again."""
+
+    #: The default bound: 100,000 ids (some MB of keys) per FeatureStore.
+    MAX_ENTRIES = 100_000
+
+    def __init__(self, ttl_s: float, max_entries: int = MAX_ENTRIES) -> None:
         self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        #: live entries dropped to make room (not the expired)
+        self.evicted = 0
         self._lock = threading.Lock()
-        self._until: dict[Hashable, float] = {}
+        self._until: OrderedDict[Hashable, float] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._until)
 
     def absent(self, key: Hashable, now: float) -> bool:
         until = self._until.get(key)
@@ -147,18 +161,24 @@ class NegativeCache:
         if until > now:
             return True
         with self._lock:
-            if self._until.get(key, 0.0) <= now:
+            if self._until.get(key, now) <= now:
                 self._until.pop(key, None)
         return False
 
     def add(self, keys: Iterable[Hashable], now: float) -> None:
         if self.ttl_s <= 0:
             return
+        until = now + self.ttl_s
         with self._lock:
-            if len(self._until) > 100_000:  # drop the expired before growing further
-                self._until = {k: t for k, t in self._until.items() if t > now}
+            entries = self._until
+            while entries and next(iter(entries.values())) <= now:
+                entries.popitem(last=False)
             for k in keys:
-                self._until[k] = now + self.ttl_s
+                entries[k] = until
+                entries.move_to_end(k)
+                if len(entries) > self.max_entries:
+                    entries.popitem(last=False)
+                    self.evicted += 1
 
 
 @dataclass
@@ -280,7 +300,9 @@ class Fallback:
         if query:
             rows = store._fetch_rows(c, query)
             self._count(queries=1)
-            pos = {e: r for r, e in enumerate(rows.column(str(c.schema.entity)).to_pylist())}
+            # the stored entity (of its own type) as the text the ids are (a Redis key's)
+            entities = pc.cast(rows.column(str(c.schema.entity)), pa.string()).to_pylist()
+            pos = {e: r for r, e in enumerate(entities)}
             missing = [i for i in query if i not in pos]
             self.negative.add(((c.name, i) for i in missing), time.monotonic())
             out.update({(c.name, i): ((rows, pos[i]) if i in pos else None) for i in query})

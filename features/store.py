@@ -15,12 +15,13 @@ Every table comes back in the schema's declared Arrow types. See ``docs/sdk.md``
 from __future__ import annotations
 
 import datetime as dt
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -28,12 +29,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from features.compile import CompiledSchema, compile_schema
-from features.errors import ConfigError, SinkError, SinkUnavailable
+from features.errors import ConfigError, SchemaError, SinkError, SinkUnavailable
 from features.metrics import DEFAULT_HOST, MetricsServer, Registry, SdkMethod, SdkMetrics
 from features.stored import aggregation_names as _aggregation_names
 from features.stored import cold_columns as _cold_columns
 from features.stored import declared_type as _declared_type
+from features.stored import entity_values as _entity_values
 from features.stored import hot_columns as _hot_columns
+
+if TYPE_CHECKING:
+    from features.schema import Schema
 
 _T = TypeVar("_T")
 #: Columns every ``online`` result carries besides the entity and the features.
@@ -42,6 +47,9 @@ AGE = "_age_seconds"
 FROM = "_from"            # "redis", "postgres" or null (found nowhere)
 FOUND = "_found"
 STALE = "_stale"          # a Redis value past hot.refresh_after, served while refreshed
+#: The metrics' ``schema`` label of calls for a schema the store does not have (or
+#: could not open): never a schema name, which is an identifier.
+UNKNOWN_SCHEMA = "(unknown)"
 #: Read with every hash and checked (encoding version, schema fingerprint).
 _CHECKED = ("_enc", "_schema_fingerprint")
 
@@ -92,6 +100,9 @@ class FeatureStore:
         self.fill_wait = fill_wait
         self.negative_ttl = negative_ttl
         self._compiled: dict[str, CompiledSchema] = {}
+        #: the folder's stat signal and what parsing it gave (see :meth:`_schema_index`)
+        self._index: tuple[tuple[int, ...] | None, dict[str, Schema] | SchemaError] | None = None
+        self._index_lock = threading.Lock()
         self._aredis: Any = None
         self._pool = _RawPool(redis_url, timeout_s)
         self._plans: dict[tuple[str, tuple[str, ...] | None], _Plan] = {}
@@ -140,6 +151,11 @@ class FeatureStore:
         self._metrics.lookup(schema, method, time.perf_counter() - t0, entities=entities, fallback=fallback,
                              missed=missed)
 
+    def _label(self, schema: str) -> str:
+        """The metrics' ``schema`` label of a call: the name of a schema this store opened,
+        else :data:`UNKNOWN_SCHEMA` (a caller's unknown names never grow the registry)."""
+        return schema if schema in self._compiled else UNKNOWN_SCHEMA
+
     def __enter__(self) -> FeatureStore:
         return self
 
@@ -149,17 +165,47 @@ class FeatureStore:
     # --- schemas ------------------------------------------------------------------------
 
     def schema(self, name: str) -> CompiledSchema:
-        """The compiled schema ``name`` (ConfigError naming the known ones when absent)."""
-        if name not in self._compiled:
-            from features.schema import load_schemas
+        """The compiled schema ``name`` (ConfigError naming the known ones when absent).
 
-            schemas = load_schemas(self.schemas_path)
-            if name not in schemas:
-                raise ConfigError(f"no schema named {name!r} in {self.schemas_path} (known: "
-                                  f"{', '.join(sorted(schemas)) or 'none'})", key="schema",
-                                  looked_in=[str(self.schemas_path)])
-            self._compiled[name] = compile_schema(schemas[name])
-        return self._compiled[name]
+        The schema files are parsed once into an index of names (:meth:`_schema_index`),
+        so an unknown name costs a ``stat`` of ``schemas``, never a parse; a schema once
+        compiled is kept for the store's life."""
+        c = self._compiled.get(name)
+        if c is not None:
+            return c
+        schemas = self._schema_index()
+        if name not in schemas:
+            raise ConfigError(f"no schema named {name!r} in {self.schemas_path} (known: "
+                              f"{', '.join(sorted(schemas)) or 'none'})", key="schema",
+                              looked_in=[str(self.schemas_path)])
+        with self._index_lock:
+            c = self._compiled.get(name)
+            if c is None:
+                c = self._compiled[name] = compile_schema(schemas[name])
+        return c
+
+    def _schema_index(self) -> dict[str, Schema]:
+        """Every schema in ``schemas`` by name, parsed once and again only when the
+        folder's (or the file's) ``stat`` changes: a file added, removed or renamed in it
+        (an editor's save by rename too). A file edited in place is seen by a new store.
+        A folder that does not parse raises its SchemaError each time, parsed once."""
+        from features.schema import load_schemas
+
+        try:
+            st = self.schemas_path.stat()
+            signal: tuple[int, ...] | None = (st.st_ino, st.st_mtime_ns, st.st_size)
+        except OSError:
+            signal = None  # load_schemas says what is wrong
+        with self._index_lock:
+            if self._index is None or self._index[0] != signal:
+                try:
+                    self._index = (signal, load_schemas(self.schemas_path))
+                except SchemaError as exc:
+                    self._index = (signal, exc)
+            found = self._index[1]
+        if isinstance(found, SchemaError):
+            raise found.with_traceback(None)
+        return found
 
     def _loadable(self, name: str) -> CompiledSchema:
         c = self.schema(name)
@@ -307,7 +353,7 @@ class FeatureStore:
             else:
                 table, from_pg, missed = self._finish_online(req, replies, fallback, max_age, since)
         except Exception:  # counted, then raised as it is
-            self._metrics.error(schema, "online")
+            self._metrics.error(self._label(schema), "online")
             raise
         self._observe(schema, "online", t0, len(req.ids), from_pg, missed)
         return table
@@ -329,7 +375,7 @@ class FeatureStore:
                 table, from_pg, missed = self._finish_online(req, replies, fallback, max_age, since)
                 rows = table.to_pylist()
         except Exception:  # counted, then raised as it is
-            self._metrics.error(schema, "online_dicts")
+            self._metrics.error(self._label(schema), "online_dicts")
             raise
         self._observe(schema, "online_dicts", t0, len(req.ids), from_pg, missed)
         return rows
@@ -345,7 +391,7 @@ class FeatureStore:
             req = self._online_request(schema, entity_ids, features)
             table, from_pg, missed = await self._online_async(req, fallback, max_age, since)
         except Exception:  # counted, then raised as it is
-            self._metrics.error(schema, "online_async")
+            self._metrics.error(self._label(schema), "online_async")
             raise
         self._observe(schema, "online_async", t0, len(req.ids), from_pg, missed)
         return table
@@ -542,12 +588,11 @@ class FeatureStore:
         database without the schema's tables has none."""
         from psycopg import errors
 
-        from features.compile.postgres import quote_ident
-
         self._check_fingerprint_or_none(c)
-        query, names = self.fetch_query(c, f"h.{quote_ident(str(c.schema.entity))} = ANY(%s)")
+        query, names = self.fetch_query(c, _entity_in(c))
+        values = _entity_list(c, ids)
         try:
-            rows = self._pg_run("the fallback read", lambda conn: conn.execute(query, [ids]).fetchall())
+            rows = self._pg_run("the fallback read", lambda conn: conn.execute(query, [values]).fetchall())
         except errors.UndefinedTable:
             rows = []
         return _rows_to_table(c, names, rows)
@@ -568,10 +613,11 @@ class FeatureStore:
         except errors.UndefinedTable:
             pass
 
-    def prewarm(self, schema: str, *, since: dt.timedelta | None = None, ids: Sequence[str] | None = None,
+    def prewarm(self, schema: str, *, since: dt.timedelta | None = None, ids: Sequence[Any] | None = None,
                 chunk_rows: int = 50_000, progress: Any = None) -> dict[str, int]:
         """Fill Redis from the newest Postgres row of every entity (``since``: only entities
-        with an event in that span; ``ids``: only those), with the fill's newest-wins script:
+        with an event in that span; ``ids``: only those, compared as text as ``online`` compares
+        them), with the fill's newest-wins script:
         a hash Redis holds with a newer or the same event is left as it is. For deploys and
         after a Redis loss (``features prewarm``). ``progress(done_rows, written)`` is called
         after each chunk. Returns ``{"rows": read from Postgres, "written": hashes written}``."""
@@ -583,12 +629,12 @@ class FeatureStore:
             raise ConfigError(f"schema {schema!r} has no hot features: nothing to prewarm", key="schema")
         self._check_fingerprint(c)
         s = c.schema
-        ent, et = quote_ident(str(s.entity)), quote_ident(str(s.event_time))
+        et = quote_ident(str(s.event_time))
         where: list[str] = ["true"]
         params: list[Any] = []
         if ids is not None:
-            where.append(f"h.{ent} = ANY(%s)")
-            params.append(list(ids))
+            where.append(_entity_in(c))
+            params.append(_entity_list(c, ids))
         if since is not None:  # entities with an event in the span: their newest row is in it
             where.append(f"h.{et} >= now() - %s")
             params.append(since)
@@ -649,7 +695,7 @@ class FeatureStore:
         try:
             out = self._historical_checked(schema, entity_df, features, timestamp_column, max_age)
         except Exception:  # counted, then raised as it is
-            self._metrics.error(schema, "historical")
+            self._metrics.error(self._label(schema), "historical")
             raise
         missed = out.column(EVENT_TIME).null_count
         self._observe(schema, "historical", t0, out.num_rows, 0, missed)
@@ -692,7 +738,10 @@ class FeatureStore:
         cold_aggs = set(_aggregation_names(c, "cold"))
         names = [x for x in columns if x not in cold_aggs]
         aggs = [x for x in columns if x in cold_aggs]
-        ids = pc.cast(entity_df.column(entity), pa.string())
+        # The ids in the entity's own type (compared as text; an id that is no value of it
+        # matches nothing), so the join compares like types and probes the primary key.
+        ids = _entity_values(c, entity_df.column(entity))
+        stage_table, stage_type = _stage_table(c)
         # Event times are microseconds: flooring a finer timestamp keeps the as-of answer.
         if ts.type.unit == "ns":
             ts = pc.floor_temporal(ts, unit="microsecond")
@@ -711,16 +760,16 @@ class FeatureStore:
             f"FROM {quote_ident(table)} h WHERE h.{ent} = q.e AND h.{et} <= q.t {age}"
             f"ORDER BY h.{et} DESC LIMIT 1) {alias} ON true"
             for alias, table, cols in joins)
-        query = f"SELECT {select} FROM _featureline_asof q {laterals} ORDER BY q.o"
+        query = f"SELECT {select} FROM {stage_table} q {laterals} ORDER BY q.o"
 
         def as_of(conn: Any) -> list[Any]:
             with conn.transaction():
-                conn.execute("CREATE TEMP TABLE IF NOT EXISTS _featureline_asof "
-                             "(e text, t timestamptz, o bigint) ON COMMIT DELETE ROWS")
-                copy = "COPY _featureline_asof (e, t, o) FROM STDIN (FORMAT csv)"
+                conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {stage_table} "
+                             f"(e {stage_type}, t timestamptz, o bigint) ON COMMIT DELETE ROWS")
+                copy = f"COPY {stage_table} (e, t, o) FROM STDIN (FORMAT csv)"
                 with conn.cursor() as cur, cur.copy(copy) as cp:
                     cp.write(copy_csv(stage))
-                conn.execute("ANALYZE _featureline_asof")
+                conn.execute(f"ANALYZE {stage_table}")
                 result: list[Any] = conn.execute(
                     query, [max_age] * len(joins) if max_age is not None else []).fetchall()
                 return result
@@ -925,6 +974,35 @@ def _hmget_request(keys: Sequence[str], fields: Sequence[str] | None) -> bytes:
 
 
 
+def _entity_pg_type(c: CompiledSchema) -> str:
+    """The entity column's Postgres type (``text``, ``smallint``, ``integer``, ``bigint``)."""
+    from features.compile.postgres import pg_type
+
+    return pg_type(c.schema.field(str(c.schema.entity)).type)
+
+
+def _entity_in(c: CompiledSchema) -> str:
+    """``h.<entity> = ANY(%s::<its type>[])``: the parameter is :func:`_entity_list`."""
+    from features.compile.postgres import quote_ident
+
+    return f"h.{quote_ident(str(c.schema.entity))} = ANY(%s::{_entity_pg_type(c)}[])"
+
+
+def _entity_list(c: CompiledSchema, ids: Sequence[Any]) -> list[Any]:
+    """Caller ids as values of the entity's type (:func:`features.stored.entity_values`),
+    those that are no value of it left out (they match nothing)."""
+    text = pa.array([_entity_text(i) for i in ids], pa.string())
+    values: list[Any] = _entity_values(c, text).drop_null().to_pylist()
+    return values
+
+
+def _stage_table(c: CompiledSchema) -> tuple[str, str]:
+    """The session's temporary table ``historical`` stages entity rows in, one per entity
+    column type (a connection serves schemas of several), and that type."""
+    t = _entity_pg_type(c)
+    return f"_featureline_asof_{t}", t
+
+
 #: The lineage columns the fallback reads (``features.fallback.LINEAGE``), and the
 #: aggregation row's event time (``__agg<event time>``: the event time's type).
 _LINEAGE_TYPES = {"_source": pa.string(), "_schema_version": pa.string(), "_schema_fingerprint": pa.string(),
@@ -1116,5 +1194,5 @@ def _utf8(b: bytes) -> str:
     return b.decode("utf-8")
 
 
-__all__ = ["AGE", "EVENT_TIME", "FOUND", "FROM", "STALE", "FeatureStore"]
+__all__ = ["AGE", "EVENT_TIME", "FOUND", "FROM", "STALE", "UNKNOWN_SCHEMA", "FeatureStore"]
 

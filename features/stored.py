@@ -5,6 +5,7 @@ Arrow types: what the SDK reads back and what its fill writes (``features.store`
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from features.compile import CompiledSchema
 
@@ -46,4 +47,30 @@ def declared_type(c: CompiledSchema, name: str) -> pa.DataType:
     return c.arrow_schema.field(name).type
 
 
-__all__ = ["aggregation_names", "cold_columns", "declared_type", "hot_columns"]
+#: The text of an integer as ``str(int)`` and Redis keys write it: no sign on zero, no
+#: leading zeros, at most 19 digits (int64's width; the range is checked after).
+_INTEGER_TEXT = r"^(0|-?[1-9][0-9]{0,18})$"
+
+
+def entity_values(c: CompiledSchema, ids: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """Caller-supplied entity ids (any Arrow type) as values of the entity's declared type,
+    to compare with the stored entity column in its own type (and its index).
+
+    Ids are compared as text, as the online reads compare them (a Redis key holds the
+    entity's text): an id of another type is cast to ``string`` first, and an id matches
+    the entity whose text it is. For an integer entity an id that is not the exact text of
+    a value of the declared type (``"x"``, ``"007"``, ``"1.0"``, ``" 1"``, out of range) is
+    null: it matches no entity. A null id stays null. Never raises for an id's value."""
+    target = c.arrow_schema.field(str(c.schema.entity)).type
+    text = ids if ids.type == pa.string() else pc.cast(ids, pa.string())
+    if not pa.types.is_integer(target):
+        return text.cast(target) if text.type != target else text
+    wide = pa.decimal128(19, 0)  # every 19-digit text fits; the bounds then pick the type's range
+    digits = pc.if_else(pc.match_substring_regex(text, _INTEGER_TEXT), text, pa.scalar(None, pa.string()))
+    value = digits.cast(wide)
+    lo, hi = -(2 ** (target.bit_width - 1)), 2 ** (target.bit_width - 1) - 1  # entities are signed
+    fits = pc.and_(pc.greater_equal(value, pa.scalar(lo, wide)), pc.less_equal(value, pa.scalar(hi, wide)))
+    return pc.if_else(fits, value, pa.scalar(None, wide)).cast(target)
+
+
+__all__ = ["aggregation_names", "cold_columns", "declared_type", "entity_values", "hot_columns"]

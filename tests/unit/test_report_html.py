@@ -21,7 +21,8 @@ ESCAPED = "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;&amp;&#34;q&#34;"
 
 
 def _report(h: str = HOSTILE) -> dict[str, Any]:
-    """A data report with drift; ``h`` in every string the page shows (44 places)."""
+    """A data report with drift; ``h`` in every string the page shows (45 places, the
+    ``data-rule`` attribute of an expectation's row among them)."""
     example = {"value": f"v{h}", "source": f"file://{h}#3", "row": 3, "message": f"m{h}"}
     return {
         "generated_at": f"2026{h}", "generated_by": f"featureline {h}", "mode": "parquet",
@@ -63,7 +64,7 @@ def test_every_value_is_escaped() -> None:
     page = render_html(_report())
     assert HOSTILE not in page and "<script" not in page
     # The category label is cut to 14 characters, so it holds only the start of HOSTILE.
-    assert page.count(ESCAPED) == 44
+    assert page.count(ESCAPED) == 45
     assert "&lt;script&gt;alert…</text>" in page
 
 
