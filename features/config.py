@@ -31,7 +31,7 @@ import re
 import stat
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, overload
 from urllib.parse import unquote
@@ -104,6 +104,12 @@ class Settings:
             parts.append(f"{f.name}={value!r}")
         return f"Settings({', '.join(parts)})"
 
+    def for_job(self) -> Settings:
+        """These settings without what a batch job's workers never use (the ingest
+        tokens, the Kafka properties): what may travel inside a pickled Flink function."""
+        return replace(self, ingest_tokens=(), kafka_properties={}, kafka_java_properties={},
+                       secrets_file=None)
+
     def redacted(self) -> dict[str, Any]:
         """Every setting as plain values, credentials masked: what may be printed or logged."""
         return {f.name: (_redact_setting(f.name, getattr(self, f.name)) if f.name in _SECRET_BEARING
@@ -125,6 +131,13 @@ def env_var(name: str) -> str:
     return f"FEATURES_{name.upper()}"
 
 
+#: The environment variables of every secret-bearing setting: what a job's client removes
+#: from its environment before a Flink JVM starts (``features.stream.job.scrub_environment``):
+#: the JVM hands its environment to the Python workers, and Beam logs a worker's whole
+#: environment at INFO when it closes (``DefaultJobBundleFactory``: "Closing environment").
+SECRET_ENVIRONMENT = tuple(env_var(n) for n in _SECRET_BEARING)
+
+
 # --------------------------------------------------------------------------- redaction
 
 #: A parameter or property whose name contains one of these holds a secret.
@@ -133,8 +146,10 @@ _SECRET_WORDS = ("password", "passwd", "secret", "token", "jaas", "credential", 
 #: ... and these exact names (key material, OAuth configuration).
 _SECRET_NAMES = frozenset({"ssl.key.pem", "ssl.keystore.key", "sasl.oauthbearer.config",
                            "sslkey", "ssl_keyfile_password"})
-#: libpq ``key = value`` pairs: the value is single-quoted (backslash escapes) or runs to a space.
-_KEYWORD_RE = re.compile(r"(?P<key>[A-Za-z_][A-Za-z0-9_.]*)(?P<eq>\s*=\s*)(?P<value>'(?:\\.|[^'\\])*'?|\S*)")
+#: libpq ``key = value`` pairs: the value is single-quoted or runs to a space, and a
+#: backslash escapes the next character in both (``password=abc\ def`` is ``abc def``).
+_KEYWORD_RE = re.compile(r"(?P<key>[A-Za-z_][A-Za-z0-9_.]*)(?P<eq>\s*=\s*)"
+                         r"(?P<value>'(?:\\[\s\S]|[^'\\])*'?|(?:\\[\s\S]|\\$|[^\s\\])*)")
 
 
 def is_secret_name(name: str) -> bool:
@@ -146,18 +161,24 @@ def is_secret_name(name: str) -> bool:
 
 
 def _redact_url(url: str) -> str:
+    """``url`` with the password of its userinfo and its secret query parameters masked.
+
+    The userinfo runs to the *last* ``@`` of the URL. libpq ends it at the first ``@``
+    (before any ``/``) and urlsplit at the last ``@`` before the first ``/?#``; a password
+    holding an unencoded ``? # / @`` or a space is read differently by each, so the widest
+    reading is masked: the password never shows, whichever client reads the URL (an ``@``
+    in a query value masks that much more of the URL: generous, never a leak)."""
     scheme, sep, rest = url.partition("://")
-    head, qmark, query = rest.partition("?")
-    if "@" in head:
-        # userinfo ends at the last '@' of the authority (as urlsplit reads it)
-        userinfo, _, host = head.rpartition("@")
+    userinfo, at, after = rest.rpartition("@")
+    if at:
         user, colon, _password = userinfo.partition(":")
-        head = f"{user}:{MASK}@{host}" if colon else head
+        userinfo = f"{user}:{MASK}" if colon else userinfo
+    head, qmark, query = after.partition("?")
     if query:
         query = "&".join(
             f"{k}={MASK}" if eq and is_secret_name(unquote(k)) else f"{k}{eq}{v}"
             for k, eq, v in (p.partition("=") for p in query.split("&")))
-    return f"{scheme}{sep}{head}{qmark}{query}"
+    return f"{scheme}{sep}{userinfo}{at}{head}{qmark}{query}"
 
 
 @overload

@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -176,12 +177,33 @@ def _host_port(address: str, default_port: int) -> tuple[str, int]:
 
 
 def _ensure_traversable(path: Path, user: str) -> None:
-    """Make every parent of ``path`` searchable by ``user`` (Postgres must not run as root)."""
+    """Let ``user`` search every parent of ``path`` (Postgres must not run as root): an ACL
+    entry for that one user (``setfacl -m u:<user>:x``, Debian's ``acl`` package) on each
+    parent it cannot search yet, never a world-searchable bit."""
     if os.geteuid() != 0:
         return
-    for parent in reversed(path.parents):
-        if subprocess.run(["runuser", "-u", user, "--", "test", "-x", str(parent)]).returncode != 0:
-            parent.chmod(parent.stat().st_mode | 0o001)
+    blocked = [p for p in reversed(path.parents)
+               if subprocess.run(["runuser", "-u", user, "--", "test", "-x", str(p)]).returncode != 0]
+    if blocked and shutil.which("setfacl") is None:
+        _apt_install("acl", service="postgres")
+    for parent in blocked:
+        _run(["setfacl", "-m", f"u:{user}:x", str(parent)], service="postgres")
+
+
+def _private_file(path: Path, text: str) -> None:
+    """Write ``text`` to a new file only its owner may read (mode 0600 from the start)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+
+
+#: pg_hba.conf: every connection, over the socket too, proves the password (SCRAM).
+_HBA = """# featureline dev cluster (features dev up): SCRAM passwords for every connection.
+# TYPE  DATABASE  USER  ADDRESS        METHOD
+local   all       all                  scram-sha-256
+host    all       all   127.0.0.1/32   scram-sha-256
+host    all       all   ::1/128        scram-sha-256
+"""
 
 
 class Postgres:
@@ -201,10 +223,21 @@ class Postgres:
         self.run_dir = self.dir / "run"
         self.log = self.dir / "postgres.log"
         self.pidfile = state / "pids" / "postgres.pid"
+        #: the cluster superuser's password: random, made once, mode 0600
+        self.password_file = self.dir / "superuser-password"
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    def superuser_password(self) -> str:
+        """The password of the cluster's superuser ``postgres`` (made on first use: 32
+        random bytes, in ``.dev/postgres/superuser-password``, mode 0600). Tests and
+        administrators connect with it; nothing else on the machine can."""
+        if not self.password_file.exists():
+            self.dir.mkdir(parents=True, exist_ok=True)
+            _private_file(self.password_file, secrets.token_urlsafe(32) + "\n")
+        return self.password_file.read_text().strip()
 
     def _bin(self) -> Path | None:
         found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"),
@@ -227,6 +260,7 @@ class Postgres:
 
     def start(self) -> str:
         if self.running() and self.healthy():
+            self._secure()
             return "already running"
         if _port_open(self.host, self.port):
             if self.healthy():
@@ -238,22 +272,27 @@ class Postgres:
         user = self._user()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.pidfile.parent.mkdir(parents=True, exist_ok=True)
+        password = self.superuser_password()
+        for folder in (self.dir, self.run_dir):  # the socket's folder: the server's user only
+            folder.chmod(0o700)
+            if user:
+                shutil.chown(folder, user, user)
         if user:
             _ensure_traversable(self.dir, user)
-            shutil.chown(self.dir, user, user)
-            shutil.chown(self.run_dir, user, user)
         if not (self.data / "PG_VERSION").exists():
             self.data.mkdir(parents=True, exist_ok=True)
             if user:
                 shutil.chown(self.data, user, user)
             pwfile = self.dir / "pwfile"
-            pwfile.write_text("postgres\n")
-            if user:
-                shutil.chown(pwfile, user, user)
-            _run([str(bindir / "initdb"), "-D", str(self.data), "-U", "postgres", "-E", "UTF8",
-                  "--locale=C.UTF-8", "--auth-local=trust", "--auth-host=scram-sha-256",
-                  f"--pwfile={pwfile}"], service=self.name, user=user)
-            pwfile.unlink()
+            _private_file(pwfile, password + "\n")
+            try:
+                if user:
+                    shutil.chown(pwfile, user, user)
+                _run([str(bindir / "initdb"), "-D", str(self.data), "-U", "postgres", "-E", "UTF8",
+                      "--locale=C.UTF-8", "--auth-local=scram-sha-256", "--auth-host=scram-sha-256",
+                      f"--pwfile={pwfile}"], service=self.name, user=user)
+            finally:
+                pwfile.unlink(missing_ok=True)
         # A throwaway dev/test cluster: durability settings off for speed (never for production).
         opts = (f"-c listen_addresses={self.host} -p {self.port} -c unix_socket_directories={self.run_dir} "
                 "-c fsync=off -c full_page_writes=off -c synchronous_commit=off "
@@ -262,14 +301,31 @@ class Postgres:
               "-t", "60", "start"], service=self.name, user=user)
         pid = (self.data / "postmaster.pid").read_text().split()[0]
         self.pidfile.write_text(pid + "\n")
+        self._secure()
         self._ensure_role()
         return "started"
 
+    def _secure(self) -> None:
+        """Bring a cluster made by an older featureline (``--auth-local=trust``, superuser
+        password ``postgres``) to this one's rules: the random superuser password, then
+        :data:`_HBA` and a reload. A no-op on a cluster that already follows them."""
+        hba = self.data / "pg_hba.conf"
+        if hba.read_text() == _HBA:
+            return
+        password = self.superuser_password().replace("'", "''")
+        self._psql(f"ALTER ROLE postgres PASSWORD '{password}'")  # still trusted: the old rules
+        hba.write_text(_HBA)
+        self._psql("SELECT pg_reload_conf()")
+
     def _psql(self, sql: str, db: str = "postgres") -> str:
+        """Run ``sql`` (read from stdin, so that no statement shows in ``ps``) as the
+        superuser over the socket, with the password from :meth:`superuser_password`."""
         bindir = self._bin()
         psql = str(bindir / "psql") if bindir and (bindir / "psql").exists() else "psql"
+        env = {**os.environ, "PGPASSWORD": self.superuser_password()}
         return _run([psql, "-h", str(self.run_dir), "-p", str(self.port), "-U", "postgres", "-d", db,
-                     "-v", "ON_ERROR_STOP=1", "-Atc", sql], service=self.name, user=self._user())
+                     "-v", "ON_ERROR_STOP=1", "-At", "-f", "-"], service=self.name, user=self._user(),
+                    input=sql, env=env)
 
     def _ensure_role(self) -> None:
         parts = urlsplit(self.dsn)

@@ -41,8 +41,12 @@ log = logging.getLogger("features.load")
 
 def _shard_load(compiled: CompiledSchema, paths: list[str], settings: Settings, shards: int,
                 kw: dict[str, Any]) -> Any:
-    """The map function of the job (built lazily: importing PyFlink costs ~1 s)."""
+    """The map function of the job (built lazily: importing PyFlink costs ~1 s). It is
+    pickled into the job graph, so it carries ``settings.for_job()``: the stores'
+    credentials, not the ingest tokens."""
     from pyflink.datastream.functions import MapFunction, RuntimeContext
+
+    settings = settings.for_job()
 
     class ShardLoad(MapFunction):  # type: ignore[misc]  # untyped base class
         """Load shard ``i`` of ``shards`` (one element per task); returns its RunSummary."""

@@ -111,10 +111,13 @@ class RedisEndpoint:
             port = parts.port or 6379
         except ValueError as exc:
             raise ConfigError(f"Redis URL {redact(url)}: invalid port", key="redis_url") from exc
+        db_text = (parts.path or "/0").lstrip("/") or "0"
+        if not db_text.isascii() or not db_text.isdigit():  # int() would quote it: maybe a password's tail
+            raise ConfigError(f"Redis URL {redact(url)}: the database must be a number", key="redis_url")
         return cls(host=parts.hostname or "127.0.0.1", port=port, tls=tls,
                    username=unquote(parts.username) if parts.username else None,
                    password=unquote(parts.password) if parts.password else None,
-                   db=int((parts.path or "/0").lstrip("/") or 0),
+                   db=int(db_text),
                    ca_certs=query.get("ssl_ca_certs"), certfile=query.get("ssl_certfile"),
                    keyfile=query.get("ssl_keyfile"), key_password=query.get("ssl_password"),
                    cert_reqs=reqs,

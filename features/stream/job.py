@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from features.config import Device, env_var, redact
+from features.config import SECRET_ENVIRONMENT, Device, env_var, redact
 from features.errors import ConfigError
 
 log = logging.getLogger("features.stream")
@@ -144,17 +144,9 @@ def redacted(cfg: StreamConfig) -> dict[str, Any]:
     return out
 
 
-#: Variables that may hold credentials. The settings were resolved before the job starts
-#: (they travel in the pickled UDF), so they are dropped from this process's environment
-#: before the Flink JVM starts: the JVM hands its environment to the Python workers, and
-#: Beam logs a worker's whole environment at INFO when it closes
-#: (``DefaultJobBundleFactory``: "Closing environment ... payload").
-SECRET_ENVIRONMENT = tuple(env_var(n) for n in ("postgres_dsn", "redis_url", "kafka_properties",
-                                                  "kafka_java_properties"))
-
-
 def scrub_environment() -> list[str]:
-    """Remove :data:`SECRET_ENVIRONMENT` from ``os.environ`` (this process: the job's
+    """Remove ``features.config.SECRET_ENVIRONMENT`` (every secret-bearing setting's
+    variable) from ``os.environ`` (this process: the job's
     client, whose environment the local Flink JVM inherits). Returns the names removed.
     Variables libpq or other drivers read themselves (``PGPASSWORD``) are kept, since a
     worker may need them: put such credentials in the DSN or the secrets file instead."""

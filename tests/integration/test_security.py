@@ -254,14 +254,17 @@ def _secret(tag: str) -> tuple[str, str]:
 
 
 def _pg_admin(settings: Settings) -> psycopg.Connection[Any]:
-    """The local cluster's superuser over its Unix socket (trusted locally, as
-    ``features dev up`` sets the cluster up): the only way to create a role with a password,
-    since the ``featureline`` role may not."""
+    """The local cluster's superuser over its Unix socket, with the password ``features
+    dev up`` keeps in ``.dev/postgres/superuser-password``: the only way to create a role
+    with a password, since the ``featureline`` role may not."""
+    from features.dev.services import Postgres
+
     port = urlsplit(settings.postgres_dsn).port or 5432
     db = urlsplit(settings.postgres_dsn).path.lstrip("/") or "featureline"
+    cluster = Postgres(settings)
     try:
-        return psycopg.connect(host=str(ROOT / ".dev" / "postgres" / "run"), port=port, user="postgres",
-                               dbname=db, autocommit=True, connect_timeout=5)
+        return psycopg.connect(host=str(cluster.run_dir), port=port, user="postgres", dbname=db,
+                               password=cluster.superuser_password(), autocommit=True, connect_timeout=5)
     except psycopg.OperationalError as exc:
         pytest.fail(f"these tests create a Postgres role, as the superuser of the cluster `features dev up` "
                     f"starts (Unix socket under .dev/postgres/run): {exc}")

@@ -76,6 +76,40 @@ def test_settings_and_stream_config_never_show_a_credential() -> None:
     assert endpoint.password == SECRET and endpoint.key_password == SECRET  # still usable
 
 
+def test_every_secret_setting_is_scrubbed_from_a_flink_clients_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 29, item 8: the ingest tokens too (they were left in the environment the
+    Flink JVM hands to its Python workers)."""
+    from features.config import SECRET_ENVIRONMENT
+    from features.stream.job import scrub_environment
+
+    names = ["FEATURES_POSTGRES_DSN", "FEATURES_REDIS_URL", "FEATURES_KAFKA_PROPERTIES",
+             "FEATURES_KAFKA_JAVA_PROPERTIES", "FEATURES_INGEST_TOKENS"]
+    for name in names:
+        monkeypatch.setenv(name, SECRET)
+    monkeypatch.setenv("FEATURES_DEVICE", "cpu")
+    assert sorted(scrub_environment()) == sorted(names) == sorted(SECRET_ENVIRONMENT)
+    assert not any(SECRET in v for v in os.environ.values()) and os.environ["FEATURES_DEVICE"] == "cpu"
+
+
+def test_a_flink_load_ships_the_store_credentials_and_no_ingest_token() -> None:
+    """Issue 29, item 8: ``load --engine flink`` pickles its map function (with the
+    settings it carries) into the job graph; the ingest tokens must not be in it."""
+    import cloudpickle  # what PyFlink pickles a Python function with (DataStream.map)
+
+    from features.compile import compile_schema
+    from features.load.flink import _shard_load
+    from features.schema import load_schema
+
+    token = "ingest-token-xyzzy"
+    settings = Settings(postgres_dsn=f"postgresql://app:{SECRET}@db/f", ingest_tokens=(token,),
+                        kafka_properties={"sasl.password": "kafka-xyzzy"})
+    compiled = compile_schema(load_schema(Path(__file__).parents[2] / "schemas" / "clicks.yaml"))
+    graph = cloudpickle.dumps(_shard_load(compiled, ["/x.parquet"], settings, 1, {"run_id": "r"}))
+    assert token.encode() not in graph and b"kafka-xyzzy" not in graph
+    assert SECRET.encode() in graph  # the workers still get the store credentials
+
+
 # --------------------------------------------------------------------------- secrets file
 
 
