@@ -9,11 +9,14 @@ client. Each helper here takes those ``properties`` too.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from features.errors import ServiceError
+
+log = logging.getLogger("features.kafka")
 
 
 def client_config(bootstrap: str, properties: Mapping[str, str] | None = None,
@@ -41,6 +44,48 @@ def ensure_topic(bootstrap: str, topic: str, *, partitions: int = 2, timeout_s: 
         if "TOPIC_ALREADY_EXISTS" not in str(exc):
             raise ServiceError(f"Kafka at {bootstrap}: cannot create topic {topic!r}: {exc}",
                                service="kafka") from exc
+
+
+#: The broker's default ``max.message.bytes`` of a topic (Kafka's ``message.max.bytes``):
+#: what a topic created without configs accepts, and the assumption when the broker
+#: does not say.
+BROKER_DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
+
+
+def topic_max_message_bytes(bootstrap: str, topic: str, *, timeout_s: float = 15.0,
+                            properties: Mapping[str, str] | None = None) -> int:
+    """The largest record batch (bytes) the broker accepts on ``topic``: the topic's
+    effective ``max.message.bytes`` (its own setting, else the broker's default).
+
+    A topic that does not exist yet gets the broker's ``message.max.bytes`` when it is
+    created on first use; when the broker refuses to describe either (no DescribeConfigs
+    permission, an old broker) this returns :data:`BROKER_DEFAULT_MAX_MESSAGE_BYTES` and
+    logs a warning. Raises nothing: a broker that is down fails the producer instead."""
+    from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
+
+    admin = AdminClient(client_config(bootstrap, properties))
+
+    def described(kind: str, name: str, key: str) -> int:
+        resource = ConfigResource(kind, name)
+        entries = admin.describe_configs([resource], request_timeout=timeout_s)[resource].result(timeout_s)
+        return int(entries[key].value)
+
+    reasons: list[str] = []
+    try:
+        try:
+            return described("topic", topic, "max.message.bytes")
+        except Exception as exc:  # KafkaException (unknown topic, denied) or a timeout: ask the broker
+            reasons.append(f"topic {topic!r}: {exc}")
+        try:
+            broker = min(admin.list_topics(timeout=timeout_s).brokers)
+            return described("broker", str(broker), "message.max.bytes")
+        except Exception as exc:  # as above: fall back to Kafka's default
+            reasons.append(f"broker: {exc}")
+    finally:
+        admin.poll(0)  # deliver the client's own log lines, if any
+    log.warning("Kafka at %s: cannot read the max.message.bytes of %r (%s); assuming %d", bootstrap,
+                topic, "; ".join(reasons), BROKER_DEFAULT_MAX_MESSAGE_BYTES)
+    return BROKER_DEFAULT_MAX_MESSAGE_BYTES
 
 
 def produce(bootstrap: str, topic: str, values: Sequence[bytes | None], *,
