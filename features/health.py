@@ -102,7 +102,10 @@ def check_all(settings: Any, *, timeout_s: float = 5.0) -> list[Check]:
         from features.stream.kafka import client_config
 
         admin = AdminClient(client_config(settings.kafka_bootstrap, settings.kafka_properties))
-        meta = admin.list_topics(timeout=timeout_s)
+        try:
+            meta = admin.list_topics(timeout=timeout_s)
+        finally:
+            admin.poll(0)  # deliver its log lines (features.stream.kafka.LibrdkafkaLog)
         return f"{settings.kafka_bootstrap}: {len(meta.brokers)} broker(s), {len(meta.topics)} topic(s)"
 
     checks.append(_timed("store", "postgres", postgres))

@@ -9,21 +9,49 @@ client. Each helper here takes those ``properties`` too.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from features.errors import ServiceError
 
+log = logging.getLogger("features.kafka")
+
+
+class LibrdkafkaLog:
+    """What a confluent-kafka client's ``logger`` setting calls for each of librdkafka's
+    own log lines, instead of librdkafka writing them raw to stderr
+    (``%6|<time>|BGQUEUE|rdkafka#producer-3| ...``): they become records of ``logger``
+    (``features.kafka``, so ``--log-format json`` keeps them JSON), at their syslog
+    level as confluent-kafka maps it (emerg..crit CRITICAL, err ERROR, warning WARNING),
+    except that notice and info lines (both INFO there) are DEBUG: a normal run is quiet.
+
+    confluent-kafka hands the lines over when the application polls the client
+    (``poll``, ``flush``, a consumer's ``poll`` and ``close``): an AdminClient must be
+    polled too, or its lines are dropped with it."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger = logger
+
+    def log(self, level: int, msg: str, *args: Any) -> None:
+        """One line: confluent-kafka calls ``log(level, "%s [%s] %s", facility, client, text)``."""
+        self.logger.log(logging.DEBUG if level < logging.WARNING else level, msg, *args)
+
+
+#: The one ``logger`` of every client :func:`client_config` configures.
+LIBRDKAFKA_LOG = LibrdkafkaLog(log)
+
 
 def client_config(bootstrap: str, properties: Mapping[str, str] | None = None,
                   **own: Any) -> dict[str, Any]:
-    """A confluent-kafka client configuration: ``bootstrap.servers``, then the user's
-    ``properties`` (authentication and TLS: ``security.protocol``, ``sasl.*``, ``ssl.*``),
-    then ``own``, the settings this client needs to work as documented (group id,
-    idempotence, acks), which win over a property of the same name. The result holds
+    """A confluent-kafka client configuration: ``bootstrap.servers`` and ``logger``
+    (librdkafka's lines through featureline's logging: :class:`LibrdkafkaLog`), then the
+    user's ``properties`` (authentication and TLS: ``security.protocol``, ``sasl.*``,
+    ``ssl.*``), then ``own``, the settings this client needs to work as documented (group
+    id, idempotence, acks), which win over a property of the same name. The result holds
     credentials: never log it (``features.config.redact`` masks them)."""
-    return {"bootstrap.servers": bootstrap, **(properties or {}), **own}
+    return {"bootstrap.servers": bootstrap, "logger": LIBRDKAFKA_LOG, **(properties or {}), **own}
 
 
 def ensure_topic(bootstrap: str, topic: str, *, partitions: int = 2, timeout_s: float = 30.0,
@@ -33,14 +61,59 @@ def ensure_topic(bootstrap: str, topic: str, *, partitions: int = 2, timeout_s: 
     from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
     admin = AdminClient(client_config(bootstrap, properties))
-    if topic in admin.list_topics(timeout=timeout_s).topics:
-        return
     try:
-        admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(timeout_s)
-    except KafkaException as exc:
-        if "TOPIC_ALREADY_EXISTS" not in str(exc):
-            raise ServiceError(f"Kafka at {bootstrap}: cannot create topic {topic!r}: {exc}",
-                               service="kafka") from exc
+        if topic in admin.list_topics(timeout=timeout_s).topics:
+            return
+        try:
+            admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(timeout_s)
+        except KafkaException as exc:
+            if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                raise ServiceError(f"Kafka at {bootstrap}: cannot create topic {topic!r}: {exc}",
+                                   service="kafka") from exc
+    finally:
+        admin.poll(0)  # deliver its log lines (LibrdkafkaLog)
+
+
+#: The broker's default ``max.message.bytes`` of a topic (Kafka's ``message.max.bytes``):
+#: what a topic created without configs accepts, and the assumption when the broker
+#: does not say.
+BROKER_DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
+
+
+def topic_max_message_bytes(bootstrap: str, topic: str, *, timeout_s: float = 15.0,
+                            properties: Mapping[str, str] | None = None) -> int:
+    """The largest record batch (bytes) the broker accepts on ``topic``: the topic's
+    effective ``max.message.bytes`` (its own setting, else the broker's default).
+
+    A topic that does not exist yet gets the broker's ``message.max.bytes`` when it is
+    created on first use; when the broker refuses to describe either (no DescribeConfigs
+    permission, an old broker) this returns :data:`BROKER_DEFAULT_MAX_MESSAGE_BYTES` and
+    logs a warning. Raises nothing: a broker that is down fails the producer instead."""
+    from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
+
+    admin = AdminClient(client_config(bootstrap, properties))
+
+    def described(kind: str, name: str, key: str) -> int:
+        resource = ConfigResource(kind, name)
+        entries = admin.describe_configs([resource], request_timeout=timeout_s)[resource].result(timeout_s)
+        return int(entries[key].value)
+
+    reasons: list[str] = []
+    try:
+        try:
+            return described("topic", topic, "max.message.bytes")
+        except Exception as exc:  # KafkaException (unknown topic, denied) or a timeout: ask the broker
+            reasons.append(f"topic {topic!r}: {exc}")
+        try:
+            broker = min(admin.list_topics(timeout=timeout_s).brokers)
+            return described("broker", str(broker), "message.max.bytes")
+        except Exception as exc:  # as above: fall back to Kafka's default
+            reasons.append(f"broker: {exc}")
+    finally:
+        admin.poll(0)  # deliver its log lines (LibrdkafkaLog)
+    log.warning("Kafka at %s: cannot read the max.message.bytes of %r (%s); assuming %d", bootstrap,
+                topic, "; ".join(reasons), BROKER_DEFAULT_MAX_MESSAGE_BYTES)
+    return BROKER_DEFAULT_MAX_MESSAGE_BYTES
 
 
 def produce(bootstrap: str, topic: str, values: Sequence[bytes | None], *,

@@ -339,12 +339,13 @@ def test_flink_source_gets_the_java_properties_and_keeps_its_own() -> None:
 
 
 def test_confluent_kafka_clients_get_the_properties_and_keep_their_own() -> None:
-    from features.stream.kafka import client_config
+    from features.stream.kafka import LIBRDKAFKA_LOG, client_config
 
     props = {"security.protocol": "SSL", "ssl.ca.location": "/ca.pem", "group.id": "hijack"}
     conf = client_config("k:9093", props, **{"group.id": "featureline-lag-r1", "enable.auto.commit": False})
-    assert conf == {"bootstrap.servers": "k:9093", "security.protocol": "SSL", "ssl.ca.location": "/ca.pem",
-                    "group.id": "featureline-lag-r1", "enable.auto.commit": False}
+    assert conf == {"bootstrap.servers": "k:9093", "logger": LIBRDKAFKA_LOG, "security.protocol": "SSL",
+                    "ssl.ca.location": "/ca.pem", "group.id": "featureline-lag-r1",
+                    "enable.auto.commit": False}
 
 
 def test_secured_kafka_clients_need_java_properties_for_flink() -> None:
