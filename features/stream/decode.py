@@ -7,7 +7,8 @@ lone surrogate (a ``"\\ud800"`` escape: text UTF-8, Arrow and PostgreSQL cannot 
 Every other record is a ``decode`` reject on the pseudo-field ``_payload``; nothing is
 dropped. A record over the limit is refused by its length alone, before any decoding.
 Keys the schema does not read are ignored; ``unknown_fields`` counts, per unknown key,
-the records in which it holds a value (not null). The keys read (``known``) are the
+the records in which it holds a value (not null), in a :class:`TopCounter` (the
+``UNKNOWN_FIELDS_TOP`` most frequent keys and an ``other`` count). The keys read (``known``) are the
 fields' input names: a field's ``source:`` (``"Dep Delay"``), else its name, so with a
 source the field's own name is an unknown key. The rows keep the record's keys (the
 rejects' raw shows them); :func:`features.sources.names.as_fields` renames them.
@@ -20,7 +21,7 @@ from __future__ import annotations
 import base64
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,40 @@ from features.compile.rules import ReasonCode
 from features.validation.result import REJECT_SCHEMA
 
 PAYLOAD_FIELD = "_payload"
+#: how many unknown keys a summary names (the most frequent); the rest are counted in ``other``
+UNKNOWN_FIELDS_TOP = 100
+
+
+class TopCounter(Counter[str]):
+    """A Counter of at most ``2 * top`` keys: when an update takes it past that, all but
+    the ``top`` largest counts are moved into ``other`` (a key seen again later starts a
+    new count). ``sum(self.values()) + self.other`` is always the total counted, so the
+    memory is bounded however many distinct keys arrive. Updating with another
+    TopCounter adds its ``other`` too."""
+
+    def __init__(self, top: int = UNKNOWN_FIELDS_TOP) -> None:
+        self.top = top
+        self.other = 0
+        super().__init__()
+
+    def update(self, other: Iterable[str] | Mapping[str, int] | None = None,  # type: ignore[override]
+               /, **kwargs: int) -> None:
+        super().update(other, **kwargs)
+        if isinstance(other, TopCounter):
+            self.other += other.other
+        if len(self) > 2 * self.top:
+            self._prune(self.top)
+
+    def _prune(self, keep: int) -> None:
+        kept = dict(self.most_common(keep))
+        self.other += sum(v for k, v in self.items() if k not in kept)
+        self.clear()
+        super().update(kept)
+
+    def shown(self) -> tuple[dict[str, int], int]:
+        """The ``top`` largest counts (largest first) and the count of everything else."""
+        kept = dict(self.most_common(self.top))
+        return kept, self.other + sum(self.values()) - sum(kept.values())
 
 
 def record_uris(topics: pa.Array, partitions: pa.Array, offsets: pa.Array) -> pa.Array:
@@ -52,7 +87,7 @@ class Decoded:
     index: npt.NDArray[np.int64]
     rejects: pa.Table
     failed: npt.NDArray[np.int64]
-    unknown_fields: Counter[str] = field(default_factory=Counter)
+    unknown_fields: TopCounter = field(default_factory=TopCounter)
 
 
 #: what the rejects table and the dead-letter topic keep of a record over payload.max_bytes
@@ -114,7 +149,7 @@ def decode(values: Sequence[bytes | None], *, max_bytes: int, known: frozenset[s
     index: list[int] = []
     bad_rows: list[int] = []
     messages: list[str] = []
-    unknown: Counter[str] = Counter()
+    unknown = TopCounter()
     for i, value in enumerate(values):
         problem = None
         if value is None:

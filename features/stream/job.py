@@ -37,6 +37,7 @@ from typing import Any
 
 from features.config import Device, env_var, redact
 from features.errors import ConfigError
+from features.stream.decode import TopCounter
 
 log = logging.getLogger("features.stream")
 
@@ -495,10 +496,11 @@ def merged_summary(summary_dir: str | Path, run_id: str) -> dict[str, Any]:
     # consumer lag as each subtask last measured it (with its status lines and on close)
     total["lag"] = {k: int(v) for p in parts for k, v in (p.get("lag") or {}).items()}
     total["lag_total"] = sum(total["lag"].values()) if total["lag"] else None
-    total["unknown_fields"] = {}
+    unknown = TopCounter()
     for p in parts:
-        for k, v in (p.get("unknown_fields") or {}).items():
-            total["unknown_fields"][k] = total["unknown_fields"].get(k, 0) + int(v)
+        unknown.update({k: int(v) for k, v in (p.get("unknown_fields") or {}).items()})
+        unknown.other += int(p.get("unknown_fields_other") or 0)
+    total["unknown_fields"], total["unknown_fields_other"] = unknown.shown()
     aggs = [p["aggregations"] for p in parts if p.get("aggregations")]
     if aggs:  # events = accepted + late + duplicates, per subtask and in total
         akeys = ("events", "accepted", "late", "duplicates", "rows_written", "hot_written",
