@@ -201,9 +201,11 @@ class StreamProcessor:
     # --- one micro-batch -------------------------------------------------------------
 
     def process(self, values: Sequence[bytes | None], topics: pa.Array, partitions: pa.Array,
-                offsets: pa.Array, timestamps_ms: npt.NDArray[np.int64] | None = None
-                ) -> npt.NDArray[np.int8]:
-        """Write one micro-batch; returns per record 0 (a row for the stores) or 1 (rejected)."""
+                offsets: pa.Array, timestamps_ms: npt.NDArray[np.int64] | None = None,
+                via: pa.Array | None = None) -> npt.NDArray[np.int8]:
+        """Write one micro-batch; returns per record 0 (a row for the stores) or 1 (rejected).
+        ``via``: per record, its ``featureline-source`` header (bytes or null), kept in the
+        lineage after the Kafka coordinates when valid (:func:`record_uris`)."""
         assert self._writer is not None, "open() first"
         n = len(values)
         outcome = np.zeros(n, dtype=np.int8)
@@ -212,7 +214,7 @@ class StreamProcessor:
         now = dt.datetime.now(dt.UTC)
         ctx = RunContext(self.compiled.name, self.compiled.schema.version_str, self.compiled.fingerprint,
                          self.run_id, now)
-        uris = record_uris(topics, partitions, offsets)
+        uris = record_uris(topics, partitions, offsets, via)
         offs = np.asarray(pa.array(offsets).cast(pa.int64()).to_numpy(zero_copy_only=False), dtype=np.int64)
         # Chunks of the micro-batch are prepared while the stores write the previous one
         # (BatchWriter, two units in flight); everything is written before this returns.

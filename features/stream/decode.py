@@ -70,11 +70,33 @@ class TopCounter(Counter[str]):
         return kept, self.other + sum(self.values()) - sum(kept.values())
 
 
-def record_uris(topics: pa.Array, partitions: pa.Array, offsets: pa.Array) -> pa.Array:
-    """``kafka://topic/partition/offset`` per record (Arrow kernels, no loop)."""
-    return pc.binary_join_element_wise(
+#: The Kafka header HTTP ingest writes on each record it produces (the same name as
+#: ``features.serve.ingest.SOURCE_HEADER``): ``http://<request id>#<index>``.
+SOURCE_HEADER = "featureline-source"
+#: a header value the lineage keeps (serve's request id charset and length); any other
+#: value (longer, other bytes, not UTF-8) is left out, so a producer cannot write junk
+VIA_PATTERN = r"^http://[A-Za-z0-9._:-]{1,128}#[0-9]{1,10}$"
+#: between a record's Kafka coordinates and the source its producer named
+VIA = " via "
+
+
+def record_uris(topics: pa.Array, partitions: pa.Array, offsets: pa.Array,
+                via: pa.Array | None = None) -> pa.Array:
+    """``kafka://topic/partition/offset`` per record (Arrow kernels, no loop); with
+    ``via`` (per record, the ``featureline-source`` header's bytes, or null) a record whose
+    header matches :data:`VIA_PATTERN` gets ``kafka://topic/partition/offset via
+    http://<request id>#<index>``; the others keep the Kafka URI alone."""
+    uris = pc.binary_join_element_wise(
         "kafka://", pc.cast(topics, pa.string()), "/", pc.cast(partitions, pa.string()), "/",
         pc.cast(offsets, pa.string()), "")
+    if via is None or len(via) == 0:
+        return uris
+    via = pc.cast(via, pa.binary())
+    ok = pc.fill_null(pc.match_substring_regex(via, VIA_PATTERN), False)
+    if not pc.any(ok).as_py():
+        return uris
+    text = pc.cast(pc.if_else(ok, via, pa.scalar(b"", pa.binary())), pa.string())  # ASCII: matched
+    return pc.if_else(ok, pc.binary_join_element_wise(uris, text, VIA), uris)
 
 
 @dataclass

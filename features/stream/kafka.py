@@ -45,6 +45,7 @@ def ensure_topic(bootstrap: str, topic: str, *, partitions: int = 2, timeout_s: 
 
 def produce(bootstrap: str, topic: str, values: Sequence[bytes | None], *,
             keys: Sequence[bytes | None] | None = None,
+            headers: Sequence[list[tuple[str, str | bytes | None]] | None] | None = None,
             properties: Mapping[str, str] | None = None) -> list[tuple[int, int, int]]:
     """Send ``values`` in order; returns each record's (partition, offset, timestamp ms)
     once the broker acknowledged all of them."""
@@ -67,7 +68,8 @@ def produce(bootstrap: str, topic: str, values: Sequence[bytes | None], *,
         key = keys[i] if keys is not None else None
         while True:
             try:
-                producer.produce(topic, value=value, key=key, on_delivery=delivered(i))
+                producer.produce(topic, value=value, key=key, on_delivery=delivered(i),
+                                 headers=headers[i] if headers is not None else None)
                 break
             except BufferError:
                 producer.poll(0.1)
