@@ -42,13 +42,17 @@ class TopCounter(Counter[str]):
     """A Counter of at most ``2 * top`` keys: when an update takes it past that, all but
     the ``top`` largest counts are moved into ``other`` (a key seen again later starts a
     new count). ``sum(self.values()) + self.other`` is always the total counted, so the
-    memory is bounded however many distinct keys arrive. Updating with another
-    TopCounter adds its ``other`` too."""
+    memory is bounded however many distinct keys arrive. Updating with (or ``+=``)
+    another TopCounter adds its ``other`` too; a copy or a pickle keeps ``top`` and
+    ``other``."""
 
-    def __init__(self, top: int = UNKNOWN_FIELDS_TOP) -> None:
+    def __init__(self, counts: Mapping[str, int] | None = None, /, *, top: int = UNKNOWN_FIELDS_TOP,
+                 other: int = 0) -> None:
         self.top = top
-        self.other = 0
+        self.other = other
         super().__init__()
+        if counts:
+            self.update(counts)
 
     def update(self, other: Iterable[str] | Mapping[str, int] | None = None,  # type: ignore[override]
                /, **kwargs: int) -> None:
@@ -57,6 +61,16 @@ class TopCounter(Counter[str]):
             self.other += other.other
         if len(self) > 2 * self.top:
             self._prune(self.top)
+
+    def __iadd__(self, other: Mapping[str, int]) -> TopCounter:  # type: ignore[override,misc]
+        self.update(other)
+        return self
+
+    def copy(self) -> TopCounter:
+        return TopCounter(dict(self), top=self.top, other=self.other)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _top_counter, (dict(self), self.top, self.other)
 
     def _prune(self, keep: int) -> None:
         kept = dict(self.most_common(keep))
@@ -68,6 +82,11 @@ class TopCounter(Counter[str]):
         """The ``top`` largest counts (largest first) and the count of everything else."""
         kept = dict(self.most_common(self.top))
         return kept, self.other + sum(self.values()) - sum(kept.values())
+
+
+def _top_counter(counts: dict[str, int], top: int, other: int) -> TopCounter:
+    """A :class:`TopCounter` again (what its pickle calls)."""
+    return TopCounter(counts, top=top, other=other)
 
 
 #: The Kafka header HTTP ingest writes on each record it produces (the same name as

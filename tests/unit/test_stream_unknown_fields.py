@@ -4,6 +4,8 @@ the top keys and an ``other`` count, docs/streaming.md)."""
 from __future__ import annotations
 
 import json
+import pickle
+import resource
 import subprocess
 import sys
 import textwrap
@@ -23,6 +25,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 #: the child's peak RSS must stay under this (imports and the 25 MB micro-batch are ~150 MB)
 PEAK_RSS_LIMIT_MB = 300
+#: the child's address space is capped so that a regression fails (Arrow/Python run out of
+#: memory, the child exits 1) instead of taking the shared machine's memory: it took 3.5 GB
+#: and more with a column per unknown key
+ADDRESS_SPACE_LIMIT = 4 << 30
+
+
+def _cap_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE_LIMIT, ADDRESS_SPACE_LIMIT))
 
 _CHILD = textwrap.dedent("""
     import datetime as dt, json, resource, sys
@@ -61,7 +71,7 @@ def test_a_micro_batch_of_unique_unknown_keys_stays_small() -> None:
     """2,000 records with 800 keys each that the schema does not know, each key unique
     (1.6 M distinct keys), through the stream's decode path in a child process."""
     done = subprocess.run([sys.executable, "-c", _CHILD, str(ROOT), "2000", "800"], capture_output=True,
-                          text=True, timeout=600, cwd=ROOT, check=False)
+                          text=True, timeout=600, cwd=ROOT, check=False, preexec_fn=_cap_memory)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["records"] == 2000 and out["rows"] + out["rejected"] == 2000, out
@@ -105,3 +115,38 @@ def test_unknown_fields_stay_bounded_over_many_micro_batches() -> None:
     assert shown["unknown_fields"]["often"] == 300
     assert sum(shown["unknown_fields"].values()) + shown["unknown_fields_other"] == total
     assert len(json.dumps(shown["unknown_fields"])) < 100 * 64
+
+
+def test_top_counter_keeps_the_top_keys_and_counts_the_rest() -> None:
+    """At most ``2 * top`` keys are held whatever arrives; ``shown()`` names ``top`` keys,
+    largest first, and the held counts plus ``other`` are every count added."""
+    from features.stream.decode import TopCounter
+
+    c = TopCounter(top=3)
+    total = 0
+    for i in range(1000):
+        c.update([f"new{i}", "a", "a"] + (["b"] if i % 2 else []))  # "a" twice, "b" every other
+        total += 3 + i % 2
+        assert len(c) <= 6, f"{len(c)} keys held after {i + 1} updates"
+        assert sum(c.values()) + c.other == total
+    top, other = c.shown()
+    assert list(top)[:2] == ["a", "b"] and top["a"] == 2000 and top["b"] == 500
+    assert len(top) == 3 and sum(top.values()) + other == total
+
+
+def test_top_counter_merges_copies_and_pickles_with_its_other_count() -> None:
+    """Merging two counters (the job adds each micro-batch's, the summary each
+    subtask's) keeps both ``other`` counts; ``+=``, a copy and a pickle keep the bound."""
+    from features.stream.decode import TopCounter
+
+    a, b = TopCounter(top=2), TopCounter(top=2)
+    a.update(["x", "x", "y", "z", "w", "v"])  # 6 keys > 2 * 2: pruned to x and one other
+    b.update({"x": 3, "q": 1, "r": 1, "s": 1, "t": 1})
+    assert (len(a), a.other, len(b), b.other) == (2, 3, 2, 3)
+    a.update(b)
+    assert a["x"] == 5 and sum(a.values()) + a.other == 13
+    for c in (a.copy(), pickle.loads(pickle.dumps(a))):
+        assert (type(c), dict(c), c.top, c.other) == (TopCounter, dict(a), 2, a.other)
+    c = a.copy()
+    c += {f"k{i}": 1 for i in range(50)}
+    assert len(c) <= 4 and sum(c.values()) + c.other == 63
