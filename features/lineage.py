@@ -4,7 +4,9 @@ Every row written to a store carries the lineage columns below; rejects carry th
 same plus their raw payload and errors. The source of one row is a URI:
 
 - ``file:///abs/path/data.parquet#1234`` (0-based row within the file);
-- ``kafka://topic/partition/offset``.
+- ``kafka://topic/partition/offset``; for a record HTTP ingest produced (its
+  ``featureline-source`` Kafka header) ``kafka://topic/partition/offset via
+  http://<request id>#<index>``: the Kafka coordinates, then the request and position.
 """
 
 from __future__ import annotations

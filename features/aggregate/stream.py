@@ -57,9 +57,10 @@ class KeyingError(ConfigError):
 
 
 def _offsets(sources: pa.Array) -> I64:
-    """Kafka offset + 1 of each ``kafka://topic/partition/offset`` source; 0 for any other
-    source (a backfill's file row: before every record of the stream)."""
-    found = pc.extract_regex(sources, pattern=r"^kafka://.*/(?P<o>[0-9]+)$")
+    """Kafka offset + 1 of each ``kafka://topic/partition/offset`` source (also followed by
+    `` via http://...``, a record HTTP ingest produced); 0 for any other source (a
+    backfill's file row: before every record of the stream)."""
+    found = pc.extract_regex(sources, pattern=r"^kafka://[^ ]*/(?P<o>[0-9]+)(?: via .*)?$")
     text = pc.if_else(found.is_valid(), found.field("o"), pa.scalar("-1"))  # no match: "" in the field
     return np.asarray(pc.add(pc.cast(text, pa.int64()), 1).to_numpy(zero_copy_only=False), dtype=np.int64)
 
@@ -87,8 +88,9 @@ def _newest_before(held_pos: I64, held_t: I64, held_off: I64, pos: I64, off: I64
 
 
 def _lanes(sources: pa.Array) -> pa.Array:
-    """``kafka://topic/partition/offset`` -> ``kafka://topic/partition``."""
-    return pc.replace_substring_regex(sources, pattern=r"/[0-9]+$", replacement="")
+    """``kafka://topic/partition/offset`` (with or without `` via http://...``) ->
+    ``kafka://topic/partition``."""
+    return pc.replace_substring_regex(sources, pattern=r"/[0-9]+(?: via .*)?$", replacement="")
 
 
 @dataclass

@@ -368,13 +368,15 @@ class Range:
 
 def origin(source: str | None) -> str | None:
     """A lineage URI without its row part (``file:///a.parquet#12`` -> the file;
-    ``kafka://topic/partition/offset`` -> ``kafka://topic/partition``)."""
+    ``kafka://topic/partition/offset``, with or without `` via http://<request>#<index>``
+    -> ``kafka://topic/partition``)."""
     if source is None:
         return None
+    if source.startswith("kafka://"):
+        source = source.split(" via ", 1)[0]
+        return source.rsplit("/", 1)[0]
     if "#" in source:
         return source.rsplit("#", 1)[0]
-    if source.startswith("kafka://"):
-        return source.rsplit("/", 1)[0]
     return source
 
 

@@ -185,5 +185,6 @@ def render(s: dict[str, Any], schema: str) -> str:
             lines.append(f"    {count:>9,}  {rule}")
     if s.get("unknown_fields"):
         lines.append("  fields not in the schema (ignored): " + ", ".join(
-            f"{k} ({v:,})" for k, v in s["unknown_fields"].items()))
+            f"{k} ({v:,})" for k, v in s["unknown_fields"].items()) + (
+            f", other keys ({s['unknown_fields_other']:,})" if s.get("unknown_fields_other") else ""))
     return "\n".join(lines)

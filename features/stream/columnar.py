@@ -51,9 +51,12 @@ other kind (the records before it hold null there) switches the read type for th
 of the stream. Dates and timestamps are text
 (JSON has no date type).
 
-Fields the schema does not know are read too (Arrow infers their types) so that
-``unknown_fields`` counts, per unknown key, the records in which it holds a value
-(not null), as the per-record path does.
+Fields the schema does not know are not read (Arrow ignores them, so a key costs no
+column). ``unknown_fields`` counts, per unknown key, the records in which it holds a
+value (not null), as the per-record path does: two Arrow regex counts over the records'
+text find the records with more keys than the schema's (a key of a nested object
+counts too, so this may over-find, never under-find); only those are read again with
+``json.loads`` for their keys, into a bounded :class:`~features.stream.decode.TopCounter`.
 
 Keys are the input's: a field with ``source: depDelay`` is read from the key
 ``depDelay`` and the table's column keeps that name (the caller renames it with
@@ -64,10 +67,10 @@ Keys are the input's: a field with ``source: depDelay`` is read from the key
 from __future__ import annotations
 
 import io
+import json
 import operator
 import re
 import sys
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -78,6 +81,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
 from features.schema.model import INTEGER_KINDS, Schema, TypeKind
+from features.stream.decode import TopCounter
 from features.validation.masks import valid_mask
 
 Index = npt.NDArray[np.int64]
@@ -92,6 +96,8 @@ _HOSTILE = r"[\n\r]|\\u[dD][89a-fA-F]|[:,\[][ \t]*-?(?:NaN|Inf)|\}[ \t]*\{"
 _ROW = re.compile(r" in row (\d+)\s*$")
 _CHANGED = re.compile(r"Column\(/([^)]*)\) changed from (\w+) to (\w+) in row (\d+)")
 _TWO53 = float(2**53)
+#: an object key token (RE2): after ``{`` or ``,``, a JSON string, then ``:``
+_ANY_KEY = r'[{,]\s*"(?:[^"\\]|\\.)*"\s*:'
 
 _STRING = pa.string()
 _INT = pa.int64()
@@ -107,22 +113,32 @@ class Columnar:
     ascending), one column per declared field in its read type (not yet validated),
     named by the field's JSON key (``Field.input_name``);
     ``slow``: the positions left to the per-record path (ascending);
-    ``unknown``: per unknown key, which rows of ``table`` hold a value for it;
+    ``unknown_rows``: the rows of ``table`` that may hold unknown keys (ascending), and
+    ``unknown_values``: their records; ``known``: the JSON keys the schema reads;
     ``reads``: Arrow reads this batch took (1 when nothing was refused)."""
 
     table: pa.Table
     index: Index
     slow: Index
-    unknown: dict[str, npt.NDArray[np.bool_]] = field(default_factory=dict)
+    unknown_rows: Index = field(default_factory=lambda: np.zeros(0, np.int64))
+    unknown_values: list[bytes] = field(default_factory=list)
+    known: frozenset[str] = frozenset()
     reads: int = 0
 
-    def unknown_fields(self, rows: Index | None = None) -> Counter[str]:
-        """Per unknown key, how many of ``rows`` (rows of ``table``; all when None) hold a value."""
-        out: Counter[str] = Counter()
-        for name, held in self.unknown.items():
-            count = int(held.sum() if rows is None else held[rows].sum())
-            if count:
-                out[name] = count
+    def unknown_fields(self, rows: Index | None = None) -> TopCounter:
+        """Per unknown key, how many of ``rows`` (rows of ``table``; all when None) hold a
+        value (bounded: :class:`~features.stream.decode.TopCounter`). One ``json.loads``
+        per record that may hold one (``unknown_rows``), none for the others."""
+        out = TopCounter()
+        pick = (np.ones(len(self.unknown_rows), dtype=np.bool_) if rows is None
+                else np.isin(self.unknown_rows, rows))
+        for i in np.flatnonzero(pick).tolist():
+            try:
+                obj = json.loads(self.unknown_values[i])
+            except ValueError:  # Arrow read it; json.loads' digit limit may refuse it
+                continue
+            if isinstance(obj, dict):
+                out.update(k for k in obj.keys() - self.known if obj[k] is not None)
         return out
 
 
@@ -135,6 +151,9 @@ class ColumnarDecoder:
         #: the JSON keys read, one per field (everything below is keyed by them)
         self.names = list(schema.input_names)
         self.known = frozenset(self.names)
+        #: a key token naming a declared field (RE2; each character as \\x{..})
+        self.known_key = r'[{,]\s*"(?:' + "|".join(
+            "".join(f"\\x{{{ord(c):x}}}" for c in n) for n in sorted(self.known)) + r')"\s*:'
         #: JSON key -> field name (the rejects name fields)
         self.field_of = {f.input_name: f.name for f in schema.fields}
         self.types: dict[str, pa.DataType] = {}
@@ -197,8 +216,13 @@ class ColumnarDecoder:
             table = _concat([t for _, t in tables], self.known)
             table, index = self._after(table, index)
             out.table, out.index = table.select(self.names), index
-            out.unknown = {name: _valid(table.column(name)) for name in table.column_names
-                           if name not in self.known and table.column(name).null_count < len(table)}
+            out.known = self.known
+            records = _gather(values, index)
+            text = pa.array(records, pa.binary()).cast(pa.string())
+            keys = _np_int(pc.count_substring_regex(text, _ANY_KEY))
+            known = _np_int(pc.count_substring_regex(text, self.known_key))
+            out.unknown_rows = np.flatnonzero(keys > known).astype(np.int64)
+            out.unknown_values = [records[i] for i in out.unknown_rows.tolist()]
         fast = np.zeros(n, dtype=np.bool_)
         fast[out.index] = True
         out.slow = np.flatnonzero(~fast).astype(np.int64)
@@ -249,7 +273,7 @@ class ColumnarDecoder:
             tables.append((idx, table))
 
     def _parse(self, blob: bytes) -> pa.Table:
-        options = pa_json.ParseOptions(explicit_schema=self.read_schema(), unexpected_field_behavior="infer")
+        options = pa_json.ParseOptions(explicit_schema=self.read_schema(), unexpected_field_behavior="ignore")
         read = pa_json.ReadOptions(use_threads=False, block_size=max(len(blob) + 1, 1 << 16))
         return pa_json.read_json(io.BytesIO(blob), read_options=read, parse_options=options)
 
@@ -331,6 +355,10 @@ def _valid(arr: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.bool_]:
 
 def _np_bool(arr: pa.Array) -> npt.NDArray[np.bool_]:
     return np.asarray(pc.fill_null(arr, False).to_numpy(zero_copy_only=False), dtype=np.bool_)
+
+
+def _np_int(arr: pa.Array) -> npt.NDArray[np.int64]:
+    return np.asarray(pc.fill_null(arr, 0).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
 def _gather(values: Sequence[bytes | None], index: Index) -> list[bytes]:

@@ -43,7 +43,7 @@ from features.runner import BatchWriter, Prepared, RunSummary, group_rejects, pr
 from features.sources.base import SourceBatch
 from features.sources.names import as_fields
 from features.stream.columnar import ColumnarDecoder
-from features.stream.decode import decode, payload_json, record_uris
+from features.stream.decode import TopCounter, decode, payload_json, record_uris
 from features.stream.kafka import BROKER_DEFAULT_MAX_MESSAGE_BYTES, topic_max_message_bytes
 from features.validation import validate
 from features.validation.result import ValidationResult
@@ -77,7 +77,8 @@ class StreamStats:
     dead_letters: int = 0
     #: records that took the per-record decode (not the columnar fast path)
     slow_records: int = 0
-    unknown_fields: Counter[str] = field(default_factory=Counter)
+    #: per unknown JSON key, the records holding a value: bounded (the top keys + ``other``)
+    unknown_fields: TopCounter = field(default_factory=TopCounter)
     offsets: dict[str, int] = field(default_factory=dict)     # "topic/partition" -> next offset
     lag: dict[str, int] = field(default_factory=dict)          # "topic/partition" -> records behind
     newest_event_time: str | None = None
@@ -101,12 +102,19 @@ class StreamStats:
         return {
             **s.as_dict(), "seconds": round(elapsed, 3), "rows_per_second": round(s.read / elapsed),
             "batches": self.batches, "dead_letters": self.dead_letters, "slow_records": self.slow_records,
-            "unknown_fields": dict(self.unknown_fields), "next_offsets": dict(self.offsets),
+            **_unknown_summary(self.unknown_fields), "next_offsets": dict(self.offsets),
             "lag": dict(self.lag), "lag_total": sum(self.lag.values()) if self.lag else None,
             "newest_event_time": self.newest_event_time,
             "latency_ms": {"p50": self.latency_quantile(0.5), "p99": self.latency_quantile(0.99)},
             **({"aggregations": self.aggregations.as_dict()} if self.aggregations is not None else {}),
         }
+
+
+def _unknown_summary(unknown: TopCounter) -> dict[str, Any]:
+    """``unknown_fields`` (the top keys, largest first) and ``unknown_fields_other`` (the
+    records counted for every other key) of a summary."""
+    top, other = unknown.shown()
+    return {"unknown_fields": top, "unknown_fields_other": other}
 
 
 class StreamProcessor:
@@ -212,9 +220,11 @@ class StreamProcessor:
     # --- one micro-batch -------------------------------------------------------------
 
     def process(self, values: Sequence[bytes | None], topics: pa.Array, partitions: pa.Array,
-                offsets: pa.Array, timestamps_ms: npt.NDArray[np.int64] | None = None
-                ) -> npt.NDArray[np.int8]:
-        """Write one micro-batch; returns per record 0 (a row for the stores) or 1 (rejected)."""
+                offsets: pa.Array, timestamps_ms: npt.NDArray[np.int64] | None = None,
+                via: pa.Array | None = None) -> npt.NDArray[np.int8]:
+        """Write one micro-batch; returns per record 0 (a row for the stores) or 1 (rejected).
+        ``via``: per record, its ``featureline-source`` header (bytes or null), kept in the
+        lineage after the Kafka coordinates when valid (:func:`record_uris`)."""
         assert self._writer is not None, "open() first"
         n = len(values)
         outcome = np.zeros(n, dtype=np.int8)
@@ -223,7 +233,7 @@ class StreamProcessor:
         now = dt.datetime.now(dt.UTC)
         ctx = RunContext(self.compiled.name, self.compiled.schema.version_str, self.compiled.fingerprint,
                          self.run_id, now)
-        uris = record_uris(topics, partitions, offsets)
+        uris = record_uris(topics, partitions, offsets, via)
         offs = np.asarray(pa.array(offsets).cast(pa.int64()).to_numpy(zero_copy_only=False), dtype=np.int64)
         # Chunks of the micro-batch are prepared while the stores write the previous one
         # (BatchWriter, two units in flight); everything is written before this returns.
@@ -465,7 +475,7 @@ class PreparedRecords:
     ``unknown_fields`` count, and how many records took the per-record path (``slow``)."""
 
     prepared: Prepared
-    unknown_fields: Counter[str]
+    unknown_fields: TopCounter
     slow: int
     decode_rejects: int
 
@@ -491,7 +501,7 @@ def prepare_records(values: Sequence[bytes | None], uris: pa.Array, offsets: npt
     max_bytes = schema.payload.max_bytes
     n = len(values)
     parts: list[tuple[Prepared, npt.NDArray[np.int64]]] = []
-    unknown: Counter[str] = Counter()
+    unknown = TopCounter()
     slow = np.arange(n, dtype=np.int64)
     if decoder is not None and n >= max(columnar_min, 1):
         col = decoder.decode(values)
@@ -513,13 +523,13 @@ def prepare_records(values: Sequence[bytes | None], uris: pa.Array, offsets: npt
             if len(rerun):
                 keep = np.ones(col.table.num_rows, dtype=np.bool_)
                 keep[rerun] = False
-                unknown += col.unknown_fields(np.flatnonzero(keep))
+                unknown.update(col.unknown_fields(np.flatnonzero(keep)))
             else:
-                unknown += col.unknown_fields()
+                unknown.update(col.unknown_fields())
             parts.append((prepared, pos))
     slow_values = [values[int(i)] for i in slow]
     dec = decode(slow_values, max_bytes=max_bytes, known=known)
-    unknown += dec.unknown_fields
+    unknown.update(dec.unknown_fields)
     rows = dec.rows
     if rows:
         pos = slow[dec.index]

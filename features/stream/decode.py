@@ -7,7 +7,8 @@ lone surrogate (a ``"\\ud800"`` escape: text UTF-8, Arrow and PostgreSQL cannot 
 Every other record is a ``decode`` reject on the pseudo-field ``_payload``; nothing is
 dropped. A record over the limit is refused by its length alone, before any decoding.
 Keys the schema does not read are ignored; ``unknown_fields`` counts, per unknown key,
-the records in which it holds a value (not null). The keys read (``known``) are the
+the records in which it holds a value (not null), in a :class:`TopCounter` (the
+``UNKNOWN_FIELDS_TOP`` most frequent keys and an ``other`` count). The keys read (``known``) are the
 fields' input names: a field's ``source:`` (``"Dep Delay"``), else its name, so with a
 source the field's own name is an unknown key. The rows keep the record's keys (the
 rejects' raw shows them); :func:`features.sources.names.as_fields` renames them.
@@ -20,7 +21,7 @@ from __future__ import annotations
 import base64
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,13 +34,88 @@ from features.compile.rules import ReasonCode
 from features.validation.result import REJECT_SCHEMA
 
 PAYLOAD_FIELD = "_payload"
+#: how many unknown keys a summary names (the most frequent); the rest are counted in ``other``
+UNKNOWN_FIELDS_TOP = 100
 
 
-def record_uris(topics: pa.Array, partitions: pa.Array, offsets: pa.Array) -> pa.Array:
-    """``kafka://topic/partition/offset`` per record (Arrow kernels, no loop)."""
-    return pc.binary_join_element_wise(
+class TopCounter(Counter[str]):
+    """A Counter of at most ``2 * top`` keys: when an update takes it past that, all but
+    the ``top`` largest counts are moved into ``other`` (a key seen again later starts a
+    new count). ``sum(self.values()) + self.other`` is always the total counted, so the
+    memory is bounded however many distinct keys arrive. Updating with (or ``+=``)
+    another TopCounter adds its ``other`` too; a copy or a pickle keeps ``top`` and
+    ``other``."""
+
+    def __init__(self, counts: Mapping[str, int] | None = None, /, *, top: int = UNKNOWN_FIELDS_TOP,
+                 other: int = 0) -> None:
+        self.top = top
+        self.other = other
+        super().__init__()
+        if counts:
+            self.update(counts)
+
+    def update(self, other: Iterable[str] | Mapping[str, int] | None = None,  # type: ignore[override]
+               /, **kwargs: int) -> None:
+        super().update(other, **kwargs)
+        if isinstance(other, TopCounter):
+            self.other += other.other
+        if len(self) > 2 * self.top:
+            self._prune(self.top)
+
+    def __iadd__(self, other: Mapping[str, int]) -> TopCounter:  # type: ignore[override,misc]
+        self.update(other)
+        return self
+
+    def copy(self) -> TopCounter:
+        return TopCounter(dict(self), top=self.top, other=self.other)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _top_counter, (dict(self), self.top, self.other)
+
+    def _prune(self, keep: int) -> None:
+        kept = dict(self.most_common(keep))
+        self.other += sum(v for k, v in self.items() if k not in kept)
+        self.clear()
+        super().update(kept)
+
+    def shown(self) -> tuple[dict[str, int], int]:
+        """The ``top`` largest counts (largest first) and the count of everything else."""
+        kept = dict(self.most_common(self.top))
+        return kept, self.other + sum(self.values()) - sum(kept.values())
+
+
+def _top_counter(counts: dict[str, int], top: int, other: int) -> TopCounter:
+    """A :class:`TopCounter` again (what its pickle calls)."""
+    return TopCounter(counts, top=top, other=other)
+
+
+#: The Kafka header HTTP ingest writes on each record it produces (the same name as
+#: ``features.serve.ingest.SOURCE_HEADER``): ``http://<request id>#<index>``.
+SOURCE_HEADER = "featureline-source"
+#: a header value the lineage keeps (serve's request id charset and length); any other
+#: value (longer, other bytes, not UTF-8) is left out, so a producer cannot write junk
+VIA_PATTERN = r"^http://[A-Za-z0-9._:-]{1,128}#[0-9]{1,10}$"
+#: between a record's Kafka coordinates and the source its producer named
+VIA = " via "
+
+
+def record_uris(topics: pa.Array, partitions: pa.Array, offsets: pa.Array,
+                via: pa.Array | None = None) -> pa.Array:
+    """``kafka://topic/partition/offset`` per record (Arrow kernels, no loop); with
+    ``via`` (per record, the ``featureline-source`` header's bytes, or null) a record whose
+    header matches :data:`VIA_PATTERN` gets ``kafka://topic/partition/offset via
+    http://<request id>#<index>``; the others keep the Kafka URI alone."""
+    uris = pc.binary_join_element_wise(
         "kafka://", pc.cast(topics, pa.string()), "/", pc.cast(partitions, pa.string()), "/",
         pc.cast(offsets, pa.string()), "")
+    if via is None or len(via) == 0:
+        return uris
+    via = pc.cast(via, pa.binary())
+    ok = pc.fill_null(pc.match_substring_regex(via, VIA_PATTERN), False)
+    if not pc.any(ok).as_py():
+        return uris
+    text = pc.cast(pc.if_else(ok, via, pa.scalar(b"", pa.binary())), pa.string())  # ASCII: matched
+    return pc.if_else(ok, pc.binary_join_element_wise(uris, text, VIA), uris)
 
 
 @dataclass
@@ -52,7 +128,7 @@ class Decoded:
     index: npt.NDArray[np.int64]
     rejects: pa.Table
     failed: npt.NDArray[np.int64]
-    unknown_fields: Counter[str] = field(default_factory=Counter)
+    unknown_fields: TopCounter = field(default_factory=TopCounter)
 
 
 #: what the rejects table and the dead-letter topic keep of a record over payload.max_bytes
@@ -114,7 +190,7 @@ def decode(values: Sequence[bytes | None], *, max_bytes: int, known: frozenset[s
     index: list[int] = []
     bad_rows: list[int] = []
     messages: list[str] = []
-    unknown: Counter[str] = Counter()
+    unknown = TopCounter()
     for i, value in enumerate(values):
         problem = None
         if value is None:

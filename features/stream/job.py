@@ -37,6 +37,7 @@ from typing import Any
 
 from features.config import SECRET_ENVIRONMENT, Device, env_var, redact
 from features.errors import ConfigError
+from features.stream.decode import SOURCE_HEADER, TopCounter
 
 log = logging.getLogger("features.stream")
 
@@ -186,6 +187,13 @@ def _sql_string(value: str) -> str:
 # --------------------------------------------------------------------------- the UDF
 
 
+def _as_bytes(values: list[Any]) -> list[bytes | None]:
+    """A BYTES column's values as bytes or None (copied only when some are not bytes)."""
+    if not set(map(type, values)) <= {bytes, type(None)}:  # map/set: C-level, no copy
+        return [None if v is None else bytes(v) for v in values]
+    return values
+
+
 def _make_udf(cfg: StreamConfig) -> Any:
     import pandas as pd
     from pyflink.table import DataTypes
@@ -226,22 +234,21 @@ def _make_udf(cfg: StreamConfig) -> Any:
                 group.gauge(name, lambda n=name: int(getattr(s, n)))
             group.gauge("lag", lambda: int(sum(self.proc.stats.lag.values())))
 
-        def eval(self, value: Any, topic: Any, partition: Any, offset: Any, ts: Any) -> Any:
-            return pd.Series(self._process(value, topic, partition, offset, ts).astype("int32"))
+        def eval(self, value: Any, topic: Any, partition: Any, offset: Any, ts: Any, via: Any) -> Any:
+            return pd.Series(self._process(value, topic, partition, offset, ts, via).astype("int32"))
 
-        def _process(self, value: Any, topic: Any, partition: Any, offset: Any, ts: Any) -> Any:
+        def _process(self, value: Any, topic: Any, partition: Any, offset: Any, ts: Any, via: Any) -> Any:
             import numpy as np
             import pyarrow as pa
 
-            values = value.tolist()  # bytes (or None) each: the BYTES column as Python objects
-            if not set(map(type, values)) <= {bytes, type(None)}:  # map/set: C-level, no copy
-                values = [None if v is None else bytes(v) for v in values]
+            values = _as_bytes(value.tolist())  # the BYTES column as Python objects
             stamps = pd.to_datetime(ts, utc=True)
             epoch = pd.Timestamp(0, tz="UTC")
             ms = ((stamps - epoch) // pd.Timedelta(milliseconds=1)).to_numpy(dtype=np.int64)
             out = self.proc.process(values, pa.array(topic, pa.string(), from_pandas=True),
                                     pa.array(partition, pa.int32(), from_pandas=True),
-                                    pa.array(offset, pa.int64(), from_pandas=True), ms)
+                                    pa.array(offset, pa.int64(), from_pandas=True), ms,
+                                    pa.array(_as_bytes(via.tolist()), pa.binary()))
             self._save()
             return out
 
@@ -401,13 +408,15 @@ def build(cfg: StreamConfig) -> tuple[Any, Any]:
           `topic` STRING METADATA VIRTUAL,
           `partition` INT METADATA VIRTUAL,
           `offset` BIGINT METADATA VIRTUAL,
-          `ts` TIMESTAMP_LTZ(3) METADATA FROM 'timestamp' VIRTUAL
+          `ts` TIMESTAMP_LTZ(3) METADATA FROM 'timestamp' VIRTUAL,
+          `headers` MAP<STRING, BYTES> METADATA VIRTUAL
         ) WITH ({with_clause})""")
     t_env.execute_sql("CREATE TEMPORARY TABLE featureline_done (outcome INT) "
                       "WITH ('connector' = 'blackhole')")
     t_env.create_temporary_function("featureline_process", _make_udf(cfg))
     stmt = t_env.create_statement_set()
-    select = ("SELECT featureline_process(`value`, `topic`, `partition`, `offset`, `ts`) AS outcome "
+    select = ("SELECT featureline_process(`value`, `topic`, `partition`, `offset`, `ts`, "
+              f"`headers`[{_sql_string(SOURCE_HEADER)}]) AS outcome "
               "FROM featureline_source")
     stmt.add_insert_sql(f"INSERT INTO featureline_done {select}")
     return env, stmt
@@ -487,10 +496,11 @@ def merged_summary(summary_dir: str | Path, run_id: str) -> dict[str, Any]:
     # consumer lag as each subtask last measured it (with its status lines and on close)
     total["lag"] = {k: int(v) for p in parts for k, v in (p.get("lag") or {}).items()}
     total["lag_total"] = sum(total["lag"].values()) if total["lag"] else None
-    total["unknown_fields"] = {}
+    unknown = TopCounter()
     for p in parts:
-        for k, v in (p.get("unknown_fields") or {}).items():
-            total["unknown_fields"][k] = total["unknown_fields"].get(k, 0) + int(v)
+        unknown.update({k: int(v) for k, v in (p.get("unknown_fields") or {}).items()})
+        unknown.other += int(p.get("unknown_fields_other") or 0)
+    total["unknown_fields"], total["unknown_fields_other"] = unknown.shown()
     aggs = [p["aggregations"] for p in parts if p.get("aggregations")]
     if aggs:  # events = accepted + late + duplicates, per subtask and in total
         akeys = ("events", "accepted", "late", "duplicates", "rows_written", "hot_written",

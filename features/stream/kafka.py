@@ -118,6 +118,7 @@ def topic_max_message_bytes(bootstrap: str, topic: str, *, timeout_s: float = 15
 
 def produce(bootstrap: str, topic: str, values: Sequence[bytes | None], *,
             keys: Sequence[bytes | None] | None = None,
+            headers: Sequence[list[tuple[str, str | bytes | None]] | None] | None = None,
             properties: Mapping[str, str] | None = None) -> list[tuple[int, int, int]]:
     """Send ``values`` in order; returns each record's (partition, offset, timestamp ms)
     once the broker acknowledged all of them."""
@@ -140,7 +141,8 @@ def produce(bootstrap: str, topic: str, values: Sequence[bytes | None], *,
         key = keys[i] if keys is not None else None
         while True:
             try:
-                producer.produce(topic, value=value, key=key, on_delivery=delivered(i))
+                producer.produce(topic, value=value, key=key, on_delivery=delivered(i),
+                                 headers=headers[i] if headers is not None else None)
                 break
             except BufferError:
                 producer.poll(0.1)
