@@ -4,6 +4,7 @@
 ``POST /v1/schemas/{name}/events``    records -> rejects table + dead letters, then the topic
 ``GET /healthz``                      200 while the process serves
 ``GET /readyz``                       200 when the broker answers and every topic exists
+                                      (the reason and the schemas: with a valid token only)
 ``GET /metrics``                      this worker's Prometheus metrics
 ====================================  =======================================================
 
@@ -11,17 +12,21 @@
 
 1. auth (``Authorization: Bearer <token>``: 401 missing or malformed, 403 unknown),
    method (405), schema (404), body size (413: Content-Length first, then counted while
-   reading), body shape (400, :mod:`features.serve.body`);
-2. :meth:`~features.serve.ingest.SchemaIngest.submit`: the schema's checking thread runs
-   the stream's micro-batch step on it, together with the requests that arrived
-   meanwhile (never on the event loop);
+   reading), body shape (400, :mod:`features.serve.body`), records per body (413);
+2. :meth:`~features.serve.ingest.SchemaIngest.submit` (503 when the bodies waiting to be
+   checked are at their limit): the schema's checking thread runs the stream's
+   micro-batch step on it, together with the requests that arrived meanwhile (never on
+   the event loop);
 3. when some records are rejected: their rows into the rejects table (a thread) and their
    dead letters to the dead-letter topic, acknowledged, **before** anything else;
 4. the valid records to the schema's topic; the response waits for every acknowledgement:
-   202 (all accepted) or 422 (some rejected, the others accepted), each with the request
-   id; 503 when Postgres or Kafka could not take them (nothing is acknowledged; a retry is
-   safe: the stream's stores keep the first write of an (entity, event time), rejects are
-   unique per ``http://<request id>#<index>``).
+   202 (all accepted) or 422 (some rejected, the others accepted, the first
+   ``--max-errors`` field errors listed), each with the request id; 503 when Postgres or
+   Kafka could not take them for now (a :class:`~features.errors.Transient` error: nothing
+   is acknowledged; a retry is safe: the stream's stores keep the first write of an
+   (entity, event time), rejects are unique per ``http://<request id>#<index>``); 413
+   when Kafka refused a record as too large for the topic, 502 when it or Postgres refused
+   the request for good otherwise (no Retry-After: the same request fails again).
 
 The lifespan startup compiles nothing itself: it opens each schema's rejects writer and
 the producer (failing the worker's start when Postgres refuses); the lifespan shutdown,
@@ -41,12 +46,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from features.errors import SinkError
+from features.errors import SinkError, Transient
 from features.logs import fields
 from features.metrics import CONTENT_TYPE, MetricsServer, Registry
-from features.serve.body import BadBody
-from features.serve.ingest import SchemaIngest
-from features.serve.producer import AsyncProducer
+from features.serve.body import BadBody, TooManyRecords
+from features.serve.ingest import IngestBusy, SchemaIngest
+from features.serve.producer import AsyncProducer, RecordRefused
 
 log = logging.getLogger("features.serve")
 access_log = logging.getLogger("features.serve.access")
@@ -237,12 +242,18 @@ class IngestApp:
     async def _metrics(self, method: str, *_: Any) -> Response:
         return _get_only(method) or Response(200, self.metrics.registry.exposition())
 
-    async def _readyz(self, method: str, *_: Any) -> Response:
+    async def _readyz(self, method: str, path: str, headers: dict[bytes, bytes], *_: Any) -> Response:
+        """200 ready / 503 not ready. The reason (which may name topics and the broker's
+        address and errors), the schemas and the worker go to a client with a valid token
+        only (or to every client under ``--insecure-no-auth``); a probe without one (or
+        with a wrong one) learns the status alone."""
         if (wrong := _get_only(method)) is not None:
             return wrong
         ok, reason = await self.readiness()
-        return Response(200 if ok else 503, {"status": "ready" if ok else "not ready", "reason": reason,
-                                             "schemas": sorted(self.schemas), "worker": self.worker})
+        body: dict[str, Any] = {"status": "ready" if ok else "not ready"}
+        if self._authorize(headers) is None:
+            body.update(reason=reason, schemas=sorted(self.schemas), worker=self.worker)
+        return Response(200 if ok else 503, body)
 
     async def readiness(self) -> tuple[bool, str]:
         """(ready, reason): the broker answers a metadata request and every topic (and
@@ -288,8 +299,13 @@ class IngestApp:
         ctype = headers.get(b"content-type", b"").decode("latin-1")
         try:
             checked = await asyncio.wrap_future(ingest.submit(body, ctype, request_id))
+        except TooManyRecords as exc:
+            return Response(413, {"error": str(exc), "max_records": exc.limit})
         except BadBody as exc:
             return Response(400, {"error": str(exc)})
+        except IngestBusy as exc:
+            log.warning("serve: request %s: %s", request_id, exc)
+            return Response(503, {"error": str(exc)}, headers=((b"retry-after", b"1"),))
         assert self.producer is not None
         try:
             if checked.rejected:  # rejects are stored and acknowledged before any valid record
@@ -299,15 +315,14 @@ class IngestApp:
                                              [(k, v, None) for k, v in checked.dead_letters])
             await self.producer.send(ingest.topic, checked.messages)
         except SinkError as exc:
-            log.warning("serve: request %s: %s", request_id, exc)
-            return Response(503, {"error": f"{exc}; nothing was acknowledged, retry the request (it is "
-                                  "idempotent)"}, headers=((b"retry-after", b"1"),), records=checked.records)
+            return _sink_failed(exc, request_id, checked.records)
         self.metrics.records.labels(ingest.name, "accepted").inc(checked.accepted)
         self.metrics.records.labels(ingest.name, "rejected").inc(checked.rejected)
         body_out: dict[str, Any] = {"request_id": request_id, "accepted": checked.accepted,
                                     "rejected": checked.rejected}
         if checked.rejected:
-            body_out["errors"] = checked.errors
+            body_out.update(errors=checked.errors, errors_total=checked.errors_total,
+                            errors_truncated=checked.errors_truncated)
         return Response(422 if checked.rejected else 202, body_out, records=checked.records,
                         accepted=checked.accepted, rejected=checked.rejected)
 
@@ -347,6 +362,22 @@ class IngestApp:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _sink_failed(exc: SinkError, request_id: str, records: int) -> Response:
+    """The answer to a request that a store could not take: 503 with Retry-After when
+    the error is Transient (a retry may succeed), else no Retry-After: 413 for a record
+    too large for its topic, 502 for any other refusal (``kafka_error`` names Kafka's)."""
+    if isinstance(exc, Transient):
+        log.warning("serve: request %s: %s", request_id, exc)
+        return Response(503, {"error": f"{exc}; nothing was acknowledged, retry the request (it is "
+                              "idempotent)"}, headers=((b"retry-after", b"1"),), records=records)
+    log.error("serve: request %s refused for good: %s", request_id, exc)
+    body: dict[str, Any] = {"error": f"{exc}; the request was not fully accepted: do not retry it unchanged"}
+    if isinstance(exc, RecordRefused):
+        body["kafka_error"] = exc.code
+        return Response(413 if exc.too_large else 502, body, records=records)
+    return Response(502, body, records=records)
 
 
 def _get_only(method: str) -> Response | None:

@@ -3,8 +3,10 @@
 Three shapes (``docs/ingest.md``):
 
 - **NDJSON** (Content-Type ``application/x-ndjson``, ``application/ndjson`` or
-  ``application/jsonl``): each line that is not blank is one record, its bytes exactly
-  as sent (a line that is not JSON, or not UTF-8, is a record the decoder rejects, as the
+  ``application/jsonl``): lines end at ``\n`` only (a ``\r`` before it is JSON
+  whitespace), and each line that is not blank (blank: JSON whitespace only, space, tab,
+  ``\r``) is one record, its bytes exactly as sent (a line that is not JSON, or not UTF-8,
+  such as a lone vertical tab or form feed, is a record the decoder rejects, as the
   stream would);
 - **a JSON object**: the body (without surrounding whitespace) is one record;
 - **a JSON array**: each element is one record, its exact source text (found by walking
@@ -14,7 +16,9 @@ Three shapes (``docs/ingest.md``):
 
 Anything else (a body that is not UTF-8 or does not parse as JSON, or a top-level value
 that is neither an object nor an array) raises :class:`BadBody`: the request is refused
-whole (HTTP 400) and no record of it is read.
+whole (HTTP 400) and no record of it is read. A body of more than ``max_records`` records
+raises :class:`TooManyRecords` (HTTP 413) as soon as the record past the limit is found:
+no list of more than ``max_records + 1`` records is ever built.
 """
 
 from __future__ import annotations
@@ -25,11 +29,23 @@ import json
 NDJSON_TYPES = frozenset({"application/x-ndjson", "application/ndjson", "application/jsonl"})
 
 _WS = " \t\n\r"
+#: What an NDJSON line may hold and still be blank (JSON whitespace without the ``\n``
+#: that ended it). Not ``bytes.strip()``'s set, which also takes ``\x0b`` and ``\x0c``.
+_LINE_WS = b" \t\r"
 _DECODER = json.JSONDecoder()
 
 
 class BadBody(ValueError):
     """The body is not one of the accepted shapes; ``str()`` says why (shown to the client)."""
+
+
+class TooManyRecords(BadBody):
+    """The body holds more than ``limit`` records (HTTP 413); none of it is read further."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the body holds more than {limit:,} records, the limit per request "
+                         "(--max-records); split it into several requests")
+        self.limit = limit
 
 
 def is_ndjson(content_type: str | None) -> bool:
@@ -39,18 +55,33 @@ def is_ndjson(content_type: str | None) -> bool:
     return content_type.split(";", 1)[0].strip().lower() in NDJSON_TYPES
 
 
-def split_ndjson(body: bytes) -> list[bytes]:
-    """Every non-blank line of ``body``, as sent (a trailing ``\\r`` stays: JSON whitespace)."""
-    return [line for line in body.split(b"\n") if line.strip()]
+def split_ndjson(body: bytes, max_records: int | None = None) -> list[bytes]:
+    """Every non-blank line of ``body``, as sent (a trailing ``\\r`` stays: JSON whitespace).
+    TooManyRecords past ``max_records`` (None: no limit)."""
+    if max_records is None or body.count(b"\n") < max_records:  # at most max_records lines
+        return [line for line in body.split(b"\n") if line.strip(_LINE_WS)]
+    out: list[bytes] = []
+    start = 0
+    while start <= len(body):
+        end = body.find(b"\n", start)
+        end = len(body) if end < 0 else end
+        line = body[start:end]
+        if line.strip(_LINE_WS):
+            if len(out) == max_records:
+                raise TooManyRecords(max_records)
+            out.append(line)
+        start = end + 1
+    return out
 
 
-def split_json(body: bytes) -> list[bytes]:
+def split_json(body: bytes, max_records: int | None = None) -> list[bytes]:
     """The records of a JSON body (an object: itself; an array: its elements' source text).
 
     Raises BadBody for a body that is not UTF-8, not JSON, or whose top-level value is
-    neither an object nor an array. An object too deeply nested for Python's parser is
-    still one record (the decoder rejects it, as the stream would); inside an array such
-    an element cannot be delimited, so the body is refused.
+    neither an object nor an array, TooManyRecords for an array of more than
+    ``max_records`` elements (None: no limit). An object too deeply nested for Python's
+    parser is still one record (the decoder rejects it, as the stream would); inside an
+    array such an element cannot be delimited, so the body is refused.
     """
     try:
         text = body.decode("utf-8")
@@ -75,10 +106,10 @@ def split_json(body: bytes) -> list[bytes]:
             raise BadBody(f"the body is not valid JSON: {exc}") from None
         raise BadBody(f"the body is a JSON {type(value).__name__}; send a JSON object, a JSON array of "
                       "objects, or NDJSON (Content-Type application/x-ndjson)")
-    return _array_elements(text, start, body if body.isascii() else None)
+    return _array_elements(text, start, body if body.isascii() else None, max_records)
 
 
-def _array_elements(text: str, pos: int, ascii_body: bytes | None) -> list[bytes]:
+def _array_elements(text: str, pos: int, ascii_body: bytes | None, max_records: int | None) -> list[bytes]:
     """The source text of each element of the array starting at ``text[pos]`` (``[``),
     which must be the whole rest of the body (whitespace aside)."""
     out: list[bytes] = []
@@ -88,6 +119,8 @@ def _array_elements(text: str, pos: int, ascii_body: bytes | None) -> list[bytes
         i += 1
     else:
         while True:
+            if max_records is not None and len(out) == max_records:
+                raise TooManyRecords(max_records)
             try:
                 _, end = _DECODER.raw_decode(text, i)
             except RecursionError:
@@ -115,6 +148,9 @@ def _skip(text: str, i: int) -> int:
     return i
 
 
-def split_body(body: bytes, content_type: str | None) -> list[bytes]:
-    """The records of ``body`` (see the module docstring); BadBody when it is refused."""
-    return split_ndjson(body) if is_ndjson(content_type) else split_json(body)
+def split_body(body: bytes, content_type: str | None, max_records: int | None = None) -> list[bytes]:
+    """The records of ``body`` (see the module docstring); BadBody when it is refused,
+    TooManyRecords (a BadBody) when it holds more than ``max_records`` (None: no limit)."""
+    if is_ndjson(content_type):
+        return split_ndjson(body, max_records)
+    return split_json(body, max_records)

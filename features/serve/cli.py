@@ -10,7 +10,10 @@ Signals: SIGTERM or SIGINT to the parent is forwarded to the workers as SIGTERM 
 its own process group, so a terminal's Ctrl-C reaches only the parent); each worker then
 stops accepting, finishes its in-flight requests, runs the lifespan shutdown (flushes the
 producer) and exits; the parent closes its copy of the socket, waits for them and exits
-0. A worker that dies on its own is replaced; a worker whose parent died stops itself.
+0. A worker that dies on its own is replaced after a backoff (0.5 s, doubling per exit of
+that worker within ``--restart-window``, at most 30 s); past ``--restart-limit`` restarts
+of one worker within the window (e.g. Postgres refuses every new worker) the parent stops
+every worker, logs why and exits 1. A worker whose parent died stops itself.
 """
 
 from __future__ import annotations
@@ -25,10 +28,12 @@ import socket
 import sys
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 from features.load.cli import _port
+from features.serve.limits import LIMIT_CONCURRENCY, MAX_ERRORS, MAX_QUEUED_BYTES, MAX_RECORDS
 
 log = logging.getLogger("features.serve")
 
@@ -37,6 +42,13 @@ log = logging.getLogger("features.serve")
 GRACEFUL_TIMEOUT_S = 30
 #: How long the parent waits for every worker's startup.
 STARTUP_TIMEOUT_S = 180.0
+#: A worker that exited is started again after RESTART_BACKOFF_S, doubled for each other
+#: exit of that worker within the restart window, at most RESTART_BACKOFF_MAX_S.
+RESTART_BACKOFF_S = 0.5
+RESTART_BACKOFF_MAX_S = 30.0
+#: Restarts of one worker allowed within the window (``--restart-limit``, ``--restart-window``).
+RESTART_LIMIT = 5
+RESTART_WINDOW_S = 300.0
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMG]i?B?|B)?\s*$", re.IGNORECASE)
 
 
@@ -51,11 +63,31 @@ def _size(text: str) -> int:
     return int(m.group(1)) * scale
 
 
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid count {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
 def _workers(text: str) -> int:
     n = int(text)
     if n < 1:
         raise argparse.ArgumentTypeError("--workers must be at least 1")
     return n
+
+
+def _seconds(text: str) -> float:
+    try:
+        s = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid seconds {text!r}") from None
+    if not s > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    return s
 
 
 def add_parser(sub: Any) -> None:
@@ -85,6 +117,23 @@ def add_parser(sub: Any) -> None:
                    "'{topic}.rejects'; '' disables dead letters, rejects still go to the rejects table)")
     p.add_argument("--max-body-bytes", type=_size, default=16 * 1024 * 1024, metavar="SIZE",
                    help="largest request body, e.g. 16MiB, 512KiB, 1000000 (default 16MiB; larger: 413)")
+    p.add_argument("--max-records", type=_positive, default=MAX_RECORDS, metavar="N",
+                   help=f"most records in one request (default {MAX_RECORDS:,}; more: 413, nothing read)")
+    p.add_argument("--max-errors", type=_positive, default=MAX_ERRORS, metavar="N",
+                   help=f"most field errors listed in a 422 response (default {MAX_ERRORS:,}); the response "
+                   "also says errors_total and errors_truncated")
+    p.add_argument("--max-queued-bytes", type=_size, default=MAX_QUEUED_BYTES, metavar="SIZE",
+                   help="most body bytes waiting to be checked, per worker and schema (default 64MiB; "
+                   "past it: 503 Retry-After)")
+    p.add_argument("--limit-concurrency", type=_positive, default=LIMIT_CONCURRENCY, metavar="N",
+                   help=f"most connections and requests one worker takes at once (default "
+                   f"{LIMIT_CONCURRENCY}; past it uvicorn answers 503)")
+    p.add_argument("--restart-limit", type=_positive, default=RESTART_LIMIT, metavar="N",
+                   help=f"a worker that exits is restarted after a backoff (0.5 s doubling, at most 30 s); "
+                   f"after N restarts of one worker within --restart-window the service stops with exit "
+                   f"1 (default {RESTART_LIMIT})")
+    p.add_argument("--restart-window", type=_seconds, default=RESTART_WINDOW_S, metavar="SECONDS",
+                   help=f"the window --restart-limit counts in (default {RESTART_WINDOW_S:g})")
     p.add_argument("--insecure-no-auth", action="store_true",
                    help="accept requests without a token (refused unless --host is a loopback address)")
     p.add_argument("--metrics-port", type=_port, default=None, metavar="PORT",
@@ -110,6 +159,12 @@ class ServeOptions:
     access_log: bool
     run_id: str
     log_format: str | None
+    max_records: int = MAX_RECORDS
+    max_errors: int = MAX_ERRORS
+    max_queued_bytes: int = MAX_QUEUED_BYTES
+    limit_concurrency: int = LIMIT_CONCURRENCY
+    restart_limit: int = RESTART_LIMIT
+    restart_window_s: float = RESTART_WINDOW_S
 
     def topic(self, schema: str) -> str:
         return self.topic_template.format(schema=schema)
@@ -170,7 +225,9 @@ def run(args: argparse.Namespace) -> int:
     set_run_id(run_id)
     options = ServeOptions(args.schemas, tuple(served), args.topic_template, args.dead_letter_topic_template,
                            args.max_body_bytes, args.insecure_no_auth, args.metrics_port, args.access_log,
-                           run_id, active_format())
+                           run_id, active_format(), max_records=args.max_records, max_errors=args.max_errors,
+                           max_queued_bytes=args.max_queued_bytes, limit_concurrency=args.limit_concurrency,
+                           restart_limit=args.restart_limit, restart_window_s=args.restart_window)
     sock = _bind(args.host, args.port)
     host, port = sock.getsockname()[:2]
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
@@ -223,7 +280,9 @@ def serve_worker(index: int, sock: socket.socket, options: ServeOptions, *, on_r
 
     loaded = load_schemas(options.schemas_dir)
     ingests = [SchemaIngest(compile_schema(loaded[name]), settings, topic=options.topic(name),
-                            dead_letter_topic=options.dead_letter_topic(name), run_id=options.run_id)
+                            dead_letter_topic=options.dead_letter_topic(name), run_id=options.run_id,
+                            max_records=options.max_records, max_errors=options.max_errors,
+                            max_queued_bytes=options.max_queued_bytes)
                for name in options.schemas]
     max_message = max(2 * i.max_bytes + 65_536 for i in ingests)
 
@@ -236,7 +295,8 @@ def serve_worker(index: int, sock: socket.socket, options: ServeOptions, *, on_r
                     access_log=options.access_log, on_ready=on_ready)
     config = uvicorn.Config(app, loop="uvloop", http="httptools", lifespan="on", access_log=False,
                             log_config=None, server_header=False, proxy_headers=False,
-                            timeout_graceful_shutdown=GRACEFUL_TIMEOUT_S)
+                            timeout_graceful_shutdown=GRACEFUL_TIMEOUT_S,
+                            limit_concurrency=options.limit_concurrency)
     server = _server_class()(config)
     if watch_parent is not None:
         threading.Thread(target=_watch_parent, args=(server, watch_parent), daemon=True).start()
@@ -328,13 +388,39 @@ def _supervise(sock: socket.socket, options: ServeOptions, workers: int, ready: 
                               key="workers")
         time.sleep(0.05)
     ready()
+    exits: dict[int, deque[float]] = {i: deque() for i in procs}  # each worker's exits in the window
+    due: dict[int, float] = {}  # worker -> when its replacement starts
+    code = 0
     while not stopping.is_set():
+        now = time.monotonic()
         for i, p in list(procs.items()):
-            if not p.is_alive() and not stopping.is_set():
-                log.error("serve: worker %d exited (code %s); starting a new one", i, p.exitcode)
+            if i in due or p.is_alive() or stopping.is_set():
+                continue
+            recent = exits[i]
+            recent.append(now)
+            while recent and recent[0] < now - options.restart_window_s:
+                recent.popleft()
+            if len(recent) > options.restart_limit:
+                log.error("serve: worker %d exited %d times in the last %g s (last exit code %s): the "
+                          "restart budget (--restart-limit %d in --restart-window %g s) is spent; stopping "
+                          "the service (see the worker's log lines above for why it cannot start)", i,
+                          len(recent),
+                          options.restart_window_s, p.exitcode, options.restart_limit,
+                          options.restart_window_s)
+                code = 1
+                on_signal(signal.SIGTERM, None)
+                break
+            wait = min(RESTART_BACKOFF_MAX_S, RESTART_BACKOFF_S * 2 ** (len(recent) - 1))
+            log.error("serve: worker %d exited (code %s); starting a new one in %g s (restart %d of %d "
+                      "allowed in %g s)", i, p.exitcode, wait, len(recent), options.restart_limit,
+                      options.restart_window_s)
+            due[i] = now + wait
+        for i, when in list(due.items()):
+            if when <= now and not stopping.is_set():
+                del due[i]
                 start(i)
-        stopping.wait(0.5)
+        stopping.wait(0.1)
     sock.close()  # the workers close theirs while stopping: new connections are refused
     for p in procs.values():
         p.join()
-    return 0
+    return code

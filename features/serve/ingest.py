@@ -11,7 +11,13 @@ same reject rules and messages), and turns the outcome into what the service sen
 - the rejects, as the rejects table holds them (``_source`` =
   ``http://<request id>#<index>``, ``row_index`` = index) and as dead-letter messages
   (:func:`features.stream.core.dead_letter_messages`, the stream's format);
-- one error entry per field error, for the response.
+- the field errors, for the response: the first ``max_errors`` of them (by record index)
+  and how many there are in all (a body of many bad records answers a bounded list).
+
+What one worker holds is bounded: a body is refused past ``max_records`` records
+(:class:`~features.serve.body.TooManyRecords`, HTTP 413) before its records are listed,
+and the bodies waiting to be checked hold at most ``max_queued_bytes`` (past it
+:meth:`SchemaIngest.submit` raises :class:`IngestBusy`, HTTP 503).
 
 ``check`` is pure (writes nothing) and blocking: the server calls it in a thread.
 :meth:`SchemaIngest.write_rejects` writes the rejects table (one Postgres connection
@@ -34,12 +40,24 @@ import pyarrow.compute as pc
 
 from features.compile import CompiledSchema
 from features.config import Settings
+from features.errors import FeaturesError, Transient
 from features.lineage import RunContext
 from features.serve.body import BadBody, split_body
+from features.serve.limits import MAX_ERRORS, MAX_QUEUED_BYTES, MAX_RECORDS
 from features.serve.producer import Message
 
 #: The Kafka header naming where a produced record came from (``http://<id>#<index>``).
 SOURCE_HEADER = "featureline-source"
+
+
+class IngestBusy(FeaturesError, Transient):
+    """The bodies waiting to be checked already hold ``limit`` bytes: the request is not
+    queued (HTTP 503 with Retry-After); ``queued`` is what was waiting."""
+
+    def __init__(self, message: str, *, limit: int, queued: int) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.queued = queued
 
 
 def record_uri(request_id: str, index: int) -> str:
@@ -58,8 +76,14 @@ class Checked:
     rejects: pa.Table
     #: (key, value) of each dead-letter message (one per rejected record)
     dead_letters: list[tuple[bytes, bytes]]
-    #: one entry per field error, by record index: {"index", "field", "rule", "message"}
+    #: the first ``max_errors`` field errors, by record index: {"index", "field", "rule", "message"}
     errors: list[dict[str, Any]] = field(default_factory=list)
+    #: how many field errors there are in all (``errors`` may hold fewer)
+    errors_total: int = 0
+
+    @property
+    def errors_truncated(self) -> bool:
+        return self.errors_total > len(self.errors)
 
     @property
     def accepted(self) -> int:
@@ -90,10 +114,12 @@ _NO_REJECTS = pa.table({"_source": pa.array([], pa.string()), "row_index": pa.ar
 class SchemaIngest:
     """The compiled schema, its transform program, its columnar decoder and its rejects
     writer, for one worker. ``open`` connects to Postgres (SinkUnavailable naming the
-    address; SinkError when the tables belong to another fingerprint)."""
+    address; SinkError when the tables belong to another fingerprint). ``max_records``,
+    ``max_errors`` and ``max_queued_bytes``: see the module docstring."""
 
     def __init__(self, compiled: CompiledSchema, settings: Settings, *, topic: str,
-                 dead_letter_topic: str | None, run_id: str) -> None:
+                 dead_letter_topic: str | None, run_id: str, max_records: int = MAX_RECORDS,
+                 max_errors: int = MAX_ERRORS, max_queued_bytes: int = MAX_QUEUED_BYTES) -> None:
         from features.compile import transform_program
         from features.sinks.postgres import PostgresSink
         from features.stream.columnar import ColumnarDecoder
@@ -105,6 +131,9 @@ class SchemaIngest:
         self.topic = topic
         self.dead_letter_topic = dead_letter_topic
         self.run_id = run_id
+        self.max_records = max_records
+        self.max_errors = max_errors
+        self.max_queued_bytes = max_queued_bytes
         self.entity: str = schema.entity
         self.max_bytes = schema.payload.max_bytes
         self.program = transform_program(compiled, settings)
@@ -114,6 +143,7 @@ class SchemaIngest:
         self._decode_lock = threading.Lock()  # the decoder learns read types: one batch at a time
         self._pg_lock = threading.Lock()      # one connection
         self._queue: list[_Job] = []
+        self._queued_bytes = 0
         self._wake = threading.Condition()
         self._closing = False
         self._thread: threading.Thread | None = None
@@ -138,12 +168,20 @@ class SchemaIngest:
 
     def submit(self, body: bytes, content_type: str, request_id: str) -> Future[Checked]:
         """Queue a request body for :meth:`check_many`; the future holds its
-        :class:`Checked`, or raises BadBody (the body is refused whole). Requests that
-        arrive while a batch is being checked are checked together next, so concurrent
-        small requests share ``prepare_records``' fixed cost."""
+        :class:`Checked`, or raises BadBody (the body is refused whole; TooManyRecords past
+        ``max_records``). Requests that arrive while a batch is being checked are checked
+        together next, so concurrent small requests share ``prepare_records``' fixed cost.
+        Raises IngestBusy (nothing queued) when the queue would go past
+        ``max_queued_bytes``; a body alone in the queue always fits."""
         job = _Job(body, content_type, request_id, Future())
         with self._wake:
+            if self._queue and self._queued_bytes + len(body) > self.max_queued_bytes:
+                raise IngestBusy(f"schema {self.name}: {self._queued_bytes:,} bytes of requests are waiting "
+                                 f"to be checked, the limit is {self.max_queued_bytes:,} "
+                                 "(--max-queued-bytes); retry shortly", limit=self.max_queued_bytes,
+                                 queued=self._queued_bytes)
             self._queue.append(job)
+            self._queued_bytes += len(body)
             self._wake.notify()
         return job.future
 
@@ -160,10 +198,11 @@ class SchemaIngest:
                     size += len(self._queue[take].body)
                     take += 1
                 batch, self._queue = self._queue[:take], self._queue[take:]
+                self._queued_bytes -= size
             parsed: list[tuple[_Job, list[bytes]]] = []
             for job in batch:
                 try:
-                    parsed.append((job, split_body(job.body, job.content_type)))
+                    parsed.append((job, split_body(job.body, job.content_type, self.max_records)))
                 except BadBody as exc:
                     job.future.set_exception(exc)
             if not parsed:
@@ -219,15 +258,28 @@ class SchemaIngest:
                                        pa.array(at - first[jobs], pa.int64()))
             for job in np.unique(jobs).tolist():
                 mine = local.filter(pa.array(jobs == job))
-                errors: list[dict[str, Any]] = []
-                for i, errs in zip(mine.column("row_index").to_pylist(), mine.column("errors").to_pylist(),
-                                   strict=True):
-                    errors.extend({"index": i, "field": e.get("field"), "rule": e.get("rule"),
-                                   "message": e.get("message")} for e in json.loads(errs))
-                errors.sort(key=lambda e: e["index"])  # stable: a record's errors keep their order
+                errors, total = self._errors(mine)
                 dead = dead_letter_messages(mine, c, self.run_id) if self.dead_letter_topic else []
-                out[job] = Checked(out[job].records, out[job].messages, mine, dead, errors)
+                out[job] = Checked(out[job].records, out[job].messages, mine, dead, errors, total)
         return out
+
+    def _errors(self, rejects: pa.Table) -> tuple[list[dict[str, Any]], int]:
+        """(the first ``max_errors`` field errors of one request's reject rows, by record
+        index, a record's errors in their order; how many there are in all). Only those
+        listed become dicts; the others are counted from their JSON."""
+        order = pc.sort_indices(rejects.column("row_index"))  # stable: ties keep their order
+        indices = rejects.column("row_index").take(order).to_pylist()
+        texts = rejects.column("errors").take(order).to_pylist()
+        errors: list[dict[str, Any]] = []
+        total = 0
+        for i, text in zip(indices, texts, strict=True):
+            listed = json.loads(text)
+            total += len(listed)
+            room = self.max_errors - len(errors)
+            if room > 0:
+                errors.extend({"index": i, "field": e.get("field"), "rule": e.get("rule"),
+                               "message": e.get("message")} for e in listed[:room])
+        return errors, total
 
     def write_rejects(self, rejects: pa.Table) -> int:
         """Insert reject rows into the rejects table (a retried request inserts none twice:

@@ -349,7 +349,7 @@ def test_bad_requests_400_404_405_413_and_readyz_without_topics(tmp_path: Path, 
         r = c.getresponse()
         assert r.status == 413
         c.close()
-        status, _, out = server.request("GET", "/readyz")
+        status, _, out = server.request("GET", "/readyz", headers=AUTH)
         assert status == 503 and "missing topic" in out["reason"]
         # bad request ids are replaced; good ones echoed
         status, headers, out = server.post(b"42", {"X-Request-Id": "bad id with spaces"})
@@ -513,3 +513,219 @@ def test_ingest_tokens_are_secrets(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         resolve_settings(environ={}, root=tmp_path)
     assert info.value.key == "ingest_tokens" and "z7" not in str(info.value)
+
+
+# --------------------------------------------------------------------------- issue 29
+
+
+def _worker_pids(parent: int) -> list[int]:
+    """The ``features serve`` parent's worker processes (spawned children, not the
+    multiprocessing resource tracker)."""
+    out = []
+    for task in Path(f"/proc/{parent}/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except FileNotFoundError:
+                continue
+            if b"spawn_main" in cmdline:
+                out.append(int(pid))
+    return out
+
+
+def test_a_record_too_large_for_the_topic_is_413_not_a_503_retry(
+        tmp_path: Path, env: dict[str, str], schemas_dir: Path, settings: Settings) -> None:
+    """The broker refuses a record over the topic's ``max.message.bytes``
+    (MSG_SIZE_TOO_LARGE): retrying cannot help, so the answer is 413 without Retry-After,
+    naming the error, not 503 for ever."""
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+    prefix = f"t_serve_{uuid.uuid4().hex[:8]}_"
+    topic = prefix + SCHEMA
+    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    futures = admin.create_topics([NewTopic(topic, 1, 1, config={"max.message.bytes": "2000"}),
+                                   NewTopic(topic + ".rejects", 1, 1)])
+    for f in futures.values():
+        f.result(30)
+    try:
+        record = json.loads(_valid_events(1, seed=4)[0])
+        big = json.dumps({**record, "note": "x" * 5000}).encode()  # an unknown key: still valid
+        with serve(tmp_path, env, "--schemas", str(schemas_dir),
+                   "--topic-template", prefix + "{schema}") as server:
+            status, headers, body = server.post(big)
+            small = server.post(_valid_events(1, seed=5)[0])
+        assert status == 413, body
+        assert "retry-after" not in headers
+        assert "MSG_SIZE_TOO_LARGE" in body["error"] and body["kafka_error"] == "MSG_SIZE_TOO_LARGE"
+        assert small[0] == 202, small  # the producer still works after a refused record
+    finally:
+        admin.delete_topics([topic, topic + ".rejects"])
+
+
+def test_kafka_errors_are_classified_permanent_or_transient() -> None:
+    from confluent_kafka import KafkaError
+
+    from features.errors import SinkUnavailable, Transient
+    from features.serve.producer import RecordRefused, kafka_failure
+
+    for code in (KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE,
+                 KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.INVALID_RECORD,
+                 KafkaError.CLUSTER_AUTHORIZATION_FAILED, KafkaError._UNKNOWN_TOPIC,
+                 KafkaError.TOPIC_EXCEPTION):
+        err = kafka_failure(KafkaError(code), "t1", "127.0.0.1:9092")
+        assert isinstance(err, RecordRefused) and not isinstance(err, Transient), code
+        assert err.topic == "t1" and err.code == KafkaError(code).name()
+        assert err.too_large == (code in (KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE))
+    for code in (KafkaError._MSG_TIMED_OUT, KafkaError._TRANSPORT, KafkaError.NOT_LEADER_FOR_PARTITION,
+                 KafkaError._ALL_BROKERS_DOWN, KafkaError.REQUEST_TIMED_OUT):
+        err = kafka_failure(KafkaError(code), "t1", "127.0.0.1:9092")
+        assert isinstance(err, SinkUnavailable), code
+
+
+def test_record_limit_capped_errors_and_concurrency_limit(tmp_path: Path, env: dict[str, str],
+                                                          schemas_dir: Path, topics: str) -> None:
+    import socket
+
+    empty = [b"{}"] * 20
+    want = _reference_errors(empty, "cap-1")
+    assert len(want) > 20  # several errors per record
+    with serve(tmp_path, env, "--schemas", str(schemas_dir), "--topic-template", topics,
+               "--max-records", "50", "--max-errors", "10", "--limit-concurrency", "2") as server:
+        status, _, body = server.post(b"[" + b",".join([b"{}"] * 51) + b"]")
+        assert status == 413 and "50" in body["error"] and "records" in body["error"], body
+        status, _, body = server.post(_ndjson([b"{}"] * 51), NDJSON)
+        assert status == 413, body
+        status, _, body = server.post(_ndjson(empty), {**NDJSON, "X-Request-Id": "cap-1"})
+        assert status == 422 and body["rejected"] == 20
+        assert _errors(body) == want[:10]
+        assert body["errors_truncated"] is True and body["errors_total"] == len(want)
+        status, _, body = server.post(_ndjson([b"{}"]), NDJSON)
+        assert status == 422 and body["errors_truncated"] is False
+        assert body["errors_total"] == len(body["errors"])
+        # one idle connection open: with the request's own that makes 2, the --limit-concurrency
+        # (uvicorn answers 503)
+        assert server.request("GET", "/healthz")[0] == 200
+        with socket.create_connection((server.host, server.port)):
+            time.sleep(0.2)
+            assert server.request("GET", "/healthz")[0] == 503
+    help_text = subprocess.run(_command("--help"), env=env, capture_output=True, text=True, timeout=60).stdout
+    for flag in ("--max-records", "--max-errors", "--max-queued-bytes", "--limit-concurrency",
+                 "--restart-limit", "--restart-window"):
+        assert flag in help_text, flag
+
+
+def test_readyz_tells_details_only_to_an_authenticated_client(tmp_path: Path, env: dict[str, str],
+                                                               schemas_dir: Path) -> None:
+    missing = f"t_serve_missing_{uuid.uuid4().hex[:8]}_{{schema}}"
+    with serve(tmp_path, env, "--schemas", str(schemas_dir), "--topic-template", missing) as server:
+        for headers in ({}, {"Authorization": "Bearer wrong-token"}):
+            status, _, out = server.request("GET", "/readyz", headers=headers)
+            assert status == 503 and set(out) == {"request_id", "status"}, out
+            assert out["status"] == "not ready"
+        status, _, out = server.request("GET", "/readyz", headers=AUTH)
+        assert status == 503 and "missing topic" in out["reason"] and out["schemas"] == [SCHEMA]
+
+
+def test_supervisor_backs_off_and_stops_after_the_restart_budget(tmp_path: Path, env: dict[str, str],
+                                                                 schemas_dir: Path, topics: str,
+                                                                 settings: Settings, pg_schema: str) -> None:
+    """A worker that dies is replaced; when its replacements cannot start (Postgres
+    refuses: here the server's schema is gone), the parent stops after the restart budget
+    with an error that says why, instead of restarting every 0.5 s for ever."""
+    import psycopg
+
+    with serve(tmp_path, env, "--schemas", str(schemas_dir), "--topic-template", topics, "--workers", "2",
+               "--restart-limit", "2", "--restart-window", "300") as server:
+        pids = _worker_pids(server.proc.pid)
+        assert len(pids) == 2, pids
+        with psycopg.connect(settings.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA "{pg_schema}" CASCADE')
+        os.kill(pids[0], signal.SIGKILL)
+        try:
+            code = server.proc.wait(120)
+        finally:
+            with psycopg.connect(settings.postgres_dsn, autocommit=True) as conn:
+                conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{pg_schema}"')
+    assert code == 1, server.log.read_text()[-3000:]
+    lines = server.log_lines()
+    restarts = [x for x in lines if "starting a new one" in x.get("message", "")]
+    assert len(restarts) == 2, [x.get("message") for x in lines]
+    final = [x for x in lines if "restart budget" in x.get("message", "")]
+    assert final and "worker 0" in final[-1]["message"] and "3 times" in final[-1]["message"], final
+
+
+def test_ndjson_vertical_tab_and_form_feed_lines_are_decode_rejects() -> None:
+    from features.serve.body import split_body
+
+    body = b'{"a":1}\r\n\x0b\n\x0c\n \t\r\n\x0b{"b":2}\n'
+    records = split_body(body, "application/x-ndjson")
+    assert records == [b'{"a":1}\r', b"\x0b", b"\x0c", b'\x0b{"b":2}']
+    rules = {(i, rule) for i, _, rule, _ in _reference_errors(records, "vt")}
+    assert {(1, "_payload.decode"), (2, "_payload.decode"), (3, "_payload.decode")} <= rules
+
+
+def test_a_full_producer_queue_gives_up_after_its_deadline(settings: Settings) -> None:
+    """librdkafka's queue stays full (one message at most, a broker that is not there):
+    ``send`` stops retrying after ``queue_timeout_s`` with a clear SinkUnavailable."""
+    import asyncio
+
+    from features.errors import SinkUnavailable
+    from features.serve.producer import AsyncProducer
+
+    with socket_closed_port() as port:
+        producer = AsyncProducer(f"127.0.0.1:{port}", {"queue.buffering.max.messages": "1"},
+                                 queue_timeout_s=1.0)
+        try:
+            with pytest.raises(SinkUnavailable) as info:
+                asyncio.run(producer.send("t", [(None, b"{}", None)] * 3))
+            assert "queue" in str(info.value) and info.value.store == "kafka"
+        finally:
+            producer.close(0)
+
+
+@contextmanager
+def socket_closed_port() -> Iterator[int]:
+    """A loopback port nothing listens on (bound, not listening, while in use)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield int(s.getsockname()[1])
+
+
+def test_the_check_queue_is_bounded(settings: Settings) -> None:
+    """A worker's queue of bodies waiting to be checked holds at most ``max_queued_bytes``
+    (one body always fits): a request past it is refused as busy (503), not queued."""
+    from features.serve.ingest import IngestBusy, SchemaIngest
+
+    ingest = SchemaIngest(applicant_schema(), settings, topic="t", dead_letter_topic=None, run_id="r",
+                          max_queued_bytes=100)
+    first = ingest.submit(b"x" * 150, "application/json", "q-1")  # not opened: nothing checks it
+    assert not first.done()
+    with pytest.raises(IngestBusy) as info:
+        ingest.submit(b"y", "application/json", "q-2")
+    assert info.value.limit == 100
+
+
+def _peak_rss_mib(pid: int) -> float:
+    """A process's peak resident set (VmHWM), MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmHWM for {pid}")
+
+
+def test_a_body_of_many_empty_records_costs_bounded_memory(tmp_path: Path, env: dict[str, str],
+                                                           schemas_dir: Path, topics: str) -> None:
+    """1 MiB of ``[{},{},...]`` is 340,000 records, each with an error per required field:
+    with the default limits it is refused (413) before any record is listed, and the
+    worker's peak memory grows by far less than the body expanded would take."""
+    body = b"[" + b",".join([b"{}"] * 340_000) + b"]"
+    assert len(body) < 1024 * 1024
+    with serve(tmp_path, env, "--schemas", str(schemas_dir), "--topic-template", topics) as server:
+        assert server.post(_ndjson(_valid_events(3, seed=1)), NDJSON)[0] == 202  # warm: every path imported
+        before = _peak_rss_mib(server.proc.pid)
+        status, _, out = server.post(body, {"Content-Type": "application/json"})
+        grown = _peak_rss_mib(server.proc.pid) - before
+    assert grown < 100, f"peak RSS grew {grown:.0f} MiB for a 1 MiB body"
+    assert status == 413 and "50,000" in out["error"], out
