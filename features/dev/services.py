@@ -307,8 +307,11 @@ class Postgres:
 
     def _secure(self) -> None:
         """Bring a cluster made by an older featureline (``--auth-local=trust``, superuser
-        password ``postgres``) to this one's rules: the random superuser password, then
-        :data:`_HBA` and a reload. A no-op on a cluster that already follows them."""
+        password ``postgres``, folders 0755) to this one's rules: the folders 0700, the
+        random superuser password, then :data:`_HBA` and a reload. A no-op on a cluster
+        that already follows them."""
+        for folder in (self.dir, self.run_dir):  # an older featureline left them 0755
+            folder.chmod(0o700)
         hba = self.data / "pg_hba.conf"
         if hba.read_text() == _HBA:
             return

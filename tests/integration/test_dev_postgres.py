@@ -107,6 +107,8 @@ def test_a_cluster_an_older_featureline_made_is_locked_down_by_the_next_start(
         _assert_locked_down(pg, locked_home)
         # and a start of a running old-style cluster does it as well
         (pg.data / "pg_hba.conf").write_text(OLD_HBA)
+        for folder in (pg.dir, pg.run_dir):
+            folder.chmod(0o755)
         with psycopg.connect(host=str(pg.run_dir), port=pg.port, user="postgres", dbname="postgres",
                              password=pg.superuser_password(), autocommit=True) as conn:
             conn.execute("SELECT pg_reload_conf()")
