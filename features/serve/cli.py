@@ -273,6 +273,7 @@ def serve_worker(index: int, sock: socket.socket, options: ServeOptions, *, on_r
     from features.serve.app import IngestApp
     from features.serve.ingest import SchemaIngest
     from features.serve.producer import AsyncProducer
+    from features.stream.core import producer_max_bytes
 
     settings = resolve_settings(schemas_dir=options.schemas_dir)
     from features.compile import compile_schema
@@ -284,7 +285,7 @@ def serve_worker(index: int, sock: socket.socket, options: ServeOptions, *, on_r
                             max_records=options.max_records, max_errors=options.max_errors,
                             max_queued_bytes=options.max_queued_bytes)
                for name in options.schemas]
-    max_message = max(2 * i.max_bytes + 65_536 for i in ingests)
+    max_message = max(producer_max_bytes(i.max_bytes) for i in ingests)
 
     def producer() -> AsyncProducer:
         return AsyncProducer(settings.kafka_bootstrap, settings.kafka_properties,

@@ -140,6 +140,9 @@ class SchemaIngest:
         self.decoder = ColumnarDecoder(schema, max_bytes=self.max_bytes)
         # a request waits for these: a short retry budget, then 503 (the client retries)
         self.pg = PostgresSink(settings.postgres_dsn, compiled, retries=2, backoff_s=0.2)
+        self.settings = settings
+        #: every dead letter stays under this (the topic's limit, read at open)
+        self.dead_letter_max_bytes = 0
         self._decode_lock = threading.Lock()  # the decoder learns read types: one batch at a time
         self._pg_lock = threading.Lock()      # one connection
         self._queue: list[_Job] = []
@@ -149,8 +152,15 @@ class SchemaIngest:
         self._thread: threading.Thread | None = None
 
     def open(self) -> None:
-        """Connect to Postgres and start the thread that checks the requests' bodies."""
+        """Connect to Postgres, read the dead-letter topic's size limit (a dead letter
+        must fit it, or the broker refuses it: :func:`features.stream.core.dead_letter_limit`)
+        and start the thread that checks the requests' bodies."""
+        from features.stream.core import dead_letter_limit, producer_max_bytes
+
         self.pg.open()
+        if self.dead_letter_topic:
+            self.dead_letter_max_bytes = dead_letter_limit(self.settings, self.dead_letter_topic,
+                                                           producer_max_bytes(self.max_bytes))
         self._thread = threading.Thread(target=self._run, name=f"check-{self.name}", daemon=True)
         self._thread.start()
 
@@ -259,7 +269,9 @@ class SchemaIngest:
             for job in np.unique(jobs).tolist():
                 mine = local.filter(pa.array(jobs == job))
                 errors, total = self._errors(mine)
-                dead = dead_letter_messages(mine, c, self.run_id) if self.dead_letter_topic else []
+                dead = (dead_letter_messages(mine, c, self.run_id,
+                                             max_message_bytes=self.dead_letter_max_bytes)
+                        if self.dead_letter_topic else [])
                 out[job] = Checked(out[job].records, out[job].messages, mine, dead, errors, total)
         return out
 

@@ -185,15 +185,9 @@ class StreamProcessor:
             # a dead letter must fit the topic, or the broker refuses it and the micro-batch
             # fails on every replay: each message, and each batch of them, stays under the
             # smaller of the topic's limit and the producer's
-            producer_max = max(2 * self.max_bytes + 65_536, 1_048_576)
-            topic_max = topic_max_message_bytes(self.settings.kafka_bootstrap, self.dead_letter_topic,
-                                                properties=self.settings.kafka_properties)
-            self.dead_letter_max_bytes = min(topic_max, producer_max)
-            if self.dead_letter_max_bytes < DEAD_LETTER_MIN_BYTES:
-                raise SinkError(
-                    f"dead-letter topic {self.dead_letter_topic!r} accepts records of at most "
-                    f"{topic_max} bytes (max.message.bytes): at least {DEAD_LETTER_MIN_BYTES} needed",
-                    store="kafka", address=self.settings.kafka_bootstrap)
+            producer_max = producer_max_bytes(self.max_bytes)
+            self.dead_letter_max_bytes = dead_letter_limit(self.settings, self.dead_letter_topic,
+                                                           producer_max)
             self._producer = Producer(client_config(
                 self.settings.kafka_bootstrap, self.settings.kafka_properties, **{
                     "enable.idempotence": True, "acks": "all", "linger.ms": 5,
@@ -370,6 +364,28 @@ class StreamProcessor:
                                   "already_present",
                                   "rows_per_second", "batches", "lag_total", "newest_event_time",
                                   "latency_ms")}
+
+
+def producer_max_bytes(max_bytes: int) -> int:
+    """The ``message.max.bytes`` of a producer of records up to ``max_bytes`` (a schema's
+    ``payload.max_bytes``) and of their dead letters (the raw record escaped, its errors):
+    twice that plus 64 KiB, at least librdkafka's default."""
+    return max(2 * max_bytes + 65_536, 1_048_576)
+
+
+def dead_letter_limit(settings: Settings, topic: str, producer_max: int) -> int:
+    """The size every dead letter for ``topic`` must stay under: the smaller of the topic's
+    effective ``max.message.bytes`` (asked of the broker) and ``producer_max`` (the
+    producer's ``message.max.bytes``). SinkError when that leaves no room for a letter
+    (:data:`DEAD_LETTER_MIN_BYTES`). The stream job and ``features serve`` both ask it
+    once at start."""
+    topic_max = topic_max_message_bytes(settings.kafka_bootstrap, topic, properties=settings.kafka_properties)
+    limit = min(topic_max, producer_max)
+    if limit < DEAD_LETTER_MIN_BYTES:
+        raise SinkError(f"dead-letter topic {topic!r} accepts records of at most {topic_max} bytes "
+                        f"(max.message.bytes): at least {DEAD_LETTER_MIN_BYTES} needed",
+                        store="kafka", address=settings.kafka_bootstrap)
+    return limit
 
 
 def dead_letter_messages(rejects: pa.Table, compiled: CompiledSchema, run_id: str, *,

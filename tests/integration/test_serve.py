@@ -562,6 +562,45 @@ def test_a_record_too_large_for_the_topic_is_413_not_a_503_retry(
         admin.delete_topics([topic, topic + ".rejects"])
 
 
+def test_a_dead_letter_fits_a_dead_letter_topic_with_a_low_limit(
+        tmp_path: Path, env: dict[str, str], schemas_dir: Path, settings: Settings, pg_schema: str) -> None:
+    """A rejected record of 30 KB (a region far over ``max_length``) to a dead-letter
+    topic that takes 20,000 bytes: serve reads that limit at start and cuts the letter to
+    fit (truncated, with the raw record's digest), the request is answered 422, and
+    Postgres keeps the whole raw record."""
+    import hashlib
+
+    import psycopg
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+    prefix = f"t_serve_{uuid.uuid4().hex[:8]}_"
+    topic = prefix + SCHEMA
+    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    futures = admin.create_topics([NewTopic(topic, 1, 1),
+                                   NewTopic(topic + ".rejects", 1, 1, config={"max.message.bytes": "20000"})])
+    for f in futures.values():
+        f.result(30)
+    try:
+        record = json.loads(_valid_events(1, seed=6)[0])
+        big = json.dumps({**record, "region": "r" * 30_000}).encode()
+        with serve(tmp_path, env, "--schemas", str(schemas_dir),
+                   "--topic-template", prefix + "{schema}") as server:
+            status, _, body = server.post(big, {"X-Request-Id": "big-1"})
+        assert status == 422, body
+        dead = read_topic(settings.kafka_bootstrap, topic + ".rejects")
+        assert len(dead) == 1 and len(dead[0].value()) < 20_000
+        letter = json.loads(dead[0].value())
+        assert letter["truncated"] is True and letter["full_bytes"] > 60_000
+        with psycopg.connect(settings.postgres_dsn, options=f"-c search_path={pg_schema}") as conn:
+            row = conn.execute("SELECT raw::text FROM credit_applicant__rejects").fetchone()
+        assert row is not None and "r" * 30_000 in row[0]
+        assert letter["raw_sha256"] == hashlib.sha256(
+            json.dumps(json.loads(row[0]), sort_keys=True, separators=(",", ":"),
+                       ensure_ascii=False).encode()).hexdigest()
+    finally:
+        admin.delete_topics([topic, topic + ".rejects"])
+
+
 def test_kafka_errors_are_classified_permanent_or_transient() -> None:
     from confluent_kafka import KafkaError
 
