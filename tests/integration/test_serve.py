@@ -652,6 +652,10 @@ def test_supervisor_backs_off_and_stops_after_the_restart_budget(tmp_path: Path,
     assert len(restarts) == 2, [x.get("message") for x in lines]
     final = [x for x in lines if "restart budget" in x.get("message", "")]
     assert final and "worker 0" in final[-1]["message"] and "3 times" in final[-1]["message"], final
+    # the parent says why, not only that: the replacement's own startup error, quoted
+    assert "-9" in restarts[0]["message"]  # the SIGKILL
+    for line in (*restarts[1:], final[-1]):
+        assert "exit code 3: " in line["message"] and "no schema has been selected" in line["message"], line
 
 
 def test_ndjson_vertical_tab_and_form_feed_lines_are_decode_rejects() -> None:
