@@ -562,6 +562,18 @@ def test_a_record_too_large_for_the_topic_is_413_not_a_503_retry(
         admin.delete_topics([topic, topic + ".rejects"])
 
 
+def test_a_broker_that_is_down_is_still_503_retry_after(tmp_path: Path, env: dict[str, str],
+                                                       schemas_dir: Path) -> None:
+    """A transient Kafka failure (no broker: the record times out) stays 503 with
+    Retry-After: only errors no retry can cure leave the 503."""
+    with socket_closed_port() as port:
+        down = {**env, "FEATURES_KAFKA_BOOTSTRAP": f"127.0.0.1:{port}"}
+        with serve(tmp_path, down, "--schemas", str(schemas_dir)) as server:
+            status, headers, body = server.post(_valid_events(1, seed=6)[0])
+    assert status == 503 and headers.get("retry-after") == "1", (status, body)
+    assert "kafka_error" not in body and "retry the request" in body["error"], body
+
+
 def test_kafka_errors_are_classified_permanent_or_transient() -> None:
     from confluent_kafka import KafkaError
 
@@ -606,8 +618,11 @@ def test_record_limit_capped_errors_and_concurrency_limit(tmp_path: Path, env: d
         # (uvicorn answers 503)
         assert server.request("GET", "/healthz")[0] == 200
         with socket.create_connection((server.host, server.port)):
-            time.sleep(0.2)
-            assert server.request("GET", "/healthz")[0] == 503
+            for _ in range(100):  # until uvicorn has accepted the idle connection
+                if (status := server.request("GET", "/healthz")[0]) == 503:
+                    break
+                time.sleep(0.1)
+            assert status == 503
     help_text = subprocess.run(_command("--help"), env=env, capture_output=True, text=True, timeout=60).stdout
     for flag in ("--max-records", "--max-errors", "--max-queued-bytes", "--limit-concurrency",
                  "--restart-limit", "--restart-window"):
