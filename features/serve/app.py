@@ -111,13 +111,15 @@ class IngestApp:
     ``schemas``: the :class:`SchemaIngest` of every schema served, opened by the lifespan
     startup. ``tokens``: the accepted bearer tokens, or None to accept every request
     (``--insecure-no-auth``). ``worker``: this worker's index (its metrics port is
-    ``metrics_port + worker``). ``on_ready`` is called once the startup is done.
+    ``metrics_port + worker``). ``on_ready`` is called once the startup is done,
+    ``on_failure`` with the reason (one line) when it failed, before the worker exits.
     """
 
     def __init__(self, schemas: Sequence[SchemaIngest], producer_factory: Callable[[], AsyncProducer], *,
                  tokens: Sequence[str] | None, max_body_bytes: int, worker: int = 0,
                  metrics_port: int | None = None, metrics_host: str = "127.0.0.1",
-                 access_log: bool = True, on_ready: Callable[[], None] | None = None) -> None:
+                 access_log: bool = True, on_ready: Callable[[], None] | None = None,
+                 on_failure: Callable[[str], None] | None = None) -> None:
         self.schemas = {s.name: s for s in schemas}
         self._producer_factory = producer_factory
         self.producer: AsyncProducer | None = None
@@ -128,6 +130,7 @@ class IngestApp:
         self.metrics_host = metrics_host
         self.access_log = access_log
         self.on_ready = on_ready
+        self.on_failure = on_failure
         self.metrics = IngestMetrics(Registry())
         self._metrics_server: MetricsServer | None = None
         self._ready: tuple[float, bool, str] | None = None
@@ -150,6 +153,8 @@ class IngestApp:
                     await asyncio.to_thread(self._start)
                 except Exception as exc:  # reported to uvicorn, which exits the worker (status 3)
                     log.error("serve: worker %d cannot start: %s", self.worker, exc)
+                    if self.on_failure is not None:
+                        self.on_failure(f"{type(exc).__name__}: {exc}")
                     await send({"type": "lifespan.startup.failed", "message": str(exc)})
                     return
                 self._ready_lock = asyncio.Lock()

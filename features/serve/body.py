@@ -23,15 +23,19 @@ no list of more than ``max_records + 1`` records is ever built.
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 
 #: Content types whose body is newline-delimited JSON (compared without parameters).
 NDJSON_TYPES = frozenset({"application/x-ndjson", "application/ndjson", "application/jsonl"})
 
 _WS = " \t\n\r"
-#: What an NDJSON line may hold and still be blank (JSON whitespace without the ``\n``
-#: that ended it). Not ``bytes.strip()``'s set, which also takes ``\x0b`` and ``\x0c``.
-_LINE_WS = b" \t\r"
+#: An NDJSON record: a whole line (up to the ``\n`` that ends it) holding something other
+#: than JSON whitespace (space, tab, ``\r``). Not ``bytes.strip()``'s blank, which also
+#: takes ``\x0b`` and ``\x0c``: a line of those is a record the decoder rejects. Anchored
+#: at a line's start (``^``), so that a long blank line is scanned once, not once per byte.
+_RECORD_LINE = re.compile(rb"^[ \t\r]*[^ \t\r\n][^\n]*", re.MULTILINE)
 _DECODER = json.JSONDecoder()
 
 
@@ -57,20 +61,14 @@ def is_ndjson(content_type: str | None) -> bool:
 
 def split_ndjson(body: bytes, max_records: int | None = None) -> list[bytes]:
     """Every non-blank line of ``body``, as sent (a trailing ``\\r`` stays: JSON whitespace).
-    TooManyRecords past ``max_records`` (None: no limit)."""
-    if max_records is None or body.count(b"\n") < max_records:  # at most max_records lines
-        return [line for line in body.split(b"\n") if line.strip(_LINE_WS)]
-    out: list[bytes] = []
-    start = 0
-    while start <= len(body):
-        end = body.find(b"\n", start)
-        end = len(body) if end < 0 else end
-        line = body[start:end]
-        if line.strip(_LINE_WS):
-            if len(out) == max_records:
-                raise TooManyRecords(max_records)
-            out.append(line)
-        start = end + 1
+    TooManyRecords past ``max_records`` (None: no limit), found by one regular-expression
+    scan in C: a body of millions of blank lines costs no Python step per line."""
+    lines = (m.group() for m in _RECORD_LINE.finditer(body))
+    if max_records is None:
+        return list(lines)
+    out = list(itertools.islice(lines, max_records + 1))
+    if len(out) > max_records:
+        raise TooManyRecords(max_records)
     return out
 
 

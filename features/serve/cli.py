@@ -13,7 +13,8 @@ producer) and exits; the parent closes its copy of the socket, waits for them an
 0. A worker that dies on its own is replaced after a backoff (0.5 s, doubling per exit of
 that worker within ``--restart-window``, at most 30 s); past ``--restart-limit`` restarts
 of one worker within the window (e.g. Postgres refuses every new worker) the parent stops
-every worker, logs why and exits 1. A worker whose parent died stops itself.
+every worker, logs why (the worker's own startup error, which it hands to the parent) and
+exits 1. A worker whose parent died stops itself.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ RESTART_BACKOFF_MAX_S = 30.0
 #: Restarts of one worker allowed within the window (``--restart-limit``, ``--restart-window``).
 RESTART_LIMIT = 5
 RESTART_WINDOW_S = 300.0
+#: Room for why a worker's startup failed (what the parent's log line quotes).
+WHY_BYTES = 2048
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMG]i?B?|B)?\s*$", re.IGNORECASE)
 
 
@@ -264,9 +267,9 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def serve_worker(index: int, sock: socket.socket, options: ServeOptions, *, on_ready: Any = None,
-                 watch_parent: int | None = None) -> int:
+                 on_failure: Any = None, watch_parent: int | None = None) -> int:
     """Run one worker until it is told to stop; returns its exit code (0 after a graceful
-    shutdown, 3 when its startup failed)."""
+    shutdown, 3 when its startup failed: ``on_failure`` is then called with the reason)."""
     import uvicorn
 
     from features.config import resolve_settings
@@ -293,7 +296,7 @@ def serve_worker(index: int, sock: socket.socket, options: ServeOptions, *, on_r
 
     app = IngestApp(ingests, producer, tokens=None if options.insecure_no_auth else settings.ingest_tokens,
                     max_body_bytes=options.max_body_bytes, worker=index, metrics_port=options.metrics_port,
-                    access_log=options.access_log, on_ready=on_ready)
+                    access_log=options.access_log, on_ready=on_ready, on_failure=on_failure)
     config = uvicorn.Config(app, loop="uvloop", http="httptools", lifespan="on", access_log=False,
                             log_config=None, server_header=False, proxy_headers=False,
                             timeout_graceful_shutdown=GRACEFUL_TIMEOUT_S,
@@ -333,17 +336,36 @@ def _server_class() -> Any:
     return Server
 
 
-def _worker_main(index: int, sock: socket.socket, options: ServeOptions, ready: Any, parent: int) -> None:
+def _worker_main(index: int, sock: socket.socket, options: ServeOptions, ready: Any, why: Any,
+                 parent: int) -> None:
     """A spawned worker: its own process group (only the parent's SIGTERM stops it), the
-    parent's log format and run id, then :func:`serve_worker`."""
+    parent's log format and run id, then :func:`serve_worker`. Why its startup failed goes
+    to ``why`` (a shared byte array the parent reads once the worker exited)."""
     from features.logs import set_run_id, setup_logging
+
+    def failed(reason: str) -> None:
+        from features.config import redact
+
+        text = redact(" ".join(reason.split())).encode("utf-8", "replace")[:WHY_BYTES - 1]
+        why.value = text.decode("utf-8", "ignore").encode()  # not a character cut in two
 
     os.setpgrp()
     setup_logging(options.log_format)
     set_run_id(options.run_id)
-    code = serve_worker(index, sock, options, on_ready=ready.set, watch_parent=parent)
+    try:
+        code = serve_worker(index, sock, options, on_ready=ready.set, on_failure=failed, watch_parent=parent)
+    except Exception as exc:  # recorded for the parent's log line, then raised (the traceback: here)
+        failed(f"{type(exc).__name__}: {exc}")
+        raise
     sock.close()
     sys.exit(code)
+
+
+def _exit_reason(code: Any, why: Any) -> str:
+    """What the parent says of a worker that exited: its exit code and, when it reported
+    one, why its startup failed."""
+    reason = bytes(why.value).decode("utf-8", "replace")
+    return f"exit code {code}: {reason}" if reason else f"exit code {code}"
 
 
 def _supervise(sock: socket.socket, options: ServeOptions, workers: int, ready: Any) -> int:
@@ -353,10 +375,12 @@ def _supervise(sock: socket.socket, options: ServeOptions, workers: int, ready: 
     stopping = threading.Event()
     procs: dict[int, Any] = {}
     events: dict[int, Any] = {}
+    whys: dict[int, Any] = {}  # worker -> why its startup failed (written by the worker)
 
     def start(i: int) -> None:
         events[i] = ctx.Event()
-        proc = ctx.Process(target=_worker_main, args=(i, sock, options, events[i], os.getpid()),
+        whys[i] = ctx.Array("c", WHY_BYTES, lock=False)  # read only after the worker exited
+        proc = ctx.Process(target=_worker_main, args=(i, sock, options, events[i], whys[i], os.getpid()),
                            name=f"features-serve-{i}")
         proc.start()
         procs[i] = proc
@@ -385,8 +409,9 @@ def _supervise(sock: socket.socket, options: ServeOptions, workers: int, ready: 
                 return 0
             from features.errors import ConfigError
 
-            raise ConfigError(f"worker {dead[0] if dead else '?'} did not start (see its log lines above)",
-                              key="workers")
+            why = f" ({_exit_reason(procs[dead[0]].exitcode, whys[dead[0]])})" if dead else ""
+            raise ConfigError(f"worker {dead[0] if dead else '?'} did not start{why} (see its log lines "
+                              "above)", key="workers")
         time.sleep(0.05)
     ready()
     exits: dict[int, deque[float]] = {i: deque() for i in procs}  # each worker's exits in the window
@@ -401,19 +426,18 @@ def _supervise(sock: socket.socket, options: ServeOptions, workers: int, ready: 
             recent.append(now)
             while recent and recent[0] < now - options.restart_window_s:
                 recent.popleft()
+            reason = _exit_reason(p.exitcode, whys[i])
             if len(recent) > options.restart_limit:
-                log.error("serve: worker %d exited %d times in the last %g s (last exit code %s): the "
-                          "restart budget (--restart-limit %d in --restart-window %g s) is spent; stopping "
-                          "the service (see the worker's log lines above for why it cannot start)", i,
-                          len(recent),
-                          options.restart_window_s, p.exitcode, options.restart_limit,
+                log.error("serve: worker %d exited %d times in the last %g s (last: %s): the restart "
+                          "budget (--restart-limit %d in --restart-window %g s) is spent; stopping the "
+                          "service", i, len(recent), options.restart_window_s, reason, options.restart_limit,
                           options.restart_window_s)
                 code = 1
                 on_signal(signal.SIGTERM, None)
                 break
             wait = min(RESTART_BACKOFF_MAX_S, RESTART_BACKOFF_S * 2 ** (len(recent) - 1))
-            log.error("serve: worker %d exited (code %s); starting a new one in %g s (restart %d of %d "
-                      "allowed in %g s)", i, p.exitcode, wait, len(recent), options.restart_limit,
+            log.error("serve: worker %d exited (%s); starting a new one in %g s (restart %d of %d "
+                      "allowed in %g s)", i, reason, wait, len(recent), options.restart_limit,
                       options.restart_window_s)
             due[i] = now + wait
         for i, when in list(due.items()):

@@ -159,8 +159,9 @@ class SchemaIngest:
 
         self.pg.open()
         if self.dead_letter_topic:
+            # short: a broker that is down must not hold the service's start for long
             self.dead_letter_max_bytes = dead_letter_limit(self.settings, self.dead_letter_topic,
-                                                           producer_max_bytes(self.max_bytes))
+                                                           producer_max_bytes(self.max_bytes), timeout_s=3.0)
         self._thread = threading.Thread(target=self._run, name=f"check-{self.name}", daemon=True)
         self._thread.start()
 

@@ -373,13 +373,15 @@ def producer_max_bytes(max_bytes: int) -> int:
     return max(2 * max_bytes + 65_536, 1_048_576)
 
 
-def dead_letter_limit(settings: Settings, topic: str, producer_max: int) -> int:
+def dead_letter_limit(settings: Settings, topic: str, producer_max: int, *, timeout_s: float = 15.0) -> int:
     """The size every dead letter for ``topic`` must stay under: the smaller of the topic's
     effective ``max.message.bytes`` (asked of the broker) and ``producer_max`` (the
     producer's ``message.max.bytes``). SinkError when that leaves no room for a letter
     (:data:`DEAD_LETTER_MIN_BYTES`). The stream job and ``features serve`` both ask it
-    once at start."""
-    topic_max = topic_max_message_bytes(settings.kafka_bootstrap, topic, properties=settings.kafka_properties)
+    once at start (a broker that does not answer within ``timeout_s``: the broker default
+    is assumed, with a warning)."""
+    topic_max = topic_max_message_bytes(settings.kafka_bootstrap, topic, properties=settings.kafka_properties,
+                                        timeout_s=timeout_s)
     limit = min(topic_max, producer_max)
     if limit < DEAD_LETTER_MIN_BYTES:
         raise SinkError(f"dead-letter topic {topic!r} accepts records of at most {topic_max} bytes "

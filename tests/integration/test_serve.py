@@ -601,6 +601,18 @@ def test_a_dead_letter_fits_a_dead_letter_topic_with_a_low_limit(
         admin.delete_topics([topic, topic + ".rejects"])
 
 
+def test_a_broker_that_is_down_is_still_503_retry_after(tmp_path: Path, env: dict[str, str],
+                                                       schemas_dir: Path) -> None:
+    """A transient Kafka failure (no broker: the record times out) stays 503 with
+    Retry-After: only errors no retry can cure leave the 503."""
+    with socket_closed_port() as port:
+        down = {**env, "FEATURES_KAFKA_BOOTSTRAP": f"127.0.0.1:{port}"}
+        with serve(tmp_path, down, "--schemas", str(schemas_dir)) as server:
+            status, headers, body = server.post(_valid_events(1, seed=6)[0])
+    assert status == 503 and headers.get("retry-after") == "1", (status, body)
+    assert "kafka_error" not in body and "retry the request" in body["error"], body
+
+
 def test_kafka_errors_are_classified_permanent_or_transient() -> None:
     from confluent_kafka import KafkaError
 
@@ -645,8 +657,11 @@ def test_record_limit_capped_errors_and_concurrency_limit(tmp_path: Path, env: d
         # (uvicorn answers 503)
         assert server.request("GET", "/healthz")[0] == 200
         with socket.create_connection((server.host, server.port)):
-            time.sleep(0.2)
-            assert server.request("GET", "/healthz")[0] == 503
+            for _ in range(100):  # until uvicorn has accepted the idle connection
+                if (status := server.request("GET", "/healthz")[0]) == 503:
+                    break
+                time.sleep(0.1)
+            assert status == 503
     help_text = subprocess.run(_command("--help"), env=env, capture_output=True, text=True, timeout=60).stdout
     for flag in ("--max-records", "--max-errors", "--max-queued-bytes", "--limit-concurrency",
                  "--restart-limit", "--restart-window"):
@@ -691,6 +706,10 @@ def test_supervisor_backs_off_and_stops_after_the_restart_budget(tmp_path: Path,
     assert len(restarts) == 2, [x.get("message") for x in lines]
     final = [x for x in lines if "restart budget" in x.get("message", "")]
     assert final and "worker 0" in final[-1]["message"] and "3 times" in final[-1]["message"], final
+    # the parent says why, not only that: the replacement's own startup error, quoted
+    assert "-9" in restarts[0]["message"]  # the SIGKILL
+    for line in (*restarts[1:], final[-1]):
+        assert "exit code 3: " in line["message"] and "no schema has been selected" in line["message"], line
 
 
 def test_ndjson_vertical_tab_and_form_feed_lines_are_decode_rejects() -> None:
