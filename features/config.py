@@ -152,6 +152,11 @@ _KEYWORD_RE = re.compile(r"(?P<key>[A-Za-z_][A-Za-z0-9_.]*)(?P<eq>\s*=\s*)"
                          r"(?P<value>'(?:\\[\s\S]|[^'\\])*'?|(?:\\[\s\S]|\\$|[^\s\\])*)")
 
 
+#: A URL (``postgresql://``, ``redis://``...): a scheme at the start. ``host=h
+#: password=a://b`` is a libpq ``key=value`` DSN, as libpq reads it.
+_URL_RE = re.compile(r"\s*[A-Za-z][A-Za-z0-9+.-]*://")
+
+
 def is_secret_name(name: str) -> bool:
     """True when a DSN/URL parameter or a Kafka property called ``name`` holds a secret
     (``password``, ``sslpassword``, ``sasl.password``, ``sasl.jaas.config``,
@@ -200,7 +205,7 @@ def redact(value: str | Mapping[str, str]) -> str | dict[str, str]:
     """
     if isinstance(value, Mapping):
         return {k: (MASK if is_secret_name(k) else str(v)) for k, v in value.items()}
-    if "://" in value:
+    if _URL_RE.match(value):  # libpq reads a URL only from a scheme at the start
         return _redact_url(value)
     return _KEYWORD_RE.sub(lambda m: f"{m['key']}{m['eq']}{MASK}" if is_secret_name(m["key"]) else m[0],
                            value)

@@ -43,6 +43,7 @@ def _forms(password: str) -> list[str]:
         f"host=db user=app password='{escaped}' dbname=f",
         f"host=db password = '{escaped}'",
         f"host=db user=app password={unquoted} dbname=f",
+        f"host=db user=app password='x://{escaped}' dbname=f",
     ]
 
 
@@ -97,6 +98,9 @@ def test_errors_that_quote_a_redis_url_never_show_it(password: str) -> None:
     ("host=db password=abc\\ def dbname=f", "host=db password=*** dbname=f"),
     ("postgresql://app:a#b/c d@db/f?sslmode=require", "postgresql://app:***@db/f?sslmode=require"),
     ("postgresql://app@db/f?sslmode=require", "postgresql://app@db/f?sslmode=require"),
+    # a key=value DSN whose password holds '://' (libpq reads it as key=value, not a URL)
+    ("host=h password=a://b@c dbname=f", "host=h password=*** dbname=f"),
+    ("host=h password='x://y' dbname=f", "host=h password=*** dbname=f"),
 ])
 def test_the_reported_cases(value: str, want: str) -> None:
     assert redact(value) == want
