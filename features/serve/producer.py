@@ -185,14 +185,16 @@ class AsyncProducer:
         pending = _Pending(loop, future, len(messages), topic, self.bootstrap)
         produce = self._producer.produce
         callback = pending.delivered
-        deadline = loop.time() + self.queue_timeout_s
         for n, (key, value, headers) in enumerate(messages):
+            deadline: float | None = None  # per message: a queue that drains, however slowly, is waited for
             while True:
                 try:
                     produce(topic, value=value, key=key, headers=headers, on_delivery=callback)
                     break
                 except BufferError:  # librdkafka's queue is full: let the poll thread drain it
-                    if loop.time() > deadline:
+                    if deadline is None:
+                        deadline = loop.time() + self.queue_timeout_s
+                    elif loop.time() > deadline:
                         future.cancel()  # the callbacks of those handed over resolve nothing now
                         raise SinkUnavailable(
                             f"Kafka at {self.bootstrap}: the producer's queue stayed full for "
