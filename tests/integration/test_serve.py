@@ -574,10 +574,6 @@ def test_a_broker_that_is_down_is_still_503_retry_after(tmp_path: Path, env: dic
     assert "kafka_error" not in body and "retry the request" in body["error"], body
 
 
-@pytest.mark.xfail(strict=True, reason="features/sinks/postgres.py lets psycopg's own errors out of "
-                   "PostgresSink.insert_rejects (_retrying maps only OperationalError): a refusal such as "
-                   "NotNullViolation reaches serve raw and is answered 500, not the documented 502. The fix "
-                   "belongs in sinks/ (map every psycopg.Error to SinkError), outside this change")
 def test_postgres_refusing_the_rejects_for_good_is_502_not_a_503_retry(
         tmp_path: Path, env: dict[str, str], schemas_dir: Path, topics: str, settings: Settings,
         pg_schema: str) -> None:
