@@ -26,7 +26,6 @@ stores make the retry harmless (first write of an (entity, event time) wins).
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -156,9 +155,8 @@ class AsyncProducer:
             "delivery.timeout.ms": DELIVERY_TIMEOUT_MS,
             "message.max.bytes": max(max_message_bytes, 1_048_576),
             # the queue holds at least a few of the largest messages
-            "queue.buffering.max.kbytes": max(QUEUE_MAX_KBYTES, 4 * max_message_bytes // 1024),
-            # librdkafka's own lines through logging (JSON with --log-format json), not raw stderr
-            "logger": logging.getLogger("features.serve.kafka")}))
+            # librdkafka's own lines: client_config's logger (features.kafka, their levels)
+            "queue.buffering.max.kbytes": max(QUEUE_MAX_KBYTES, 4 * max_message_bytes // 1024)}))
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="kafka-poll", daemon=True)
         self._thread.start()
@@ -185,14 +183,16 @@ class AsyncProducer:
         pending = _Pending(loop, future, len(messages), topic, self.bootstrap)
         produce = self._producer.produce
         callback = pending.delivered
-        deadline = loop.time() + self.queue_timeout_s
         for n, (key, value, headers) in enumerate(messages):
+            deadline: float | None = None  # per message: a queue that drains, however slowly, is waited for
             while True:
                 try:
                     produce(topic, value=value, key=key, headers=headers, on_delivery=callback)
                     break
                 except BufferError:  # librdkafka's queue is full: let the poll thread drain it
-                    if loop.time() > deadline:
+                    if deadline is None:
+                        deadline = loop.time() + self.queue_timeout_s
+                    elif loop.time() > deadline:
                         future.cancel()  # the callbacks of those handed over resolve nothing now
                         raise SinkUnavailable(
                             f"Kafka at {self.bootstrap}: the producer's queue stayed full for "

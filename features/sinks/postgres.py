@@ -143,7 +143,8 @@ class PostgresSink:
         return pg.connect(self.dsn, utc=True, search_path=self.search_path)
 
     def _retrying(self, what: str, fn: Callable[[Any], T]) -> T:
-        """Run ``fn(conn)``; on a lost connection reconnect and retry with backoff."""
+        """Run ``fn(conn)``; on a lost connection reconnect and retry with backoff (then
+        SinkUnavailable); any other driver error becomes SinkError "Postgres refused <what>"."""
         import psycopg
 
         def attempt() -> T:
@@ -165,8 +166,12 @@ class PostgresSink:
             return SinkUnavailable(f"Postgres at {self.address}: {what} failed after {attempts} attempts: "
                                    f"{str(exc).strip()}", store=self.name, address=self.address)
 
-        return retrying(attempt, attempts=self.retries, backoff_s=self.backoff_s,
-                        transient=(psycopg.OperationalError, SinkUnavailable), reset=reset, give_up=give_up)
+        # a refusal no retry cures (a constraint, a table gone) is a SinkError naming it,
+        # never the driver's own exception (callers map SinkError to their answers)
+        with pg.map_psycopg_errors(self.dsn, what):
+            return retrying(attempt, attempts=self.retries, backoff_s=self.backoff_s,
+                            transient=(psycopg.OperationalError, SinkUnavailable), reset=reset,
+                            give_up=give_up)
 
     def open(self) -> None:
         self._conn = self._connect()

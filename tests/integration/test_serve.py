@@ -613,6 +613,22 @@ def test_a_broker_that_is_down_is_still_503_retry_after(tmp_path: Path, env: dic
     assert "kafka_error" not in body and "retry the request" in body["error"], body
 
 
+def test_postgres_refusing_the_rejects_for_good_is_502_not_a_503_retry(
+        tmp_path: Path, env: dict[str, str], schemas_dir: Path, topics: str, settings: Settings,
+        pg_schema: str) -> None:
+    """Postgres refuses the rejects insert for a reason no retry cures (the rejects table is
+    gone): 502 without Retry-After, naming Postgres's refusal, not 503 for ever."""
+    import psycopg
+
+    with serve(tmp_path, env, "--schemas", str(schemas_dir), "--topic-template", topics) as server:
+        assert server.post(_ndjson([b"{}"]), NDJSON)[0] == 422  # the rejects table works
+        with psycopg.connect(settings.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP TABLE "{pg_schema}"."{SCHEMA}__rejects" CASCADE')
+        status, headers, body = server.post(_ndjson([b"{}"]), NDJSON)
+    assert status == 502 and "retry-after" not in headers, (status, body)
+    assert "Postgres refused" in body["error"] and "do not retry it unchanged" in body["error"], body
+
+
 def test_kafka_errors_are_classified_permanent_or_transient() -> None:
     from confluent_kafka import KafkaError
 
