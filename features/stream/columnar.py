@@ -53,9 +53,10 @@ of the stream. Dates and timestamps are text
 
 Fields the schema does not know are not read (Arrow ignores them, so a key costs no
 column). ``unknown_fields`` counts, per unknown key, the records in which it holds a
-value (not null), as the per-record path does: two Arrow regex counts over the records'
-text find the records with more keys than the schema's (a key of a nested object
-counts too, so this may over-find, never under-find); only those are read again with
+value (not null), as the per-record path does: one Arrow regex match over the records'
+text (:func:`other_key`: a key token whose name is none of the schema's; a key of a
+nested object or one written with escapes matches too, so this may over-find, never
+under-find) finds the records that may hold one; only those are read again with
 ``json.loads`` for their keys, into a bounded :class:`~features.stream.decode.TopCounter`.
 
 Keys are the input's: a field with ``source: depDelay`` is read from the key
@@ -73,6 +74,7 @@ import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -96,8 +98,8 @@ _HOSTILE = r"[\n\r]|\\u[dD][89a-fA-F]|[:,\[][ \t]*-?(?:NaN|Inf)|\}[ \t]*\{"
 _ROW = re.compile(r" in row (\d+)\s*$")
 _CHANGED = re.compile(r"Column\(/([^)]*)\) changed from (\w+) to (\w+) in row (\d+)")
 _TWO53 = float(2**53)
-#: an object key token (RE2): after ``{`` or ``,``, a JSON string, then ``:``
-_ANY_KEY = r'[{,]\s*"(?:[^"\\]|\\.)*"\s*:'
+#: the rest of a JSON string's body (RE2): any characters but ``"`` and ``\``, or escapes
+_BODY = r'(?:[^"\\]|\\.)*'
 
 _STRING = pa.string()
 _INT = pa.int64()
@@ -151,9 +153,8 @@ class ColumnarDecoder:
         #: the JSON keys read, one per field (everything below is keyed by them)
         self.names = list(schema.input_names)
         self.known = frozenset(self.names)
-        #: a key token naming a declared field (RE2; each character as \\x{..})
-        self.known_key = r'[{,]\s*"(?:' + "|".join(
-            "".join(f"\\x{{{ord(c):x}}}" for c in n) for n in sorted(self.known)) + r')"\s*:'
+        #: a key token naming no declared field (RE2, :func:`other_key`)
+        self.other_key = other_key(self.known)
         #: JSON key -> field name (the rejects name fields)
         self.field_of = {f.input_name: f.name for f in schema.fields}
         self.types: dict[str, pa.DataType] = {}
@@ -219,9 +220,7 @@ class ColumnarDecoder:
             out.known = self.known
             records = _gather(values, index)
             text = pa.array(records, pa.binary()).cast(pa.string())
-            keys = _np_int(pc.count_substring_regex(text, _ANY_KEY))
-            known = _np_int(pc.count_substring_regex(text, self.known_key))
-            out.unknown_rows = np.flatnonzero(keys > known).astype(np.int64)
+            out.unknown_rows = np.flatnonzero(_np_bool(pc.match_substring_regex(text, self.other_key)))
             out.unknown_values = [records[i] for i in out.unknown_rows.tolist()]
         fast = np.zeros(n, dtype=np.bool_)
         fast[out.index] = True
@@ -357,8 +356,32 @@ def _np_bool(arr: pa.Array) -> npt.NDArray[np.bool_]:
     return np.asarray(pc.fill_null(arr, False).to_numpy(zero_copy_only=False), dtype=np.bool_)
 
 
-def _np_int(arr: pa.Array) -> npt.NDArray[np.int64]:
-    return np.asarray(pc.fill_null(arr, 0).to_numpy(zero_copy_only=False), dtype=np.int64)
+def other_key(names: frozenset[str]) -> str:
+    """An RE2 pattern matching an object key token (after ``{`` or ``,``, a JSON string,
+    then ``:``) whose string is none of ``names``: the complement of the names' trie, so
+    one pass finds a record's unknown keys without counting the known ones. A key
+    written with an escape (``"a\\u0062"``) matches whatever it decodes to."""
+    trie: dict[str, Any] = {}
+    for name in names:
+        node = trie
+        for c in name:
+            node = node.setdefault(c, {})
+        node[""] = {}  # a name ends here
+
+    def rest(node: dict[str, Any]) -> str:
+        kids = sorted(c for c in node if c)
+        alts = [] if "" in node else [""]  # the string ends before any name does
+        alts.append('[^"\\\\' + "".join(map(_char, kids)) + "]" + _BODY)  # leaves the trie
+        alts.append(r"\\." + _BODY)
+        alts += [_char(c) + rest(node[c]) for c in kids]
+        return "(?:" + "|".join(alts) + ")"
+
+    return r'[{,]\s*"' + rest(trie) + r'"\s*:'
+
+
+def _char(c: str) -> str:
+    """``c`` in an RE2 pattern, also inside a class (``\\x{..}``)."""
+    return f"\\x{{{ord(c):x}}}"
 
 
 def _gather(values: Sequence[bytes | None], index: Index) -> list[bytes]:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from features.compile import compile_schema
 from features.lineage import RunContext
@@ -152,3 +153,20 @@ def test_top_counter_merges_copies_and_pickles_with_its_other_count() -> None:
     c = a.copy()
     c += {f"k{i}": 1 for i in range(50)}
     assert len(c) <= 4 and sum(c.values()) + c.other == 63
+
+
+def test_the_unknown_key_pattern_finds_every_record_with_an_unknown_key() -> None:
+    """``other_key`` (one regex pass for the records the columnar decoder re-reads for
+    their keys) matches any key that is not the schema's, at any place, and no record
+    whose keys are all known: it may over-find (escapes, nested keys), never under-find."""
+    from features.stream.columnar import other_key
+
+    pattern = other_key(frozenset({"user_id", "user", "ab"}))
+    cases = {b'{"user_id":1}': False, b'{"user":1,"ab":2}': False, b'{ "ab" : 1 , "user" :2}': False,
+             b'{"ab":"x\\",\\"zz\\":1"}': False,  # the key's text inside a string value
+             b'{"use":1}': True, b'{"user_":1}': True, b'{"user_idx":1}': True, b'{"a":1}': True,
+             b'{"abc":1}': True, b'{"":1}': True, b'{"ab":1,"x\\"y":2}': True,
+             b'{"us\\u0065r":1}': True, b'{"ab":{"q":1}}': True}  # over-found: re-read, nothing counted
+    text = pa.array(list(cases), pa.binary()).cast(pa.string())
+    found = pc.match_substring_regex(text, pattern).to_pylist()
+    assert dict(zip(cases, found, strict=True)) == cases
