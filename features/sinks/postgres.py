@@ -257,6 +257,7 @@ class PostgresSink:
                     return WriteResult(skipped=True)
             rows = unit.rows.select(list(self.columns))
             stored = 0
+            superseded: pa.Table | None = None
             if rows.num_rows:
                 if unit.unit is not None:
                     try:
@@ -264,10 +265,9 @@ class PostgresSink:
                             self._copy(conn, self.table, self.columns, rows)
                         stored = rows.num_rows
                     except psycopg.errors.UniqueViolation:
-                        stored = self._insert_new(conn, self.table, self.columns, rows)
+                        stored, superseded = self._insert_new_rows(conn, rows)
                 else:
-                    stored = self._insert_probed(conn, rows)
-            superseded = self._superseded(conn, rows) if stored < rows.num_rows else None
+                    stored, superseded = self._insert_probed(conn, rows)
             rejects_stored = 0
             if unit.rejects.num_rows:
                 rejects = unit.rejects.select(list(self.reject_columns))
@@ -284,9 +284,9 @@ class PostgresSink:
 
     def _superseded(self, conn: Any, rows: pa.Table) -> pa.Table:
         """The entity and ``_source`` of ``rows`` whose (entity, event time) the table holds
-        from another event (another ``_source``): the rows it kept out. Only a unit with
-        rows already stored asks (replays, duplicate events): their keys and sources are
-        COPYed into a temporary table and each looked up in the primary key."""
+        from another event (another ``_source``). :meth:`_insert_probed` asks it about the
+        rows whose key it found stored (usually few): their keys and sources are COPYed
+        into a temporary table and each looked up in the primary key."""
         import numpy as np
 
         keys = self.columns[:2]
@@ -490,7 +490,7 @@ class PostgresSink:
             for part in parts:
                 copy.write(part)
 
-    def _insert_probed(self, conn: Any, rows: pa.Table) -> int:
+    def _insert_probed(self, conn: Any, rows: pa.Table) -> tuple[int, pa.Table | None]:
         """Rows of a unit without a ledger key (a stream's micro-batch), first write of
         each (entity, event time) winning, like :meth:`_insert_new` but cheaper for the
         usual unit that holds few stored keys: the unit's first row of each key is kept,
@@ -498,7 +498,8 @@ class PostgresSink:
         the rows with new keys are COPYed straight in (a multi-row insert: about half the
         server time of ``INSERT ... SELECT ... ON CONFLICT``). When another writer stored
         one of those keys in between, the COPY fails on the key and the unit takes
-        :meth:`_insert_new` instead. Returns how many rows were inserted."""
+        :meth:`_insert_new_rows` instead. Returns how many rows were inserted and the rows
+        kept out for another event at their key (:meth:`_superseded`), or None."""
         import numpy as np
         import psycopg
 
@@ -509,16 +510,18 @@ class PostgresSink:
             ["k0", "k1"], use_threads=False).aggregate([("p", "min")]).column("p_min")
         keep = np.zeros(n, dtype=np.bool_)
         keep[firsts.to_numpy()] = True
-        keep[self._stored_positions(conn, self.table, rows)] = False
+        stored = self._stored_positions(conn, self.table, rows)
+        keep[stored] = False
+        superseded = self._superseded(conn, rows.take(pa.array(stored))) if len(stored) else None
         new = rows if keep.all() else rows.filter(pa.array(keep))
         if new.num_rows == 0:
-            return 0
+            return 0, superseded
         try:
             with conn.transaction():  # savepoint: a key stored meanwhile falls back below
                 self._copy(conn, self.table, self.columns, new)
-            return int(new.num_rows)
+            return int(new.num_rows), superseded
         except psycopg.errors.UniqueViolation:
-            return self._insert_new(conn, self.table, self.columns, rows)
+            return self._insert_new_rows(conn, rows)
 
     def _stored_positions(self, conn: Any, table: str, rows: pa.Table) -> Any:
         """Positions of ``rows`` whose (entity, event time) ``table`` already holds: the keys
@@ -548,8 +551,44 @@ class PostgresSink:
                     raw_json: bool = False) -> int:
         """COPY into a temporary table, then insert the rows whose key is new, first
         occurrence (input order) winning. Returns how many rows were inserted."""
-        stage = f"_stage_{table}"[:63]
+        stage = self._stage(conn, table, columns, data)
         cols = ", ".join(quote_ident(c) for c in columns)
+        cur = conn.execute(
+            f"INSERT INTO {quote_ident(table)} ({cols}) SELECT {cols} FROM {quote_ident(stage)} "
+            f"ORDER BY \"_ord\" ON CONFLICT DO NOTHING")
+        return int(cur.rowcount)
+
+    def _insert_new_rows(self, conn: Any, rows: pa.Table) -> tuple[int, pa.Table | None]:
+        """:meth:`_insert_new` for the cold table's rows, in one statement that also says
+        which rows it kept out for another event at their key: the rows the INSERT did not
+        return whose key the table held before it with another ``_source`` (an index
+        lookup each for those rows only; a row kept out by an earlier row of the unit
+        itself is not one: Redis keeps the first of a unit too). Returns (inserted, those
+        rows' entity and ``_source`` or None)."""
+        import numpy as np
+
+        stage = quote_ident(self._stage(conn, self.table, self.columns, rows))
+        cols = ", ".join(quote_ident(c) for c in self.columns)
+        k0, k1, src = (quote_ident(c) for c in (*self.columns[:2], SOURCE))
+        table = quote_ident(self.table)
+        # the statement sees the table as it was before its INSERT: a key found is an older row
+        found = conn.execute(
+            f"WITH ins AS (INSERT INTO {table} ({cols}) SELECT {cols} FROM {stage} ORDER BY \"_ord\" "
+            f"ON CONFLICT DO NOTHING RETURNING {k0}, {k1}) "
+            f"SELECT 0 AS kind, count(*) AS n, (SELECT min(\"_ord\") FROM {stage}) AS first FROM ins "
+            f"UNION ALL SELECT 1, s.\"_ord\", NULL FROM {stage} s "
+            f"WHERE NOT EXISTS (SELECT 1 FROM ins i WHERE i.{k0} = s.{k0} AND i.{k1} = s.{k1}) "
+            f"AND EXISTS (SELECT 1 FROM {table} t WHERE t.{k0} = s.{k0} AND t.{k1} = s.{k1} "
+            f"AND t.{src} IS DISTINCT FROM s.{src})").fetchall()
+        head = next(r for r in found if r[0] == 0)
+        lost = np.fromiter((r[1] - head[2] for r in found if r[0] == 1), np.int64)
+        kept_out = rows.select([self.columns[0], SOURCE]).take(pa.array(lost)) if len(lost) else None
+        return int(head[1]), kept_out
+
+    def _stage(self, conn: Any, table: str, columns: tuple[str, ...], data: pa.Table) -> str:
+        """COPY ``data`` into ``table``'s temporary staging table (with ``_ord``, the input
+        order); returns its name."""
+        stage = f"_stage_{table}"[:63]
         if stage not in self._staged:
             # Once per connection (``_staged`` is cleared whenever a transaction fails, which
             # may have taken the CREATE back): the table empties itself at every commit and a
@@ -559,10 +598,7 @@ class PostgresSink:
                          "ON COMMIT DELETE ROWS")
             self._staged.add(stage)
         self._copy(conn, stage, columns, data)
-        cur = conn.execute(
-            f"INSERT INTO {quote_ident(table)} ({cols}) SELECT {cols} FROM {quote_ident(stage)} "
-            f"ORDER BY \"_ord\" ON CONFLICT DO NOTHING")
-        return int(cur.rowcount)
+        return stage
 
 
 def _history_columns(data: bytes, fields: dict[str, pa.DataType], entity_type: pa.DataType
