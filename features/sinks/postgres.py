@@ -282,33 +282,6 @@ class PostgresSink:
                      rows.num_rows - stored, unit.rejects.num_rows))
         return WriteResult(stored, rows.num_rows - stored, rejects_stored, superseded=superseded)
 
-    def _superseded(self, conn: Any, rows: pa.Table) -> pa.Table:
-        """The entity and ``_source`` of ``rows`` whose (entity, event time) the table holds
-        from another event (another ``_source``). :meth:`_insert_probed` asks it about the
-        rows whose key it found stored (usually few): their keys and sources are COPYed
-        into a temporary table and each looked up in the primary key."""
-        import numpy as np
-
-        keys = self.columns[:2]
-        stage = f"_super_{self.table}"[:63]
-        if stage not in self._staged:  # see _insert_new
-            names = ", ".join(quote_ident(k) for k in (*keys, SOURCE))
-            conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {quote_ident(stage)} ON COMMIT DELETE ROWS AS "
-                         f"SELECT {names}, 0::bigint AS \"_pos\" FROM {quote_ident(self.table)} WITH NO DATA")
-            self._staged.add(stage)
-        pos = pa.array(np.arange(rows.num_rows, dtype=np.int64))
-        probe = pa.table({keys[0]: rows.column(keys[0]), keys[1]: rows.column(keys[1]),
-                          SOURCE: rows.column(SOURCE), "_pos": pos})
-        self._copy(conn, stage, (*keys, SOURCE, "_pos"), probe)
-        on = " AND ".join(f"t.{quote_ident(k)} = s.{quote_ident(k)}" for k in keys)
-        lookup = (f"(SELECT 1 FROM {quote_ident(self.table)} t WHERE {on} AND "
-                  f"t.{quote_ident(SOURCE)} IS DISTINCT FROM s.{quote_ident(SOURCE)} LIMIT 1) hit")
-        found = conn.execute(
-            f"SELECT s.\"_pos\" FROM {quote_ident(stage)} s CROSS JOIN LATERAL {lookup}").fetchall()
-        conn.execute(f"TRUNCATE {quote_ident(stage)}")
-        at = pa.array(np.fromiter((r[0] for r in found), np.int64, len(found)))
-        return rows.select([keys[0], SOURCE]).take(at)
-
     def insert_rejects(self, rejects: pa.Table) -> int:
         """Reject rows alone (the aggregations' late events); replays insert nothing."""
         if rejects.num_rows == 0:
@@ -499,7 +472,7 @@ class PostgresSink:
         server time of ``INSERT ... SELECT ... ON CONFLICT``). When another writer stored
         one of those keys in between, the COPY fails on the key and the unit takes
         :meth:`_insert_new_rows` instead. Returns how many rows were inserted and the rows
-        kept out for another event at their key (:meth:`_superseded`), or None."""
+        kept out for another event at their key (entity, ``_source``), or None."""
         import numpy as np
         import psycopg
 
@@ -512,7 +485,11 @@ class PostgresSink:
         keep[firsts.to_numpy()] = True
         stored = self._stored_positions(conn, self.table, rows)
         keep[stored] = False
-        superseded = self._superseded(conn, rows.take(pa.array(stored))) if len(stored) else None
+        superseded = None
+        if len(stored):  # of the rows with a stored key (usually few): another event's there?
+            seen = rows.take(pa.array(stored))
+            other = self._stored_positions(conn, self.table, seen, other_source=True)
+            superseded = seen.select([self.columns[0], SOURCE]).take(pa.array(other))
         new = rows if keep.all() else rows.filter(pa.array(keep))
         if new.num_rows == 0:
             return 0, superseded
@@ -523,22 +500,26 @@ class PostgresSink:
         except psycopg.errors.UniqueViolation:
             return self._insert_new_rows(conn, rows)
 
-    def _stored_positions(self, conn: Any, table: str, rows: pa.Table) -> Any:
-        """Positions of ``rows`` whose (entity, event time) ``table`` already holds: the keys
-        are COPYed into a temporary table and each looked up in the table's primary key."""
+    def _stored_positions(self, conn: Any, table: str, rows: pa.Table, *, other_source: bool = False) -> Any:
+        """Positions of ``rows`` whose (entity, event time) ``table`` already holds (with
+        ``other_source``: holds from another event, another ``_source``): the keys are
+        COPYed into a temporary table and each looked up in the table's primary key."""
         import numpy as np
 
         keys = self.columns[:2]
-        stage = f"_keys_{table}"[:63]
+        probed = (*keys, SOURCE) if other_source else keys
+        stage = f"_{'keysrc' if other_source else 'keys'}_{table}"[:63]
         if stage not in self._staged:  # see _insert_new
-            names = ", ".join(quote_ident(k) for k in keys)
+            names = ", ".join(quote_ident(k) for k in probed)
             conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {quote_ident(stage)} ON COMMIT DELETE ROWS AS "
                          f"SELECT {names}, 0::bigint AS \"_pos\" FROM {quote_ident(table)} WITH NO DATA")
             self._staged.add(stage)
         pos = pa.array(np.arange(rows.num_rows, dtype=np.int64))
-        probe = pa.table({keys[0]: rows.column(keys[0]), keys[1]: rows.column(keys[1]), "_pos": pos})
-        self._copy(conn, stage, (*keys, "_pos"), probe)
+        probe = pa.table({**{k: rows.column(k) for k in probed}, "_pos": pos})
+        self._copy(conn, stage, (*probed, "_pos"), probe)
         on = " AND ".join(f"t.{quote_ident(k)} = s.{quote_ident(k)}" for k in keys)
+        if other_source:
+            on += f" AND t.{quote_ident(SOURCE)} IS DISTINCT FROM s.{quote_ident(SOURCE)}"
         # a nested loop over the keys, each an index lookup (LATERAL ... LIMIT 1): the
         # temporary table has no statistics, and a hash join would read the whole table
         lookup = f"(SELECT 1 FROM {quote_ident(table)} t WHERE {on} LIMIT 1) hit"
