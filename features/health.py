@@ -8,7 +8,11 @@ Checks, with the configured settings (``FEATURES_*``, ``featureline.toml``):
 - each loadable schema in the schemas folder: the fingerprint Postgres recorded for it
   (``featureline_schemas``) against the compiled schema's — ``ok``, ``not loaded`` (no
   record yet: nothing written with it), or ``MISMATCH`` (the stores hold another version:
-  run the migration from ``features schema diff``).
+  whether the change is compatible, and the ``features migrate`` command that moves the
+  stores); and, when Postgres holds this version, a sample of the schema's Redis hashes
+  (up to 20,000 keys of each kind): ``MISMATCH`` when some hold another version (an
+  unfinished migration, or an old writer still running), naming the command that
+  rewrites them.
 
 Prints one line per check (``--json``: an object), never a password. Exit 0 when every
 store answers and no fingerprint differs, 1 otherwise, 2 on usage errors.
@@ -120,38 +124,118 @@ def check_all(settings: Any, *, timeout_s: float = 5.0) -> list[Check]:
 
 def _schema_checks(settings: Any, timeout_s: float) -> list[Check]:
     from features.compile import compile_schema
-    from features.compile.postgres import SCHEMAS_TABLE, quote_ident
+    from features.migrate import Recorded, read_recorded
     from features.schema import load_schemas
     from features.sinks import pg
 
     out: list[Check] = []
     schemas = load_schemas(settings.schemas_dir)
-    recorded: dict[str, tuple[str, str]] = {}
+    recorded: dict[str, Recorded] = {}
     timeout = max(int(timeout_s), 1)
     with pg.connect(settings.postgres_dsn, timeout_s=timeout, autocommit=True) as conn, \
             pg.map_psycopg_errors(settings.postgres_dsn, "the fingerprint read"):
-        row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (quote_ident(SCHEMAS_TABLE),)).fetchone()
-        if row and row[0]:
-            for r in conn.execute(f"SELECT schema_name, version, fingerprint FROM "
-                                  f"{quote_ident(SCHEMAS_TABLE)}").fetchall():
-                recorded[r[0]] = (r[1], r[2])
+        for name, schema in schemas.items():
+            if schema.loadable:
+                recorded[name] = read_recorded(conn, name)
     for name, schema in sorted(schemas.items()):
         if not schema.loadable:
             continue
         compiled = compile_schema(schema)
-        got = recorded.get(name)
-        if got is None:
-            out.append(Check("schema", name, True, f"{schema.version_str} ({compiled.fingerprint[:12]}): "
-                                                   "not loaded (no fingerprint recorded yet)"))
-        elif got[1] == compiled.fingerprint:
-            out.append(Check("schema", name, True,
-                             f"{schema.version_str} ({compiled.fingerprint[:12]}): ok"))
+        got = recorded[name]
+        where = schema.path or name
+        head = f"{schema.version_str} ({compiled.fingerprint[:12]})"
+        if got.fingerprint is None:
+            out.append(Check("schema", name, True, f"{head}: not loaded (no fingerprint recorded yet)"))
+        elif got.fingerprint == compiled.fingerprint:
+            t0 = time.perf_counter()
+            try:
+                ok, detail = _redis_versions(settings, compiled, got, timeout_s)
+            except Exception as exc:  # Redis down is the store line's FAIL; this says what it missed
+                ok, detail = False, f"{head}: Postgres ok, Redis not sampled ({type(exc).__name__}: {exc})"
+            out.append(Check("schema", name, ok, detail, round(time.perf_counter() - t0, 3)))
         else:
             out.append(Check("schema", name, False,
-                             f"MISMATCH: the stores hold {got[0]} ({got[1][:12]}), {schema.path or name} is "
-                             f"{schema.version_str} ({compiled.fingerprint[:12]}): run "
-                             "`features schema diff` and apply its migration"))
+                             f"MISMATCH: the stores hold {got.version} ({got.fingerprint[:12]}), {where} is "
+                             f"{head}: " + _mismatch_fix(schema, compiled.fingerprint, got)))
     return out
+
+
+def _mismatch_fix(schema: Any, fp: str, got: Any) -> str:
+    """What to do when Postgres holds another version than the schema file."""
+    assert got.fingerprint is not None
+    if fp in got.ancestors(got.fingerprint):
+        return (f"the stores were migrated from this version to {got.version}: give the readers and writers "
+                "the newer schema file")
+    old = got.versions.get(got.fingerprint)
+    verdict = ""
+    if old is not None and old.text is not None:
+        from features.compile.migration import plan_migration
+        from features.migrate import compiled_version
+
+        try:
+            diff = plan_migration(compiled_version(old, schema.name).schema, schema).diff
+            verdict = ("a compatible change; " if diff.compatible and diff.refusal is None
+                       else "a BREAKING change (docs/evolution.md), which `features migrate` refuses; ")
+        except Exception:  # the verdict is a courtesy: the fix below stands without it
+            verdict = ""
+    return (f"{verdict}run `features migrate {schema.path or schema.name + '.yaml'}` (a dry run), then again "
+            "with --apply")
+
+
+#: SCAN calls (of 1,000 keys each) ``features health`` makes per schema to sample Redis.
+_SAMPLE_SCANS = 20
+
+
+def _redis_versions(settings: Any, c: Any, got: Any, timeout_s: float) -> tuple[bool, str]:
+    """``ok``, or ``MISMATCH`` when a sample of the schema's Redis hashes holds another version."""
+    from features.fallback import redis_py_client
+    from features.migrate import glob_escape
+    from features.sinks.redis import aggregates_key, entity_key
+
+    head = f"{c.schema.version_str} ({c.fingerprint[:12]})"
+    client = redis_py_client(settings.redis_url, timeout_s)
+    tally: dict[str, int] = {}
+    seen = 0
+    try:
+        for key in (entity_key(c.name, "*"), aggregates_key(c.name, "*")):
+            pattern = glob_escape(key[:-2]) + "*}"
+            keys: list[Any] = []
+            if hasattr(client, "scan_iter") and getattr(client, "nodes_manager", None) is not None:
+                for k in client.scan_iter(match=pattern, count=1000):  # a cluster: every primary
+                    keys.append(k)
+                    if len(keys) >= 1000 * _SAMPLE_SCANS:
+                        break
+            else:
+                cursor = 0
+                for _ in range(_SAMPLE_SCANS):
+                    cursor, part = client.scan(cursor, match=pattern, count=1000)
+                    keys.extend(part)
+                    if cursor == 0:
+                        break
+            if not keys:
+                continue
+            pipe = client.pipeline(transaction=False)
+            for k in keys:
+                pipe.hget(k, "_schema_fingerprint")
+            for fp in pipe.execute():
+                if fp is not None:
+                    text = fp.decode()
+                    tally[text] = tally.get(text, 0) + 1
+            seen += len(keys)
+    finally:
+        client.close()
+    others = {fp: n for fp, n in tally.items() if fp != c.fingerprint}
+    if not others:
+        return True, f"{head}: ok" + (f" ({seen:,} Redis hashes sampled)" if seen else "")
+    older = set(got.ancestors(c.fingerprint))
+    parts = []
+    for fp, n in sorted(others.items(), key=lambda kv: -kv[1]):
+        v = got.versions.get(fp)
+        label = f"{v.version if v is not None else 'an unknown version'} ({fp[:12]})"
+        parts.append(f"{n:,} hold {label}{'' if fp in older else ', which readers refuse'}")
+    return False, (f"MISMATCH: Postgres holds {head}, but of {seen:,} Redis hashes sampled "
+                   + "; ".join(parts)
+            + f": run `features migrate {c.schema.path or c.name + '.yaml'} --apply` to rewrite them")
 
 
 def run(args: argparse.Namespace) -> int:

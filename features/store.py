@@ -35,7 +35,9 @@ from features.stored import aggregation_names as _aggregation_names
 from features.stored import cold_columns as _cold_columns
 from features.stored import declared_type as _declared_type
 from features.stored import entity_values as _entity_values
+from features.stored import from_text as _from_text
 from features.stored import hot_columns as _hot_columns
+from features.stored import rows_to_table as _rows_to_table
 
 if TYPE_CHECKING:
     from features.schema import Schema
@@ -111,6 +113,9 @@ class FeatureStore:
         self._fallback = Fallback(self)
         self._pg: Any = None
         self._checked: set[str] = set()
+        #: schema name -> the features.migrate.Upgrader of hashes older versions wrote
+        self._upgraders: dict[str, Any] = {}
+        self._upgraders_lock = threading.Lock()
         self.registry = registry if registry is not None else Registry()
         self._metrics = SdkMetrics(self.registry)
         #: the metrics endpoint (``metrics_port``), or None
@@ -132,6 +137,10 @@ class FeatureStore:
     # --- lifecycle --------------------------------------------------------------------
 
     def close(self) -> None:
+        with self._upgraders_lock:
+            upgraders, self._upgraders = list(self._upgraders.values()), {}
+        for up in upgraders:
+            up.close()
         self._pool.close()
         self._fallback.close()
         if self._pg is not None:
@@ -225,9 +234,40 @@ class FeatureStore:
         if row is not None and row[1] != c.fingerprint:
             raise SinkError(f"the stores hold schema {c.name} {row[0]} (fingerprint {row[1][:12]}), but "
                             f"{self.schemas_path} has {c.schema.version_str} (fingerprint "
-                            f"{c.fingerprint[:12]}): use the schema the data was written with, or "
-                            "migrate the stores", store="postgres")
+                            f"{c.fingerprint[:12]}): {_migrate_hint(c)}", store="postgres")
         self._checked.add(c.name)
+
+    def _upgrader(self, c: CompiledSchema, others: set[str]) -> Any:
+        """The :class:`features.migrate.Upgrader` of ``c`` when every fingerprint of ``others``
+        is an earlier version the stores were migrated from (read from Postgres again when
+        one is not known yet: a migration may have run since), else None."""
+        from features.migrate import Upgrader, read_recorded
+
+        with self._upgraders_lock:
+            up = self._upgraders.get(c.name)
+        if up is not None and others <= up.old_fingerprints:
+            return up
+        recorded = self._pg_run("the schema versions read", lambda conn: read_recorded(conn, c.name))
+        if recorded.fingerprint != c.fingerprint or not others <= set(recorded.ancestors(c.fingerprint)):
+            return None
+        up = Upgrader(self, c, recorded)
+        with self._upgraders_lock:
+            old = self._upgraders.get(c.name)
+            self._upgraders[c.name] = up
+        if old is not None:
+            old.close()
+        return up
+
+    def _upgrade(self, req: _OnlineRequest) -> None:
+        """Rewrite the hashes of ``req`` that an earlier version of its schema wrote."""
+        plan = req.plan
+        with self._upgraders_lock:
+            up = self._upgraders.get(plan.c.name)  # made by the check that raised _Outdated
+        if up is None:
+            return
+        up.upgrade(req.reads[0][0], False)
+        if plan.aggs:
+            up.upgrade(req.reads[1][0], True)
 
     # --- connections ----------------------------------------------------------------------
 
@@ -351,7 +391,7 @@ class FeatureStore:
             if rows is not None:  # every id in Redis, fresh: no Arrow decoding
                 table, from_pg, missed = pa.Table.from_pylist(rows, req.plan.result), 0, 0
             else:
-                table, from_pg, missed = self._finish_online(req, replies, fallback, max_age, since)
+                table, from_pg, missed = self._finish_current(req, replies, fallback, max_age, since)
         except Exception:  # counted, then raised as it is
             self._metrics.error(self._label(schema), "online")
             raise
@@ -372,7 +412,7 @@ class FeatureStore:
             rows = _small_rows(req, replies) if len(req.ids) <= SMALL_CALL else None
             from_pg = missed = 0
             if rows is None:
-                table, from_pg, missed = self._finish_online(req, replies, fallback, max_age, since)
+                table, from_pg, missed = self._finish_current(req, replies, fallback, max_age, since)
                 rows = table.to_pylist()
         except Exception:  # counted, then raised as it is
             self._metrics.error(self._label(schema), "online_dicts")
@@ -406,16 +446,33 @@ class FeatureStore:
             from features.fallback import redis_py_client
 
             self._aredis = redis_py_client(self.redis_url, self.timeout_s, asyncio=True)
-        pipe = self._aredis.pipeline(transaction=False)
-        for keys, fields in req.reads:
-            for k in keys:
-                if fields is None:
-                    pipe.pttl(k)
-                else:
-                    pipe.hmget(k, fields)
-        with map_redis_errors(self.redis_address, "the online read"):
-            replies = await pipe.execute()
-        return await asyncio.to_thread(self._finish_online, req, replies, fallback, max_age, since)
+        for _ in range(_UPGRADE_ATTEMPTS):
+            pipe = self._aredis.pipeline(transaction=False)
+            for keys, fields in req.reads:
+                for k in keys:
+                    if fields is None:
+                        pipe.pttl(k)
+                    else:
+                        pipe.hmget(k, fields)
+            with map_redis_errors(self.redis_address, "the online read"):
+                replies = await pipe.execute()
+            try:
+                return await asyncio.to_thread(self._finish_online, req, replies, fallback, max_age, since)
+            except _Outdated:  # hashes an earlier version wrote: rewritten, then read again
+                await asyncio.to_thread(self._upgrade, req)
+        raise _still_outdated(req)
+
+    def _finish_current(self, req: _OnlineRequest, replies: list[Any], fallback: bool | None,
+                        max_age: dt.timedelta | None, since: float) -> tuple[pa.Table, int, int]:
+        """:meth:`_finish_online`, after rewriting the hashes an earlier version of the
+        schema wrote (and reading them again) when there are any."""
+        for _ in range(_UPGRADE_ATTEMPTS):
+            try:
+                return self._finish_online(req, replies, fallback, max_age, since)
+            except _Outdated:
+                self._upgrade(req)
+                replies = self._pool.hmget_many(req.reads)
+        raise _still_outdated(req)
 
     async def aclose(self) -> None:
         if self._aredis is not None:
@@ -546,11 +603,14 @@ class FeatureStore:
             raise SinkError(f"Redis holds {c.name} {what} with encoding version "
                             f"{sorted(encs - {ENCODING_VERSION})[0]}; this reader knows version "
                             f"{ENCODING_VERSION}", store="redis")
-        if fps - {c.fingerprint}:
+        others = fps - {c.fingerprint}
+        if others:
+            if self._upgrader(c, others) is not None:
+                raise _Outdated  # rewritten in this layout, then read again (docs/evolution.md)
             raise SinkError(f"Redis holds {c.name} {what} written with schema fingerprint "
-                            f"{sorted(fps - {c.fingerprint})[0][:12]}, but {self.schemas_path} has "
-                            f"{c.schema.version_str} (fingerprint {c.fingerprint[:12]}): use the schema the "
-                            "data was written with, or migrate the stores", store="redis")
+                            f"{sorted(others)[0][:12]}, which is no earlier version the stores were migrated "
+                            f"from to {c.schema.version_str} (fingerprint {c.fingerprint[:12]}, "
+                            f"{self.schemas_path}): {_migrate_hint(c)}", store="redis")
 
     # --- the fallback's reads (features.fallback) and prewarm ----------------------------------
 
@@ -960,6 +1020,30 @@ class _RawRedis:
         return replies  # type: ignore[no-any-return]  # lists of bytes/None
 
 
+class _Outdated(Exception):
+    """Hashes an earlier version of the schema wrote, which the stores were migrated from:
+    rewritten in the current layout (``features.migrate.Upgrader``), then read again."""
+
+
+#: reads of a request rewritten and repeated at most this often (a writer of the old
+#: version may write again in between)
+_UPGRADE_ATTEMPTS = 3
+
+
+def _still_outdated(req: _OnlineRequest) -> SinkError:
+    c = req.plan.c
+    return SinkError(f"Redis hashes of {c.name} were written by an earlier schema version again while "
+                     f"they were rewritten to {c.schema.version_str} ({_UPGRADE_ATTEMPTS} times): is a "
+                     "loader or stream of the old version still running? Stop it, then retry", store="redis")
+
+
+def _migrate_hint(c: CompiledSchema) -> str:
+    where = c.schema.path or f"{c.name}.yaml"
+    return (f"run `features migrate {where}` (a dry run, then --apply) to bring the stores to this "
+            "version when it is a compatible change, or use the schema file the data was written with "
+            "(docs/evolution.md)")
+
+
 class _Moved(Exception):
     """A -MOVED reply: the server is one node of a Redis Cluster."""
 
@@ -1005,9 +1089,6 @@ def _stage_table(c: CompiledSchema) -> tuple[str, str]:
 
 #: The lineage columns the fallback reads (``features.fallback.LINEAGE``), and the
 #: aggregation row's event time (``__agg<event time>``: the event time's type).
-_LINEAGE_TYPES = {"_source": pa.string(), "_schema_version": pa.string(), "_schema_fingerprint": pa.string(),
-                  "_run_id": pa.string(), "_ingested_at": pa.timestamp("us", "UTC")}
-
 #: Stands for a null id: a key no writer can create (a NUL character is a type reject).
 _NULL_ID = "\x00"
 
@@ -1016,24 +1097,6 @@ def _entity_text(value: Any) -> str:
     if value is None:
         return _NULL_ID
     return value if isinstance(value, str) else str(value)
-
-
-def _from_text(c: CompiledSchema, name: str, text: pa.Array, target: pa.DataType | None = None) -> pa.Array:
-    """Redis text (encoding v1) -> the declared type, exactly.
-
-    Every v1 text is one Arrow parses exactly (shortest float text, decimal text at the
-    field's scale, ``true``/``false``, ISO dates, ``... HH:MM:SS.ffffffZ`` instants); a
-    value that does not parse, or would lose digits, is not v1 and raises SinkError.
-    """
-    if target is None:
-        target = _declared_type(c, name)
-    try:
-        if pa.types.is_dictionary(target):
-            return text.cast(target.value_type).dictionary_encode()
-        return text.cast(target)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        raise SinkError(f"Redis holds a value for {c.name}.{name} that is not encoding v1 text of "
-                        f"{target}: {exc}", store="redis") from exc
 
 
 def _scatter(base: pa.Array, rows: npt.NDArray[np.int64], values: pa.Array) -> pa.Array:
@@ -1048,17 +1111,6 @@ def _scatter(base: pa.Array, rows: npt.NDArray[np.int64], values: pa.Array) -> p
     return merged.take(pa.array(take))
 
 
-def _rows_to_table(c: CompiledSchema, names: list[str], rows: Sequence[Sequence[Any]]) -> pa.Table:
-    """psycopg rows -> Arrow in the declared types (decimals, zones and dates exact)."""
-    cols: list[list[Any]] = [list(col) for col in zip(*rows, strict=True)] if rows else [[] for _ in names]
-    out = {}
-    for name, values in zip(names, cols, strict=True):
-        base = name.removeprefix("__agg")  # the aggregation row's event time and lineage
-        t = _LINEAGE_TYPES.get(base) or _declared_type(c, base)
-        if pa.types.is_timestamp(t) and t.tz is not None:
-            values = [v.astimezone(dt.UTC) if v is not None else None for v in values]
-        out[name] = pa.array(values, t)
-    return pa.table(out)
 
 
 #: ``online`` calls of at most this many ids try the small-call path (Python decoding)

@@ -4,10 +4,15 @@ Arrow types: what the SDK reads back and what its fill writes (``features.store`
 
 from __future__ import annotations
 
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from features.compile import CompiledSchema
+from features.errors import SinkError
 
 
 def hot_columns(c: CompiledSchema) -> list[str]:
@@ -73,4 +78,41 @@ def entity_values(c: CompiledSchema, ids: pa.Array | pa.ChunkedArray) -> pa.Arra
     return pc.if_else(fits, value, pa.scalar(None, wide)).cast(target)
 
 
-__all__ = ["aggregation_names", "cold_columns", "declared_type", "entity_values", "hot_columns"]
+#: Types of the lineage columns read back from Postgres.
+_LINEAGE_TYPES = {"_source": pa.string(), "_schema_version": pa.string(), "_schema_fingerprint": pa.string(),
+                  "_run_id": pa.string(), "_ingested_at": pa.timestamp("us", "UTC")}
+
+
+def from_text(c: CompiledSchema, name: str, text: pa.Array, target: pa.DataType | None = None) -> pa.Array:
+    """Redis text (encoding v1) -> the declared type, exactly.
+
+    Every v1 text is one Arrow parses exactly (shortest float text, decimal text at the
+    field's scale, ``true``/``false``, ISO dates, ``... HH:MM:SS.ffffffZ`` instants); a
+    value that does not parse, or would lose digits, is not v1 and raises SinkError.
+    """
+    if target is None:
+        target = declared_type(c, name)
+    try:
+        if pa.types.is_dictionary(target):
+            return text.cast(target.value_type).dictionary_encode()
+        return text.cast(target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise SinkError(f"Redis holds a value for {c.name}.{name} that is not encoding v1 text of "
+                        f"{target}: {exc}", store="redis") from exc
+
+
+def rows_to_table(c: CompiledSchema, names: list[str], rows: Sequence[Sequence[Any]]) -> pa.Table:
+    """psycopg rows -> Arrow in the declared types (decimals, zones and dates exact)."""
+    cols: list[list[Any]] = [list(col) for col in zip(*rows, strict=True)] if rows else [[] for _ in names]
+    out = {}
+    for name, values in zip(names, cols, strict=True):
+        base = name.removeprefix("__agg")  # the aggregation row's event time and lineage
+        t = _LINEAGE_TYPES.get(base) or declared_type(c, base)
+        if pa.types.is_timestamp(t) and t.tz is not None:
+            values = [v.astimezone(dt.UTC) if v is not None else None for v in values]
+        out[name] = pa.array(values, t)
+    return pa.table(out)
+
+
+__all__ = ["aggregation_names", "cold_columns", "declared_type", "entity_values", "from_text", "hot_columns",
+           "rows_to_table"]

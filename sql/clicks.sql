@@ -79,3 +79,154 @@ CREATE TABLE IF NOT EXISTS "clicks__aggregates" (
 INSERT INTO "featureline_schemas" ("schema_name", "version", "fingerprint")
 VALUES ('clicks', '1.1.0', '8748db343a75f768d3a7aed68e8e96512aaa4261b56ec9997cca5b9b1cf79e75')
 ON CONFLICT DO NOTHING;
+
+-- Every version the stores have held, with its YAML text (features migrate).
+CREATE TABLE IF NOT EXISTS "featureline_schema_versions" (
+    "schema_name" text NOT NULL,
+    "fingerprint" text NOT NULL,
+    "version" text NOT NULL,
+    "definition" text,
+    "migrated_from" text,
+    "recorded_at" timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY ("schema_name", "fingerprint")
+);
+
+INSERT INTO "featureline_schema_versions" ("schema_name", "fingerprint", "version", "definition", "migrated_from") VALUES ('clicks', '8748db343a75f768d3a7aed68e8e96512aaa4261b56ec9997cca5b9b1cf79e75', '1.1.0', '# Click stream: one row per user interaction, read from Kafka as JSON.
+name: clicks
+version: 1.1.0
+description: user interactions with items (views, clicks, carts, purchases)
+entity: user_id
+event_time: event_time
+hot:
+  ttl: 1d
+payload:
+  format: json
+  max_bytes: 16384
+fields:
+  - name: event_id
+    type: string
+    description: unique per event; producers retry with the same id
+    store: cold
+    constraints:
+      required: true
+      min_length: 1
+      max_length: 64
+  - name: user_id
+    type: string
+    store: [hot, cold]
+    constraints:
+      required: true
+      pattern: ^u[0-9]{1,10}$
+  - name: item_id
+    type: string
+    store: [hot, cold]
+    constraints:
+      required: true
+  - name: event_type
+    type: enum
+    values: [view, click, add_to_cart, purchase]
+    store: [hot, cold]
+    constraints:
+      required: true
+  - name: event_time
+    type: timestamp(ms, UTC)
+    store: [hot, cold]
+    constraints:
+      required: true
+  - name: dwell_ms
+    type: int32
+    description: time spent on the item page before the event
+    constraints:
+      min: 0
+      max: 3600000
+      nullable: true
+  - name: price
+    type: decimal(12,2)
+    description: item price at event time; null for views without a price
+    accept_strings: true
+    constraints:
+      min: 0
+      nullable: true
+  - name: session_id
+    type: string
+    store: cold
+    constraints:
+      nullable: true
+      empty_as_null: true
+features:
+  - name: dwell_log
+    description: log(1 + dwell milliseconds), 0 when unknown
+    from: dwell_ms
+    steps:
+      - fill_null: 0
+      - log1p
+    dtype: float32
+    store: [hot, cold]
+  - name: item_hash
+    from: item_id
+    steps:
+      - hash_bucket: {n: 1024}
+    dtype: int32
+    store: hot
+  - name: event_type_onehot
+    from: event_type
+    steps:
+      - one_hot
+    dtype: int8
+    store: hot
+aggregations:
+  # An event more than 1h older than its user''s newest event seen so far is late: it is
+  # kept in the history table but updates no aggregation (it goes to the rejects).
+  allowed_lateness: 1h
+  features:
+    - name: clicks_24h
+      description: clicks in the 24 hours up to and including the event
+      function: count
+      where: {event_type: click}
+      window: 24h
+      store: [hot, cold]
+    - name: views_24h
+      function: count
+      where: {event_type: view}
+      window: 24h
+      store: cold
+    - name: click_ratio_24h
+      description: clicks per view over the last 24 hours; 0 without views
+      function: ratio
+      numerator: clicks_24h
+      denominator: views_24h
+      on_zero: 0.0
+      store: [hot, cold]
+    - name: dwell_mean_1h
+      function: mean
+      of: dwell_ms
+      window: 1h
+      store: [hot, cold]
+    - name: items_7d
+      description: distinct items the user touched in the last 7 days
+      function: count_distinct
+      of: item_id
+      window: 7d
+      store: cold
+    - name: spend_today
+      description: purchases so far in the event''s UTC day
+      function: sum
+      of: price
+      where: {event_type: purchase}
+      window: {size: 1d, type: tumbling}
+      store: [hot, cold]
+    - name: max_price_24h
+      function: max
+      of: price
+      window: 24h
+      store: cold
+    - name: last_dwell_1h
+      function: last
+      of: dwell_ms
+      window: 1h
+      store: cold
+evolution_rules:
+  - field: event_type
+    breaking_change: true
+    description: models one-hot encode event_type; a new value changes their input width
+', NULL) ON CONFLICT ("schema_name", "fingerprint") DO UPDATE SET "definition" = coalesce("featureline_schema_versions"."definition", EXCLUDED."definition"), "migrated_from" = coalesce("featureline_schema_versions"."migrated_from", EXCLUDED."migrated_from");

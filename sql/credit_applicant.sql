@@ -71,3 +71,142 @@ CREATE TABLE IF NOT EXISTS "credit_applicant__rejects" (
 INSERT INTO "featureline_schemas" ("schema_name", "version", "fingerprint")
 VALUES ('credit_applicant', '3.2.1', '99eda4ceee22b865c271128c7bdab74f8dd936837a876f14d2d31716558d1ab3')
 ON CONFLICT DO NOTHING;
+
+-- Every version the stores have held, with its YAML text (features migrate).
+CREATE TABLE IF NOT EXISTS "featureline_schema_versions" (
+    "schema_name" text NOT NULL,
+    "fingerprint" text NOT NULL,
+    "version" text NOT NULL,
+    "definition" text,
+    "migrated_from" text,
+    "recorded_at" timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY ("schema_name", "fingerprint")
+);
+
+INSERT INTO "featureline_schema_versions" ("schema_name", "fingerprint", "version", "definition", "migrated_from") VALUES ('credit_applicant', '99eda4ceee22b865c271128c7bdab74f8dd936837a876f14d2d31716558d1ab3', '3.2.1', '# Credit applications: the loadable version of the DESIGN.md example.
+# One row per submitted application; entity application_id, event time submitted_at.
+name: credit_applicant
+version: 3.2.1
+description: credit applications as submitted, with the features the scoring models read
+entity: application_id
+event_time: submitted_at
+hot:
+  ttl: 7d
+payload:
+  format: json
+  max_bytes: 65536
+fields:
+  - name: application_id
+    type: string
+    store: [hot, cold]
+    constraints:
+      pattern: ^APP-[0-9]{12}$
+      required: true
+  - name: submitted_at
+    type: timestamp(us, UTC)
+    description: when the applicant submitted the application (the event time)
+    store: [hot, cold]
+    constraints:
+      required: true
+  - name: income_monthly
+    type: decimal(18,2)
+    description: declared net monthly income
+    store: [hot, cold]
+    accept_strings: true
+    constraints:
+      min: 0.01
+      max: 99999999.99
+      nullable: false
+  - name: employment_duration_months
+    type: int32
+    constraints:
+      min: 0
+      max: 1200
+      default: 0
+  - name: employment_status
+    type: enum
+    values: [employed, self_employed, unemployed, retired, student]
+    store: [hot, cold]
+  - name: age
+    type: int16
+    constraints:
+      min: 18
+      max: 120
+  - name: existing_debt
+    type: decimal(18,2)
+    description: outstanding debt; null when the applicant declared none
+    accept_strings: true
+    constraints:
+      min: 0
+      nullable: true
+  - name: credit_score
+    type: int32
+    description: bureau score; null for applicants without a credit history
+    constraints:
+      min: 300
+      max: 850
+      nullable: true
+  - name: requested_amount
+    type: decimal(18,2)
+    accept_strings: true
+    constraints:
+      min: 100
+      max: 10000000
+  - name: region
+    type: string
+    constraints:
+      min_length: 2
+      max_length: 32
+      nullable: true
+  - name: customer_since
+    type: date
+    description: when the applicant became a customer; null for new customers
+    constraints:
+      nullable: true
+features:
+  - name: income_log
+    description: log(1 + monthly income)
+    from: income_monthly
+    steps:
+      - fill_null: 0
+      - log1p
+    dtype: float64
+    store: hot
+  - name: debt_to_income
+    description: existing debt over monthly income, 0 without income, capped at 100
+    from: existing_debt
+    steps:
+      - fill_null: 0
+      - ratio: {denominator: income_monthly, on_zero: 0}
+      - clip: {lo: 0, hi: 100}
+    dtype: float64
+    store: [hot, cold]
+    on_invalid: reject
+  - name: score_bucket
+    description: credit score band (0 below 580 ... 4 from 800; null without a score)
+    from: credit_score
+    steps:
+      - bucketize: {boundaries: [580, 670, 740, 800]}
+    dtype: int32
+    store: cold
+  - name: employment_status_hash
+    from: employment_status
+    steps:
+      - hash_bucket: {n: 64}
+    dtype: int32
+    store: hot
+  - name: customer_tenure_days
+    description: days between becoming a customer and this application
+    from: customer_since
+    steps:
+      - time_since: {unit: days}
+    dtype: float64
+    store: cold
+evolution_rules:
+  - field: income_monthly
+    breaking_change: false
+    description: widening from decimal(15,2) to decimal(18,2) is allowed
+  - field: employment_status
+    breaking_change: true
+    description: a new enum value requires every downstream model version to be updated
+', NULL) ON CONFLICT ("schema_name", "fingerprint") DO UPDATE SET "definition" = coalesce("featureline_schema_versions"."definition", EXCLUDED."definition"), "migrated_from" = coalesce("featureline_schema_versions"."migrated_from", EXCLUDED."migrated_from");

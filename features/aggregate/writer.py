@@ -202,7 +202,7 @@ class AggregateWriter:
                 sink.close()
 
     def stored_inputs(self, spec: AggSpec, entity: pa.Array, lo_us: I64, hi_us: I64, *,
-                      exclude_run: str | None = None) -> Inputs:
+                      exclude_run: str | None = None, aggregated: bool = False) -> Inputs:
         """The aggregation inputs of the events the history table holds for ``entity[i]``
         with event time in ``[lo_us[i], hi_us[i])`` (one row per entity), except those run
         ``exclude_run`` wrote. Order: unspecified (the engine sorts)."""
@@ -212,7 +212,8 @@ class AggregateWriter:
         ranges = pa.table({"entity": entity, "lo": event_time_array(spec, lo_us // step * step),
                            "hi": event_time_array(spec, -(-hi_us // step) * step)})
         names, fields = _read_fields(spec)
-        return _inputs(spec, names, self._pg.read_history(ranges, fields, exclude_run=exclude_run))
+        return _inputs(spec, names, self._pg.read_history(ranges, fields, exclude_run=exclude_run,
+                                                          aggregated=aggregated))
 
     def accepted_inputs(self, spec: AggSpec, entity: pa.Array) -> Inputs:
         """The aggregation inputs of the events of ``entity`` (distinct values) that hold an

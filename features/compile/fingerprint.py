@@ -30,7 +30,7 @@ __all__ = ["canonical_json", "fingerprint"]
 #: bump when the encoding below changes (every fingerprint changes with it).
 FINGERPRINT_FORMAT: Final = 1
 #: dataclass attributes that carry no semantics.
-_IGNORED: Final = frozenset({"description", "path", "line",
+_IGNORED: Final = frozenset({"description", "path", "line", "text",
                              # how the SDK serves hot values, not how data is stored
                              "refresh_after_seconds"})
 #: attributes ignored on one model class only (``Feature.source``, its input field, counts)

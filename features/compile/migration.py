@@ -14,7 +14,8 @@ constraint drops first, then column changes, then constraint adds. When the sche
 gains its first aggregations, the CREATE TABLE of the aggregates table (the text
 ``features compile`` writes) is among the column changes. When the diff is allowed
 and has no breaking change it ends by recording the new version and fingerprint in
-``featureline_schemas``. A breaking change has no generated migration: a major
+``featureline_schemas`` and both versions (with their YAML text) in
+``featureline_schema_versions``. A breaking change has no generated migration: a major
 version means a manual migration or a new table.
 
 DDL per change kind (see :mod:`features.schema.diff` for the classification):
@@ -68,8 +69,10 @@ from features.compile.postgres import (
     pg_type,
     quote_ident,
     quote_literal,
+    record_version,
     render_aggregates_table,
     sql_value,
+    versions_table,
 )
 from features.compile.rules import ReasonCode, field_rules
 from features.schema.diff import Change, ChangeKind, SchemaDiff, diff_schemas, store_changes
@@ -123,7 +126,12 @@ def render_migration(diff: SchemaDiff) -> Migration:
     pairs = list(zip(diff.changes, renderer.ddls, strict=True))
     statements = _phases(d for c, d in pairs if c.compatible)
     if diff.changes and diff.refusal is None and diff.compatible and renderer.table is not None:
-        statements.append(_record_fingerprint(diff.new, fingerprint(diff.new)))
+        old_fp, new_fp = fingerprint(diff.old), fingerprint(diff.new)
+        statements += [_record_fingerprint(diff.new, new_fp),
+                       # both versions' YAML text, so readers of Redis hashes the old version
+                       # wrote can rebuild its layout (features migrate, docs/evolution.md)
+                       versions_table().rstrip().removesuffix(";"),
+                       record_version(diff.old, old_fp), record_version(diff.new, new_fp, old_fp)]
     return Migration(
         diff=diff, change_ddl=tuple(d.all() if c.compatible else () for c, d in pairs), statements=statements,
     )

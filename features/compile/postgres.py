@@ -71,6 +71,9 @@ PG_MAX_IDENTIFIER_BYTES = 63
 
 #: The table recording which schema version/fingerprint created the tables.
 SCHEMAS_TABLE = "featureline_schemas"
+#: Every version of a schema the stores have held: its fingerprint, version, YAML text and
+#: the fingerprint it was migrated from (docs/evolution.md, "Migrating the stores").
+VERSIONS_TABLE = "featureline_schema_versions"
 #: PostgreSQL's MaxHeapAttributeNumber: a table has at most 1600 columns.
 PG_MAX_COLUMNS = 1600
 
@@ -515,6 +518,38 @@ def _schemas_table() -> str:
     return _create_table(SCHEMAS_TABLE, lines)
 
 
+def versions_table() -> str:
+    """The ``featureline_schema_versions`` table (``CREATE TABLE IF NOT EXISTS``): one row per
+    (schema, fingerprint) the stores have held, with the version, the YAML text it was
+    parsed from (null when unknown) and the fingerprint it was migrated from (null for the
+    first one). Readers rebuild an older version's Redis layout from its text."""
+    lines = [
+        f"{quote_ident('schema_name')} text NOT NULL",
+        f"{quote_ident('fingerprint')} text NOT NULL",
+        f"{quote_ident('version')} text NOT NULL",
+        f"{quote_ident('definition')} text",
+        f"{quote_ident('migrated_from')} text",
+        f"{quote_ident('recorded_at')} timestamptz NOT NULL DEFAULT now()",
+        f"PRIMARY KEY ({quote_ident('schema_name')}, {quote_ident('fingerprint')})",
+    ]
+    return _create_table(VERSIONS_TABLE, lines)
+
+
+def record_version(schema: Schema, fp: str, migrated_from: str | None = None) -> str:
+    """The statement (no trailing semicolon) recording ``schema`` at fingerprint ``fp`` in
+    ``featureline_schema_versions``: its version, its YAML text, and ``migrated_from``;
+    a row already there keeps what it holds, except a missing definition or origin."""
+    cols = ("schema_name", "fingerprint", "version", "definition", "migrated_from")
+    values = [quote_literal(schema.name), quote_literal(fp), quote_literal(schema.version_str),
+              "NULL" if schema.text is None else quote_literal(schema.text),
+              "NULL" if migrated_from is None else quote_literal(migrated_from)]
+    d, m = quote_ident("definition"), quote_ident("migrated_from")
+    return (f"INSERT INTO {quote_ident(VERSIONS_TABLE)} ({', '.join(quote_ident(c) for c in cols)}) "
+            f"VALUES ({', '.join(values)}) ON CONFLICT ({quote_ident('schema_name')}, "
+            f"{quote_ident('fingerprint')}) DO UPDATE SET {d} = coalesce({quote_ident(VERSIONS_TABLE)}.{d}, "
+            f"EXCLUDED.{d}), {m} = coalesce({quote_ident(VERSIONS_TABLE)}.{m}, EXCLUDED.{m})")
+
+
 def _record_fingerprint(compiled: CompiledSchema) -> str:
     schema = compiled.schema
     cols = ", ".join(quote_ident(c) for c in ("schema_name", "version", "fingerprint"))
@@ -557,6 +592,9 @@ def render_ddl(compiled: CompiledSchema) -> str:
                 + render_aggregates_table(schema)
             )
         parts.append(_record_fingerprint(compiled))
+        parts.append("-- Every version the stores have held, with its YAML text (features migrate).\n"
+                     + versions_table())
+        parts.append(record_version(compiled.schema, compiled.fingerprint) + ";\n")
     else:
         parts += [
             "-- validation-only schema: no tables for features or rejects (no entity/event_time).\n"

@@ -1,8 +1,10 @@
 """``features schema``: commands on schema files.
 
-``features schema diff OLD NEW [--json]`` classifies every change from the schema
+``features schema diff OLD NEW [--json | --sql]`` classifies every change from the schema
 file OLD to the schema file NEW (see :mod:`features.schema.diff`), prints each one,
-then the migration DDL of the compatible changes (:mod:`features.compile.migration`).
+then the migration DDL of the compatible changes (:mod:`features.compile.migration`);
+``--sql`` prints only that DDL, as one transaction (nothing when breaking changes make
+it partial: a partial migration is not for piping).
 It lives in ``compile/`` because it prints both: the schema package knows nothing of
 the DDL.
 
@@ -37,7 +39,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     diff.add_argument("old", metavar="OLD", help="the current schema file (YAML)")
     diff.add_argument("new", metavar="NEW", help="the proposed schema file (YAML)")
-    diff.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+    out = diff.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+    out.add_argument("--sql", action="store_true",
+                     help="print only the migration SQL (BEGIN; ... COMMIT;), to pipe to psql; nothing "
+                     "when the tables do not change. `features migrate` applies it and migrates Redis too")
     diff.set_defaults(func=run_diff)
 
 
@@ -59,6 +65,12 @@ def run_diff(args: argparse.Namespace) -> int:
     migration = plan_migration(old, new)
     if args.json:
         print(json.dumps(_as_json(migration), indent=2))
+    elif args.sql:
+        if migration.statements and migration.diff.compatible:
+            print(_sql(migration), end="")
+        elif not migration.diff.compatible:
+            print("features schema diff: no SQL printed: breaking changes have no generated migration "
+                  "(docs/evolution.md)", file=sys.stderr)
     else:
         _print_text(migration)
     if migration.diff.refusal is not None:
@@ -105,6 +117,11 @@ def _as_json(migration: Migration) -> dict[str, Any]:
     }
 
 
+def _sql(migration: Migration) -> str:
+    """The migration as one transaction, the text ``--sql`` prints."""
+    return "BEGIN;\n" + "".join(f"{statement};\n" for statement in migration.statements) + "COMMIT;\n"
+
+
 def _print_text(migration: Migration) -> None:
     result = migration.diff
     old, new = result.old, result.new
@@ -129,10 +146,7 @@ def _print_text(migration: Migration) -> None:
         else:
             print("-- partial migration DDL: only the compatible changes; breaking changes need a "
                   "manual migration")
-        print("BEGIN;")
-        for statement in migration.statements:
-            print(f"{statement};")
-        print("COMMIT;")
+        print(_sql(migration), end="")
     elif result.changes and result.compatible:
         print("\n-- no migration DDL: the cold table does not change")
     elif result.breaking and result.allowed:

@@ -15,6 +15,7 @@ Terms:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from dataclasses import field as _field
 from decimal import Decimal
 from enum import StrEnum
 from typing import Literal
@@ -282,6 +283,10 @@ class Schema:
     aggregations: Aggregations | None = None
     description: str = ""
     path: str | None = None
+    #: the YAML text this schema was parsed from (None when built in code): recorded with
+    #: the version in ``featureline_schema_versions``, so readers and ``features migrate``
+    #: can rebuild an older version's layout (docs/evolution.md). Not in the fingerprint.
+    text: str | None = _field(default=None, repr=False, compare=False)
 
     @property
     def version_str(self) -> str:

@@ -41,6 +41,7 @@ matches values (linear time: no pattern can hang the parser).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import struct
 from collections.abc import Iterable
@@ -246,7 +247,7 @@ def _parse(text: str, path: str | None) -> tuple[Schema, int | None]:
         assert parser.errors, "the parser returns None only after recording an error"
         errors = sorted(parser.errors, key=lambda e: (e.line is None, e.line or 0))
         raise SchemaErrors(errors)
-    return schema, parser.name_line
+    return dataclasses.replace(schema, text=text), parser.name_line
 
 
 class _SchemaParser(StepReader, AggregationReader):

@@ -46,7 +46,9 @@ from features.compile.postgres import (
     aggregates_table_name,
     cold_table_name,
     quote_ident,
+    record_version,
     rejects_table_name,
+    versions_table,
 )
 from features.errors import SinkError, SinkUnavailable
 from features.lineage import SOURCE
@@ -196,9 +198,14 @@ class PostgresSink:
             if not exists:
                 conn.execute(self.compiled.ddl)
             conn.execute(LEDGER_DDL)
+            conn.execute(versions_table())
             row = conn.execute(
                 f"SELECT version, fingerprint FROM {quote_ident(SCHEMAS_TABLE)} WHERE schema_name = %s",
                 (schema.name,)).fetchone()
+            if row is not None and row[1] == self.compiled.fingerprint:
+                # the version's YAML text, so that readers can rebuild this layout once the
+                # schema moves on (features migrate, docs/evolution.md)
+                conn.execute(record_version(schema, self.compiled.fingerprint))
         if row is None:
             raise SinkError(f"table {self.table!r} exists but {SCHEMAS_TABLE} has no fingerprint for "
                             f"schema {schema.name!r}; apply sql/{schema.name}.sql", store=self.name,
@@ -209,8 +216,8 @@ class PostgresSink:
                 f"table {self.table!r} was created for schema {schema.name} {version} "
                 f"(fingerprint {fp[:12]}), but this schema is {schema.version_str} "
                 f"(fingerprint {self.compiled.fingerprint[:12]}): run "
-                f"`features schema diff OLD.yaml {schema.path or 'NEW.yaml'}` and apply its migration "
-                "before loading", store=self.name, address=self.address)
+                f"`features migrate {schema.path or schema.name}` (a dry run; then --apply) before "
+                "loading", store=self.name, address=self.address)
 
     def close(self) -> None:
         if self._conn is not None:
@@ -358,7 +365,7 @@ class PostgresSink:
         return self._retrying("aggregates write", run)
 
     def read_history(self, ranges: pa.Table, fields: dict[str, pa.DataType], *,
-                     exclude_run: str | None = None
+                     exclude_run: str | None = None, aggregated: bool = False
                      ) -> tuple[pa.Array, pa.Array, dict[str, pa.Array], pa.Array]:
         """History rows in per-entity event-time ranges, for the aggregations' windows.
 
@@ -366,11 +373,18 @@ class PostgresSink:
         event time's type): the rows of that entity with ``lo <= event time < hi`` come
         back as arrays: the entity, the event time in microseconds since the epoch (exact),
         ``{field: values}`` (read as the given Arrow types) and ``_source``; rows that run
-        ``exclude_run`` wrote are left out (the caller holds them). One COPY in (the
-        ranges), one COPY out as CSV, parsed by Arrow in C++: no loop per row.
+        ``exclude_run`` wrote are left out (the caller holds them). ``aggregated``: of an
+        entity that holds aggregation rows, only the events that hold one (the others were
+        late for a stream: they update no aggregation). One COPY in (the ranges), one COPY
+        out as CSV, parsed by Arrow in C++: no loop per row.
         """
         join = 'ON h.{ent} = r."entity" AND h.{et} >= r."lo" AND h.{et} < r."hi"'
         where = ' WHERE h."_run_id" <> {run}' if exclude_run is not None else ""
+        if aggregated:
+            agg = quote_ident(self.aggregates_table)
+            where += (" AND " if where else " WHERE ") + (
+                f"(NOT EXISTS (SELECT 1 FROM {agg} a WHERE a.{{ent}} = h.{{ent}}) OR EXISTS "
+                f"(SELECT 1 FROM {agg} a WHERE a.{{ent}} = h.{{ent}} AND a.{{et}} = h.{{et}}))")
         return self._read_rows(ranges.select(["entity", "lo", "hi"]), fields, join + where,
                                {"run": exclude_run})
 

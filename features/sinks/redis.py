@@ -114,6 +114,31 @@ FILL = NEWEST_WINS.replace(
 FILL_SHA = hashlib.sha1(FILL.encode()).hexdigest()
 #: The field marking a hash written by the fill (value ``1``).
 FILLED = "_filled"
+#: ``features migrate`` and readers meeting a hash an earlier version of the schema wrote
+#: (``features.migrate.Upgrader``): the hash is rewritten in the new layout only while it
+#: still holds the event and the fingerprint it was read with (a write meanwhile wins),
+#: keeping its remaining TTL.
+RESTAMP = """
+-- KEYS: hashes. ARGV[1]: the schema fingerprint a hash must hold to be rewritten. ARGV[2]:
+-- a MessagePack array as for NEWEST_WINS (the event time the hash must hold, a count n,
+-- then n field/value strings).
+local want = ARGV[1]; local t = cmsgpack.unpack(ARGV[2])
+local p = 1; local written = 0
+for k = 1, #KEYS do
+  local et = t[p]; local n = t[p + 1]
+  local cur = redis.call('HMGET', KEYS[k], '_event_time', '_schema_fingerprint')
+  if cur[1] and tonumber(cur[1]) == tonumber(et) and cur[2] == want then
+    local left = redis.call('PTTL', KEYS[k])
+    redis.call('DEL', KEYS[k])
+    redis.call('HSET', KEYS[k], '_event_time', cur[1], unpack(t, p + 2, p + 1 + n))
+    if left > 0 then redis.call('PEXPIRE', KEYS[k], left) end
+    written = written + 1
+  end
+  p = p + 2 + n
+end
+return written
+"""
+RESTAMP_SHA = hashlib.sha1(RESTAMP.encode()).hexdigest()
 
 #: Lineage that is the same for every row of a run (its text is taken from the first row).
 _CONSTANT_LINEAGE = (SCHEMA_VERSION, SCHEMA_FINGERPRINT, RUN_ID, INGESTED_AT)
@@ -257,7 +282,7 @@ class RedisSink:
 
     def __init__(self, url: str, compiled: CompiledSchema, *, key_prefix: str = "",
                  retries: int = 5, backoff_s: float = 0.5, timeout_s: float = 30.0,
-                 aggregates: bool = False, fill: bool = False) -> None:
+                 aggregates: bool = False, fill: bool = False, restamp: str | None = None) -> None:
         schema = compiled.schema
         if not schema.loadable:
             raise SinkError(f"schema {compiled.name!r} is validation-only: it cannot be loaded into Redis",
@@ -292,6 +317,12 @@ class RedisSink:
         self.fill = fill
         if fill:
             self.script, self.script_sha = FILL, FILL_SHA
+        #: ``restamp``: hashes of an earlier version (this fingerprint) rewritten in this
+        #: schema's layout (``features.migrate``): the :data:`RESTAMP` script, every row's
+        #: own lineage and ``_filled`` mark
+        self.restamp = restamp
+        if restamp is not None:
+            self.script, self.script_sha = RESTAMP, RESTAMP_SHA
         self._conn: Conn | None = None  # the one connection to a standalone server
         self.keys_per_call = _KEYS_PER_CALL
         #: a Redis Cluster (a ``redis+cluster://`` URL, or a node that says it is one):
@@ -431,16 +462,26 @@ class RedisSink:
         micros = pc.cast(event_time_micros(rows.column(self.event_time).combine_chunks()), pa.string())
         present = np.zeros(rows.num_rows, dtype=np.int64)
         pairs: list[pa.Array] = []
-        # rows read back from Postgres carry their own lineage each (several runs)
-        per_row = (SOURCE, *_CONSTANT_LINEAGE) if self.fill else (SOURCE,)
+        # rows read back from Postgres (or rewritten by a migration) carry their own
+        # lineage each (several runs); the hash is stamped with the schema whose layout it
+        # is written in, this one (docs/redis.md)
+        per_row: tuple[str, ...] = (SOURCE,)
+        if self.fill:
+            per_row = (SOURCE, RUN_ID, INGESTED_AT)
+        elif self.restamp is not None:
+            per_row = (SOURCE, RUN_ID, INGESTED_AT, FILLED)
         for name in (*self.hot_columns, *per_row):
             v = encode_column(rows.column(name).combine_chunks())
             present += np.asarray(v.is_valid(), dtype=np.int64)
             pair = pc.binary_join_element_wise(_msgpack_str(name), _msgpack_strs(v), b"")
             pairs.append(pc.fill_null(pair, b""))
         # The run's constant lineage, taken from the first row (same text as encode_column).
-        constants = {c: str(encode_column(rows.column(c).slice(0, 1).combine_chunks())[0].as_py())
-                     for c in _CONSTANT_LINEAGE if not self.fill}
+        if self.fill or self.restamp is not None:
+            constants = {SCHEMA_VERSION: self.compiled.schema.version_str,
+                         SCHEMA_FINGERPRINT: self.compiled.fingerprint}
+        else:
+            constants = {c: str(encode_column(rows.column(c).slice(0, 1).combine_chunks())[0].as_py())
+                         for c in _CONSTANT_LINEAGE}
         constants["_enc"] = ENCODING_VERSION
         if self.fill:
             constants[FILLED] = "1"
@@ -462,7 +503,7 @@ class RedisSink:
         kb, koff, rb, roff, items = self._row_blobs(rows)
         items_before = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(items, out=items_before[1:])
-        ttl = _const_bulk(str(self.ttl)).encode()
+        ttl = _const_bulk(self.restamp if self.restamp is not None else str(self.ttl)).encode()
         out = []
         if bounds is None:
             bounds = [*range(0, n, self.keys_per_call), n]

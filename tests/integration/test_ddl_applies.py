@@ -45,7 +45,7 @@ def test_shipped_sql_file_applies_twice(stem: str, pg_conn: psycopg.Connection[A
     pg_conn.commit()
     name = compiled.name
     if compiled.schema.loadable:
-        tables = {name, f"{name}__rejects", "featureline_schemas"}
+        tables = {name, f"{name}__rejects", "featureline_schemas", "featureline_schema_versions"}
         if compiled.schema.aggregations is not None:
             tables.add(f"{name}__aggregates")
         assert _tables(pg_conn, pg_schema) == tables

@@ -381,7 +381,8 @@ def test_hot_ttl_change_is_compatible_without_ddl() -> None:
     c = only(d)
     assert (c.kind, c.compatible) == (ChangeKind.HOT_TTL, True)
     assert "604800s" in c.detail and "86400s" in c.detail
-    assert len(d.statements) == 1 and d.statements[0].startswith('INSERT INTO "featureline_schemas"')
+    assert len(d.statements) == 1 + len(RECORDS)
+    assert d.statements[0].startswith('INSERT INTO "featureline_schemas"')
 
 
 # --------------------------------------------------------------------- stores
@@ -489,7 +490,8 @@ def test_first_aggregations_create_the_aggregates_table_as_compile_does() -> Non
     assert '"clicks_1h" bigint' in create and '"ctr_1h"' not in create  # ctr_1h is hot only
     # The very text `features compile` writes (without the statement's semicolon).
     assert create + ";\n" in compile_schema(d.diff.new).ddl
-    assert len(d.statements) == 2 and d.statements[1].startswith('INSERT INTO "featureline_schemas"')
+    assert len(d.statements) == 2 + len(RECORDS)
+    assert d.statements[1].startswith('INSERT INTO "featureline_schemas"')
 
 
 def test_first_aggregations_of_a_schema_becoming_loadable_need_no_ddl() -> None:
@@ -521,7 +523,7 @@ def test_aggregation_added_hot_only_touches_no_table() -> None:
     d = agg_diff(aggs(CLICKS, VIEWS), aggs(CLICKS, VIEWS, CTR))
     c = only(d)
     assert (c.kind, c.compatible, d.change_ddl[0]) == (ChangeKind.AGGREGATION_ADDED, True, ())
-    assert len(d.statements) == 1  # only the fingerprint record
+    assert len(d.statements) == 1 + len(RECORDS)  # only the records of the versions
 
 
 def test_aggregation_removed_is_breaking() -> None:
@@ -741,12 +743,26 @@ def test_compatible_change_with_a_bump_ends_with_the_fingerprint_update(new_v: s
     new = schema(field("a", "int32", "max: 99"), version=new_v)
     d = plan_migration(old, new)
     assert d.diff.allowed and d.diff.warnings == ()
-    assert d.statements[-1] == (
+    # then both versions in featureline_schema_versions: the old one, the new one migrated from it
+    assert d.statements[-3].startswith('CREATE TABLE IF NOT EXISTS "featureline_schema_versions"')
+    assert d.statements[-2].startswith('INSERT INTO "featureline_schema_versions"')
+    assert f"'{fingerprint(old)}', '1.0.0'" in d.statements[-2] and "NULL) ON CONFLICT" in d.statements[-2]
+    assert f"'{fingerprint(new)}', '{new_v}'" in d.statements[-1]
+    assert d.statements[-1].endswith(
+        f"'{fingerprint(old)}') ON CONFLICT (\"schema_name\", \"fingerprint\") DO UPDATE SET "
+        '"definition" = coalesce("featureline_schema_versions"."definition", EXCLUDED."definition"), '
+        '"migrated_from" = '
+        'coalesce("featureline_schema_versions"."migrated_from", EXCLUDED."migrated_from")')
+    assert d.statements[-4] == (
         'INSERT INTO "featureline_schemas" ("schema_name", "version", "fingerprint") '
         f"VALUES ('applicants', '{new_v}', '{fingerprint(new)}') "
         'ON CONFLICT ("schema_name") DO UPDATE SET "version" = EXCLUDED."version", '
         '"fingerprint" = EXCLUDED."fingerprint", "applied_at" = now()'
     )
+
+
+#: the statements recording both versions after the featureline_schemas upsert
+RECORDS = ("CREATE TABLE featureline_schema_versions", "INSERT old", "INSERT new")
 
 
 def test_version_going_backwards_warns() -> None:
@@ -761,10 +777,11 @@ def test_every_identifier_in_the_migration_is_quoted() -> None:
     d = diff(field("a", "int32", "required: true"),
              field("a", "int64") + field("b", "string", "max_length: 4", more="store: cold"))
     assert d.statements
-    for statement in d.statements[:-1]:
+    ddl = d.statements[:-(1 + len(RECORDS))]  # then the records of both versions (literals only)
+    for statement in ddl:
         assert statement.startswith(f"ALTER TABLE {T} ")
     # no bare (unquoted) column names: every reference to a or b is quoted
-    body = " ".join(d.statements)
+    body = " ".join(ddl)
     assert not re.search(r'(?<!["\w])(a|b)(?!["\w])', body.replace("'", " "))
 
 

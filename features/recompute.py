@@ -1,0 +1,331 @@
+"""``features recompute --schema S``: the stored history's aggregations and derived features, again.
+
+For an aggregation or a derived feature added to a schema (a compatible change,
+``features migrate``): the rows already stored have no value for it, and loading the
+same files again stores nothing (the first row stored for an (entity, event time) key
+wins). This computes, from the history table alone (no source files), every value of
+the schema's aggregations and derived features for the stored rows, with the engines
+the loader and the stream use, and writes those that differ:
+
+- aggregations: each entity's events are read back (of an entity that holds
+  aggregation rows, only the events that hold one: the stream's late events update
+  none), the batch engine computes every value, and the aggregates table is upserted
+  (only rows whose values differ change) and the Redis aggregates hash of each entity's
+  newest event written;
+- derived features (stored in Postgres, whose input field is stored in Postgres):
+  the transform kernels run over the stored rows, the history table's column is
+  updated where it differs, and the Redis hash of an entity whose newest event changed
+  is rewritten with the values from Postgres (``features.migrate.Upgrader``, the same
+  atomic rewrite a migration uses). A feature whose input is not stored cold cannot be
+  recomputed from Postgres and is reported as skipped.
+
+Work goes entity by entity in chunks of about ``--chunk-events`` history rows; running it
+again changes nothing. Exit 0 when done, 2 on usage, schema or store errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from features.errors import ConfigError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from features.compile import CompiledSchema
+    from features.config import Settings
+
+#: history rows read and computed at a time (whole entities)
+DEFAULT_CHUNK_EVENTS = 100_000
+
+
+@dataclass
+class Recomputed:
+    """What a recompute did."""
+
+    entities: int = 0
+    history_rows: int = 0
+    aggregate_rows_written: int = 0      # aggregates table rows inserted or changed
+    aggregate_hashes_written: int = 0    # Redis aggregates hashes written
+    feature_rows_updated: int = 0        # history rows whose derived features changed
+    feature_hashes_rewritten: int = 0    # Redis entity hashes rewritten with them
+    features: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)   # feature -> why it was not recomputed
+    seconds: float = 0.0
+
+
+def recomputable(c: CompiledSchema) -> tuple[list[str], dict[str, str]]:
+    """The derived features Postgres holds that can be computed from what it holds, and
+    why each other one cannot."""
+    s = c.schema
+    cold_fields = {f.name for f in s.fields if "cold" in f.store}
+    ok: list[str] = []
+    skipped: dict[str, str] = {}
+    for feature in s.features:
+        if "cold" not in feature.store:
+            skipped[feature.name] = ("stored in Redis only: its history is not kept, so it gets values "
+                                     "as the pipeline writes each entity again")
+        elif missing := [x for x in feature_inputs(feature) if x not in cold_fields]:
+            skipped[feature.name] = (f"its input field {missing[0]!r} is not stored in Postgres: "
+                                     "load the source files again into a fresh table to compute it")
+        else:
+            ok.append(feature.name)
+    return ok, skipped
+
+
+def feature_inputs(feature: Any) -> list[str]:
+    """The fields a derived feature reads: its ``from`` field and a ratio's denominator."""
+    out = [feature.source]
+    for step in feature.steps:
+        for key, value in step.args:
+            if key == "denominator" and isinstance(value, str) and value not in out:
+                out.append(value)
+    return out
+
+
+def _entity_chunks(conn: Any, c: CompiledSchema, chunk_events: int
+                   ) -> Iterator[tuple[list[Any], Any, Any, int]]:
+    """(entities, first event us, last event us, rows) of whole entities, about
+    ``chunk_events`` history rows at a time, in entity order."""
+    import numpy as np
+
+    from features.compile.postgres import cold_table_name, quote_ident
+
+    s = c.schema
+    ent, et = quote_ident(str(s.entity)), quote_ident(str(s.event_time))
+    query = (f"SELECT {ent}, count(*), (extract(epoch FROM min({et})) * 1000000)::bigint, "
+             f"(extract(epoch FROM max({et})) * 1000000)::bigint FROM {quote_ident(cold_table_name(s))} "
+             f"GROUP BY {ent} ORDER BY {ent}")
+    ids: list[Any] = []
+    lo: list[int] = []
+    hi: list[int] = []
+    rows = 0
+    with conn.cursor(name="featureline_recompute") as cur:
+        cur.execute(query)
+        while True:
+            batch = cur.fetchmany(10_000)
+            if not batch:
+                break
+            for e, n, a, b in batch:  # per entity, not per row: the chunking itself
+                ids.append(e)
+                lo.append(a)
+                hi.append(b)
+                rows += n
+                if rows >= chunk_events:
+                    yield ids, np.array(lo, dtype=np.int64), np.array(hi, dtype=np.int64), rows
+                    ids, lo, hi, rows = [], [], [], 0
+    if ids:
+        yield ids, np.array(lo, dtype=np.int64), np.array(hi, dtype=np.int64), rows
+
+
+def recompute(c: CompiledSchema, settings: Settings, *, search_path: str | None = None, key_prefix: str = "",
+              chunk_events: int = DEFAULT_CHUNK_EVENTS, run_id: str | None = None,
+              progress: Callable[[Recomputed], None] | None = None) -> Recomputed:
+    """Compute the schema's aggregations and derived features again over the stored
+    history and write what differs (the module docstring); returns the counts."""
+    import numpy as np
+    import pyarrow as pa
+
+    from features.aggregate.engine import AggSpec, compute, finalize, raw_schema
+    from features.aggregate.writer import AggregateWriter
+    from features.lineage import RunContext
+    from features.sinks import pg
+    from features.store import FeatureStore
+
+    s = c.schema
+    if not s.loadable:
+        raise ConfigError(f"schema {c.name!r} is validation-only: it has no stored history", key="schema")
+    t0 = time.perf_counter()
+    out = Recomputed()
+    out.features, out.skipped = recomputable(c)
+    spec = AggSpec.of(s)
+    ctx = RunContext(c.name, s.version_str, c.fingerprint, run_id or f"recompute-{uuid.uuid4().hex[:12]}",
+                     dt.datetime.now(dt.UTC))
+    writer = None
+    if spec is not None:
+        writer = AggregateWriter(c, settings.postgres_dsn, settings.redis_url, search_path=search_path,
+                                 key_prefix=key_prefix)
+        writer.open()  # checks the stores hold this version (the fingerprint), as a load does
+    entity_type = c.arrow_schema.field(str(s.entity)).type
+    store = FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn,
+                         schemas=s.path or ".", search_path=search_path, key_prefix=key_prefix)
+    store._compiled[c.name] = c
+    try:
+        store._check_fingerprint(c)
+        features = _FeatureRecompute(store, c, out.features) if out.features else None
+        with pg.map_psycopg_errors(settings.postgres_dsn, "the history read"), \
+                pg.connect(settings.postgres_dsn, utc=True, search_path=search_path) as conn:
+            for ids, lo, hi, rows in _entity_chunks(conn, c, chunk_events):
+                entities = pa.array(ids, entity_type)
+                out.entities += len(ids)
+                out.history_rows += rows
+                if writer is not None and spec is not None:
+                    stored = writer.stored_inputs(spec, entities, lo, hi + 1, aggregated=True)
+                    result = compute(spec, stored)
+                    acc = pa.array(result.accepted)
+                    values = finalize(spec, pa.table(result.raw, schema=raw_schema(spec)))
+                    done = writer.write(spec, ctx, stored.entity.take(acc), stored.time_us[result.accepted],
+                                        stored.source.take(acc), values)
+                    out.aggregate_rows_written += done.rows_written
+                    out.aggregate_hashes_written += done.hot_written
+                if features is not None:
+                    updated, rewritten = features.run(entities)
+                    out.feature_rows_updated += updated
+                    out.feature_hashes_rewritten += rewritten
+                out.seconds = time.perf_counter() - t0
+                if progress is not None:
+                    progress(out)
+        del np
+    finally:
+        if writer is not None:
+            writer.close()
+        store.close()
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+class _FeatureRecompute:
+    """The derived features of the stored rows of some entities, computed again."""
+
+    def __init__(self, store: Any, c: CompiledSchema, names: list[str]) -> None:
+        from features.compile import compile_schema, transform_program
+        from features.config import Settings
+
+        self.store = store
+        self.c = c
+        self.names = names
+        s = c.schema
+        # the program of just these features (the others read fields Postgres does not hold)
+        only = dataclasses.replace(s, features=tuple(f for f in s.features if f.name in names))
+        self.program = transform_program(compile_schema(only), Settings(device="cpu"))
+        self.inputs = sorted({x for f in only.features for x in feature_inputs(f)}
+                             | {str(s.entity), str(s.event_time)})
+        self.columns = [col for f in only.features for col in s.feature_columns(f) if "cold" in f.store]
+        self.hot = bool(set(self.columns) & set(_hot(c)))
+
+    def run(self, entities: pa.Array) -> tuple[int, int]:
+        """(history rows updated, Redis hashes rewritten) for ``entities``."""
+        import pyarrow as pa
+
+        from features.compile.postgres import cold_table_name, quote_ident
+        from features.sinks.postgres import copy_csv
+        from features.stored import rows_to_table
+
+        s = self.c.schema
+        ent, et = str(s.entity), str(s.event_time)
+        table = quote_ident(cold_table_name(s))
+        pg_type = _entity_pg_type(self.c)
+        read = (f"SELECT {', '.join('h.' + quote_ident(x) for x in self.inputs)} FROM {table} h "
+                f"WHERE h.{quote_ident(ent)} = ANY(%s::{pg_type}[])")
+        rows = self.store._pg_run("the history read", lambda conn: conn.execute(
+            read, [entities.to_pylist()]).fetchall())
+        got = rows_to_table(self.c, self.inputs, rows)
+        assert self.program is not None
+        result = self.program.run(pa.RecordBatch.from_arrays(
+            [got.column(x).combine_chunks() for x in self.inputs], names=self.inputs))
+        kept = result.kept_row_index
+        new = pa.table({ent: got.column(ent).take(kept), et: got.column(et).take(kept),
+                        **{x: result.features.column(x) for x in self.columns}})
+        stage = "_featureline_recompute"
+        cols = [ent, et, *self.columns]
+        changed = " OR ".join(f"h.{quote_ident(x)} IS DISTINCT FROM s.{quote_ident(x)}" for x in self.columns)
+        sets = ", ".join(f"{quote_ident(x)} = s.{quote_ident(x)}" for x in self.columns)
+        update = (f"UPDATE {table} h SET {sets} "
+                  f"FROM {quote_ident(stage)} s WHERE h.{quote_ident(ent)} = s.{quote_ident(ent)} AND "
+                  f"h.{quote_ident(et)} = s.{quote_ident(et)} AND ({changed}) RETURNING h.{quote_ident(ent)}")
+
+        def write(conn: Any) -> list[Any]:
+            with conn.transaction():
+                conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {quote_ident(stage)} ON COMMIT DELETE ROWS AS "
+                             f"SELECT {', '.join(quote_ident(x) for x in cols)} FROM {table} WITH NO DATA")
+                with conn.cursor() as cur, cur.copy(
+                        f"COPY {quote_ident(stage)} ({', '.join(quote_ident(x) for x in cols)}) "
+                        "FROM STDIN (FORMAT csv)") as cp:
+                    cp.write(copy_csv(new))
+                out: list[Any] = conn.execute(update).fetchall()
+                return out
+
+        updated = self.store._pg_run("the derived features' update", write)
+        rewritten = 0
+        if updated and self.hot:
+            from features.migrate import Upgrader, read_recorded
+            from features.sinks.redis import entity_key
+
+            recorded = self.store._pg_run("the versions read", lambda conn: read_recorded(conn, self.c.name))
+            up = Upgrader(self.store, self.c, recorded)
+            try:
+                ids = sorted({str(r[0]) for r in updated})
+                keys = [self.store.key_prefix + entity_key(self.c.name, i) for i in ids]
+                rewritten = up.refresh(keys, [x for x in self.columns if x in set(_hot(self.c))])
+            finally:
+                up.close()
+        return len(updated), rewritten
+
+
+def _hot(c: CompiledSchema) -> list[str]:
+    from features.stored import hot_columns
+
+    return hot_columns(c)
+
+
+def _entity_pg_type(c: CompiledSchema) -> str:
+    from features.compile.postgres import pg_type
+
+    return pg_type(c.schema.field(str(c.schema.entity)).type)
+
+
+def add_parser(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "recompute", help="compute a schema's aggregations and derived features again over the stored "
+        "history (after adding one)", description=__doc__.split("\n\n")[1] if __doc__ else None)
+    p.add_argument("--schema", required=True, help="schema name (a file in the schemas folder)")
+    p.add_argument("--schemas-dir", default=None, help="folder of schema YAML files (default: schemas)")
+    p.add_argument("--chunk-events", type=int, default=DEFAULT_CHUNK_EVENTS,
+                   help=f"history rows computed at a time, whole entities (default {DEFAULT_CHUNK_EVENTS})")
+    p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from features.compile import find_schema
+    from features.config import resolve_settings
+    from features.logs import active_format
+
+    if args.chunk_events < 1:
+        raise ConfigError("--chunk-events must be at least 1", key="chunk_events")
+    settings = resolve_settings(schemas_dir=args.schemas_dir)
+    c = find_schema(args.schema, settings.schemas_dir)
+    show = not args.json and active_format() != "json"
+
+    def progress(r: Recomputed) -> None:
+        if show:
+            print(f"recompute {c.name}: {r.entities:,} entities, {r.history_rows:,} history rows "
+                  f"({r.seconds:.1f} s)", file=sys.stderr, flush=True)
+
+    r = recompute(c, settings, chunk_events=args.chunk_events, progress=progress)
+    if args.json:
+        print(json.dumps({"schema": c.name, **dataclasses.asdict(r), "seconds": round(r.seconds, 3)}))
+        return 0
+    print(f"recompute {c.name}: {r.history_rows:,} history rows of {r.entities:,} entities in "
+          f"{r.seconds:.1f} s")
+    if c.schema.aggregations is not None:
+        print(f"  aggregations: {r.aggregate_rows_written:,} aggregates rows written (the others held these "
+              f"values), {r.aggregate_hashes_written:,} Redis hashes")
+    if r.features:
+        print(f"  derived features {', '.join(r.features)}: {r.feature_rows_updated:,} history rows updated, "
+              f"{r.feature_hashes_rewritten:,} Redis hashes rewritten")
+    for name, why in r.skipped.items():
+        print(f"  skipped {name}: {why}")
+    return 0
+
+
+__all__ = ["Recomputed", "recomputable", "recompute"]

@@ -1,0 +1,372 @@
+"""Schema evolution end to end on the real stores (issue 30): load v1 and stream entities
+through the real Kafka broker, migrate to a compatible v2 with ``features migrate``, read
+every entity (batch-only and stream-only ones), load under v2, ``features health`` before and
+after; a breaking change refused with the documented path; the diff's own SQL piped to
+Postgres by hand (no ``features migrate``) still leaves every read working.
+
+v1 -> v2 changes: ``glucose`` float32 -> float64 (its Redis text must become the float64
+text of the same value, as Postgres casts it), ``trend`` int32 -> int64, ``note`` cold ->
+hot and cold (its value for history comes from Postgres), ``unit`` added with a default
+(hot and cold: old rows read the default, as Postgres' ADD COLUMN DEFAULT gives), ``site``
+added nullable and cold only (the hot layout of that change alone does not change), an
+aggregation over the widened field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psycopg
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import redis
+from conftest import cli_environment
+
+from features import FeatureStore
+from features.compile import compile_schema
+from features.config import Settings
+from features.errors import SinkError
+from features.load import load
+from features.schema.parse import load_schema
+from features.stream.core import StreamProcessor
+from features.stream.kafka import produce, read_topic
+
+pytestmark = pytest.mark.services
+ROOT = Path(__file__).resolve().parents[2]
+REDIS_DB = 14  # this file's own database, flushed before and after
+
+V1 = """\
+name: evo_readings
+version: 1.0.0
+entity: patient
+event_time: read_at
+fields:
+  - {name: patient, type: string, store: [hot, cold], constraints: {required: true}}
+  - {name: read_at, type: "timestamp(us, UTC)", store: [hot, cold], constraints: {required: true}}
+  - {name: glucose, type: float32, store: [hot, cold], constraints: {nullable: true, min: 0}}
+  - {name: trend, type: int32, store: [hot, cold], constraints: {nullable: true}}
+  - {name: note, type: string, store: cold, constraints: {nullable: true}}
+  - {name: device, type: string, store: hot, constraints: {nullable: true}}
+aggregations:
+  allowed_lateness: 1h
+  features:
+    - {name: readings_1d, function: count, window: 1d, store: [hot, cold]}
+    - {name: glucose_max_1d, function: max, of: glucose, window: 1d, store: [hot, cold]}
+"""
+
+V2 = (V1.replace("version: 1.0.0", "version: 1.1.0")
+      .replace("{name: glucose, type: float32,", "{name: glucose, type: float64,")
+      .replace("{name: trend, type: int32,", "{name: trend, type: int64,")
+      .replace("{name: note, type: string, store: cold,", "{name: note, type: string, store: [hot, cold],")
+      .replace("  - {name: device,",
+               "  - {name: unit, type: string, store: [hot, cold], constraints: {nullable: true, "
+               "default: mg/dL}}\n"
+               "  - {name: site, type: string, store: cold, constraints: {nullable: true}}\n"
+               "  - {name: device,"))
+#: a breaking v2: a field removed without a major version
+BREAKING = V1.replace("version: 1.0.0", "version: 1.2.0").replace(
+    "  - {name: device, type: string, store: hot, constraints: {nullable: true}}\n", "")
+
+T0 = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
+
+
+def _f32(v: float | None) -> float | None:
+    return None if v is None else float(np.float32(v))
+
+
+def _rows(patients: list[str], per: int, seed: int, start: dt.datetime = T0) -> list[dict[str, Any]]:
+    rnd = random.Random(seed)
+    out = []
+    for p in patients:
+        for k in range(per):
+            out.append({"patient": p, "read_at": start + dt.timedelta(minutes=5 * k + rnd.randrange(3)),
+                        # float32 values (JSON carries their exact double text)
+                        "glucose": _f32(rnd.choice([None, 0.1, 97.3, 180.7, rnd.uniform(40, 300)])),
+                        "trend": rnd.choice([None, -2, 0, 3]), "note": rnd.choice([None, "meal", "run"]),
+                        "device": rnd.choice([None, "g6", "g7"])})
+    rnd.shuffle(out)
+    return out
+
+
+def _parquet(rows: list[dict[str, Any]], path: Path, glucose: pa.DataType | None = None) -> Path:
+    table = pa.table({
+        "patient": pa.array([r["patient"] for r in rows], pa.string()),
+        "read_at": pa.array([r["read_at"] for r in rows], pa.timestamp("us", "UTC")),
+        "glucose": pa.array([r["glucose"] for r in rows], glucose or pa.float32()),
+        "trend": pa.array([r["trend"] for r in rows], pa.int32()),
+        "note": pa.array([r["note"] for r in rows], pa.string()),
+        "device": pa.array([r["device"] for r in rows], pa.string()),
+    })
+    pq.write_table(table, path)
+    return path
+
+
+def _stream(settings: Settings, compiled: Any, topic: str, rows: list[dict[str, Any]], pg_schema: str,
+            redis_url: str) -> None:
+    """The stream's core over records read back from a real Kafka topic (in event time
+    order: the aggregations allow an hour of lateness)."""
+    rows = sorted(rows, key=lambda r: r["read_at"])
+    produce(settings.kafka_bootstrap, topic,
+            [json.dumps({**r, "read_at": r["read_at"].isoformat()}).encode() for r in rows],
+            keys=[r["patient"].encode() for r in rows])
+    msgs = read_topic(settings.kafka_bootstrap, topic)
+    assert len(msgs) == len(rows)
+    cfg = dataclasses.replace(settings, redis_url=redis_url)
+    proc = StreamProcessor(compiled, cfg, run_id="stream-v1", dead_letter_topic=None, search_path=pg_schema)
+    proc.open()
+    try:
+        outcome = proc.process([m.value() for m in msgs], pa.array([topic] * len(msgs), pa.string()),
+                               pa.array([m.partition() for m in msgs], pa.int32()),
+                               pa.array([m.offset() for m in msgs], pa.int64()))
+    finally:
+        proc.close()
+    assert int(outcome.sum()) == 0, "every streamed record is valid"
+
+
+def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "features.cli", *args], env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def _history(settings: Settings, pg_schema: str, ids: list[str]) -> dict[str, dict[str, Any]]:
+    """Each entity's newest history row, read from Postgres (what online must serve)."""
+    with psycopg.connect(settings.postgres_dsn, options=f"-c search_path={pg_schema}") as conn:
+        cols = [d for d in ("glucose", "trend", "note", "unit") if conn.execute(
+            "SELECT 1 FROM information_schema.columns WHERE table_schema = %s AND table_name = "
+            "'evo_readings' AND column_name = %s", (pg_schema, d)).fetchone()]
+        rows = conn.execute(f"SELECT DISTINCT ON (patient) patient, read_at, {', '.join(cols)} FROM "
+                            "evo_readings WHERE patient = ANY(%s) ORDER BY patient, read_at DESC",
+                            (ids,)).fetchall()
+    return {r[0]: dict(zip(["read_at", *cols], r[1:], strict=True)) for r in rows}
+
+
+def _redis_fingerprints(url: str) -> dict[str, int]:
+    client = redis.Redis.from_url(url)
+    out: dict[str, int] = {}
+    keys = [*client.scan_iter(match="features:evo_readings:{*}", count=1000),
+            *client.scan_iter(match="features:evo_readings__aggregates:{*}", count=1000)]
+    for k in keys:
+        fp = client.hget(k, "_schema_fingerprint")
+        key = fp.decode() if fp else "(none)"
+        out[key] = out.get(key, 0) + 1
+    client.close()
+    return out
+
+
+@pytest.fixture()
+def env(settings: Settings, pg_schema: str) -> Any:
+    with cli_environment(settings, pg_schema, REDIS_DB) as e:
+        yield e
+
+
+@pytest.fixture()
+def files(tmp_path: Path) -> dict[str, Path]:
+    d = tmp_path / "schemas"
+    d.mkdir()
+    out = {}
+    for name, text in (("v1", V1), ("v2", V2), ("breaking", BREAKING)):
+        (tmp_path / name).mkdir()
+        out[name] = tmp_path / name / "evo_readings.yaml"
+        out[name].write_text(text)
+    return out
+
+
+def test_load_stream_migrate_read_every_entity_then_load_under_v2(
+        settings: Settings, pg_schema: str, env: dict[str, str], files: dict[str, Path], tmp_path: Path,
+        kafka_topic: str) -> None:
+    url = env["FEATURES_REDIS_URL"]
+    v1, v2 = compile_schema(load_schema(files["v1"])), compile_schema(load_schema(files["v2"]))
+    batch_ids = [f"p{i:03d}" for i in range(40)]
+    stream_ids = [f"s{i:03d}" for i in range(15)]
+    both = batch_ids[:5]
+    cfg = dataclasses.replace(settings, redis_url=url)
+    summary = load([_parquet(_rows(batch_ids, 12, seed=1), tmp_path / "a.parquet")], v1, cfg,
+                   search_path=pg_schema)
+    assert summary.adds_up and summary.rejected == 0
+    later = T0 + dt.timedelta(days=1)
+    _stream(settings, v1, kafka_topic, _rows(stream_ids, 6, seed=2) + _rows(both, 2, seed=3, start=later),
+            pg_schema, url)
+    every = batch_ids + stream_ids
+    before = _cli(["health", "--schemas-dir", str(files["v1"].parent)], env)
+    assert before.returncode in (0, 1), before.stderr
+    assert "evo_readings" in before.stdout and "MISMATCH" not in before.stdout, before.stdout
+
+    # health with the v2 file before the migration: unhealthy, naming the command that fixes it
+    pending = _cli(["health", "--schemas-dir", str(files["v2"].parent)], env)
+    assert "features migrate" in pending.stdout and "NOT healthy" in pending.stdout, pending.stdout
+
+    # the dry run changes nothing and says what it would do
+    dry = _cli(["migrate", str(files["v2"]), "--json"], env)
+    assert dry.returncode == 0, dry.stderr
+    plan = json.loads(dry.stdout)
+    assert plan["apply"] is False and plan["stores_hold"]["fingerprint"] == v1.fingerprint
+    assert plan["redis"]["entity"]["to_rewrite"] == len(every)
+    assert plan["redis"]["aggregates"]["to_rewrite"] == len(every)
+    assert any("ADD COLUMN" in s for s in plan["postgres"]["statements"])
+    assert _redis_fingerprints(url) == {v1.fingerprint: 2 * len(every)}
+
+    # a reader with the v2 file before the migration: a clear error naming the command
+    with FeatureStore(redis_url=url, postgres_dsn=settings.postgres_dsn, schemas=files["v2"],
+                      search_path=pg_schema) as fs, pytest.raises(SinkError, match="features migrate"):
+        fs.online_dicts("evo_readings", every[:3])
+
+    applied = _cli(["migrate", str(files["v2"]), "--apply", "--chunk", "7"], env)
+    assert applied.returncode == 0, applied.stderr
+    assert f"{len(every)} of {len(every)} entity hashes rewritten" in applied.stdout.replace(",", ""), \
+        applied.stdout
+    assert _redis_fingerprints(url) == {v2.fingerprint: 2 * len(every)}
+    again = _cli(["migrate", str(files["v2"]), "--apply"], env)  # resumable: nothing left to do
+    assert again.returncode == 0 and "0 of" in again.stdout, again.stdout
+
+    after = _cli(["health", "--schemas-dir", str(files["v2"].parent)], env)
+    assert "MISMATCH" not in after.stdout and "evo_readings" in after.stdout, after.stdout
+
+    history = _history(settings, pg_schema, every)
+    with FeatureStore(redis_url=url, postgres_dsn=settings.postgres_dsn, schemas=files["v2"],
+                      search_path=pg_schema, fallback=False) as fs:
+        got = {r["patient"]: r for r in fs.online_dicts("evo_readings", every)}
+        small = fs.online_dicts("evo_readings", every[:4])  # the small-call path decodes in Python
+    assert all(r["_from"] == "redis" for r in got.values()), "every entity is still served from Redis"
+    for r in small:
+        assert {**r, "_age_seconds": 0} == {**got[r["patient"]], "_age_seconds": 0}
+    for e in every:
+        want, row = history[e], got[e]
+        assert row["_event_time"] == want["read_at"], e
+        # float32 widened as Postgres casts it: the same double, not the float32's text re-read
+        assert row["glucose"] == want["glucose"] and row["trend"] == want["trend"], e
+        assert row["note"] == want["note"], e          # cold -> hot: from Postgres
+        assert row["unit"] == want["unit"] == "mg/dL", e  # the default, in both stores
+        assert row["readings_1d"] is not None and row["readings_1d"] >= 1, e
+
+    # a load under v2 after the migration: stores the new rows, reads stay correct
+    more = _rows(batch_ids[:10], 3, seed=4, start=T0 + dt.timedelta(days=2))
+    for r in more:
+        r["glucose"] = 123.456789012345
+    _parquet(more, tmp_path / "b.parquet", pa.float64())  # a double no float32 holds
+    s2 = load([tmp_path / "b.parquet"], v2, cfg, search_path=pg_schema)
+    assert s2.adds_up and s2.stored == len(more)
+    with FeatureStore(redis_url=url, postgres_dsn=settings.postgres_dsn, schemas=files["v2"],
+                      search_path=pg_schema) as fs:
+        rows = fs.online_dicts("evo_readings", batch_ids[:10])
+    assert all(r["glucose"] == 123.456789012345 for r in rows)
+
+
+def test_a_breaking_change_is_refused_with_the_documented_path(
+        settings: Settings, pg_schema: str, env: dict[str, str], files: dict[str, Path],
+        tmp_path: Path) -> None:
+    url = env["FEATURES_REDIS_URL"]
+    v1 = compile_schema(load_schema(files["v1"]))
+    cfg = dataclasses.replace(settings, redis_url=url)
+    load([_parquet(_rows(["a", "b"], 3, seed=5), tmp_path / "a.parquet")], v1, cfg, search_path=pg_schema)
+    for args in (["migrate", str(files["breaking"])], ["migrate", str(files["breaking"]), "--apply"]):
+        proc = _cli(args, env)
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert "refused" in proc.stderr and "device" in proc.stderr and "docs/evolution.md" in proc.stderr
+    assert _redis_fingerprints(url) == {v1.fingerprint: 4}  # nothing changed
+    with psycopg.connect(settings.postgres_dsn, options=f"-c search_path={pg_schema}") as conn:
+        assert conn.execute("SELECT fingerprint FROM featureline_schemas").fetchone()[0] == v1.fingerprint
+
+
+def test_the_diffs_own_sql_applied_by_hand_keeps_reads_fills_and_prewarm_working(
+        settings: Settings, pg_schema: str, env: dict[str, str], files: dict[str, Path],
+        tmp_path: Path) -> None:
+    """The report's path: `features schema diff --sql` piped to Postgres, no features migrate:
+    a load under v2 stores nothing new in Redis, and every read still works (the old hashes
+    are rewritten as they are read); after a FLUSHDB, prewarm and the read-through fill write
+    the new version, so the next read works too."""
+    url = env["FEATURES_REDIS_URL"]
+    v1, v2 = compile_schema(load_schema(files["v1"])), compile_schema(load_schema(files["v2"]))
+    cfg = dataclasses.replace(settings, redis_url=url)
+    data = _parquet(_rows([f"p{i}" for i in range(20)], 5, seed=6), tmp_path / "a.parquet")
+    load([data], v1, cfg, search_path=pg_schema)
+    sql = _cli(["schema", "diff", str(files["v1"]), str(files["v2"]), "--sql"], env)
+    assert sql.returncode == 0, sql.stderr
+    assert sql.stdout.startswith("BEGIN;") and "COMMIT;" in sql.stdout and "compatible" not in sql.stdout
+    with psycopg.connect(settings.postgres_dsn, options=f"-c search_path={pg_schema}",
+                         autocommit=True) as conn:
+        conn.execute(sql.stdout)
+    s2 = load([data], v2, cfg, search_path=pg_schema)
+    assert s2.adds_up and s2.stored == 0
+    ids = [f"p{i}" for i in range(20)]
+    history = _history(settings, pg_schema, ids)
+    with FeatureStore(redis_url=url, postgres_dsn=settings.postgres_dsn, schemas=files["v2"],
+                      search_path=pg_schema) as fs:
+        rows = fs.online_dicts("evo_readings", ids)
+        assert [r["glucose"] for r in rows] == [history[i]["glucose"] for i in ids]
+        assert all(r["unit"] == "mg/dL" and r["_from"] == "redis" for r in rows)
+        redis.Redis.from_url(url).flushdb()
+        assert fs.prewarm("evo_readings", ids=ids[:10])["written"] == 20  # entity + aggregates hashes
+        filled = fs.online_dicts("evo_readings", ids)  # ids[10:] by the read-through fill
+        assert [r["glucose"] for r in filled] == [history[i]["glucose"] for i in ids]
+        assert fs.online_dicts("evo_readings", ids)[0]["_from"] == "redis"
+    assert set(_redis_fingerprints(url)) == {v2.fingerprint}
+    del v1
+
+
+V3 = (V2.replace("version: 1.1.0", "version: 1.2.0")
+      .replace("aggregations:\n", "features:\n  - {name: glucose_log, from: glucose, "
+               "steps: [{fill_null: 0}, log1p], dtype: float64, store: [hot, cold]}\naggregations:\n")
+      + "    - {name: glucose_min_1d, function: min, of: glucose, window: 1d, store: [hot, cold]}\n")
+
+
+def _table(conn: Any, ns: str, table: str, columns: list[str]) -> list[tuple[Any, ...]]:
+    from psycopg import sql
+
+    return conn.execute(sql.SQL("SELECT {} FROM {}.{} ORDER BY 1, 2").format(
+        sql.SQL(", ").join(sql.Identifier(c) for c in columns), sql.Identifier(ns),
+        sql.Identifier(table))).fetchall()
+
+
+def test_recompute_gives_a_new_aggregation_and_derived_feature_the_values_of_a_fresh_load(
+        settings: Settings, pg_schema: str, second_pg_schema: str, redis_prefix: str, env: dict[str, str],
+        files: dict[str, Path], tmp_path: Path) -> None:
+    """v1 loaded, migrated to a v3 that adds an aggregation and a derived feature: after
+    `features recompute` both stores hold what one load of the same rows under v3 gives
+    (into another namespace), and a second recompute changes nothing."""
+    url = env["FEATURES_REDIS_URL"]
+    (tmp_path / "v3").mkdir()
+    v3_file = tmp_path / "v3" / "evo_readings.yaml"
+    v3_file.write_text(V3)
+    v1, v3 = compile_schema(load_schema(files["v1"])), compile_schema(load_schema(v3_file))
+    ids = [f"p{i:02d}" for i in range(25)]
+    data = _parquet(_rows(ids, 30, seed=8), tmp_path / "a.parquet")
+    load([data], v1, dataclasses.replace(settings, redis_url=url), search_path=pg_schema)
+    migrated = _cli(["migrate", str(v3_file), "--apply"], env)
+    assert migrated.returncode == 0, migrated.stderr
+    with psycopg.connect(settings.postgres_dsn) as conn:
+        before = _table(conn, pg_schema, "evo_readings__aggregates", ["glucose_min_1d", "patient"])
+        assert {r[0] for r in before} == {None}, "no values before the recompute"
+    args = ["recompute", "--schema", "evo_readings", "--schemas-dir", str(v3_file.parent), "--json"]
+    first = _cli(args, env)
+    assert first.returncode == 0, first.stderr
+    got = json.loads(first.stdout)
+    assert got["history_rows"] == 25 * 30 and got["features"] == ["glucose_log"] and not got["skipped"]
+    # rows whose new value is null (no glucose in the window) held it already
+    assert 0 < got["aggregate_rows_written"] <= 25 * 30 and got["feature_rows_updated"] > 0
+    again = json.loads(_cli(args, env).stdout)
+    assert again["aggregate_rows_written"] == 0 and again["feature_rows_updated"] == 0
+
+    load([data], v3, settings, search_path=second_pg_schema, key_prefix=redis_prefix)  # the reference
+    aggs = ["patient", "read_at", "readings_1d", "glucose_max_1d", "glucose_min_1d"]
+    hist = ["patient", "read_at", "glucose", "glucose_log", "unit"]
+    with psycopg.connect(settings.postgres_dsn) as conn:
+        for table, cols in (("evo_readings__aggregates", aggs), ("evo_readings", hist)):
+            assert _table(conn, pg_schema, table, cols) == _table(conn, second_pg_schema, table, cols), table
+    lineage = {"_age_seconds"}
+    with FeatureStore(redis_url=url, postgres_dsn=settings.postgres_dsn, schemas=v3_file,
+                      search_path=pg_schema, fallback=False) as fs, \
+            FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn, schemas=v3_file,
+                         search_path=second_pg_schema, key_prefix=redis_prefix, fallback=False) as ref:
+        mine, want = fs.online_dicts("evo_readings", ids), ref.online_dicts("evo_readings", ids)
+    assert all(r["_from"] == "redis" for r in mine)
+    assert [{k: v for k, v in r.items() if k not in lineage} for r in mine] == [
+        {k: v for k, v in r.items() if k not in lineage} for r in want]
