@@ -6,7 +6,9 @@ argparse-level code at the top, so ``features --help`` stays fast; the heavy
 imports (pyarrow, psycopg, pyflink, ...) happen inside the command that needs them.
 
 Exit codes: 0 success, 1 the command ran and found a problem (rejected rows, a stale
-file, a failing check), 2 usage or configuration errors.
+file, a failing check), 2 usage or configuration errors. ``features dev status`` and
+``up`` also say which part is missing: 3 the stream's (the servers are healthy), 4 only
+Chromium's (``features dev status --help``).
 
 ``--log-format text|json`` (before or after the subcommand; default
 ``FEATURES_LOG_FORMAT`` or text) sets how every subcommand's log lines on stderr look

@@ -86,11 +86,12 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else project_home() / "data" / "demo"
     if not args.no_services:
         _step("services (features dev up)")
-        rows = services.up(settings)
-        for row in rows:
-            print(row.line())
-        if not all(r.healthy for r in rows):
-            print("features demo: a service is down; see above", file=sys.stderr)
+        report = services.up(settings)
+        for line in report.lines():
+            print(line)
+        # the demo needs the servers, and the stream's parts when it streams (not Chromium)
+        if report.servers_down() or (args.events and not report.stream_ready):
+            print("features demo: a service is down or the stream is not ready; see above", file=sys.stderr)
             return 2
     _step(f"compile {_shown(schemas)}/")
     for name, schema in sorted(load_schemas(schemas).items()):

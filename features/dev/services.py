@@ -14,8 +14,15 @@
   (``features/dev/maven/flink/pom.xml``).
 
 A service whose ``FEATURES_*`` variable points somewhere other than the default is
-*external*: ``up`` does not start it, ``status`` only checks it. ``down`` stops only
-processes whose pid files ``up`` wrote.
+*external*: ``up`` does not start it, ``status`` only checks it. A server already
+answering at its address (this project's, or another project's it reuses) is kept as it
+is: ``up`` installs and downloads nothing for it (a reused broker needs no Kafka jars
+here). ``down`` stops only processes whose pid files ``up`` wrote.
+
+``status`` (and ``up``) end with two verdict lines and an exit code that says which part
+is missing (:data:`EXIT_CODES`): ``servers:`` (Postgres, Redis, Kafka, the Redis Cluster
+when it runs) and ``stream:`` (what the PyFlink job needs beside the servers: the Flink
+Kafka connector jar, PyFlink, a Java runtime).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final, Literal
 from urllib.parse import urlsplit
 
 from features.config import (
@@ -63,6 +71,24 @@ def _m2() -> Path:
 
 KAFKA_CONNECTOR_ARTIFACT = "flink-sql-connector-kafka"
 
+#: what a part is: a ``server`` (a process at an address: Postgres, Redis, Kafka, the Redis
+#: Cluster), a part of the ``stream`` job (the connector jar) or a ``tool`` (Chromium,
+#: which only the report tests use)
+PartKind = Literal["server", "stream", "tool"]
+
+#: ``features dev status`` / ``up`` exit codes, the first that applies
+EXIT_OK: Final = 0
+EXIT_SERVER_DOWN: Final = 1
+EXIT_STREAM_NOT_READY: Final = 3
+EXIT_TOOL_MISSING: Final = 4
+EXIT_CODES: Final = {
+    EXIT_OK: "every server healthy, the stream ready, every tool installed",
+    EXIT_SERVER_DOWN: "a server (Postgres, Redis, Kafka; the Redis Cluster when it runs) is down",
+    EXIT_STREAM_NOT_READY: "every server healthy, but the stream job cannot run here: the Flink Kafka "
+                           "connector jar, PyFlink or Java is missing (the stream: line says which)",
+    EXIT_TOOL_MISSING: "servers and stream ready, only Chromium (the report tests' browser) missing",
+}
+
 
 @dataclass(frozen=True)
 class ServiceStatus:
@@ -78,11 +104,52 @@ class ServiceStatus:
     address but started by something else (another project, a system service), left alone by
     ``down``; ``external``: the settings point elsewhere."""
     detail: str = ""
+    kind: PartKind = "server"
 
     def line(self) -> str:
-        state = "healthy" if self.healthy else "DOWN"
+        state = "healthy" if self.healthy else "DOWN" if self.kind == "server" else "MISSING"
         extra = f"  {self.detail}" if self.detail else ""
         return f"{self.name:<16} {state:<8} {self.address:<22} {self.version:<28} {self.owner}{extra}"
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    """What ``features dev status`` prints: a line per part, then the verdicts."""
+
+    rows: tuple[ServiceStatus, ...]
+    #: what the stream job has here (``PyFlink 2.2.0``, ...) and what it lacks, each
+    #: with how to get it
+    stream_found: tuple[str, ...]
+    stream_missing: tuple[str, ...]
+
+    @property
+    def stream_ready(self) -> bool:
+        return not self.stream_missing
+
+    def servers_down(self) -> list[str]:
+        return [r.name for r in self.rows if r.kind == "server" and not r.healthy]
+
+    def exit_code(self) -> int:
+        """:data:`EXIT_CODES`: the first that applies."""
+        if self.servers_down():
+            return EXIT_SERVER_DOWN
+        if not self.stream_ready:
+            return EXIT_STREAM_NOT_READY
+        if any(r.kind == "tool" and not r.healthy for r in self.rows):
+            return EXIT_TOOL_MISSING
+        return EXIT_OK
+
+    def lines(self) -> list[str]:
+        out = [r.line() for r in self.rows]
+        servers = [r.name for r in self.rows if r.kind == "server"]
+        down = self.servers_down()
+        out.append(f"servers: DOWN: {', '.join(down)} (run `features dev up`)" if down
+                   else f"servers: healthy ({', '.join(servers)})")
+        if self.stream_ready:
+            out.append(f"stream:  ready ({', '.join(self.stream_found)})")
+        else:
+            out.append(f"stream:  NOT READY: {'; '.join(self.stream_missing)}")
+        return out
 
 
 def _say(msg: str) -> None:
@@ -208,6 +275,7 @@ host    all       all   ::1/128        scram-sha-256
 
 class Postgres:
     name = "postgres"
+    kind: PartKind = "server"
 
     def __init__(self, settings: Settings, *, state: Path | None = None) -> None:
         """``state``: the folder for data, socket, log and pid file (default: the project's
@@ -382,6 +450,7 @@ class Postgres:
 
 class Redis:
     name = "redis"
+    kind: PartKind = "server"
 
     def __init__(self, settings: Settings) -> None:
         self.url = settings.redis_url
@@ -457,6 +526,7 @@ class RedisCluster:
     ``features dev up``: ``features dev up --redis-cluster`` or the tests start it."""
 
     NODES = 6
+    kind: PartKind = "server"
 
     def __init__(self, base_port: int = 7101, *, name: str = "redis-cluster") -> None:
         self.name = name
@@ -584,6 +654,7 @@ def _maven_fetch(pom: Path, out: Path, *, service: str, extra: Sequence[str] = (
 
 class Kafka:
     name = "kafka"
+    kind: PartKind = "server"
 
     def __init__(self, settings: Settings) -> None:
         self.bootstrap = settings.kafka_bootstrap
@@ -717,6 +788,7 @@ class FlinkConnector:
     """Not a process: the Kafka connector jar PyFlink jobs load (``pipeline.jars``)."""
 
     name = "flink-connector"
+    kind: PartKind = "stream"
     external = False
 
     def __init__(self, settings: Settings) -> None:
@@ -731,6 +803,10 @@ class FlinkConnector:
         return _connector_jar()
 
     def install(self) -> None:
+        # PyFlink's mini-cluster is a JVM too (installed here as well: a reused broker
+        # installs no Java)
+        if _java() is None:
+            _apt_install("openjdk-17-jre-headless", service=self.name)
         _maven_fetch(self.pom, flink_jars(), service=self.name, extra=["-DexcludeTransitive=true"])
 
     def running(self) -> bool:
@@ -764,6 +840,7 @@ class Chromium:
     render ``report.html`` (``chromium --headless --screenshot``)."""
 
     name = "chromium"
+    kind: PartKind = "tool"
     external = False
 
     def __init__(self, settings: Settings) -> None:
@@ -816,14 +893,17 @@ def services(settings: Settings, *, redis_cluster: bool = False) -> list[Service
     return out
 
 
-def up(settings: Settings, *, redis_cluster: bool = False) -> list[ServiceStatus]:
-    """Install what is missing and start every managed service; idempotent."""
+def up(settings: Settings, *, redis_cluster: bool = False) -> StatusReport:
+    """Install what is missing and start every managed service; idempotent. A server that
+    already answers at its address (this project's, or one ``start`` reuses) is not
+    installed again: nothing is downloaded for it (e.g. Kafka's jars for a reused broker)."""
     for svc in services(settings, redis_cluster=redis_cluster):
         if svc.external:
             _say(f"{svc.name}: external ({svc.address}), not starting it")
             continue
-        svc.install()
         t0 = time.monotonic()
+        if svc.kind != "server" or not svc.healthy():
+            svc.install()
         outcome = svc.start()
         _say(f"{svc.name}: {outcome} ({svc.address}, {time.monotonic() - t0:.1f}s)")
     return status(settings)
@@ -842,18 +922,58 @@ def down(settings: Settings) -> None:
             _say(f"{svc.name}: {outcome}")
 
 
-def status(settings: Settings) -> list[ServiceStatus]:
-    """Check every service (managed or external); never raises for a down service."""
+def status(settings: Settings) -> StatusReport:
+    """Check every service (managed or external) and the stream job's parts; never raises
+    for a down service."""
     out = []
     for svc in services(settings):
         healthy = svc.healthy()
         detail = ""
         if not healthy and not svc.external and not svc.running():
-            detail = "(not started: run `features dev up`)"
+            verb = "not started" if svc.kind == "server" else "not installed"
+            detail = f"({verb}: run `features dev up`)"
         owner = "external" if svc.external else "managed" if svc.running() or not healthy else "reused"
         out.append(ServiceStatus(svc.name, svc.address, healthy,
-                                 svc.version() if healthy else "-", owner, detail))
-    return out
+                                 svc.version() if healthy else "-", owner, detail, svc.kind))
+    found, missing = stream_parts()
+    return StatusReport(tuple(out), found, missing)
+
+
+def stream_parts() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """What the PyFlink stream job needs beside the servers: (what is here, what is
+    missing with its fix). The Flink Kafka connector jar (``pipeline.jars``), PyFlink (the
+    ``stream`` extra) and a Java runtime (``$JAVA_HOME/bin/java``, else ``java`` on PATH,
+    as PyFlink looks for it)."""
+    found: list[str] = []
+    missing: list[str] = []
+    jar = _connector_jar()
+    if jar is not None and jar.stat().st_size > 1_000_000:
+        found.append(f"Flink Kafka connector {jar.stem.removeprefix(KAFKA_CONNECTOR_ARTIFACT + '-')}")
+    else:
+        missing.append(f"no Flink Kafka connector jar under {shown(flink_jars())} (run `features dev up`)")
+    try:
+        import pyflink.version
+
+        found.append(f"PyFlink {pyflink.version.__version__}")
+    except ImportError:
+        missing.append("PyFlink is not importable (apache-flink, a dependency of featureline: reinstall "
+                       "with requirements.lock)")
+    java = _java()
+    if java is not None:
+        found.append(f"Java {java}")
+    else:
+        java_home = os.environ.get("JAVA_HOME")
+        where = f"no {Path(java_home) / 'bin' / 'java'} ($JAVA_HOME)" if java_home else "no java on PATH"
+        missing.append(f"{where} (run `features dev up`, or install Java 17)")
+    return tuple(found), tuple(missing)
+
+
+def _java() -> str | None:
+    """The java PyFlink starts: ``$JAVA_HOME/bin/java`` when JAVA_HOME is set, else the
+    ``java`` on PATH; None when there is none."""
+    java_home = os.environ.get("JAVA_HOME")
+    java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
+    return java if java is not None and os.access(java, os.X_OK) else None
 
 
 def _connector_jar() -> Path | None:

@@ -82,15 +82,16 @@ class AggregationReader(NodeReader):
         features: tuple[Feature, ...] | None,
     ) -> Aggregations | None:
         """The ``aggregations:`` section of ``top``: None when it is absent, or after
-        recording every problem in it. ``fields`` and ``features`` are the schema's
-        (None when they did not parse: references to them are then not checked); an
-        aggregation needs a ``loadable`` schema."""
+        recording every problem in it. ``fields`` and ``features`` are those of the
+        schema that parsed (``fields`` None when the section did not: references to
+        fields are then not checked); an aggregation needs a ``loadable`` schema (the
+        section is checked either way)."""
         node = top.get("aggregations")
         if node is None or is_null(node):
             return None
         if not loadable:
+            # the section is still checked: adding entity and event_time should not reveal more
             self.error(node, "aggregations", "aggregations need a loadable schema: add entity and event_time")
-            return None
         m = self.mapping(node, "aggregations", _AGG_SECTION_KEYS, ("features",), "the aggregations section")
         if m is None:
             return None
@@ -108,37 +109,43 @@ class AggregationReader(NodeReader):
         taken = {f.name: "field" for f, _ in fields or ()}
         taken.update({f.name: "feature" for f in features or ()})
         first_line: dict[str, int | None] = {}
-        out: list[Aggregation] = []
+        out: list[tuple[int, Aggregation]] = []  # (index in the list, aggregation)
+        #: names of aggregations with an error: a ratio naming one is not checked further
+        unparsed: set[str] = set()
         ok = True
         for i, item in enumerate(items):
             kp = join_path(m.at("features"), i)
             agg = self.parse_aggregation(item, kp, by_field)
             if agg is None:
+                if (declared := self.declared_name(item)) is not None:
+                    unparsed.add(declared)
                 ok = False
                 continue
             name_node = self._value_node(item, "name")
             if agg.name in first_line:
                 self.error(name_node, join_path(kp, "name"),
                            f"duplicate aggregation name '{agg.name}' (first at line {first_line[agg.name]})")
+                unparsed.add(agg.name)
                 ok = False
                 continue
             if agg.name in taken:
                 self.error(name_node, join_path(kp, "name"),
                            f"aggregation name '{agg.name}' clashes with the {taken[agg.name]} '{agg.name}' "
                            "(fields, features and aggregations share one set of names)")
+                unparsed.add(agg.name)
                 ok = False
                 continue
             first_line[agg.name] = line_of(name_node)
-            out.append(agg)
-        if not ok:
-            return None
-        windowed = {a.name: a for a in out if a.function != "ratio"}
-        for i, agg in enumerate(out):
+            out.append((i, agg))
+        # the ratios' references, also when some aggregation has an error (those naming it
+        # are skipped: whether it is windowed is unknown)
+        windowed = {a.name: a for _, a in out if a.function != "ratio"}
+        for i, agg in out:
             if agg.function != "ratio":
                 continue
             kp = join_path(m.at("features"), i)
             for role, ref in (("numerator", agg.numerator), ("denominator", agg.denominator)):
-                if ref in windowed:
+                if ref in windowed or ref in unparsed:
                     continue
                 if ref in first_line:
                     reason = (f"{role} '{ref}' is a ratio: a ratio divides two windowed aggregations "
@@ -148,7 +155,9 @@ class AggregationReader(NodeReader):
                               + self.suggest(str(ref), windowed))
                 self.error(self._value_node(items[i], role), join_path(kp, role), reason)
                 ok = False
-        return Aggregations(allowed_lateness_s=lateness, features=tuple(out)) if ok else None
+        if not ok or not loadable:
+            return None
+        return Aggregations(allowed_lateness_s=lateness, features=tuple(a for _, a in out))
 
     def duration(self, node: Node, kp: str, what: str, *, minimum: int) -> int | None:
         """A duration: seconds as an int, or text such as 7d, 12h, 30m, 45s, 1d12h."""
@@ -203,51 +212,63 @@ class AggregationReader(NodeReader):
                 self.error(node, kp, "where must name at least one field")
             return None
         if fields is None:
-            return None  # the fields did not parse: their errors are reported already
+            return None  # the fields section did not parse: its errors are reported already
         out: list[tuple[str, tuple[ScalarValue, ...]]] = []
         ok = True
         for name, (knode, vnode) in m.entries.items():
-            vkp = m.at(name)
-            if (field := fields.get(name)) is None:
+            values = self.where_values(name, knode, vnode, m.at(name), fields)
+            if values is None:
+                ok = False
+            else:
+                out.append((name, values))
+        return tuple(out) if ok else None
+
+    def where_values(self, name: str, knode: Node, vnode: Node, vkp: str, fields: dict[str, Field]
+                     ) -> tuple[ScalarValue, ...] | None:
+        """The allowed values of one ``where`` entry (each entry is checked on its own);
+        None after recording a problem, or when ``name`` is a field that did not parse."""
+        if (field := fields.get(name)) is None:
+            if name not in self.unparsed_fields:
                 self.error(knode, vkp, f"where on '{name}': it is not a field of this schema"
                                        + self.suggest(name, fields))
+            return None
+        if "cold" not in field.store:
+            self.error(knode, vkp, _not_cold(name))
+            return None
+        if field.type.kind not in _WHERE_KINDS:
+            self.error(vnode, vkp, f"where on field '{name}' ({field.type}): only string, enum, bool and "
+                                   "integer fields can be filtered")
+            return None
+        items = self.sequence(vnode, vkp, "the allowed values") if isinstance(vnode, SequenceNode) \
+            else [vnode]
+        if items is None:
+            return None
+        if not items:
+            self.error(vnode, vkp, "where needs at least one allowed value")
+            return None
+        values: list[ScalarValue] = []
+        seen: set[ScalarValue] = set()
+        ok = True
+        for j, item in enumerate(items):
+            ikp = vkp if item is vnode else join_path(vkp, j)
+            if is_null(item):
+                self.error(item, ikp, f"where values must not be null (a filter on '{name}' keeps "
+                                      "the events with one of the listed values; null matches none)")
                 ok = False
                 continue
-            if "cold" not in field.store:
-                self.error(knode, vkp, _not_cold(name))
+            value = self.typed_value(item, ikp, field.type, f"where value for '{name}'")
+            if isinstance(value, Invalid):
                 ok = False
                 continue
-            if field.type.kind not in _WHERE_KINDS:
-                self.error(vnode, vkp, f"where on field '{name}' ({field.type}): only string, enum, bool and "
-                                       "integer fields can be filtered")
-                return None
-            items = self.sequence(vnode, vkp, "the allowed values") if isinstance(vnode, SequenceNode) \
-                else [vnode]
-            if items is None:
-                return None
-            if not items:
-                self.error(vnode, vkp, "where needs at least one allowed value")
-                return None
-            values: list[ScalarValue] = []
-            seen: set[ScalarValue] = set()
-            for j, item in enumerate(items):
-                ikp = vkp if item is vnode else join_path(vkp, j)
-                if is_null(item):
-                    self.error(item, ikp, f"where values must not be null (a filter on '{name}' keeps "
-                                          "the events with one of the listed values; null matches none)")
-                    return None
-                value = self.typed_value(item, ikp, field.type, f"where value for '{name}'")
-                if isinstance(value, Invalid):
-                    return None
-                if field.type.kind is TypeKind.ENUM and value not in field.values:
-                    self.error(item, ikp, f"'{value}' is not one of the values of enum field '{name}'"
-                                          + self.suggest(str(value), field.values))
-                    return None
-                if value not in seen:
-                    seen.add(value)
-                    values.append(value)
-            out.append((name, tuple(values)))
-        return tuple(out) if ok else None
+            if field.type.kind is TypeKind.ENUM and value not in field.values:
+                self.error(item, ikp, f"'{value}' is not one of the values of enum field '{name}'"
+                                      + self.suggest(str(value), field.values))
+                ok = False
+                continue
+            if value not in seen:
+                seen.add(value)
+                values.append(value)
+        return tuple(values) if ok else None
 
     def parse_aggregation(self, node: Node, kp: str, fields: dict[str, Field] | None) -> Aggregation | None:
         m = self.mapping(node, kp, _AGG_KEYS, ("name", "function", "store"), "an aggregation")
@@ -266,11 +287,13 @@ class AggregationReader(NodeReader):
         if (store_node := m.get("store")) is not None:
             store = self.parse_store(store_node, m.at("store"), allow_none=False)
         description = self.optional_string(m, "description") or ""
-        if function is None or name is None or store is None:
-            return None
-        ok = True
+        # The rest is checked even when the name, function or store is wrong (an unknown
+        # function: whichever keys are given, as far as they do not depend on it).
+        ok = name is not None and function is not None and store is not None
         is_ratio = function == "ratio"
         allowed = {"numerator", "denominator", "on_zero"} if is_ratio else {"of", "window", "where"}
+        if function is None:
+            allowed = set(_AGG_KEYS)
         for key in ("of", "window", "where", "numerator", "denominator", "on_zero"):
             if m.get(key) is not None and key not in allowed:
                 reason = "a ratio divides two other aggregations: it has numerator, denominator and on_zero" \
@@ -286,7 +309,9 @@ class AggregationReader(NodeReader):
                     ok = False
                     refs.append(None)
                 else:
-                    refs.append(self.string(ref_node, m.at(key), "an aggregation name"))
+                    ref = self.string(ref_node, m.at(key), "an aggregation name")
+                    ok = ok and ref is not None
+                    refs.append(ref)
             on_zero = None
             if (oz_node := m.get("on_zero")) is None:
                 self.error(m.node, m.at("on_zero"),
@@ -296,7 +321,7 @@ class AggregationReader(NodeReader):
                 number = self.plain_number(oz_node, m.at("on_zero"), "on_zero")
                 on_zero = None if number is None else float(number)
                 ok = ok and number is not None
-            if not ok or None in refs:
+            if not ok or name is None or store is None or None in refs:
                 return None
             return Aggregation(name=name, function="ratio", store=store, numerator=refs[0],
                                denominator=refs[1], on_zero=on_zero, description=description,
@@ -305,26 +330,27 @@ class AggregationReader(NodeReader):
         if (of_node := m.get("of")) is not None:
             of = self.string(of_node, m.at("of"), "a field name")
             field = None if of is None or fields is None else fields.get(of)
-            if of is not None and fields is not None and field is None:
+            if of is not None and fields is not None and field is None and of not in self.unparsed_fields:
                 self.error(of_node, m.at("of"),
                            f"of '{of}' is not a field of this schema{self.suggest(of, fields)}")
                 ok = False
             if field is not None and "cold" not in field.store:
                 self.error(of_node, m.at("of"), _not_cold(field.name))
                 ok = False
-            rule = _AGG_OF_KINDS.get(function)
+            rule = None if function is None else _AGG_OF_KINDS.get(function)
             if field is not None and rule is not None and field.type.kind not in rule[0]:
                 self.error(of_node, m.at("of"), f"{function} of field '{of}' ({field.type}): "
                                                 f"{function} needs {rule[1]}")
                 ok = False
             ok = ok and of is not None
-        elif function != "count":
+        elif function not in (None, "count"):
             self.error(m.node, m.at("of"), f"{function} needs of: the field it aggregates")
             ok = False
         window = None
         if (w_node := m.get("window")) is None:
-            self.error(m.node, m.at("window"), "a windowed aggregation needs window: e.g. 24h, or "
-                                               "{size: 1d, type: tumbling}")
+            if function is not None:
+                self.error(m.node, m.at("window"), "a windowed aggregation needs window: e.g. 24h, "
+                                                   "or {size: 1d, type: tumbling}")
             ok = False
         else:
             window = self.parse_window(w_node, m.at("window"))
@@ -334,7 +360,7 @@ class AggregationReader(NodeReader):
             parsed_where = self.parse_where(where_node, m.at("where"), fields)
             ok = ok and parsed_where is not None
             where = parsed_where or ()
-        if not ok:
+        if not ok or name is None or store is None:
             return None
         return Aggregation(name=name, function=cast(AggFunction, function), store=store, of=of, window=window,
                            where=where, description=description, line=line_of(node))

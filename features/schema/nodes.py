@@ -174,6 +174,10 @@ class NodeReader:
         self.errors: list[SchemaError] = []
         self._constructor = SafeConstructor()
         self._hints_left = _MAX_HINTS
+        #: names declared by fields whose own declaration has an error (and names declared
+        #: twice): a reference to one is not checked, as its type or store is unknown; the
+        #: declaration's error is reported instead. Every other part is still checked.
+        self.unparsed_fields: set[str] = set()
 
     def suggest(self, word: str, choices: Iterable[str]) -> str:
         """:func:`~features.schema.syntax.suggest`, for the first ``_MAX_HINTS`` problems of a
@@ -183,6 +187,16 @@ class NodeReader:
             return ""
         self._hints_left -= 1
         return suggest(word, choices)
+
+    @staticmethod
+    def declared_name(node: Node) -> str | None:
+        """The ``name:`` a mapping declares, as written (valid or not), else None: the name a
+        part that did not parse is known by."""
+        if isinstance(node, MappingNode):
+            for knode, vnode in node.value:
+                if isinstance(knode, ScalarNode) and knode.value == "name" and isinstance(vnode, ScalarNode):
+                    return str(vnode.value)
+        return None
 
     # ---- error and scalar helpers
 

@@ -6,7 +6,10 @@ gives two things a plain ``yaml.safe_load`` cannot: errors that point at
 ``file:line`` and a key path such as ``fields[2].constraints.min``, and exact numbers
 (a decimal bound ``0.01`` becomes ``Decimal("0.01")`` from the text, never via float).
 
-Every problem in a file is collected; the parser raises one
+Every problem in a file is collected, the checks between parts (a field's type for an
+aggregation, a reference to a field) included: a part with an error is left out of the
+parts it feeds and every other one is still checked (``docs/schema.md`` lists what waits
+for a part's own error to be fixed). The parser raises one
 :class:`~features.errors.SchemaErrors` listing them all (sorted by line), so a user
 fixes a file in one go. A YAML syntax error stops at once with a single
 :class:`~features.errors.SchemaError` at the line PyYAML reports.
@@ -257,6 +260,8 @@ class _SchemaParser(StepReader, AggregationReader):
         super().__init__(path)
         #: the line of ``name:`` (for duplicate-name errors across files)
         self.name_line: int | None = None
+        #: fields whose ``constraints`` is not a mapping (their nullability is unknown)
+        self.constraints_unknown: set[str] = set()
 
     def parse(self, root: Node) -> Schema | None:
         """The Schema, or None when any problem was recorded in ``errors``."""
@@ -401,6 +406,12 @@ class _SchemaParser(StepReader, AggregationReader):
     # ---- fields
 
     def parse_fields(self, top: YamlMap, loadable: bool) -> list[tuple[Field, Node]] | None:
+        """The fields that parsed, None when the section itself is missing or not a list.
+
+        A field with an error is left out and its name (as written) goes to
+        ``unparsed_fields``, as does a name declared twice; the other fields are returned,
+        so that references to them are checked in the same pass. A schema is built only
+        when ``errors`` stays empty."""
         node = top.get("fields")
         if node is None:
             return None
@@ -413,23 +424,23 @@ class _SchemaParser(StepReader, AggregationReader):
         out: list[tuple[Field, Node]] = []
         sources: list[tuple[Node | None, str]] = []
         seen: dict[str, int | None] = {}
-        ok = True
         for i, item in enumerate(items):
             parsed = self.parse_field(item, join_path("fields", i), loadable)
             if parsed is None:
-                ok = False
+                if (declared := self.declared_name(item)) is not None:
+                    self.unparsed_fields.add(declared)
                 continue
             field, name_node, source_node = parsed
             if field.name in seen:
                 self.error(name_node, join_path(join_path("fields", i), "name"),
                            f"duplicate field name '{field.name}' (first at line {seen[field.name]})")
-                ok = False
+                self.unparsed_fields.add(field.name)  # which of the two a reference means is unknown
                 continue
             seen[field.name] = line_of(name_node)
             out.append((field, name_node))
             sources.append((source_node, join_path(join_path("fields", i), "source")))
-        sources_ok = self.check_sources(out, sources)
-        return out if ok and sources_ok else None
+        self.check_sources(out, sources)
+        return [(f, n) for f, n in out if f.name not in self.unparsed_fields]
 
     def check_sources(self, fields: list[tuple[Field, Node]], sources: list[tuple[Node | None, str]]) -> bool:
         """Each input name feeds one field: no two fields read the same ``source``, and a
@@ -482,6 +493,8 @@ class _SchemaParser(StepReader, AggregationReader):
         if (c_node := m.get("constraints")) is not None and not is_null(c_node):
             parsed = self.parse_constraints(c_node, m.at("constraints"), ftype, values)
             constraints = parsed if parsed is not None else constraints
+            if parsed is None and name is not None:
+                self.constraints_unknown.add(name)
         store: frozenset[StoreTarget] = frozenset({"cold"}) if loadable else frozenset()
         if (store_node := m.get("store")) is not None:
             parsed_store = self.parse_store(store_node, m.at("store"), allow_none=True)
@@ -678,8 +691,9 @@ class _SchemaParser(StepReader, AggregationReader):
                 continue
             field = by_name.get(name)
             if field is None:
-                hint = self.suggest(name, by_name)
-                self.error(node, key, f"{key} '{name}' is not a field of this schema{hint}")
+                if name not in self.unparsed_fields:
+                    hint = self.suggest(name, by_name)
+                    self.error(node, key, f"{key} '{name}' is not a field of this schema{hint}")
                 continue
             kind = field.type.kind
             if key == "entity" and kind is not TypeKind.STRING and kind not in INTEGER_KINDS:
@@ -688,7 +702,7 @@ class _SchemaParser(StepReader, AggregationReader):
             if key == "event_time" and kind not in (TypeKind.TIMESTAMP, TypeKind.DATE):
                 self.error(node, key, f"event_time field '{name}' has type {field.type}; "
                                       "it must be a timestamp or date field")
-            if field.constraints.nullable:
+            if field.constraints.nullable and name not in self.constraints_unknown:
                 self.error(node, key, f"{key} field '{name}' is nullable; mark it required: true "
                                       "(or nullable: false): it is part of the primary key")
 
@@ -704,26 +718,25 @@ class _SchemaParser(StepReader, AggregationReader):
         if items is None:
             return None
         if items and not loadable:
+            # the features are still checked: adding entity and event_time should not reveal more
             self.error(node, "features", "features need a loadable schema: add entity and event_time "
                                          "(a validation-only schema stores nothing)")
-            return None
         by_name = None if fields is None else {f.name: f for f, _ in fields}
         out: list[Feature] = []
         seen: dict[str, int | None] = {}
-        ok = True
         for i, item in enumerate(items):
             feature = self.parse_feature(item, join_path("features", i), by_name, event_time)
             if feature is None:
-                ok = False
                 continue
             if feature.name in seen:
                 self.error(item, join_path(join_path("features", i), "name"),
                            f"duplicate feature name '{feature.name}' (first at line {seen[feature.name]})")
-                ok = False
                 continue
             seen[feature.name] = feature.line
             out.append(feature)
-        return tuple(out) if ok else None
+        # those that parsed (the aggregations' name clashes are checked against them); the
+        # schema is built only when no error was recorded
+        return tuple(out)
 
     def parse_feature(
         self, node: Node, kp: str, fields: dict[str, Field] | None, event_time: str | None,
@@ -748,7 +761,7 @@ class _SchemaParser(StepReader, AggregationReader):
             source_name = self.string(from_node, m.at("from"), "a field name")
             if source_name is not None and fields is not None:
                 source = fields.get(source_name)
-                if source is None:
+                if source is None and source_name not in self.unparsed_fields:
                     hint = self.suggest(source_name, fields)
                     self.error(from_node, m.at("from"),
                                f"from '{source_name}' is not a field of this schema{hint}")

@@ -120,11 +120,13 @@ class StepReader(NodeReader):
             self.error(node, kp, "steps must list at least one step (a field stored as it is uses "
                                  "store: on the field)")
             return None
-        # What flows between steps: number, bool, string, enum or temporal; None once unknown.
+        # What flows between steps: number, bool, string, enum or temporal; None while
+        # unknown (no source, or after a step that did not parse), when a step's input is
+        # not checked but its arguments are, and an op with a fixed output makes it known again.
         current: str | None = None if source is None else _value_class(source.type.kind)
         producer = "" if source is None else f"field '{source.name}'"
         steps: list[Step] = []
-        ok = True
+        ok = source is not None
         after_one_hot = False
         for i, item in enumerate(items):
             skp = join_path(kp, i)
@@ -137,16 +139,13 @@ class StepReader(NodeReader):
                 self.error(step_node, skp, "one_hot must be the last step")
                 ok = False
             after_one_hot = after_one_hot or op == "one_hot"
-            if current is None or source is None:
-                continue
-            checked = self.check_step(op, step_node, skp, arg_nodes, current, producer, source,
-                                      fields, event_time)
-            if checked is None:
-                ok, current = False, None
-                continue
-            current, step = checked
+            current, step = self.check_step(op, step_node, skp, arg_nodes, current, producer, source,
+                                            fields, event_time)
             producer = f"the output of {op}"
-            steps.append(step)
+            if step is None:
+                ok = False
+            else:
+                steps.append(step)
         if ok and current in ("string", "enum", "temporal"):
             self.error(node, kp, f"the steps end with a {current} value; a feature is numeric or bool "
                                  "(add hash_bucket, one_hot or time_since)")
@@ -203,19 +202,21 @@ class StepReader(NodeReader):
         return cast(OpName, op_text), node, args
 
     def check_step(
-        self, op: OpName, node: Node, kp: str, arg_nodes: dict[str, Node], current: str, producer: str,
-        source: Field, fields: dict[str, Field] | None, event_time: str | None,
-    ) -> tuple[str, Step] | None:
-        """Check one step against the value class flowing into it and convert its
-        arguments. Returns (the class it produces, the Step), or None after recording an error."""
+        self, op: OpName, node: Node, kp: str, arg_nodes: dict[str, Node], current: str | None,
+        producer: str, source: Field | None, fields: dict[str, Field] | None, event_time: str | None,
+    ) -> tuple[str | None, Step | None]:
+        """Check one step against the value class flowing into it (``current``; None when
+        unknown: then only the arguments that do not depend on it are checked) and convert
+        its arguments. Returns (the class it produces or None when unknown, the Step or
+        None after recording an error)."""
         spec = _OPS[op]
         akp = join_path(kp, op)
-        if current not in spec.accepts:
+        ok = True
+        if current is not None and current not in spec.accepts:
             need = " or ".join(_CLASS_NAMES[c] for c in spec.accepts)
             self.error(node, kp, f"{op} needs {need} input, got {_CLASS_NAMES[current]} ({producer})")
-            return None
+            ok, current = False, None  # the arguments are still checked
         args: dict[str, ScalarValue | tuple[ScalarValue, ...]] = {}
-        ok = True
 
         def num(name: str) -> int | float | None:
             nonlocal ok
@@ -226,7 +227,9 @@ class StepReader(NodeReader):
         output = spec.output or current
         if op == "fill_null":
             value_node = arg_nodes["value"]
-            if current == "number":
+            if current is None or source is None:
+                ok = False  # the value's class is the input's: nothing to check it against
+            elif current == "number":
                 args["value"] = num("value")
             elif current == "bool":
                 args["value"] = b = self.boolean(value_node, join_path(akp, "value"))
@@ -278,7 +281,7 @@ class StepReader(NodeReader):
                 unit = None
             ok = ok and unit is not None
             args["unit"] = unit
-            if source.name == event_time and producer == f"field '{source.name}'":
+            if source is not None and source.name == event_time and producer == f"field '{source.name}'":
                 self.error(node, kp, f"time_since on the event_time field '{source.name}' itself is always 0")
                 ok = False
         elif op == "hash_bucket":
@@ -286,7 +289,9 @@ class StepReader(NodeReader):
             ok = ok and n is not None
             args["n"] = n
         elif op == "one_hot":
-            if len(source.values) > _MAX_ONE_HOT:
+            if current is None or source is None:
+                ok = False  # the enum's values are unknown
+            elif len(source.values) > _MAX_ONE_HOT:
                 self.error(node, kp, f"one_hot supports enum fields with at most {_MAX_ONE_HOT} values; "
                                      f"'{source.name}' has {len(source.values)}")
                 ok = False
@@ -294,9 +299,9 @@ class StepReader(NodeReader):
             dtype = self.parse_dtype(arg_nodes["dtype"], join_path(akp, "dtype"))
             ok = ok and dtype is not None
             args["dtype"] = None if dtype is None else str(dtype)
-            output = "bool" if dtype is not None and dtype.kind is TypeKind.BOOL else "number"
+            output = None if dtype is None else "bool" if dtype.kind is TypeKind.BOOL else "number"
         if not ok:
-            return None
+            return output, None
         return output, Step(op=op, args=tuple((a, args[a]) for a in spec.args if a in args))
 
     def parse_boundaries(self, node: Node, kp: str) -> tuple[ScalarValue, ...] | None:
@@ -320,7 +325,7 @@ class StepReader(NodeReader):
 
     def check_denominator(self, node: Node, kp: str, fields: dict[str, Field] | None) -> str | None:
         name = self.string(node, kp, "a field name")
-        if name is None or fields is None:
+        if name is None or fields is None or name in self.unparsed_fields:
             return None
         field = fields.get(name)
         if field is None:

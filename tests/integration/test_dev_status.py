@@ -1,8 +1,10 @@
-"""`features dev status` after `up` (the test command runs `up` first): four healthy parts."""
+"""`features dev status` after `up` (the test command runs `up` first): every part healthy;
+its exit code says which part is missing; `up` beside running servers downloads nothing."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,8 +21,11 @@ def test_status_shows_four_healthy_parts() -> None:
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = {line.split()[0]: line for line in proc.stdout.splitlines() if line.strip()}
+    servers, stream = lines.pop("servers:"), lines.pop("stream:")
     # the local Redis Cluster is listed too once started (`up --redis-cluster`, the cluster tests)
     assert set(lines) - {"redis-cluster"} == {"postgres", "redis", "kafka", "flink-connector", "chromium"}
+    assert servers.startswith("servers: healthy (postgres, redis, ") and "kafka" in servers, servers
+    assert stream.startswith("stream:  ready (Flink Kafka connector 5.0.0-2.2, PyFlink 2.2"), stream
     for _name, line in lines.items():
         assert line.split()[1] == "healthy", line
     assert "PostgreSQL 1" in lines["postgres"] and "127.0.0.1:5433" in lines["postgres"]
@@ -54,7 +59,8 @@ def test_servers_another_project_started_are_shown_as_reused(tmp_path: Path) -> 
 
     status = cli("status")
     assert status.returncode == 0, status.stdout + status.stderr
-    owners = {line.split()[0]: line.split()[-1] for line in status.stdout.splitlines() if line.strip()}
+    owners = {line.split()[0]: line.split()[-1] for line in status.stdout.splitlines()
+              if line.strip() and not line.startswith(("servers:", "stream:"))}
     assert {owners[n] for n in ("postgres", "redis", "kafka")} == {"reused"}, status.stdout
     assert owners["flink-connector"] == "managed"  # the shared download is there
     down = cli("down")
@@ -63,3 +69,56 @@ def test_servers_another_project_started_are_shown_as_reused(tmp_path: Path) -> 
         assert f"{name}: left running (not started by this project)" in down.stdout, down.stdout
     again = cli("status")
     assert again.returncode == 0 and again.stdout == status.stdout, again.stdout
+
+
+def _project(tmp_path: Path, cache: Path) -> dict[str, str]:
+    """The environment of a fresh project beside the running servers, with its own
+    download cache ``cache`` (this checkout's .cache is never touched)."""
+    (tmp_path / "project").mkdir()
+    cache.mkdir(exist_ok=True)
+    return {**os.environ, "FEATURES_HOME": str(tmp_path / "project"), "FEATURES_CACHE_DIR": str(cache)}
+
+
+def test_status_says_the_stream_is_not_ready_apart_from_healthy_servers(tmp_path: Path) -> None:
+    """The connector jar missing (an empty download cache) while every server is healthy:
+    the servers are reported healthy, the stream not ready on its own line, exit 3."""
+    cache = tmp_path / "empty-cache"
+    env = _project(tmp_path, cache)
+    proc = subprocess.run([sys.executable, "-m", "features.cli", "dev", "status"], capture_output=True,
+                          text=True, timeout=60, env=env, cwd=tmp_path / "project")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    rows = {line.split()[0]: line.split() for line in lines if line.strip()}
+    for name in ("postgres", "redis", "kafka"):
+        assert rows[name][1] == "healthy", proc.stdout
+    assert rows["flink-connector"][1] == "MISSING", proc.stdout
+    assert "servers: healthy (postgres, redis, kafka)" in lines, proc.stdout
+    stream = next(line for line in lines if line.startswith("stream:"))
+    assert stream.startswith(f"stream:  NOT READY: no Flink Kafka connector jar under {cache / 'flink-jars'} "
+                             "(run `features dev up`)"), stream
+    assert "3 every server healthy but" in subprocess.run(
+        [sys.executable, "-m", "features.cli", "dev", "status", "--help"], capture_output=True, text=True,
+        timeout=60, env=env).stdout.replace("\n", " ")
+    assert list(cache.iterdir()) == []  # status downloads nothing
+
+
+def test_up_beside_a_running_broker_downloads_nothing(tmp_path: Path) -> None:
+    """`up` in a project whose cache has no Kafka jars, with the broker (and Postgres,
+    Redis) already answering: it reuses them and fetches nothing from Maven Central."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    # the stream's connector is in this cache (a copy): only what the servers would need is absent
+    shutil.copytree(ROOT / ".cache" / "flink-jars", cache / "flink-jars")
+    before = sorted((p.name, p.stat().st_size) for p in (cache / "flink-jars").iterdir())
+    env = _project(tmp_path, cache)
+    proc = subprocess.run([sys.executable, "-m", "features.cli", "dev", "up"], capture_output=True,
+                          text=True, timeout=600, env=env, cwd=tmp_path / "project")
+    out = proc.stdout + proc.stderr
+    assert "fetching" not in out and "installing" not in out, out
+    assert sorted(p.name for p in cache.iterdir()) == ["flink-jars"], out  # no kafka-libs, no m2
+    assert sorted((p.name, p.stat().st_size) for p in (cache / "flink-jars").iterdir()) == before
+    assert "kafka: reusing the broker already listening there (not started by this project)" in proc.stdout, \
+        out
+    for name in ("postgres", "redis"):
+        assert f"{name}: reusing the server already listening there" in proc.stdout, out
+    assert proc.returncode == 0, out

@@ -31,3 +31,22 @@ def test_every_file_the_docs_name_exists() -> None:
             if m.group(1) not in examples and not (ROOT / m.group(1)).exists():
                 missing.append(f"{doc.relative_to(ROOT)}: {m.group(1)}")
     assert not missing, "\n".join(missing)
+
+
+def test_dev_status_exit_codes_are_documented_as_the_code_returns_them() -> None:
+    """Every exit code of `features dev status` / `up` (services.EXIT_CODES) is in their
+    --help and in the README's "Local services", and no other code is."""
+    import re
+
+    from features.cli import build_parser
+    from features.dev import cli as dev_cli
+    from features.dev.services import EXIT_CODES
+
+    documented = {int(c) for c in re.findall(r"(?:^|; )(\d) ", dev_cli._EXIT_HELP.split(": ", 1)[1])}
+    assert documented == set(EXIT_CODES)
+    dev = build_parser()._subparsers._group_actions[0].choices["dev"]  # type: ignore[union-attr]
+    verbs = dev._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    for verb in ("up", "status"):
+        assert dev_cli._EXIT_HELP in " ".join(verbs[verb].description.split())
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert {int(c) for c in re.findall(r"\*\*(\d)\*\* ", readme)} == set(EXIT_CODES)
