@@ -34,8 +34,10 @@ A value converts only when the declared type holds it exactly; anything else is 
   path, beyond 38 digits they are rejected), floats, strings, bools, None,
   ``Decimal``, ``date``/``datetime``; other objects (dicts, lists) are rejected.
 
-Nulls stay null (``empty_as_null`` first turns ``""`` into null for string input).
-A string refused only because the field does not ``accept_strings`` carries the hint
+Nulls stay null. String input is first compared with the field's ``null_values``
+(exact, case-sensitive text: ``nil``, ``NA``, ``""``): a marker is null, whatever the
+type and ``accept_strings``; with ``empty_as_null``, ``""`` is null too. A string
+refused only because the field does not ``accept_strings`` carries the hint
 :data:`TEXT_HINT`, the one the Parquet loader's check gives for a text column.
 Nothing here raises for bad data; a bad value is reported in :class:`Converted`.
 """
@@ -95,7 +97,7 @@ class Converted:
     """One column converted to its declared type.
 
     ``values``: the declared Arrow type, same length as the input; null where the
-    input was null or failed to convert. ``fail_rows``: sorted input
+    input was null (or a null marker) or failed to convert. ``fail_rows``: sorted input
     rows whose (non-null) value failed to convert; ``fail_values``/``fail_shown`` render
     each failing value as text (plain, and as shown in a message, e.g. quoted strings);
     ``fail_hints``: per failure, text a message appends after the expected type
@@ -230,6 +232,19 @@ def _merged_hints(parts: Sequence[Converted], take: pa.Array | None = None) -> p
     return hints if take is None else hints.take(take)
 
 
+def null_markers(raw: pa.Array, field: Field) -> pa.Array:
+    """``raw`` (string) with the field's ``null_values`` markers, and ``""`` with
+    ``empty_as_null``, set to null: one ``is_in`` over the column, no copy when none is
+    there."""
+    markers = field.null_values
+    if field.constraints.empty_as_null and "" not in markers:
+        markers = (*markers, "")
+    if not markers:
+        return raw
+    hit = pc.is_in(raw, value_set=pa.array(markers, pa.string()))
+    if not pc.any(hit).as_py():
+        return raw
+    return pc.if_else(hit, pa.scalar(None, pa.string()), raw)
 
 
 # --------------------------------------------------------------------------- entry points
@@ -294,10 +309,8 @@ def _convert(
     if pa.types.is_large_string(t) or str(t) == "string_view":
         raw = raw.cast(pa.string())
         t = raw.type
-    if pa.types.is_string(t) and field.constraints.empty_as_null:
-        empty = pc.equal(raw, "")
-        if pc.any(empty).as_py():
-            raw = pc.if_else(empty, pa.scalar(None, pa.string()), raw)
+    if pa.types.is_string(t):
+        raw = null_markers(raw, field)
     kind = field.type.kind
     if t == target:
         if kind in (TypeKind.FLOAT32, TypeKind.FLOAT64):
@@ -824,5 +837,5 @@ def convert_pylist(
     )
 
 
-__all__ = ["ABSENT", "INT_RANGES", "TEXT_HINT", "Converted", "convert", "convert_pylist",
+__all__ = ["ABSENT", "INT_RANGES", "TEXT_HINT", "Converted", "convert", "convert_pylist", "null_markers",
            "parse_decimal_text", "render"]

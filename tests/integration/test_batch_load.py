@@ -417,6 +417,10 @@ CGM_PLAIN = CGM_KEYS + """\
   - {{name: glucose, type: float64, store: [hot, cold]}}
   - {{name: device, type: string, store: [hot, cold]}}
 """
+CGM_MARKERS = CGM_KEYS + """\
+  - {{name: glucose, type: float64, accept_strings: true, null_values: [nil], store: [hot, cold]}}
+  - {{name: device, type: string, null_values: [nil], store: [hot, cold]}}
+"""
 
 
 def _cgm_parquet(tmp_path: Path) -> Path:
@@ -456,3 +460,32 @@ def test_validate_and_load_give_one_verdict_and_hint_on_numbers_as_text(
     assert validated.stdout == ""
     with psycopg.connect(settings.postgres_dsn) as conn:  # the load refused before any store
         assert conn.execute("SELECT to_regclass(%s)", (f'"{pg_schema}".cgm_text',)).fetchone()[0] is None
+
+
+def test_null_values_markers_load_as_nulls_in_postgres_and_redis(
+        tmp_path: Path, settings: Settings, pg_schema: str, redis_prefix: str) -> None:
+    path = _cgm_parquet(tmp_path)
+    schemas = tmp_path / "schemas"
+    schemas.mkdir()
+    (schemas / "cgm_nil.yaml").write_text(CGM_MARKERS.format(name="cgm_nil"))
+    validated = _cli(["validate", "--json", "--schema", "cgm_nil", "--schemas-dir", str(schemas), str(path)],
+                     {**os.environ, "PYTHONPATH": str(ROOT)})
+    assert validated.returncode == 0, validated.stderr
+    doc = json.loads(validated.stdout)
+    assert (doc["input_rows"], doc["valid_rows"], doc["rejected_rows"]) == (5, 5, 0)
+    compiled = compile_schema(load_schema(schemas / "cgm_nil.yaml"))
+    s = load([path], compiled, settings, search_path=pg_schema, key_prefix=redis_prefix)
+    assert (s.read, s.stored, s.rejected) == (5, 5, 0) and s.adds_up
+    with psycopg.connect(settings.postgres_dsn, options=f"-c search_path={pg_schema}") as conn:
+        rows = conn.execute("SELECT patient, to_char(at AT TIME ZONE 'UTC', 'HH24:MI'), glucose, device "
+                            "FROM cgm_nil ORDER BY 1, 2").fetchall()
+    assert rows == [("p1", "00:00", 22.59, "devA"), ("p1", "00:05", None, None),
+                    ("p2", "00:00", None, "devB"), ("p2", "00:05", 7.1, "devB"),
+                    ("p3", "00:00", None, "devC")]
+    client = redis.Redis.from_url(settings.redis_url)
+    hot = {p: client.hgetall(redis_prefix + entity_key("cgm_nil", p)) for p in ("p1", "p2", "p3")}
+    # the newest event of each patient; a null is an absent hash field (never the text 'nil')
+    assert b"glucose" not in hot["p1"] and b"device" not in hot["p1"]
+    assert hot["p2"][b"glucose"] == b"7.1" and hot["p2"][b"device"] == b"devB"
+    assert b"glucose" not in hot["p3"] and hot["p3"][b"device"] == b"devC"
+    assert all(b"nil" not in h.values() for h in hot.values())
