@@ -237,7 +237,8 @@ def render_suite(compiled: CompiledSchema) -> dict[str, Any]:
                 "not_expressible": not_expressible,
                 "data_preparation": (
                     "run with features.compile.expectations.run_suite: columns converted to the "
-                    "declared types, empty strings nulled where empty_as_null, defaults filled, "
+                    "declared types, empty strings nulled where empty_as_null, null_values "
+                    "markers nulled in string columns, defaults filled, "
                     "floats as nullable Float64 (NaN is not null), decimals as float64"
                 ),
             }
@@ -320,6 +321,9 @@ def _prepare(compiled: CompiledSchema, data: pa.Table | pa.RecordBatch | pd.Data
                     ) from exc
         if c.empty_as_null and pa.types.is_string(target):
             col = pc.if_else(pc.equal(col, ""), pa.scalar(None, target), col)
+        if f.null_values and pa.types.is_string(target):  # the validator reads them as null
+            col = pc.if_else(pc.is_in(col, value_set=pa.array(f.null_values, pa.string())),
+                             pa.scalar(None, target), col)
         if c.has_default and c.default is not None:
             col = pc.fill_null(col, _default_scalar(f, c.default, target))
         if pa.types.is_decimal(target):
@@ -405,7 +409,8 @@ def run_suite_detailed(
     output, a table at rest, or test data): a column of another type is cast safely
     and SourceError is raised when that cast would lose information. Before the
     expectations run, the data is prepared as the validator prepares it (empty
-    strings nulled where ``empty_as_null``, defaults filled, absent columns added
+    strings nulled where ``empty_as_null``, a string field's ``null_values`` markers
+    nulled, defaults filled, absent columns added
     with the default or nulls unless required). A pandas float column of NumPy
     dtype cannot carry NaN apart from null (Arrow reads its NaN as null); pass Arrow
     data or nullable ``Float64`` to check the ``nan`` rule. Nothing is written to

@@ -6,7 +6,10 @@ or moving a file changes nothing), nor a field's ``source`` (the input name it i
 from: it changes how input is read, not what is stored or how it is checked, so the
 stored data, the hot hashes and the load ledger stay valid when a producer's column
 name is mapped anew); everything else does, including the name and the
-version, field order, enum value order and evolution rules.
+version, field order, enum value order and evolution rules. A field's
+``null_values`` count (unlike ``source``, they decide which input rows are valid and
+what is stored for them: a marker is stored as null or the default), as
+``accept_strings`` and ``empty_as_null`` do.
 
 The canonical JSON is deterministic across processes and platforms: sorted keys,
 no whitespace, sets (``store``) as sorted lists, Decimals as their exact strings
@@ -35,9 +38,16 @@ _IGNORED: Final = frozenset({"description", "path", "line", "text",
                              "refresh_after_seconds"})
 #: attributes ignored on one model class only (``Feature.source``, its input field, counts)
 _IGNORED_ON: Final[dict[type, frozenset[str]]] = {Field: frozenset({"source"})}
-#: attributes added after format 1 shipped: left out while unset, so the fingerprints
-#: of schemas that do not use them stay what they were.
+#: attributes added after format 1 shipped: left out while unset (None, or an empty
+#: tuple for ``null_values``), so the fingerprints of schemas that do not use them stay
+#: what they were.
 _OMIT_WHEN_NONE: Final = frozenset({"aggregations"})
+_OMIT_WHEN_EMPTY: Final = frozenset({"null_values"})
+
+
+def _unset(name: str, value: Any) -> bool:
+    """Whether attribute ``name`` holding ``value`` is left out of the canonical JSON."""
+    return (name in _OMIT_WHEN_NONE and value is None) or (name in _OMIT_WHEN_EMPTY and value == ())
 
 
 def _canonical(value: Any) -> Any:
@@ -47,7 +57,7 @@ def _canonical(value: Any) -> Any:
         return {
             f.name: _canonical(getattr(value, f.name))
             for f in dataclasses.fields(value)
-            if f.name not in ignored and not (f.name in _OMIT_WHEN_NONE and getattr(value, f.name) is None)
+            if f.name not in ignored and not _unset(f.name, getattr(value, f.name))
         }
     if isinstance(value, Enum):
         return _canonical(value.value)

@@ -3,8 +3,9 @@
 For each declared field, over the values *as converted to the declared type* by the
 validator's own conversion (:func:`features.validation.convert.convert`):
 
-- ``rows``: rows seen; ``null_count``: nulls (after ``empty_as_null``, before defaults
-  are filled; a column absent from a batch counts all its rows as null);
+- ``rows``: rows seen; ``null_count``: nulls (after ``empty_as_null`` and the field's
+  ``null_values`` markers, before defaults are filled; a column absent from a batch
+  counts all its rows as null);
 - ``nan_count`` (float fields): NaN values; ``type_failures``: values that do not
   convert exactly (the validator's ``type`` rejects), left out of every other figure;
 - ``min`` / ``max``: over non-null, non-NaN values, in the field's own type;

@@ -35,6 +35,11 @@ enum               values only added: compatible; any value removed: breaking
 default            added or changed: compatible; removed: breaking when the
                    field is not nullable, else compatible
 accept_strings     false -> true compatible; true -> false breaking
+null_values        markers added that the old field could not read as a value
+                   (text it rejected: ``nil`` on a number): compatible; a
+                   marker removed, or added where it was a value (any text of a
+                   string field, an enum value, a number's text with
+                   accept_strings, ``true``/``false``, an ISO date): breaking
 source             the input column/key a field is read from changed: breaking
                    (producers still sending the old name are no longer read);
                    no DDL (the stored column keeps the field's name)
@@ -81,6 +86,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
@@ -123,6 +129,7 @@ class ChangeKind(StrEnum):
     ENUM = "enum"
     DEFAULT = "default"
     ACCEPT_STRINGS = "accept_strings"
+    NULL_VALUES = "null_values"
     SOURCE = "source"
     EMPTY_AS_NULL = "empty_as_null"
     STORE = "store"
@@ -166,7 +173,8 @@ class Change:
     The changes of one item (field, feature, aggregation) follow one another; the
     changes to a field present in both schemas come in this order: min, max,
     min_length, max_length, pattern, enum, then required, nullable, empty_as_null,
-    then type, default, accept_strings, then store (hot before cold).
+    then type, default, accept_strings, null_values, source, then store (hot before
+    cold).
     """
 
     field: str
@@ -354,6 +362,63 @@ def _agg_redefined(old: Aggregation, new: Aggregation) -> list[str]:
         if a != b:
             what.append(f"{key} {a} -> {b}")
     return what
+
+
+#: text that a numeric field with accept_strings may read as a number (a superset of the
+#: validator's decimal literals: a marker matching it counts as a possible value)
+_NUMBER_TEXT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+#: text that a date or timestamp field may read as one (the start of an ISO date)
+_DATE_TEXT = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+
+
+def _text_is_value(f: Field, text: str) -> bool:
+    """Whether input text ``text`` may be a valid value of ``f`` (not a reject, not
+    null), so that reading it as null changes its meaning. Conservative: True whenever
+    it might be (a string field's pattern or lengths are not tried); False only when
+    ``f`` is sure to refuse it: a non-string field that takes no text (date and timestamp
+    fields always take ISO text: JSON has no other), or text its type cannot parse."""
+    if f.constraints.empty_as_null and text == "":
+        return False  # null already
+    kind = f.type.kind
+    if kind is TypeKind.STRING:
+        return True
+    if kind is TypeKind.ENUM:
+        return text in f.values
+    if kind in (TypeKind.DATE, TypeKind.TIMESTAMP):
+        return _DATE_TEXT.match(text) is not None
+    if not f.accept_strings:
+        return False
+    if kind is TypeKind.BOOL:
+        return text in ("true", "false")
+    return _NUMBER_TEXT.fullmatch(text) is not None
+
+
+def _null_values_change(old: Field, new: Field) -> tuple[bool, str] | None:
+    """(compatible, detail) for changed ``null_values``, None when unchanged. Markers
+    added are compatible when the old field rejected them all (rows that were rejects
+    are now nulls); a marker that was a value, or one removed (text that was null is
+    read again), is breaking."""
+    if old.null_values == new.null_values:
+        return None
+    gained = [m for m in new.null_values if m not in old.null_values]
+    lost = [m for m in old.null_values if m not in new.null_values]
+    valued = [m for m in gained if _text_is_value(old, m)]
+    # "" stays null without its marker when the new field has empty_as_null
+    revived = [m for m in lost if not (m == "" and new.constraints.empty_as_null)]
+    parts = []
+    if gained:
+        parts.append("markers added: " + ", ".join(map(repr, gained)))
+    if lost:
+        parts.append("markers removed: " + ", ".join(map(repr, lost)))
+    if revived:
+        why = f"input {', '.join(map(repr, revived))} is no longer read as null"
+    elif valued:
+        why = f"input {', '.join(map(repr, valued))} was a value, now read as null"
+    elif gained:
+        why = "input the old schema rejected is now read as null"
+    else:
+        why = "the input read as null does not change"
+    return not revived and not valued, f"null_values {'; '.join(parts)}: {why}"
 
 
 def _addable(f: Field) -> bool:
@@ -560,6 +625,9 @@ class _Differ:
             add(ChangeKind.ACCEPT_STRINGS, new.accept_strings,
                 "accept_strings false -> true: string input now parsed" if new.accept_strings
                 else "accept_strings true -> false: string input now rejected")
+
+        if (markers := _null_values_change(old, new)) is not None:
+            add(ChangeKind.NULL_VALUES, *markers)
 
         # (a rename without any source: the input name follows the field's, the rename says so)
         old_input = old.source if old.source is not None else (old_name or old.name)

@@ -115,8 +115,13 @@ class Field:
     a numeric column is a type reject). ``source``: the input column (Parquet) or JSON
     key (Kafka, HTTP) the field is read from when that is not ``name`` (``Dep Delay``,
     ``depDelay``); None: the input uses ``name``. Only the edges that read input use it
-    (``input_name``); everything downstream knows the field by ``name``. ``line`` is the
-    1-based line of the field.
+    (``input_name``); everything downstream knows the field by ``name``.
+    ``null_values``: texts that mean null in the input (``("", "NA", "nil")``, sorted,
+    unique; empty: none): a string value equal to one of them is read as null before the
+    value is converted, in every input path, then ``nullable``/``required``/``default``
+    apply as to any null; values of other input types (numbers, bools) are never
+    markers. Unlike ``source`` it counts in the fingerprint: it decides which rows are
+    valid and what is stored for them. ``line`` is the 1-based line of the field.
     """
 
     name: str
@@ -128,6 +133,7 @@ class Field:
     source: str | None = None
     description: str = ""
     line: int | None = None
+    null_values: tuple[str, ...] = ()
 
     @property
     def input_name(self) -> str:

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Final, cast
 
 import yaml
-from yaml.nodes import Node
+from yaml.nodes import Node, ScalarNode
 
 from features.errors import SchemaError, SchemaErrors
 from features.schema.aggregations import AggregationReader
@@ -73,6 +73,7 @@ from features.schema.model import (
 )
 from features.schema.nodes import (
     NULL,
+    STR,
     DocumentProblem,
     Invalid,
     YamlMap,
@@ -112,7 +113,7 @@ _TOP_KEYS: Final = (
     "features", "aggregations", "evolution_rules",
 )
 _FIELD_KEYS: Final = ("name", "type", "description", "store", "accept_strings", "values", "constraints",
-                       "source")
+                       "source", "null_values")
 _CONSTRAINT_KEYS: Final = (
     "required", "nullable", "min", "max", "pattern", "min_length", "max_length", "default",
     "empty_as_null",
@@ -510,16 +511,59 @@ class _SchemaParser(StepReader, AggregationReader):
             if source == "":
                 self.error(source_node, m.at("source"), "source must name the input column: it is empty")
                 source = None
+        null_values = self.parse_null_values(m, values, constraints)
         description = self.optional_string(m, "description") or ""
         if name is None or ftype is None or values is None:
             return None
         field = Field(
             name=name, type=ftype, constraints=constraints, values=values, store=store,
             accept_strings=accept_strings, source=source, description=description, line=line_of(node),
+            null_values=null_values,
         )
         name_node = m.get("name")
         assert name_node is not None
         return field, name_node, source_node
+
+    def parse_null_values(self, m: YamlMap, values: tuple[str, ...] | None,
+                          constraints: Constraints) -> tuple[str, ...]:
+        """``null_values``: a list of unique strings, the input's texts for null (sorted;
+        ``()`` when absent, null or ``[]``). Refused: another node than a list, an entry
+        that is not a string (quoting hinted), a duplicate, an enum value (it could
+        never be read as that value) and a marker equal to the field's ``default`` (the
+        default would be read back as null), the way ``default: ''`` contradicts
+        ``empty_as_null``."""
+        node = m.get("null_values")
+        if node is None or is_null(node):
+            return ()
+        kp = m.at("null_values")
+        if isinstance(node, ScalarNode) and node.tag == STR:
+            self.error(node, kp, f"expected a list of null markers, got string {node.value!r} "
+                                 f"(write a list: [{node.value!r}])")
+            return ()
+        items = self.sequence(node, kp, 'null markers, e.g. [nil, NA, ""]')
+        if items is None:
+            return ()
+        out: dict[str, None] = {}
+        for i, item in enumerate(items):
+            at = join_path(kp, i)
+            if is_null(item):
+                text = str(item.value) or "null"
+                self.error(item, at, f"expected a null marker (a string), got null (quote it: '{text}'; "
+                                     "'' is the empty string)")
+                continue
+            marker = self.string(item, at, "a null marker (a string)")
+            if marker is None:
+                continue
+            if marker in out:
+                self.error(item, at, f"duplicate null marker {marker!r}")
+            elif values and marker in values:
+                self.error(item, at, f"null marker {marker!r} is one of the enum values: it would never "
+                                     "be read as that value")
+            elif constraints.has_default and constraints.default == marker:
+                self.error(item, at, f"null marker {marker!r} is the default: the default would be read "
+                                     "as null")
+            out[marker] = None
+        return tuple(sorted(out))
 
     def parse_values(self, m: YamlMap, ftype: FieldType | None) -> tuple[str, ...] | None:
         node = m.get("values")

@@ -2,9 +2,10 @@
 
 ``ParquetSource(paths, compiled)`` expands files, folders (``**/*.parquet``), globs and
 URIs that ``pyarrow.fs`` reads (``s3://bucket/prefix/``, ``gs://``, ``hdfs://``, ``file://``),
-checks every file's columns against the schema before reading anything (a missing
-required column or a column of an incompatible type refuses to start with a clear
-message; extra columns are ignored with a warning), then yields one batch per slice
+checks every file's columns against the schema before reading anything
+(:func:`column_problems`: a missing required column or a column of an incompatible
+type refuses to start with a clear message, the same that ``features validate`` gives
+for the file; extra columns are ignored with a warning), then yields one batch per slice
 of at most ``batch_rows`` rows of each row group, reading only the schema's columns.
 Columns are the input's: a field with ``source: Dep Delay`` reads the column ``Dep Delay``
 (the checks and the warning name it so, with the field), and the batches keep that name
@@ -37,6 +38,7 @@ from features.errors import SourceError
 from features.lineage import BatchLineage
 from features.schema.model import Field, TypeKind
 from features.sources.base import SourceBatch
+from features.validation.convert import TEXT_HINT
 
 DEFAULT_BATCH_ROWS = 131_072
 
@@ -153,6 +155,40 @@ def compatible(t: pa.DataType, f: Field) -> bool:
     return _numeric(t)
 
 
+def column_problems(arrow: pa.Schema, compiled: CompiledSchema) -> list[tuple[str, str]]:
+    """Why a file with columns ``arrow`` cannot be read with ``compiled`` at all, as
+    ``(field, problem)`` pairs in field order (empty: it can). A problem is a missing
+    ``required`` column without a default, or a column whose type could never convert
+    (:func:`compatible`); a text column for a number, bool, date or timestamp without
+    ``accept_strings`` says how to read it (:data:`~features.validation.convert.TEXT_HINT`).
+    The one verdict of the loader, ``features validate`` and the report on a file:
+    what refuses here is never turned into a reject per row."""
+    problems: list[tuple[str, str]] = []
+    for f in compiled.schema.fields:
+        column = f.input_name
+        of = "" if column == f.name else f" (source of field {f.name!r})"
+        idx = arrow.get_field_index(column)
+        if idx < 0:
+            if f.constraints.required and not f.constraints.has_default:
+                problems.append((f.name, f"missing required column {column!r}{of}"))
+            continue
+        t = arrow.field(idx).type
+        if not compatible(t, f):
+            hint = TEXT_HINT if _textual(t) else ""
+            problems.append((f.name, f"column {column!r}{of} has type {t}, incompatible with {f.type}{hint}"))
+    return problems
+
+
+def refusal(path: str, arrow: pa.Schema, compiled: CompiledSchema) -> SourceError | None:
+    """The SourceError refusing the file ``path`` (columns ``arrow``) with every
+    :func:`column_problems`, its ``field`` the first one's; None when there is none."""
+    problems = column_problems(arrow, compiled)
+    if not problems:
+        return None
+    return SourceError(f"{path}: refusing to load with schema {compiled.name!r}: "
+                       + "; ".join(p for _, p in problems), path=str(path), field=problems[0][0])
+
+
 @dataclass(frozen=True)
 class _File:
     path: str       # what expand_paths gave: an absolute local path or a URI
@@ -189,25 +225,9 @@ class ParquetSource:
         except (OSError, pa.ArrowInvalid) as exc:
             raise SourceError(f"{path}: not a readable Parquet file: {exc}", path=str(path)) from exc
         arrow = pf.schema_arrow
-        problems: list[str] = []
-        at_fault: list[str] = []  # the fields the problems name, in order
-        for f in self.compiled.schema.fields:
-            column = f.input_name
-            of = "" if column == f.name else f" (source of field {f.name!r})"
-            idx = arrow.get_field_index(column)
-            if idx < 0:
-                if f.constraints.required and not f.constraints.has_default:
-                    problems.append(f"missing required column {column!r}{of}")
-                    at_fault.append(f.name)
-                continue
-            t = arrow.field(idx).type
-            if not compatible(t, f):
-                hint = " (set accept_strings: true to parse text)" if _textual(t) else ""
-                problems.append(f"column {column!r}{of} has type {t}, incompatible with {f.type}{hint}")
-                at_fault.append(f.name)
-        if problems:
-            raise SourceError(f"{path}: refusing to load with schema {self.compiled.name!r}: "
-                              + "; ".join(problems), path=str(path), field=at_fault[0])
+        refused = refusal(path, arrow, self.compiled)
+        if refused is not None:
+            raise refused
         declared = set(self.compiled.schema.input_names)
         extra = [n for n in arrow.names if n not in declared]
         if extra:

@@ -3,14 +3,18 @@
 ``features validate --schema NAME [--schemas-dir DIR] [--json] [--top N] FILE...``
 
 The schema NAME is looked up among the schema files of ``--schemas-dir`` (else the
-``schemas_dir`` setting, ``schemas/`` by default). Each file is read batch by batch
-(only the declared columns) and validated with the compiled rules. Printed: the row
-counts, then the rules that rejected rows, most frequent first, each with its count
-and up to 3 example messages (``file#row: message``). ``--json`` prints one JSON
-document instead.
+``schemas_dir`` setting, ``schemas/`` by default). Every file's columns are checked
+first, with the very check ``features load`` makes before it reads anything
+(:func:`features.sources.parquet.refusal`): a file the loader would refuse (a missing
+required column, a column of an incompatible type, e.g. text for a number without
+``accept_strings``) is refused here with the loader's message and hint. Then each file
+is read batch by batch (only the declared columns) and validated with the compiled
+rules. Printed: the row counts, then the rules that rejected rows, most frequent
+first, each with its count and up to 3 example messages (``file#row: message``).
+``--json`` prints one JSON document instead.
 
 Exit codes: 0 every row is valid; 1 some rows were rejected; 2 usage errors (unknown
-schema, unreadable file, invalid schema files).
+schema, unreadable file, invalid schema files) and a file the loader would refuse.
 """
 
 from __future__ import annotations
@@ -36,8 +40,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "validate",
         help="validate Parquet files against a schema (counts and top reject reasons)",
         description="Validate Parquet files against the schema NAME: print the row counts and "
-        "the rules that rejected rows with example messages. Exit 0 when every row is valid, "
-        "1 when some rows were rejected, 2 on usage errors.",
+        "the rules that rejected rows with example messages. A file that `features load` would "
+        "refuse (a missing required column, a column of an incompatible type) is refused with the "
+        "same message. Exit 0 when every row is valid, 1 when some rows were rejected, 2 on usage "
+        "errors and refused files.",
     )
     p.add_argument("files", nargs="+", metavar="FILE", help="Parquet files to validate")
     p.add_argument("--schema", required=True, metavar="NAME", help="schema name (its `name:` key)")
@@ -101,8 +107,14 @@ def run_validate(args: argparse.Namespace) -> int:
         return _usage(f"no schema named {args.schema!r} in {schemas_dir} (found: {known})")
     compiled = compile_schema(schema)
     summary = Summary(schema.name, schema.version_str, compiled.fingerprint)
-    for path in args.files:
-        error = _validate_file(path, compiled, summary)
+    opened = []
+    for path in args.files:  # every file checked before any is read, as by the loader
+        pf, error = _open_file(path, compiled)
+        if error is not None:
+            return _usage(error)
+        opened.append((path, pf))
+    for path, pf in opened:
+        error = _validate_file(path, pf, compiled, summary)
         if error:
             return _usage(error)
     if args.json:
@@ -117,18 +129,29 @@ def _usage(message: str) -> int:
     return 2
 
 
-def _validate_file(path: str, compiled: CompiledSchema, summary: Summary) -> str | None:
-    """Validate one file into ``summary``; returns an error message, or None."""
+def _open_file(path: str, compiled: CompiledSchema) -> tuple[Any, str | None]:
+    """(the Parquet file, None), or (None, why it cannot be validated): unreadable, or
+    refused by the loader's column check with its message."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from features.sources.names import as_fields
-    from features.validation import validate
+    from features.sources.parquet import refusal
 
     try:
         pf = pq.ParquetFile(path)
     except (OSError, pa.ArrowException) as exc:
-        return f"cannot read {path}: {exc}"
+        return None, f"cannot read {path}: {exc}"
+    refused = refusal(path, pf.schema_arrow, compiled)
+    return (None, str(refused)) if refused is not None else (pf, None)
+
+
+def _validate_file(path: str, pf: Any, compiled: CompiledSchema, summary: Summary) -> str | None:
+    """Validate one opened file into ``summary``; returns an error message, or None."""
+    import pyarrow as pa
+
+    from features.sources.names import as_fields
+    from features.validation import validate
+
     present = set(pf.schema_arrow.names)
     columns = [name for name in compiled.schema.input_names if name in present]  # a field's source:
     summary.files.append(path)

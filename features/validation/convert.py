@@ -34,7 +34,11 @@ A value converts only when the declared type holds it exactly; anything else is 
   path, beyond 38 digits they are rejected), floats, strings, bools, None,
   ``Decimal``, ``date``/``datetime``; other objects (dicts, lists) are rejected.
 
-Nulls stay null (``empty_as_null`` first turns ``""`` into null for string input).
+Nulls stay null. String input is first compared with the field's ``null_values``
+(exact, case-sensitive text: ``nil``, ``NA``, ``""``): a marker is null, whatever the
+type and ``accept_strings``; with ``empty_as_null``, ``""`` is null too. A string
+refused only because the field does not ``accept_strings`` carries the hint
+:data:`TEXT_HINT`, the one the Parquet loader's check gives for a text column.
 Nothing here raises for bad data; a bad value is reported in :class:`Converted`.
 """
 
@@ -62,6 +66,11 @@ Index = npt.NDArray[np.int64]
 _EMPTY_INDEX: Index = np.zeros(0, dtype=np.int64)
 _NO_TEXT = pa.array([], pa.string())
 
+#: What a string refused by a non-string field without ``accept_strings`` is told, in a
+#: ``type`` reject (after ``expected <type>``) and in the Parquet loader's refusal of a
+#: text column (``features.sources.parquet``): one hint wherever text meets a number.
+TEXT_HINT = " (set accept_strings: true to parse text)"
+
 #: Inclusive value range of each integer type.
 INT_RANGES: dict[TypeKind, tuple[int, int]] = {
     TypeKind.INT8: (-(2**7), 2**7 - 1),
@@ -88,15 +97,18 @@ class Converted:
     """One column converted to its declared type.
 
     ``values``: the declared Arrow type, same length as the input; null where the
-    input was null or failed to convert. ``fail_rows``: sorted input rows whose
-    (non-null) value failed to convert; ``fail_values``/``fail_shown`` render each
-    failing value as text (plain, and as shown in a message, e.g. quoted strings).
+    input was null (or a null marker) or failed to convert. ``fail_rows``: sorted input
+    rows whose (non-null) value failed to convert; ``fail_values``/``fail_shown`` render
+    each failing value as text (plain, and as shown in a message, e.g. quoted strings);
+    ``fail_hints``: per failure, text a message appends after the expected type
+    (:data:`TEXT_HINT`), null for none; None when no failure has one.
     """
 
     values: pa.Array
     fail_rows: Index
     fail_values: pa.Array
     fail_shown: pa.Array
+    fail_hints: pa.Array | None = None
 
     @property
     def failed(self) -> bool:
@@ -195,12 +207,44 @@ def _from_numpy(values: npt.NDArray[Any], ok: BoolMask, target: pa.DataType) -> 
     return pa.array(values, type=target, mask=mask)
 
 
-def _all_fail(raw: pa.Array, target: pa.DataType, note: str = "") -> Converted:
+def _all_fail(raw: pa.Array, target: pa.DataType, note: str = "", hint: str = "") -> Converted:
     c = _finish(raw, pa.nulls(len(raw), target), np.zeros(len(raw), dtype=np.bool_))
-    if note:
-        shown = pc.binary_join_element_wise(c.fail_shown, note, "")
-        return Converted(c.values, c.fail_rows, c.fail_values, shown)
-    return c
+    shown = pc.binary_join_element_wise(c.fail_shown, note, "") if note else c.fail_shown
+    hints = _constant_text(len(c.fail_rows), hint) if hint and c.failed else None
+    return Converted(c.values, c.fail_rows, c.fail_values, shown, hints)
+
+
+def _constant_text(n: int, text: str) -> pa.Array:
+    return pc.fill_null(pa.nulls(n, pa.string()), text)
+
+
+def _hints(c: Converted) -> pa.Array:
+    """``c``'s hints, one per failure (null where none)."""
+    return c.fail_hints if c.fail_hints is not None else pa.nulls(len(c.fail_rows), pa.string())
+
+
+def _merged_hints(parts: Sequence[Converted], take: pa.Array | None = None) -> pa.Array | None:
+    """The hints of ``parts``' failures, concatenated in order (then ``take`` applied);
+    None when none of them has one."""
+    if all(c.fail_hints is None for c in parts):
+        return None
+    hints = pa.concat_arrays([_hints(c) for c in parts])
+    return hints if take is None else hints.take(take)
+
+
+def null_markers(raw: pa.Array, field: Field) -> pa.Array:
+    """``raw`` (string) with the field's ``null_values`` markers, and ``""`` with
+    ``empty_as_null``, set to null: one ``is_in`` over the column, no copy when none is
+    there."""
+    markers = field.null_values
+    if field.constraints.empty_as_null and "" not in markers:
+        markers = (*markers, "")
+    if not markers:
+        return raw
+    hit = pc.is_in(raw, value_set=pa.array(markers, pa.string()))
+    if not pc.any(hit).as_py():
+        return raw
+    return pc.if_else(hit, pa.scalar(None, pa.string()), raw)
 
 
 # --------------------------------------------------------------------------- entry points
@@ -245,9 +289,10 @@ def _within_years(raw: pa.Array, c: Converted, target: pa.DataType) -> Converted
     shown = pc.binary_join_element_wise(shown, " (outside the years 0001..9999)", "")
     all_rows = np.concatenate([c.fail_rows, rows])
     order = pa.array(np.argsort(all_rows, kind="stable"))
+    extra = Converted(c.values, rows, plain, shown)
     return Converted(_null_where(c.values, ~out), all_rows[order.to_numpy()],
                      pa.concat_arrays([c.fail_values, plain]).take(order),
-                     pa.concat_arrays([c.fail_shown, shown]).take(order))
+                     pa.concat_arrays([c.fail_shown, shown]).take(order), _merged_hints([c, extra], order))
 
 
 def _convert(
@@ -264,10 +309,8 @@ def _convert(
     if pa.types.is_large_string(t) or str(t) == "string_view":
         raw = raw.cast(pa.string())
         t = raw.type
-    if pa.types.is_string(t) and field.constraints.empty_as_null:
-        empty = pc.equal(raw, "")
-        if pc.any(empty).as_py():
-            raw = pc.if_else(empty, pa.scalar(None, pa.string()), raw)
+    if pa.types.is_string(t):
+        raw = null_markers(raw, field)
     kind = field.type.kind
     if t == target:
         if kind in (TypeKind.FLOAT32, TypeKind.FLOAT64):
@@ -280,7 +323,7 @@ def _convert(
         return Converted(raw, _EMPTY_INDEX, _NO_TEXT, _NO_TEXT)
     if pa.types.is_string(t) and kind not in (TypeKind.STRING, TypeKind.ENUM):
         if not accept_strings:
-            return _all_fail(raw, target)
+            return _all_fail(raw, target, hint=TEXT_HINT)
         return _from_strings(raw, field, target)
     if kind in INT_RANGES:
         return _to_int(raw, target, *INT_RANGES[kind])
@@ -586,7 +629,7 @@ def _fast_or_general(raw: pa.Array, target: pa.DataType, values: npt.NDArray[Any
     ok_values = handled.copy()
     ok_values[rest] = _valid(c.values)
     return Converted(_from_numpy(merged.astype(values.dtype), ok_values, target), rest[c.fail_rows],
-                     c.fail_values, c.fail_shown)
+                     c.fail_values, c.fail_shown, c.fail_hints)
 
 
 def _parse_dates(raw: pa.Array, target: pa.DataType) -> Converted:
@@ -645,7 +688,7 @@ def _parse_timestamps(raw: pa.Array, target: pa.DataType) -> Converted:
     note = (matched & ok & ~has_zone)[c.fail_rows]
     shown = pc.if_else(pa.array(note), pc.binary_join_element_wise(c.fail_shown, " (no time zone)", ""),
                        c.fail_shown)
-    return Converted(c.values, c.fail_rows, c.fail_values, shown)
+    return Converted(c.values, c.fail_rows, c.fail_values, shown, c.fail_hints)
 
 
 # --------------------------------------------------------------------------- Python values
@@ -729,7 +772,7 @@ def _decimals(values: list[Decimal], field: Field, target: pa.DataType) -> Conve
         c = _all_fail(text, target)
     else:
         c = _from_strings(text, field, target)
-    return Converted(c.values, c.fail_rows, c.fail_values, c.fail_values)
+    return Converted(c.values, c.fail_rows, c.fail_values, c.fail_values, c.fail_hints)
 
 
 def convert_pylist(
@@ -759,6 +802,7 @@ def convert_pylist(
     fail_rows: list[Index] = []
     fail_values: list[pa.Array] = []
     fail_shown: list[pa.Array] = []
+    converted: list[Converted] = []
     for key, rows in groups.items():
         idx = np.asarray(rows, dtype=np.int64)
         sub = [values[i] for i in rows]
@@ -779,6 +823,7 @@ def convert_pylist(
         fail_rows.append(idx[c.fail_rows])
         fail_values.append(c.fail_values)
         fail_shown.append(c.fail_shown)
+        converted.append(c)
     position = np.concatenate(order)
     inverse = np.empty(n, dtype=np.int64)
     inverse[position] = np.arange(n, dtype=np.int64)
@@ -788,8 +833,9 @@ def convert_pylist(
     take = pa.array(sort)
     return Converted(
         merged, rows_all[sort], pa.concat_arrays(fail_values).take(take),
-        pa.concat_arrays(fail_shown).take(take),
+        pa.concat_arrays(fail_shown).take(take), _merged_hints(converted, take),
     )
 
 
-__all__ = ["ABSENT", "INT_RANGES", "Converted", "convert", "convert_pylist", "parse_decimal_text", "render"]
+__all__ = ["ABSENT", "INT_RANGES", "TEXT_HINT", "Converted", "convert", "convert_pylist", "null_markers",
+           "parse_decimal_text", "render"]

@@ -14,9 +14,11 @@ Per field, in order:
    is filled with the default; else, for a ``required`` field, every row gets a
    ``missing`` reject; else it is all null. (In a list of dicts a key absent from a
    record counts as a missing column for that record only.)
-2. **type**: exact conversion to the declared Arrow type (``features.validation.convert``).
-   A value that does not convert is a ``type`` reject and is not checked further.
-3. **default**: nulls (and, with ``empty_as_null``, empty strings) become the default.
+2. **type**: exact conversion to the declared Arrow type (``features.validation.convert``),
+   after the field's ``null_values`` markers (and, with ``empty_as_null``, empty strings)
+   in string input are read as null. A value that does not convert is a ``type`` reject
+   and is not checked further; text refused for want of ``accept_strings`` says so.
+3. **default**: nulls (markers included) become the default.
 4. **not_null**, **nan**, **min**, **max**, **min_length**, **max_length**, **pattern**,
    **enum**: each is evaluated on every remaining row; nulls pass every rule but
    ``not_null``; NaN passes every rule but ``nan``.
@@ -568,6 +570,8 @@ def _validate_field(fp: _FieldPlan, source: _Input, n: int) -> tuple[pa.Array, l
             excluded[converted.fail_rows] = True
             shown = converted.fail_shown
             message = _join(_prefix(f, ReasonCode.TYPE) + "got ", shown, f", expected {f.type}")
+            if converted.fail_hints is not None:  # e.g. TEXT_HINT: text where accept_strings is off
+                message = pc.binary_join_element_wise(message, pc.fill_null(converted.fail_hints, ""), "")
             chunks.append(
                 _Chunk(fp.type_order, fp.type_rule, converted.fail_rows, message,
                        converted.fail_values)

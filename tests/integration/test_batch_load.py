@@ -390,3 +390,102 @@ def test_postgres_lost_mid_run_fails_after_retries_then_rerun_completes_exactly(
                               "FROM featureline_ledger").fetchone()
     assert stored[0] == stored[1]  # no duplicates
     assert stored[0] + rejects == 6_000 and ledger == (6_000, 6_000)
+
+
+# --------------------------------------------------------------------------- text and null markers
+
+
+CGM_CSV = """\
+patient,at,glucose,device
+p1,2024-01-01T00:00:00Z,22.59,devA
+p1,2024-01-01T00:05:00Z,nil,nil
+p2,2024-01-01T00:00:00Z,nil,devB
+p2,2024-01-01T00:05:00Z,7.1,devB
+p3,2024-01-01T00:00:00Z,,devC
+"""
+CGM_KEYS = """\
+name: {name}
+version: 1.0.0
+entity: patient
+event_time: at
+fields:
+  - {{name: patient, type: string, store: [hot, cold], constraints: {{required: true}}}}
+  - {{name: at, type: "timestamp(s, UTC)", accept_strings: true, store: [hot, cold],
+      constraints: {{required: true}}}}
+"""
+CGM_PLAIN = CGM_KEYS + """\
+  - {{name: glucose, type: float64, store: [hot, cold]}}
+  - {{name: device, type: string, store: [hot, cold]}}
+"""
+CGM_MARKERS = CGM_KEYS + """\
+  - {{name: glucose, type: float64, accept_strings: true, null_values: [nil], store: [hot, cold]}}
+  - {{name: device, type: string, null_values: [nil], store: [hot, cold]}}
+"""
+
+
+def _cgm_parquet(tmp_path: Path) -> Path:
+    """A CSV export with ``nil`` for missing values, as pandas writes it to Parquet: every
+    column is text (``22.59`` too); the empty cell is pandas' NaN, a null."""
+    import pandas as pd
+
+    (tmp_path / "cgm.csv").write_text(CGM_CSV)
+    path = tmp_path / "cgm.parquet"
+    pd.read_csv(tmp_path / "cgm.csv").to_parquet(path)
+    assert pq.read_schema(path).field("glucose").type == pa.string()
+    return path
+
+
+def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "features.cli", *args], env=env, capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+
+
+def test_validate_and_load_give_one_verdict_and_hint_on_numbers_as_text(
+        tmp_path: Path, settings: Settings, pg_schema: str) -> None:
+    """Issue 30: ``features validate`` rejected every row (``got '22.59', expected
+    float64``, no hint) where ``features load`` refused the file with the hint."""
+    path = _cgm_parquet(tmp_path)
+    schemas = tmp_path / "schemas"
+    schemas.mkdir()
+    (schemas / "cgm_text.yaml").write_text(CGM_PLAIN.format(name="cgm_text"))
+    env = {**_env(settings, pg_schema, 0), "PYTHONPATH": str(ROOT)}
+    common = ["--schema", "cgm_text", "--schemas-dir", str(schemas), str(path)]
+    validated, loaded = _cli(["validate", *common], env), _cli(["load", "--no-progress", *common], env)
+    assert (validated.returncode, loaded.returncode) == (2, 2), (validated.stdout, loaded.stderr)
+    # one problem (device is a string field: its text column fits), one message, one hint
+    refusal = (": refusing to load with schema 'cgm_text': column 'glucose' has type string, incompatible "
+               "with float64 (set accept_strings: true to parse text)")
+    assert validated.stderr.strip() == f"features validate: error: {path}{refusal}"
+    assert f"features load: error: {path.resolve()}{refusal}" in loaded.stderr.splitlines()
+    assert validated.stdout == ""
+    with psycopg.connect(settings.postgres_dsn) as conn:  # the load refused before any store
+        assert conn.execute("SELECT to_regclass(%s)", (f'"{pg_schema}".cgm_text',)).fetchone()[0] is None
+
+
+def test_null_values_markers_load_as_nulls_in_postgres_and_redis(
+        tmp_path: Path, settings: Settings, pg_schema: str, redis_prefix: str) -> None:
+    path = _cgm_parquet(tmp_path)
+    schemas = tmp_path / "schemas"
+    schemas.mkdir()
+    (schemas / "cgm_nil.yaml").write_text(CGM_MARKERS.format(name="cgm_nil"))
+    validated = _cli(["validate", "--json", "--schema", "cgm_nil", "--schemas-dir", str(schemas), str(path)],
+                     {**os.environ, "PYTHONPATH": str(ROOT)})
+    assert validated.returncode == 0, validated.stderr
+    doc = json.loads(validated.stdout)
+    assert (doc["input_rows"], doc["valid_rows"], doc["rejected_rows"]) == (5, 5, 0)
+    compiled = compile_schema(load_schema(schemas / "cgm_nil.yaml"))
+    s = load([path], compiled, settings, search_path=pg_schema, key_prefix=redis_prefix)
+    assert (s.read, s.stored, s.rejected) == (5, 5, 0) and s.adds_up
+    with psycopg.connect(settings.postgres_dsn, options=f"-c search_path={pg_schema}") as conn:
+        rows = conn.execute("SELECT patient, to_char(at AT TIME ZONE 'UTC', 'HH24:MI'), glucose, device "
+                            "FROM cgm_nil ORDER BY 1, 2").fetchall()
+    assert rows == [("p1", "00:00", 22.59, "devA"), ("p1", "00:05", None, None),
+                    ("p2", "00:00", None, "devB"), ("p2", "00:05", 7.1, "devB"),
+                    ("p3", "00:00", None, "devC")]
+    client = redis.Redis.from_url(settings.redis_url)
+    hot = {p: client.hgetall(redis_prefix + entity_key("cgm_nil", p)) for p in ("p1", "p2", "p3")}
+    # the newest event of each patient; a null is an absent hash field (never the text 'nil')
+    assert b"glucose" not in hot["p1"] and b"device" not in hot["p1"]
+    assert hot["p2"][b"glucose"] == b"7.1" and hot["p2"][b"device"] == b"devB"
+    assert b"glucose" not in hot["p3"] and hot["p3"][b"device"] == b"devC"
+    assert all(b"nil" not in h.values() for h in hot.values())

@@ -342,6 +342,37 @@ def test_accept_strings_loosened_is_compatible_tightened_is_breaking() -> None:
     assert (tightened.kind, tightened.compatible) == (ChangeKind.ACCEPT_STRINGS, False)
 
 
+@pytest.mark.parametrize(("old", "new", "compatible", "why"), [
+    # text the old field could only reject: a type reject before, a null now
+    ("float64", "float64, null_values: [nil, NA]", True, "input the old schema rejected is now read as null"),
+    ("float64, accept_strings: true", "float64, accept_strings: true, null_values: [nil, '']", True,
+     "rejected is now read as null"),
+    ("enum, values: [a, b]", "enum, values: [a, b], null_values: [NA]", True, "rejected is now read as null"),
+    ("bool, accept_strings: true", "bool, accept_strings: true, null_values: ['?']", True, "rejected"),
+    # text that was a value before: its meaning changes
+    ("string", "string, null_values: [nil]", False, "input 'nil' was a value, now read as null"),
+    ("int32, accept_strings: true", "int32, accept_strings: true, null_values: ['-999']", False,
+     "input '-999' was a value"),
+    ("bool, accept_strings: true", "bool, accept_strings: true, null_values: ['false']", False,
+     "was a value"),
+    ("date", "date, null_values: ['1970-01-01']", False, "input '1970-01-01' was a value"),
+    ("enum, values: [a, b]", "enum, values: [b], null_values: [a]", False, "was a value"),
+    # a marker removed: the text is read again (a value, or a reject)
+    ("float64, null_values: [nil, NA]", "float64, null_values: [nil]", False,
+     "input 'NA' is no longer read as null"),
+    # '' stays null with empty_as_null
+    ("string, null_values: ['']", "string, constraints: {empty_as_null: true}", True, "does not change"),
+])
+def test_null_values_changes_are_classified(old: str, new: str, compatible: bool, why: str) -> None:
+    d = plan_migration(schema(f"  - {{name: x, type: {old}}}\n", version="1.0.0"),
+                       schema(f"  - {{name: x, type: {new}}}\n", version="2.0.0"))
+    found = [c for c in d.diff.changes if c.kind is ChangeKind.NULL_VALUES]
+    assert len(found) == 1, d.diff.changes
+    assert (found[0].compatible, found[0].field) == (compatible, "x"), found[0].detail
+    assert found[0].detail.startswith("null_values markers ") and why in found[0].detail, found[0].detail
+    assert d.change_ddl[d.diff.changes.index(found[0])] == ()  # input reading: no DDL
+
+
 # --------------------------------------------------------- schema level keys
 
 

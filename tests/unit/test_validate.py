@@ -327,7 +327,8 @@ def test_wide_decimal_bounds_use_the_general_path() -> None:
 def test_strings_into_numbers_only_when_accepted() -> None:
     r = one("- {name: x, type: int32}", ["12"])
     assert rejects(r) == [(0, "x.type")]
-    assert messages(r) == ["field x violates constraint type: got '12', expected int32"]
+    assert messages(r) == ["field x violates constraint type: got '12', expected int32 "
+                           "(set accept_strings: true to parse text)"]
     assert r.rejects.column("value").to_pylist() == ["12"]
 
 
