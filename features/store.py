@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 from features.compile import CompiledSchema, compile_schema
 from features.errors import ConfigError, SchemaError, SinkError, SinkUnavailable
 from features.metrics import DEFAULT_HOST, MetricsServer, Registry, SdkMethod, SdkMetrics
+from features.schema.model import TypeKind
 from features.stored import aggregation_names as _aggregation_names
 from features.stored import cold_columns as _cold_columns
 from features.stored import declared_type as _declared_type
@@ -58,6 +59,20 @@ _CHECKED = ("_enc", "_schema_fingerprint")
 
 def _ts_utc() -> pa.DataType:
     return pa.timestamp("us", "UTC")
+
+
+def _event_time_type(c: CompiledSchema) -> pa.DataType:
+    """The type of ``_event_time`` in ``online`` and ``historical`` results: naive
+    ``timestamp[us]`` when the schema's event time is a naive timestamp (its values as
+    stored, not labelled with a zone they do not have), else ``timestamp[us, UTC]`` (a
+    zoned event time's instant, a date's midnight UTC). Naive times are UTC wall-clock
+    times everywhere (docs/types.md, "Naive timestamps")."""
+    event_time = c.schema.event_time
+    if event_time is not None:
+        t = c.schema.field(str(event_time)).type
+        if t.kind is TypeKind.TIMESTAMP and t.tz is None:
+            return pa.timestamp("us")
+    return _ts_utc()
 
 
 class FeatureStore:
@@ -339,8 +354,8 @@ class FeatureStore:
                          [x for x in aggs if x in cold_aggs],
                          (hot.ttl_seconds or 0) * 1000, refresh_ms, types,
                          pa.schema([(str(c.schema.entity), pa.string()), *[(x, types[x]) for x in columns],
-                                    (EVENT_TIME, _ts_utc()), (AGE, pa.float64()), (FROM, pa.string()),
-                                    (FOUND, pa.bool_()), (STALE, pa.bool_())]),
+                                    (EVENT_TIME, _event_time_type(c)), (AGE, pa.float64()),
+                                    (FROM, pa.string()), (FOUND, pa.bool_()), (STALE, pa.bool_())]),
                          _decoders([types[x] for x in [*names, *aggs]]))
             if len(self._plans) > 1024:
                 self._plans.clear()
@@ -371,7 +386,8 @@ class FeatureStore:
 
         Columns: the entity, the requested features and aggregations (default: every hot
         feature, then every hot aggregation) in their declared types, ``_event_time`` (the
-        row's event time), ``_age_seconds`` (now minus the event time), ``_from``
+        row's event time: ``timestamp[us]`` for a naive event time, else ``timestamp[us,
+        UTC]``), ``_age_seconds`` (now minus the event time, a naive one read as UTC), ``_from``
         (``redis``, ``postgres`` or null), ``_found`` and ``_stale`` (a Redis value past
         the schema's ``hot.refresh_after``, served while it is refreshed). One Redis round
         trip for all ids (pipelined ``HMGET`` of the entity hash and, for aggregations, of
@@ -525,7 +541,7 @@ class FeatureStore:
         data: dict[str, pa.Array] = {str(schema.entity): pa.array([None if i == _NULL_ID else i for i in ids],
                                                                   pa.string()),
                                      **{name: columns[name] for name in plan.columns},
-                                     EVENT_TIME: micros.cast(_ts_utc())}
+                                     EVENT_TIME: micros.cast(plan.result.field(EVENT_TIME).type)}
         in_redis = int(found.sum())
         source = np.array(["redis" if f else None for f in found.tolist()], dtype=object)
         use_fallback = self.fallback if fallback is None else fallback
@@ -574,7 +590,9 @@ class FeatureStore:
         if got.rows is None:
             return
         schema = c.schema
-        event = got.rows.column(str(schema.event_time)).combine_chunks().cast(_ts_utc())
+        # naive = UTC: a naive event time's microseconds are its UTC wall clock, as in Redis
+        event_type = plan.result.field(EVENT_TIME).type
+        event = got.rows.column(str(schema.event_time)).combine_chunks().cast(event_type)
         oldest = (None if max_age is None else
                   int((dt.datetime.now(dt.UTC) - max_age).timestamp() * 1_000_000))
         pick = np.array([got.at.get(ids[i], -1) for i in missing], dtype=np.int64)
@@ -740,12 +758,14 @@ class FeatureStore:
                    timestamp_column: str = "timestamp", max_age: dt.timedelta | None = None) -> pa.Table:
         """Point-in-time-correct training rows: for each row of ``entity_df`` (an Arrow
         table or a pandas DataFrame with the entity column and ``timestamp_column``, a
-        zoned timestamp), the latest stored values at or before its timestamp, never a
-        later one (and none older than ``max_age``). Done in Postgres: the entity rows go
-        in with one COPY into a temporary table, then one ``LEFT JOIN LATERAL`` as-of
-        query. Returns the input rows in order with the requested columns (default: every
-        cold feature, then every cold aggregation) and ``_event_time`` (the history row's
-        event time; null where nothing qualifies).
+        zoned timestamp, or a naive one when the schema's event time is naive: then both
+        are UTC wall-clock times), the latest stored values at or before its timestamp,
+        never a later one (and none older than ``max_age``). Done in Postgres: the entity
+        rows go in with one COPY into a temporary table, then one ``LEFT JOIN LATERAL``
+        as-of query. Returns the input rows in order with the requested columns (default:
+        every cold feature, then every cold aggregation) and ``_event_time`` (the history
+        row's event time, typed as :func:`_event_time_type` says; null where nothing
+        qualifies). A naive time against a zoned or date event time raises ConfigError.
 
         An aggregation column holds the ``<schema>__aggregates`` row of the entity's
         newest aggregated event at or before the timestamp: the value the online store
@@ -776,10 +796,7 @@ class FeatureStore:
         if clash:
             raise ConfigError(f"entity_df already has column(s) {', '.join(clash)}, which the result adds; "
                               "rename them first", key="entity_df")
-        ts = entity_df.column(timestamp_column)
-        if not pa.types.is_timestamp(ts.type) or ts.type.tz is None:
-            raise ConfigError(f"entity_df column {timestamp_column!r} is {ts.type}; expected a timestamp "
-                              "with a time zone (a naive time is ambiguous)", key="entity_df")
+        ts = _as_of_times(c, entity_df.column(timestamp_column), timestamp_column)
         from psycopg import errors
 
         try:
@@ -805,6 +822,7 @@ class FeatureStore:
         # Event times are microseconds: flooring a finer timestamp keeps the as-of answer.
         if ts.type.unit == "ns":
             ts = pc.floor_temporal(ts, unit="microsecond")
+        # Staged as timestamptz; the session is UTC, so a naive event time compares as UTC.
         stage = pa.table({"e": ids, "t": ts.cast(_ts_utc()),
                           "o": pa.array(np.arange(entity_df.num_rows, dtype=np.int64))})
         # One as-of lateral join per table: the history (features, event time), then the
@@ -839,7 +857,7 @@ class FeatureStore:
         out = entity_df
         for name in columns:
             out = out.append_column(name, got.column(name))
-        return out.append_column(EVENT_TIME, got.column(event_time).cast(_ts_utc()))
+        return out.append_column(EVENT_TIME, got.column(event_time).cast(_event_time_type(c)))
 
     # --- validation ---------------------------------------------------------------------------
 
@@ -1080,6 +1098,30 @@ def _entity_list(c: CompiledSchema, ids: Sequence[Any]) -> list[Any]:
     return values
 
 
+def _as_of_times(c: CompiledSchema, ts: Any, column: str) -> Any:
+    """``historical``'s ``entity_df`` times, checked against the schema's event time:
+    zoned times (any unit, any zone) always; naive ones only when the event time is a
+    naive timestamp, whose values are UTC wall-clock times (docs/types.md, "Naive
+    timestamps"): a naive time then reads as UTC too. Where the event time has a zone
+    (or is a date) a naive time is refused, as the validator refuses a naive value for
+    a zoned field: nothing says which zone it is in. Returns the times, naive ones
+    labelled UTC (the same instants); raises ConfigError."""
+    event_time = str(c.schema.event_time)
+    declared = c.schema.field(event_time).type
+    naive = declared.kind is TypeKind.TIMESTAMP and declared.tz is None
+    if not pa.types.is_timestamp(ts.type):
+        want = "a timestamp (naive: UTC, or with a time zone)" if naive else "a timestamp with a time zone"
+        raise ConfigError(f"entity_df column {column!r} is {ts.type}; expected {want}", key="entity_df")
+    if ts.type.tz is not None:
+        return ts
+    if naive:
+        return ts.cast(pa.timestamp(ts.type.unit, "UTC"))  # naive = UTC: the same numbers
+    raise ConfigError(f"entity_df column {column!r} is {ts.type} (no time zone), but schema {c.name!r} has "
+                      f"event time {event_time} of type {declared}: give the times with a zone (pandas: "
+                      "Series.dt.tz_localize(...); pyarrow: cast to timestamp(unit, 'UTC') when they are "
+                      "UTC). A naive time is read as UTC only against a naive event time", key="entity_df")
+
+
 def _stage_table(c: CompiledSchema) -> tuple[str, str]:
     """The session's temporary table ``historical`` stages entity rows in, one per entity
     column type (a connection serves schemas of several), and that type."""
@@ -1116,7 +1158,7 @@ def _scatter(base: pa.Array, rows: npt.NDArray[np.int64], values: pa.Array) -> p
 #: ``online`` calls of at most this many ids try the small-call path (Python decoding)
 #: first; larger ones decode with Arrow kernels (cheaper per value, dearer per call).
 SMALL_CALL = 16
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_EPOCH_NAIVE = dt.datetime(1970, 1, 1)
 
 
 def _small_rows(req: _OnlineRequest, replies: list[Any]) -> list[dict[str, Any]] | None:
@@ -1136,6 +1178,8 @@ def _small_rows(req: _OnlineRequest, replies: list[Any]) -> list[dict[str, Any]]
     fp = plan.c.fingerprint.encode()
     entity = str(plan.c.schema.entity)
     now_us = time.time_ns() // 1000
+    # the epoch as ``_event_time`` gives it: naive for a naive event time (naive = UTC)
+    epoch = _EPOCH_NAIVE if plan.result.field(EVENT_TIME).type.tz is None else _EPOCH_UTC
     out: list[dict[str, Any]] = []
     try:
         for j in range(n):
@@ -1157,7 +1201,7 @@ def _small_rows(req: _OnlineRequest, replies: list[Any]) -> list[dict[str, Any]]
             row.update(zip(plan.names, values[:nn], strict=True))
             row.update(zip(plan.aggs, values[nn:], strict=True))
             out.append({**{name: row[name] for name in [entity, *plan.columns]},
-                        EVENT_TIME: (_EPOCH + dt.timedelta(microseconds=ev)).astimezone(_PYARROW_UTC),
+                        EVENT_TIME: epoch + dt.timedelta(microseconds=ev),
                         AGE: (now_us - ev) / 1_000_000.0, FROM: "redis", FOUND: True, STALE: False})
     except (ValueError, KeyError, ArithmeticError, UnicodeDecodeError):
         return None
@@ -1170,6 +1214,7 @@ def _pyarrow_utc() -> Any:
 
 
 _PYARROW_UTC = _pyarrow_utc()
+_EPOCH_UTC = dt.datetime(1970, 1, 1, tzinfo=_PYARROW_UTC)
 
 
 def _decoders(types: Sequence[pa.DataType]) -> list[Callable[[bytes], Any]] | None:

@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 from features.aggregate.engine import LATE_RULE, AggSpec, Inputs, extract, group_codes
 from features.compile import CompiledSchema
 from features.lineage import RunContext
+from features.schema.model import TypeKind
 
 I64 = npt.NDArray[np.int64]
 
@@ -65,8 +66,15 @@ def event_time_array(spec: AggSpec, time_us: I64) -> pa.Array:
     return us.cast(target, safe=False) if target != us.type else us
 
 
-def _iso(us: int) -> str:
-    return (dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=us)).isoformat()
+def event_time_text(spec: AggSpec, us: int) -> str:
+    """An event time (microseconds since the epoch) as messages print it: ISO 8601 in
+    the event time's own terms, naive for a naive timestamp (its UTC wall clock, without
+    an offset it never had: ``2024-07-01T10:00:00``), with ``+00:00`` for a zoned one or
+    a date (its UTC instant, a date's midnight UTC)."""
+    assert spec.schema.event_time is not None
+    t = spec.schema.field(spec.schema.event_time).type
+    zone = None if t.kind is TypeKind.TIMESTAMP and t.tz is None else dt.UTC
+    return (dt.datetime(1970, 1, 1, tzinfo=zone) + dt.timedelta(microseconds=us)).isoformat()
 
 
 def late_rejects(spec: AggSpec, ctx: RunContext, entity: pa.Array, time_us: I64, sources: pa.Array,
@@ -85,12 +93,13 @@ def late_rejects(spec: AggSpec, ctx: RunContext, entity: pa.Array, time_us: I64,
     flags = released.tolist() if released is not None else [False] * n
     for e, t, newest, rel in zip(entity.to_pylist(), time_us.tolist(), newest_us.tolist(), flags,
                                  strict=True):
-        got, floor = _iso(t), _iso(newest - spec.lateness_us)
+        got, floor = event_time_text(spec, t), event_time_text(spec, newest - spec.lateness_us)
+        at = event_time_text(spec, newest)
         raws.append(json.dumps({ent: e, et: got}))
-        why = (f"expected >= {floor} (the newest event of {ent} {e!r} seen before it is at {_iso(newest)}; "
+        why = (f"expected >= {floor} (the newest event of {ent} {e!r} seen before it is at {at}; "
                f"allowed lateness {late_s}s)")
         if rel:
-            why = (f"the stream's watermark had passed the newest event of {ent} {e!r} ({_iso(newest)}) by a "
+            why = (f"the stream's watermark had passed the newest event of {ent} {e!r} ({at}) by a "
                    "whole window plus the allowed lateness, so the events its windows need were released; "
                    "the event is more than the allowed lateness behind its Kafka partition")
         errors.append(json.dumps([{

@@ -9,7 +9,7 @@ The mapping (see ``docs/types.md``)::
     float32/float64   pa.float32()/pa.float64()
     decimal(p,s)      pa.decimal128(p, s)    (p <= 38)
     date              pa.date32()
-    timestamp(u)      pa.timestamp(u)        naive wall-clock time
+    timestamp(u)      pa.timestamp(u)        naive: a wall-clock time in UTC (docs/types.md)
     timestamp(u, TZ)  pa.timestamp(u, tz=TZ) an instant, stored as UTC, shown in TZ
 
 A field is non-nullable in Arrow when it is ``required`` or ``nullable: false``.

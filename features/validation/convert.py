@@ -21,15 +21,17 @@ A value converts only when the declared type holds it exactly; anything else is 
   strings are decoded); anything else is rejected, numbers are never stringified.
 - **date**: date32; date64 and naive timestamps only at midnight; zoned timestamps are
   rejected (their date depends on a zone).
-- **timestamp(u)**: naive timestamps and dates; **timestamp(u, TZ)**: zoned timestamps
-  (converted to ``TZ``: the instant is kept). Naive input where a zone is required,
-  and zoned input into a naive field, are rejected. A unit change that would truncate
-  (``ns`` with sub-microsecond digits into ``us``) or overflow is rejected.
+- **timestamp(u)**: naive timestamps and dates, and zoned timestamps converted to UTC
+  (a naive field holds UTC wall-clock times: naive = UTC); **timestamp(u, TZ)**: zoned
+  timestamps (converted to ``TZ``: the instant is kept). Naive input where a zone is
+  required is rejected (nothing says which zone it is in). A unit change that would
+  truncate (``ns`` with sub-microsecond digits into ``us``) or overflow is rejected.
 - **strings** into bool/number/date/timestamp fields only with ``accept_strings``:
   ``true``/``false``; decimal literals ``[+-]digits[.digits][e[+-]digits]`` with the
   exactness rules of a decimal value (no spaces, no ``inf``/``nan``, no ``_``);
   ``YYYY-MM-DD``; ``YYYY-MM-DD[T ]HH:MM:SS[.fraction][Z|±HH:MM]`` (a zone offset is
-  required for zoned fields and refused for naive ones).
+  required for zoned fields; for naive ones it is optional, and text with an offset is
+  converted to UTC).
 - **Python values** (decoded JSON): ints (any size: beyond int64 they take the decimal
   path, beyond 38 digits they are rejected), floats, strings, bools, None,
   ``Decimal``, ``date``/``datetime``; other objects (dicts, lists) are rejected.
@@ -555,14 +557,14 @@ def _to_timestamp(raw: pa.Array, target: pa.DataType) -> Converted:
     if pa.types.is_timestamp(t):
         if target.tz is not None and t.tz is None:
             return _all_fail(raw, target, " (no time zone)")
-        if target.tz is None and t.tz is not None:
-            return _all_fail(raw, target, f" (with time zone {t.tz})")
+        # Zoned values are UTC instants: into a naive field they are its UTC wall clock.
         return _rescale_timestamp(raw, raw, target)
     return _all_fail(raw, target)
 
 
 def _rescale_timestamp(raw: pa.Array, ts: pa.Array, target: pa.DataType) -> Converted:
-    """Change unit exactly (zoned values are UTC instants: only the label changes)."""
+    """Change unit exactly (zoned values are UTC instants: only the label changes, or
+    goes, for a naive ``target``)."""
     src = _UNITS_PER_SECOND[ts.type.unit]
     dst = _UNITS_PER_SECOND[target.unit]
     v = _np(ts, 0)
@@ -680,7 +682,8 @@ def _parse_timestamps(raw: pa.Array, target: pa.DataType) -> Converted:
     per_second = _UNITS_PER_SECOND[target.unit]
     ns_per_unit = 1_000_000_000 // per_second
     ok &= frac_ns % ns_per_unit == 0
-    zone_ok = has_zone if target.tz is not None else ~has_zone
+    # a zoned field needs the offset; a naive one takes text with an offset as UTC
+    zone_ok = has_zone if target.tz is not None else np.ones(n, dtype=np.bool_)
     out = (secs - offset) * per_second + frac_ns // ns_per_unit
     c = _finish(raw, _from_numpy(out, ok & zone_ok & _valid(raw), target), ok & zone_ok)
     if target.tz is None or not c.failed:

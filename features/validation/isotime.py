@@ -99,9 +99,10 @@ def parse_dates(arr: pa.Array) -> tuple[npt.NDArray[np.int32], BoolMask] | None:
 
 def parse_timestamps(arr: pa.Array, unit: str, zoned: bool) -> tuple[I64, BoolMask] | None:
     """``YYYY-MM-DD[T ]HH:MM:SS[.f{1,9}][Z|±HH:MM|±HHMM]`` text -> (values in ``unit``
-    since the epoch, UTC for zoned values; handled). A zone is required when ``zoned``
-    and refused otherwise (such values are left to the general path). None when ``arr``
-    is not a plain string array."""
+    since the epoch, text with an offset converted to UTC; handled). A zone is required
+    when ``zoned`` (text without one is left to the general path) and optional otherwise
+    (a naive field holds UTC wall-clock times). None when ``arr`` is not a plain string
+    array."""
     found = _by_width(arr)
     if found is None:
         return None
@@ -165,7 +166,7 @@ def parse_timestamps(arr: pa.Array, unit: str, zoned: bool) -> tuple[I64, BoolMa
             offset = sign * (hh * 3600 + mm * 60)
         else:
             continue
-        if has_zone != zoned:
+        if zoned and not has_zone:
             continue
         ok &= frac_ns % ns_per_unit == 0
         secs = days * 86_400 + hour * 3600 + minute * 60 + second

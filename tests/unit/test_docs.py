@@ -50,3 +50,63 @@ def test_dev_status_exit_codes_are_documented_as_the_code_returns_them() -> None
         assert dev_cli._EXIT_HELP in " ".join(verbs[verb].description.split())
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert {int(c) for c in re.findall(r"\*\*(\d)\*\* ", readme)} == set(EXIT_CODES)
+
+
+def test_the_naive_timestamp_rule_in_docs_types_is_what_the_code_does() -> None:
+    """docs/types.md "Naive timestamps": its examples are the validator's and the stream's
+    own output, and every link to a section of docs/types.md finds its heading."""
+    import datetime as dt
+    import json
+    import re
+
+    import numpy as np
+    import pyarrow as pa
+
+    from features.aggregate.engine import AggSpec
+    from features.aggregate.writer import late_rejects
+    from features.compile import CompiledSchema, compile_schema
+    from features.lineage import RunContext
+    from features.schema.parse import parse_schema
+    from features.validation import validate
+
+    doc = (ROOT / "docs" / "types.md").read_text()
+    assert "\n## Naive timestamps: UTC wall-clock times\n" in doc
+    headings = re.findall(r"^#+ (.+)$", doc, re.M)
+    slugs = {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+    links = {(page.name, a) for page in (ROOT / "docs").glob("*.md")
+             for a in re.findall(r"types\.md#([\w-]+)", page.read_text())}
+    assert ("sdk.md", "naive-timestamps-utc-wall-clock-times") in links
+    assert not [link for link in links if link[1] not in slugs]
+
+    def compiled(event_type: str) -> CompiledSchema:
+        return compile_schema(parse_schema(
+            "name: n\nversion: 1.0.0\nentity: k\nevent_time: t\nfields:\n"
+            "  - {name: k, type: string, constraints: {required: true}}\n"
+            f"  - {{name: t, type: '{event_type}', constraints: {{required: true}}}}\n"
+            "aggregations:\n  allowed_lateness: 15m\n  features:\n"
+            "    - {name: n_1h, function: count, window: 1h, store: [hot, cold]}\n"))
+
+    # validation: text with an offset, and a zoned value, into a naive field
+    naive = compiled("timestamp(s)")
+    paris = dt.timezone(dt.timedelta(hours=2))
+    got = validate([{"k": "a", "t": "2024-01-01T10:00:00+02:00"},
+                    {"k": "a", "t": dt.datetime(2024, 6, 1, 14, 30, tzinfo=paris)}], naive)
+    assert got.valid.column("t").cast(pa.string()).to_pylist() == ["2024-01-01 08:00:00",
+                                                                   "2024-06-01 12:30:00"]
+    assert '(`"2024-01-01T10:00:00+02:00"` is `2024-01-01 08:00:00`)' in doc
+    assert "`datetime`, or text) becomes `2024-06-01 12:30:00`" in doc
+
+    # the stream's lateness message, for a naive and a zoned event time
+    def message(c: CompiledSchema) -> str:
+        spec = AggSpec.of(c.schema)
+        assert spec is not None
+        at = int(dt.datetime(2024, 7, 1, 10, 5, tzinfo=dt.UTC).timestamp()) * 1_000_000
+        ctx = RunContext("n", "1.0.0", c.fingerprint, "run", dt.datetime.now(dt.UTC))
+        table = late_rejects(spec, ctx, pa.array(["a"]), np.array([at]), pa.array(["file:///x#0"]),
+                             np.array([at + 30 * 60_000_000]))
+        return str(json.loads(table.column("errors")[0].as_py())[0]["message"])
+
+    assert "got 2024-07-01T10:05:00, expected >= 2024-07-01T10:20:00 (" in message(naive)
+    assert "`got 2024-07-01T10:05:00, expected >= 2024-07-01T10:20:00 (...)`" in doc
+    assert "got 2024-07-01T10:05:00+00:00, " in message(compiled("timestamp(s, UTC)"))
+    assert "`got 2024-07-01T10:05:00+00:00, ...`" in doc

@@ -8,6 +8,7 @@ import textwrap
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import numpy as np
 import pyarrow as pa
@@ -393,11 +394,21 @@ def test_string_parsing_into_zoned_timestamps() -> None:
     ]
 
 
-def test_string_parsing_into_naive_timestamps_refuses_offsets() -> None:
-    r = one("- {name: x, type: timestamp(ms), accept_strings: true}",
-            ["2024-01-01T10:00:00.123", "2024-01-01T10:00:00Z", "2024-01-01T10:00:00.1234"])
-    assert rejects(r) == [(1, "x.type"), (2, "x.type")]
-    assert valid_values(r) == [dt.datetime(2024, 1, 1, 10, 0, 0, 123000)]
+def test_string_parsing_into_naive_timestamps_reads_offsets_as_utc() -> None:
+    """A naive field holds UTC wall-clock times (docs/types.md, "Naive timestamps"):
+    text with an offset converts to its UTC wall clock, on the fast path (one layout)
+    and the general one (mixed layouts) alike."""
+    texts = ["2024-01-01T10:00:00.123", "2024-01-01T10:00:00Z", "2024-01-01T10:00:00.1234",
+             "2024-01-01T10:00:00.500+02:00", "2024-01-01 10:00:00-0130"]
+    want = [dt.datetime(2024, 1, 1, 10, 0, 0, 123000), dt.datetime(2024, 1, 1, 10),
+            dt.datetime(2024, 1, 1, 8, 0, 0, 500000), dt.datetime(2024, 1, 1, 11, 30)]
+    r = one("- {name: x, type: timestamp(ms), accept_strings: true}", texts)
+    assert rejects(r) == [(2, "x.type")]
+    assert valid_values(r) == want
+    assert r.valid.column("x").type == pa.timestamp("ms")
+    for text in texts[3:4]:  # one layout per column: the fixed-layout reader
+        assert valid_values(one("- {name: x, type: timestamp(ms), accept_strings: true}", [text] * 3)) == \
+            [dt.datetime(2024, 1, 1, 8, 0, 0, 500000)] * 3
 
 
 # --------------------------------------------------------------------------- timestamps, dates
@@ -421,13 +432,25 @@ def test_zoned_timestamps_convert_to_the_declared_zone() -> None:
     assert valid_values(r) == [moment]
 
 
-def test_zoned_input_into_naive_field_is_rejected() -> None:
-    arr = pa.array([dt.datetime(2024, 1, 1, tzinfo=UTC)], pa.timestamp("us", tz="UTC"))
-    r = one("- {name: x, type: timestamp(us)}", arr)
-    assert messages(r) == [
-        "field x violates constraint type: got 2024-01-01 00:00:00.000000Z (with time zone UTC), "
-        "expected timestamp(us)"
-    ]
+def test_zoned_input_into_naive_field_converts_to_utc() -> None:
+    """naive = UTC: a zoned value (any zone, any unit) into a naive field is its UTC wall
+    clock, from Arrow columns and from Python datetimes alike."""
+    moment = dt.datetime(2024, 6, 1, 12, 30, tzinfo=UTC)
+    for zone in ("UTC", "Europe/Paris", "America/New_York"):
+        arr = pa.array([moment, None], pa.timestamp("ms", tz=zone))
+        r = one("- {name: x, type: timestamp(s)}", arr)
+        assert messages(r) == []
+        assert r.valid.column("x").type == pa.timestamp("s")
+        assert valid_values(r) == [dt.datetime(2024, 6, 1, 12, 30), None]
+    paris = moment.astimezone(ZoneInfo("Europe/Paris"))  # 14:30+02:00
+    r = validate([{"x": paris}, {"x": dt.datetime(2024, 6, 1, 9)}, {"x": "2024-06-01T14:30:00+02:00"}],
+                 compiled("- {name: x, type: timestamp(us)}"))
+    assert valid_values(r) == [dt.datetime(2024, 6, 1, 12, 30), dt.datetime(2024, 6, 1, 9),
+                               dt.datetime(2024, 6, 1, 12, 30)]
+    # Truncation is still refused: a zoned value with milliseconds into timestamp(s).
+    r = one("- {name: x, type: timestamp(s)}", pa.array([moment.replace(microsecond=1000)],
+                                                        pa.timestamp("ms", tz="UTC")))
+    assert rejects(r) == [(0, "x.type")]
 
 
 def test_finer_units_must_not_truncate() -> None:
