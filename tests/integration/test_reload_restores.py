@@ -113,3 +113,41 @@ def test_a_reload_rewrites_no_hash_and_a_change_is_the_changing_runs(
     assert changed == {k for k in now if b"{user-0}" in k} and len(changed) == 2
     assert {now[k][b"_run_id"] for k in changed} == {later.run_id.encode()}
     check_hot(client, prefix, COMPILED.schema, reference(COMPILED.schema, [*events, late]))
+
+
+def test_after_a_redis_loss_the_reload_says_what_it_restored(
+        tmp_path: Path, settings: Settings, stores: tuple[str, str, redis.Redis]) -> None:
+    """Redis loses every key of the load (its ledger too); Postgres holds everything. The
+    same files restore Redis: the headline said only ``stored 0`` beside ``redis: wrote
+    N``; now it says what was restored, in the text and the JSON summary."""
+    ns, prefix, client = stores
+    events, paths, written = _first_load(tmp_path, settings, ns, prefix, client)
+    nothing = load(paths, COMPILED, settings, search_path=ns, key_prefix=prefix)
+    assert nothing.restored == 0 and nothing.as_dict()["restored"] == 0 and "restored" not in text(nothing)
+
+    assert lose_everything(client, prefix) > len(written)  # the hashes and the ledger
+    restore = load(paths, COMPILED, settings, search_path=ns, key_prefix=prefix)
+    assert restore.adds_up and (restore.stored, restore.already_present) == (0, len(events))
+    redis_stats = restore.sinks["redis"]
+    assert redis_stats.written > 0 and redis_stats.restored == redis_stats.written == restore.restored
+    assert restore.sinks["postgres"].restored == 0
+    assert restore.aggregations is not None
+    assert restore.aggregations["rows_written"] == 0
+    assert restore.aggregations["hot_written"] == restore.aggregations["hot_restored"] == 4
+    got = restore.as_dict()
+    assert got["restored"] == got["sinks"]["redis"]["restored"] == redis_stats.restored
+    assert got["aggregations"]["hot_restored"] == 4
+    lines = text(restore).splitlines()
+    assert lines[1].startswith(f"  read {len(events):,} = stored 0 + rejected 0 + already present")
+    assert lines[2] == (f"  restored {redis_stats.restored:,} rows into redis that postgres already held "
+                        "(redis had lost them, e.g. a FLUSHDB)")
+    redis_line = f"  redis: wrote {redis_stats.written:,} ({redis_stats.restored:,} restored), "
+    assert any(line.startswith(redis_line) for line in lines)
+    assert any("redis entities 4 (4 restored)," in line for line in lines)
+    restored = hashes(client, prefix)
+    assert without_run(restored) == without_run(written)  # the same values and lineage
+    assert {h[b"_run_id"] for h in restored.values()} == {restore.run_id.encode()}
+    check_hot(client, prefix, COMPILED.schema, reference(COMPILED.schema, events))
+    # and once restored, the next re-load restores nothing again
+    after = load(paths, COMPILED, settings, search_path=ns, key_prefix=prefix)
+    assert (after.restored, after.sinks["redis"].written) == (0, 0) and hashes(client, prefix) == restored
