@@ -31,7 +31,8 @@ def test_no_help_page_shows_restructuredtext_markup() -> None:
     pages = dict(_pages(build_parser(), ("features",)))
     assert {"features", "features init", "features demo", "features health", "features prewarm",
             "features dev up", "features schema diff"} <= set(pages)
-    shown = {name: [line for line in text.splitlines() if _MARKUP.search(line)] for name, text in pages.items()}
+    shown = {name: [line for line in text.splitlines() if _MARKUP.search(line)]
+             for name, text in pages.items()}
     assert {name: lines for name, lines in shown.items() if lines} == {}
     init = " ".join(pages["features init"].split())
     assert "Writes schemas/ with one commented example schema, featureline.toml with every setting" in init
@@ -58,7 +59,8 @@ def test_plain_text() -> None:
     ("my project", "next: cd 'my project' && features dev up && features compile"),
 ])
 def test_init_says_what_to_run_next(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                    capsys: pytest.CaptureFixture[str], arg: str | None, next_line: str) -> None:
+                                    capsys: pytest.CaptureFixture[str], arg: str | None,
+                                    next_line: str) -> None:
     """In the current folder there is nothing to ``cd`` into (it printed ``next: cd . && ...``);
     a folder with a space is quoted for the shell."""
     monkeypatch.chdir(tmp_path)

@@ -99,8 +99,9 @@ def test_a_record_without_a_required_key_says_the_key_is_missing(columnar: bool)
     ctx = RunContext(compiled.name, compiled.schema.version_str, compiled.fingerprint, "run", now)
     decoder = ColumnarDecoder(compiled.schema, max_bytes=1 << 20) if columnar else None
     part = prepare_records(values, uris, offsets, compiled, None, ctx, now, decoder=decoder, columnar_min=1)
-    errors = {o: json.loads(e) for o, e in zip(part.prepared.rejects.column("row_index").to_pylist(),
-                                                part.prepared.rejects.column("errors").to_pylist(), strict=True)}
+    rejects = part.prepared.rejects
+    errors = {o: json.loads(e) for o, e in zip(rejects.column("row_index").to_pylist(),
+                                                rejects.column("errors").to_pylist(), strict=True)}
     assert {o: [(e["rule"], e["message"]) for e in errs] for o, errs in errors.items()} == {
         1: [("x.missing", "field x violates constraint missing: got no key, expected a key x")],
         2: [("x.not_null", "field x violates constraint not_null: got null, expected a value")],
