@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import re
 import sys
 from collections.abc import Sequence
 
@@ -60,7 +61,38 @@ def build_parser() -> argparse.ArgumentParser:
     for module in COMMANDS.values():
         importlib.import_module(module).add_parser(sub)
     _add_log_format(sub)
+    _plain_help(parser)
     return parser
+
+
+#: reStructuredText inline markup of the docstrings some descriptions are taken from:
+#: ``literal``, :role:`target` (``~a.b.c`` shows ``c``)
+_RST_LITERAL = re.compile(r"``(.+?)``", re.DOTALL)
+_RST_ROLE = re.compile(r":[a-z]+:`(~?)([^`]+?)`")
+
+
+def plain_text(text: str) -> str:
+    """``text`` with the reStructuredText inline markup of a docstring removed, for a
+    terminal: ````x```` and ``:func:`x``` become ``x`` (``:func:`~a.b.c``` becomes ``c``)."""
+    text = _RST_ROLE.sub(lambda m: m[2].rsplit(".", 1)[-1] if m[1] else m[2], text)
+    return _RST_LITERAL.sub(r"\1", text)
+
+
+def _plain_help(parser: argparse.ArgumentParser) -> None:
+    """Every description, epilog and argument help of ``parser`` and its subcommands as
+    :func:`plain_text` (descriptions are often a module docstring's paragraph)."""
+    for attr in ("description", "epilog"):
+        if text := getattr(parser, attr):
+            setattr(parser, attr, plain_text(text))
+    for action in parser._actions:
+        if isinstance(action.help, str) and action.help is not argparse.SUPPRESS:
+            action.help = plain_text(action.help)
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:  # the COMMAND list's one-line helps
+                if isinstance(choice.help, str):
+                    choice.help = plain_text(choice.help)
+            for sub in set(action.choices.values()):
+                _plain_help(sub)
 
 
 _LOG_FORMAT_HELP = ("log lines on stderr as text or as JSON objects, one per line, each with the run id; "

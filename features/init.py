@@ -8,6 +8,7 @@ overwrite: when any of those files exists nothing is written (exit 2, naming the
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -168,8 +169,18 @@ def run(args: argparse.Namespace) -> int:
     written = init(args.directory)
     for path in written:
         print(f"wrote {path}")
-    print(f"next: cd {args.directory} && features dev up && features compile", file=sys.stdout)
+    print(f"next: {next_steps(args.directory)}", file=sys.stdout)
     return 0
 
 
-__all__ = ["EXAMPLE_SCHEMA", "add_parser", "files", "init", "run"]
+def next_steps(directory: Path | str) -> str:
+    """The commands to run after ``features init directory``: ``features dev up && features
+    compile``, behind a ``cd`` into the project folder unless it is the current one (the
+    folder quoted for the shell)."""
+    steps = "features dev up && features compile"
+    if Path(directory).resolve() == Path.cwd().resolve():
+        return steps
+    return f"cd {shlex.quote(str(directory))} && {steps}"
+
+
+__all__ = ["EXAMPLE_SCHEMA", "add_parser", "files", "init", "next_steps", "run"]

@@ -49,12 +49,16 @@ _MAX_EXAMPLES = 3
 
 @dataclass
 class SinkStats:
-    """Per-sink totals: rows written, rows left as they were, units skipped, seconds."""
+    """Per-sink totals: rows written, rows left as they were, units skipped, seconds.
+    ``restored``: of ``written``, the rows of units the primary (cold) store already held
+    whole (committed in an earlier run, or all its valid rows already present): a store
+    that had lost them (Redis after a FLUSHDB) got them again."""
 
     written: int = 0
     unchanged: int = 0
     skipped_units: int = 0
     seconds: float = 0.0
+    restored: int = 0
 
 
 @dataclass
@@ -77,6 +81,11 @@ class RunSummary:
     aggregations: dict[str, Any] | None = None
 
     @property
+    def restored(self) -> int:
+        """Rows the other stores wrote that the primary already held (``SinkStats.restored``)."""
+        return sum(st.restored for st in self.sinks.values())
+
+    @property
     def adds_up(self) -> bool:
         agg_ok = self.aggregations is None or bool(self.aggregations.get("adds_up"))
         return self.read == self.stored + self.rejected + self.already_present and agg_ok
@@ -88,7 +97,8 @@ class RunSummary:
         return {
             "run_id": self.run_id, "schema": self.schema, "read": self.read, "stored": self.stored,
             "rejected": self.rejected, "already_present": self.already_present,
-            "adds_up": self.adds_up, "units": self.units, "skipped_units": self.skipped_units,
+            "restored": self.restored, "adds_up": self.adds_up, "units": self.units,
+            "skipped_units": self.skipped_units,
             "seconds": round(self.seconds, 3),
             "rows_per_second": round(self.read / self.seconds) if self.seconds else None,
             "top_reasons": [{"rule": r, "count": c, "examples": e} for r, c, e in self.top_reasons(10)],
@@ -118,6 +128,7 @@ def merge_summaries(run_id: str, schema: str, parts: Sequence[RunSummary], *, se
             total.unchanged += st.unchanged
             total.skipped_units += st.skipped_units
             total.seconds += st.seconds
+            total.restored += st.restored
         if p.aggregations is not None:
             agg = out.aggregations if out.aggregations is not None else {}
             for key, value in p.aggregations.items():
@@ -361,6 +372,14 @@ def _finish_unit(summary: RunSummary, pending: _Pending, primary: str, progress:
                 metrics.write(name, res.seconds)
     for name in pending.skipped:
         summary.sinks[name].skipped_units += 1
+    held = results.get(primary)
+    if primary and (held is None or held.skipped or (
+            held.stored == 0 and (held.superseded is None or held.superseded.num_rows == 0))):
+        # the primary already held every row of the unit (none was another event's): what
+        # another store wrote of it, that store had lost (or never got)
+        for name, res in results.items():
+            if name != primary and not res.skipped:
+                summary.sinks[name].restored += res.stored
     refused = results[primary].superseded if primary in results else None
     if superseded is not None and refused is not None and refused.num_rows:
         superseded(refused)

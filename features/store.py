@@ -32,6 +32,7 @@ from features.compile import CompiledSchema, compile_schema
 from features.errors import ConfigError, SchemaError, SinkError, SinkUnavailable
 from features.metrics import DEFAULT_HOST, MetricsServer, Registry, SdkMethod, SdkMetrics
 from features.schema.model import TypeKind
+from features.schema.syntax import suggest
 from features.stored import aggregation_names as _aggregation_names
 from features.stored import cold_columns as _cold_columns
 from features.stored import declared_type as _declared_type
@@ -199,8 +200,8 @@ class FeatureStore:
             return c
         schemas = self._schema_index()
         if name not in schemas:
-            raise ConfigError(f"no schema named {name!r} in {self.schemas_path} (known: "
-                              f"{', '.join(sorted(schemas)) or 'none'})", key="schema",
+            raise ConfigError(f"no schema named {name!r}{suggest(name, schemas)} in {self.schemas_path} "
+                              f"(known: {', '.join(sorted(schemas)) or 'none'})", key="schema",
                               looked_in=[str(self.schemas_path)])
         with self._index_lock:
             c = self._compiled.get(name)
@@ -328,8 +329,14 @@ class FeatureStore:
         unknown = [f for f in features if f not in have]
         if unknown:
             where = "the hot store (Redis)" if store == "hot" else "the cold store (Postgres)"
-            raise ConfigError(f"schema {c.name!r} has no feature(s) {', '.join(map(repr, unknown))} in "
-                              f"{where}; it has: {', '.join(have)}", key="features")
+            other, reader = (("cold", "FeatureStore.historical") if store == "hot"
+                             else ("hot", "FeatureStore.online"))
+            elsewhere = set(_hot_columns(c) if other == "hot" else _cold_columns(c)) - keys | set(
+                _aggregation_names(c, other))
+            named = ", ".join(f"{f!r} (only in the {other} store: {reader} reads it)" if f in elsewhere
+                              else f"{f!r}{suggest(f, have)}" for f in unknown)
+            raise ConfigError(f"schema {c.name!r} has no feature(s) {named} in {where}; it has: "
+                              f"{', '.join(have)}", key="features")
         return list(features)
 
     def _plan(self, schema: str, features: Sequence[str] | None) -> _Plan:

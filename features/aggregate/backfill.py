@@ -120,6 +120,7 @@ def backfill(spec: AggSpec, inputs: Inputs, writer: AggregateWriter, ctx: RunCon
     def account(done: AggregateCounts) -> None:
         counts.rows_written += done.rows_written
         counts.hot_written += done.hot_written
+        counts.hot_restored += done.hot_restored
         if progress is not None:
             progress.update(written, 0)
 

@@ -3,7 +3,9 @@
 The batch backfill and the stream job both end here. Writes are idempotent: Postgres
 upserts one row per (entity, event time) and changes it only when a value differs;
 Redis keeps each entity's newest event (an equal event time replaces, so an update by
-a late event lands); a late event's reject is unique per source record.
+a late event lands, but not a hash holding the same values: a re-run rewrites nothing and
+the lineage keeps naming the run that wrote them); a late event's reject is unique per
+source record.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ class AggregateCounts:
     duplicates: int = 0
     rows_written: int = 0       # Postgres rows inserted or changed
     hot_written: int = 0        # Redis entities updated
+    #: of ``hot_written``, those of writes whose Postgres rows were all there already (no
+    #: row written or changed): Redis had lost them (a FLUSHDB) and got them back
+    hot_restored: int = 0
     late_rejects_stored: int = 0
     from_history: int = 0       # a backfill: events earlier loads stored, read back for the windows
     seconds: float = 0.0
@@ -271,6 +276,8 @@ class AggregateWriter:
             finally:
                 if hot is not None:
                     counts.hot_written = hot.result().stored
+            if counts.rows_written == 0:
+                counts.hot_restored = counts.hot_written
         if late is not None and late.num_rows:
             counts.late_rejects_stored = self._pg.insert_rejects(late)
         return counts

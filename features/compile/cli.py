@@ -29,8 +29,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -120,15 +120,26 @@ def extra_files(names: set[str], sql_dir: Path, expectations_dir: Path) -> list[
 
 
 def _write(path: Path, text: str) -> None:
-    """Replace ``path`` atomically with ``text`` (UTF-8, ``\\n`` line ends)."""
+    """Replace ``path`` atomically with ``text`` (UTF-8, ``\\n`` line ends): written to a
+    temporary file beside it, then renamed over it. The file gets the mode any new file
+    gets, 0666 less the umask (0644 under the usual 022), like a file ``git`` checks out:
+    a generated file is readable by whoever may read the checkout."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    while True:
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+        try:
+            # not tempfile.mkstemp: it creates the file with mode 0600 whatever the umask;
+            # os.open's mode is filtered by the umask, as for any new file
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            break
+        except FileExistsError:
+            continue
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(text.encode("utf-8"))
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 

@@ -135,30 +135,37 @@ def load_workers(paths: Sequence[str | Path], compiled: CompiledSchema, settings
     summary = merge_summaries(run_id, compiled.name, done, seconds=time.perf_counter() - t0)
     d = summary.as_dict()
     log.info("load finished", extra={k: d[k] for k in ("schema", "read", "stored", "rejected",
-                                                       "already_present", "adds_up", "units",
+                                                       "already_present", "restored", "adds_up", "units",
                                                        "skipped_units", "seconds")})
     return summary
 
 
 def render_summary(s: RunSummary, *, rejects_table: str) -> str:
     """The human summary every run prints."""
+    primary = next(iter(s.sinks), "the cold store")
     lines = [
         f"run {s.run_id}: schema {s.schema}",
         f"  read {s.read:,} = stored {s.stored:,} + rejected {s.rejected:,} + already present "
         f"{s.already_present:,}  [{'adds up' if s.adds_up else 'DOES NOT ADD UP'}]",
-        f"  {s.units} batches ({s.skipped_units} already committed, skipped), {s.seconds:.1f}s, "
-        f"{(s.read / s.seconds if s.seconds else 0):,.0f} rows/s",
     ]
     for name, st in s.sinks.items():
-        lines.append(f"  {name}: wrote {st.written:,}, unchanged {st.unchanged:,}, "
+        if st.restored:  # what the headline's "already present" does not say
+            lines.append(f"  restored {st.restored:,} rows into {name} that {primary} already held "
+                         f"({name} had lost them, e.g. a FLUSHDB)")
+    lines.append(f"  {s.units} batches ({s.skipped_units} already committed, skipped), {s.seconds:.1f}s, "
+                 f"{(s.read / s.seconds if s.seconds else 0):,.0f} rows/s")
+    for name, st in s.sinks.items():
+        restored = f" ({st.restored:,} restored)" if st.restored else ""
+        lines.append(f"  {name}: wrote {st.written:,}{restored}, unchanged {st.unchanged:,}, "
                      f"skipped {st.skipped_units} batches, {st.seconds:.1f}s")
     if (a := s.aggregations) is not None:
+        hot_restored = f" ({a['hot_restored']:,} restored)" if a.get("hot_restored") else ""
         lines.append(
             f"  aggregations: {a['events']:,} events = accepted {a['accepted']:,} + "
             f"duplicates {a['duplicates']:,}  [{'adds up' if a['adds_up'] else 'DOES NOT ADD UP'}]; "
             f"{a.get('from_history', 0):,} earlier events read back from the history for their windows; "
-            f"postgres rows written/changed {a['rows_written']:,}, redis entities {a['hot_written']:,}, "
-            f"{a['seconds']:.1f}s")
+            f"postgres rows written/changed {a['rows_written']:,}, redis entities {a['hot_written']:,}"
+            f"{hot_restored}, {a['seconds']:.1f}s")
     if s.by_rule:
         lines.append("  top reject reasons:")
         for rule, count, examples in s.top_reasons(5):

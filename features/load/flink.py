@@ -119,6 +119,6 @@ def load_flink(paths: Sequence[str | Path], compiled: CompiledSchema, settings: 
                           key="parallelism")
     d = summary.as_dict()
     log.info("load finished", extra={k: d[k] for k in ("schema", "read", "stored", "rejected",
-                                                       "already_present", "adds_up", "units",
+                                                       "already_present", "restored", "adds_up", "units",
                                                        "skipped_units", "seconds")})
     return summary

@@ -67,7 +67,7 @@ def load_local(paths: Sequence[str | Path], compiled: CompiledSchema, settings: 
                 metrics.aggregation(accepted=counts.accepted, late=counts.late, duplicates=counts.duplicates)
         d = summary.as_dict()
         log.info("load finished", extra={k: d[k] for k in ("schema", "read", "stored", "rejected",
-                                                           "already_present", "adds_up", "units",
+                                                           "already_present", "restored", "adds_up", "units",
                                                            "skipped_units", "seconds")})
         return summary
     finally:

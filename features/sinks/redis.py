@@ -91,8 +91,29 @@ return written
 """
 NEWEST_WINS_SHA = hashlib.sha1(NEWEST_WINS.encode()).hexdigest()
 #: The aggregates' variant: an equal event time replaces too, because a late event
-#: (within the allowed lateness) updates the aggregation values of the newest event.
-NEWEST_OR_EQUAL_WINS = NEWEST_WINS.replace("tonumber(cur) < tonumber(et)", "tonumber(cur) <= tonumber(et)")
+#: (within the allowed lateness) updates the aggregation values of the newest event, but
+#: only a hash that holds something else: one holding the same values, lineage and layout
+#: but for the run's own ``_run_id``/``_ingested_at`` (a re-load of the same files, which
+#: recomputes every value of its entities) is left as it is, so its lineage keeps naming
+#: the run that wrote those values.
+NEWEST_OR_EQUAL_WINS = NEWEST_WINS.replace("for k = 1, #KEYS do\n", """\
+-- whether the hash at key holds exactly the row at p but for the run's own lineage
+-- (_run_id, _ingested_at): the same fields (no more: a value that became null is an
+-- absent field) with the same text
+local function same_row(key, p, n)
+  if redis.call('HLEN', key) ~= n / 2 + 1 then return false end
+  local names = {}
+  for i = p + 2, p + n, 2 do names[#names + 1] = t[i] end
+  local held = redis.call('HMGET', key, unpack(names))
+  for j = 1, #names do
+    local name = names[j]
+    if name ~= '_run_id' and name ~= '_ingested_at' and held[j] ~= t[p + 1 + 2 * j] then return false end
+  end
+  return true
+end
+for k = 1, #KEYS do
+""", 1).replace("tonumber(cur) < tonumber(et)", "tonumber(cur) < tonumber(et)\n"
+                "      or (tonumber(cur) == tonumber(et) and not same_row(KEYS[k], p, n))")
 NEWEST_OR_EQUAL_WINS_SHA = hashlib.sha1(NEWEST_OR_EQUAL_WINS.encode()).hexdigest()
 #: The SDK's read-through fill and ``features prewarm`` (rows read back from Postgres):
 #: newest wins as above, the hash is marked ``_filled`` (so the pipeline's own write of the

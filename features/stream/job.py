@@ -138,8 +138,11 @@ class StreamConfig:
 
 def redacted(cfg: StreamConfig) -> dict[str, Any]:
     """``cfg`` as plain values with every credential masked (``features.config.redact``):
-    what the job logs."""
+    what the job logs. The defaults the job resolves itself are shown resolved: the
+    ``dead_letter_topic`` it writes to (``<topic>.rejects`` unless given; null: disabled)
+    and its consumer ``group_id``."""
     out = dataclasses.asdict(cfg)
+    out["dead_letter_topic"], out["group_id"] = cfg.dlq, cfg.group
     for name in ("postgres_dsn", "redis_url", "kafka_properties", "kafka_java_properties"):
         out[name] = redact(getattr(cfg, name))
     return out

@@ -12,8 +12,9 @@ Per field, in order:
 
 1. **column**: looked up by name (extra input columns are ignored). A missing column
    is filled with the default; else, for a ``required`` field, every row gets a
-   ``missing`` reject; else it is all null. (In a list of dicts a key absent from a
-   record counts as a missing column for that record only.)
+   ``missing`` reject (``got no column, expected a column <name>``); else it is all null.
+   (In a list of dicts a key absent from a record counts as a missing column for that
+   record only; its ``missing`` reject says ``got no key, expected a key <name>``.)
 2. **type**: exact conversion to the declared Arrow type (``features.validation.convert``),
    after the field's ``null_values`` markers (and, with ``empty_as_null``, empty strings)
    in string input are read as null. A value that does not convert is a ``type`` reject
@@ -559,7 +560,7 @@ def _validate_field(fp: _FieldPlan, source: _Input, n: int) -> tuple[pa.Array, l
         if fp.default is not None:
             values = fp.default.take(pa.array(np.zeros(n, dtype=np.int64)))
         elif fp.missing is not None:
-            chunks.append(_missing_chunk(fp, np.arange(n, dtype=np.int64)))
+            chunks.append(_missing_chunk(fp, np.arange(n, dtype=np.int64), records=source.rows is not None))
             return pa.nulls(n, fp.target), chunks
         else:
             values = pa.nulls(n, fp.target)
@@ -580,7 +581,7 @@ def _validate_field(fp: _FieldPlan, source: _Input, n: int) -> tuple[pa.Array, l
             if excluded is None:
                 excluded = np.zeros(n, dtype=np.bool_)
             excluded[absent] = True
-            chunks.append(_missing_chunk(fp, absent))
+            chunks.append(_missing_chunk(fp, absent, records=True))
         if fp.default is not None and values.null_count:
             filled = pc.fill_null(values, fp.default[0])
             values = filled if excluded is None else pc.if_else(pa.array(excluded), values, filled)
@@ -601,11 +602,15 @@ def _validate_field(fp: _FieldPlan, source: _Input, n: int) -> tuple[pa.Array, l
     return values, chunks
 
 
-def _missing_chunk(fp: _FieldPlan, rows: Index) -> _Chunk:
+def _missing_chunk(fp: _FieldPlan, rows: Index, *, records: bool) -> _Chunk:
+    """The ``missing`` rejects of ``rows``: the input has no column of the field (an Arrow
+    batch or table) or, ``records``, the decoded JSON objects of those rows have no key of
+    it (the stream, the HTTP ingest, a list of dicts)."""
     assert fp.missing is not None
     order, rule = fp.missing
     name = fp.field.name
-    msg = f"{_prefix(fp.field, ReasonCode.MISSING)}got no column, expected a column {name}"
+    what = "key" if records else "column"
+    msg = f"{_prefix(fp.field, ReasonCode.MISSING)}got no {what}, expected a {what} {name}"
     return _Chunk(order, rule, rows, _constant(len(rows), msg), _constant(len(rows), None))
 
 

@@ -381,7 +381,10 @@ def test_bounded_stream_serves_its_metrics(settings: Settings, stream_topic: str
     assert value(first, "featureline_freshness_seconds", schema=NAME) > 0
     # our own lines are JSON with the run id (the JVM's own output is not ours)
     ours = [json.loads(line) for line in job_log.splitlines() if line.startswith('{"ts"')]
-    assert any(o["message"] == "stream: submitting" and o["topic"] == stream_topic for o in ours)
+    (submitting,) = [o for o in ours if o["message"] == "stream: submitting"]
+    assert submitting["topic"] == stream_topic
+    # the topic the dead letters went to, not null (the default, resolved)
+    assert submitting["dead_letter_topic"] == f"{stream_topic}.rejects"
     # a status line per micro-batch (--log-every-s 0), fields merged in, from both subtasks
     last: dict[str, int] = {}
     for o in ours:

@@ -243,6 +243,34 @@ def test_online_feature_subset_and_empty_request(fs: FeatureStore,
         fs.online(NAME, some, ["score_bucket"])
 
 
+def test_a_mistyped_name_gets_a_did_you_mean(fs: FeatureStore, loaded: dict[str, tuple[Any, ...]]) -> None:
+    """A feature (or schema) name that is not there is refused with the closest one it
+    has; a feature of the other store says which call reads it. The stores are untouched
+    by the refused calls: the next good call still reads the loaded rows."""
+    some = sorted(loaded)[:2]
+    with pytest.raises(ConfigError, match=r"no feature\(s\) 'debt_to_incme' \(did you mean "
+                       r"'debt_to_income'\?\) in the hot store \(Redis\); it has: income_monthly,") as online:
+        fs.online(NAME, some, ["income_log", "debt_to_incme"])
+    assert online.value.key == "features"
+    with pytest.raises(ConfigError, match=r"'income_lg' \(did you mean 'income_log'\?\)"):
+        fs.online_dicts(NAME, some, ["income_lg"])
+    with pytest.raises(ConfigError, match=r"'score_bucket' \(only in the cold store: FeatureStore.historical "
+                       r"reads it\)"):
+        fs.online(NAME, some, ["score_bucket"])
+    entity_df = pa.table({ENTITY: some, "timestamp": pa.array([loaded[i][0] for i in some],
+                                                                pa.timestamp("us", "UTC"))})
+    with pytest.raises(ConfigError, match=r"'income_monthy' \(did you mean 'income_monthly'\?\) in the cold"):
+        fs.historical(NAME, entity_df, ["income_monthy"])
+    with pytest.raises(ConfigError, match=r"'income_log' \(only in the hot store: FeatureStore.online reads"):
+        fs.historical(NAME, entity_df, ["income_log"])
+    with pytest.raises(ConfigError, match=r"'wholly_unlike' in the hot store"):  # nothing close: no guess
+        fs.online(NAME, some, ["wholly_unlike"])
+    with pytest.raises(ConfigError, match=r"no schema named 'credit_aplicant' \(did you mean 'credit_app"):
+        fs.online("credit_aplicant", some)
+    assert fs.online(NAME, some, ["debt_to_income"]).column("debt_to_income").to_pylist() == [
+        loaded[i][3] for i in some]
+
+
 def test_online_falls_back_to_postgres(fs: FeatureStore, settings: Settings, pg_schema: str,
                                       loaded: dict[str, tuple[Any, ...]], hot: redis.Redis, redis_prefix: str,
                                       compiled: CompiledSchema) -> None:

@@ -124,3 +124,19 @@ def test_cli_errors_are_json_lines_in_json_mode(tmp_path: Path, capsys: pytest.C
                  "--log-format", "text"])
     assert code == 2
     assert capsys.readouterr().err.startswith("features load: error: no schema named")
+
+
+@pytest.mark.parametrize(("given", "shown"), [(None, "clicks.rejects"), ("mine.dlq", "mine.dlq"), ("", None)])
+def test_the_stream_start_line_shows_the_dead_letter_topic_it_writes_to(given: str | None,
+                                                                         shown: str | None) -> None:
+    """``stream: submitting`` logs the job's configuration: the dead-letter topic and the
+    consumer group as the job resolves them (it said ``"dead_letter_topic": null`` while
+    the job wrote to ``<topic>.rejects``); null only when dead letters are disabled."""
+    from features.stream.job import StreamConfig, redacted
+
+    cfg = StreamConfig(schema_path="schemas/clicks.yaml", topic="clicks", bootstrap="k:9092",
+                       postgres_dsn="postgresql://db/f", redis_url="redis://c:1/0", dead_letter_topic=given)
+    line = logs.fields(redacted(cfg))
+    assert line["dead_letter_topic"] == shown == cfg.dlq
+    assert line["group_id"] == "featureline-clicks" == cfg.group
+    assert json.loads(json.dumps(line))["topic"] == "clicks"

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import math
 
+import numpy as np
 import pyarrow as pa
+import pytest
 
+from features.compile import compile_schema
+from features.lineage import RunContext
+from features.schema import parse_schema
+from features.stream.columnar import ColumnarDecoder
+from features.stream.core import prepare_records
 from features.stream.decode import decode, payload_json, record_uris
 
 KNOWN = frozenset({"id", "x"})
@@ -67,3 +75,34 @@ def test_payload_json_is_always_valid_json_for_jsonb() -> None:
 def test_record_uris() -> None:
     uris = record_uris(pa.array(["t", "t"]), pa.array([0, 1], pa.int32()), pa.array([5, 7], pa.int64()))
     assert uris.to_pylist() == ["kafka://t/0/5", "kafka://t/1/7"]
+
+
+@pytest.mark.parametrize("columnar", [False, True], ids=["per-record", "columnar"])
+def test_a_record_without_a_required_key_says_the_key_is_missing(columnar: bool) -> None:
+    """The stream's (and the HTTP ingest's) reject for a JSON record that lacks a required
+    field's key names a missing key (it said ``got no column, expected a column ...``),
+    on both decode paths; a key sent as null is a not_null reject."""
+    compiled = compile_schema(parse_schema(
+        "name: s\nversion: 1.0.0\nentity: id\nevent_time: t\nfields:\n"
+        "  - {name: id, type: string, constraints: {required: true}}\n"
+        "  - {name: t, type: 'timestamp(us, UTC)', constraints: {required: true}}\n"
+        "  - {name: x, type: int32, constraints: {required: true}}\n"))
+    values: list[bytes | None] = [
+        b'{"id": "a", "t": "2026-01-01T00:00:00Z", "x": 1}',
+        b'{"id": "b", "t": "2026-01-01T00:00:00Z"}',
+        b'{"id": "c", "t": "2026-01-01T00:00:00Z", "x": null}',
+    ]
+    now = dt.datetime(2026, 1, 2, tzinfo=dt.UTC)
+    offsets = np.arange(len(values), dtype=np.int64)
+    uris = record_uris(pa.array(["t"] * len(values)), pa.array([0] * len(values), pa.int32()),
+                       pa.array(offsets))
+    ctx = RunContext(compiled.name, compiled.schema.version_str, compiled.fingerprint, "run", now)
+    decoder = ColumnarDecoder(compiled.schema, max_bytes=1 << 20) if columnar else None
+    part = prepare_records(values, uris, offsets, compiled, None, ctx, now, decoder=decoder, columnar_min=1)
+    rejects = part.prepared.rejects
+    errors = {o: json.loads(e) for o, e in zip(rejects.column("row_index").to_pylist(),
+                                                rejects.column("errors").to_pylist(), strict=True)}
+    assert {o: [(e["rule"], e["message"]) for e in errs] for o, errs in errors.items()} == {
+        1: [("x.missing", "field x violates constraint missing: got no key, expected a key x")],
+        2: [("x.not_null", "field x violates constraint not_null: got null, expected a value")],
+    }

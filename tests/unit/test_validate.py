@@ -584,6 +584,25 @@ def test_type_rejected_values_are_not_defaulted_or_checked_further() -> None:
     assert rejects(strict) == [(0, "x.type"), (1, "x.max")]
 
 
+def test_a_key_absent_from_a_record_is_reported_as_a_missing_key() -> None:
+    """A list of dicts (decoded JSON: the stream, the HTTP ingest) has keys, not columns:
+    a required field's key absent from some records, or from every record, is a
+    ``missing`` reject that says so (it said ``got no column``); an explicit null is a
+    ``not_null`` reject, not a missing key."""
+    c = compiled("""
+        - {name: id, type: string, constraints: {required: true}}
+        - {name: v, type: int32, constraints: {required: true}}
+    """)
+    some = validate([{"id": "a", "v": 1}, {"v": 2}, {"id": None, "v": 3}], c)
+    assert rejects(some) == [(1, "id.missing"), (2, "id.not_null")]
+    assert messages(some)[0] == "field id violates constraint missing: got no key, expected a key id"
+    every = validate([{"v": 1}, {"v": 2}], c)
+    assert rejects(every) == [(0, "id.missing"), (1, "id.missing")]
+    assert set(messages(every)) == {"field id violates constraint missing: got no key, expected a key id"}
+    check_invariants(some, c)
+    check_invariants(every, c)
+
+
 def test_missing_required_column_rejects_every_row() -> None:
     c = compiled("""
         - {name: id, type: string, constraints: {required: true}}
@@ -752,7 +771,7 @@ def test_list_of_dicts_mixed_python_values() -> None:
     assert by_row[(1, "n.type")] == "field n violates constraint type: got true, expected int64"
     assert by_row[(3, "n.type")] == "field n violates constraint type: got {'nested': 1}, expected int64"
     assert by_row[(3, "id.missing")] == (
-        "field id violates constraint missing: got no column, expected a column id")
+        "field id violates constraint missing: got no key, expected a key id")
     assert r.valid.to_pylist() == [
         {"id": "c", "n": 12, "amount": Decimal("12.50"), "f": 0.5},
     ]
