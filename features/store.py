@@ -248,9 +248,12 @@ class FeatureStore:
             f"SELECT version, fingerprint FROM {quote_ident(SCHEMAS_TABLE)} WHERE schema_name = %s",
             (c.name,)).fetchone())
         if row is not None and row[1] != c.fingerprint:
+            newer = _semver(row[0]) > c.schema.version
+            hint = ("the stores hold a newer version: give this reader the schema file of that version"
+                    if newer else _migrate_hint(c))
             raise SinkError(f"the stores hold schema {c.name} {row[0]} (fingerprint {row[1][:12]}), but "
                             f"{self.schemas_path} has {c.schema.version_str} (fingerprint "
-                            f"{c.fingerprint[:12]}): {_migrate_hint(c)}", store="postgres")
+                            f"{c.fingerprint[:12]}): {hint}", store="postgres")
         self._checked.add(c.name)
 
     def _upgrader(self, c: CompiledSchema, others: set[str]) -> Any:
@@ -632,6 +635,8 @@ class FeatureStore:
         if others:
             if self._upgrader(c, others) is not None:
                 raise _Outdated  # rewritten in this layout, then read again (docs/evolution.md)
+            self._checked.discard(c.name)
+            self._check_fingerprint(c)  # Postgres holds another version: that error says what to do
             raise SinkError(f"Redis holds {c.name} {what} written with schema fingerprint "
                             f"{sorted(others)[0][:12]}, which is no earlier version the stores were migrated "
                             f"from to {c.schema.version_str} (fingerprint {c.fingerprint[:12]}, "
@@ -1060,6 +1065,13 @@ def _still_outdated(req: _OnlineRequest) -> SinkError:
     return SinkError(f"Redis hashes of {c.name} were written by an earlier schema version again while "
                      f"they were rewritten to {c.schema.version_str} ({_UPGRADE_ATTEMPTS} times): is a "
                      "loader or stream of the old version still running? Stop it, then retry", store="redis")
+
+
+def _semver(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(p) for p in text.split("."))
+    except ValueError:
+        return ()
 
 
 def _migrate_hint(c: CompiledSchema) -> str:

@@ -110,3 +110,22 @@ def test_the_naive_timestamp_rule_in_docs_types_is_what_the_code_does() -> None:
     assert "`got 2024-07-01T10:05:00, expected >= 2024-07-01T10:20:00 (...)`" in doc
     assert "got 2024-07-01T10:05:00+00:00, " in message(compiled("timestamp(s, UTC)"))
     assert "`got 2024-07-01T10:05:00+00:00, ...`" in doc
+
+
+def test_the_evolution_table_lists_every_change_kind_the_diff_emits() -> None:
+    """docs/evolution.md's classification table has a row for each ChangeKind (a row may
+    name several kinds: `min`, `max`, ...), and names no kind the code does not have."""
+    import re
+
+    from features.schema.diff import ChangeKind
+
+    text = (ROOT / "docs" / "evolution.md").read_text()
+    table = text[text.index("| kind | compatible"):text.index("\n\n", text.index("| kind | compatible"))]
+    named = {k for line in table.splitlines()[2:] for k in re.findall(r"`([a-z_]+)`", line.split("|")[1])}
+    assert named == {k.value for k in ChangeKind}
+
+
+def test_redis_doc_quotes_the_migration_rewrite_script_verbatim() -> None:
+    from features.sinks.redis import RESTAMP
+
+    assert RESTAMP.strip() in (ROOT / "docs" / "redis.md").read_text()
