@@ -62,6 +62,13 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
+def _brief(statement: str) -> str:
+    from features.compile.migration import brief
+
+    short = brief(statement)
+    return short if short != statement else f"{statement};"
+
+
 def run(args: argparse.Namespace) -> int:
     from features.compile import compile_schema
     from features.config import resolve_settings
@@ -99,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
                 say(f"  {ch.field}  {ch.kind.value}: {ch.detail}")
             say("BEGIN;")
             for statement in p.migration.statements:
-                say(f"{statement};")
+                say(_brief(statement))
             say("COMMIT;")
             out["postgres"] = {"from": p.old.version_str, "statements": list(p.migration.statements)}
         elif p.recorded.fingerprint == c.fingerprint:

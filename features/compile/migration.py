@@ -427,6 +427,20 @@ def _phases(ddls: Iterable[_Ddl]) -> list[str]:
     ]
 
 
+def brief(statement: str) -> str:
+    """``statement`` as the text views print it: a record of a version in
+    ``featureline_schema_versions`` without the YAML text it carries (``--sql`` and
+    ``--json`` print it whole)."""
+    from features.compile.postgres import VERSIONS_TABLE
+
+    head = f"INSERT INTO {quote_ident(VERSIONS_TABLE)} "
+    if not statement.startswith(head):
+        return statement
+    values = statement[statement.index("VALUES (") + 8:]
+    name, fp, version = (v.strip().strip("'") for v in values.split(",")[:3])
+    return f"-- {head.strip()}: {name} {version} ({fp[:12]}) with its YAML text"
+
+
 def _record_fingerprint(new: Schema, fp: str) -> str:
     """Upsert the new version and fingerprint into ``featureline_schemas`` (the table
     ``features compile``'s DDL creates, keyed by schema name)."""
@@ -440,4 +454,4 @@ def _record_fingerprint(new: Schema, fp: str) -> str:
     )
 
 
-__all__ = ["Migration", "plan_migration", "render_migration"]
+__all__ = ["Migration", "brief", "plan_migration", "render_migration"]

@@ -123,6 +123,8 @@ def _sql(migration: Migration) -> str:
 
 
 def _print_text(migration: Migration) -> None:
+    from features.compile.migration import brief
+
     result = migration.diff
     old, new = result.old, result.new
     title = old.name if old.name == new.name else f"{old.name} -> {new.name}"
@@ -146,7 +148,13 @@ def _print_text(migration: Migration) -> None:
         else:
             print("-- partial migration DDL: only the compatible changes; breaking changes need a "
                   "manual migration")
-        print(_sql(migration), end="")
+        print("BEGIN;")
+        for statement in migration.statements:
+            short = brief(statement)
+            print(short if short != statement else f"{statement};")
+        print("COMMIT;")
+        if any(brief(s) != s for s in migration.statements):
+            print("-- (--sql prints the whole migration, to pipe to psql)")
     elif result.changes and result.compatible:
         print("\n-- no migration DDL: the cold table does not change")
     elif result.breaking and result.allowed:
