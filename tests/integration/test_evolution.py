@@ -403,3 +403,40 @@ def test_migrate_rewrites_every_hash_on_a_redis_cluster(
     assert [r["glucose"] for r in rows] == [history[i]["glucose"] for i in ids]
     assert all(r["_from"] == "redis" and r["unit"] == "mg/dL" for r in rows)
     del v1
+
+
+def test_a_cold_field_added_by_the_diffs_sql_leaves_online_reads_and_health_working(
+        settings: Settings, pg_schema: str, env: dict[str, str], tmp_path: Path) -> None:
+    """The issue's smallest case: 1.1.0 only adds a nullable cold field (the hot layout
+    does not change). After the diff's SQL and a load, online_dicts works and health is
+    healthy for the schema; before the fix it raised 'Redis holds ... hashes written with
+    schema fingerprint ...' while health said ok."""
+    url = env["FEATURES_REDIS_URL"]
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir()
+    new.mkdir()
+    (old / "evo_readings.yaml").write_text(V1)
+    (new / "evo_readings.yaml").write_text(V1.replace("version: 1.0.0", "version: 1.1.0").replace(
+        "  - {name: device,", "  - {name: site, type: string, store: cold, constraints: {nullable: true}}\n"
+        "  - {name: device,"))
+    v1 = compile_schema(load_schema(old / "evo_readings.yaml"))
+    v2 = compile_schema(load_schema(new / "evo_readings.yaml"))
+    cfg = dataclasses.replace(settings, redis_url=url)
+    data = _parquet(_rows(["a", "b", "c"], 4, seed=10), tmp_path / "a.parquet")
+    load([data], v1, cfg, search_path=pg_schema)
+    sql = _cli(["schema", "diff", str(old / "evo_readings.yaml"), str(new / "evo_readings.yaml"), "--sql"],
+               env)
+    with psycopg.connect(settings.postgres_dsn, options=f"-c search_path={pg_schema}",
+                         autocommit=True) as conn:
+        conn.execute(sql.stdout)
+    assert load([data], v2, cfg, search_path=pg_schema).stored == 0
+    pending = _cli(["health", "--schemas-dir", str(new)], env)  # Redis still holds 1.0.0's hashes
+    assert pending.returncode == 1 and "hold 1.0.0" in pending.stdout and "features migrate" in pending.stdout
+    with FeatureStore(redis_url=url, postgres_dsn=settings.postgres_dsn, schemas=new, search_path=pg_schema,
+                      fallback=False) as fs:
+        rows = fs.online_dicts("evo_readings", ["a", "b", "c"])
+    assert all(r["_found"] and r["_from"] == "redis" for r in rows)
+    health = _cli(["health", "--schemas-dir", str(new)], env)
+    line = next(x for x in health.stdout.splitlines() if "evo_readings" in x)
+    assert " ok " in line and "MISMATCH" not in line, health.stdout
+    assert set(_redis_fingerprints(url)) == {v2.fingerprint}  # the reads rewrote what they met
