@@ -440,3 +440,33 @@ def test_a_cold_field_added_by_the_diffs_sql_leaves_online_reads_and_health_work
     line = next(x for x in health.stdout.splitlines() if "evo_readings" in x)
     assert " ok " in line and "MISMATCH" not in line, health.stdout
     assert set(_redis_fingerprints(url)) == {v2.fingerprint}  # the reads rewrote what they met
+
+
+def test_a_rename_allowed_by_a_rule_carries_the_hot_value_over(
+        settings: Settings, pg_schema: str, env: dict[str, str], files: dict[str, Path],
+        tmp_path: Path) -> None:
+    """`device` renamed `sensor` with `breaking_change: false`: the migration renames the
+    Redis field too, so online reads the old value under the new name."""
+    url = env["FEATURES_REDIS_URL"]
+    (tmp_path / "ren").mkdir()
+    ren = tmp_path / "ren" / "evo_readings.yaml"
+    ren.write_text(V1.replace("version: 1.0.0", "version: 1.1.0").replace("{name: device,", "{name: sensor,")
+                   + "evolution_rules:\n  - {field: sensor, breaking_change: false, description: renamed}\n")
+    v1 = compile_schema(load_schema(files["v1"]))
+    rows = _rows(["r1", "r2", "r3", "r4"], 5, seed=11)
+    load([_parquet(rows, tmp_path / "a.parquet")], v1, dataclasses.replace(settings, redis_url=url),
+         search_path=pg_schema)
+    dry = json.loads(_cli(["migrate", str(ren), "--json"], env).stdout)  # device is hot only: no column
+    assert dry["redis"]["entity"]["to_rewrite"] == 4
+    applied = _cli(["migrate", str(ren), "--apply"], env)
+    assert applied.returncode == 0, applied.stderr
+    newest = {}
+    for r in sorted(rows, key=lambda r: r["read_at"]):
+        newest[r["patient"]] = r["device"]
+    with FeatureStore(redis_url=url, postgres_dsn=settings.postgres_dsn, schemas=ren, search_path=pg_schema,
+                      fallback=False) as fs:
+        got = {r["patient"]: r["sensor"] for r in fs.online_dicts("evo_readings", sorted(newest))}
+    assert got == newest
+    client = redis.Redis.from_url(url)
+    assert client.hget("features:evo_readings:{r1}", "device") is None
+    client.close()
