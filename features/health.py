@@ -200,15 +200,13 @@ def _redis_versions(settings: Any, c: Any, got: Any, timeout_s: float) -> tuple[
         for key in (entity_key(c.name, "*"), aggregates_key(c.name, "*")):
             pattern = glob_escape(key[:-2]) + "*}"
             keys: list[Any] = []
-            if hasattr(client, "scan_iter") and getattr(client, "nodes_manager", None) is not None:
-                for k in client.scan_iter(match=pattern, count=1000):  # a cluster: every primary
-                    keys.append(k)
-                    if len(keys) >= 1000 * _SAMPLE_SCANS:
-                        break
-            else:
+            # a cluster: the SCAN calls shared among its primaries (each key lives on one)
+            nodes = ([client.get_redis_connection(n) for n in client.get_primaries()]
+                     if getattr(client, "nodes_manager", None) is not None else [client])
+            for node in nodes:
                 cursor = 0
-                for _ in range(_SAMPLE_SCANS):
-                    cursor, part = client.scan(cursor, match=pattern, count=1000)
+                for _ in range(max(_SAMPLE_SCANS // len(nodes), 1)):
+                    cursor, part = node.scan(cursor, match=pattern, count=1000)
                     keys.extend(part)
                     if cursor == 0:
                         break
