@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from features.compile import CompiledSchema, compile_schema
+from features.compile.migration import mismatch_hint
 from features.errors import ConfigError, SchemaError, SinkError, SinkUnavailable
 from features.metrics import DEFAULT_HOST, MetricsServer, Registry, SdkMethod, SdkMetrics
 from features.schema.model import TypeKind
@@ -248,12 +249,9 @@ class FeatureStore:
             f"SELECT version, fingerprint FROM {quote_ident(SCHEMAS_TABLE)} WHERE schema_name = %s",
             (c.name,)).fetchone())
         if row is not None and row[1] != c.fingerprint:
-            newer = _semver(row[0]) > c.schema.version
-            hint = ("the stores hold a newer version: give this reader the schema file of that version"
-                    if newer else _migrate_hint(c))
             raise SinkError(f"the stores hold schema {c.name} {row[0]} (fingerprint {row[1][:12]}), but "
                             f"{self.schemas_path} has {c.schema.version_str} (fingerprint "
-                            f"{c.fingerprint[:12]}): {hint}", store="postgres")
+                            f"{c.fingerprint[:12]}): {mismatch_hint(c.schema, row[0])}", store="postgres")
         self._checked.add(c.name)
 
     def _upgrader(self, c: CompiledSchema, others: set[str]) -> Any:
@@ -640,7 +638,7 @@ class FeatureStore:
             raise SinkError(f"Redis holds {c.name} {what} written with schema fingerprint "
                             f"{sorted(others)[0][:12]}, which is no earlier version the stores were migrated "
                             f"from to {c.schema.version_str} (fingerprint {c.fingerprint[:12]}, "
-                            f"{self.schemas_path}): {_migrate_hint(c)}", store="redis")
+                            f"{self.schemas_path}): {mismatch_hint(c.schema, '')}", store="redis")
 
     # --- the fallback's reads (features.fallback) and prewarm ----------------------------------
 
@@ -1065,20 +1063,6 @@ def _still_outdated(req: _OnlineRequest) -> SinkError:
     return SinkError(f"Redis hashes of {c.name} were written by an earlier schema version again while "
                      f"they were rewritten to {c.schema.version_str} ({_UPGRADE_ATTEMPTS} times): is a "
                      "loader or stream of the old version still running? Stop it, then retry", store="redis")
-
-
-def _semver(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(p) for p in text.split("."))
-    except ValueError:
-        return ()
-
-
-def _migrate_hint(c: CompiledSchema) -> str:
-    where = c.schema.path or f"{c.name}.yaml"
-    return (f"run `features migrate {where}` (a dry run, then --apply) to bring the stores to this "
-            "version when it is a compatible change, or use the schema file the data was written with "
-            "(docs/evolution.md)")
 
 
 class _Moved(Exception):

@@ -427,6 +427,21 @@ def _phases(ddls: Iterable[_Ddl]) -> list[str]:
     ]
 
 
+def mismatch_hint(schema: Schema, stored_version: str) -> str:
+    """What to do when the stores hold ``stored_version`` of a schema and a reader or
+    writer has ``schema``: migrate the stores to a newer file, or take the newer file."""
+    try:
+        newer = tuple(int(p) for p in stored_version.split(".")) > schema.version
+    except ValueError:
+        newer = False
+    if newer:
+        return "the stores hold a newer version: use the schema file of that version"
+    where = schema.path or f"{schema.name}.yaml"
+    return (f"run `features migrate {where}` (a dry run, then --apply) to bring the stores to this version "
+            "when it is a compatible change, or use the schema file the data was written with "
+            "(docs/evolution.md)")
+
+
 def brief(statement: str) -> str:
     """``statement`` as the text views print it: a record of a version in
     ``featureline_schema_versions`` without the YAML text it carries (``--sql`` and
@@ -454,4 +469,4 @@ def _record_fingerprint(new: Schema, fp: str) -> str:
     )
 
 
-__all__ = ["Migration", "brief", "plan_migration", "render_migration"]
+__all__ = ["Migration", "brief", "mismatch_hint", "plan_migration", "render_migration"]

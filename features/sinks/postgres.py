@@ -41,6 +41,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from features.compile import CompiledSchema
+from features.compile.migration import mismatch_hint
 from features.compile.postgres import (
     SCHEMAS_TABLE,
     aggregates_table_name,
@@ -215,9 +216,8 @@ class PostgresSink:
             raise SinkError(
                 f"table {self.table!r} was created for schema {schema.name} {version} "
                 f"(fingerprint {fp[:12]}), but this schema is {schema.version_str} "
-                f"(fingerprint {self.compiled.fingerprint[:12]}): run "
-                f"`features migrate {schema.path or schema.name}` (a dry run; then --apply) before "
-                "loading", store=self.name, address=self.address)
+                f"(fingerprint {self.compiled.fingerprint[:12]}): {mismatch_hint(schema, version)}",
+                store=self.name, address=self.address)
 
     def close(self) -> None:
         if self._conn is not None:

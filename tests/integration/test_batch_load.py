@@ -292,7 +292,7 @@ def test_fingerprint_mismatch_refuses_to_write(tmp_path: Path, settings: Setting
     with pytest.raises(SinkError) as info:
         load(paths, changed, settings, search_path=pg_schema, key_prefix=redis_prefix)
     assert info.value.store == "postgres"
-    assert "features schema diff" in str(info.value) and compiled.fingerprint[:12] in str(info.value)
+    assert "features migrate" in str(info.value) and compiled.fingerprint[:12] in str(info.value)
 
 
 def test_missing_required_column_and_incompatible_type_refuse_to_start(tmp_path: Path,

@@ -917,3 +917,12 @@ def test_cli_prints_the_aggregates_table_of_new_aggregations(
     assert 'CREATE TABLE IF NOT EXISTS "applicants__aggregates" (\n' in body
     pkey = '"applicants__aggregates__pkey" PRIMARY KEY ("application_id", "submitted_at")\n);'
     assert f"    CONSTRAINT {pkey}" in body
+
+
+def test_a_fingerprint_mismatch_names_the_fix_by_which_side_is_newer() -> None:
+    from features.compile.migration import mismatch_hint
+
+    s = schema(field("a", "int32"), version="1.1.0")
+    assert "features migrate" in mismatch_hint(s, "1.0.0")      # the file is newer: migrate the stores
+    assert "newer version" in mismatch_hint(s, "1.2.0")         # the stores are newer: take that file
+    assert "features migrate" not in mismatch_hint(s, "2.0.0")
