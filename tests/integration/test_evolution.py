@@ -470,3 +470,52 @@ def test_a_rename_allowed_by_a_rule_carries_the_hot_value_over(
     client = redis.Redis.from_url(url)
     assert client.hget("features:evo_readings:{r1}", "device") is None
     client.close()
+
+
+def _job(schema_dir: Path, topic: str, env: dict[str, str], tmp: Path) -> subprocess.CompletedProcess[str]:
+    args = ["--schema", "evo_readings", "--schemas-dir", str(schema_dir), "--topic", topic, "--bounded",
+            "--restart-attempts", "0", "--state-dir", str(tmp), "--json"]
+    return subprocess.run([sys.executable, str(ROOT / "jobs" / "stream_job.py"), *args], env=env,
+                          capture_output=True, text=True, timeout=400)
+
+
+def _produce(settings: Settings, topic: str, rows: list[dict[str, Any]]) -> None:
+    rows = sorted(rows, key=lambda r: r["read_at"])
+    produce(settings.kafka_bootstrap, topic,
+            [json.dumps({**r, "read_at": r["read_at"].isoformat()}).encode() for r in rows],
+            keys=[r["patient"].encode() for r in rows])
+
+
+@pytest.mark.flink
+def test_the_pyflink_job_before_and_after_a_migration(
+        settings: Settings, pg_schema: str, env: dict[str, str], files: dict[str, Path], tmp_path: Path,
+        stream_topic: str) -> None:
+    """The real PyFlink stream job writes v1; after `features migrate --apply` a job still
+    given the v1 file is refused naming the newer version, a job given v2 streams on, and
+    every entity (batch-only, stream-only, both) reads as Postgres' newest row."""
+    url = env["FEATURES_REDIS_URL"]
+    v1 = compile_schema(load_schema(files["v1"]))
+    batch_ids, stream_ids = [f"b{i:02d}" for i in range(10)], [f"s{i:02d}" for i in range(8)]
+    load([_parquet(_rows(batch_ids, 6, seed=12), tmp_path / "a.parquet")], v1,
+         dataclasses.replace(settings, redis_url=url), search_path=pg_schema)
+    _produce(settings, stream_topic, _rows(stream_ids, 5, seed=13))
+    first = _job(files["v1"].parent, stream_topic, env, tmp_path / "s1")
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
+    assert json.loads(first.stdout)["stored"] == 40
+    applied = _cli(["migrate", str(files["v2"]), "--apply"], env)
+    assert applied.returncode == 0, applied.stderr
+    later = T0 + dt.timedelta(days=3)
+    _produce(settings, stream_topic, _rows(stream_ids[:4] + batch_ids[:3], 2, seed=14, start=later))
+    old = _job(files["v1"].parent, stream_topic, env, tmp_path / "s2")
+    assert old.returncode != 0 and "newer version" in old.stdout + old.stderr, old.stderr[-3000:]
+    new = _job(files["v2"].parent, stream_topic, env, tmp_path / "s3")
+    assert new.returncode == 0, new.stdout[-2000:] + new.stderr[-3000:]
+    every = batch_ids + stream_ids
+    history = _history(settings, pg_schema, every)
+    with FeatureStore(redis_url=url, postgres_dsn=settings.postgres_dsn, schemas=files["v2"],
+                      search_path=pg_schema, fallback=False) as fs:
+        rows = {r["patient"]: r for r in fs.online_dicts("evo_readings", every)}
+    for e in every:
+        assert rows[e]["_from"] == "redis" and rows[e]["_event_time"] == history[e]["read_at"], e
+        assert rows[e]["glucose"] == history[e]["glucose"] and rows[e]["unit"] == history[e]["unit"], e
+    assert max(history[e]["read_at"] for e in stream_ids[:4]) >= later  # the v2 job wrote them
