@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import chain, pairwise
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 from features.errors import ConfigError, SinkError
@@ -193,7 +193,9 @@ class Upgrader:
 
         if not keys or not self.chain:
             return 0
-        fps = _columns(self.store._pool.hmget_many([(list(keys), ["_schema_fingerprint"])]), 1)[0]
+        from features.stored import reply_columns
+
+        fps = reply_columns(self.store._pool.hmget_many([(list(keys), ["_schema_fingerprint"])]), 1)[0]
         written = 0
         for fp in self.chain:
             at = np.flatnonzero(np.asarray(pc.fill_null(pc.equal(fps, fp), False)))
@@ -214,18 +216,16 @@ class Upgrader:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        from features.stored import aggregation_names, cold_columns, declared_type, hot_columns
+        from features.stored import aggregation_names, cold_columns, declared_type, hot_columns, reply_columns
 
         if fp == self.c.fingerprint:  # this version's hashes, ``refresh`` read again from Postgres
-            from features.stored import hot_columns as hot
-
-            columns = aggregation_names(self.c, "hot") if aggregates else hot(self.c)
+            columns = aggregation_names(self.c, "hot") if aggregates else hot_columns(self.c)
             layout = _Layout(self.c, columns, {n: n for n in columns if n not in refresh})
         else:
             layout = self._layout(fp, aggregates)
         old, c = layout.old, self.c
         fields = [*layout.old_columns, *_META]
-        cols = dict(zip(fields, _columns(self.store._pool.hmget_many([(keys, fields)]), len(fields)),
+        cols = dict(zip(fields, reply_columns(self.store._pool.hmget_many([(keys, fields)]), len(fields)),
                         strict=True))
         # only hashes that still hold that version (the script checks again when it writes)
         keep = pc.fill_null(pc.and_(pc.equal(cols["_schema_fingerprint"], fp),
@@ -304,19 +304,6 @@ class Upgrader:
         return {name: got.column(name).combine_chunks().take(take) for name in names}
 
 
-def _columns(replies: Sequence[Any], width: int) -> list[pa.Array]:
-    """HMGET replies of ``width`` fields each -> one string array per field."""
-    import numpy as np
-    import pyarrow as pa
-
-    n = len(replies)
-    flat = pa.array(list(chain.from_iterable(replies)), pa.binary()).cast(pa.string())
-    order = (np.arange(n, dtype=np.int64)[None, :] * width
-             + np.arange(width, dtype=np.int64)[:, None]).ravel()
-    cols = flat.take(pa.array(order))
-    return [cols.slice(j * n, n) for j in range(width)]
-
-
 def _cast(values: pa.Array, target: pa.DataType, schema: str, name: str) -> pa.Array:
     import pyarrow as pa
 
@@ -380,12 +367,14 @@ def count_versions(store: FeatureStore, c: CompiledSchema, chunk: int) -> dict[s
     """Per hash kind (``entity``, ``aggregates``): how many hashes hold each fingerprint."""
     import pyarrow.compute as pc
 
+    from features.stored import reply_columns
+
     out: dict[str, dict[str, int]] = {}
     kinds = [("entity", False)] + ([("aggregates", True)] if c.schema.aggregations is not None else [])
     for kind, aggs in kinds:
         tally: dict[str, int] = {}
         for keys in scan_keys(store, c.name, aggs, chunk):
-            fps = _columns(store._pool.hmget_many([(keys, ["_schema_fingerprint"])]), 1)[0]
+            fps = reply_columns(store._pool.hmget_many([(keys, ["_schema_fingerprint"])]), 1)[0]
             for v in pc.value_counts(fps).to_pylist():
                 fp = v["values"] if v["values"] is not None else "(none)"
                 tally[fp] = tally.get(fp, 0) + v["counts"]

@@ -132,7 +132,6 @@ def recompute(c: CompiledSchema, settings: Settings, *, search_path: str | None 
               progress: Callable[[Recomputed], None] | None = None) -> Recomputed:
     """Compute the schema's aggregations and derived features again over the stored
     history and write what differs (the module docstring); returns the counts."""
-    import numpy as np
     import pyarrow as pa
 
     from features.aggregate.engine import AggSpec, compute, finalize, raw_schema
@@ -184,7 +183,6 @@ def recompute(c: CompiledSchema, settings: Settings, *, search_path: str | None 
                 out.seconds = time.perf_counter() - t0
                 if progress is not None:
                     progress(out)
-        del np
     finally:
         if writer is not None:
             writer.close()
@@ -199,6 +197,7 @@ class _FeatureRecompute:
     def __init__(self, store: Any, c: CompiledSchema, names: list[str]) -> None:
         from features.compile import compile_schema, transform_program
         from features.config import Settings
+        from features.stored import hot_columns
 
         self.store = store
         self.c = c
@@ -210,7 +209,7 @@ class _FeatureRecompute:
         self.inputs = sorted({x for f in only.features for x in feature_inputs(f)}
                              | {str(s.entity), str(s.event_time)})
         self.columns = [col for f in only.features for col in s.feature_columns(f) if "cold" in f.store]
-        self.hot = bool(set(self.columns) & set(_hot(c)))
+        self.hot_columns = [x for x in self.columns if x in set(hot_columns(c))]
 
     def run(self, entities: pa.Array) -> tuple[int, int]:
         """(history rows updated, Redis hashes rewritten) for ``entities``."""
@@ -218,6 +217,7 @@ class _FeatureRecompute:
 
         from features.compile.postgres import cold_table_name, quote_ident
         from features.sinks.postgres import copy_csv
+        from features.store import _entity_pg_type
         from features.stored import rows_to_table
 
         s = self.c.schema
@@ -256,7 +256,7 @@ class _FeatureRecompute:
 
         updated = self.store._pg_run("the derived features' update", write)
         rewritten = 0
-        if updated and self.hot:
+        if updated and self.hot_columns:
             from features.migrate import Upgrader, read_recorded
             from features.sinks.redis import entity_key
 
@@ -265,22 +265,10 @@ class _FeatureRecompute:
             try:
                 ids = sorted({str(r[0]) for r in updated})
                 keys = [self.store.key_prefix + entity_key(self.c.name, i) for i in ids]
-                rewritten = up.refresh(keys, [x for x in self.columns if x in set(_hot(self.c))])
+                rewritten = up.refresh(keys, self.hot_columns)
             finally:
                 up.close()
         return len(updated), rewritten
-
-
-def _hot(c: CompiledSchema) -> list[str]:
-    from features.stored import hot_columns
-
-    return hot_columns(c)
-
-
-def _entity_pg_type(c: CompiledSchema) -> str:
-    from features.compile.postgres import pg_type
-
-    return pg_type(c.schema.field(str(c.schema.entity)).type)
 
 
 def add_parser(sub: Any) -> None:

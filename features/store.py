@@ -19,7 +19,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -40,6 +39,7 @@ from features.stored import declared_type as _declared_type
 from features.stored import entity_values as _entity_values
 from features.stored import from_text as _from_text
 from features.stored import hot_columns as _hot_columns
+from features.stored import reply_columns as _reply_columns
 from features.stored import rows_to_table as _rows_to_table
 
 if TYPE_CHECKING:
@@ -510,17 +510,10 @@ class FeatureStore:
         ``_event_time``) -> the columns in their declared types and the event times (int64
         microseconds, null where the hash is absent). Checks every hash found first."""
         c = plan.c
-        n = len(replies)
-        width = len(names) + len(_CHECKED) + 1
-        # One Arrow array over every reply value, then one strided take per column.
-        flat = pa.array(list(chain.from_iterable(replies)), pa.binary()).cast(pa.string())
-        # column-major: one take, then a zero-copy slice per column
-        cols = flat.take(pa.array((np.arange(n, dtype=np.int64)[None, :] * width
-                                   + np.arange(width, dtype=np.int64)[:, None]).ravel()))
-        self._check_hashes(c, cols.slice(len(names) * n, 2 * n), n, what)
-        columns = {name: _from_text(c, name, cols.slice(j * n, n), plan.types[name])
-                   for j, name in enumerate(names)}
-        return columns, cols.slice((width - 1) * n, n).cast(pa.int64())
+        cols = _reply_columns(replies, len(names) + len(_CHECKED) + 1)
+        self._check_hashes(c, cols[len(names)], cols[len(names) + 1], what)
+        columns = {name: _from_text(c, name, cols[j], plan.types[name]) for j, name in enumerate(names)}
+        return columns, cols[-1].cast(pa.int64())
 
     def _finish_online(self, req: _OnlineRequest, replies: list[Any], fallback: bool | None,
                        max_age: dt.timedelta | None, since: float) -> tuple[pa.Table, int, int]:
@@ -617,14 +610,16 @@ class FeatureStore:
         found[rows_at] = True
         source[rows_at] = "postgres"
 
-    def _check_hashes(self, c: CompiledSchema, checked: pa.Array, n: int, what: str) -> None:
-        """Every hash found must be encoding v1 of this schema's fingerprint (docs/redis.md).
-        ``checked``: the ``_enc`` values of the ``n`` hashes, then their fingerprints;
-        ``what`` names the hashes in the message (``hashes``, ``aggregates hashes``)."""
+    def _check_hashes(self, c: CompiledSchema, encodings: pa.Array, fingerprints: pa.Array,
+                      what: str) -> None:
+        """Every hash found must be encoding v1 of this schema's fingerprint (docs/redis.md),
+        or of an earlier version the stores were migrated from (then :class:`_Outdated`).
+        ``encodings``, ``fingerprints``: the ``_enc`` and ``_schema_fingerprint`` of the
+        hashes; ``what`` names the hashes in the message (``hashes``, ``aggregates hashes``)."""
         from features.sinks.redis import ENCODING_VERSION
 
-        encs = set(pc.unique(checked.slice(0, n)).to_pylist()) - {None}
-        fps = set(pc.unique(checked.slice(n, n)).to_pylist()) - {None}
+        encs = set(pc.unique(encodings).to_pylist()) - {None}
+        fps = set(pc.unique(fingerprints).to_pylist()) - {None}
         if encs - {ENCODING_VERSION}:
             raise SinkError(f"Redis holds {c.name} {what} with encoding version "
                             f"{sorted(encs - {ENCODING_VERSION})[0]}; this reader knows version "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
+from itertools import chain
 from typing import Any
 
 import pyarrow as pa
@@ -78,6 +79,19 @@ def entity_values(c: CompiledSchema, ids: pa.Array | pa.ChunkedArray) -> pa.Arra
     return pc.if_else(fits, value, pa.scalar(None, wide)).cast(target)
 
 
+def reply_columns(replies: Sequence[Sequence[Any]], width: int) -> list[pa.Array]:
+    """HMGET replies of ``width`` fields each -> one string array per field: one Arrow
+    array over every reply value, one strided take (column-major), then a zero-copy slice
+    per field."""
+    import numpy as np
+
+    n = len(replies)
+    flat = pa.array(list(chain.from_iterable(replies)), pa.binary()).cast(pa.string())
+    cols = flat.take(pa.array((np.arange(n, dtype=np.int64)[None, :] * width
+                               + np.arange(width, dtype=np.int64)[:, None]).ravel()))
+    return [cols.slice(j * n, n) for j in range(width)]
+
+
 #: Types of the lineage columns read back from Postgres.
 _LINEAGE_TYPES = {"_source": pa.string(), "_schema_version": pa.string(), "_schema_fingerprint": pa.string(),
                   "_run_id": pa.string(), "_ingested_at": pa.timestamp("us", "UTC")}
@@ -115,4 +129,4 @@ def rows_to_table(c: CompiledSchema, names: list[str], rows: Sequence[Sequence[A
 
 
 __all__ = ["aggregation_names", "cold_columns", "declared_type", "entity_values", "from_text", "hot_columns",
-           "rows_to_table"]
+           "reply_columns", "rows_to_table"]
