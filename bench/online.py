@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reuse", action="store_true", help="do not drop the scratch stores first")
     args = ap.parse_args(argv)
 
-    from features.store import FeatureStore
+    from features.sdk.store import FeatureStore
 
     base = resolve_settings(root=ROOT)
     url = base.redis_url.rsplit("/", 1)[0] + f"/{REDIS_DB}"

@@ -21,7 +21,7 @@ from features.errors import (
 if TYPE_CHECKING:
     from features.compile import CompiledSchema, compile_schema
     from features.schema import Schema, load_schema, parse_schema
-    from features.store import FeatureStore
+    from features.sdk import FeatureStore
     from features.validation import ValidationResult, validate
 
 __version__ = "0.1.0"
@@ -31,7 +31,7 @@ _LAZY = {
     "Schema": "features.schema", "load_schema": "features.schema", "parse_schema": "features.schema",
     "CompiledSchema": "features.compile", "compile_schema": "features.compile",
     "ValidationResult": "features.validation", "validate": "features.validation",
-    "FeatureStore": "features.store",
+    "FeatureStore": "features.sdk",
 }
 
 

@@ -39,7 +39,7 @@ COMMANDS: dict[str, str] = {
     "load": "features.load.cli",
     "kernels": "features.kernels.cli",
     "migrate": "features.migrate_cli",
-    "prewarm": "features.prewarm",
+    "prewarm": "features.sdk.prewarm",
     "recompute": "features.recompute",
     "report": "features.report.cli",
     "schema": "features.compile.schema_cli",

@@ -188,8 +188,8 @@ _SAMPLE_SCANS = 20
 
 def _redis_versions(settings: Any, c: Any, got: Any, timeout_s: float) -> tuple[bool, str]:
     """``ok``, or ``MISMATCH`` when a sample of the schema's Redis hashes holds another version."""
-    from features.fallback import redis_py_client
     from features.migrate import glob_escape
+    from features.sdk.fallback import redis_py_client
     from features.sinks.redis import aggregates_key, entity_key
 
     head = f"{c.schema.version_str} ({c.fingerprint[:12]})"

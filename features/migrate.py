@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from features.compile import CompiledSchema
     from features.compile.migration import Migration
     from features.schema import Schema
-    from features.store import FeatureStore
+    from features.sdk.store import FeatureStore
 
 #: The hash fields read besides a layout's columns, in this order.
 _META = ("_event_time", "_schema_fingerprint", "_source", "_schema_version", "_run_id", "_ingested_at",
@@ -153,7 +153,7 @@ class Upgrader:
         if got is None:
             from features.compile.postgres import aggregation_pg_type
             from features.schema.diff import ChangeKind, diff_schemas
-            from features.stored import aggregation_names, hot_columns
+            from features.sdk.stored import aggregation_names, hot_columns
 
             old = compiled_version(self.recorded.versions[fp], self.c.name)
             # renames along the chain from fp to the current version (new name -> old name)
@@ -193,7 +193,7 @@ class Upgrader:
 
         if not keys or not self.chain:
             return 0
-        from features.stored import reply_columns
+        from features.sdk.stored import reply_columns
 
         fps = reply_columns(self.store._pool.hmget_many([(list(keys), ["_schema_fingerprint"])]), 1)[0]
         written = 0
@@ -216,7 +216,13 @@ class Upgrader:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        from features.stored import aggregation_names, cold_columns, declared_type, hot_columns, reply_columns
+        from features.sdk.stored import (
+            aggregation_names,
+            cold_columns,
+            declared_type,
+            hot_columns,
+            reply_columns,
+        )
 
         if fp == self.c.fingerprint:  # this version's hashes, ``refresh`` read again from Postgres
             columns = aggregation_names(self.c, "hot") if aggregates else hot_columns(self.c)
@@ -236,7 +242,7 @@ class Upgrader:
         n = len(keys)
         if n == 0:
             return 0
-        from features.stored import from_text
+        from features.sdk.stored import from_text
 
         s = c.schema
         ent, et = str(s.entity), str(s.event_time)
@@ -276,7 +282,7 @@ class Upgrader:
         from psycopg import errors
 
         from features.compile.postgres import aggregates_table_name, cold_table_name, pg_type, quote_ident
-        from features.stored import entity_values, rows_to_table
+        from features.sdk.stored import entity_values, rows_to_table
 
         c = self.c
         s = c.schema
@@ -340,7 +346,7 @@ def _default(c: CompiledSchema, name: str, target: pa.DataType, n: int) -> pa.Ar
 def scan_keys(store: FeatureStore, name: str, aggregates: bool, count: int) -> Any:
     """Every entity (or aggregates) hash key of schema ``name``, ``count`` at a time (SCAN
     on every primary of a cluster)."""
-    from features.fallback import redis_py_client
+    from features.sdk.fallback import redis_py_client
     from features.sinks.redis import aggregates_key, entity_key
 
     key = (aggregates_key if aggregates else entity_key)(name, "*")
@@ -367,7 +373,7 @@ def count_versions(store: FeatureStore, c: CompiledSchema, chunk: int) -> dict[s
     """Per hash kind (``entity``, ``aggregates``): how many hashes hold each fingerprint."""
     import pyarrow.compute as pc
 
-    from features.stored import reply_columns
+    from features.sdk.stored import reply_columns
 
     out: dict[str, dict[str, int]] = {}
     kinds = [("entity", False)] + ([("aggregates", True)] if c.schema.aggregations is not None else [])

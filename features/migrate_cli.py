@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     from features.compile import compile_schema
     from features.config import resolve_settings
     from features.schema.parse import load_schema
-    from features.store import FeatureStore
+    from features.sdk.store import FeatureStore
 
     if args.chunk < 1:
         raise ConfigError("--chunk must be at least 1", key="chunk")

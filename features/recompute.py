@@ -137,8 +137,8 @@ def recompute(c: CompiledSchema, settings: Settings, *, search_path: str | None 
     from features.aggregate.engine import AggSpec, compute, finalize, raw_schema
     from features.aggregate.writer import AggregateWriter
     from features.lineage import RunContext
+    from features.sdk.store import FeatureStore
     from features.sinks import pg
-    from features.store import FeatureStore
 
     s = c.schema
     if not s.loadable:
@@ -197,7 +197,7 @@ class _FeatureRecompute:
     def __init__(self, store: Any, c: CompiledSchema, names: list[str]) -> None:
         from features.compile import compile_schema, transform_program
         from features.config import Settings
-        from features.stored import hot_columns
+        from features.sdk.stored import hot_columns
 
         self.store = store
         self.c = c
@@ -216,9 +216,9 @@ class _FeatureRecompute:
         import pyarrow as pa
 
         from features.compile.postgres import cold_table_name, quote_ident
+        from features.sdk.columns import entity_pg_type as _entity_pg_type
+        from features.sdk.stored import rows_to_table
         from features.sinks.postgres import copy_csv
-        from features.store import _entity_pg_type
-        from features.stored import rows_to_table
 
         s = self.c.schema
         ent, et = str(s.entity), str(s.event_time)

@@ -27,8 +27,8 @@ from features.dev.services import RedisCluster as LocalCluster
 from features.errors import SinkUnavailable
 from features.examples import applicant_schema, applicants
 from features.load import load
+from features.sdk.store import FeatureStore
 from features.sinks.redis_cluster import key_slot, key_slots
-from features.store import FeatureStore
 
 pytestmark = pytest.mark.services
 ROOT = Path(__file__).resolve().parents[2]

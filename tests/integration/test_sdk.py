@@ -170,7 +170,7 @@ def test_small_calls_and_online_dicts_give_the_arrow_paths_rows(
     """Calls of at most SMALL_CALL ids found in Redis decode in Python (no Arrow); the
     rows, types and values are those of the Arrow path (a larger call), for the table and
     for ``online_dicts``; a miss, a null id or a foreign hash takes the Arrow path."""
-    import features.store as store
+    import features.sdk.store as store
 
     stored = sorted(loaded)
     big = stored[:40]  # > SMALL_CALL: the Arrow path

@@ -381,7 +381,7 @@ def test_hot_only_aggregation_is_null_in_the_fallback(
 def test_small_calls_read_aggregations_as_the_arrow_path(fs: FeatureStore, stored: Stored) -> None:
     """At most SMALL_CALL ids, all in Redis: decoded in Python (features and the
     aggregates hash), the same rows as the Arrow path of a larger call."""
-    import features.store as store
+    import features.sdk.store as store
 
     users = sorted(stored.aggs)[:30]
     assert len(users) > store.SMALL_CALL

@@ -1,4 +1,4 @@
-"""The SDK under load (``features.fallback``, docs/sdk.md "Under load"), against the real
+"""The SDK under load (``features.sdk.fallback``, docs/sdk.md "Under load"), against the real
 stores: single-flight (threads, asyncio, processes), the read-through fill and its lock,
 the negative cache, logical expiry, ``prewarm`` after a Redis loss.
 

@@ -31,9 +31,9 @@ from features.compile import CompiledSchema, compile_schema
 from features.config import Settings
 from features.lineage import RunContext
 from features.schema.parse import parse_schema
+from features.sdk.store import FeatureStore
 from features.sinks.base import REJECTED_ROWS_SCHEMA, WriteUnit
 from features.sinks.postgres import PostgresSink
-from features.store import FeatureStore
 
 pytestmark = pytest.mark.services
 

@@ -123,6 +123,20 @@ def test_the_schema_model_imports_nothing_from_the_compiler() -> None:
     assert not found, "features.schema imports the compiler: " + "; ".join(found)
 
 
+def test_the_sdk_parts_do_not_import_its_facade() -> None:
+    """Issue 31: ``features.sdk``'s parts (fallback, online, redis_read, historical, stored,
+    columns) never import the facade ``features.sdk.store`` that imports them, not even
+    for type checking (the fallback names what it needs of the store as a Protocol), and
+    the SDK's old top-level modules are gone."""
+    graph = import_graph(type_checking=True)
+    parts = [m for m in _modules() if m.startswith("features.sdk.") and m not in (
+        "features.sdk.store", "features.sdk.prewarm")]
+    assert "features.sdk.fallback" in parts and "features.sdk.online" in parts
+    found = [f"{m} -> features.sdk.store" for m in parts if "features.sdk.store" in graph.get(m, set())]
+    assert not found, found
+    assert not {"features.store", "features.fallback", "features.stored", "features.prewarm"} & set(_modules())
+
+
 def test_the_walk_finds_an_import_inside_a_function() -> None:
     source = (
         "from __future__ import annotations\n"

@@ -20,7 +20,7 @@ EXPECTED = {
     "compile_schema": ("function", "features.compile"),
     "load_schema": ("function", "features.schema"),
     "parse_schema": ("function", "features.schema"),
-    "FeatureStore": ("class", "features.store"),
+    "FeatureStore": ("class", "features.sdk.store"),
     "ValidationResult": ("class", "features.validation"),
     "CompiledSchema": ("class", "features.compile"),
     "Schema": ("class", "features.schema"),
@@ -43,7 +43,8 @@ def _kind_check(expr: str, name: str) -> str:
             f"assert {expr}.__module__.startswith({module!r}), {expr}.__module__")
 
 
-@pytest.mark.parametrize("first", ["", "import features.validation.convert, features.store, features.load"])
+@pytest.mark.parametrize("first", [
+    "", "import features.validation.convert, features.sdk.store, features.load"])
 @pytest.mark.parametrize("form", ["from", "attribute"])
 def test_every_public_name_is_what_the_docs_say_under_both_import_forms(first: str, form: str) -> None:
     """Every name of ``__all__`` in one fresh interpreter per (``first``, ``form``):

@@ -1,5 +1,5 @@
 """The SDK's per-process caches stay bounded and cost O(1) per call whatever callers ask:
-the fallback's negative cache (``features.fallback.NegativeCache``) and the schema
+the fallback's negative cache (``features.sdk.fallback.NegativeCache``) and the schema
 look-up of ``FeatureStore.schema`` (an unknown name parses no YAML again). Work is
 counted (hash calls, YAML parses), never timed. No service is reached."""
 
@@ -15,8 +15,8 @@ import pytest
 import features.schema.parse as parse
 from features import FeatureStore
 from features.errors import ConfigError, SchemaError
-from features.fallback import NegativeCache
-from features.store import UNKNOWN_SCHEMA
+from features.sdk.fallback import NegativeCache
+from features.sdk.store import UNKNOWN_SCHEMA
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,10 +1,10 @@
-"""features.fallback.SingleFlight: who shares a finished fetch and for how long it is kept."""
+"""features.sdk.fallback.SingleFlight: who shares a finished fetch and for how long it is kept."""
 
 from __future__ import annotations
 
 import time
 
-from features.fallback import SingleFlight
+from features.sdk.fallback import SingleFlight
 
 
 def test_a_caller_whose_read_began_before_the_fetch_finished_shares_it_after_a_long_stall() -> None:

@@ -18,7 +18,6 @@ import datetime as dt
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -29,52 +28,51 @@ import pyarrow.compute as pc
 
 from features.compile import CompiledSchema, compile_schema
 from features.compile.migration import mismatch_hint
-from features.errors import ConfigError, SchemaError, SinkError, SinkUnavailable
+from features.errors import ConfigError, SchemaError, SinkError
 from features.metrics import DEFAULT_HOST, MetricsServer, Registry, SdkMethod, SdkMetrics
-from features.schema.model import TypeKind
 from features.schema.syntax import suggest
-from features.stored import aggregation_names as _aggregation_names
-from features.stored import cold_columns as _cold_columns
-from features.stored import declared_type as _declared_type
-from features.stored import entity_values as _entity_values
-from features.stored import from_text as _from_text
-from features.stored import hot_columns as _hot_columns
-from features.stored import reply_columns as _reply_columns
-from features.stored import rows_to_table as _rows_to_table
+from features.sdk.columns import (
+    AGE,
+    CHECKED,
+    EVENT_TIME,
+    FOUND,
+    FROM,
+    NULL_ID,
+    STALE,
+    UNKNOWN_SCHEMA,
+    entity_in,
+    entity_list,
+    entity_text,
+    event_time_type,
+    ts_utc,
+)
+from features.sdk.fallback import Fallback
+from features.sdk.historical import as_of_times, stage_table
+from features.sdk.online import (
+    SMALL_CALL,
+    UPGRADE_ATTEMPTS,
+    OnlineRequest,
+    Outdated,
+    Plan,
+    python_decoders,
+    scatter,
+    small_rows,
+    still_outdated,
+)
+from features.sdk.redis_read import RawPool
+from features.sdk.stored import aggregation_names as _aggregation_names
+from features.sdk.stored import cold_columns as _cold_columns
+from features.sdk.stored import declared_type as _declared_type
+from features.sdk.stored import entity_values as _entity_values
+from features.sdk.stored import from_text as _from_text
+from features.sdk.stored import hot_columns as _hot_columns
+from features.sdk.stored import reply_columns as _reply_columns
+from features.sdk.stored import rows_to_table as _rows_to_table
 
 if TYPE_CHECKING:
     from features.schema import Schema
 
 _T = TypeVar("_T")
-#: Columns every ``online`` result carries besides the entity and the features.
-EVENT_TIME = "_event_time"
-AGE = "_age_seconds"
-FROM = "_from"            # "redis", "postgres" or null (found nowhere)
-FOUND = "_found"
-STALE = "_stale"          # a Redis value past hot.refresh_after, served while refreshed
-#: The metrics' ``schema`` label of calls for a schema the store does not have (or
-#: could not open): never a schema name, which is an identifier.
-UNKNOWN_SCHEMA = "(unknown)"
-#: Read with every hash and checked (encoding version, schema fingerprint).
-_CHECKED = ("_enc", "_schema_fingerprint")
-
-
-def _ts_utc() -> pa.DataType:
-    return pa.timestamp("us", "UTC")
-
-
-def _event_time_type(c: CompiledSchema) -> pa.DataType:
-    """The type of ``_event_time`` in ``online`` and ``historical`` results: naive
-    ``timestamp[us]`` when the schema's event time is a naive timestamp (its values as
-    stored, not labelled with a zone they do not have), else ``timestamp[us, UTC]`` (a
-    zoned event time's instant, a date's midnight UTC). Naive times are UTC wall-clock
-    times everywhere (docs/types.md, "Naive timestamps")."""
-    event_time = c.schema.event_time
-    if event_time is not None:
-        t = c.schema.field(str(event_time)).type
-        if t.kind is TypeKind.TIMESTAMP and t.tz is None:
-            return pa.timestamp("us")
-    return _ts_utc()
 
 
 class FeatureStore:
@@ -123,10 +121,8 @@ class FeatureStore:
         self._index: tuple[tuple[int, ...] | None, dict[str, Schema] | SchemaError] | None = None
         self._index_lock = threading.Lock()
         self._aredis: Any = None
-        self._pool = _RawPool(redis_url, timeout_s)
-        self._plans: dict[tuple[str, tuple[str, ...] | None], _Plan] = {}
-        from features.fallback import Fallback
-
+        self._pool = RawPool(redis_url, timeout_s)
+        self._plans: dict[tuple[str, tuple[str, ...] | None], Plan] = {}
         self._fallback = Fallback(self)
         self._pg: Any = None
         self._checked: set[str] = set()
@@ -275,11 +271,11 @@ class FeatureStore:
             old.close()
         return up
 
-    def _upgrade(self, req: _OnlineRequest) -> None:
+    def _upgrade(self, req: OnlineRequest) -> None:
         """Rewrite the hashes of ``req`` that an earlier version of its schema wrote."""
         plan = req.plan
         with self._upgraders_lock:
-            up = self._upgraders.get(plan.c.name)  # made by the check that raised _Outdated
+            up = self._upgraders.get(plan.c.name)  # made by the check that raised Outdated
         if up is None:
             return
         up.upgrade(req.reads[0][0], False)
@@ -340,7 +336,7 @@ class FeatureStore:
                               f"{', '.join(have)}", key="features")
         return list(features)
 
-    def _plan(self, schema: str, features: Sequence[str] | None) -> _Plan:
+    def _plan(self, schema: str, features: Sequence[str] | None) -> Plan:
         """What an online call for ``features`` of ``schema`` reads, computed once per
         (schema, features) and kept: the small-call path costs little more than Redis."""
         key = (schema, tuple(features) if features is not None else None)
@@ -357,21 +353,21 @@ class FeatureStore:
             refresh_ms = (hot.refresh_after_seconds * 1000 if hot.refresh_after_seconds and hot.ttl_seconds
                           else None)
             types = {name: _declared_type(c, name) for name in [*names, *aggs]}
-            plan = _Plan(c, columns, names, aggs, [*names, *_CHECKED, EVENT_TIME],
-                         [*aggs, *_CHECKED, EVENT_TIME], [x for x in names if x in cold],
+            plan = Plan(c, columns, names, aggs, [*names, *CHECKED, EVENT_TIME],
+                         [*aggs, *CHECKED, EVENT_TIME], [x for x in names if x in cold],
                          [x for x in aggs if x in cold_aggs],
                          (hot.ttl_seconds or 0) * 1000, refresh_ms, types,
                          pa.schema([(str(c.schema.entity), pa.string()), *[(x, types[x]) for x in columns],
-                                    (EVENT_TIME, _event_time_type(c)), (AGE, pa.float64()),
+                                    (EVENT_TIME, event_time_type(c)), (AGE, pa.float64()),
                                     (FROM, pa.string()), (FOUND, pa.bool_()), (STALE, pa.bool_())]),
-                         _decoders([types[x] for x in [*names, *aggs]]))
+                         python_decoders([types[x] for x in [*names, *aggs]]))
             if len(self._plans) > 1024:
                 self._plans.clear()
             self._plans[key] = plan
         return plan
 
     def _online_request(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None
-                        ) -> _OnlineRequest:
+                        ) -> OnlineRequest:
         """What one online call reads, for the sync and the async path alike: the entity
         hashes, then (when hot aggregations are requested) the aggregates hashes, then
         (for a schema with ``hot.refresh_after``) the entity hashes' PTTL."""
@@ -379,14 +375,14 @@ class FeatureStore:
 
         plan = self._plan(schema, features)
         name = plan.c.name
-        ids = [_entity_text(i) for i in entity_ids]
+        ids = [entity_text(i) for i in entity_ids]
         keys = [self.key_prefix + entity_key(name, i) for i in ids]
         reads: list[tuple[list[str], list[str] | None]] = [(keys, plan.fields)]
         if plan.aggs:
             reads.append(([self.key_prefix + aggregates_key(name, i) for i in ids], plan.agg_fields))
         if plan.refresh_ms is not None:
             reads.append((keys, None))
-        return _OnlineRequest(plan, ids, reads)
+        return OnlineRequest(plan, ids, reads)
 
     def online(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None = None, *,
                fallback: bool | None = None, max_age: dt.timedelta | None = None) -> pa.Table:
@@ -411,7 +407,7 @@ class FeatureStore:
         try:
             req = self._online_request(schema, entity_ids, features)
             replies = self._pool.hmget_many(req.reads)
-            rows = _small_rows(req, replies) if len(req.ids) <= SMALL_CALL else None
+            rows = small_rows(req, replies) if len(req.ids) <= SMALL_CALL else None
             if rows is not None:  # every id in Redis, fresh: no Arrow decoding
                 table, from_pg, missed = pa.Table.from_pylist(rows, req.plan.result), 0, 0
             else:
@@ -433,7 +429,7 @@ class FeatureStore:
         try:
             req = self._online_request(schema, entity_ids, features)
             replies = self._pool.hmget_many(req.reads)
-            rows = _small_rows(req, replies) if len(req.ids) <= SMALL_CALL else None
+            rows = small_rows(req, replies) if len(req.ids) <= SMALL_CALL else None
             from_pg = missed = 0
             if rows is None:
                 table, from_pg, missed = self._finish_current(req, replies, fallback, max_age, since)
@@ -460,17 +456,17 @@ class FeatureStore:
         self._observe(schema, "online_async", t0, len(req.ids), from_pg, missed)
         return table
 
-    async def _online_async(self, req: _OnlineRequest, fallback: bool | None, max_age: dt.timedelta | None,
+    async def _online_async(self, req: OnlineRequest, fallback: bool | None, max_age: dt.timedelta | None,
                             since: float) -> tuple[pa.Table, int, int]:
         import asyncio
 
         from features.sinks.redis_wire import map_redis_errors
 
         if self._aredis is None:  # redis-py's cluster client for a cluster: routes each HMGET by slot
-            from features.fallback import redis_py_client
+            from features.sdk.fallback import redis_py_client
 
             self._aredis = redis_py_client(self.redis_url, self.timeout_s, asyncio=True)
-        for _ in range(_UPGRADE_ATTEMPTS):
+        for _ in range(UPGRADE_ATTEMPTS):
             pipe = self._aredis.pipeline(transaction=False)
             for keys, fields in req.reads:
                 for k in keys:
@@ -482,21 +478,21 @@ class FeatureStore:
                 replies = await pipe.execute()
             try:
                 return await asyncio.to_thread(self._finish_online, req, replies, fallback, max_age, since)
-            except _Outdated:  # hashes an earlier version wrote: rewritten, then read again
+            except Outdated:  # hashes an earlier version wrote: rewritten, then read again
                 await asyncio.to_thread(self._upgrade, req)
-        raise _still_outdated(req)
+        raise still_outdated(req)
 
-    def _finish_current(self, req: _OnlineRequest, replies: list[Any], fallback: bool | None,
+    def _finish_current(self, req: OnlineRequest, replies: list[Any], fallback: bool | None,
                         max_age: dt.timedelta | None, since: float) -> tuple[pa.Table, int, int]:
         """:meth:`_finish_online`, after rewriting the hashes an earlier version of the
         schema wrote (and reading them again) when there are any."""
-        for _ in range(_UPGRADE_ATTEMPTS):
+        for _ in range(UPGRADE_ATTEMPTS):
             try:
                 return self._finish_online(req, replies, fallback, max_age, since)
-            except _Outdated:
+            except Outdated:
                 self._upgrade(req)
                 replies = self._pool.hmget_many(req.reads)
-        raise _still_outdated(req)
+        raise still_outdated(req)
 
     async def aclose(self) -> None:
         if self._aredis is not None:
@@ -504,18 +500,18 @@ class FeatureStore:
             self._aredis = None
         self.close()
 
-    def _decode_hashes(self, plan: _Plan, names: list[str], replies: Sequence[Any],
+    def _decode_hashes(self, plan: Plan, names: list[str], replies: Sequence[Any],
                        what: str) -> tuple[dict[str, pa.Array], pa.Array]:
         """HMGET replies (the ``names``, then ``_enc``, ``_schema_fingerprint`` and
         ``_event_time``) -> the columns in their declared types and the event times (int64
         microseconds, null where the hash is absent). Checks every hash found first."""
         c = plan.c
-        cols = _reply_columns(replies, len(names) + len(_CHECKED) + 1)
+        cols = _reply_columns(replies, len(names) + len(CHECKED) + 1)
         self._check_hashes(c, cols[len(names)], cols[len(names) + 1], what)
         columns = {name: _from_text(c, name, cols[j], plan.types[name]) for j, name in enumerate(names)}
         return columns, cols[-1].cast(pa.int64())
 
-    def _finish_online(self, req: _OnlineRequest, replies: list[Any], fallback: bool | None,
+    def _finish_online(self, req: OnlineRequest, replies: list[Any], fallback: bool | None,
                        max_age: dt.timedelta | None, since: float) -> tuple[pa.Table, int, int]:
         """The result table, how many ids the Postgres fallback served, how many were found nowhere."""
         plan, ids = req.plan, req.ids
@@ -539,7 +535,7 @@ class FeatureStore:
             pttl = np.array(replies[k:k + n], dtype=np.int64)
             # written longer ago than refresh_after: ttl - remaining
             stale = found & (pttl >= 0) & (plan.ttl_ms - pttl > plan.refresh_ms)
-        data: dict[str, pa.Array] = {str(schema.entity): pa.array([None if i == _NULL_ID else i for i in ids],
+        data: dict[str, pa.Array] = {str(schema.entity): pa.array([None if i == NULL_ID else i for i in ids],
                                                                   pa.string()),
                                      **{name: columns[name] for name in plan.columns},
                                      EVENT_TIME: micros.cast(plan.result.field(EVENT_TIME).type)}
@@ -547,7 +543,7 @@ class FeatureStore:
         source = np.array(["redis" if f else None for f in found.tolist()], dtype=object)
         use_fallback = self.fallback if fallback is None else fallback
         if use_fallback and in_redis < n:
-            valid = np.array([i != _NULL_ID for i in ids], dtype=np.bool_)
+            valid = np.array([i != NULL_ID for i in ids], dtype=np.bool_)
             missing = np.flatnonzero(~found & valid)
             if len(missing):
                 self._fill_from_fallback(req, data, found, source, missing,
@@ -564,7 +560,7 @@ class FeatureStore:
         hits = int(found.sum())
         return pa.table(data), hits - in_redis, n - hits
 
-    def _fill_from_fallback(self, req: _OnlineRequest, data: dict[str, pa.Array],
+    def _fill_from_fallback(self, req: OnlineRequest, data: dict[str, pa.Array],
                             found: npt.NDArray[np.bool_], source: npt.NDArray[Any],
                             missing: npt.NDArray[np.int64], max_age: dt.timedelta | None,
                             since: float) -> None:
@@ -585,7 +581,7 @@ class FeatureStore:
                 take = pa.array(np.flatnonzero(hit))
                 for name in [*plan.columns, EVENT_TIME]:
                     value = sub_table.column(name).combine_chunks().take(take)
-                    data[name] = _scatter(data[name], rows_at, value)
+                    data[name] = scatter(data[name], rows_at, value)
                 found[rows_at] = True
                 source[rows_at] = "redis"
         if got.rows is None:
@@ -606,14 +602,14 @@ class FeatureStore:
         take = pa.array(pick[pick >= 0])
         for name in [*plan.cold_names, *plan.cold_aggs, EVENT_TIME]:
             src = event if name == EVENT_TIME else got.rows.column(name).combine_chunks()
-            data[name] = _scatter(data[name], rows_at, src.take(take))
+            data[name] = scatter(data[name], rows_at, src.take(take))
         found[rows_at] = True
         source[rows_at] = "postgres"
 
     def _check_hashes(self, c: CompiledSchema, encodings: pa.Array, fingerprints: pa.Array,
                       what: str) -> None:
         """Every hash found must be encoding v1 of this schema's fingerprint (docs/redis.md),
-        or of an earlier version the stores were migrated from (then :class:`_Outdated`).
+        or of an earlier version the stores were migrated from (then :class:`Outdated`).
         ``encodings``, ``fingerprints``: the ``_enc`` and ``_schema_fingerprint`` of the
         hashes; ``what`` names the hashes in the message (``hashes``, ``aggregates hashes``)."""
         from features.sinks.redis import ENCODING_VERSION
@@ -627,7 +623,7 @@ class FeatureStore:
         others = fps - {c.fingerprint}
         if others:
             if self._upgrader(c, others) is not None:
-                raise _Outdated  # rewritten in this layout, then read again (docs/evolution.md)
+                raise Outdated  # rewritten in this layout, then read again (docs/evolution.md)
             self._checked.discard(c.name)
             self._check_fingerprint(c)  # Postgres holds another version: that error says what to do
             raise SinkError(f"Redis holds {c.name} {what} written with schema fingerprint "
@@ -644,7 +640,7 @@ class FeatureStore:
         schema with aggregations the entity's newest aggregation row (hot aggregations
         Postgres holds, its event time and lineage, prefixed ``__agg``)."""
         from features.compile.postgres import aggregates_table_name, cold_table_name, quote_ident
-        from features.fallback import AGG, LINEAGE
+        from features.sdk.fallback import AGG, LINEAGE
 
         schema = c.schema
         keys = [str(schema.entity), str(schema.event_time)]
@@ -672,8 +668,8 @@ class FeatureStore:
         from psycopg import errors
 
         self._check_fingerprint_or_none(c)
-        query, names = self.fetch_query(c, _entity_in(c))
-        values = _entity_list(c, ids)
+        query, names = self.fetch_query(c, entity_in(c))
+        values = entity_list(c, ids)
         try:
             rows = self._pg_run("the fallback read", lambda conn: conn.execute(query, [values]).fetchall())
         except errors.UndefinedTable:
@@ -705,7 +701,7 @@ class FeatureStore:
         after a Redis loss (``features prewarm``). ``progress(done_rows, written)`` is called
         after each chunk. Returns ``{"rows": read from Postgres, "written": hashes written}``."""
         from features.compile.postgres import quote_ident
-        from features.fallback import fill_rows, fillable
+        from features.sdk.fallback import fill_rows, fillable
 
         c = self._loadable(schema)
         if not fillable(c):
@@ -716,8 +712,8 @@ class FeatureStore:
         where: list[str] = ["true"]
         params: list[Any] = []
         if ids is not None:
-            where.append(_entity_in(c))
-            params.append(_entity_list(c, ids))
+            where.append(entity_in(c))
+            params.append(entity_list(c, ids))
         if since is not None:  # entities with an event in the span: their newest row is in it
             where.append(f"h.{et} >= now() - %s")
             params.append(since)
@@ -769,7 +765,7 @@ class FeatureStore:
         rows go in with one COPY into a temporary table, then one ``LEFT JOIN LATERAL``
         as-of query. Returns the input rows in order with the requested columns (default:
         every cold feature, then every cold aggregation) and ``_event_time`` (the history
-        row's event time, typed as :func:`_event_time_type` says; null where nothing
+        row's event time, typed as :func:`event_time_type` says; null where nothing
         qualifies). A naive time against a zoned or date event time raises ConfigError.
 
         An aggregation column holds the ``<schema>__aggregates`` row of the entity's
@@ -801,7 +797,7 @@ class FeatureStore:
         if clash:
             raise ConfigError(f"entity_df already has column(s) {', '.join(clash)}, which the result adds; "
                               "rename them first", key="entity_df")
-        ts = _as_of_times(c, entity_df.column(timestamp_column), timestamp_column)
+        ts = as_of_times(c, entity_df.column(timestamp_column), timestamp_column)
         from psycopg import errors
 
         try:
@@ -823,12 +819,12 @@ class FeatureStore:
         # The ids in the entity's own type (compared as text; an id that is no value of it
         # matches nothing), so the join compares like types and probes the primary key.
         ids = _entity_values(c, entity_df.column(entity))
-        stage_table, stage_type = _stage_table(c)
+        staged, stage_type = stage_table(c)
         # Event times are microseconds: flooring a finer timestamp keeps the as-of answer.
         if ts.type.unit == "ns":
             ts = pc.floor_temporal(ts, unit="microsecond")
         # Staged as timestamptz; the session is UTC, so a naive event time compares as UTC.
-        stage = pa.table({"e": ids, "t": ts.cast(_ts_utc()),
+        stage = pa.table({"e": ids, "t": ts.cast(ts_utc()),
                           "o": pa.array(np.arange(entity_df.num_rows, dtype=np.int64))})
         # One as-of lateral join per table: the history (features, event time), then the
         # aggregation rows (newest aggregated event at or before q.t) when any are asked for.
@@ -843,16 +839,16 @@ class FeatureStore:
             f"FROM {quote_ident(table)} h WHERE h.{ent} = q.e AND h.{et} <= q.t {age}"
             f"ORDER BY h.{et} DESC LIMIT 1) {alias} ON true"
             for alias, table, cols in joins)
-        query = f"SELECT {select} FROM {stage_table} q {laterals} ORDER BY q.o"
+        query = f"SELECT {select} FROM {staged} q {laterals} ORDER BY q.o"
 
         def as_of(conn: Any) -> list[Any]:
             with conn.transaction():
-                conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {stage_table} "
+                conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {staged} "
                              f"(e {stage_type}, t timestamptz, o bigint) ON COMMIT DELETE ROWS")
-                copy = f"COPY {stage_table} (e, t, o) FROM STDIN (FORMAT csv)"
+                copy = f"COPY {staged} (e, t, o) FROM STDIN (FORMAT csv)"
                 with conn.cursor() as cur, cur.copy(copy) as cp:
                     cp.write(copy_csv(stage))
-                conn.execute(f"ANALYZE {stage_table}")
+                conn.execute(f"ANALYZE {staged}")
                 result: list[Any] = conn.execute(
                     query, [max_age] * len(joins) if max_age is not None else []).fetchall()
                 return result
@@ -862,7 +858,7 @@ class FeatureStore:
         out = entity_df
         for name in columns:
             out = out.append_column(name, got.column(name))
-        return out.append_column(EVENT_TIME, got.column(event_time).cast(_event_time_type(c)))
+        return out.append_column(EVENT_TIME, got.column(event_time).cast(event_time_type(c)))
 
     # --- validation ---------------------------------------------------------------------------
 
@@ -877,417 +873,5 @@ class FeatureStore:
         return validate(rows, c)
 
 
-# --------------------------------------------------------------------------- helpers
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """What online calls for one (schema, features) read and return, computed once."""
-
-    c: CompiledSchema
-    columns: list[str]              # the requested features and aggregations, in result order
-    names: list[str]                # ... those read from the entity hash
-    aggs: list[str]                 # ... those read from the aggregates hash
-    fields: list[str]               # the entity hash's HMGET fields (names, _enc, fingerprint, _event_time)
-    agg_fields: list[str]           # the aggregates hash's
-    cold_names: list[str]           # names the Postgres fallback has (hot-only ones stay null)
-    cold_aggs: list[str]            # aggs the Postgres fallback has
-    ttl_ms: int                     # the schema's hot TTL (0: none)
-    refresh_ms: int | None          # hot.refresh_after (None: no logical expiry)
-    types: dict[str, pa.DataType]   # declared type of each name and agg
-    result: pa.Schema               # the result table's schema
-    #: per name, then per agg: the Python decoder of its v1 text (the small-call path),
-    #: or None when a column's type has none (then every call takes the Arrow path)
-    decoders: list[Callable[[bytes], Any]] | None
-
-
-@dataclass(frozen=True)
-class _OnlineRequest:
-    """What one ``online``/``online_async`` call reads from Redis (built once, for both)."""
-
-    plan: _Plan
-    ids: list[str]                  # the ids as text, in request order (null: ``_NULL_ID``)
-    #: per read, its keys (one per id) and HMGET fields (the values, ``_enc``,
-    #: ``_schema_fingerprint``, ``_event_time``), or None for a PTTL: the entity hashes,
-    #: the aggregates hashes when the plan has aggs, their PTTL for logical expiry. Sent
-    #: as one pipeline: one round trip.
-    reads: list[tuple[list[str], list[str] | None]]
-
-
-class _RawPool:
-    """:class:`_RawRedis` connections for concurrent callers: each call takes an idle one
-    (or opens one) and puts it back, so threads never share a connection."""
-
-    def __init__(self, url: str, timeout_s: float) -> None:
-        import threading
-
-        self.url = url
-        self.timeout_s = timeout_s
-        self._idle: list[_RawRedis] = []
-        self._lock = threading.Lock()
-
-    def hmget_many(self, reads: Sequence[tuple[Sequence[str], Sequence[str] | None]]) -> list[Any]:
-        with self._lock:
-            conn = self._idle.pop() if self._idle else None
-        if conn is None:
-            conn = _RawRedis(self.url, self.timeout_s)
-        replies = conn.hmget_many(reads)  # a failure drops the connection (it closed itself)
-        with self._lock:
-            self._idle.append(conn)
-        return replies
-
-    def close(self) -> None:
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
-
-
-class _RawRedis:
-    """One Redis connection that pipelines HMGETs as protocol bytes (``features.sinks.
-    redis_wire``: the replies read by hiredis's C reader). Reconnects once on a lost
-    connection; an unreachable server raises SinkUnavailable."""
-
-    def __init__(self, url: str, timeout_s: float) -> None:
-        from features.sinks.redis_wire import RedisEndpoint
-
-        self.endpoint = RedisEndpoint.from_url(url)
-        self.address = self.endpoint.address
-        self.timeout_s = timeout_s
-        self._conn: Any = None  # a features.sinks.redis_wire.Conn
-        #: a Redis Cluster (a ``redis+cluster://`` URL, or a node that answered -MOVED):
-        #: each HMGET goes to its slot's primary (features.sinks.redis_cluster)
-        self._cluster: Any = None
-        if self.endpoint.cluster:
-            self._use_cluster()
-
-    def _use_cluster(self) -> None:
-        from features.sinks.redis_cluster import Cluster
-
-        self.close()
-        self._cluster = Cluster(self.endpoint, timeout_s=self.timeout_s)
-        self.address = self._cluster.address
-
-    def _connect(self) -> None:
-        from features.sinks.redis_wire import Conn
-
-        self._conn = Conn(self.endpoint.connect(self.timeout_s), self.address)
-
-    def close(self) -> None:
-        if self._cluster is not None:
-            self._cluster.invalidate()
-        if self._conn is not None:
-            try:
-                self._conn.close()
-            finally:
-                self._conn = None
-
-    def hmget_many(self, reads: Sequence[tuple[Sequence[str], Sequence[str] | None]]) -> list[Any]:
-        """One ``HMGET key *fields`` per key of each ``(keys, fields)`` group (``PTTL key``
-        where ``fields`` is None), every group sent in one write (one round trip); the
-        replies in the same order (lists of bytes/None; integers for PTTL)."""
-        if self._cluster is not None:
-            return self._hmget_cluster(reads)
-        from features.sinks.redis_wire import ReplyError
-
-        request = b"".join(_hmget_request(keys, fields) for keys, fields in reads)
-        n = sum(len(keys) for keys, _ in reads)
-        for attempt in (1, 2):
-            try:
-                if self._conn is None:
-                    self._connect()
-                self._conn.send(request)
-                replies: list[Any] = self._conn.read_replies(n)
-                for reply in replies:
-                    if isinstance(reply, ReplyError):
-                        if reply.code == "MOVED":
-                            raise _Moved(reply.text)
-                        raise SinkError(f"Redis at {self.address} refused HMGET: -{reply.text}",
-                                        store="redis", address=self.address)
-                return replies
-            except _Moved:  # a plain URL naming one node of a cluster: route by slot from now on
-                self._use_cluster()
-                return self._hmget_cluster(reads)
-            except (OSError, ConnectionError) as exc:
-                self.close()
-                if attempt == 2:
-                    raise SinkUnavailable(f"Redis unreachable at {self.address}: {exc}", store="redis",
-                                          address=self.address) from exc
-            except BaseException:
-                self.close()  # replies may be left unread: never reuse this connection
-                raise
-        raise AssertionError("unreachable")
-
-    def _hmget_cluster(self, reads: Sequence[tuple[Sequence[str], Sequence[str] | None]]) -> list[Any]:
-        """:meth:`hmget_many` on a cluster: every primary gets its keys' HMGETs in one write
-        (all primaries before any reply is read), redirections followed."""
-        from features.sinks.redis_cluster import key_slots
-        from features.sinks.redis_wire import ReplyError
-
-        keys = [k for ks, _ in reads for k in ks]
-        calls = [_hmget_request([k], fields) for ks, fields in reads for k in ks]
-        slots = key_slots(pa.array(keys, pa.string()))
-        for attempt in (1, 2):
-            try:
-                replies = self._cluster.send_calls(calls, slots, replies=True)
-                break
-            except (OSError, ConnectionError, SinkUnavailable) as exc:
-                self._cluster.invalidate()
-                if attempt == 2:
-                    raise SinkUnavailable(f"Redis Cluster unreachable at {self.address}: {exc}",
-                                          store="redis", address=self.address) from exc
-        for reply in replies:
-            if isinstance(reply, ReplyError):
-                raise SinkError(f"Redis Cluster at {self.address} refused HMGET: {reply.text}",
-                                store="redis", address=self.address)
-        return replies  # type: ignore[no-any-return]  # lists of bytes/None
-
-
-class _Outdated(Exception):
-    """Hashes an earlier version of the schema wrote, which the stores were migrated from:
-    rewritten in the current layout (``features.migrate.Upgrader``), then read again."""
-
-
-#: reads of a request rewritten and repeated at most this often (a writer of the old
-#: version may write again in between)
-_UPGRADE_ATTEMPTS = 3
-
-
-def _still_outdated(req: _OnlineRequest) -> SinkError:
-    c = req.plan.c
-    return SinkError(f"Redis hashes of {c.name} were written by an earlier schema version again while "
-                     f"they were rewritten to {c.schema.version_str} ({_UPGRADE_ATTEMPTS} times): is a "
-                     "loader or stream of the old version still running? Stop it, then retry", store="redis")
-
-
-class _Moved(Exception):
-    """A -MOVED reply: the server is one node of a Redis Cluster."""
-
-
-def _hmget_request(keys: Sequence[str], fields: Sequence[str] | None) -> bytes:
-    """``HMGET key *fields`` per key (``PTTL key`` where ``fields`` is None)."""
-    from features.sinks.redis_wire import repeated_commands
-
-    if fields is None:
-        return repeated_commands(["PTTL"], keys, [])
-    return repeated_commands(["HMGET"], keys, fields)
-
-
-
-def _entity_pg_type(c: CompiledSchema) -> str:
-    """The entity column's Postgres type (``text``, ``smallint``, ``integer``, ``bigint``)."""
-    from features.compile.postgres import pg_type
-
-    return pg_type(c.schema.field(str(c.schema.entity)).type)
-
-
-def _entity_in(c: CompiledSchema) -> str:
-    """``h.<entity> = ANY(%s::<its type>[])``: the parameter is :func:`_entity_list`."""
-    from features.compile.postgres import quote_ident
-
-    return f"h.{quote_ident(str(c.schema.entity))} = ANY(%s::{_entity_pg_type(c)}[])"
-
-
-def _entity_list(c: CompiledSchema, ids: Sequence[Any]) -> list[Any]:
-    """Caller ids as values of the entity's type (:func:`features.stored.entity_values`),
-    those that are no value of it left out (they match nothing)."""
-    text = pa.array([_entity_text(i) for i in ids], pa.string())
-    values: list[Any] = _entity_values(c, text).drop_null().to_pylist()
-    return values
-
-
-def _as_of_times(c: CompiledSchema, ts: Any, column: str) -> Any:
-    """``historical``'s ``entity_df`` times, checked against the schema's event time:
-    zoned times (any unit, any zone) always; naive ones only when the event time is a
-    naive timestamp, whose values are UTC wall-clock times (docs/types.md, "Naive
-    timestamps"): a naive time then reads as UTC too. Where the event time has a zone
-    (or is a date) a naive time is refused, as the validator refuses a naive value for
-    a zoned field: nothing says which zone it is in. Returns the times, naive ones
-    labelled UTC (the same instants); raises ConfigError."""
-    event_time = str(c.schema.event_time)
-    declared = c.schema.field(event_time).type
-    naive = declared.kind is TypeKind.TIMESTAMP and declared.tz is None
-    if not pa.types.is_timestamp(ts.type):
-        want = "a timestamp (naive: UTC, or with a time zone)" if naive else "a timestamp with a time zone"
-        raise ConfigError(f"entity_df column {column!r} is {ts.type}; expected {want}", key="entity_df")
-    if ts.type.tz is not None:
-        return ts
-    if naive:
-        return ts.cast(pa.timestamp(ts.type.unit, "UTC"))  # naive = UTC: the same numbers
-    raise ConfigError(f"entity_df column {column!r} is {ts.type} (no time zone), but schema {c.name!r} has "
-                      f"event time {event_time} of type {declared}: give the times with a zone (pandas: "
-                      "Series.dt.tz_localize(...); pyarrow: cast to timestamp(unit, 'UTC') when they are "
-                      "UTC). A naive time is read as UTC only against a naive event time", key="entity_df")
-
-
-def _stage_table(c: CompiledSchema) -> tuple[str, str]:
-    """The session's temporary table ``historical`` stages entity rows in, one per entity
-    column type (a connection serves schemas of several), and that type."""
-    t = _entity_pg_type(c)
-    return f"_featureline_asof_{t}", t
-
-
-#: The lineage columns the fallback reads (``features.fallback.LINEAGE``), and the
-#: aggregation row's event time (``__agg<event time>``: the event time's type).
-#: Stands for a null id: a key no writer can create (a NUL character is a type reject).
-_NULL_ID = "\x00"
-
-
-def _entity_text(value: Any) -> str:
-    if value is None:
-        return _NULL_ID
-    return value if isinstance(value, str) else str(value)
-
-
-def _scatter(base: pa.Array, rows: npt.NDArray[np.int64], values: pa.Array) -> pa.Array:
-    """``base`` with ``values`` placed at ``rows``."""
-    idx = np.arange(len(base), dtype=np.int64)
-    src = np.zeros(len(base), dtype=np.int64)
-    use = np.zeros(len(base), dtype=bool)
-    use[rows] = True
-    src[rows] = np.arange(len(rows), dtype=np.int64)
-    merged = pa.concat_arrays([base.cast(values.type) if base.type != values.type else base, values])
-    take = np.where(use, len(base) + src, idx)
-    return merged.take(pa.array(take))
-
-
-
-
-#: ``online`` calls of at most this many ids try the small-call path (Python decoding)
-#: first; larger ones decode with Arrow kernels (cheaper per value, dearer per call).
-SMALL_CALL = 16
-_EPOCH_NAIVE = dt.datetime(1970, 1, 1)
-
-
-def _small_rows(req: _OnlineRequest, replies: list[Any]) -> list[dict[str, Any]] | None:
-    """The result rows decoded in Python, when every id's hash is in Redis, written by
-    this schema (encoding v1, its fingerprint) and not stale; None otherwise (and when a
-    column's type has no Python decoder, or a value does not decode): then the Arrow path
-    (:meth:`FeatureStore._finish_online`) decides, with its fallback and its errors. The
-    values are those of ``online(...).to_pylist()`` (``tests/integration/test_sdk.py``
-    holds the two paths equal)."""
-    plan, ids = req.plan, req.ids
-    decoders = plan.decoders
-    if decoders is None:
-        return None
-    n = len(ids)
-    nn = len(plan.names)
-    na = len(plan.aggs)
-    fp = plan.c.fingerprint.encode()
-    entity = str(plan.c.schema.entity)
-    now_us = time.time_ns() // 1000
-    # the epoch as ``_event_time`` gives it: naive for a naive event time (naive = UTC)
-    epoch = _EPOCH_NAIVE if plan.result.field(EVENT_TIME).type.tz is None else _EPOCH_UTC
-    out: list[dict[str, Any]] = []
-    try:
-        for j in range(n):
-            hv = replies[j]
-            if hv[-1] is None or hv[nn] != b"1" or hv[nn + 1] != fp:
-                return None
-            values = [None if v is None else decoders[k](v) for k, v in enumerate(hv[:nn])]
-            if na:
-                av = replies[n + j]
-                if av[-1] is not None and (av[na] != b"1" or av[na + 1] != fp):
-                    return None
-                values += [None if v is None else decoders[nn + k](v) for k, v in enumerate(av[:na])]
-            if plan.refresh_ms is not None:
-                pttl = replies[(2 if na else 1) * n + j]
-                if pttl >= 0 and plan.ttl_ms - pttl > plan.refresh_ms:
-                    return None
-            ev = int(hv[-1])
-            row: dict[str, Any] = {entity: None if ids[j] == _NULL_ID else ids[j]}
-            row.update(zip(plan.names, values[:nn], strict=True))
-            row.update(zip(plan.aggs, values[nn:], strict=True))
-            out.append({**{name: row[name] for name in [entity, *plan.columns]},
-                        EVENT_TIME: epoch + dt.timedelta(microseconds=ev),
-                        AGE: (now_us - ev) / 1_000_000.0, FROM: "redis", FOUND: True, STALE: False})
-    except (ValueError, KeyError, ArithmeticError, UnicodeDecodeError):
-        return None
-    return out
-
-
-def _pyarrow_utc() -> Any:
-    """The tzinfo pyarrow gives UTC timestamps in ``to_pylist`` (pytz's, when installed)."""
-    return pa.array([0], pa.timestamp("us", "UTC")).to_pylist()[0].tzinfo
-
-
-_PYARROW_UTC = _pyarrow_utc()
-_EPOCH_UTC = dt.datetime(1970, 1, 1, tzinfo=_PYARROW_UTC)
-
-
-def _decoders(types: Sequence[pa.DataType]) -> list[Callable[[bytes], Any]] | None:
-    out = [_decoder(t) for t in types]
-    return None if any(d is None for d in out) else out  # type: ignore[return-value]
-
-
-def _decoder(t: pa.DataType) -> Callable[[bytes], Any] | None:
-    """The Python decoder of encoding-v1 text of type ``t``, giving what Arrow's cast and
-    ``to_pylist`` give (strict: text a v1 writer cannot produce raises ValueError); None
-    for types decoded by Arrow only (float32, zones other than UTC, non-microsecond units)."""
-    from decimal import Decimal
-
-    if pa.types.is_dictionary(t):
-        t = t.value_type
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
-        return _utf8
-    if pa.types.is_integer(t):
-        lo, hi = ((0, 2 ** t.bit_width - 1) if pa.types.is_unsigned_integer(t)
-                  else (-(2 ** (t.bit_width - 1)), 2 ** (t.bit_width - 1) - 1))
-
-        def integer(b: bytes) -> int:
-            if not (b.isdigit() or (b[:1] == b"-" and b[1:].isdigit())):
-                raise ValueError(b)
-            v = int(b)
-            if not lo <= v <= hi:
-                raise ValueError(b)
-            return v
-
-        return integer
-    if pa.types.is_float64(t):
-        def double(b: bytes) -> float:
-            if not b or b[:1].isalpha() or b"_" in b or b[:1].isspace() or b[-1:].isspace():
-                raise ValueError(b)  # nan/inf/1_0/" 1": never v1 text
-            return float(b)
-
-        return double
-    if pa.types.is_decimal(t):
-        scale, precision = t.scale, t.precision
-        quantum = Decimal(1).scaleb(-scale)
-
-        def decimal(b: bytes) -> Decimal:
-            d = Decimal(b.decode("ascii"))
-            if not d.is_finite():
-                raise ValueError(b)
-            if d.as_tuple().exponent != -scale:
-                q = d.quantize(quantum)
-                if q != d:
-                    raise ValueError(b)
-                d = q
-            if len(d.as_tuple().digits) > precision:
-                raise ValueError(b)
-            return d
-
-        return decimal
-    if pa.types.is_boolean(t):
-        return _BOOLS.__getitem__
-    if pa.types.is_date32(t):
-        return lambda b: dt.date.fromisoformat(b.decode("ascii"))
-    if pa.types.is_timestamp(t) and t.unit == "us" and t.tz == "UTC":
-        def instant(b: bytes) -> dt.datetime:
-            if len(b) != 27 or b[-1:] != b"Z":
-                raise ValueError(b)
-            return dt.datetime.fromisoformat(b.decode("ascii")).astimezone(_PYARROW_UTC)
-
-        return instant
-    return None
-
-
-_BOOLS = {b"true": True, b"false": False}
-
-
-def _utf8(b: bytes) -> str:
-    return b.decode("utf-8")
-
 
 __all__ = ["AGE", "EVENT_TIME", "FOUND", "FROM", "STALE", "UNKNOWN_SCHEMA", "FeatureStore"]
-

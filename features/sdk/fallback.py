@@ -29,13 +29,14 @@ for a schema with aggregations, its newest aggregation row.
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 import time
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -45,8 +46,22 @@ from features.compile import CompiledSchema
 from features.errors import SinkUnavailable
 from features.lineage import INGESTED_AT, RUN_ID, SCHEMA_FINGERPRINT, SCHEMA_VERSION, SOURCE
 
-if TYPE_CHECKING:
-    from features.store import FeatureStore
+
+class Host(Protocol):
+    """What the fallback needs of the store it serves (:class:`features.sdk.store.
+    FeatureStore`): its settings and its read of the newest stored rows. A protocol, so
+    this module does not import the facade that imports it."""
+
+    redis_url: str
+    redis_address: str
+    key_prefix: str
+    timeout_s: float
+    fill: bool
+    fill_lock: dt.timedelta
+    fill_wait: dt.timedelta
+    negative_ttl: dt.timedelta
+
+    def _fetch_rows(self, c: CompiledSchema, ids: list[str]) -> pa.Table: ...
 
 #: The lineage a filled hash carries (the history row's own).
 LINEAGE = (SOURCE, SCHEMA_VERSION, SCHEMA_FINGERPRINT, RUN_ID, INGESTED_AT)
@@ -209,7 +224,7 @@ class FallbackCounts:
 class Fallback:
     """The stampede-proof fallback of one FeatureStore (see the module docstring)."""
 
-    def __init__(self, store: FeatureStore) -> None:
+    def __init__(self, store: Host) -> None:
         self.store = store
         self.flight = SingleFlight()
         self.negative = NegativeCache(store.negative_ttl.total_seconds())
@@ -395,7 +410,7 @@ class Fallback:
 
 def fillable(c: CompiledSchema) -> bool:
     """Whether the schema's rows can be filled into Redis: it has hot features."""
-    from features.stored import hot_columns
+    from features.sdk.stored import hot_columns
 
     return bool(c.schema.loadable and hot_columns(c))
 
@@ -405,8 +420,8 @@ def fill_rows(c: CompiledSchema, rows: pa.Table, sink_for: Any) -> int:
     script: the entity hashes (hot features Postgres does not hold stay absent, as the
     fallback serves them: null) and, where a row has one, the aggregates hashes. Returns
     the hashes written."""
+    from features.sdk.stored import declared_type
     from features.sinks.base import WriteUnit
-    from features.stored import declared_type
 
     schema = c.schema
     ent, et = str(schema.entity), str(schema.event_time)

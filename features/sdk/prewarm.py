@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from features.config import resolve_settings
     from features.errors import ConfigError
     from features.logs import active_format
-    from features.store import FeatureStore
+    from features.sdk.store import FeatureStore
 
     settings = resolve_settings(schemas_dir=args.schemas_dir)
     ids = None

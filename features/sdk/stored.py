@@ -1,6 +1,6 @@
 """Which columns a compiled schema stores where (Redis, Postgres), and their declared
-Arrow types: what the SDK reads back and what its fill writes (``features.store``,
-``features.fallback``)."""
+Arrow types: what the SDK reads back and what its fill writes (``features.sdk.store``,
+``features.sdk.fallback``)."""
 
 from __future__ import annotations
 

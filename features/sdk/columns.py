@@ -1,0 +1,80 @@
+"""The columns of the SDK's results and the entity ids' forms: shared by its online
+and historical reads (``features.sdk``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from features.compile import CompiledSchema
+from features.schema.model import TypeKind
+from features.sdk.stored import entity_values
+
+#: Columns every ``online`` result carries besides the entity and the features.
+EVENT_TIME = "_event_time"
+AGE = "_age_seconds"
+FROM = "_from"            # "redis", "postgres" or null (found nowhere)
+FOUND = "_found"
+STALE = "_stale"          # a Redis value past hot.refresh_after, served while refreshed
+#: The metrics' ``schema`` label of calls for a schema the store does not have (or
+#: could not open): never a schema name, which is an identifier.
+UNKNOWN_SCHEMA = "(unknown)"
+#: Read with every hash and checked (encoding version, schema fingerprint).
+CHECKED = ("_enc", "_schema_fingerprint")
+
+
+
+def ts_utc() -> pa.DataType:
+    return pa.timestamp("us", "UTC")
+
+
+def event_time_type(c: CompiledSchema) -> pa.DataType:
+    """The type of ``_event_time`` in ``online`` and ``historical`` results: naive
+    ``timestamp[us]`` when the schema's event time is a naive timestamp (its values as
+    stored, not labelled with a zone they do not have), else ``timestamp[us, UTC]`` (a
+    zoned event time's instant, a date's midnight UTC). Naive times are UTC wall-clock
+    times everywhere (docs/types.md, "Naive timestamps")."""
+    event_time = c.schema.event_time
+    if event_time is not None:
+        t = c.schema.field(str(event_time)).type
+        if t.kind is TypeKind.TIMESTAMP and t.tz is None:
+            return pa.timestamp("us")
+    return ts_utc()
+
+
+
+def entity_pg_type(c: CompiledSchema) -> str:
+    """The entity column's Postgres type (``text``, ``smallint``, ``integer``, ``bigint``)."""
+    from features.compile.postgres import pg_type
+
+    return pg_type(c.schema.field(str(c.schema.entity)).type)
+
+
+def entity_in(c: CompiledSchema) -> str:
+    """``h.<entity> = ANY(%s::<its type>[])``: the parameter is :func:`entity_list`."""
+    from features.compile.postgres import quote_ident
+
+    return f"h.{quote_ident(str(c.schema.entity))} = ANY(%s::{entity_pg_type(c)}[])"
+
+
+def entity_list(c: CompiledSchema, ids: Sequence[Any]) -> list[Any]:
+    """Caller ids as values of the entity's type (:func:`features.stored.entity_values`),
+    those that are no value of it left out (they match nothing)."""
+    text = pa.array([entity_text(i) for i in ids], pa.string())
+    values: list[Any] = entity_values(c, text).drop_null().to_pylist()
+    return values
+
+
+#: The lineage columns the fallback reads (``features.fallback.LINEAGE``), and the
+#: aggregation row's event time (``__agg<event time>``: the event time's type).
+#: Stands for a null id: a key no writer can create (a NUL character is a type reject).
+NULL_ID = "\x00"
+
+
+def entity_text(value: Any) -> str:
+    if value is None:
+        return NULL_ID
+    return value if isinstance(value, str) else str(value)
+
