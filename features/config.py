@@ -82,6 +82,8 @@ class Settings:
     """Where kernels run: ``auto`` (GPU when CuPy and a device exist), ``cpu`` or ``gpu``."""
     schemas_dir: str = "schemas"
     """Folder holding the schema YAML files."""
+    views_dir: str = "views"
+    """Folder holding the view YAML files (``docs/views.md``); a missing folder holds none."""
     cache_dir: str | None = None
     """Where ``features dev up`` keeps its downloads (Kafka's jars, the Flink Kafka
     connector jar, Maven's repository). None: the per-user cache shared by every project,
@@ -413,7 +415,7 @@ def resolve_settings(
     unset never beats the environment. ``root`` is the project folder holding
     ``featureline.toml``; by default it is found as :func:`features.home.project_home`
     says (``FEATURES_HOME``, else the nearest folder at or above the current one holding
-    the file), and when that is above the current folder a relative ``schemas_dir`` from
+    the file), and when that is above the current folder a relative ``schemas_dir`` (and ``views_dir``) from
     the file or the default is made relative to it. A relative ``secrets_file`` is
     relative to ``root``. Raises ConfigError for an unknown setting name, an invalid value, a credential in
     ``featureline.toml``, or a secrets file that is unreadable, too widely readable or
@@ -456,9 +458,10 @@ def resolve_settings(
         )
     if "postgres_dsn" in values:
         _check_dsn(str(values["postgres_dsn"]), origin["postgres_dsn"])
-    schemas = Path(str(values.get("schemas_dir", Settings.schemas_dir)))
-    if (discovered and root != Path.cwd().absolute() and not schemas.is_absolute()
-            and origin.get("schemas_dir") not in ("arguments", env_var("schemas_dir"))):
-        # run from below the project folder: its schemas_dir is relative to the project
-        values["schemas_dir"] = os.path.relpath(root / schemas)
+    for key in ("schemas_dir", "views_dir"):
+        folder = Path(str(values.get(key, getattr(Settings, key))))
+        if (discovered and root != Path.cwd().absolute() and not folder.is_absolute()
+                and origin.get(key) not in ("arguments", env_var(key))):
+            # run from below the project folder: its schemas_dir/views_dir is relative to the project
+            values[key] = os.path.relpath(root / folder)
     return Settings(**values)

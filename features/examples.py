@@ -17,6 +17,8 @@ from features.compile import CompiledSchema, compile_schema
 
 #: The example schemas, shipped in the package (in a checkout: links to ``schemas/``).
 EXAMPLE_SCHEMAS = Path(__file__).resolve().parent / "example_schemas"
+#: The example views over them (in a checkout: links to ``views/``).
+EXAMPLE_VIEWS = Path(__file__).resolve().parent / "example_views"
 SEED = 20240611
 INVALID_SHARE = 0.02
 

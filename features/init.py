@@ -117,6 +117,8 @@ def _config() -> str:
         "# device = \"auto\"",
         "# the folder of schema YAML files",
         "# schemas_dir = \"schemas\"",
+        "# the folder of view YAML files (what a model reads per request; docs/views.md)",
+        "# views_dir = \"views\"",
         "# where `features dev up` keeps its downloads (default: the per-user cache,",
         "# $XDG_CACHE_HOME/featureline or ~/.cache/featureline, shared by every project)",
         "# cache_dir = \".cache\"",

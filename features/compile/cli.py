@@ -1,7 +1,7 @@
 """``features compile``: schemas/*.yaml -> sql/<name>.sql and expectations/<name>.json.
 
 ``features compile [PATH...] [--check] [--schemas-dir DIR] [--sql-dir DIR]
-[--expectations-dir DIR]``
+[--expectations-dir DIR] [--views-dir DIR]``
 
 Without PATH every schema file in the schemas folder (``--schemas-dir``, else the
 ``schemas_dir`` setting, ``schemas/`` by default) is compiled, and generated files
@@ -9,7 +9,14 @@ left behind by schemas that no longer exist are removed (only files that carry t
 generated marker; a hand-written file is never touched). With PATHs (files or
 folders) only those schemas are compiled and nothing else is removed.
 
-Output: one line per schema, ``name version fingerprint[:12]`` and each file with
+A whole-folder run also compiles every view of the views folder (``--views-dir``, else
+the ``views_dir`` setting, ``views/`` by default; a missing folder holds none) against
+those schemas, and writes one artefact per view, ``<views>/compiled/<name>.json``
+(its name, version, fingerprint, sources and output schema with declared types;
+:meth:`~features.views.CompiledView.artefact`), removing those of views that no longer
+exist. A view error fails the run (and ``--check``) like a schema error.
+
+Output: one line per schema, ``name version fingerprint[:12]`` and each file with (views: ``view name ...``)
 ``written`` or ``unchanged``. The files are byte-for-byte deterministic: DDL as
 :func:`~features.compile.postgres.render_ddl` renders it, the suite as JSON with
 sorted keys, indent 2 and a final newline. A file is rewritten only when its bytes
@@ -60,6 +67,8 @@ def add_parser(subparsers: Any) -> None:
         "--expectations-dir", metavar="DIR", default="expectations",
         help="GX suite output folder (default: expectations)",
     )
+    p.add_argument("--views-dir", metavar="DIR",
+                   help="view folder (default: the views_dir setting); its artefacts go to DIR/compiled")
     p.set_defaults(func=run)
 
 
@@ -143,6 +152,62 @@ def _write(path: Path, text: str) -> None:
         raise
 
 
+def _update(files: list[Artefact], check: bool, problems: list[str]) -> str:
+    """Write (or, with ``check``, compare) ``files``; the text of the status column."""
+    statuses = [(a, a.status()) for a in files]
+    if check:
+        problems.extend(f"{s}: {a.path}" for a, s in statuses if s != "unchanged")
+        return ", ".join(f"{a.path} ({'ok' if s == 'unchanged' else s})" for a, s in statuses)
+    for a, s in statuses:
+        if s != "unchanged":
+            _write(a.path, a.text)
+    return ", ".join(f"{a.path} ({'unchanged' if s == 'unchanged' else 'written'})" for a, s in statuses)
+
+
+def _views(args: argparse.Namespace, schemas: dict[str, CompiledSchema], problems: list[str]) -> bool:
+    """Compile (or check) every view of the views folder against ``schemas``; True when
+    one failed (its errors printed)."""
+    from features.errors import CompileError, SchemaError, SchemaErrors
+    from features.views import compile_view, load_views
+
+    if args.views_dir:
+        views_dir = Path(args.views_dir)
+    else:
+        from features.config import resolve_settings
+
+        views_dir = Path(resolve_settings().views_dir)
+    try:
+        views = load_views(views_dir, {name: c.schema for name, c in schemas.items()})
+    except SchemaErrors as exc:
+        for err in exc.errors:
+            print(str(err), file=sys.stderr)
+        return True
+    except SchemaError as exc:
+        print(str(exc), file=sys.stderr)
+        return True
+    out_dir = views_dir / "compiled"
+    failed = False
+    for view in views.values():
+        try:
+            cv = compile_view(view, schemas, device="cpu")
+            text = suite_json(cv.artefact())
+        except CompileError as exc:
+            print(f"{view.path or view.name}: {exc}", file=sys.stderr)
+            failed = True
+            continue
+        shown = _update([Artefact(out_dir / f"{view.name}.json", text)], args.check, problems)
+        print(f"view {view.name} {view.version_str} {cv.fingerprint[:12]}  {shown}")
+    if not failed and out_dir.is_dir():
+        for path in sorted(out_dir.iterdir()):
+            if path.is_file() and path.suffix == ".json" and path.stem not in views and _is_generated(path):
+                if args.check:
+                    problems.append(f"extra: {path} (no view named {path.stem!r})")
+                else:
+                    path.unlink()
+                    print(f"removed {path} (no view named {path.stem!r})")
+    return failed
+
+
 def run(args: argparse.Namespace) -> int:
     """Compile (or check) the schemas named by ``args``; returns the exit code."""
     from features.compile import compile_schema
@@ -174,6 +239,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
 
     sql_dir, exp_dir = Path(args.sql_dir), Path(args.expectations_dir)
+    schemas_compiled: dict[str, CompiledSchema] = {}
     failed = False
     problems: list[str] = []
     for schema in schemas.values():
@@ -181,23 +247,16 @@ def run(args: argparse.Namespace) -> int:
         try:
             compiled = compile_schema(schema)
             files = artefacts(compiled, sql_dir, exp_dir)
+            schemas_compiled[schema.name] = compiled
         except CompileError as exc:
             print(f"{where}: {exc}", file=sys.stderr)
             failed = True
             continue
-        statuses = [(a, a.status()) for a in files]
-        if args.check:
-            problems.extend(f"{s}: {a.path}" for a, s in statuses if s != "unchanged")
-            shown = ", ".join(f"{a.path} ({'ok' if s == 'unchanged' else s})" for a, s in statuses)
-        else:
-            for a, s in statuses:
-                if s != "unchanged":
-                    _write(a.path, a.text)
-            shown = ", ".join(
-                f"{a.path} ({'unchanged' if s == 'unchanged' else 'written'})" for a, s in statuses
-            )
+        shown = _update(list(files), args.check, problems)
         print(f"{schema.name} {schema.version_str} {compiled.fingerprint[:12]}  {shown}")
 
+    if whole_folder or args.views_dir:
+        failed = _views(args, schemas_compiled, problems) or failed
     if whole_folder and not failed:
         for path in extra_files(set(schemas), sql_dir, exp_dir):
             if args.check:

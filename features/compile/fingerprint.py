@@ -28,7 +28,7 @@ from typing import Any, Final
 
 from features.schema.model import Field, Schema
 
-__all__ = ["canonical_json", "fingerprint"]
+__all__ = ["FINGERPRINT_FORMAT", "canonical_json", "canonical_value", "fingerprint"]
 
 #: bump when the encoding below changes (every fingerprint changes with it).
 FINGERPRINT_FORMAT: Final = 1
@@ -72,6 +72,12 @@ def _canonical(value: Any) -> Any:
     if isinstance(value, (tuple, list)):
         return [_canonical(v) for v in value]
     raise TypeError(f"cannot fingerprint a {type(value).__name__}: {value!r}")
+
+
+def canonical_value(value: Any) -> Any:
+    """The JSON-ready picture of a model value (a dataclass of ``features.schema.model``
+    or one built of them, such as a view), under the rules of the module docstring."""
+    return _canonical(value)
 
 
 def canonical_json(schema: Schema) -> str:

@@ -63,6 +63,7 @@ from features.kernels.ops import (
     Bucketize,
     Cast,
     Clip,
+    Combine,
     FeaturePlan,
     FillNull,
     HashSlot,
@@ -215,6 +216,8 @@ def _describe(op: KernelOp) -> str:
         return f"{name} {len(op.boundaries)} boundaries"
     if isinstance(op, Ratio):
         return f"{name} denominator=slot {op.slot} on_zero={op.on_zero!r}"
+    if isinstance(op, Combine):
+        return f"{name} other=slot {op.slot} on_null={op.on_null!r}"
     if isinstance(op, TimeSince):
         return f"{name} unit={op.unit}"
     if isinstance(op, Cast):
@@ -263,6 +266,12 @@ def _op_source(op: KernelOp, fidx: int, preamble: list[str]) -> str:
         return (f"if (st == {OK}) {{ double d = inp[{op.slot} * N + i]; "
                 f"if (isnan(d)) st = {NULL}; else if (d == 0.0) {{ {zero} }} "
                 f"else {{ double r = x / d; if (isfinite(r)) x = r; else st = {bad}; }} }}")
+    if isinstance(op, Combine):
+        null = f"st = {NULL};" if op.on_null is None else f"{{ x = {c_double(op.on_null)}; st = {OK}; }}"
+        sign = "-" if op.op == "difference" else "*"
+        return (f"if (st == {OK} || st == {NULL}) {{ double d = inp[{op.slot} * N + i]; "
+                f"if (st == {NULL} || isnan(d)) {null} "
+                f"else {{ double r = x {sign} d; if (isfinite(r)) x = r; else st = {bad}; }} }}")
     if isinstance(op, TimeSince):
         return f"if (st == {OK}) {{ x = x / {c_double(op.divisor)}; }}"
     assert isinstance(op, Cast)

@@ -38,6 +38,7 @@ from features.kernels.ops import (
     Bucketize,
     Cast,
     Clip,
+    Combine,
     FeaturePlan,
     FillNull,
     KernelOp,
@@ -272,6 +273,25 @@ def apply_op(
         np.isfinite(x, out=b)
         np.logical_not(b, out=b)
         _mark(st, b, ok, INVALID_BASE + op.step)
+    elif isinstance(op, Combine):
+        d = sc.d[:m]
+        other = slots[op.slot]
+        np.copyto(d, other.values[start:start + m], casting="unsafe")
+        null = _null_rows(other, start, start + m)
+        if null is not None:                      # a null operand gives null (or on_null)
+            np.copyto(b, null)
+            _mark(st, b, ok, NULL)
+            maybe_null = True
+        (np.subtract if op.op == "difference" else np.multiply)(x, d, out=x)
+        np.isfinite(x, out=b)
+        np.logical_not(b, out=b)
+        _mark(st, b, ok, INVALID_BASE + op.step)
+        if op.on_null is not None:
+            if maybe_null:
+                np.equal(st, NULL, out=b)
+                np.copyto(x, op.on_null, where=b)
+                np.copyto(st, OK, where=b)
+            maybe_null = False
     elif isinstance(op, TimeSince):
         np.divide(x, op.divisor, out=x)
     elif isinstance(op, Cast):

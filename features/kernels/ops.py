@@ -22,6 +22,8 @@ zscore m s    (x - m) / s                                                     re
 minmax lo hi  (x - lo) / (hi - lo), no clipping; hi - lo computed once        result not finite
 bucketize bs  number of boundaries b with b <= x (0 .. len(bs))               never
 ratio d z     x / d[row]; z where d == 0 (null if z is null); null if d null  result not finite
+difference o  x - o[row]; null if x or o is null, or v with ``on_null: v``    result not finite
+product o     x * o[row]; null if x or o is null, or v with ``on_null: v``    result not finite
 time_since u  (reference - source) in unit u (ms s minutes hours days weeks)  never
 hash_bucket   FNV-1a 64 of the UTF-8 string, mod n (hashing.py), on the host  never
 one_hot       one 0/1 column per enum value ``<feature>__<value>``, host      never
@@ -180,6 +182,18 @@ class Ratio:
 
 
 @dataclass(frozen=True)
+class Combine:
+    """``difference`` (``x - o``) or ``product`` (``x * o``) with the other column ``o``
+    of the row: null where either is null, unless ``on_null`` (then that value, OK)."""
+
+    step: int
+    slot: int
+    """Input slot of the other field."""
+    op: Literal["difference", "product"]
+    on_null: float | None
+
+
+@dataclass(frozen=True)
 class TimeSince:
     step: int
     divisor: float
@@ -199,10 +213,10 @@ class Cast:
     backends skip it."""
 
 
-KernelOp = FillNull | Clip | Log1p | ZScore | MinMax | Bucketize | Ratio | TimeSince | Cast
+KernelOp = FillNull | Clip | Log1p | ZScore | MinMax | Bucketize | Ratio | Combine | TimeSince | Cast
 
 #: Ops that can make a row invalid (the others never do).
-CAN_FAIL: Final = (Log1p, ZScore, MinMax, Ratio, Cast)
+CAN_FAIL: Final = (Log1p, ZScore, MinMax, Ratio, Combine, Cast)
 
 
 @dataclass(frozen=True)
@@ -452,6 +466,13 @@ class _Builder:
                 raise self.error(feature, f"ratio denominator {den!r} must be a numeric field of the schema")
             on_zero = self.number(feature, step, "on_zero", allow_none=True)
             return Ratio(k, self.slot(NumberSlot(den_field.name)), on_zero)
+        if op in ("difference", "product"):
+            other = step.arg("other")
+            other_field = self.fields.get(other) if isinstance(other, str) else None
+            if other_field is None or value_class(other_field.type.kind) not in ("number", "bool"):
+                raise self.error(feature, f"{op} other {other!r} must be a numeric field of the schema")
+            on_null = self.number(feature, step, "on_null", allow_none=True)
+            return Combine(k, self.slot(NumberSlot(other_field.name)), op, on_null)
         if op == "cast":
             raw_kind = step.arg("dtype")  # the parser stores the dtype's text: "int32"
             try:
@@ -547,6 +568,9 @@ def invalid_message(plan: FeaturePlan, op: KernelOp, got: float, denominator: fl
         return f"{head} log1p: got {got!r}, expected a value > -1"
     if isinstance(op, Ratio):
         return f"{head} ratio: got {got!r} / {denominator!r}, expected a finite ratio"
+    if isinstance(op, Combine):
+        sign = "-" if op.op == "difference" else "*"
+        return f"{head} {op.op}: got {got!r} {sign} {denominator!r}, expected a finite result"
     if isinstance(op, Cast):
         name = op.kind.value
         if op.kind in INT_BOUNDS:
@@ -560,6 +584,8 @@ def invalid_message(plan: FeaturePlan, op: KernelOp, got: float, denominator: fl
 
 def op_name(op: KernelOp) -> str:
     """The YAML name of a kernel op."""
+    if isinstance(op, Combine):
+        return op.op
     return {
         FillNull: "fill_null", Clip: "clip", Log1p: "log1p", ZScore: "zscore", MinMax: "minmax",
         Bucketize: "bucketize", Ratio: "ratio", TimeSince: "time_since", Cast: "cast",
@@ -577,6 +603,7 @@ __all__ = [
     "Bucketize",
     "Cast",
     "Clip",
+    "Combine",
     "FeaturePlan",
     "FillNull",
     "HashSlot",

@@ -34,6 +34,7 @@ from features.kernels.numpy_backend import (
 from features.kernels.ops import (
     INVALID_BASE,
     OK,
+    Combine,
     FeaturePlan,
     ProgramPlan,
     Ratio,
@@ -194,7 +195,7 @@ def _rejects(failing: list[tuple[FeaturePlan, npt.NDArray[np.int8]]], slots: lis
             op = fp.op_at(step)
             got = [float(v) for v in values_entering(fp, slots, rows, step)]
             dens: list[float | None] = [None] * len(rows)
-            if isinstance(op, Ratio):
+            if isinstance(op, Ratio | Combine):
                 dens = [float(v) for v in slots[op.slot].values[rows].astype(np.float64)]
             rows_parts.append(rows)
             fields.extend([fp.name] * len(rows))

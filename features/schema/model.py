@@ -143,7 +143,7 @@ class Field:
 
 OpName = Literal[
     "fill_null", "clip", "log1p", "zscore", "minmax", "bucketize", "ratio",
-    "time_since", "hash_bucket", "one_hot", "cast",
+    "time_since", "hash_bucket", "one_hot", "cast", "difference", "product",
 ]
 
 

@@ -95,7 +95,10 @@ from features.schema.syntax import (
     reserved_name_problem,
 )
 
-__all__ = ["MAX_SCHEMA_CHARS", "load_schema", "load_schemas", "parse_schema"]
+__all__ = [
+    "MAX_SCHEMA_CHARS", "SchemaParser", "compose_document", "load_schema", "load_schemas", "parse_schema",
+    "read_text",
+]
 
 #: The largest schema text parsed, in characters. A real schema is a few KiB; PyYAML is
 #: pure Python (about 20 us per token), so this bounds a parse to seconds and its
@@ -220,9 +223,12 @@ class _Loader(yaml.SafeLoader):
         super().fetch_flow_collection_start(TokenClass)
 
 
-def _parse(text: str, path: str | None) -> tuple[Schema, int | None]:
+def compose_document(text: str, path: str | None, what: str = "schema") -> Node | None:
+    """``text`` composed into a YAML node tree (None for an empty document), with the
+    limits of the module docstring; raises SchemaError for what cannot be composed. The
+    view parser (``features.views.parse``) composes its files with it too."""
     if len(text) > MAX_SCHEMA_CHARS:
-        raise SchemaError(f"the schema is {len(text):,} characters, over the limit of {MAX_SCHEMA_CHARS:,}",
+        raise SchemaError(f"the {what} is {len(text):,} characters, over the limit of {MAX_SCHEMA_CHARS:,}",
                           path=path)
     try:
         root = yaml.compose(text, Loader=_Loader)
@@ -243,9 +249,19 @@ def _parse(text: str, path: str | None) -> tuple[Schema, int | None]:
         raise SchemaError(f"invalid YAML: {exc}", path=path) from None
     except ValueError as exc:  # PyYAML lets chr() fail on an escape such as "\U00110000"
         raise SchemaError(f"invalid YAML: {exc}", path=path) from None
+    return root
+
+
+def read_text(path: Path) -> str:
+    """The UTF-8 text of a schema (or view) file, at most ``MAX_SCHEMA_CHARS`` read."""
+    return _read(path)
+
+
+def _parse(text: str, path: str | None) -> tuple[Schema, int | None]:
+    root = compose_document(text, path)
     if root is None:
         raise SchemaError("the file is empty: a schema needs at least version and fields", path=path)
-    parser = _SchemaParser(path)
+    parser = SchemaParser(path)
     schema = parser.parse(root)
     if schema is None:
         assert parser.errors, "the parser returns None only after recording an error"
@@ -254,7 +270,7 @@ def _parse(text: str, path: str | None) -> tuple[Schema, int | None]:
     return dataclasses.replace(schema, text=text), parser.name_line
 
 
-class _SchemaParser(StepReader, AggregationReader):
+class SchemaParser(StepReader, AggregationReader):
     """Walks one composed schema document; ``errors`` collects every problem."""
 
     def __init__(self, path: str | None) -> None:

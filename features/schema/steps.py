@@ -22,7 +22,15 @@ time_since     unit (ms s minutes hours days weeks)  temporal     not the event_
 hash_bucket    n (shorthand ``hash_bucket: 64``)     string/enum  n >= 1
 one_hot        -                                     enum         <= 32 values; the last step
 cast           dtype (shorthand ``cast: int32``)     number/bool  int*/float*/bool
+difference     other (a field; shorthand: its name)  number       other a numeric field;
+               on_null (optional)                                 on_null a number
+product        other (a field; shorthand: its name)  number       other a numeric field;
+               on_null (optional)                                 on_null a number
 =============  ====================================  ===========  ===========================
+
+``difference`` and ``product`` combine the value with another column of the same row
+(``x - other``, ``x * other``): a null on either side gives null, or ``on_null`` where
+one is given (the op then also fills a null value flowing in, as ``fill_null`` does).
 """
 
 from __future__ import annotations
@@ -77,7 +85,11 @@ _OPS: Final[dict[str, _OpSpec]] = {
     "hash_bucket": _OpSpec(("n",), ("n",), "n", ("string", "enum"), "number"),
     "one_hot": _OpSpec((), (), None, ("enum",), "number"),
     "cast": _OpSpec(("dtype",), ("dtype",), "dtype", ("number", "bool"), "number"),
+    "difference": _OpSpec(("other", "on_null"), ("other",), "other", _NUM, "number"),
+    "product": _OpSpec(("other", "on_null"), ("other",), "other", _NUM, "number"),
 }
+#: the ops that read a second column of the row, and the argument naming it
+OPERAND_ARGS: Final = {"ratio": "denominator", "difference": "other", "product": "other"}
 assert set(get_args(OpName)) == set(_OPS), "the op table and model.OpName must list the same ops"
 _CLASS_NAMES: Final = {
     "number": "numeric", "bool": "bool", "string": "string", "enum": "enum", "temporal": "timestamp/date",
@@ -266,13 +278,20 @@ class StepReader(NodeReader):
             args["boundaries"] = bounds
         elif op == "ratio":
             den_kp = join_path(akp, "denominator")
-            args["denominator"] = self.check_denominator(arg_nodes["denominator"], den_kp, fields)
+            args["denominator"] = self.check_operand(arg_nodes["denominator"], den_kp, fields, op,
+                                                     "denominator")
             ok = ok and args["denominator"] is not None
             on_zero = arg_nodes["on_zero"]
             if is_null(on_zero):
                 args["on_zero"] = None
             else:
                 args["on_zero"] = num("on_zero")
+        elif op in ("difference", "product"):
+            other_kp = join_path(akp, "other")
+            args["other"] = self.check_operand(arg_nodes["other"], other_kp, fields, op, "other")
+            ok = ok and args["other"] is not None
+            if (on_null := arg_nodes.get("on_null")) is not None and not is_null(on_null):
+                args["on_null"] = num("on_null")
         elif op == "time_since":
             unit = self.string(arg_nodes["unit"], join_path(akp, "unit"), "a time unit")
             if unit is not None and unit not in _TIME_SINCE_UNITS:
@@ -323,16 +342,23 @@ class StepReader(NodeReader):
             values.append(v)
         return tuple(values)
 
-    def check_denominator(self, node: Node, kp: str, fields: dict[str, Field] | None) -> str | None:
+    #: how an error names the place the operand columns come from (a view says "of this view")
+    SCOPE: str = "of this schema"
+
+    def check_operand(
+        self, node: Node, kp: str, fields: dict[str, Field] | None, op: str, arg: str,
+    ) -> str | None:
+        """The column a ``ratio``/``difference``/``product`` reads besides its input: a
+        numeric field of ``fields``; None after recording a problem (or when unknown)."""
         name = self.string(node, kp, "a field name")
         if name is None or fields is None or name in self.unparsed_fields:
             return None
         field = fields.get(name)
         if field is None:
-            self.error(node, kp, f"ratio denominator '{name}' is not a field of this schema"
+            self.error(node, kp, f"{op} {arg} '{name}' is not a field {self.SCOPE}"
                                  f"{self.suggest(name, fields)}")
             return None
         if field.type.kind not in NUMERIC_KINDS:
-            self.error(node, kp, f"ratio denominator '{name}' is a {field.type} field, expected a number")
+            self.error(node, kp, f"{op} {arg} '{name}' is a {field.type} field, expected a number")
             return None
         return name

@@ -63,7 +63,7 @@ def has(s: Step, name: str) -> bool:
 @st.composite
 def steps(draw: st.DrawFn) -> Step:
     op = draw(st.sampled_from(["fill_null", "clip", "log1p", "zscore", "minmax", "bucketize", "ratio",
-                               "cast"]))
+                               "cast", "difference", "product"]))
     if op == "fill_null":
         return mk(op, ("value", draw(constants)))
     if op == "clip":
@@ -86,6 +86,9 @@ def steps(draw: st.DrawFn) -> Step:
         return mk(op, ("boundaries", tuple(bounds)))
     if op == "ratio":
         return mk(op, ("denominator", "y"), ("on_zero", draw(st.one_of(st.none(), constants))))
+    if op in ("difference", "product"):
+        on_null = draw(st.one_of(st.none(), constants))
+        return mk(op, ("other", "y")) if on_null is None else mk(op, ("other", "y"), ("on_null", on_null))
     # Not bool mid-chain: only fill_null and cast may follow a bool (the parser refuses the rest).
     return mk(op, ("dtype", draw(st.sampled_from(OUT_KINDS[:-1]))))
 
@@ -120,7 +123,11 @@ def _apply(s: Step, v: float, y: float | None) -> tuple[str, float]:
             bounds = s.arg("boundaries")
             assert isinstance(bounds, tuple)
             return "ok", float(sum(1 for b in bounds if isinstance(b, float) and v >= b))
-        if s.op == "ratio":
+        if s.op in ("difference", "product"):
+            assert y is not None
+            r = float(np.float64(v) - np.float64(y)) if s.op == "difference" else float(
+                np.float64(v) * np.float64(y))
+        elif s.op == "ratio":
             if y is None:
                 return "null", v  # a later fill_null may still fill it
             if y == 0.0:
@@ -150,6 +157,8 @@ def _reference(chain: list[Step], dtype: str, x: float | None, y: float | None) 
         if s.op == "fill_null":
             if state == "null":
                 state, v = "ok", num(s, "value")
+        elif s.op in ("difference", "product") and state != "invalid" and (state == "null" or y is None):
+            state, v = ("ok", num(s, "on_null")) if has(s, "on_null") else ("null", v)
         elif state == "ok":
             state, v = _apply(s, v, y)
         if state == "invalid":
