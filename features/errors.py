@@ -131,6 +131,18 @@ class RowsRejected(FeaturesError):
         super().__init__(message)
 
 
+class RequestRejected(RowsRejected):
+    """Request rows a feature view refused (``FeatureStore.online_view``, ``historical_view``,
+    ``POST /v1/views/{name}/online``): its request keys or fields break the view's compiled
+    rules, or a request-time feature declared ``on_invalid: reject`` has no valid value.
+    ``errors``: every error, a dict each (``row``, ``field``, ``rule``, ``reason``,
+    ``message``, ``value``: the validator's reject rows), all rows' errors at once."""
+
+    def __init__(self, message: str, *, rejected: int, errors: list[dict[str, object]]) -> None:
+        super().__init__(message, rejected=rejected)
+        self.errors = errors
+
+
 class WorkerFailed(FeaturesError):
     """A worker of ``features load --workers`` died without reporting (killed, out of
     memory). What it committed stays committed; re-running the same command finishes

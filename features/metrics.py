@@ -494,8 +494,10 @@ class RunMetrics:
             self._dead.inc(n)
 
 
-#: How the SDK was called: ``FeatureStore.online``, ``.online_dicts``, ``.online_async``, ``.historical``.
-SdkMethod = Literal["online", "online_dicts", "online_async", "historical"]
+#: How the SDK was called: ``FeatureStore.online``, ``.online_dicts``, ``.online_async``, ``.historical``,
+#: and for views ``.online_view``, ``.online_view_dicts``, ``.online_view_async``, ``.historical_view``.
+SdkMethod = Literal["online", "online_dicts", "online_async", "historical", "online_view",
+                    "online_view_dicts", "online_view_async", "historical_view"]
 
 
 class SdkMetrics:

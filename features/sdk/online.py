@@ -48,8 +48,14 @@ class OnlineRequest:
     #: per read, its keys (one per id) and HMGET fields (the values, ``_enc``,
     #: ``_schema_fingerprint``, ``_event_time``), or None for a PTTL: the entity hashes,
     #: the aggregates hashes when the plan has aggs, their PTTL for logical expiry. Sent
-    #: as one pipeline: one round trip.
+    #: as one pipeline: one round trip. With ``lineage``, last: the entity hashes'
+    #: ``_source`` and ``_run_id`` (:data:`LINEAGE_FIELDS`).
     reads: list[tuple[list[str], list[str] | None]]
+    lineage: bool = False
+
+
+#: What ``lineage=True`` reads of each entity hash: which stored row a value came from.
+LINEAGE_FIELDS = ("_source", "_run_id")
 
 
 

@@ -49,6 +49,7 @@ from features.sdk.columns import (
 from features.sdk.fallback import Fallback
 from features.sdk.historical import as_of_times, stage_table
 from features.sdk.online import (
+    LINEAGE_FIELDS,
     SMALL_CALL,
     UPGRADE_ATTEMPTS,
     OnlineRequest,
@@ -98,7 +99,8 @@ class FeatureStore:
                  registry: Registry | None = None, metrics_port: int | None = None,
                  metrics_host: str = DEFAULT_HOST, fill: bool = True,
                  fill_lock: dt.timedelta = dt.timedelta(seconds=2), fill_wait: dt.timedelta = dt.timedelta(0),
-                 negative_ttl: dt.timedelta = dt.timedelta(seconds=1)) -> None:
+                 negative_ttl: dt.timedelta = dt.timedelta(seconds=1), views: str | Path = "views",
+                 clock: Callable[[], float] | None = None) -> None:
         from features.sinks.redis_wire import RedisEndpoint
 
         self.redis_url = redis_url
@@ -106,6 +108,11 @@ class FeatureStore:
         self.redis_address = RedisEndpoint.from_url(redis_url).address
         self.postgres_dsn = postgres_dsn
         self.schemas_path = Path(schemas)
+        #: the folder of view YAML files (docs/views.md)
+        self.views_path = Path(views)
+        #: seconds since the epoch (default time.time): the instant of online views' max_age;
+        #: a test or a replay freezes it
+        self.clock = clock if clock is not None else time.time
         self.fallback = fallback
         self.max_age = max_age
         self.search_path = search_path
@@ -117,6 +124,8 @@ class FeatureStore:
         self.fill_wait = fill_wait
         self.negative_ttl = negative_ttl
         self._compiled: dict[str, CompiledSchema] = {}
+        self._views: dict[str, Any] = {}
+        self._view_index: tuple[tuple[Any, ...], dict[str, Any] | SchemaError] | None = None
         #: the folder's stat signal and what parsing it gave (see :meth:`_schema_index`)
         self._index: tuple[tuple[int, ...] | None, dict[str, Schema] | SchemaError] | None = None
         self._index_lock = threading.Lock()
@@ -143,7 +152,7 @@ class FeatureStore:
 
         s = resolve_settings()
         args: dict[str, Any] = {"redis_url": s.redis_url, "postgres_dsn": s.postgres_dsn,
-                                "schemas": s.schemas_dir}
+                                "schemas": s.schemas_dir, "views": s.views_dir}
         args.update(overrides)
         return cls(**args)
 
@@ -366,11 +375,12 @@ class FeatureStore:
             self._plans[key] = plan
         return plan
 
-    def _online_request(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None
-                        ) -> OnlineRequest:
+    def _online_request(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None,
+                        lineage: bool = False) -> OnlineRequest:
         """What one online call reads, for the sync and the async path alike: the entity
         hashes, then (when hot aggregations are requested) the aggregates hashes, then
-        (for a schema with ``hot.refresh_after``) the entity hashes' PTTL."""
+        (for a schema with ``hot.refresh_after``) the entity hashes' PTTL, then (with
+        ``lineage``) the entity hashes' ``_source`` and ``_run_id``."""
         from features.sinks.redis import aggregates_key, entity_key
 
         plan = self._plan(schema, features)
@@ -382,7 +392,9 @@ class FeatureStore:
             reads.append(([self.key_prefix + aggregates_key(name, i) for i in ids], plan.agg_fields))
         if plan.refresh_ms is not None:
             reads.append((keys, None))
-        return OnlineRequest(plan, ids, reads)
+        if lineage:
+            reads.append((keys, list(LINEAGE_FIELDS)))
+        return OnlineRequest(plan, ids, reads, lineage)
 
     def online(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None = None, *,
                fallback: bool | None = None, max_age: dt.timedelta | None = None) -> pa.Table:
@@ -535,10 +547,16 @@ class FeatureStore:
             pttl = np.array(replies[k:k + n], dtype=np.int64)
             # written longer ago than refresh_after: ttl - remaining
             stale = found & (pttl >= 0) & (plan.ttl_ms - pttl > plan.refresh_ms)
+        if req.lineage:  # the last read: the entity hashes' _source, _run_id
+            lineage = _reply_columns(replies[-n:], len(LINEAGE_FIELDS)) if n else [
+                pa.array([], pa.string()) for _ in LINEAGE_FIELDS]
+            columns.update(zip(LINEAGE_FIELDS, lineage, strict=True))
         data: dict[str, pa.Array] = {str(schema.entity): pa.array([None if i == NULL_ID else i for i in ids],
                                                                   pa.string()),
                                      **{name: columns[name] for name in plan.columns},
                                      EVENT_TIME: micros.cast(plan.result.field(EVENT_TIME).type)}
+        if req.lineage:
+            data.update({name: columns[name] for name in LINEAGE_FIELDS})
         in_redis = int(found.sum())
         source = np.array(["redis" if f else None for f in found.tolist()], dtype=object)
         use_fallback = self.fallback if fallback is None else fallback
@@ -573,13 +591,13 @@ class FeatureStore:
         if got.again:
             again = missing[np.array([ids[i] in got.again for i in missing], dtype=np.bool_)]
             sub_ids = [ids[i] for i in again]
-            sub = self._online_request(c.name, sub_ids, plan.columns if plan.columns else None)
+            sub = self._online_request(c.name, sub_ids, plan.columns if plan.columns else None, req.lineage)
             sub_table, _, _ = self._finish_online(sub, self._pool.hmget_many(sub.reads), False, None, since)
             hit = np.asarray(sub_table.column(FOUND).to_numpy(zero_copy_only=False), dtype=np.bool_)
             if hit.any():
                 rows_at = again[hit]
                 take = pa.array(np.flatnonzero(hit))
-                for name in [*plan.columns, EVENT_TIME]:
+                for name in [*plan.columns, EVENT_TIME, *(LINEAGE_FIELDS if req.lineage else ())]:
                     value = sub_table.column(name).combine_chunks().take(take)
                     data[name] = scatter(data[name], rows_at, value)
                 found[rows_at] = True
@@ -600,7 +618,7 @@ class FeatureStore:
         if not len(rows_at):
             return
         take = pa.array(pick[pick >= 0])
-        for name in [*plan.cold_names, *plan.cold_aggs, EVENT_TIME]:
+        for name in [*plan.cold_names, *plan.cold_aggs, EVENT_TIME, *(LINEAGE_FIELDS if req.lineage else ())]:
             src = event if name == EVENT_TIME else got.rows.column(name).combine_chunks()
             data[name] = scatter(data[name], rows_at, src.take(take))
         found[rows_at] = True
@@ -859,6 +877,155 @@ class FeatureStore:
         for name in columns:
             out = out.append_column(name, got.column(name))
         return out.append_column(EVENT_TIME, got.column(event_time).cast(event_time_type(c)))
+
+    # --- views (docs/views.md) -----------------------------------------------------------------
+
+    def view(self, name: str) -> Any:
+        """The compiled view ``name`` (a :class:`features.views.CompiledView`; ConfigError
+        naming the known ones when absent). Parsed from ``views`` (against the schemas of
+        ``schemas``) once, again when the folder's ``stat`` changes; compiled once."""
+        cv = self._views.get(name)
+        if cv is not None:
+            return cv
+        views = self._view_defs()
+        if name not in views:
+            raise ConfigError(f"no view named {name!r}{suggest(name, views)} in {self.views_path} "
+                              f"(known: {', '.join(sorted(views)) or 'none'})", key="view",
+                              looked_in=[str(self.views_path)])
+        from features.views import compile_view
+
+        v = views[name]
+        schemas = {s.schema: self._loadable(s.schema) for s in v.sources}
+        with self._index_lock:
+            cv = self._views.get(name)
+            if cv is None:
+                cv = self._views[name] = compile_view(v, schemas)
+        return cv
+
+    def _view_defs(self) -> dict[str, Any]:
+        from features.views import load_views
+
+        schemas = self._schema_index()
+        try:
+            st = self.views_path.stat()
+            signal: tuple[Any, ...] = (st.st_ino, st.st_mtime_ns, st.st_size, id(schemas))
+        except OSError:
+            signal = (None, id(schemas))
+        with self._index_lock:
+            if self._view_index is None or self._view_index[0] != signal:
+                try:
+                    found_views = load_views(self.views_path, schemas) if self.views_path.exists() else {}
+                    self._view_index = (signal, found_views)
+                except SchemaError as exc:
+                    self._view_index = (signal, exc)
+            found = self._view_index[1]
+        if isinstance(found, SchemaError):
+            raise found.with_traceback(None)
+        return found
+
+    def _view_label(self, name: str) -> str:
+        return name if name in self._views else UNKNOWN_SCHEMA
+
+    def now(self) -> float:
+        """The store's clock (``clock``): seconds since the epoch."""
+        return self.clock()
+
+    def _redis_replies(self, reads: list[tuple[list[str], list[str] | None]]) -> list[Any]:
+        return self._pool.hmget_many(reads)
+
+    async def _redis_replies_async(self, reads: list[tuple[list[str], list[str] | None]]) -> list[Any]:
+        from features.sinks.redis_wire import map_redis_errors
+
+        if self._aredis is None:  # redis-py's cluster client for a cluster: routes each HMGET by slot
+            from features.sdk.fallback import redis_py_client
+
+            self._aredis = redis_py_client(self.redis_url, self.timeout_s, asyncio=True)
+        pipe = self._aredis.pipeline(transaction=False)
+        for keys, fields in reads:
+            for k in keys:
+                if fields is None:
+                    pipe.pttl(k)
+                else:
+                    pipe.hmget(k, fields)
+        with map_redis_errors(self.redis_address, "the online read"):
+            replies: list[Any] = await pipe.execute()
+        return replies
+
+    def online_view(self, view: str, rows: Any, *, lineage: bool = False, fallback: bool | None = None
+                    ) -> pa.Table:
+        """View ``view`` for each request row (a list of dicts, an Arrow table or a pandas
+        DataFrame holding the view's request keys and fields): one result row per request
+        row, in order. Columns: the request keys and fields, every source's features under
+        their output names (declared types), the request-time features, then per source
+        ``<alias>._found``, ``<alias>._event_time``, ``<alias>._from`` and with ``lineage``
+        ``<alias>._source`` and ``<alias>._run_id`` (the stored row each value came from).
+        One Redis round trip for every source; each source's misses take one Postgres query
+        (``online``'s fallback); ``max_age`` per source against :meth:`now`. A request row
+        that breaks the view's rules raises :class:`features.errors.RequestRejected` with
+        every field error (docs/views.md)."""
+        from features.sdk import views
+
+        t0 = time.perf_counter()
+        try:
+            cv = self.view(view)
+            out = views.online(self, cv, rows, lineage=lineage, fallback=fallback)
+        except Exception:
+            self._metrics.error(self._view_label(view), "online_view")
+            raise
+        self._observe(view, "online_view", t0, out.num_rows, 0, 0)
+        return out
+
+    def online_view_dicts(self, view: str, rows: Any, *, lineage: bool = False,
+                          fallback: bool | None = None) -> list[dict[str, Any]]:
+        """:meth:`online_view` as one dict per request row (the same keys and values)."""
+        from features.sdk import views
+
+        t0 = time.perf_counter()
+        try:
+            cv = self.view(view)
+            out: list[dict[str, Any]] = views.online(self, cv, rows, lineage=lineage,
+                                                     fallback=fallback).to_pylist()
+        except Exception:
+            self._metrics.error(self._view_label(view), "online_view_dicts")
+            raise
+        self._observe(view, "online_view_dicts", t0, len(out), 0, 0)
+        return out
+
+    async def online_view_async(self, view: str, rows: Any, *, lineage: bool = False,
+                                fallback: bool | None = None) -> pa.Table:
+        """:meth:`online_view` for asyncio callers (redis.asyncio; decoding, the Postgres
+        fallback and the request-time features in a worker thread)."""
+        from features.sdk import views
+
+        t0 = time.perf_counter()
+        try:
+            cv = self.view(view)
+            out = await views.online_async(self, cv, rows, lineage=lineage, fallback=fallback)
+        except Exception:
+            self._metrics.error(self._view_label(view), "online_view_async")
+            raise
+        self._observe(view, "online_view_async", t0, out.num_rows, 0, 0)
+        return out
+
+    def historical_view(self, view: str, entity_df: Any, *, timestamp_column: str = "timestamp") -> pa.Table:
+        """Point-in-time rows of view ``view``: for each row of ``entity_df`` (Arrow or
+        pandas, with the view's request keys and fields and ``timestamp_column``; any other
+        column, labels, passed through), each source's values as ``historical`` gives them
+        at the row's timestamp (``max_age`` against it), then the request-time features
+        computed as :meth:`online_view` computes them. Columns: ``entity_df``'s, the
+        fetched features, the request-time features, per source ``<alias>._found`` and
+        ``<alias>._event_time``. Bad request fields raise RequestRejected."""
+        from features.sdk import views
+
+        t0 = time.perf_counter()
+        try:
+            cv = self.view(view)
+            out = views.historical(self, cv, entity_df, timestamp_column=timestamp_column)
+        except Exception:
+            self._metrics.error(self._view_label(view), "historical_view")
+            raise
+        self._observe(view, "historical_view", t0, out.num_rows, 0, 0)
+        return out
 
     # --- validation ---------------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
-"""The ingest service's ASGI application: five routes, no framework.
+"""The service's ASGI application (``features serve``): six routes, no framework.
 
 ====================================  =======================================================
 ``POST /v1/schemas/{name}/events``    records -> rejects table + dead letters, then the topic
+``POST /v1/views/{name}/online``      request rows -> the view's feature vectors (docs/views.md)
 ``GET /healthz``                      200 while the process serves
 ``GET /readyz``                       200 when the broker answers and every topic exists
                                       (the reason and the schemas: with a valid token only)
@@ -46,7 +47,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from features.errors import SinkError, Transient
+from features.errors import ConfigError, RequestRejected, SinkError, Transient
 from features.logs import fields
 from features.metrics import CONTENT_TYPE, MetricsServer, Registry
 from features.serve.body import BadBody, TooManyRecords
@@ -64,6 +65,8 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 EVENTS_ROUTE = "/v1/schemas/{name}/events"
 _EVENTS_PATH = re.compile(r"^/v1/schemas/([^/]+)/events/?$")
+VIEWS_ROUTE = "/v1/views/{name}/online"
+_VIEWS_PATH = re.compile(r"^/v1/views/([^/]+)/online/?$")
 #: /readyz asks the broker at most this often (seconds); in between it answers from cache.
 READY_CACHE_S = 1.0
 #: How long /readyz waits for the broker's metadata (seconds).
@@ -119,9 +122,15 @@ class IngestApp:
                  tokens: Sequence[str] | None, max_body_bytes: int, worker: int = 0,
                  metrics_port: int | None = None, metrics_host: str = "127.0.0.1",
                  access_log: bool = True, on_ready: Callable[[], None] | None = None,
-                 on_failure: Callable[[str], None] | None = None) -> None:
-        self.schemas = {s.name: s for s in schemas}
+                 on_failure: Callable[[str], None] | None = None, views: Sequence[str] = (),
+                 store_factory: Callable[[], Any] | None = None, ingest: bool = True) -> None:
+        self.schemas = {s.name: s for s in schemas} if ingest else {}
         self._producer_factory = producer_factory
+        #: the views served on VIEWS_ROUTE, read through one FeatureStore per worker
+        self.views = set(views)
+        self._store_factory = store_factory
+        self.store: Any = None
+        self.ingest = ingest
         self.producer: AsyncProducer | None = None
         self.tokens = None if tokens is None else [t.encode() for t in tokens]
         self.max_body_bytes = max_body_bytes
@@ -167,9 +176,19 @@ class IngestApp:
                 return
 
     def _start(self) -> None:
+        if self.views and self._store_factory is not None:
+            self.store = self._store_factory()
+            for name in sorted(self.views):
+                self.store.view(name)  # a view that does not compile fails the start
+        if not self.ingest:
+            self._metrics_start()
+            return
         for s in self.schemas.values():
             s.open()
         self.producer = self._producer_factory()
+        self._metrics_start()
+
+    def _metrics_start(self) -> None:
         if self.metrics_port is not None:
             port = self.metrics_port + self.worker
             self._metrics_server = MetricsServer(self.metrics.registry, port, self.metrics_host)
@@ -186,6 +205,8 @@ class IngestApp:
         finally:
             for s in self.schemas.values():
                 s.close()
+            if self.store is not None:
+                self.store.close()
             if self._metrics_server is not None:
                 self._metrics_server.close()
         log.info("serve: worker %d stopped", self.worker)
@@ -223,7 +244,7 @@ class IngestApp:
             if "request_id" not in r.body:
                 r = Response(r.status, {"request_id": request_id, **r.body}, r.headers)
             assert isinstance(r.body, dict)
-            body, ctype = json.dumps(r.body).encode(), b"application/json"
+            body, ctype = json.dumps(r.body, default=_json_value).encode(), b"application/json"
         await send({"type": "http.response.start", "status": r.status, "headers": [
             (b"content-type", ctype), (b"content-length", str(len(body)).encode()),
             (b"x-request-id", request_id.encode()), *r.headers]})
@@ -232,14 +253,16 @@ class IngestApp:
     def _route(self, path: str) -> tuple[str, Any]:
         if _EVENTS_PATH.match(path):
             return EVENTS_ROUTE, self._events
+        if _VIEWS_PATH.match(path):
+            return VIEWS_ROUTE, self._view_online
         return {"/healthz": ("/healthz", self._healthz), "/readyz": ("/readyz", self._readyz),
                 "/metrics": ("/metrics", self._metrics)}.get(path, ("other", self._not_found))
 
     # --- routes ----------------------------------------------------------------------
 
     async def _not_found(self, method: str, path: str, *_: Any) -> Response:
-        return Response(404, {"error": f"no route {path}; routes: POST {EVENTS_ROUTE}, GET /healthz, "
-                              "GET /readyz, GET /metrics"})
+        return Response(404, {"error": f"no route {path}; routes: POST {EVENTS_ROUTE}, POST {VIEWS_ROUTE}, "
+                              "GET /healthz, GET /readyz, GET /metrics"})
 
     async def _healthz(self, method: str, *_: Any) -> Response:
         return _get_only(method) or Response(200, {"status": "ok", "worker": self.worker})
@@ -263,7 +286,9 @@ class IngestApp:
     async def readiness(self) -> tuple[bool, str]:
         """(ready, reason): the broker answers a metadata request and every topic (and
         dead-letter topic) exists. Asked at most every READY_CACHE_S seconds."""
-        assert self._ready_lock is not None and self.producer is not None
+        assert self._ready_lock is not None
+        if self.producer is None:  # views only (--no-ingest): ready once the views compiled
+            return True, f"views {', '.join(sorted(self.views)) or 'none'} compiled; no ingest"
         async with self._ready_lock:
             now = time.monotonic()
             if self._ready is not None and now - self._ready[0] < READY_CACHE_S:
@@ -331,6 +356,50 @@ class IngestApp:
         return Response(422 if checked.rejected else 202, body_out, records=checked.records,
                         accepted=checked.accepted, rejected=checked.rejected)
 
+    async def _view_online(self, method: str, path: str, headers: dict[bytes, bytes], receive: Receive,
+                           request_id: str) -> Response:
+        """``POST /v1/views/{name}/online`` (docs/views.md, "Over HTTP"): ``{"rows": [{key:
+        value, ...}, ...], "lineage": false}`` -> 200 ``{"view", "version", "rows": [...]}``;
+        400 a body that is no such object, 404 an unknown view, 413 over the body limit,
+        422 request rows the view refuses (every field error), 503 a store down (retry)."""
+        if (denied := self._authorize(headers)) is not None:
+            return denied
+        if method != "POST":
+            return Response(405, {"error": f"{method} not allowed here; use POST"},
+                            headers=((b"allow", b"POST"),))
+        m = _VIEWS_PATH.match(path)
+        assert m is not None
+        name = m.group(1)
+        if name not in self.views or self.store is None:
+            return Response(404, {"error": f"unknown view {name!r}", "views": sorted(self.views)})
+        try:
+            raw = await self._read_body(headers, receive)
+        except _BodyTooLarge:
+            return Response(413, {"error": f"the body is over the limit of {self.max_body_bytes:,} bytes"})
+        except ValueError:
+            return Response(400, {"error": "invalid Content-Length"})
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            return Response(400, {"error": f"the body is not JSON: {exc}"})
+        rows = body.get("rows") if isinstance(body, dict) else None
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            return Response(400, {"error": 'expected a JSON object {"rows": [{<request key>: <value>, ...}, '
+                                           '...]}'})
+        lineage = bool(body.get("lineage", False))
+        try:
+            out = await asyncio.to_thread(self.store.online_view_dicts, name, rows, lineage=lineage)
+        except RequestRejected as exc:
+            return Response(422, {"error": str(exc).splitlines()[0], "rejected": exc.rejected,
+                                  "errors": exc.errors}, records=len(rows), rejected=exc.rejected)
+        except ConfigError as exc:
+            return Response(400, {"error": str(exc)}, records=len(rows))
+        except SinkError as exc:
+            return _sink_failed_read(exc, request_id, len(rows))
+        cv = self.store.view(name)
+        return Response(200, {"request_id": request_id, "view": name, "version": cv.version_str,
+                              "rows": out}, records=len(rows), accepted=len(rows))
+
     def _authorize(self, headers: dict[bytes, bytes]) -> Response | None:
         """None when the request may go on; else the 401/403 response. Every configured
         token is compared (constant time each), whichever matches."""
@@ -369,6 +438,21 @@ class IngestApp:
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
+def _json_value(value: Any) -> Any:
+    """JSON for the values a view returns beyond JSON's own: a decimal as its exact text,
+    a timestamp or a date in ISO 8601 (``...+00:00`` for UTC), bytes as text."""
+    import datetime as dt
+    from decimal import Decimal
+
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
 def _sink_failed(exc: SinkError, request_id: str, records: int) -> Response:
     """The answer to a request that a store could not take: 503 with Retry-After when
     the error is Transient (a retry may succeed), else no Retry-After: 413 for a record
@@ -383,6 +467,16 @@ def _sink_failed(exc: SinkError, request_id: str, records: int) -> Response:
         body["kafka_error"] = exc.code
         return Response(413 if exc.too_large else 502, body, records=records)
     return Response(502, body, records=records)
+
+
+def _sink_failed_read(exc: SinkError, request_id: str, records: int) -> Response:
+    """A view read a store could not answer: 503 with Retry-After when it is Transient
+    (a store down: a retry may succeed), else 502."""
+    if isinstance(exc, Transient):
+        log.warning("serve: request %s: %s", request_id, exc)
+        return Response(503, {"error": str(exc)}, headers=((b"retry-after", b"1"),), records=records)
+    log.error("serve: request %s: %s", request_id, exc)
+    return Response(502, {"error": str(exc)}, records=records)
 
 
 def _get_only(method: str) -> Response | None:

@@ -103,11 +103,19 @@ def add_parser(sub: Any) -> None:
         "acknowledgement (202 all accepted, 422 some rejected, 503 retry). Also GET /healthz, /readyz and "
         "/metrics. Needs ingest tokens (FEATURES_INGEST_TOKENS or ingest_tokens in the secrets file) "
         "unless --insecure-no-auth on a loopback host. SIGTERM: stop accepting, finish in-flight "
-        "requests, flush, exit 0. See docs/ingest.md. Exit 2 on configuration errors.",
+        "requests, flush, exit 0. See docs/ingest.md. Also POST /v1/views/{name}/online for every view "
+        "in --views (docs/views.md): request rows in, feature vectors out, read from Redis and Postgres; "
+        "--no-ingest serves only those (no Kafka needed). Exit 2 on configuration errors.",
     )
     p.add_argument("--schemas", required=True, metavar="DIR",
                    help="folder of schema YAML files; every schema with an entity and an event time is "
                    "served")
+    p.add_argument("--views", default=None, metavar="DIR",
+                   help="folder of view YAML files served on POST /v1/views/{name}/online (default: the "
+                   "views_dir setting, views; a missing folder serves none)")
+    p.add_argument("--no-ingest", action="store_true",
+                   help="serve the views only: no events route, no Kafka producer (/readyz: the views "
+                   "compiled)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=_port, default=8000, help="port to listen on (default 8000; 0: a free one, "
                    "printed)")
@@ -168,6 +176,9 @@ class ServeOptions:
     limit_concurrency: int = LIMIT_CONCURRENCY
     restart_limit: int = RESTART_LIMIT
     restart_window_s: float = RESTART_WINDOW_S
+    views_dir: str = "views"
+    views: tuple[str, ...] = ()
+    ingest: bool = True
 
     def topic(self, schema: str) -> str:
         return self.topic_template.format(schema=schema)
@@ -224,20 +235,27 @@ def run(args: argparse.Namespace) -> int:
     if not served:
         raise ConfigError(f"no servable schema in {args.schemas} (each needs an entity and an event time)",
                           key="schemas", looked_in=[args.schemas])
+    views_dir = args.views if args.views is not None else settings.views_dir
+    views = _compiled_views(views_dir, loaded)
+    if args.no_ingest and not views:
+        raise ConfigError(f"--no-ingest with no view in {views_dir}: nothing to serve", key="views",
+                          looked_in=[views_dir])
     run_id = new_run_id()
     set_run_id(run_id)
     options = ServeOptions(args.schemas, tuple(served), args.topic_template, args.dead_letter_topic_template,
                            args.max_body_bytes, args.insecure_no_auth, args.metrics_port, args.access_log,
                            run_id, active_format(), max_records=args.max_records, max_errors=args.max_errors,
                            max_queued_bytes=args.max_queued_bytes, limit_concurrency=args.limit_concurrency,
-                           restart_limit=args.restart_limit, restart_window_s=args.restart_window)
+                           restart_limit=args.restart_limit, restart_window_s=args.restart_window,
+                           views_dir=views_dir, views=tuple(views), ingest=not args.no_ingest)
     sock = _bind(args.host, args.port)
     host, port = sock.getsockname()[:2]
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
 
     def ready() -> None:
+        what = f"schemas {', '.join(served)}" if not args.no_ingest else "no ingest"
         print(f"features serve: listening on {url} ({args.workers} worker{'s' if args.workers > 1 else ''}; "
-              f"schemas {', '.join(served)}; run {run_id})", flush=True)
+              f"{what}; views {', '.join(views) or 'none'}; run {run_id})", flush=True)
 
     if args.workers == 1:
         try:
@@ -245,6 +263,22 @@ def run(args: argparse.Namespace) -> int:
         finally:
             sock.close()
     return _supervise(sock, options, args.workers, ready)
+
+
+def _compiled_views(views_dir: str, schemas: dict[str, Any]) -> list[str]:
+    """The names of the views in ``views_dir``, each compiled against ``schemas`` (a view
+    that does not compile fails here, before any worker)."""
+    from pathlib import Path
+
+    from features.compile import compile_schema
+    from features.views import compile_view, load_views
+
+    if not Path(views_dir).exists():
+        return []
+    found = load_views(views_dir, schemas)
+    for view in found.values():
+        compile_view(view, {s.schema: compile_schema(schemas[s.schema]) for s in view.sources})
+    return sorted(found)
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -294,9 +328,16 @@ def serve_worker(index: int, sock: socket.socket, options: ServeOptions, *, on_r
         return AsyncProducer(settings.kafka_bootstrap, settings.kafka_properties,
                              max_message_bytes=max_message)
 
+    def store() -> Any:
+        from features.sdk import FeatureStore
+
+        return FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn,
+                            schemas=options.schemas_dir, views=options.views_dir)
+
     app = IngestApp(ingests, producer, tokens=None if options.insecure_no_auth else settings.ingest_tokens,
                     max_body_bytes=options.max_body_bytes, worker=index, metrics_port=options.metrics_port,
-                    access_log=options.access_log, on_ready=on_ready, on_failure=on_failure)
+                    access_log=options.access_log, on_ready=on_ready, on_failure=on_failure,
+                    views=options.views, store_factory=store, ingest=options.ingest)
     config = uvicorn.Config(app, loop="uvloop", http="httptools", lifespan="on", access_log=False,
                             log_config=None, server_header=False, proxy_headers=False,
                             timeout_graceful_shutdown=GRACEFUL_TIMEOUT_S,

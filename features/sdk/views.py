@@ -1,0 +1,288 @@
+"""Reading a feature view (``views/*.yaml``, docs/views.md): one vector from several
+schemas and entities, online and point in time, with request-time features.
+
+A view's read is the schemas' own reads put side by side, never a second implementation
+of them:
+
+- **online**: the request rows are checked by the view's compiled rules
+  (:meth:`features.views.CompiledView.check_request`); every source's Redis reads go out
+  in one pipeline (one round trip for all sources; slot-routed on a cluster), then each
+  source is finished as ``FeatureStore.online`` finishes it (the Postgres fallback for
+  its misses: one query per schema, single-flight and fill as there). A source's cold-only
+  features are read as ``historical`` reads them, at the call's instant. ``max_age`` is
+  applied to every value (Redis's or Postgres's) against the store's clock;
+- **historical**: every source is ``FeatureStore.historical`` of its schema at each
+  frame row's timestamp (``max_age`` against that timestamp), then the same
+  request-time derivation (:meth:`~features.views.CompiledView.derive`).
+
+So a view read online at instant T and historically at T give the same row, and the
+request-time features are computed by one function on both paths.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from features.errors import ConfigError, RequestRejected
+from features.sdk.columns import EVENT_TIME, FOUND, FROM
+from features.sdk.online import LINEAGE_FIELDS, OnlineRequest
+from features.sdk.stored import aggregation_names as _aggregation_names
+from features.sdk.stored import hot_columns
+
+if TYPE_CHECKING:
+    from features.compile import CompiledSchema
+    from features.views import CompiledView, ViewSource
+
+#: Per-source columns of a view's result, after the features: ``<alias>._found`` (the
+#: source had a row for the key, within ``max_age``), ``<alias>._event_time`` (that row's
+#: event time), ``<alias>._from`` (online: ``redis``/``postgres``/null), and with
+#: ``lineage=True`` ``<alias>._source`` and ``<alias>._run_id`` (the stored row's lineage).
+META = (FOUND, EVENT_TIME)
+
+
+def meta_column(source: ViewSource, what: str) -> str:
+    """The name of a source's per-source column ``what`` (``_found``, ...)."""
+    return f"{source.alias}.{what}"
+
+
+class Store(Protocol):
+    """What a view's read needs of :class:`features.sdk.store.FeatureStore` (a protocol,
+    so this part does not import the facade that imports it)."""
+
+    def schema(self, name: str) -> CompiledSchema: ...
+    def historical(self, schema: str, entity_df: Any, features: Sequence[str] | None = None, *,
+                   timestamp_column: str = "timestamp", max_age: dt.timedelta | None = None) -> pa.Table: ...
+    def _online_request(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None,
+                        lineage: bool = False) -> OnlineRequest: ...
+    def _finish_current(self, req: OnlineRequest, replies: list[Any], fallback: bool | None,
+                        max_age: dt.timedelta | None, since: float) -> tuple[pa.Table, int, int]: ...
+    def _redis_replies(self, reads: list[tuple[list[str], list[str] | None]]) -> list[Any]: ...
+    async def _redis_replies_async(self, reads: list[tuple[list[str], list[str] | None]]) -> list[Any]: ...
+    def now(self) -> float: ...
+
+
+# --- the request ---------------------------------------------------------------------------
+
+
+def request_table(cv: CompiledView, rows: Any) -> pa.Table:
+    """The request rows (a list of dicts, an Arrow table or batch, a pandas DataFrame) as
+    a table of the view's request keys and fields in their declared types; any row that
+    breaks the view's rules raises :class:`RequestRejected` with every field error."""
+    if not isinstance(rows, pa.Table | pa.RecordBatch | list):
+        rows = pa.Table.from_pandas(rows, preserve_index=False)
+    if isinstance(rows, list) and not all(isinstance(r, dict) for r in rows):
+        raise ConfigError(f"view {cv.name!r}: request rows must be mappings of request key/field to value",
+                          key="rows")
+    table, result = cv.check_request(rows)
+    if result.rejects.num_rows:
+        raise _rejected(cv, result.rejects, result.input_rows, result.rejected_rows)
+    return table
+
+
+def _rejected(cv: CompiledView, rejects: pa.Table, rows: int, rejected: int) -> RequestRejected:
+    errors = rejects.to_pylist()
+    shown = [f"  row {e['row']}: {e['message']}" for e in errors[:5]]
+    more = f"\n  ... and {len(errors) - 5} more" if len(errors) > 5 else ""
+    return RequestRejected(f"view {cv.name}: {rejected} of {rows} request rows rejected:\n"
+                           + "\n".join(shown) + more, rejected=rejected, errors=errors)
+
+
+def _derive(cv: CompiledView, base: pa.Table) -> pa.Table:
+    """The request-time features over ``base`` (request keys and fields, fetched columns):
+    the view's one derivation, for the online and the historical path alike."""
+    derived, rejects = cv.derive_checked(base)
+    if rejects.num_rows:
+        raise _rejected(cv, rejects, base.num_rows, len(set(rejects.column("row").to_pylist())))
+    return derived
+
+
+# --- online ----------------------------------------------------------------------------------
+
+
+def _split(cv: CompiledView, c_of: dict[str, CompiledSchema],
+           source: ViewSource) -> tuple[list[str], list[str]]:
+    """A source's features read from Redis (hot) and those read from Postgres (cold only)."""
+    c = c_of[source.schema]
+    hot = set(hot_columns(c)) | set(_aggregation_names(c, "hot"))
+    return ([f for f in source.features if f in hot], [f for f in source.features if f not in hot])
+
+
+class _OnlinePlan:
+    """One online call of a view: a request per source, all sent as one pipeline."""
+
+    def __init__(self, store: Store, cv: CompiledView, table: pa.Table, lineage: bool) -> None:
+        c_of = {s.schema: store.schema(s.schema) for s in cv.sources}
+        self.cv, self.table, self.lineage = cv, table, lineage
+        self.split = [_split(cv, c_of, s) for s in cv.sources]
+        self.requests = [store._online_request(s.schema, table.column(s.key).to_pylist(), hot, lineage)
+                         for s, (hot, _) in zip(cv.sources, self.split, strict=True)]
+        self.reads = [r for req in self.requests for r in req.reads]
+
+    def parts(self, replies: list[Any]) -> list[list[Any]]:
+        out, at = [], 0
+        for req in self.requests:
+            k = sum(len(keys) for keys, _ in req.reads)
+            out.append(replies[at:at + k])
+            at += k
+        return out
+
+
+def online(store: Store, cv: CompiledView, rows: Any, *, lineage: bool = False,
+           fallback: bool | None = None) -> pa.Table:
+    """See :meth:`features.sdk.store.FeatureStore.online_view`."""
+    table = request_table(cv, rows)
+    plan = _OnlinePlan(store, cv, table, lineage)
+    since = time.monotonic()
+    return _finish(store, plan, store._redis_replies(plan.reads), fallback, since)
+
+
+async def online_async(store: Store, cv: CompiledView, rows: Any, *, lineage: bool = False,
+                       fallback: bool | None = None) -> pa.Table:
+    """:func:`online` for asyncio callers: the Redis round trip on redis.asyncio, the rest
+    (decoding, the Postgres fallback, the derivation) in a worker thread."""
+    table = request_table(cv, rows)
+    plan = _OnlinePlan(store, cv, table, lineage)
+    since = time.monotonic()
+    replies = await store._redis_replies_async(plan.reads)
+    return await asyncio.to_thread(_finish, store, plan, replies, fallback, since)
+
+
+def _finish(store: Store, plan: _OnlinePlan, replies: list[Any], fallback: bool | None,
+            since: float) -> pa.Table:
+    cv, table = plan.cv, plan.table
+    now_s = store.now()
+    fetched: dict[str, pa.Array] = {}
+    meta: dict[str, pa.Array] = {}
+    for source, req, part, (_, cold) in zip(cv.sources, plan.requests, plan.parts(replies), plan.split,
+                                            strict=True):
+        got, _, _ = store._finish_current(req, part, fallback, None, since)
+        if cold:  # cold-only features: Postgres's newest row at or before now, as historical reads it
+            at = _cold_now(store, source, table, cold, now_s)
+            got = got.drop_columns(cold)
+            for name in cold:
+                got = got.append_column(name, at.column(name))
+        values = {f: got.column(f).combine_chunks() for f in source.features}
+        event = got.column(EVENT_TIME).combine_chunks()
+        found = got.column(FOUND).combine_chunks()
+        wanted = [FROM, *LINEAGE_FIELDS] if plan.lineage else [FROM]
+        extra = {w: got.column(w).combine_chunks() for w in wanted}
+        values, event, found, extra = _within(source, values, event, found, extra, now_s)
+        for f in source.features:
+            fetched[source.column(f)] = values[f]
+        meta[meta_column(source, FOUND)] = found
+        meta[meta_column(source, EVENT_TIME)] = event
+        for w, arr in extra.items():
+            meta[meta_column(source, w)] = arr
+    return _assemble(cv, table, fetched, meta)
+
+
+def _cold_now(store: Store, source: ViewSource, table: pa.Table, cold: list[str], now_s: float) -> pa.Table:
+    c = store.schema(source.schema)
+    ts = pa.array(np.full(table.num_rows, int(now_s * 1_000_000), dtype=np.int64)).cast(
+        pa.timestamp("us", "UTC"))
+    entity = str(c.schema.entity)
+    frame = pa.table({entity: _entity_column(c, table.column(source.key)), "timestamp": ts})
+    return store.historical(source.schema, frame, cold)
+
+
+def _entity_column(c: CompiledSchema, keys: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """The request key's values as the schema's entity column (its ids as text compare as
+    the SDK compares them: an integer key's text is its digits)."""
+    keys = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
+    return keys.cast(pa.string())
+
+
+def _within(source: ViewSource, values: dict[str, pa.Array], event: pa.Array, found: pa.Array,
+            extra: dict[str, pa.Array], now_s: float
+            ) -> tuple[dict[str, pa.Array], pa.Array, pa.Array, dict[str, pa.Array]]:
+    """The source's values older than its ``max_age`` at ``now_s`` made missing (nulls,
+    ``_found`` false), as ``historical`` treats them at its timestamp."""
+    if source.max_age_seconds is None or not len(event):
+        return values, event, found, extra
+    cutoff = int((now_s - source.max_age_seconds) * 1_000_000)
+    ev = event.cast(pa.int64())
+    old = pc.fill_null(pc.less(ev, pa.scalar(cutoff, pa.int64())), False)
+    if not pc.any(old).as_py():
+        return values, event, found, extra
+
+    def blank(a: pa.Array) -> pa.Array:
+        return pc.if_else(old, pa.scalar(None, a.type), a)
+
+    return ({k: blank(v) for k, v in values.items()}, blank(event), pc.and_not(found, old),
+            {k: blank(v) for k, v in extra.items()})
+
+
+def _assemble(cv: CompiledView, table: pa.Table, fetched: dict[str, pa.Array],
+              meta: dict[str, pa.Array]) -> pa.Table:
+    """The request columns, the fetched ones (declared types), the request-time features,
+    then the per-source columns."""
+    base = table
+    for f in cv.fetched:
+        arr = fetched[f.name]
+        base = base.append_column(f.name, arr if arr.type == f.type else arr.cast(f.type))
+    out = _derive(cv, base)
+    for name, arr in meta.items():
+        out = out.append_column(name, arr)
+    return out
+
+
+# --- historical ------------------------------------------------------------------------------
+
+
+def historical(store: Store, cv: CompiledView, entity_df: Any, *, timestamp_column: str = "timestamp"
+               ) -> pa.Table:
+    """See :meth:`features.sdk.store.FeatureStore.historical_view`."""
+    if not isinstance(entity_df, pa.Table):
+        entity_df = pa.Table.from_pandas(entity_df, preserve_index=False)
+    need = [*cv.keys, *cv.request_fields, timestamp_column]
+    absent = [x for x in need if x not in entity_df.column_names]
+    if absent:
+        raise ConfigError(f"entity_df has no column(s) {', '.join(map(repr, absent))} for view {cv.name!r} "
+                          f"(it needs the request keys and fields {', '.join(need[:-1])} and the "
+                          f"timestamp {timestamp_column!r}; it has {', '.join(entity_df.column_names)})",
+                          key="entity_df")
+    out_names = [*cv.fetched.names, *cv.derived.names,
+                 *[meta_column(s, w) for s in cv.sources for w in META]]
+    clash = [x for x in out_names if x in entity_df.column_names]
+    if clash:
+        raise ConfigError(f"entity_df already has column(s) {', '.join(clash)}, which view {cv.name!r} adds; "
+                          "rename them first", key="entity_df")
+    table = request_table(cv, entity_df.select([*cv.keys, *cv.request_fields]))
+    ts = entity_df.column(timestamp_column)
+    fetched: dict[str, pa.Array] = {}
+    meta: dict[str, pa.Array] = {}
+    for source in cv.sources:
+        c = store.schema(source.schema)
+        entity = str(c.schema.entity)
+        frame = pa.table({entity: _entity_column(c, table.column(source.key)), timestamp_column: ts})
+        max_age = dt.timedelta(seconds=source.max_age_seconds) if source.max_age_seconds is not None else None
+        got = store.historical(source.schema, frame, list(source.features), timestamp_column=timestamp_column,
+                               max_age=max_age)
+        for f in source.features:
+            fetched[source.column(f)] = got.column(f).combine_chunks()
+        event = got.column(EVENT_TIME).combine_chunks()
+        meta[meta_column(source, FOUND)] = event.is_valid()
+        meta[meta_column(source, EVENT_TIME)] = event
+    base = table
+    for f in cv.fetched:
+        arr = fetched[f.name]
+        base = base.append_column(f.name, arr if arr.type == f.type else arr.cast(f.type))
+    derived = _derive(cv, base)
+    out = entity_df
+    for name in [*cv.fetched.names, *cv.derived.names]:
+        out = out.append_column(name, derived.column(name))
+    for name, arr in meta.items():
+        out = out.append_column(name, arr)
+    return out
+
+
+
+__all__ = ["META", "historical", "meta_column", "online", "online_async", "request_table"]
