@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 
 from features.errors import ConfigError, RequestRejected
 from features.sdk.columns import EVENT_TIME, FOUND, FROM
-from features.sdk.online import LINEAGE_FIELDS, OnlineRequest
+from features.sdk.online import LINEAGE_FIELDS, SMALL_CALL, OnlineRequest, small_rows
 from features.sdk.stored import aggregation_names as _aggregation_names
 from features.sdk.stored import hot_columns
 
@@ -159,10 +159,14 @@ def _finish(store: Store, plan: _OnlinePlan, replies: list[Any], fallback: bool 
             since: float) -> pa.Table:
     cv, table = plan.cv, plan.table
     now_s = store.now()
+    parts = plan.parts(replies)
+    if table.num_rows <= SMALL_CALL and not plan.lineage and not any(cold for _, cold in plan.split):
+        small = [small_rows(req, part) for req, part in zip(plan.requests, parts, strict=True)]
+        if all(rows is not None for rows in small):  # every source's hash in Redis, fresh: no Arrow decoding
+            return _finish_small(store, plan, small, now_s)  # type: ignore[arg-type]
     fetched: dict[str, pa.Array] = {}
     meta: dict[str, pa.Array] = {}
-    for source, req, part, (_, cold) in zip(cv.sources, plan.requests, plan.parts(replies), plan.split,
-                                            strict=True):
+    for source, req, part, (_, cold) in zip(cv.sources, plan.requests, parts, plan.split, strict=True):
         got, _, _ = store._finish_current(req, part, fallback, None, since)
         if cold:  # cold-only features: Postgres's newest row at or before now, as historical reads it
             at = _cold_now(store, source, table, cold, now_s)
@@ -182,6 +186,47 @@ def _finish(store: Store, plan: _OnlinePlan, replies: list[Any], fallback: bool 
         for w, arr in extra.items():
             meta[meta_column(source, w)] = arr
     return _assemble(cv, table, fetched, meta)
+
+
+def _finish_small(store: Store, plan: _OnlinePlan, small: list[list[dict[str, Any]]], now_s: float
+                  ) -> pa.Table:
+    """:func:`_finish` for a few rows every source found in Redis: the rows decoded in
+    Python (``features.sdk.online.small_rows``, the values ``online`` gives), ``max_age``
+    applied to their event times, then one small table for the request-time features."""
+    cv, table = plan.cv, plan.table
+    base = table.to_pylist()
+    meta: dict[str, list[Any]] = {}
+    for source, rows in zip(cv.sources, small, strict=True):
+        cutoff = (None if source.max_age_seconds is None
+                  else int((now_s - source.max_age_seconds) * 1_000_000))
+        found, events, froms = [], [], []
+        for out, row in zip(base, rows, strict=True):
+            ev = row[EVENT_TIME]
+            live = cutoff is None or _micros(ev) >= cutoff
+            for f in source.features:
+                out[source.column(f)] = row[f] if live else None
+            found.append(live)
+            events.append(ev if live else None)
+            froms.append("redis" if live else None)
+        meta[meta_column(source, FOUND)] = found
+        meta[meta_column(source, EVENT_TIME)] = events
+        meta[meta_column(source, FROM)] = froms
+    types = {meta_column(s, EVENT_TIME): r.plan.result.field(EVENT_TIME).type
+             for s, r in zip(cv.sources, plan.requests, strict=True)}
+    fetched = pa.Table.from_pylist(base, schema=pa.schema([*cv.request_schema, *cv.fetched]))
+    out = _derive(cv, fetched)
+    for name, values in meta.items():
+        t = types.get(name, pa.bool_() if name.endswith(FOUND) else pa.string())
+        out = out.append_column(name, pa.array(values, t))
+    return out
+
+
+_EPOCH_UTC = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_EPOCH_NAIVE = dt.datetime(1970, 1, 1)
+
+
+def _micros(when: dt.datetime) -> int:
+    return (when - (_EPOCH_NAIVE if when.tzinfo is None else _EPOCH_UTC)) // dt.timedelta(microseconds=1)
 
 
 def _cold_now(store: Store, source: ViewSource, table: pa.Table, cold: list[str], now_s: float) -> pa.Table:

@@ -404,3 +404,38 @@ def test_the_view_on_a_redis_cluster(tmp_path: Path, settings: Settings, pg_sche
     assert set(online.column("card_txn._from").to_pylist()) - {None} == {"redis"}
     for name in [*FETCHED, *DERIVED, *PER_SOURCE]:
         assert online.column(name).to_pylist() == past.column(name).to_pylist(), name
+
+
+def test_small_calls_give_the_arrow_paths_rows(loaded: History, settings: Settings, pg_schema: str,
+                                               redis_prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At most SMALL_CALL request rows whose every source is in Redis decode in Python
+    (``features.sdk.online.small_rows``); the rows are those of a larger call (Arrow),
+    ``max_age`` included (the clock frozen where some merchants' scores are too old)."""
+    import features.sdk.views as views
+    from features.sdk.online import SMALL_CALL
+
+    taken: list[int] = []
+    real = views._finish_small
+
+    def spy(store: Any, plan: Any, small: Any, now_s: float) -> Any:
+        taken.append(plan.table.num_rows)
+        return real(store, plan, small, now_s)
+
+    monkeypatch.setattr(views, "_finish_small", spy)
+    known_cards = sorted(set(loaded.txn["card_id"]) & set(loaded.profile["card_id"]))
+    merchants = sorted(int(m) for m in set(loaded.merchant["merchant_id"]))
+    rows = [{"card_id": c, "merchant_id": merchants[i % len(merchants)], "amount": Decimal(f"{i}.25")}
+            for i, c in enumerate(known_cards[:40])]
+    at = T0 + dt.timedelta(days=12)
+    with make_store(settings, pg_schema, redis_prefix, at=at) as fs:
+        big = fs.online_view(VIEW, rows)
+        assert big.num_rows > SMALL_CALL
+        for part in (rows[:1], rows[:5], rows[5:5 + SMALL_CALL]):
+            small = fs.online_view(VIEW, part)
+            want = big.slice(rows.index(part[0]), len(part))
+            assert small.schema == want.schema
+            assert small.to_pylist() == want.to_pylist()
+            assert fs.online_view_dicts(VIEW, part) == want.to_pylist()
+    assert taken == [1, 1, 5, 5, SMALL_CALL, SMALL_CALL]  # the small path, never for the big call
+    stale = sum(not f for f in big.column("merchant._found").to_pylist())
+    assert 0 < stale < big.num_rows
