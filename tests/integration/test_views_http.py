@@ -1,0 +1,168 @@
+"""``POST /v1/views/{name}/online`` (docs/views.md, "Over HTTP") on a real ``features serve``
+process over the real stores the loader filled (the worked example ``docs/examples/fraud``):
+auth, 404/405/400/422/503, a batch request equal to the SDK's rows, the latency histogram,
+and SIGTERM under load (every request sent before it answered 200, exit 0)."""
+
+from __future__ import annotations
+
+import dataclasses
+import http.client
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from test_serve import TOKENS, serve
+from test_views import EXAMPLE, VIEW, generate, load_history
+
+from features import FeatureStore
+from features.config import Settings
+from features.metrics import parse_exposition, sample_value
+from features.serve.app import _json_value
+
+pytestmark = pytest.mark.services
+AUTH = {"Authorization": f"Bearer {TOKENS[0]}", "Content-Type": "application/json"}
+#: the Redis database these tests own (the server reads without a key prefix)
+DB = 3
+ROUTE = f"/v1/views/{VIEW}/online"
+
+
+def _db_url(url: str, db: int) -> str:
+    base = url.rsplit("/", 1)[0] if url.count("/") > 2 else url
+    return f"{base}/{db}"
+
+
+@pytest.fixture()
+def stores(tmp_path: Path, settings: Settings, pg_schema: str) -> Iterator[Settings]:
+    """The example's three schemas loaded (seed 7) into the test's Postgres schema and
+    Redis database DB (emptied before and after)."""
+    on_db = dataclasses.replace(settings, redis_url=_db_url(settings.redis_url, DB))
+    client = redis.Redis.from_url(on_db.redis_url)
+    client.flushdb()
+    load_history(tmp_path, generate(7), on_db, pg_schema, "", 7)
+    yield on_db
+    client.flushdb()
+    client.close()
+
+
+def _env(settings: Settings, pg_schema: str, **over: str) -> dict[str, str]:
+    sep = "&" if "?" in settings.postgres_dsn else "?"
+    out = {k: v for k, v in os.environ.items() if not k.startswith("FEATURES_")}
+    dsn = f"{settings.postgres_dsn}{sep}options=-csearch_path%3D{pg_schema}"
+    return {**out, "FEATURES_POSTGRES_DSN": dsn,
+            "FEATURES_REDIS_URL": settings.redis_url, "FEATURES_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+            "FEATURES_INGEST_TOKENS": ",".join(TOKENS), **over}
+
+
+def _args() -> tuple[str, ...]:
+    return ("--schemas", str(EXAMPLE / "schemas"), "--views", str(EXAMPLE / "views"), "--no-ingest")
+
+
+def _rows(n: int) -> list[dict[str, Any]]:
+    return [{"card_id": f"c{i % 130}", "merchant_id": 1 + i % 33, "amount": i + 0.5} for i in range(n)]
+
+
+def test_the_view_endpoint_end_to_end(tmp_path: Path, stores: Settings, pg_schema: str) -> None:
+    rows = _rows(60)
+    with serve(tmp_path, _env(stores, pg_schema), *_args()) as server:
+        # auth, method, route, body
+        assert server.request("POST", ROUTE, b'{"rows": []}')[0] == 401
+        assert server.request("POST", ROUTE, b'{"rows": []}', {"Authorization": "Bearer nope"})[0] == 403
+        assert server.request("GET", ROUTE, None, AUTH)[0] == 405
+        status, _, body = server.request("POST", "/v1/views/nope/online", b'{"rows": []}', AUTH)
+        assert status == 404 and body["views"] == [VIEW]
+        assert server.request("POST", ROUTE, b"{not json", AUTH)[0] == 400
+        assert server.request("POST", ROUTE, b'{"rows": [1, 2]}', AUTH)[0] == 400
+        # every field error of every bad row
+        bad = [{"card_id": "c1", "merchant_id": 2, "amount": -1},
+               {"card_id": "x!", "merchant_id": "seven", "amount": "1.00"}, rows[0]]
+        status, _, body = server.request("POST", ROUTE, json.dumps({"rows": bad}).encode(), AUTH)
+        assert status == 422, body
+        assert body["rejected"] == 2
+        assert {(e["row"], e["field"]) for e in body["errors"]} == {
+            (0, "amount"), (1, "merchant_id"), (1, "amount")}  # a key is checked for its type only
+        assert all(e["message"].startswith(f"field {e['field']} ") for e in body["errors"])
+        # a batch: the SDK's rows, as JSON (decimals as text, times in ISO 8601)
+        status, headers, body = server.request("POST", ROUTE, json.dumps({"rows": rows}).encode(),
+                                               {**AUTH, "X-Request-Id": "req-views-1"})
+        assert status == 200, body
+        assert headers["x-request-id"] == "req-views-1"
+        assert body["view"] == VIEW and body["version"] == "1.0.0"
+        with FeatureStore(redis_url=stores.redis_url, postgres_dsn=stores.postgres_dsn,
+                          schemas=EXAMPLE / "schemas", views=EXAMPLE / "views", search_path=pg_schema,
+                          fill=False) as fs:
+            sdk = fs.online_view_dicts(VIEW, [{**r, "amount": Decimal(str(r["amount"]))} for r in rows])
+        want = json.loads(json.dumps(sdk, default=_json_value))
+        assert body["rows"] == want
+        assert sum(r["card_txn._found"] for r in body["rows"]) > 30
+        # one row, keep-alive: the latency histogram counts the route
+        conn = http.client.HTTPConnection(server.host, server.port, timeout=10)
+        one = json.dumps({"rows": rows[:1]}).encode()
+        for _ in range(20):
+            conn.request("POST", ROUTE, one, AUTH)
+            r = conn.getresponse()
+            assert r.status == 200
+            r.read()
+        conn.close()
+        status, _, text = server.request("GET", "/metrics")
+        count = sample_value(parse_exposition(text), "featureline_ingest_request_seconds_count",
+                             route="/v1/views/{name}/online")
+        assert count is not None and count >= 22
+
+
+def test_stores_down_is_503(tmp_path: Path, stores: Settings, pg_schema: str) -> None:
+    env = _env(stores, pg_schema, FEATURES_REDIS_URL="redis://127.0.0.1:1/0",
+               FEATURES_POSTGRES_DSN="postgresql://nobody@127.0.0.1:1/none?connect_timeout=1")
+    with serve(tmp_path, env, *_args()) as server:
+        status, headers, body = server.request("POST", ROUTE, json.dumps({"rows": _rows(2)}).encode(), AUTH)
+    assert status == 503, body
+    assert headers.get("retry-after") == "1" and "127.0.0.1:1" in body["error"]
+
+
+def test_sigterm_under_load_answers_every_request(tmp_path: Path, stores: Settings, pg_schema: str) -> None:
+    payload = json.dumps({"rows": _rows(5)}).encode()
+    answers: list[int] = []
+    errors: list[str] = []
+    stop = threading.Event()
+    with serve(tmp_path, _env(stores, pg_schema), *_args()) as server:
+        def client() -> None:
+            conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
+            while not stop.is_set():
+                try:
+                    conn.request("POST", ROUTE, payload, AUTH)
+                except OSError:
+                    return  # the server closed: nothing was sent
+                try:
+                    r = conn.getresponse()
+                    r.read()
+                    answers.append(r.status)
+                except (OSError, http.client.HTTPException) as exc:  # sent, never answered: a loss
+                    errors.append(repr(exc))
+                    return
+                if r.getheader("connection", "").lower() == "close":
+                    conn.close()
+                    conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
+
+        threads = [threading.Thread(target=client) for _ in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(1.5)
+        served_before = len(answers)
+        server.proc.send_signal(signal.SIGTERM)
+        code = server.proc.wait(60)
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert code == 0
+    assert served_before > 20
+    assert set(answers) == {200}, sorted(set(answers))
+    # a request the server read before it stopped was answered; one sent into a closing
+    # connection may see it close (http.client raises RemoteDisconnected) without a status
+    assert all("RemoteDisconnected" in e or "Connection reset" in e for e in errors), errors
