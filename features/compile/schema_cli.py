@@ -8,6 +8,11 @@ it partial: a partial migration is not for piping).
 It lives in ``compile/`` because it prints both: the schema package knows nothing of
 the DDL.
 
+With two *view* files (``views/*.yaml``: a top-level ``sources``), the diff classifies
+the view's changes instead (:mod:`features.views.diff`: a key changed, an output
+column removed or retyped is breaking; a column added is compatible), the views parsed
+against the schemas of ``--schemas-dir`` (default: the ``schemas_dir`` setting).
+
 Exit codes: 0 the change is allowed (compatible, or breaking with a new major
 version); 1 refused (a breaking change without a major version bump); 2 a usage
 error or a schema file that does not parse.
@@ -44,6 +49,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     out.add_argument("--sql", action="store_true",
                      help="print only the migration SQL (BEGIN; ... COMMIT;), to pipe to psql; nothing "
                      "when the tables do not change. `features migrate` applies it and migrates Redis too")
+    diff.add_argument("--schemas-dir", metavar="DIR",
+                      help="for two view files: the schemas they read (default: the schemas_dir setting)")
     diff.set_defaults(func=run_diff)
 
 
@@ -56,6 +63,8 @@ def run_diff(args: argparse.Namespace) -> int:
     from features.compile.migration import plan_migration
     from features.schema.parse import load_schema
 
+    if _is_view(args.old) or _is_view(args.new):
+        return _run_view_diff(args)
     try:
         old = load_schema(args.old)
         new = load_schema(args.new)
@@ -75,6 +84,64 @@ def run_diff(args: argparse.Namespace) -> int:
         _print_text(migration)
     if migration.diff.refusal is not None:
         print(f"features schema diff: refused: {migration.diff.refusal}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _is_view(path: str) -> bool:
+    """Whether the YAML file at ``path`` is a view (a top-level ``sources`` key); False
+    for anything unreadable (the schema diff then reports it)."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = yaml.safe_load(fh)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    return isinstance(doc, dict) and "sources" in doc
+
+
+def _run_view_diff(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from features.compile import compile_schema
+    from features.schema.parse import load_schemas, read_text
+    from features.views import compile_view, parse_view
+    from features.views.diff import diff_views
+
+    if args.sql:
+        print("features schema diff: --sql applies to schema files; a view has no tables", file=sys.stderr)
+        return 2
+    schemas_dir = args.schemas_dir
+    if schemas_dir is None:
+        from features.config import resolve_settings
+
+        schemas_dir = resolve_settings().schemas_dir
+    schemas = load_schemas(schemas_dir)
+    compiled = {name: compile_schema(s) for name, s in schemas.items()}
+    sides = []
+    for path in (args.old, args.new):
+        try:
+            view = parse_view(read_text(Path(path)), path, schemas)
+        except OSError as exc:  # pragma: no cover - read_text reports as SchemaError
+            print(f"features schema diff: error: {exc}", file=sys.stderr)
+            return 2
+        sides.append(compile_view(view, compiled, device="cpu"))
+    result = diff_views(sides[0], sides[1])
+    if args.json:
+        print(json.dumps(result.as_json(), indent=2))
+    else:
+        old, new = result.old, result.new
+        title = old.name if old.name == new.name else f"{old.name} -> {new.name}"
+        print(f"view {title}: {old.version_str} -> {new.version_str}")
+        if not result.changes:
+            print("  no changes")
+        width = max((len(c.column) for c in result.changes), default=0)
+        for c in result.changes:
+            label = "compatible" if c.compatible else "BREAKING"
+            print(f"  {label:<10}  {c.column:<{width}}  {c.kind}: {c.detail}")
+    if result.refusal is not None:
+        print(f"features schema diff: refused: {result.refusal}", file=sys.stderr)
         return 1
     return 0
 

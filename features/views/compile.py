@@ -159,6 +159,7 @@ class CompiledView:
             for name in result.features.schema.names:
                 column = result.features.column(name)
                 current = current.append_column(result.features.schema.field(name), column)
+        current = current.select([*table.schema.names, *self.derived.names])  # the declared order
         if not rejects:
             return current, REJECT_SCHEMA.empty_table()
         all_rejects = pa.concat_tables(rejects)
@@ -233,16 +234,16 @@ def compile_view(
                                          metadata={METADATA_TYPE: str(ff.type).encode()}))
             base_fields.append(ff)
     levels: list[Schema] = []
-    derived_cols: list[pa.Field] = []
     uses_time = any(step.op == "time_since" for f in view.features for step in f.steps)
+    columns: dict[str, tuple[str, ...]] = {}
     for group in _levels(view.features):
         level = Schema(name=view.name, version=view.version, fields=tuple(base_fields), features=tuple(group),
                        event_time=REQUEST_TIME if uses_time else None)
         levels.append(level)
         for feature in group:
-            for col in level.feature_columns(feature):
-                derived_cols.append(pa.field(col, arrow_type(feature.dtype)))
-                base_fields.append(Field(col, feature.dtype))
+            columns[feature.name] = level.feature_columns(feature)
+            base_fields.extend(Field(col, feature.dtype) for col in columns[feature.name])
+    derived_cols = [pa.field(col, arrow_type(f.dtype)) for f in view.features for col in columns[f.name]]
     from features.kernels.ops import plan_program
 
     for level in levels:

@@ -275,6 +275,12 @@ class ViewParser(SchemaParser):
         entity_key = self.parse_join(m, schema, keys)
         features = self.source_features(m, schema, prefix)
         if None in (schema, alias, prefix, entity_key, features) or max_age is False:
+            # the columns it would fetch are not checked where a feature reads them: this
+            # source's own errors are reported instead
+            listed = m.get("features")
+            for item in listed.value if listed is not None and isinstance(listed.value, list) else ():
+                if isinstance(item, ScalarNode):
+                    self.unparsed_fields.add((prefix or "") + str(item.value))
             return None
         assert schema is not None and alias is not None and prefix is not None
         assert entity_key is not None and features is not None
@@ -471,10 +477,7 @@ class ViewParser(SchemaParser):
             source_name = self.string(from_node, m.at("from"), "a column name")
             if source_name is not None:
                 source = scope.get(source_name)
-                if source is not None and source_name == name:
-                    self.error(from_node, m.at("from"), f"feature '{name}' cannot read itself")
-                    source = None
-                elif source is None and source_name not in self.unparsed_fields:
+                if source is None and source_name not in self.unparsed_fields:
                     self.error(from_node, m.at("from"),
                                f"from '{source_name}' is not a column {self.SCOPE}"
                                f"{self.suggest(source_name, scope)}")
