@@ -876,6 +876,18 @@ class FeatureStore:
             rows = pa.Table.from_pandas(rows, preserve_index=False)
         return validate(rows, c)
 
+    # --- writing --------------------------------------------------------------------------------
+
+    def write(self, schema: str, data: Any, *, run_id: str | None = None, source: str | None = None) -> Any:
+        """Write ``data`` (a pandas DataFrame or an Arrow table) into this store's Redis and
+        Postgres through the batch loader's core: validation, transforms, rejects with
+        field-level errors, aggregations; lineage ``python://<run_id>#<row>``; the same
+        ``run_id`` and rows again change nothing. Returns a ``features.sdk.write.WriteSummary``
+        (``rows == stored + rejected + already_present``). See ``docs/sdk.md``."""
+        from features.sdk.write import write
+
+        return write(self, schema, data, run_id=run_id, source=source)
+
 
 # --------------------------------------------------------------------------- helpers
 
