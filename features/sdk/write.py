@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from features.compile import CompiledSchema
-from features.errors import ConfigError, FeaturesError, SinkError, SourceError
+from features.errors import ConfigError, FeaturesError, SinkUnavailable, SourceError
 from features.lineage import SOURCE, BatchLineage, new_run_id, python_prefix
 from features.sources.base import SourceBatch
 from features.sources.parquet import DEFAULT_BATCH_ROWS, ExtraColumnsWarning, refusal
@@ -252,7 +252,8 @@ def write(fs: FeatureStore, schema: str, data: Any, *, run_id: str | None = None
     another kind, or for other rows under a run id (and source) that already wrote a
     table; SinkUnavailable when a store is unreachable at start (nothing is written) or
     stays unreachable during the write: its message names the run id to write the same
-    table again with, which finishes the write exactly.
+    table again with, which finishes the write exactly; SinkError as the loader raises it
+    (e.g. the stores hold another version of the schema).
     """
     from features.compile.postgres import rejects_table_name
     from features.config import resolve_settings
@@ -278,11 +279,11 @@ def write(fs: FeatureStore, schema: str, data: Any, *, run_id: str | None = None
         summary = load_source(src, compiled, settings, search_path=fs.search_path, key_prefix=fs.key_prefix,
                               run_id=run_id, started={"source": prefix}, observer=seen,
                               read_own=other_units)
-    except SinkError as exc:
-        raise type(exc)(f"write of {table.num_rows:,} rows to {compiled.name} (run {run_id}) stopped: {exc}. "
-                        f"What the stores committed stays; write the same table again with run_id={run_id!r}"
-                        f"{'' if source is None else f', source={source!r}'} to finish it exactly",
-                        store=exc.store, address=exc.address) from exc
+    except SinkUnavailable as exc:  # transient: the same call again finishes the write
+        again = f"run_id={run_id!r}" + ("" if source is None else f", source={source!r}")
+        raise SinkUnavailable(f"write of {table.num_rows:,} rows to {compiled.name} (run {run_id}) stopped: "
+                              f"{exc}. What the stores committed stays; write the same table again with "
+                              f"{again} to finish it exactly", store=exc.store, address=exc.address) from exc
     try:
         sample = _sample(fs, compiled, prefix, seen.first(SAMPLE_ROWS)) if summary.rejected else ()
     except FeaturesError:  # the rows are written and counted; the sample is a convenience

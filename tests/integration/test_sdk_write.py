@@ -10,6 +10,7 @@ redis-py), or from the loader run on the same rows, never from the SDK under tes
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import subprocess
 import sys
@@ -121,6 +122,21 @@ def test_a_dataframe_and_an_arrow_table_are_written_and_read_back_online_and_his
     before = fs.historical(NAME, pa.table({ENTITY: ids, "timestamp": pa.array(
         [t - dt.timedelta(microseconds=1) for t in times], pa.timestamp("us", "UTC"))}), ["income_monthly"])
     assert before.column("_event_time").null_count == len(ids)  # before the only event: nothing
+
+
+def test_a_write_to_a_redis_cluster_is_read_back_and_idempotent(
+        settings: Settings, pg_schema: str, redis_cluster: Any, redis_cluster_prefix: str) -> None:
+    table = applicants(800, seed=30)
+    cluster = dataclasses.replace(settings, redis_url=redis_cluster.url)
+    with make_store(cluster, pg_schema, redis_cluster_prefix) as fs:
+        first = fs.write(NAME, table, run_id="on-a-cluster")
+        again = fs.write(NAME, table, run_id="on-a-cluster")
+        assert first.adds_up and first.stored + first.rejected == 800 and first.already_present == 0
+        assert (again.stored, again.rejected, again.already_present) == (0, 0, 800)
+        want = valid_rows(table, set(rejected_rows(settings, pg_schema, "python://on-a-cluster")))
+        online = fs.online(NAME, [r[ENTITY] for r in want], ["income_monthly"])
+    assert online.column("_from").to_pylist() == ["redis"] * len(want) == ["redis"] * first.stored
+    assert online.column("income_monthly").to_pylist() == [r["income_monthly"] for r in want]
 
 
 def test_the_stores_hold_what_the_loader_stores_for_the_same_rows_in_parquet(
