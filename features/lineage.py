@@ -6,7 +6,10 @@ same plus their raw payload and errors. The source of one row is a URI:
 - ``file:///abs/path/data.parquet#1234`` (0-based row within the file);
 - ``kafka://topic/partition/offset``; for a record HTTP ingest produced (its
   ``featureline-source`` Kafka header) ``kafka://topic/partition/offset via
-  http://<request id>#<index>``: the Kafka coordinates, then the request and position.
+  http://<request id>#<index>``: the Kafka coordinates, then the request and position;
+- ``python://<run id>#<row>`` (0-based row within the table) for a table or DataFrame
+  written from Python with ``FeatureStore.write``, or ``python://<run id>/<source>#<row>``
+  when the caller names the table (:func:`python_prefix`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,13 @@ LINEAGE_COLUMNS = (SOURCE, SCHEMA_NAME, SCHEMA_VERSION, SCHEMA_FINGERPRINT, RUN_
 def new_run_id() -> str:
     """A fresh run id: UTC time for humans plus random bits for uniqueness."""
     return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:8]
+
+
+def python_prefix(run_id: str, source: str | None = None) -> str:
+    """The source URI prefix of the rows of one ``FeatureStore.write`` call (its rows are
+    ``<prefix>#<row>``, :class:`BatchLineage`): ``python://<run id>``, or
+    ``python://<run id>/<source>`` when the caller names the table."""
+    return f"python://{run_id}" if source is None else f"python://{run_id}/{source}"
 
 
 @dataclass(frozen=True)

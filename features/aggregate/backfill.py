@@ -63,7 +63,7 @@ def _empty(spec: AggSpec) -> pa.Table:
 
 
 def backfill(spec: AggSpec, inputs: Inputs, writer: AggregateWriter, ctx: RunContext,
-             progress: Any = None) -> AggregateCounts:
+             progress: Any = None, *, read_own: bool = False) -> AggregateCounts:
     """Compute and write every aggregation value this load's events change; returns the counts.
 
     The history table is the source of truth: for each entity of ``inputs`` (this load's
@@ -73,6 +73,10 @@ def backfill(spec: AggSpec, inputs: Inputs, writer: AggregateWriter, ctx: RunCon
     January then February gives the values of one load of both, in either order, and the
     order of files and rows changes nothing. Of two events with one (entity, event time),
     the history keeps the first: an earlier load's, else the first in input order.
+
+    The events this run stored are not read back (``inputs`` holds them), unless
+    ``read_own``: a run that stored other events before this load (``FeatureStore.write``
+    of several tables under one run id) reads its whole history back.
     """
     t0 = time.perf_counter()
     counts = AggregateCounts(events=len(inputs))
@@ -91,7 +95,7 @@ def backfill(spec: AggSpec, inputs: Inputs, writer: AggregateWriter, ctx: RunCon
     firsts = np.unique(codes, return_index=True)[1]  # each entity's first row (codes are 0..k-1)
     longest = spec.longest_us
     stored = writer.stored_inputs(spec, entity.take(pa.array(firsts)), lo - longest, hi + longest,
-                                  exclude_run=ctx.run_id)
+                                  exclude_run=None if read_own else ctx.run_id)
     counts.from_history = len(stored)
     merged = Inputs.concat([stored, inputs])
     m = len(stored)

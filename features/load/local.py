@@ -1,13 +1,17 @@
 """The batch loader in one process: Parquet -> validate -> transform -> both stores, then
 the aggregations (``features.load.load`` with the local engine, each ``--workers``
-process, each task of ``--engine flink``)."""
+process, each task of ``--engine flink``). :func:`load_source` is that core for any
+source (``FeatureStore.write``'s in-memory tables too)."""
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
 
 from features.compile import CompiledSchema, transform_program
 from features.config import Settings
@@ -16,6 +20,7 @@ from features.metrics import RunMetrics
 from features.progress import LineProgress, Progress
 from features.runner import RunSummary, run
 from features.sinks.base import Sink
+from features.sources.base import Source
 from features.sources.parquet import DEFAULT_BATCH_ROWS, ParquetSource
 
 log = logging.getLogger("features.load")
@@ -28,13 +33,29 @@ def load_local(paths: Sequence[str | Path], compiled: CompiledSchema, settings: 
     """The loader in this process (one shard of the entities with ``shard``): what
     :func:`features.load.load` runs for the local engine, and what each Flink task and
     each worker process runs (see its docstring for the guarantees)."""
+    source = ParquetSource(paths, compiled, batch_rows=batch_rows, shard=shard)
+    return load_source(source, compiled, settings, search_path=search_path, key_prefix=key_prefix,
+                       progress=progress, run_id=run_id, metrics=metrics,
+                       started={"files": len(source.files)})
+
+
+def load_source(source: Source, compiled: CompiledSchema, settings: Settings, *,
+                search_path: str | None = None, key_prefix: str = "", progress: bool = False, run_id: str,
+                metrics: RunMetrics | None = None, started: dict[str, Any] | None = None,
+                observer: Callable[[pa.Table], None] | None = None, read_own: bool = False) -> RunSummary:
+    """Every batch of ``source`` -> validate -> transform -> both stores (Postgres the
+    primary, then Redis; each unit's ledger key skips what a store committed), then the
+    windowed aggregations of the schema, if it has any, over the valid rows: the core of
+    :func:`load_local` and of ``FeatureStore.write`` (``features.sdk.write``). ``started``:
+    more fields of the ``load started`` log line; ``observer``: called with each batch's
+    valid rows, in order (committed units included), beside the aggregations' collector;
+    ``read_own``: the run id stored other rows before (``features.aggregate.backfill``)."""
     from features.aggregate.backfill import Collector, backfill
     from features.aggregate.engine import AggSpec
     from features.aggregate.writer import AggregateWriter
     from features.sinks.postgres import PostgresSink
     from features.sinks.redis import RedisSink
 
-    source = ParquetSource(paths, compiled, batch_rows=batch_rows, shard=shard)
     program = transform_program(compiled, settings)
     pg = PostgresSink(settings.postgres_dsn, compiled, search_path=search_path)
     hot = RedisSink(settings.redis_url, compiled, key_prefix=key_prefix)
@@ -52,15 +73,16 @@ def load_local(paths: Sequence[str | Path], compiled: CompiledSchema, settings: 
             aggs.open()
         now = dt.datetime.now(dt.UTC)
         ctx = RunContext(compiled.name, compiled.schema.version_str, compiled.fingerprint, run_id, now)
-        log.info("load started", extra={"schema": compiled.name, "files": len(source.files),
+        log.info("load started", extra={"schema": compiled.name, **(started or {}),
                                         "rows": source.total_rows})
+        observe = _both(collector, observer)
         summary = run(source, compiled, sinks, ctx=ctx, program=program,
-                      progress=Progress(source.total_rows, enabled=progress), observer=collector,
+                      progress=Progress(source.total_rows, enabled=progress), observer=observe,
                       metrics=metrics)
         if spec is not None and aggs is not None and collector is not None:
             inputs = collector.inputs()
             line = LineProgress("aggregations", None, enabled=progress)
-            counts = backfill(spec, inputs, aggs, ctx, progress=line)
+            counts = backfill(spec, inputs, aggs, ctx, progress=line, read_own=read_own)
             line.close(counts.accepted, counts.late)
             summary.aggregations = counts.as_dict()
             if metrics is not None:
@@ -75,3 +97,16 @@ def load_local(paths: Sequence[str | Path], compiled: CompiledSchema, settings: 
             s.close()  # idempotent; also frees a sink whose open() failed half way
         if aggs is not None:
             aggs.close()
+
+
+def _both(first: Callable[[pa.Table], None] | None,
+          second: Callable[[pa.Table], None] | None) -> Callable[[pa.Table], None] | None:
+    """One observer calling ``first`` then ``second`` (either may be None)."""
+    if first is None or second is None:
+        return first if first is not None else second
+
+    def both(rows: pa.Table) -> None:
+        first(rows)
+        second(rows)
+
+    return both

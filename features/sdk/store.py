@@ -72,6 +72,7 @@ from features.sdk.stored import rows_to_table as _rows_to_table
 
 if TYPE_CHECKING:
     from features.schema import Schema
+    from features.sdk.write import WriteSummary
 
 _T = TypeVar("_T")
 
@@ -1038,6 +1039,19 @@ class FeatureStore:
         if not isinstance(rows, pa.Table | pa.RecordBatch | list):
             rows = pa.Table.from_pandas(rows, preserve_index=False)
         return validate(rows, c)
+
+    # --- writing --------------------------------------------------------------------------------
+
+    def write(self, schema: str, data: Any, *, run_id: str | None = None,
+              source: str | None = None) -> WriteSummary:
+        """Write ``data`` (a pandas DataFrame or an Arrow table) into this store's Redis and
+        Postgres through the batch loader's core: validation, transforms, rejects with
+        field-level errors, aggregations; lineage ``python://<run_id>#<row>``; the same
+        ``run_id`` and rows again change nothing. Returns a ``features.sdk.write.WriteSummary``
+        (``rows == stored + rejected + already_present``). See ``docs/sdk.md``."""
+        from features.sdk.write import write
+
+        return write(self, schema, data, run_id=run_id, source=source)
 
 
 
