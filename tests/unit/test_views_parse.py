@@ -389,3 +389,36 @@ def test_schema_diff_cli_takes_two_view_files(tmp_path: Path) -> None:
     doc = json.loads(out.stdout)
     assert doc["kind"] == "view" and not doc["allowed"]
     assert [(c["column"], c["kind"]) for c in doc["changes"]] == [("user_click_ratio_24h", "column_removed")]
+
+
+def test_features_compile_writes_and_checks_one_artefact_per_view(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from features.cli import main
+
+    views = tmp_path / "views"
+    views.mkdir()
+    source = (ROOT / "views" / "application_scoring.yaml").read_text()
+    (views / "application_scoring.yaml").write_text(source)
+
+    def run(*extra: str) -> int:
+        return main(["compile", "--schemas-dir", str(ROOT / "schemas"), "--sql-dir", str(tmp_path / "sql"),
+                     "--expectations-dir", str(tmp_path / "exp"), "--views-dir", str(views), *extra])
+
+    assert run("--check") == 1 and "missing: " in capsys.readouterr().err
+    assert run() == 0
+    out = capsys.readouterr().out
+    artefact = views / "compiled" / "application_scoring.json"
+    doc = json.loads(artefact.read_text())
+    assert f"view application_scoring 1.0.0 {doc['fingerprint'][:12]}" in out
+    assert artefact.read_bytes() == (ROOT / "views" / "compiled" / "application_scoring.json").read_bytes()
+    assert run("--check") == 0
+    (views / "application_scoring.yaml").write_text(source.replace("max_age: 1d", "max_age: 2d"))
+    assert run("--check") == 1 and "stale: " in capsys.readouterr().err
+    (views / "application_scoring.yaml").write_text(source.replace("spend_today]", "spend_todays]"))
+    assert run("--check") == 1
+    err = capsys.readouterr().err
+    assert "application_scoring.yaml:26: sources[1].features[2]: schema 'clicks' has no feature 'spend_todays'" \
+        in err
+    (views / "application_scoring.yaml").unlink()
+    assert run("--check") == 1 and "extra: " in capsys.readouterr().err
+    assert run() == 0 and not artefact.exists()
