@@ -12,8 +12,8 @@ folders) only those schemas are compiled and nothing else is removed.
 A whole-folder run of the settings' schemas also compiles every view of the views folder
 (the ``views_dir`` setting, ``views/`` by default; a missing folder holds none) against
 those schemas, as does any run given ``--views-dir`` (with ``--schemas-dir`` alone, no
-views are compiled: the views folder goes with the project's schemas), and writes one artefact per view, ``<views>/compiled/<name>.json``
-(its name, version, fingerprint, sources and output schema with declared types;
+views are compiled: the views folder goes with the project's schemas), and writes one
+artefact per view, ``<views>/compiled/<name>.json`` (its name, version, fingerprint, sources and output schema with declared types;
 :meth:`~features.views.CompiledView.artefact`), removing those of views that no longer
 exist. A view error fails the run (and ``--check``) like a schema error.
 

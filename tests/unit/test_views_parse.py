@@ -417,8 +417,8 @@ def test_features_compile_writes_and_checks_one_artefact_per_view(
     (views / "application_scoring.yaml").write_text(source.replace("spend_today]", "spend_todays]"))
     assert run("--check") == 1
     err = capsys.readouterr().err
-    assert "application_scoring.yaml:26: sources[1].features[2]: schema 'clicks' has no feature 'spend_todays'" \
-        in err
+    assert ("application_scoring.yaml:26: sources[1].features[2]: schema 'clicks' has no feature "
+            "'spend_todays'") in err
     (views / "application_scoring.yaml").unlink()
     assert run("--check") == 1 and "extra: " in capsys.readouterr().err
     assert run() == 0 and not artefact.exists()
