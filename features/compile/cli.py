@@ -13,9 +13,9 @@ A whole-folder run of the settings' schemas also compiles every view of the view
 (the ``views_dir`` setting, ``views/`` by default; a missing folder holds none) against
 those schemas, as does any run given ``--views-dir`` (with ``--schemas-dir`` alone, no
 views are compiled: the views folder goes with the project's schemas), and writes one
-artefact per view, ``<views>/compiled/<name>.json`` (its name, version, fingerprint, sources and output schema with declared types;
-:meth:`~features.views.CompiledView.artefact`), removing those of views that no longer
-exist. A view error fails the run (and ``--check``) like a schema error.
+artefact per view, ``<views>/compiled/<name>.json`` (its name, version, fingerprint,
+sources and output schema with declared types; :meth:`~features.views.CompiledView.artefact`),
+removing those of views that no longer exist. A view error fails the run (and ``--check``) like a schema error.
 
 Output: one line per schema, ``name version fingerprint[:12]`` and each file with (views: ``view name ...``)
 ``written`` or ``unchanged``. The files are byte-for-byte deterministic: DDL as
