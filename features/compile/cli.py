@@ -15,7 +15,8 @@ those schemas, as does any run given ``--views-dir`` (with ``--schemas-dir`` alo
 views are compiled: the views folder goes with the project's schemas), and writes one
 artefact per view, ``<views>/compiled/<name>.json`` (its name, version, fingerprint,
 sources and output schema with declared types; :meth:`~features.views.CompiledView.artefact`),
-removing those of views that no longer exist. A view error fails the run (and ``--check``) like a schema error.
+removing those of views that no longer exist. A view error fails the run (and
+``--check``) like a schema error.
 
 Output: one line per schema, ``name version fingerprint[:12]`` and each file with (views: ``view name ...``)
 ``written`` or ``unchanged``. The files are byte-for-byte deterministic: DDL as
