@@ -28,7 +28,16 @@ from typing import Final
 from yaml.nodes import MappingNode, Node, ScalarNode
 
 from features.errors import SchemaError, SchemaErrors
-from features.schema.model import Feature, Field, FieldType, OnInvalid, Schema, TypeKind
+from features.schema.model import (
+    FLOAT_KINDS,
+    INTEGER_KINDS,
+    Feature,
+    Field,
+    FieldType,
+    OnInvalid,
+    Schema,
+    TypeKind,
+)
 from features.schema.nodes import YamlMap, describe, is_null, join_path, line_of
 from features.schema.parse import SchemaParser, compose_document, load_each, yaml_files
 from features.schema.syntax import MAX_DURATION_S, identifier_problem, parse_type
@@ -48,6 +57,7 @@ _TOP_KEYS: Final = ("name", "version", "description", "request", "sources", "fea
 _REQUEST_KEYS: Final = ("keys", "fields")
 _SOURCE_KEYS: Final = ("schema", "features", "join", "max_age", "prefix", "alias")
 _FEATURE_KEYS: Final = ("name", "from", "steps", "dtype", "on_invalid", "description")
+_DTYPE_KINDS: Final = INTEGER_KINDS | FLOAT_KINDS | {TypeKind.BOOL}
 
 
 def parse_view(text: str, path: str | None, schemas: Mapping[str, Schema]) -> View:
@@ -166,7 +176,7 @@ class ViewParser(SchemaParser):
             items = self.sequence(fields_node, m.at("fields"), "the list of request fields")
             for i, item in enumerate(items or ()):
                 kp = join_path(m.at("fields"), i)
-                parsed = self.parse_field(item, kp, False)
+                parsed = self.parse_field(self.without_store(item, kp), kp, False)
                 if parsed is None:
                     if (declared := self.declared_name(item)) is not None:
                         self.unparsed_fields.add(declared)
@@ -181,6 +191,22 @@ class ViewParser(SchemaParser):
                 if self.claim(field.name, name_node, join_path(kp, "name"), "a request field"):
                     fields[field.name] = field
         return keys, fields
+
+    def without_store(self, item: Node, kp: str) -> Node:
+        """``item`` without a ``store`` key (recorded as an error: a request field is an
+        input of one request, never stored); the rest of the field is still checked."""
+        if not isinstance(item, MappingNode):
+            return item
+        kept = []
+        for knode, vnode in item.value:
+            if isinstance(knode, ScalarNode) and knode.value == "store":
+                self.error(knode, join_path(kp, "store"), "a request field is not stored (it is an input of "
+                                                          "one request): remove store")
+            else:
+                kept.append((knode, vnode))
+        if len(kept) == len(item.value):
+            return item
+        return MappingNode(item.tag, kept, item.start_mark, item.end_mark, item.flow_style)
 
     def parse_key(self, knode: Node, tnode: Node, base: str) -> Field | None:
         if not isinstance(knode, ScalarNode):
@@ -247,7 +273,8 @@ class ViewParser(SchemaParser):
             prefix = f"{alias}__" if alias_node is not None and alias is not None else ""
         if alias is not None:
             if alias in aliases:
-                self.error(alias_node or m.get("schema"), m.at("alias"),
+                at = m.at("alias" if alias_node is not None else "schema")
+                self.error(alias_node or m.get("schema"), at,
                            f"duplicate source alias '{alias}' (first at line {aliases[alias]}): give each "
                            "source of one schema its own alias:")
                 alias = None
@@ -532,6 +559,6 @@ def _peek_feature(node: Node) -> tuple[str, FieldType] | None:
     if not isinstance(name, ScalarNode) or not isinstance(dtype, ScalarNode):
         return None
     ftype, reason = parse_type(str(dtype.value))
-    if reason is not None or ftype is None:
-        return None
+    if reason is not None or ftype is None or ftype.kind not in _DTYPE_KINDS:
+        return None  # its own error is reported; a reference to it is not checked
     return str(name.value), ftype

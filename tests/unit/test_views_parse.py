@@ -176,6 +176,7 @@ request:
   fields:
     - {name: amount, type: float64}
     - {name: risk_score, type: float64}
+    - {name: note, type: string, store: cold, constraints: {min: 1}}
 sources:
   - schema: card_tx
     features: [x]
@@ -200,27 +201,29 @@ features:
 """
     errors = _errors(text, schemas)
     expected = [
-        "views/x.yaml:11: sources[0].schema: unknown schema 'card_tx' (did you mean 'card_txn'?)",
-        "views/x.yaml:15: sources[1].features[0]: schema 'merchant' has no feature 'risk_scores' "
+        "views/x.yaml:10: request.fields[2].constraints.min: min does not apply to string fields",
+        "views/x.yaml:10: request.fields[2].store: a request field is not stored",
+        "views/x.yaml:12: sources[0].schema: unknown schema 'card_tx' (did you mean 'card_txn'?)",
+        "views/x.yaml:16: sources[1].features[0]: schema 'merchant' has no feature 'risk_scores' "
         "(did you mean 'risk_score'?)",
-        "views/x.yaml:15: sources[1].features[1]: output column 'risk_score' (feature 'risk_score' of source "
+        "views/x.yaml:16: sources[1].features[1]: output column 'risk_score' (feature 'risk_score' of source "
         "'merchant') is also a request field",
-        "views/x.yaml:15: sources[1].features[2]: output column 'merchant_id' (feature 'merchant_id' of "
+        "views/x.yaml:16: sources[1].features[2]: output column 'merchant_id' (feature 'merchant_id' of "
         "source 'merchant') is also a request key",
-        "views/x.yaml:16: sources[1].join.merchant_id: join names request key 'merchant', which is not one "
+        "views/x.yaml:17: sources[1].join.merchant_id: join names request key 'merchant', which is not one "
         "of request.keys (did you mean 'merchant_id'?)",
-        "views/x.yaml:18: sources[2].features[0]: feature 'country' of schema 'card_txn' is stored in the "
+        "views/x.yaml:19: sources[2].features[0]: feature 'country' of schema 'card_txn' is stored in the "
         "hot store only",
-        "views/x.yaml:18: sources[2].features[1]: schema 'card_txn' has no stored feature 'note' (the field "
+        "views/x.yaml:19: sources[2].features[1]: schema 'card_txn' has no stored feature 'note' (the field "
         "is validated, not stored)",
-        "views/x.yaml:19: sources[2].join.card_id: request key 'card_id' is int64 but the entity 'card_id' "
+        "views/x.yaml:20: sources[2].join.card_id: request key 'card_id' is int64 but the entity 'card_id' "
         "of schema 'card_txn' is string",
-        "views/x.yaml:20: sources[3].schema: schema 'checks' is validation-only",
-        "views/x.yaml:23: sources[4].alias: duplicate source alias 'merchant'",
-        "views/x.yaml:27: features[0].from: request-time features form a cycle: a -> b -> a",
-        "views/x.yaml:29: features[2].name: output column 'amount' (a request-time feature) is also a "
+        "views/x.yaml:21: sources[3].schema: schema 'checks' is validation-only",
+        "views/x.yaml:24: sources[4].schema: duplicate source alias 'merchant'",
+        "views/x.yaml:28: features[0].from: request-time features form a cycle: a -> b -> a",
+        "views/x.yaml:30: features[2].name: output column 'amount' (a request-time feature) is also a "
         "request field",
-        "views/x.yaml:30: features[3].steps[0].product.other: product other 'nope' is not a field of this "
+        "views/x.yaml:31: features[3].steps[0].product.other: product other 'nope' is not a field of this "
         "view",
     ]
     for want in expected:
