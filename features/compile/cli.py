@@ -9,12 +9,14 @@ left behind by schemas that no longer exist are removed (only files that carry t
 generated marker; a hand-written file is never touched). With PATHs (files or
 folders) only those schemas are compiled and nothing else is removed.
 
-A whole-folder run also compiles every view of the views folder (``--views-dir``, else
-the ``views_dir`` setting, ``views/`` by default; a missing folder holds none) against
-those schemas, and writes one artefact per view, ``<views>/compiled/<name>.json``
-(its name, version, fingerprint, sources and output schema with declared types;
-:meth:`~features.views.CompiledView.artefact`), removing those of views that no longer
-exist. A view error fails the run (and ``--check``) like a schema error.
+A whole-folder run of the settings' schemas also compiles every view of the views folder
+(the ``views_dir`` setting, ``views/`` by default; a missing folder holds none) against
+those schemas, as does any run given ``--views-dir`` (with ``--schemas-dir`` alone, no
+views are compiled: the views folder goes with the project's schemas), and writes one
+artefact per view, ``<views>/compiled/<name>.json`` (its name, version, fingerprint,
+sources and output schema with declared types; :meth:`~features.views.CompiledView.artefact`),
+removing those of views that no longer exist. A view error fails the run (and
+``--check``) like a schema error.
 
 Output: one line per schema, ``name version fingerprint[:12]`` and each file with (views: ``view name ...``)
 ``written`` or ``unchanged``. The files are byte-for-byte deterministic: DDL as
@@ -255,7 +257,7 @@ def run(args: argparse.Namespace) -> int:
         shown = _update(list(files), args.check, problems)
         print(f"{schema.name} {schema.version_str} {compiled.fingerprint[:12]}  {shown}")
 
-    if whole_folder or args.views_dir:
+    if args.views_dir or (whole_folder and not args.schemas_dir):
         failed = _views(args, schemas_compiled, problems) or failed
     if whole_folder and not failed:
         for path in extra_files(set(schemas), sql_dir, exp_dir):

@@ -132,14 +132,10 @@ def _run_view_diff(args: argparse.Namespace) -> int:
         print(json.dumps(result.as_json(), indent=2))
     else:
         old, new = result.old, result.new
-        title = old.name if old.name == new.name else f"{old.name} -> {new.name}"
-        print(f"view {title}: {old.version_str} -> {new.version_str}")
-        if not result.changes:
-            print("  no changes")
-        width = max((len(c.column) for c in result.changes), default=0)
+        width = _header("view", (old.name, old.version_str), (new.name, new.version_str),
+                        [c.column for c in result.changes])
         for c in result.changes:
-            label = "compatible" if c.compatible else "BREAKING"
-            print(f"  {label:<10}  {c.column:<{width}}  {c.kind}: {c.detail}")
+            print(f"  {_label(c.compatible):<10}  {c.column:<{width}}  {c.kind}: {c.detail}")
     if result.refusal is not None:
         print(f"features schema diff: refused: {result.refusal}", file=sys.stderr)
         return 1
@@ -189,19 +185,28 @@ def _sql(migration: Migration) -> str:
     return "BEGIN;\n" + "".join(f"{statement};\n" for statement in migration.statements) + "COMMIT;\n"
 
 
+def _label(compatible: bool) -> str:
+    return "compatible" if compatible else "BREAKING"
+
+
+def _header(kind: str, old: tuple[str, str], new: tuple[str, str], names: list[str]) -> int:
+    """Print the diff's title line (and ``no changes``); the width of the name column."""
+    title = old[0] if old[0] == new[0] else f"{old[0]} -> {new[0]}"
+    print(f"{kind} {title}: {old[1]} -> {new[1]}")
+    if not names:
+        print("  no changes")
+    return max((len(n) for n in names), default=0)
+
+
 def _print_text(migration: Migration) -> None:
     from features.compile.migration import brief
 
     result = migration.diff
     old, new = result.old, result.new
-    title = old.name if old.name == new.name else f"{old.name} -> {new.name}"
-    print(f"schema {title}: {old.version_str} -> {new.version_str}")
-    if not result.changes:
-        print("  no changes")
-    width = max((len(c.field) for c in result.changes), default=0)
+    width = _header("schema", (old.name, old.version_str), (new.name, new.version_str),
+                    [c.field for c in result.changes])
     for c in result.changes:
-        label = "compatible" if c.compatible else "BREAKING"
-        line = f"  {label:<10}  {c.field:<{width}}  {c.kind.value}: {c.detail}"
+        line = f"  {_label(c.compatible):<10}  {c.field:<{width}}  {c.kind.value}: {c.detail}"
         if c.honoured_rule is not None and not c.overridden:  # an override says so in the detail
             rule = c.honoured_rule
             line += f"  (rule honoured: {rule.field} breaking_change={str(rule.breaking_change).lower()})"

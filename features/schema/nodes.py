@@ -260,6 +260,14 @@ class NodeReader:
             return None
         return list(node.value)
 
+    def nonempty_sequence(self, node: Node, kp: str, what: str, empty: str) -> list[Node] | None:
+        """:meth:`sequence`, with ``empty`` recorded (and None returned) for an empty list."""
+        items = self.sequence(node, kp, what)
+        if items is not None and not items:
+            self.error(node, kp, empty)
+            return None
+        return items
+
     def scalar(self, node: Node, kp: str, what: str) -> ScalarNode | None:
         if not isinstance(node, ScalarNode):
             self.error(node, kp, f"expected {what}, got {describe(node)}")

@@ -47,9 +47,9 @@ from __future__ import annotations
 import dataclasses
 import re
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Final, cast
+from typing import Final, Protocol, TypeVar, cast
 
 import yaml
 from yaml.nodes import Node, ScalarNode
@@ -96,8 +96,8 @@ from features.schema.syntax import (
 )
 
 __all__ = [
-    "MAX_SCHEMA_CHARS", "SchemaParser", "compose_document", "load_schema", "load_schemas", "parse_schema",
-    "read_text",
+    "MAX_SCHEMA_CHARS", "SchemaParser", "compose_document", "load_each", "load_schema", "load_schemas",
+    "parse_schema", "read_text", "yaml_files",
 ]
 
 #: The largest schema text parsed, in characters. A real schema is a few KiB; PyYAML is
@@ -149,7 +149,7 @@ def parse_schema(text: str, path: str | None = None) -> Schema:
 def load_schema(path: str | Path) -> Schema:
     """Read and parse the schema file at ``path`` (UTF-8). Raises like :func:`parse_schema`,
     and SchemaError when the file cannot be read."""
-    return _parse(_read(Path(path)), str(path))[0]
+    return _parse(read_text(Path(path)), str(path))[0]
 
 
 def load_schemas(paths_or_dir: str | Path | Iterable[str | Path]) -> dict[str, Schema]:
@@ -163,39 +163,65 @@ def load_schemas(paths_or_dir: str | Path | Iterable[str | Path]) -> dict[str, S
         paths_or_dir = [paths_or_dir]
     files: list[Path] = []
     for item in paths_or_dir:
-        p = Path(item)
-        if p.is_dir():
-            files.extend(sorted(q for q in p.iterdir() if q.suffix in (".yaml", ".yml") and q.is_file()))
-        else:
-            files.append(p)
-    schemas: dict[str, Schema] = {}
+        files.extend(yaml_files(Path(item)))
+    return load_each(files, lambda text, path: _parse(text, path), "schema")
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def path(self) -> str | None: ...
+
+
+_N = TypeVar("_N", bound=_Named)
+
+
+def yaml_files(path: Path) -> list[Path]:
+    """A folder's ``*.yaml``/``*.yml`` files, sorted; a file path as it is."""
+    if path.is_dir():
+        return sorted(q for q in path.iterdir() if q.suffix in (".yaml", ".yml") and q.is_file())
+    return [path]
+
+
+def load_each(
+    files: Iterable[Path], parse: Callable[[str, str], tuple[_N, int | None]], what: str,
+) -> dict[str, _N]:
+    """Read and ``parse`` (text, path) -> (item, line of its name) every file: ``{name:
+    item}`` in file order. Problems in all files are raised together as one SchemaErrors;
+    two files declaring one name is such a problem (reported on the second). The schema
+    and view loaders share it."""
+    out: dict[str, _N] = {}
     errors: list[SchemaError] = []
     for file in files:
         try:
-            schema, name_line = _parse(_read(file), str(file))
+            item, name_line = parse(read_text(file), str(file))
         except SchemaErrors as exc:
             errors.extend(exc.errors)
             continue
         except SchemaError as exc:
             errors.append(exc)
             continue
-        if schema.name in schemas:
-            first = schemas[schema.name].path
+        if item.name in out:
+            first = out[item.name].path
             errors.append(SchemaError(
-                f"duplicate schema name '{schema.name}' (also declared in {first})",
+                f"duplicate {what} name '{item.name}' (also declared in {first})",
                 path=str(file), line=name_line, key_path="name",
             ))
             continue
-        schemas[schema.name] = schema
+        out[item.name] = item
     if errors:
         raise SchemaErrors(errors)
-    return schemas
+    return out
 
 
 # --------------------------------------------------------------------------- plumbing
 
 
-def _read(path: Path) -> str:
+def read_text(path: Path) -> str:
+    """The UTF-8 text of a schema (or view) file, at most ``MAX_SCHEMA_CHARS`` read;
+    SchemaError when it cannot be read or is longer."""
     try:
         with path.open(encoding="utf-8") as f:
             text = f.read(MAX_SCHEMA_CHARS + 1)  # never more, whatever the file (or device) holds
@@ -250,11 +276,6 @@ def compose_document(text: str, path: str | None, what: str = "schema") -> Node 
     except ValueError as exc:  # PyYAML lets chr() fail on an escape such as "\U00110000"
         raise SchemaError(f"invalid YAML: {exc}", path=path) from None
     return root
-
-
-def read_text(path: Path) -> str:
-    """The UTF-8 text of a schema (or view) file, at most ``MAX_SCHEMA_CHARS`` read."""
-    return _read(path)
 
 
 def _parse(text: str, path: str | None) -> tuple[Schema, int | None]:
@@ -432,11 +453,9 @@ class SchemaParser(StepReader, AggregationReader):
         node = top.get("fields")
         if node is None:
             return None
-        items = self.sequence(node, "fields", "the list of fields")
+        items = self.nonempty_sequence(node, "fields", "the list of fields",
+                                       "fields must list at least one field")
         if items is None:
-            return None
-        if not items:
-            self.error(node, "fields", "fields must list at least one field")
             return None
         out: list[tuple[Field, Node]] = []
         sources: list[tuple[Node | None, str]] = []

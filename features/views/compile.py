@@ -95,6 +95,8 @@ class CompiledView:
     levels: tuple[Schema, ...]
     device: Device = "auto"
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    #: a GPU program keeps device buffers between batches: one derive at a time there
+    _run_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def name(self) -> str:
@@ -143,11 +145,19 @@ class CompiledView:
         """``table`` (request_schema + fetched columns; nulls where a source found nothing)
         with the derived columns appended, and the rejects of rows a feature with
         ``on_invalid: reject`` refused (REJECT_SCHEMA; ``row`` is the row in ``table``);
-        the rejected rows are left out of the first table. Never NaN or inf."""
+        the rejected rows are left out of the first table. Never NaN or inf. Thread-safe
+        (on a GPU the calls take turns: its program reuses device buffers)."""
+        programs = self.programs
+        if any(p.device == "gpu" for p in programs):
+            with self._run_lock:
+                return self._derive(programs, table)
+        return self._derive(programs, table)
+
+    def _derive(self, programs: tuple[Any, ...], table: pa.Table) -> tuple[pa.Table, pa.Table]:
         rows = np.arange(table.num_rows, dtype=np.int64)
         rejects: list[pa.Table] = []
         current = table
-        for program in self.programs:
+        for program in programs:
             batch = pa.record_batch([c.combine_chunks() for c in current.columns], schema=current.schema)
             result = program.run(batch)
             if result.rejects.num_rows:

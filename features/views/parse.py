@@ -20,6 +20,7 @@ alias, a cycle among the request-time features, and ``time_since`` without the
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Final
@@ -27,9 +28,18 @@ from typing import Final
 from yaml.nodes import MappingNode, Node, ScalarNode
 
 from features.errors import SchemaError, SchemaErrors
-from features.schema.model import Feature, Field, FieldType, OnInvalid, Schema, TypeKind
+from features.schema.model import (
+    FLOAT_KINDS,
+    INTEGER_KINDS,
+    Feature,
+    Field,
+    FieldType,
+    OnInvalid,
+    Schema,
+    TypeKind,
+)
 from features.schema.nodes import YamlMap, describe, is_null, join_path, line_of
-from features.schema.parse import SchemaParser, compose_document, read_text
+from features.schema.parse import SchemaParser, compose_document, load_each, yaml_files
 from features.schema.syntax import MAX_DURATION_S, identifier_problem, parse_type
 from features.views.model import (
     REQUEST_TIME,
@@ -47,6 +57,7 @@ _TOP_KEYS: Final = ("name", "version", "description", "request", "sources", "fea
 _REQUEST_KEYS: Final = ("keys", "fields")
 _SOURCE_KEYS: Final = ("schema", "features", "join", "max_age", "prefix", "alias")
 _FEATURE_KEYS: Final = ("name", "from", "steps", "dtype", "on_invalid", "description")
+_DTYPE_KINDS: Final = INTEGER_KINDS | FLOAT_KINDS | {TypeKind.BOOL}
 
 
 def parse_view(text: str, path: str | None, schemas: Mapping[str, Schema]) -> View:
@@ -55,6 +66,10 @@ def parse_view(text: str, path: str | None, schemas: Mapping[str, Schema]) -> Vi
     Raises SchemaError for a YAML syntax error or an empty file, and SchemaErrors
     listing every other problem (each with ``path``, ``line``, ``key_path``, ``reason``).
     """
+    return _parse(text, path, schemas)[0]
+
+
+def _parse(text: str, path: str | None, schemas: Mapping[str, Schema]) -> tuple[View, int | None]:
     root = compose_document(text, path, "view")
     if root is None:
         raise SchemaError("the file is empty: a view needs at least name, version, request and sources",
@@ -64,7 +79,7 @@ def parse_view(text: str, path: str | None, schemas: Mapping[str, Schema]) -> Vi
     if view is None or parser.errors:
         assert parser.errors, "the parser returns None only after recording an error"
         raise SchemaErrors(sorted(parser.errors, key=lambda e: (e.line is None, e.line or 0)))
-    return View(**{**view.__dict__, "text": text})
+    return dataclasses.replace(view, text=text), parser.name_line
 
 
 def load_views(path_or_dir: str | Path, schemas: Mapping[str, Schema]) -> dict[str, View]:
@@ -72,31 +87,9 @@ def load_views(path_or_dir: str | Path, schemas: Mapping[str, Schema]) -> dict[s
     gives ``{}``) or one file: ``{view name: View}``. Problems of all files are raised
     together as one SchemaErrors; two files with one view name is such a problem."""
     p = Path(path_or_dir)
-    if p.is_dir():
-        files = sorted(q for q in p.iterdir() if q.suffix in (".yaml", ".yml") and q.is_file())
-    elif p.exists():
-        files = [p]
-    else:
+    if not p.exists():
         return {}
-    views: dict[str, View] = {}
-    errors: list[SchemaError] = []
-    for file in files:
-        try:
-            view = parse_view(read_text(file), str(file), schemas)
-        except SchemaErrors as exc:
-            errors.extend(exc.errors)
-            continue
-        except SchemaError as exc:
-            errors.append(exc)
-            continue
-        if view.name in views:
-            errors.append(SchemaError(f"duplicate view name '{view.name}' (also declared in "
-                                      f"{views[view.name].path})", path=str(file), line=1, key_path="name"))
-            continue
-        views[view.name] = view
-    if errors:
-        raise SchemaErrors(errors)
-    return views
+    return load_each(yaml_files(p), lambda text, path: _parse(text, path, schemas), "view")
 
 
 class ViewParser(SchemaParser):
@@ -142,6 +135,7 @@ class ViewParser(SchemaParser):
         node = top.get("name")
         if node is None:
             return None
+        self.name_line = line_of(node)
         name = self.string(node, "name", "a view name")
         if name is None:
             return None
@@ -182,7 +176,7 @@ class ViewParser(SchemaParser):
             items = self.sequence(fields_node, m.at("fields"), "the list of request fields")
             for i, item in enumerate(items or ()):
                 kp = join_path(m.at("fields"), i)
-                parsed = self.parse_field(item, kp, False)
+                parsed = self.parse_field(self.without_store(item, kp), kp, False)
                 if parsed is None:
                     if (declared := self.declared_name(item)) is not None:
                         self.unparsed_fields.add(declared)
@@ -197,6 +191,22 @@ class ViewParser(SchemaParser):
                 if self.claim(field.name, name_node, join_path(kp, "name"), "a request field"):
                     fields[field.name] = field
         return keys, fields
+
+    def without_store(self, item: Node, kp: str) -> Node:
+        """``item`` without a ``store`` key (recorded as an error: a request field is an
+        input of one request, never stored); the rest of the field is still checked."""
+        if not isinstance(item, MappingNode):
+            return item
+        kept = []
+        for knode, vnode in item.value:
+            if isinstance(knode, ScalarNode) and knode.value == "store":
+                self.error(knode, join_path(kp, "store"), "a request field is not stored (it is an input of "
+                                                          "one request): remove store")
+            else:
+                kept.append((knode, vnode))
+        if len(kept) == len(item.value):
+            return item
+        return MappingNode(item.tag, kept, item.start_mark, item.end_mark, item.flow_style)
 
     def parse_key(self, knode: Node, tnode: Node, base: str) -> Field | None:
         if not isinstance(knode, ScalarNode):
@@ -229,11 +239,9 @@ class ViewParser(SchemaParser):
         node = top.get("sources")
         if node is None:
             return None
-        items = self.sequence(node, "sources", "the list of sources")
+        items = self.nonempty_sequence(node, "sources", "the list of sources",
+                                       "sources must list at least one schema to read")
         if items is None:
-            return None
-        if not items:
-            self.error(node, "sources", "sources must list at least one schema to read")
             return None
         out: list[tuple[ViewSource, Schema]] = []
         aliases: dict[str, int | None] = {}
@@ -265,7 +273,8 @@ class ViewParser(SchemaParser):
             prefix = f"{alias}__" if alias_node is not None and alias is not None else ""
         if alias is not None:
             if alias in aliases:
-                self.error(alias_node or m.get("schema"), m.at("alias"),
+                at = m.at("alias" if alias_node is not None else "schema")
+                self.error(alias_node or m.get("schema"), at,
                            f"duplicate source alias '{alias}' (first at line {aliases[alias]}): give each "
                            "source of one schema its own alias:")
                 alias = None
@@ -371,11 +380,9 @@ class ViewParser(SchemaParser):
         if node is None:
             return None
         kp = m.at("features")
-        items = self.sequence(node, kp, "the list of features to read")
+        items = self.nonempty_sequence(node, kp, "the list of features to read",
+                                       "features must list at least one stored feature of the schema")
         if items is None:
-            return None
-        if not items:
-            self.error(node, kp, "features must list at least one stored feature of the schema")
             return None
         stored = None if schema is None else stored_columns(schema)
         out: list[str] = []
@@ -552,6 +559,6 @@ def _peek_feature(node: Node) -> tuple[str, FieldType] | None:
     if not isinstance(name, ScalarNode) or not isinstance(dtype, ScalarNode):
         return None
     ftype, reason = parse_type(str(dtype.value))
-    if reason is not None or ftype is None:
-        return None
+    if reason is not None or ftype is None or ftype.kind not in _DTYPE_KINDS:
+        return None  # its own error is reported; a reference to it is not checked
     return str(name.value), ftype

@@ -150,3 +150,63 @@ def test_a_generator_writing_inf_is_refused_by_nvrtc(monkeypatch: pytest.MonkeyP
 def test_strings_in_comments_cannot_end_them() -> None:
     assert "*/" not in cupy_backend.c_comment("fill_null 'a*/b' \n /* x")
     assert cupy_backend.c_comment("ok (x)") == "ok (x)"
+
+
+def _cross_column_schema() -> Any:
+    from features.schema.model import Constraints, Feature, Field, FieldType, Schema, Step, TypeKind
+
+    def f(name: str, steps: list[Step], dtype: str = "float64") -> Feature:
+        return Feature(name, "x", tuple(steps), FieldType(TypeKind(dtype)), frozenset({"hot"}))
+
+    fields = (Field("x", FieldType(TypeKind.FLOAT64), Constraints()),
+              Field("y", FieldType(TypeKind.INT64), Constraints()))
+    return Schema("cross", (1, 0, 0), fields, features=(
+        f("d", [Step("difference", (("other", "y"),))]),
+        f("d0", [Step("difference", (("other", "y"), ("on_null", -1.5)))]),
+        f("p", [Step("product", (("other", "y"),))], "float32"),
+        f("p0", [Step("product", (("other", "y"), ("on_null", 0)))], "int32"),
+        f("chain", [Step("fill_null", (("value", 2.0),)), Step("product", (("other", "y"),)),
+                    Step("difference", (("other", "y"), ("on_null", 7)))]),
+    ))
+
+
+def test_difference_and_product_compile_with_nvrtc_and_the_gxx_kernel_equals_numpy(tmp_path: Path) -> None:
+    """The ops across columns, fixed cases: null on either side (with and without
+    ``on_null``), overflow to inf (invalid), float32 and int32 outputs."""
+    _nvrtc()
+    plan = plan_program(_cross_column_schema())
+    source = generate_source(plan)
+    check_compiles(source)
+    xs = [1.5, None, 1e308, -1e308, 3.0, None, 0.0, 2.0**60]
+    ys = [2, 3, -(2**62), 2**62, None, None, 0, 2**62]
+    batch = pa.RecordBatch.from_pydict({"x": pa.array(xs, pa.float64()), "y": pa.array(ys, pa.int64())})
+    slots = prepare_slots(plan, batch, None)
+    packed = np.empty((len(plan.slots), batch.num_rows))
+    for s, sv in enumerate(slots):
+        load_slot(packed[s], sv, 0, batch.num_rows)
+    values, status = kernel_emulation.run(kernel_emulation.build(source, tmp_path), packed, len(plan.kernel))
+    ref = NumpyBackend(plan, chunk_rows=3).run(slots, batch.num_rows)
+    assert np.array_equal(status, ref.status)
+    for j in range(len(plan.kernel)):
+        ok = ref.status[j] == 0
+        want = ref.values[j][ok]
+        assert np.array_equal(values[j][ok].astype(want.dtype).view(np.uint8), want.view(np.uint8))
+    d, d0 = ref.values[0], ref.values[1]
+    assert d[0] == -0.5 and ref.status[0][1] == 1 and ref.status[0][4] == 1  # null on either side: null
+    assert d0[1] == -1.5 and d0[4] == -1.5 and d0[5] == -1.5                 # ... or on_null
+    assert ref.status[2][2] >= 2 and ref.status[2][3] >= 2                     # 1e308 * -2**62: invalid
+
+
+def test_the_kernels_of_the_shipped_views_compile_with_nvrtc() -> None:
+    from features.compile import compile_schema
+    from features.views import compile_view, load_views
+
+    _nvrtc()
+    schemas = load_schemas(ROOT / "schemas")
+    compiled = {name: compile_schema(s) for name, s in schemas.items()}
+    count = 0
+    for view in load_views(ROOT / "views", schemas).values():
+        for level in compile_view(view, compiled, device="cpu").levels:
+            check_compiles(generate_source(plan_program(level)))
+            count += 1
+    assert count >= 1

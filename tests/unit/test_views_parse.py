@@ -176,6 +176,7 @@ request:
   fields:
     - {name: amount, type: float64}
     - {name: risk_score, type: float64}
+    - {name: note, type: string, store: cold, constraints: {min: 1}}
 sources:
   - schema: card_tx
     features: [x]
@@ -200,27 +201,29 @@ features:
 """
     errors = _errors(text, schemas)
     expected = [
-        "views/x.yaml:11: sources[0].schema: unknown schema 'card_tx' (did you mean 'card_txn'?)",
-        "views/x.yaml:15: sources[1].features[0]: schema 'merchant' has no feature 'risk_scores' "
+        "views/x.yaml:10: request.fields[2].constraints.min: min does not apply to string fields",
+        "views/x.yaml:10: request.fields[2].store: a request field is not stored",
+        "views/x.yaml:12: sources[0].schema: unknown schema 'card_tx' (did you mean 'card_txn'?)",
+        "views/x.yaml:16: sources[1].features[0]: schema 'merchant' has no feature 'risk_scores' "
         "(did you mean 'risk_score'?)",
-        "views/x.yaml:15: sources[1].features[1]: output column 'risk_score' (feature 'risk_score' of source "
+        "views/x.yaml:16: sources[1].features[1]: output column 'risk_score' (feature 'risk_score' of source "
         "'merchant') is also a request field",
-        "views/x.yaml:15: sources[1].features[2]: output column 'merchant_id' (feature 'merchant_id' of "
+        "views/x.yaml:16: sources[1].features[2]: output column 'merchant_id' (feature 'merchant_id' of "
         "source 'merchant') is also a request key",
-        "views/x.yaml:16: sources[1].join.merchant_id: join names request key 'merchant', which is not one "
+        "views/x.yaml:17: sources[1].join.merchant_id: join names request key 'merchant', which is not one "
         "of request.keys (did you mean 'merchant_id'?)",
-        "views/x.yaml:18: sources[2].features[0]: feature 'country' of schema 'card_txn' is stored in the "
+        "views/x.yaml:19: sources[2].features[0]: feature 'country' of schema 'card_txn' is stored in the "
         "hot store only",
-        "views/x.yaml:18: sources[2].features[1]: schema 'card_txn' has no stored feature 'note' (the field "
+        "views/x.yaml:19: sources[2].features[1]: schema 'card_txn' has no stored feature 'note' (the field "
         "is validated, not stored)",
-        "views/x.yaml:19: sources[2].join.card_id: request key 'card_id' is int64 but the entity 'card_id' "
+        "views/x.yaml:20: sources[2].join.card_id: request key 'card_id' is int64 but the entity 'card_id' "
         "of schema 'card_txn' is string",
-        "views/x.yaml:20: sources[3].schema: schema 'checks' is validation-only",
-        "views/x.yaml:23: sources[4].alias: duplicate source alias 'merchant'",
-        "views/x.yaml:27: features[0].from: request-time features form a cycle: a -> b -> a",
-        "views/x.yaml:29: features[2].name: output column 'amount' (a request-time feature) is also a "
+        "views/x.yaml:21: sources[3].schema: schema 'checks' is validation-only",
+        "views/x.yaml:24: sources[4].schema: duplicate source alias 'merchant'",
+        "views/x.yaml:28: features[0].from: request-time features form a cycle: a -> b -> a",
+        "views/x.yaml:30: features[2].name: output column 'amount' (a request-time feature) is also a "
         "request field",
-        "views/x.yaml:30: features[3].steps[0].product.other: product other 'nope' is not a field of this "
+        "views/x.yaml:31: features[3].steps[0].product.other: product other 'nope' is not a field of this "
         "view",
     ]
     for want in expected:
@@ -389,3 +392,36 @@ def test_schema_diff_cli_takes_two_view_files(tmp_path: Path) -> None:
     doc = json.loads(out.stdout)
     assert doc["kind"] == "view" and not doc["allowed"]
     assert [(c["column"], c["kind"]) for c in doc["changes"]] == [("user_click_ratio_24h", "column_removed")]
+
+
+def test_features_compile_writes_and_checks_one_artefact_per_view(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from features.cli import main
+
+    views = tmp_path / "views"
+    views.mkdir()
+    source = (ROOT / "views" / "application_scoring.yaml").read_text()
+    (views / "application_scoring.yaml").write_text(source)
+
+    def run(*extra: str) -> int:
+        return main(["compile", "--schemas-dir", str(ROOT / "schemas"), "--sql-dir", str(tmp_path / "sql"),
+                     "--expectations-dir", str(tmp_path / "exp"), "--views-dir", str(views), *extra])
+
+    assert run("--check") == 1 and "missing: " in capsys.readouterr().err
+    assert run() == 0
+    out = capsys.readouterr().out
+    artefact = views / "compiled" / "application_scoring.json"
+    doc = json.loads(artefact.read_text())
+    assert f"view application_scoring 1.0.0 {doc['fingerprint'][:12]}" in out
+    assert artefact.read_bytes() == (ROOT / "views" / "compiled" / "application_scoring.json").read_bytes()
+    assert run("--check") == 0
+    (views / "application_scoring.yaml").write_text(source.replace("max_age: 1d", "max_age: 2d"))
+    assert run("--check") == 1 and "stale: " in capsys.readouterr().err
+    (views / "application_scoring.yaml").write_text(source.replace("spend_today]", "spend_todays]"))
+    assert run("--check") == 1
+    err = capsys.readouterr().err
+    assert ("application_scoring.yaml:26: sources[1].features[2]: schema 'clicks' has no feature "
+            "'spend_todays'") in err
+    (views / "application_scoring.yaml").unlink()
+    assert run("--check") == 1 and "extra: " in capsys.readouterr().err
+    assert run() == 0 and not artefact.exists()
