@@ -36,6 +36,7 @@ from features.sdk.columns import EVENT_TIME, FOUND, FROM
 from features.sdk.online import LINEAGE_FIELDS, SMALL_CALL, OnlineRequest, small_rows
 from features.sdk.stored import aggregation_names as _aggregation_names
 from features.sdk.stored import hot_columns
+from features.views.model import REQUEST_TIME
 
 if TYPE_CHECKING:
     from features.compile import CompiledSchema
@@ -72,19 +73,42 @@ class Store(Protocol):
 # --- the request ---------------------------------------------------------------------------
 
 
-def request_table(cv: CompiledView, rows: Any) -> pa.Table:
+def request_table(cv: CompiledView, rows: Any, at: float | pa.Array | pa.ChunkedArray | None = None
+                  ) -> pa.Table:
     """The request rows (a list of dicts, an Arrow table or batch, a pandas DataFrame) as
     a table of the view's request keys and fields in their declared types; any row that
-    breaks the view's rules raises :class:`RequestRejected` with every field error."""
+    breaks the view's rules raises :class:`RequestRejected` with every field error.
+
+    A view that declares the request field ``request_time`` (what its ``time_since``
+    steps measure up to) gets it from ``at`` where the rows lack it: the store's clock
+    online (seconds), each frame row's timestamp in historical."""
     if not isinstance(rows, pa.Table | pa.RecordBatch | list):
         rows = pa.Table.from_pandas(rows, preserve_index=False)
     if isinstance(rows, list) and not all(isinstance(r, dict) for r in rows):
         raise ConfigError(f"view {cv.name!r}: request rows must be mappings of request key/field to value",
                           key="rows")
+    if REQUEST_TIME in cv.request_fields and at is not None:
+        rows = _with_request_time(rows, at)
     table, result = cv.check_request(rows)
     if result.rejects.num_rows:
         raise _rejected(cv, result.rejects, result.input_rows, result.rejected_rows)
     return table
+
+
+def _with_request_time(rows: pa.Table | pa.RecordBatch | list[dict[str, Any]],
+                       at: float | pa.Array | pa.ChunkedArray) -> Any:
+    if isinstance(rows, list):
+        if all(REQUEST_TIME in r for r in rows):
+            return rows
+        when = dt.datetime.fromtimestamp(float(at), dt.UTC)
+        return [r if REQUEST_TIME in r else {**r, REQUEST_TIME: when} for r in rows]
+    table = rows if isinstance(rows, pa.Table) else pa.Table.from_batches([rows])
+    if REQUEST_TIME in table.column_names:
+        return table
+    if isinstance(at, pa.Array | pa.ChunkedArray):
+        return table.append_column(REQUEST_TIME, at)
+    us = pa.array(np.full(table.num_rows, int(float(at) * 1_000_000), dtype=np.int64))
+    return table.append_column(REQUEST_TIME, us.cast(pa.timestamp("us", "UTC")))
 
 
 def _rejected(cv: CompiledView, rejects: pa.Table, rows: int, rejected: int) -> RequestRejected:
@@ -138,7 +162,7 @@ class _OnlinePlan:
 def online(store: Store, cv: CompiledView, rows: Any, *, lineage: bool = False,
            fallback: bool | None = None) -> pa.Table:
     """See :meth:`features.sdk.store.FeatureStore.online_view`."""
-    table = request_table(cv, rows)
+    table = request_table(cv, rows, store.now())
     plan = _OnlinePlan(store, cv, table, lineage)
     since = time.monotonic()
     return _finish(store, plan, store._redis_replies(plan.reads), fallback, since)
@@ -148,7 +172,7 @@ async def online_async(store: Store, cv: CompiledView, rows: Any, *, lineage: bo
                        fallback: bool | None = None) -> pa.Table:
     """:func:`online` for asyncio callers: the Redis round trip on redis.asyncio, the rest
     (decoding, the Postgres fallback, the derivation) in a worker thread."""
-    table = request_table(cv, rows)
+    table = request_table(cv, rows, store.now())
     plan = _OnlinePlan(store, cv, table, lineage)
     since = time.monotonic()
     replies = await store._redis_replies_async(plan.reads)
@@ -287,7 +311,7 @@ def historical(store: Store, cv: CompiledView, entity_df: Any, *, timestamp_colu
     """See :meth:`features.sdk.store.FeatureStore.historical_view`."""
     if not isinstance(entity_df, pa.Table):
         entity_df = pa.Table.from_pandas(entity_df, preserve_index=False)
-    need = [*cv.keys, *cv.request_fields, timestamp_column]
+    need = [*cv.keys, *[f for f in cv.request_fields if f != REQUEST_TIME], timestamp_column]
     absent = [x for x in need if x not in entity_df.column_names]
     if absent:
         raise ConfigError(f"entity_df has no column(s) {', '.join(map(repr, absent))} for view {cv.name!r} "
@@ -300,8 +324,9 @@ def historical(store: Store, cv: CompiledView, entity_df: Any, *, timestamp_colu
     if clash:
         raise ConfigError(f"entity_df already has column(s) {', '.join(clash)}, which view {cv.name!r} adds; "
                           "rename them first", key="entity_df")
-    table = request_table(cv, entity_df.select([*cv.keys, *cv.request_fields]))
     ts = entity_df.column(timestamp_column)
+    asked = [x for x in [*cv.keys, *cv.request_fields] if x in entity_df.column_names]
+    table = request_table(cv, entity_df.select(asked), ts)
     fetched: dict[str, pa.Array] = {}
     meta: dict[str, pa.Array] = {}
     for source in cv.sources:
