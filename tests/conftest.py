@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -239,3 +240,20 @@ def installed_venv(tmp_path_factory: pytest.TempPathFactory, featureline_wheel: 
     from installed_env import make_venv
 
     return make_venv(tmp_path_factory.mktemp("installed-venv") / "venv", wheel=featureline_wheel)
+
+
+@pytest.fixture()
+def small_view_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The request rows of each view read that takes the small-call path
+    (``features.sdk.views._finish_small``: rows decoded in Python), in call order."""
+    import features.sdk.views as views
+
+    taken: list[int] = []
+    real = views._finish_small
+
+    def spy(store: Any, plan: Any, small: Any, now_s: float) -> Any:
+        taken.append(plan.table.num_rows)
+        return real(store, plan, small, now_s)
+
+    monkeypatch.setattr(views, "_finish_small", spy)
+    return taken

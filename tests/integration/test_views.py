@@ -407,21 +407,13 @@ def test_the_view_on_a_redis_cluster(tmp_path: Path, settings: Settings, pg_sche
 
 
 def test_small_calls_give_the_arrow_paths_rows(loaded: History, settings: Settings, pg_schema: str,
-                                               redis_prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+                                               redis_prefix: str, small_view_calls: list[int]) -> None:
     """At most SMALL_CALL request rows whose every source is in Redis decode in Python
     (``features.sdk.online.small_rows``); the rows are those of a larger call (Arrow),
     ``max_age`` included (the clock frozen where some merchants' scores are too old)."""
-    import features.sdk.views as views
     from features.sdk.online import SMALL_CALL
 
-    taken: list[int] = []
-    real = views._finish_small
-
-    def spy(store: Any, plan: Any, small: Any, now_s: float) -> Any:
-        taken.append(plan.table.num_rows)
-        return real(store, plan, small, now_s)
-
-    monkeypatch.setattr(views, "_finish_small", spy)
+    taken = small_view_calls
     known_cards = sorted(set(loaded.txn["card_id"]) & set(loaded.profile["card_id"]))
     merchants = sorted(int(m) for m in set(loaded.merchant["merchant_id"]))
     rows = [{"card_id": c, "merchant_id": merchants[i % len(merchants)], "amount": Decimal(f"{i}.25")}
