@@ -136,7 +136,24 @@ def _split(cv: CompiledView, c_of: dict[str, CompiledSchema],
     """A source's features read from Redis (hot) and those read from Postgres (cold only)."""
     c = c_of[source.schema]
     hot = set(hot_columns(c)) | set(_aggregation_names(c, "hot"))
-    return ([f for f in source.features if f in hot], [f for f in source.features if f not in hot])
+    stored = [f for f in source.features if f not in _keys(c)]
+    return ([f for f in stored if f in hot], [f for f in stored if f not in hot])
+
+
+def _keys(c: CompiledSchema) -> dict[str, str]:
+    """A source feature that is the schema's entity or event time is no stored value of
+    its own: it is the row's key (the request key, where the row was found) or its event
+    time (``_event_time``)."""
+    return {str(c.schema.entity): "entity", str(c.schema.event_time): EVENT_TIME}
+
+
+def _keyed(c: CompiledSchema, f: str, got: pa.Table, key: pa.Array) -> pa.Array:
+    """The column of a key feature ``f`` (see :func:`_keys`) in ``got``."""
+    if _keys(c)[f] == EVENT_TIME:
+        return got.column(EVENT_TIME).combine_chunks()
+    found = got.column(FOUND).combine_chunks() if FOUND in got.column_names else \
+        got.column(EVENT_TIME).combine_chunks().is_valid()
+    return pc.if_else(found, key, pa.scalar(None, key.type))
 
 
 class _OnlinePlan:
@@ -197,7 +214,10 @@ def _finish(store: Store, plan: _OnlinePlan, replies: list[Any], fallback: bool 
             got = got.drop_columns(cold)
             for name in cold:
                 got = got.append_column(name, at.column(name))
-        values = {f: got.column(f).combine_chunks() for f in source.features}
+        c = store.schema(source.schema)
+        key = table.column(source.key).combine_chunks()
+        values = {f: _keyed(c, f, got, key) if f in _keys(c) else got.column(f).combine_chunks()
+                  for f in source.features}
         event = got.column(EVENT_TIME).combine_chunks()
         found = got.column(FOUND).combine_chunks()
         wanted = [FROM, *LINEAGE_FIELDS] if plan.lineage else [FROM]
@@ -223,12 +243,14 @@ def _finish_small(store: Store, plan: _OnlinePlan, small: list[list[dict[str, An
     for source, rows in zip(cv.sources, small, strict=True):
         cutoff = (None if source.max_age_seconds is None
                   else int((now_s - source.max_age_seconds) * 1_000_000))
+        keys = _keys(store.schema(source.schema))
         found, events, froms = [], [], []
         for out, row in zip(base, rows, strict=True):
             ev = row[EVENT_TIME]
             live = cutoff is None or _micros(ev) >= cutoff
             for f in source.features:
-                out[source.column(f)] = row[f] if live else None
+                value = row[f] if f not in keys else ev if keys[f] == EVENT_TIME else out[source.key]
+                out[source.column(f)] = value if live else None
             found.append(live)
             events.append(ev if live else None)
             froms.append("redis" if live else None)
@@ -334,10 +356,13 @@ def historical(store: Store, cv: CompiledView, entity_df: Any, *, timestamp_colu
         entity = str(c.schema.entity)
         frame = pa.table({entity: _entity_column(c, table.column(source.key)), timestamp_column: ts})
         max_age = dt.timedelta(seconds=source.max_age_seconds) if source.max_age_seconds is not None else None
-        got = store.historical(source.schema, frame, list(source.features), timestamp_column=timestamp_column,
-                               max_age=max_age)
+        keys = _keys(c)
+        got = store.historical(source.schema, frame, [f for f in source.features if f not in keys],
+                               timestamp_column=timestamp_column, max_age=max_age)
+        key = table.column(source.key).combine_chunks()
         for f in source.features:
-            fetched[source.column(f)] = got.column(f).combine_chunks()
+            fetched[source.column(f)] = (_keyed(c, f, got, key) if f in keys
+                                         else got.column(f).combine_chunks())
         event = got.column(EVENT_TIME).combine_chunks()
         meta[meta_column(source, FOUND)] = event.is_valid()
         meta[meta_column(source, EVENT_TIME)] = event

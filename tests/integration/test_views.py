@@ -431,3 +431,52 @@ def test_small_calls_give_the_arrow_paths_rows(loaded: History, settings: Settin
     assert taken == [1, 1, 5, 5, SMALL_CALL, SMALL_CALL]  # the small path, never for the big call
     stale = sum(not f for f in big.column("merchant._found").to_pylist())
     assert 0 < stale < big.num_rows
+
+
+def test_time_since_measures_up_to_the_request_time(loaded: History, settings: Settings, pg_schema: str,
+                                                    redis_prefix: str, tmp_path: Path) -> None:
+    """A view declaring ``request_time`` gets it from the store's clock online and from each
+    row's timestamp in historical (unless the request gives it): ``time_since`` over a
+    fetched timestamp is then the same both ways, and the seconds since the card's last
+    transaction at that instant."""
+    views = tmp_path / "views"
+    views.mkdir()
+    (views / "since.yaml").write_text("""\
+name: since
+version: 1.0.0
+request:
+  keys: {card_id: string}
+  fields:
+    - name: request_time
+      type: timestamp(us, UTC)
+      constraints: {required: true}
+sources:
+  - schema: card_txn
+    features: [ts, amount]
+    join: {card_id: card_id}
+features:
+  - name: seconds_since_txn
+    from: ts
+    steps: [{time_since: s}]
+    dtype: float64
+""")
+    at = T0 + dt.timedelta(hours=5)
+    cards = ["c1", "c2", "c3", "c998"]
+    with FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn,
+                      schemas=EXAMPLE / "schemas", views=views, search_path=pg_schema,
+                      key_prefix=redis_prefix,
+                      fill=False, clock=lambda: at.timestamp()) as fs:
+        online = fs.online_view("since", [{"card_id": c} for c in cards])
+        past = fs.historical_view("since", pa.table({
+            "card_id": cards, "timestamp": pa.array([at] * len(cards), pa.timestamp("us", "UTC"))}))
+        given = fs.online_view("since", [{"card_id": c, "request_time": at + dt.timedelta(seconds=10)}
+                                         for c in cards])
+    assert online.column("request_time").to_pylist() == [at] * len(cards)
+    assert online.column("seconds_since_txn").to_pylist() == past.column("seconds_since_txn").to_pylist()
+    last = loaded.txn.groupby("card_id")["ts"].max()
+    want = [None if c not in last else (at - last[c].to_pydatetime()).total_seconds() for c in cards]
+    got = online.column("seconds_since_txn").to_pylist()
+    assert [g is None for g in got] == [w is None for w in want] and want[-1] is None
+    assert all(g is None or g == pytest.approx(w, abs=1e-6) for g, w in zip(got, want, strict=True))
+    assert [g and g + 10 for g in got] == pytest.approx(
+        [g or None for g in given.column("seconds_since_txn").to_pylist()])
