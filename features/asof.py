@@ -1,0 +1,252 @@
+"""The as-of (point-in-time) join behind ``FeatureStore.historical``: the history a frame
+needs is copied out of Postgres once per frame chunk and joined in Arrow/NumPy.
+
+Chosen by measurement (bench/historical.py, bench/RESULTS.md "Issue 31: the as-of join
+for historical"): a ``LEFT JOIN LATERAL`` per entity row costs ~12 µs in Postgres; copying
+the rows of the frame's entities out (``COPY (SELECT ...) TO STDOUT (FORMAT csv)``, parsed
+by ``pyarrow.csv`` with the declared column types, in C++ on every core) and joining with
+one sort and one ``np.searchsorted`` costs a fraction of that.
+
+Per frame chunk (``chunk_rows`` entity rows, default :data:`CHUNK_ROWS`):
+
+1. the chunk's ids in the entity's own type (:func:`features.stored.entity_values`: an id
+   that is no value of it is null and matches nothing), dictionary-encoded: one integer
+   code per distinct id;
+2. the distinct ids go into a temporary table with one COPY, and one
+   ``COPY (SELECT entity, event time as epoch µs, columns FROM <table> WHERE entity IN
+   (the ids) AND event time <= the chunk's latest time [AND >= its earliest - max_age])``
+   reads their history (the cold table; the ``<schema>__aggregates`` table too when
+   aggregation columns are asked for);
+3. history rows get the same codes (``pc.index_in``); keys ``code * (n + 1) + rank of the
+   event time`` (ranks from one sort of the history's times, so the key fits int64 for any
+   span of time), one argsort, one ``searchsorted(side="right") - 1`` per frame row: the
+   newest row at or before its time (an event at exactly T counts); a different code, no
+   row, or one older than ``max_age`` gives nulls.
+
+Memory: a chunk holds its frame rows, the history rows of its (at most ``chunk_rows``)
+distinct entities within its time range, and a few int64 arrays of those lengths; the
+result of :func:`as_of` is the frame plus the columns asked for. :func:`as_of_chunks`
+yields one chunk's result at a time, so a caller that writes them out (``features
+historical``) holds one chunk, whatever the frame's length.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from features.compile import CompiledSchema
+from features.schema.model import TypeKind
+from features.stored import aggregation_names, declared_type, entity_values
+
+if TYPE_CHECKING:
+    from features.store import FeatureStore
+
+#: Frame rows per chunk: one history fetch and one join each.
+CHUNK_ROWS = 1_000_000
+#: The result's event time column.
+EVENT_TIME = "_event_time"
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_US = dt.timedelta(microseconds=1)
+#: 0001-01-01 in epoch microseconds: the earliest bound a datetime can pass.
+_YEAR_1 = -62_135_596_800_000_000
+
+
+def as_of(store: FeatureStore, c: CompiledSchema, entity_df: pa.Table, columns: list[str], ts: Any,
+          max_age: dt.timedelta | None, *, chunk_rows: int = CHUNK_ROWS) -> pa.Table:
+    """``entity_df`` (checked by the caller) with ``columns`` (cold features and cold
+    aggregations of ``c``) and ``_event_time`` appended: for each row, the values of the
+    entity's newest stored row at or before its time ``ts`` (zoned timestamps, one per
+    row), none older than ``max_age``; nulls where none qualifies."""
+    parts = list(as_of_chunks(store, c, entity_df, columns, ts, max_age, chunk_rows=chunk_rows))
+    return pa.concat_tables(parts)
+
+
+def as_of_chunks(store: FeatureStore, c: CompiledSchema, entity_df: pa.Table, columns: list[str], ts: Any,
+                 max_age: dt.timedelta | None, *, chunk_rows: int = CHUNK_ROWS) -> Iterator[pa.Table]:
+    """:func:`as_of`, one frame chunk of ``chunk_rows`` rows at a time, in frame order
+    (at least one, possibly empty, table)."""
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be >= 1, not {chunk_rows}")
+    n = entity_df.num_rows
+    for lo in range(0, max(n, 1), chunk_rows):
+        yield _chunk(store, c, entity_df.slice(lo, chunk_rows), columns, ts.slice(lo, chunk_rows), max_age)
+
+
+def _chunk(store: FeatureStore, c: CompiledSchema, frame: pa.Table, columns: list[str], ts: Any,
+           max_age: dt.timedelta | None) -> pa.Table:
+    from features.compile.postgres import aggregates_table_name, cold_table_name
+
+    s = c.schema
+    entity = str(s.entity)
+    cold_aggs = set(aggregation_names(c, "cold"))
+    names = [x for x in columns if x not in cold_aggs]
+    aggs = [x for x in columns if x in cold_aggs]
+    ids = entity_values(c, frame.column(entity))
+    ids = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
+    enc = ids.dictionary_encode()
+    t_us = _micros(ts)
+    ok = np.asarray(pc.and_(pc.is_valid(enc.indices), pc.is_valid(t_us)))
+    codes = np.asarray(enc.indices.fill_null(0), dtype=np.int64)
+    t_q = np.asarray(t_us.fill_null(0), dtype=np.int64)
+    age = None if max_age is None else max_age // _US
+    bounds = (int(t_q[ok].min()), int(t_q[ok].max())) if ok.any() else None
+
+    got: dict[str, pa.Array] = {}
+    reads = ((cold_table_name(s), names, True), (aggregates_table_name(s), aggs, False))
+    for table, cols, keep_time in reads:
+        if not cols and not keep_time:
+            continue
+        hist = _fetch(store, c, table, enc.dictionary, cols, bounds, age)
+        idx = _match(hist, enc.dictionary, codes, t_q, ok, age)
+        take = pa.array(idx, mask=idx < 0)
+        for name in cols:
+            got[name] = hist.column(name).take(take)
+        if keep_time:
+            got[EVENT_TIME] = hist.column("__t").take(take).cast(_result_time(c))
+    out = frame
+    for name in columns:
+        out = out.append_column(name, got[name])
+    return out.append_column(EVENT_TIME, got[EVENT_TIME])
+
+
+def _micros(ts: Any) -> pa.Array:
+    """Zoned times -> int64 microseconds since the epoch (finer units floored: event
+    times are microseconds, so flooring keeps the as-of answer)."""
+    ts = ts.combine_chunks() if isinstance(ts, pa.ChunkedArray) else ts
+    if ts.type.unit == "ns":
+        ts = pc.floor_temporal(ts, unit="microsecond")
+    return ts.cast(pa.timestamp("us", "UTC")).cast(pa.int64())
+
+
+def _result_time(c: CompiledSchema) -> pa.DataType:
+    """``_event_time``'s type from epoch microseconds: naive for a naive event time, else
+    UTC (a date's midnight UTC)."""
+    t = c.schema.field(str(c.schema.event_time)).type
+    return pa.timestamp("us", None if t.kind is TypeKind.TIMESTAMP and t.tz is None else "UTC")
+
+
+def _match(hist: pa.Table, dictionary: pa.Array, codes: npt.NDArray[np.int64], t_q: npt.NDArray[np.int64],
+           ok: npt.NDArray[np.bool_], age: int | None) -> npt.NDArray[np.int64]:
+    """For each frame row, the index in ``hist`` of its entity's newest row at or before
+    its time (not older than ``age`` µs), or -1."""
+    n = hist.num_rows
+    idx = np.full(len(codes), -1, dtype=np.int64)
+    if n == 0 or not ok.any():
+        return idx
+    code_h = np.asarray(pc.index_in(hist.column("__e"), value_set=dictionary), dtype=np.int64)
+    t_h = np.asarray(hist.column("__t"), dtype=np.int64)
+    # Ranks instead of times keep the key small: a history row's rank is the first
+    # position of its time among the sorted times; a frame row's is the last position of
+    # a time <= its own (-1: none), so rank_h <= rank_q exactly when t_h <= t_q.
+    t_sorted = np.sort(t_h)
+    width = n + 1
+    key_h = code_h * width + np.searchsorted(t_sorted, t_h, side="left") + 1
+    order = np.argsort(key_h, kind="stable")
+    key_sorted = key_h[order]
+    key_q = codes * width + np.searchsorted(t_sorted, t_q, side="right")  # (last <= t_q) + 1
+    pos = np.searchsorted(key_sorted, key_q, side="right") - 1
+    hit = ok & (pos >= 0)
+    row = order[np.maximum(pos, 0)]
+    hit &= code_h[row] == codes
+    if age is not None:
+        hit &= t_h[row] >= t_q - age
+    idx[hit] = row[hit]
+    return idx
+
+
+def _fetch(store: FeatureStore, c: CompiledSchema, table: str, ids: pa.Array, cols: list[str],
+           bounds: tuple[int, int] | None, age: int | None) -> pa.Table:
+    """The rows of ``table`` for the entities ``ids`` with an event time in the chunk's
+    range: ``__e`` (the entity), ``__t`` (event time, epoch µs) and ``cols`` in their
+    declared types."""
+    from features.compile.postgres import pg_type, quote_ident
+    from features.sinks.postgres import copy_csv
+
+    s = c.schema
+    entity, event_time = str(s.entity), str(s.event_time)
+    types = {name: declared_type(c, name) for name in cols}
+    if bounds is None or len(ids) == 0:
+        return _empty(c, types)
+    e_type = pg_type(s.field(entity).type)
+    stage = f"_featureline_asof_ids_{e_type}"
+    ent, et = quote_ident(entity), quote_ident(event_time)
+    select = [f"h.{ent}", f"(extract(epoch from h.{et}) * 1000000)::int8"]
+    for name, t in types.items():
+        q = f"h.{quote_ident(name)}"
+        select.append(f"(extract(epoch from {q}) * 1000000)::int8" if pa.types.is_timestamp(t) else q)
+    lo, hi = bounds
+    since = None if age is None or lo - age < _YEAR_1 else _EPOCH + (lo - age) * _US
+    params: list[Any] = [_EPOCH + hi * _US] + ([since] if since is not None else [])
+    query = (f"COPY (SELECT {', '.join(select)} FROM {quote_ident(table)} h WHERE h.{ent} IN "
+             f"(SELECT e FROM {stage}) AND h.{et} <= %s{'' if since is None else f' AND h.{et} >= %s'}) "
+             "TO STDOUT (FORMAT csv)")
+
+    def run(conn: Any) -> bytes:
+        buf = io.BytesIO()
+        with conn.transaction():
+            conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {stage} (e {e_type}) ON COMMIT DELETE ROWS")
+            with conn.cursor() as cur:
+                with cur.copy(f"COPY {stage} (e) FROM STDIN (FORMAT csv)") as cp:
+                    cp.write(copy_csv(pa.table({"e": ids})))
+                conn.execute(f"ANALYZE {stage}")
+                with cur.copy(query, params) as cp:
+                    for block in cp:
+                        buf.write(block)
+        return buf.getvalue()
+
+    data: bytes = store._pg_run("the as-of query", run)
+    if not data:
+        return _empty(c, types)
+    return _parse(data, c, ids.type, types)
+
+
+def _csv_type(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_timestamp(t):
+        return pa.int64()
+    if pa.types.is_dictionary(t):
+        return t.value_type
+    return t
+
+
+def _parse(data: bytes, c: CompiledSchema, id_type: pa.DataType, types: dict[str, pa.DataType]) -> pa.Table:
+    """Postgres CSV -> Arrow in the declared types: nulls are unquoted empty fields, an
+    empty string is ``""``; booleans ``t``/``f``; floats as Postgres writes them
+    (shortest round-trip text, ``NaN``, ``Infinity``); timestamps as epoch µs."""
+    import pyarrow.csv as pacsv
+
+    names = ["__e", "__t", *types]
+    col_types = {"__e": id_type, "__t": pa.int64(), **{n: _csv_type(t) for n, t in types.items()}}
+    table = pacsv.read_csv(
+        io.BytesIO(data),
+        read_options=pacsv.ReadOptions(column_names=names, block_size=1 << 24),
+        parse_options=pacsv.ParseOptions(newlines_in_values=True),
+        convert_options=pacsv.ConvertOptions(column_types=col_types, null_values=[""], true_values=["t"],
+                                             false_values=["f"], strings_can_be_null=True,
+                                             quoted_strings_can_be_null=False))
+    out = {"__e": table.column("__e").combine_chunks(), "__t": table.column("__t").combine_chunks()}
+    for name, t in types.items():
+        col = table.column(name).combine_chunks()
+        if pa.types.is_timestamp(t):
+            col = col.view(pa.timestamp("us", t.tz)).cast(t)
+        elif pa.types.is_dictionary(t):
+            col = col.dictionary_encode().cast(t)
+        out[name] = col
+    return pa.table(out)
+
+
+def _empty(c: CompiledSchema, types: dict[str, pa.DataType]) -> pa.Table:
+    id_type = c.arrow_schema.field(str(c.schema.entity)).type
+    return pa.table({"__e": pa.array([], id_type), "__t": pa.array([], pa.int64()),
+                     **{n: pa.array([], t) for n, t in types.items()}})
+
+
+__all__ = ["CHUNK_ROWS", "as_of", "as_of_chunks"]
