@@ -106,7 +106,7 @@ def _chunk(store: FeatureStore, c: CompiledSchema, frame: pa.Table, columns: lis
         if not cols and not keep_time:
             continue
         hist = _fetch(store, c, table, enc.dictionary, cols, bounds, age)
-        idx = _match(hist, enc.dictionary, codes, t_q, ok, age)
+        idx = _match(hist, codes, t_q, ok, age)
         take = pa.array(idx, mask=idx < 0)
         for name in cols:
             got[name] = hist.column(name).take(take)
@@ -134,7 +134,7 @@ def _result_time(c: CompiledSchema) -> pa.DataType:
     return pa.timestamp("us", None if t.kind is TypeKind.TIMESTAMP and t.tz is None else "UTC")
 
 
-def _match(hist: pa.Table, dictionary: pa.Array, codes: npt.NDArray[np.int64], t_q: npt.NDArray[np.int64],
+def _match(hist: pa.Table, codes: npt.NDArray[np.int64], t_q: npt.NDArray[np.int64],
            ok: npt.NDArray[np.bool_], age: int | None) -> npt.NDArray[np.int64]:
     """For each frame row, the index in ``hist`` of its entity's newest row at or before
     its time (not older than ``age`` µs), or -1."""
@@ -142,18 +142,23 @@ def _match(hist: pa.Table, dictionary: pa.Array, codes: npt.NDArray[np.int64], t
     idx = np.full(len(codes), -1, dtype=np.int64)
     if n == 0 or not ok.any():
         return idx
-    code_h = np.asarray(pc.index_in(hist.column("__e"), value_set=dictionary), dtype=np.int64)
+    code_h = np.asarray(hist.column("__k"), dtype=np.int64)
     t_h = np.asarray(hist.column("__t"), dtype=np.int64)
-    # Ranks instead of times keep the key small: a history row's rank is the first
-    # position of its time among the sorted times; a frame row's is the last position of
-    # a time <= its own (-1: none), so rank_h <= rank_q exactly when t_h <= t_q.
-    t_sorted = np.sort(t_h)
-    width = n + 1
-    key_h = code_h * width + np.searchsorted(t_sorted, t_h, side="left") + 1
-    order = np.argsort(key_h, kind="stable")
-    key_sorted = key_h[order]
-    key_q = codes * width + np.searchsorted(t_sorted, t_q, side="right")  # (last <= t_q) + 1
-    pos = np.searchsorted(key_sorted, key_q, side="right") - 1
+    lo = min(int(t_h.min()), int(t_q[ok].min()))
+    width = max(int(t_h.max()), int(t_q[ok].max())) - lo + 2
+    if width * (int(codes.max()) + 1) < 2**62:  # key = code, then the time: fits int64
+        key_h = code_h * width + (t_h - lo + 1)
+        key_q = codes * width + np.where(ok, t_q - lo + 1, 0)
+    else:
+        # Ranks instead of times keep the key small: a history row's rank is the first
+        # position of its time among the sorted times; a frame row's the last position of
+        # a time <= its own (-1: none), so rank_h <= rank_q exactly when t_h <= t_q.
+        t_sorted = np.sort(t_h)
+        width = n + 1
+        key_h = code_h * width + np.searchsorted(t_sorted, t_h, side="left") + 1
+        key_q = codes * width + np.searchsorted(t_sorted, t_q, side="right")  # (last <= t_q) + 1
+    order = np.argsort(key_h)  # keys are unique: (entity, event time) is the primary key
+    pos = np.searchsorted(key_h[order], key_q, side="right") - 1
     hit = ok & (pos >= 0)
     row = order[np.maximum(pos, 0)]
     hit &= code_h[row] == codes
@@ -166,8 +171,8 @@ def _match(hist: pa.Table, dictionary: pa.Array, codes: npt.NDArray[np.int64], t
 def _fetch(store: FeatureStore, c: CompiledSchema, table: str, ids: pa.Array, cols: list[str],
            bounds: tuple[int, int] | None, age: int | None) -> pa.Table:
     """The rows of ``table`` for the entities ``ids`` with an event time in the chunk's
-    range: ``__e`` (the entity), ``__t`` (event time, epoch µs) and ``cols`` in their
-    declared types."""
+    range: ``__k`` (the entity's position in ``ids``), ``__t`` (event time, epoch µs) and
+    ``cols`` in their declared types."""
     from features.compile.postgres import pg_type, quote_ident
     from features.sinks.postgres import copy_csv
 
@@ -175,28 +180,26 @@ def _fetch(store: FeatureStore, c: CompiledSchema, table: str, ids: pa.Array, co
     entity, event_time = str(s.entity), str(s.event_time)
     types = {name: declared_type(c, name) for name in cols}
     if bounds is None or len(ids) == 0:
-        return _empty(c, types)
+        return _empty(types)
     e_type = pg_type(s.field(entity).type)
-    stage = f"_featureline_asof_ids_{e_type}"
+    stage = f"_featureline_asof_keys_{e_type}"
     ent, et = quote_ident(entity), quote_ident(event_time)
-    select = [f"h.{ent}", f"(extract(epoch from h.{et}) * 1000000)::int8"]
-    for name, t in types.items():
-        q = f"h.{quote_ident(name)}"
-        select.append(f"(extract(epoch from {q}) * 1000000)::int8" if pa.types.is_timestamp(t) else q)
+    select = ", ".join(["s.k", f"h.{et}", *(f"h.{quote_ident(name)}" for name in types)])
     lo, hi = bounds
     since = None if age is None or lo - age < _YEAR_1 else _EPOCH + (lo - age) * _US
     params: list[Any] = [_EPOCH + hi * _US] + ([since] if since is not None else [])
-    query = (f"COPY (SELECT {', '.join(select)} FROM {quote_ident(table)} h WHERE h.{ent} IN "
-             f"(SELECT e FROM {stage}) AND h.{et} <= %s{'' if since is None else f' AND h.{et} >= %s'}) "
-             "TO STDOUT (FORMAT csv)")
+    query = (f"COPY (SELECT {select} FROM {quote_ident(table)} h JOIN {stage} s ON h.{ent} = s.e "
+             f"WHERE h.{et} <= %s{'' if since is None else f' AND h.{et} >= %s'}) TO STDOUT (FORMAT csv)")
+    staged = copy_csv(pa.table({"e": ids, "k": pa.array(np.arange(len(ids), dtype=np.int32))}))
 
     def run(conn: Any) -> bytes:
         buf = io.BytesIO()
         with conn.transaction():
-            conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {stage} (e {e_type}) ON COMMIT DELETE ROWS")
+            conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {stage} (e {e_type}, k integer) "
+                         "ON COMMIT DELETE ROWS")
             with conn.cursor() as cur:
-                with cur.copy(f"COPY {stage} (e) FROM STDIN (FORMAT csv)") as cp:
-                    cp.write(copy_csv(pa.table({"e": ids})))
+                with cur.copy(f"COPY {stage} (e, k) FROM STDIN (FORMAT csv)") as cp:
+                    cp.write(staged)
                 conn.execute(f"ANALYZE {stage}")
                 with cur.copy(query, params) as cp:
                     for block in cp:
@@ -205,26 +208,30 @@ def _fetch(store: FeatureStore, c: CompiledSchema, table: str, ids: pa.Array, co
 
     data: bytes = store._pg_run("the as-of query", run)
     if not data:
-        return _empty(c, types)
-    return _parse(data, c, ids.type, types)
+        return _empty(types)
+    return _parse(data, c, types)
 
 
-def _csv_type(t: pa.DataType) -> pa.DataType:
+def _text_type(t: pa.DataType) -> pa.DataType:
+    """The type Postgres' CSV text of a column of type ``t`` is parsed as: timestamps in
+    microseconds, UTC (the session's zone) or naive; dictionaries as their values."""
     if pa.types.is_timestamp(t):
-        return pa.int64()
+        return pa.timestamp("us", "UTC" if t.tz is not None else None)
     if pa.types.is_dictionary(t):
         return t.value_type
     return t
 
 
-def _parse(data: bytes, c: CompiledSchema, id_type: pa.DataType, types: dict[str, pa.DataType]) -> pa.Table:
+def _parse(data: bytes, c: CompiledSchema, types: dict[str, pa.DataType]) -> pa.Table:
     """Postgres CSV -> Arrow in the declared types: nulls are unquoted empty fields, an
     empty string is ``""``; booleans ``t``/``f``; floats as Postgres writes them
-    (shortest round-trip text, ``NaN``, ``Infinity``); timestamps as epoch µs."""
+    (shortest round-trip text, ``NaN``, ``Infinity``); timestamps in the session's zone,
+    UTC. ``__t`` becomes epoch microseconds (a date: its midnight UTC)."""
     import pyarrow.csv as pacsv
 
-    names = ["__e", "__t", *types]
-    col_types = {"__e": id_type, "__t": pa.int64(), **{n: _csv_type(t) for n, t in types.items()}}
+    event = c.arrow_schema.field(str(c.schema.event_time)).type
+    names = ["__k", "__t", *types]
+    col_types = {"__k": pa.int32(), "__t": _text_type(event), **{n: _text_type(t) for n, t in types.items()}}
     table = pacsv.read_csv(
         io.BytesIO(data),
         read_options=pacsv.ReadOptions(column_names=names, block_size=1 << 24),
@@ -232,20 +239,22 @@ def _parse(data: bytes, c: CompiledSchema, id_type: pa.DataType, types: dict[str
         convert_options=pacsv.ConvertOptions(column_types=col_types, null_values=[""], true_values=["t"],
                                              false_values=["f"], strings_can_be_null=True,
                                              quoted_strings_can_be_null=False))
-    out = {"__e": table.column("__e").combine_chunks(), "__t": table.column("__t").combine_chunks()}
+    when = table.column("__t").combine_chunks()
+    if pa.types.is_date(when.type):
+        micros = np.asarray(when.cast(pa.int32()), dtype=np.int64) * 86_400_000_000
+    else:
+        micros = np.asarray(when.cast(pa.int64()), dtype=np.int64)
+    out = {"__k": table.column("__k").combine_chunks(), "__t": pa.array(micros)}
     for name, t in types.items():
         col = table.column(name).combine_chunks()
-        if pa.types.is_timestamp(t):
-            col = col.view(pa.timestamp("us", t.tz)).cast(t)
-        elif pa.types.is_dictionary(t):
-            col = col.dictionary_encode().cast(t)
-        out[name] = col
+        if pa.types.is_dictionary(t):
+            col = col.dictionary_encode()
+        out[name] = col.cast(t) if col.type != t else col
     return pa.table(out)
 
 
-def _empty(c: CompiledSchema, types: dict[str, pa.DataType]) -> pa.Table:
-    id_type = c.arrow_schema.field(str(c.schema.entity)).type
-    return pa.table({"__e": pa.array([], id_type), "__t": pa.array([], pa.int64()),
+def _empty(types: dict[str, pa.DataType]) -> pa.Table:
+    return pa.table({"__k": pa.array([], pa.int32()), "__t": pa.array([], pa.int64()),
                      **{n: pa.array([], t) for n, t in types.items()}})
 
 
