@@ -167,14 +167,14 @@ def duckdb_join(fs: Any, path: str) -> Callable[[pa.Table], int]:
     con = duckdb.connect()
 
     def run(df: pa.Table) -> int:
-        ids = entity_values(c, df.column("application_id")).combine_chunks()
+        enc = entity_values(c, df.column("application_id")).combine_chunks().dictionary_encode()
         t = asof._micros(df.column("timestamp"))
-        uniq = pc.unique(ids.drop_null())
-        hist = asof._fetch(fs, c, SCHEMA, uniq, cols, (int(pc.min(t).as_py()), int(pc.max(t).as_py())), None)
-        q = pa.table({"e": ids, "t": t, "o": pa.array(np.arange(len(ids)))})
+        bounds = (int(pc.min(t).as_py()), int(pc.max(t).as_py()))
+        hist = asof._fetch(fs, c, SCHEMA, enc.dictionary, cols, bounds, None)
+        q = pa.table({"k": enc.indices, "t": t, "o": pa.array(np.arange(len(t)))})
         con.register("q", q)
         con.register("h", hist)
-        out = con.execute("SELECT * FROM q ASOF LEFT JOIN h ON q.e = h.__e AND q.t >= h.__t "
+        out = con.execute("SELECT * FROM q ASOF LEFT JOIN h ON q.k = h.__k AND q.t >= h.__t "
                           "ORDER BY q.o").arrow()
         con.unregister("q")
         con.unregister("h")

@@ -61,7 +61,7 @@ _YEAR_1 = -62_135_596_800_000_000
 
 
 def as_of(store: FeatureStore, c: CompiledSchema, entity_df: pa.Table, columns: list[str], ts: Any,
-          max_age: dt.timedelta | None, *, chunk_rows: int = CHUNK_ROWS) -> pa.Table:
+          max_age: dt.timedelta | None, *, chunk_rows: int | None = None) -> pa.Table:
     """``entity_df`` (checked by the caller) with ``columns`` (cold features and cold
     aggregations of ``c``) and ``_event_time`` appended: for each row, the values of the
     entity's newest stored row at or before its time ``ts`` (zoned timestamps, one per
@@ -71,29 +71,37 @@ def as_of(store: FeatureStore, c: CompiledSchema, entity_df: pa.Table, columns: 
 
 
 def as_of_chunks(store: FeatureStore, c: CompiledSchema, entity_df: pa.Table, columns: list[str], ts: Any,
-                 max_age: dt.timedelta | None, *, chunk_rows: int = CHUNK_ROWS) -> Iterator[pa.Table]:
-    """:func:`as_of`, one frame chunk of ``chunk_rows`` rows at a time, in frame order
-    (at least one, possibly empty, table)."""
+                 max_age: dt.timedelta | None, *, chunk_rows: int | None = None) -> Iterator[pa.Table]:
+    """:func:`as_of`, one frame chunk of ``chunk_rows`` rows (default :data:`CHUNK_ROWS`,
+    read at each call) at a time, in frame order (at least one, possibly empty, table)."""
+    chunk_rows = CHUNK_ROWS if chunk_rows is None else chunk_rows
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, not {chunk_rows}")
     n = entity_df.num_rows
+    # The whole frame's ids and times at once, from unsliced arrays: pyarrow's if_else
+    # (in entity_values) reads a sliced string array's values wrongly.
+    ids = entity_values(c, _unsliced(entity_df.column(str(c.schema.entity))))
+    t_us = _micros(ts)
     for lo in range(0, max(n, 1), chunk_rows):
-        yield _chunk(store, c, entity_df.slice(lo, chunk_rows), columns, ts.slice(lo, chunk_rows), max_age)
+        yield _chunk(store, c, entity_df.slice(lo, chunk_rows), columns, ids.slice(lo, chunk_rows),
+                     t_us.slice(lo, chunk_rows), max_age)
 
 
-def _chunk(store: FeatureStore, c: CompiledSchema, frame: pa.Table, columns: list[str], ts: Any,
-           max_age: dt.timedelta | None) -> pa.Table:
+def _unsliced(col: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """``col`` as one array at offset 0 (a copy where it was a slice)."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    return arr.take(pa.array(np.arange(len(arr), dtype=np.int64))) if arr.offset else arr
+
+
+def _chunk(store: FeatureStore, c: CompiledSchema, frame: pa.Table, columns: list[str], ids: pa.Array,
+           t_us: pa.Array, max_age: dt.timedelta | None) -> pa.Table:
     from features.compile.postgres import aggregates_table_name, cold_table_name
 
     s = c.schema
-    entity = str(s.entity)
     cold_aggs = set(aggregation_names(c, "cold"))
     names = [x for x in columns if x not in cold_aggs]
     aggs = [x for x in columns if x in cold_aggs]
-    ids = entity_values(c, frame.column(entity))
-    ids = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
     enc = ids.dictionary_encode()
-    t_us = _micros(ts)
     ok = np.asarray(pc.and_(pc.is_valid(enc.indices), pc.is_valid(t_us)))
     codes = np.asarray(enc.indices.fill_null(0), dtype=np.int64)
     t_q = np.asarray(t_us.fill_null(0), dtype=np.int64)
