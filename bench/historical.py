@@ -175,7 +175,7 @@ def duckdb_join(fs: Any, path: str) -> Callable[[pa.Table], int]:
         con.register("q", q)
         con.register("h", hist)
         out = con.execute("SELECT * FROM q ASOF LEFT JOIN h ON q.k = h.__k AND q.t >= h.__t "
-                          "ORDER BY q.o").arrow()
+                          "ORDER BY q.o").to_arrow_table()
         con.unregister("q")
         con.unregister("h")
         return int(out.num_rows)
@@ -207,12 +207,59 @@ def pg_window(fs: Any) -> Callable[[pa.Table], int]:
     return run
 
 
+def join_only(fs: Any, df: pa.Table, duckdb_path: str | None, rounds: int) -> None:
+    """The join step alone, on one fetched history (no Postgres in the timing): NumPy
+    (``features.asof._match`` + the takes) against DuckDB's ASOF JOIN, interleaved."""
+    import pyarrow.compute as pc
+
+    from features import asof
+    from features.stored import entity_values
+
+    c = fs.schema(SCHEMA)
+    cols, _ = cold_select(fs)
+    enc = entity_values(c, df.column("application_id")).combine_chunks().dictionary_encode()
+    t = asof._micros(df.column("timestamp"))
+    bounds = (int(pc.min(t).as_py()), int(pc.max(t).as_py()))
+    hist = asof._fetch(fs, c, SCHEMA, enc.dictionary, cols, bounds, None)
+    codes = np.asarray(enc.indices, dtype=np.int64)
+    t_q = np.asarray(t, dtype=np.int64)
+    ok = np.ones(len(codes), dtype=bool)
+
+    def numpy_join() -> int:
+        idx = asof._match(hist, codes, t_q, ok, None)
+        take = pa.array(idx, mask=idx < 0)
+        return sum(len(hist.column(n).take(take)) for n in [*cols, "__t"])
+
+    runners: dict[str, Callable[[], int]] = {"numpy join": numpy_join}
+    if duckdb_path:
+        sys.path.insert(0, duckdb_path)
+        import duckdb
+
+        con = duckdb.connect()
+        q = pa.table({"k": enc.indices, "t": t, "o": pa.array(np.arange(len(t)))})
+        con.register("q", q)
+        con.register("h", hist)
+        sql = "SELECT * FROM q ASOF LEFT JOIN h ON q.k = h.__k AND q.t >= h.__t ORDER BY q.o"
+        runners["duckdb ASOF JOIN"] = lambda: int(con.sql(sql).to_arrow_table().num_rows)
+    got: dict[str, list[float]] = {k: [] for k in runners}
+    for r in range(rounds):
+        for name in list(runners)[r % len(runners):] + list(runners)[:r % len(runners)]:
+            t0 = time.perf_counter()
+            runners[name]()
+            got[name].append(time.perf_counter() - t0)
+    for name, v in got.items():
+        print(f"join only, {df.num_rows:,} frame rows x {hist.num_rows:,} history rows: {name:<18} median "
+              f"{statistics.median(v):.3f}s (min-max {min(v):.3f}-{max(v):.3f}, {rounds} rounds)", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--frames", default="100000,1000000")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--duckdb-path", default=None)
+    ap.add_argument("--join-only", action="store_true",
+                    help="time only the join step (NumPy vs DuckDB) on one fetched history, then stop")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--reuse", action="store_true")
     args = ap.parse_args()
@@ -233,6 +280,10 @@ def main() -> int:
     ids, times = history_ids(settings)
     print(f"history: {len(ids):,} rows in Postgres", flush=True)
     rng = np.random.default_rng(31)
+    if args.join_only:
+        for n in [int(x) for x in args.frames.split(",")]:
+            join_only(fs, frame(ids, times, n, rng), args.duckdb_path, args.rounds)
+        return 0
     methods: dict[str, Callable[[pa.Table], int]] = {
         "a lateral": lambda df: fs_old.historical(SCHEMA, df).num_rows,
         "b copy+numpy": lambda df: fs.historical(SCHEMA, df).num_rows,
