@@ -152,23 +152,29 @@ def _match(hist: pa.Table, codes: npt.NDArray[np.int64], t_q: npt.NDArray[np.int
         return idx
     code_h = np.asarray(hist.column("__k"), dtype=np.int64)
     t_h = np.asarray(hist.column("__t"), dtype=np.int64)
-    lo = min(int(t_h.min()), int(t_q[ok].min()))
-    width = max(int(t_h.max()), int(t_q[ok].max())) - lo + 2
-    if width * (int(codes.max()) + 1) < 2**62:  # key = code, then the time: fits int64
-        key_h = code_h * width + (t_h - lo + 1)
-        key_q = codes * width + np.where(ok, t_q - lo + 1, 0)
+    # One merge of history and frame rows instead of a binary search per frame row (random
+    # probes are cache misses): rank every time, history before frame at equal times (a
+    # stable sort of history then frame), so rank_h < rank_q exactly when t_h <= t_q; sort
+    # by (code, rank); each frame row's answer is the last history row before it. When
+    # (code, time) fits one int64 key, one stable sort of it does both.
+    m = len(codes)
+    lo = min(int(t_h.min()), int(t_q.min()))
+    width = max(int(t_h.max()), int(t_q.max())) - lo + 1
+    code = np.concatenate([code_h, codes])
+    if width * (int(code.max()) + 1) < 2**62:  # (code, time) fits one int64: one stable sort
+        merged = np.argsort(code * width + (np.concatenate([t_h, t_q]) - lo), kind="stable")
     else:
-        # Ranks instead of times keep the key small: a history row's rank is the first
-        # position of its time among the sorted times; a frame row's the last position of
-        # a time <= its own (-1: none), so rank_h <= rank_q exactly when t_h <= t_q.
-        t_sorted = np.sort(t_h)
-        width = n + 1
-        key_h = code_h * width + np.searchsorted(t_sorted, t_h, side="left") + 1
-        key_q = codes * width + np.searchsorted(t_sorted, t_q, side="right")  # (last <= t_q) + 1
-    order = np.argsort(key_h)  # keys are unique: (entity, event time) is the primary key
-    pos = np.searchsorted(key_h[order], key_q, side="right") - 1
+        by_time = np.argsort(np.concatenate([t_h, t_q]), kind="stable")
+        rank = np.empty(n + m, dtype=np.int64)
+        rank[by_time] = np.arange(n + m, dtype=np.int64)
+        merged = np.argsort(code * (n + m) + rank)  # unique keys: any sort
+    is_h = merged < n
+    last_at = np.maximum.accumulate(np.where(is_h, np.arange(n + m, dtype=np.int64), -1))
+    last = np.where(last_at >= 0, merged[np.maximum(last_at, 0)], -1)
+    pos = np.empty(m, dtype=np.int64)
+    pos[merged[~is_h] - n] = last[~is_h]
     hit = ok & (pos >= 0)
-    row = order[np.maximum(pos, 0)]
+    row = np.maximum(pos, 0)
     hit &= code_h[row] == codes
     if age is not None:
         hit &= t_h[row] >= t_q - age
