@@ -34,6 +34,7 @@ COMMANDS: dict[str, str] = {
     "demo": "features.demo",
     "dev": "features.dev.cli",
     "health": "features.health",
+    "historical": "features.historical_cli",
     "init": "features.init",
     "job-file": "features.jobs",
     "load": "features.load.cli",

@@ -60,7 +60,7 @@ def entity_in(c: CompiledSchema) -> str:
 
 
 def entity_list(c: CompiledSchema, ids: Sequence[Any]) -> list[Any]:
-    """Caller ids as values of the entity's type (:func:`features.stored.entity_values`),
+    """Caller ids as values of the entity's type (:func:`features.sdk.stored.entity_values`),
     those that are no value of it left out (they match nothing)."""
     text = pa.array([entity_text(i) for i in ids], pa.string())
     values: list[Any] = entity_values(c, text).drop_null().to_pylist()

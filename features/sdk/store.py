@@ -44,10 +44,9 @@ from features.sdk.columns import (
     entity_list,
     entity_text,
     event_time_type,
-    ts_utc,
 )
 from features.sdk.fallback import Fallback
-from features.sdk.historical import as_of_times, stage_table
+from features.sdk.historical import as_of_times
 from features.sdk.online import (
     LINEAGE_FIELDS,
     SMALL_CALL,
@@ -64,7 +63,6 @@ from features.sdk.redis_read import RawPool
 from features.sdk.stored import aggregation_names as _aggregation_names
 from features.sdk.stored import cold_columns as _cold_columns
 from features.sdk.stored import declared_type as _declared_type
-from features.sdk.stored import entity_values as _entity_values
 from features.sdk.stored import from_text as _from_text
 from features.sdk.stored import hot_columns as _hot_columns
 from features.sdk.stored import reply_columns as _reply_columns
@@ -827,57 +825,9 @@ class FeatureStore:
 
     def _historical(self, c: CompiledSchema, entity_df: pa.Table, columns: list[str], ts: Any,
                     max_age: dt.timedelta | None) -> pa.Table:
-        from features.compile.postgres import aggregates_table_name, cold_table_name, quote_ident
-        from features.sinks.postgres import copy_csv
+        from features.sdk.asof import as_of  # the as-of join (copied out of Postgres, joined in NumPy)
 
-        s = c.schema
-        entity, event_time = str(s.entity), str(s.event_time)
-        cold_aggs = set(_aggregation_names(c, "cold"))
-        names = [x for x in columns if x not in cold_aggs]
-        aggs = [x for x in columns if x in cold_aggs]
-        # The ids in the entity's own type (compared as text; an id that is no value of it
-        # matches nothing), so the join compares like types and probes the primary key.
-        ids = _entity_values(c, entity_df.column(entity))
-        staged, stage_type = stage_table(c)
-        # Event times are microseconds: flooring a finer timestamp keeps the as-of answer.
-        if ts.type.unit == "ns":
-            ts = pc.floor_temporal(ts, unit="microsecond")
-        # Staged as timestamptz; the session is UTC, so a naive event time compares as UTC.
-        stage = pa.table({"e": ids, "t": ts.cast(ts_utc()),
-                          "o": pa.array(np.arange(entity_df.num_rows, dtype=np.int64))})
-        # One as-of lateral join per table: the history (features, event time), then the
-        # aggregation rows (newest aggregated event at or before q.t) when any are asked for.
-        joins = [("f", cold_table_name(s), [event_time, *names])]
-        if aggs:
-            joins.append(("g", aggregates_table_name(s), aggs))
-        ent, et = quote_ident(entity), quote_ident(event_time)
-        age = f"AND h.{et} >= q.t - %s " if max_age is not None else ""
-        select = ", ".join(f"{alias}.{quote_ident(x)}" for alias, _, cols in joins for x in cols)
-        laterals = " ".join(
-            f"LEFT JOIN LATERAL (SELECT {', '.join(quote_ident(x) for x in cols)} "
-            f"FROM {quote_ident(table)} h WHERE h.{ent} = q.e AND h.{et} <= q.t {age}"
-            f"ORDER BY h.{et} DESC LIMIT 1) {alias} ON true"
-            for alias, table, cols in joins)
-        query = f"SELECT {select} FROM {staged} q {laterals} ORDER BY q.o"
-
-        def as_of(conn: Any) -> list[Any]:
-            with conn.transaction():
-                conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {staged} "
-                             f"(e {stage_type}, t timestamptz, o bigint) ON COMMIT DELETE ROWS")
-                copy = f"COPY {staged} (e, t, o) FROM STDIN (FORMAT csv)"
-                with conn.cursor() as cur, cur.copy(copy) as cp:
-                    cp.write(copy_csv(stage))
-                conn.execute(f"ANALYZE {staged}")
-                result: list[Any] = conn.execute(
-                    query, [max_age] * len(joins) if max_age is not None else []).fetchall()
-                return result
-
-        rows = self._pg_run("the as-of query", as_of)
-        got = _rows_to_table(c, [event_time, *names, *aggs], rows)
-        out = entity_df
-        for name in columns:
-            out = out.append_column(name, got.column(name))
-        return out.append_column(EVENT_TIME, got.column(event_time).cast(event_time_type(c)))
+        return as_of(self, c, entity_df, columns, ts, max_age)
 
     # --- views (docs/views.md) -----------------------------------------------------------------
 

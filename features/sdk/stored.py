@@ -68,6 +68,7 @@ def entity_values(c: CompiledSchema, ids: pa.Array | pa.ChunkedArray) -> pa.Arra
     a value of the declared type (``"x"``, ``"007"``, ``"1.0"``, ``" 1"``, out of range) is
     null: it matches no entity. A null id stays null. Never raises for an id's value."""
     target = c.arrow_schema.field(str(c.schema.entity)).type
+    ids = _unsliced(ids)
     text = ids if ids.type == pa.string() else pc.cast(ids, pa.string())
     if not pa.types.is_integer(target):
         return text.cast(target) if text.type != target else text
@@ -77,6 +78,17 @@ def entity_values(c: CompiledSchema, ids: pa.Array | pa.ChunkedArray) -> pa.Arra
     lo, hi = -(2 ** (target.bit_width - 1)), 2 ** (target.bit_width - 1) - 1  # entities are signed
     fits = pc.and_(pc.greater_equal(value, pa.scalar(lo, wide)), pc.less_equal(value, pa.scalar(hi, wide)))
     return pc.if_else(fits, value, pa.scalar(None, wide)).cast(target)
+
+
+def _unsliced(ids: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """``ids`` with every array at offset 0 (copied where sliced): pyarrow's ``if_else``
+    misreads a sliced string array (found by tests/integration/test_historical_reference.py's
+    sliced frame)."""
+    if isinstance(ids, pa.ChunkedArray):
+        return pa.chunked_array([_unsliced(a) for a in ids.chunks], ids.type)
+    if ids.offset == 0:
+        return ids
+    return pa.concat_arrays([pa.array([], ids.type), ids])
 
 
 def reply_columns(replies: Sequence[Sequence[Any]], width: int) -> list[pa.Array]:

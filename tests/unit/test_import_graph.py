@@ -134,7 +134,7 @@ def test_the_sdk_parts_do_not_import_its_facade() -> None:
     assert "features.sdk.fallback" in parts and "features.sdk.online" in parts
     found = [f"{m} -> features.sdk.store" for m in parts if "features.sdk.store" in graph.get(m, set())]
     assert not found, found
-    old = {"features.store", "features.fallback", "features.stored", "features.prewarm"}
+    old = {"features.store", "features.fallback", "features.stored", "features.prewarm", "features.asof"}
     assert not old & set(_modules())
 
 

@@ -1,0 +1,281 @@
+"""The as-of (point-in-time) join behind ``FeatureStore.historical``: the history a frame
+needs is copied out of Postgres once per frame chunk and joined in Arrow/NumPy.
+
+Chosen by measurement (bench/historical.py, bench/RESULTS.md "Issue 31: the as-of join
+for historical"): a ``LEFT JOIN LATERAL`` per entity row costs ~12 µs in Postgres; copying
+the rows of the frame's entities out (``COPY (SELECT ...) TO STDOUT (FORMAT csv)``, parsed
+by ``pyarrow.csv`` with the declared column types, in C++ on every core) and joining with
+one sort and one ``np.searchsorted`` costs a fraction of that.
+
+Per frame chunk (``chunk_rows`` entity rows, default :data:`CHUNK_ROWS`):
+
+1. the chunk's ids in the entity's own type (:func:`features.sdk.stored.entity_values`: an id
+   that is no value of it is null and matches nothing), dictionary-encoded: one integer
+   code per distinct id;
+2. the distinct ids go into a temporary table with one COPY, and one
+   ``COPY (SELECT entity, event time as epoch µs, columns FROM <table> WHERE entity IN
+   (the ids) AND event time <= the chunk's latest time [AND >= its earliest - max_age])``
+   reads their history (the cold table; the ``<schema>__aggregates`` table too when
+   aggregation columns are asked for);
+3. history rows get the same codes (``pc.index_in``); keys ``code * (n + 1) + rank of the
+   event time`` (ranks from one sort of the history's times, so the key fits int64 for any
+   span of time), one argsort, one ``searchsorted(side="right") - 1`` per frame row: the
+   newest row at or before its time (an event at exactly T counts); a different code, no
+   row, or one older than ``max_age`` gives nulls.
+
+Memory: a chunk holds its frame rows, the history rows of its (at most ``chunk_rows``)
+distinct entities within its time range, and a few int64 arrays of those lengths; the
+result of :func:`as_of` is the frame plus the columns asked for. :func:`as_of_chunks`
+yields one chunk's result at a time, so a caller that writes them out (``features
+historical``) holds one chunk, whatever the frame's length.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from features.compile import CompiledSchema
+from features.schema.model import TypeKind
+from features.sdk.stored import aggregation_names, declared_type, entity_values
+
+_T = TypeVar("_T")
+
+
+class FeatureStore(Protocol):
+    """What the join needs of :class:`features.sdk.store.FeatureStore`: its Postgres
+    connection, errors mapped (a protocol: this part does not import the facade)."""
+
+    def _pg_run(self, what: str, fn: Callable[[Any], _T]) -> _T: ...
+
+#: Frame rows per chunk: one history fetch and one join each.
+CHUNK_ROWS = 1_000_000
+#: The result's event time column.
+EVENT_TIME = "_event_time"
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_US = dt.timedelta(microseconds=1)
+#: 0001-01-01 in epoch microseconds: the earliest bound a datetime can pass.
+_YEAR_1 = -62_135_596_800_000_000
+
+
+def as_of(store: FeatureStore, c: CompiledSchema, entity_df: pa.Table, columns: list[str], ts: Any,
+          max_age: dt.timedelta | None, *, chunk_rows: int | None = None) -> pa.Table:
+    """``entity_df`` (checked by the caller) with ``columns`` (cold features and cold
+    aggregations of ``c``) and ``_event_time`` appended: for each row, the values of the
+    entity's newest stored row at or before its time ``ts`` (zoned timestamps, one per
+    row), none older than ``max_age``; nulls where none qualifies."""
+    parts = list(as_of_chunks(store, c, entity_df, columns, ts, max_age, chunk_rows=chunk_rows))
+    return pa.concat_tables(parts)
+
+
+def as_of_chunks(store: FeatureStore, c: CompiledSchema, entity_df: pa.Table, columns: list[str], ts: Any,
+                 max_age: dt.timedelta | None, *, chunk_rows: int | None = None) -> Iterator[pa.Table]:
+    """:func:`as_of`, one frame chunk of ``chunk_rows`` rows (default :data:`CHUNK_ROWS`,
+    read at each call) at a time, in frame order (at least one, possibly empty, table)."""
+    chunk_rows = CHUNK_ROWS if chunk_rows is None else chunk_rows
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be >= 1, not {chunk_rows}")
+    n = entity_df.num_rows
+    # The whole frame's ids and times at once, from unsliced arrays: pyarrow's if_else
+    # (in entity_values) reads a sliced string array's values wrongly.
+    ids = entity_values(c, _unsliced(entity_df.column(str(c.schema.entity))))
+    t_us = _micros(ts)
+    for lo in range(0, max(n, 1), chunk_rows):
+        yield _chunk(store, c, entity_df.slice(lo, chunk_rows), columns, ids.slice(lo, chunk_rows),
+                     t_us.slice(lo, chunk_rows), max_age)
+
+
+def _unsliced(col: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """``col`` as one array at offset 0 (a copy where it was a slice)."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    return arr.take(pa.array(np.arange(len(arr), dtype=np.int64))) if arr.offset else arr
+
+
+def _chunk(store: FeatureStore, c: CompiledSchema, frame: pa.Table, columns: list[str], ids: pa.Array,
+           t_us: pa.Array, max_age: dt.timedelta | None) -> pa.Table:
+    from features.compile.postgres import aggregates_table_name, cold_table_name
+
+    s = c.schema
+    cold_aggs = set(aggregation_names(c, "cold"))
+    names = [x for x in columns if x not in cold_aggs]
+    aggs = [x for x in columns if x in cold_aggs]
+    enc = ids.dictionary_encode()
+    ok = np.asarray(pc.and_(pc.is_valid(enc.indices), pc.is_valid(t_us)))
+    codes = np.asarray(enc.indices.fill_null(0), dtype=np.int64)
+    t_q = np.asarray(t_us.fill_null(0), dtype=np.int64)
+    age = None if max_age is None else max_age // _US
+    bounds = (int(t_q[ok].min()), int(t_q[ok].max())) if ok.any() else None
+
+    got: dict[str, pa.Array] = {}
+    reads = ((cold_table_name(s), names, True), (aggregates_table_name(s), aggs, False))
+    for table, cols, keep_time in reads:
+        if not cols and not keep_time:
+            continue
+        hist = _fetch(store, c, table, enc.dictionary, cols, bounds, age)
+        idx = _match(hist, codes, t_q, ok, age)
+        take = pa.array(idx, mask=idx < 0)
+        for name in cols:
+            got[name] = hist.column(name).take(take)
+        if keep_time:
+            got[EVENT_TIME] = hist.column("__t").take(take).cast(_result_time(c))
+    out = frame
+    for name in columns:
+        out = out.append_column(name, got[name])
+    return out.append_column(EVENT_TIME, got[EVENT_TIME])
+
+
+def _micros(ts: Any) -> pa.Array:
+    """Zoned times -> int64 microseconds since the epoch (finer units floored: event
+    times are microseconds, so flooring keeps the as-of answer)."""
+    ts = ts.combine_chunks() if isinstance(ts, pa.ChunkedArray) else ts
+    if ts.type.unit == "ns":
+        ts = pc.floor_temporal(ts, unit="microsecond")
+    return ts.cast(pa.timestamp("us", "UTC")).cast(pa.int64())
+
+
+def _result_time(c: CompiledSchema) -> pa.DataType:
+    """``_event_time``'s type from epoch microseconds: naive for a naive event time, else
+    UTC (a date's midnight UTC)."""
+    t = c.schema.field(str(c.schema.event_time)).type
+    return pa.timestamp("us", None if t.kind is TypeKind.TIMESTAMP and t.tz is None else "UTC")
+
+
+def _match(hist: pa.Table, codes: npt.NDArray[np.int64], t_q: npt.NDArray[np.int64],
+           ok: npt.NDArray[np.bool_], age: int | None) -> npt.NDArray[np.int64]:
+    """For each frame row, the index in ``hist`` of its entity's newest row at or before
+    its time (not older than ``age`` µs), or -1."""
+    n = hist.num_rows
+    idx = np.full(len(codes), -1, dtype=np.int64)
+    if n == 0 or not ok.any():
+        return idx
+    code_h = np.asarray(hist.column("__k"), dtype=np.int64)
+    t_h = np.asarray(hist.column("__t"), dtype=np.int64)
+    # One merge of history and frame rows instead of a binary search per frame row (random
+    # probes are cache misses): rank every time, history before frame at equal times (a
+    # stable sort of history then frame), so rank_h < rank_q exactly when t_h <= t_q; sort
+    # by (code, rank); each frame row's answer is the last history row before it. When
+    # (code, time) fits one int64 key, one stable sort of it does both.
+    m = len(codes)
+    lo = min(int(t_h.min()), int(t_q.min()))
+    width = max(int(t_h.max()), int(t_q.max())) - lo + 1
+    code = np.concatenate([code_h, codes])
+    if width * (int(code.max()) + 1) < 2**62:  # (code, time) fits one int64: one stable sort
+        merged = np.argsort(code * width + (np.concatenate([t_h, t_q]) - lo), kind="stable")
+    else:
+        by_time = np.argsort(np.concatenate([t_h, t_q]), kind="stable")
+        rank = np.empty(n + m, dtype=np.int64)
+        rank[by_time] = np.arange(n + m, dtype=np.int64)
+        merged = np.argsort(code * (n + m) + rank)  # unique keys: any sort
+    is_h = merged < n
+    last_at = np.maximum.accumulate(np.where(is_h, np.arange(n + m, dtype=np.int64), -1))
+    last = np.where(last_at >= 0, merged[np.maximum(last_at, 0)], -1)
+    pos = np.empty(m, dtype=np.int64)
+    pos[merged[~is_h] - n] = last[~is_h]
+    hit = ok & (pos >= 0)
+    row = np.maximum(pos, 0)
+    hit &= code_h[row] == codes
+    if age is not None:
+        hit &= t_h[row] >= t_q - age
+    idx[hit] = row[hit]
+    return idx
+
+
+def _fetch(store: FeatureStore, c: CompiledSchema, table: str, ids: pa.Array, cols: list[str],
+           bounds: tuple[int, int] | None, age: int | None) -> pa.Table:
+    """The rows of ``table`` for the entities ``ids`` with an event time in the chunk's
+    range: ``__k`` (the entity's position in ``ids``), ``__t`` (event time, epoch µs) and
+    ``cols`` in their declared types."""
+    from features.compile.postgres import pg_type, quote_ident
+    from features.sinks.postgres import copy_csv
+
+    s = c.schema
+    entity, event_time = str(s.entity), str(s.event_time)
+    types = {name: declared_type(c, name) for name in cols}
+    if bounds is None or len(ids) == 0:
+        return _empty(types)
+    e_type = pg_type(s.field(entity).type)
+    stage = f"_featureline_asof_keys_{e_type}"
+    ent, et = quote_ident(entity), quote_ident(event_time)
+    select = ", ".join(["s.k", f"h.{et}", *(f"h.{quote_ident(name)}" for name in types)])
+    lo, hi = bounds
+    since = None if age is None or lo - age < _YEAR_1 else _EPOCH + (lo - age) * _US
+    params: list[Any] = [_EPOCH + hi * _US] + ([since] if since is not None else [])
+    query = (f"COPY (SELECT {select} FROM {quote_ident(table)} h JOIN {stage} s ON h.{ent} = s.e "
+             f"WHERE h.{et} <= %s{'' if since is None else f' AND h.{et} >= %s'}) TO STDOUT (FORMAT csv)")
+    staged = copy_csv(pa.table({"e": ids, "k": pa.array(np.arange(len(ids), dtype=np.int32))}))
+
+    def run(conn: Any) -> bytes:
+        buf = io.BytesIO()
+        with conn.transaction():
+            conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {stage} (e {e_type}, k integer) "
+                         "ON COMMIT DELETE ROWS")
+            with conn.cursor() as cur:
+                with cur.copy(f"COPY {stage} (e, k) FROM STDIN (FORMAT csv)") as cp:
+                    cp.write(staged)
+                conn.execute(f"ANALYZE {stage}")
+                with cur.copy(query, params) as cp:
+                    for block in cp:
+                        buf.write(block)
+        return buf.getvalue()
+
+    data: bytes = store._pg_run("the as-of query", run)
+    if not data:
+        return _empty(types)
+    return _parse(data, c, types)
+
+
+def _text_type(t: pa.DataType) -> pa.DataType:
+    """The type Postgres' CSV text of a column of type ``t`` is parsed as: timestamps in
+    microseconds, UTC (the session's zone) or naive; dictionaries as their values."""
+    if pa.types.is_timestamp(t):
+        return pa.timestamp("us", "UTC" if t.tz is not None else None)
+    if pa.types.is_dictionary(t):
+        return t.value_type
+    return t
+
+
+def _parse(data: bytes, c: CompiledSchema, types: dict[str, pa.DataType]) -> pa.Table:
+    """Postgres CSV -> Arrow in the declared types: nulls are unquoted empty fields, an
+    empty string is ``""``; booleans ``t``/``f``; floats as Postgres writes them
+    (shortest round-trip text, ``NaN``, ``Infinity``); timestamps in the session's zone,
+    UTC. ``__t`` becomes epoch microseconds (a date: its midnight UTC)."""
+    import pyarrow.csv as pacsv
+
+    event = c.arrow_schema.field(str(c.schema.event_time)).type
+    names = ["__k", "__t", *types]
+    col_types = {"__k": pa.int32(), "__t": _text_type(event), **{n: _text_type(t) for n, t in types.items()}}
+    table = pacsv.read_csv(
+        io.BytesIO(data),
+        read_options=pacsv.ReadOptions(column_names=names, block_size=1 << 24),
+        parse_options=pacsv.ParseOptions(newlines_in_values=True),
+        convert_options=pacsv.ConvertOptions(column_types=col_types, null_values=[""], true_values=["t"],
+                                             false_values=["f"], strings_can_be_null=True,
+                                             quoted_strings_can_be_null=False))
+    when = table.column("__t").combine_chunks()
+    if pa.types.is_date(when.type):
+        micros = np.asarray(when.cast(pa.int32()), dtype=np.int64) * 86_400_000_000
+    else:
+        micros = np.asarray(when.cast(pa.int64()), dtype=np.int64)
+    out = {"__k": table.column("__k").combine_chunks(), "__t": pa.array(micros)}
+    for name, t in types.items():
+        col = table.column(name).combine_chunks()
+        if pa.types.is_dictionary(t):
+            col = col.dictionary_encode()
+        out[name] = col.cast(t) if col.type != t else col
+    return pa.table(out)
+
+
+def _empty(types: dict[str, pa.DataType]) -> pa.Table:
+    return pa.table({"__k": pa.array([], pa.int32()), "__t": pa.array([], pa.int64()),
+                     **{n: pa.array([], t) for n, t in types.items()}})
+
+
+__all__ = ["CHUNK_ROWS", "as_of", "as_of_chunks"]
