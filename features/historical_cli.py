@@ -1,6 +1,7 @@
-"""``features historical --schema S --entities FRAME.parquet --out train.parquet``: a
-point-in-time-correct training set from the command line (``FeatureStore.historical``
-over the frame, one chunk of rows at a time, written to Parquet as it goes).
+"""``features historical --schema S | --view V --entities FRAME.parquet --out train.parquet``:
+a point-in-time-correct training set from the command line (``FeatureStore.historical``,
+or ``historical_view`` for a feature view, over the frame, one chunk of rows at a time,
+written to Parquet as it goes).
 
 The frame file is read in batches of ``--chunk-rows`` rows; each batch is one
 ``historical`` call (its entities' history copied out of Postgres and joined,
@@ -33,7 +34,11 @@ def add_parser(sub: Any) -> None:
         "chunks; prints a summary (--json: one JSON line). Exit 0 on success, 2 on usage, schema, file or "
         "store errors.",
     )
-    p.add_argument("--schema", required=True, help="schema name (a file in the schemas folder)")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--schema", help="schema name (a file in the schemas folder)")
+    which.add_argument("--view", help="view name (a file in the views folder, docs/views.md): the frame "
+                       "holds the view's request keys and fields and the timestamp; every source as of "
+                       "that time, then the request-time features")
     p.add_argument("--entities", required=True, metavar="FRAME.parquet",
                    help="the entity frame: the entity column, the timestamp column, anything else")
     p.add_argument("--out", required=True, metavar="PATH", help="the training set to write (Parquet)")
@@ -47,6 +52,7 @@ def add_parser(sub: Any) -> None:
                    help="frame rows per chunk: one history fetch and one output row group each "
                    "(default 1,000,000)")
     p.add_argument("--schemas-dir", default=None, help="folder of schema YAML files (default: schemas)")
+    p.add_argument("--views-dir", default=None, help="folder of view YAML files (default: views)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line on stdout")
     p.add_argument("--no-progress", action="store_true", help="no progress line even on a terminal")
     p.set_defaults(func=run)
@@ -75,6 +81,15 @@ def write_training_set(rows_iter: Iterable[Any], out_path: str | Path,
             rows += table.num_rows
             if "_event_time" in table.column_names:
                 matched += table.num_rows - table.column("_event_time").null_count
+            else:  # a view's rows: matched where every source found a row
+                found = [n for n in table.column_names if n.endswith("._found")]
+                if found:
+                    import pyarrow.compute as pc
+
+                    every = table.column(found[0])
+                    for name in found[1:]:
+                        every = pc.and_(every, table.column(name))
+                    matched += int(pc.sum(every).as_py() or 0)
             if progress is not None:
                 progress.update(rows, 0)
         if writer is None:
@@ -136,25 +151,35 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--chunk-rows must be at least 1, not {chunk_rows}", key="chunk_rows")
     max_age = _max_age(args.max_age)
     features = [f.strip() for f in args.features.split(",") if f.strip()] if args.features else None
-    settings = resolve_settings(schemas_dir=args.schemas_dir)
+    if args.view is not None and (features is not None or max_age is not None):
+        raise ConfigError("--features and --max-age are the view's own (its sources' features and max_age): "
+                          "not given with --view", key="view")
+    settings = resolve_settings(schemas_dir=args.schemas_dir, views_dir=args.views_dir)
     frames, total = _frame_chunks(args.entities, chunk_rows)
     show = not args.no_progress and not args.json and active_format() != "json"
-    progress = LineProgress(f"historical {args.schema}", total, enabled=show)
+    what = args.schema if args.view is None else f"view {args.view}"
+    progress = LineProgress(f"historical {what}", total, enabled=show)
     t0 = time.perf_counter()
     with FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn,
-                      schemas=settings.schemas_dir) as fs:
-        fs.schema(args.schema)  # an unknown schema fails before the output is opened
-        result = write_training_set(
-            (fs.historical(args.schema, f, features, timestamp_column=args.timestamp_column, max_age=max_age)
-             for f in frames), args.out, progress)
+                      schemas=settings.schemas_dir, views=settings.views_dir) as fs:
+        if args.view is not None:
+            fs.view(args.view)  # an unknown view fails before the output is opened
+            parts: Iterator[Any] = (fs.historical_view(args.view, f, timestamp_column=args.timestamp_column)
+                                    for f in frames)
+        else:
+            fs.schema(args.schema)  # an unknown schema fails before the output is opened
+            parts = (fs.historical(args.schema, f, features, timestamp_column=args.timestamp_column,
+                                   max_age=max_age) for f in frames)
+        result = write_training_set(parts, args.out, progress)
     seconds = time.perf_counter() - t0
-    summary = {"schema": args.schema, "entities": args.entities, "out": args.out, **result,
-               "seconds": round(seconds, 3)}
+    summary = {("schema" if args.view is None else "view"): args.schema or args.view,
+               "entities": args.entities, "out": args.out, **result, "seconds": round(seconds, 3)}
     if args.json:
         print(json.dumps(summary))
     else:
-        print(f"historical {args.schema}: {result['rows']:,} rows ({result['matched']:,} with a stored row "
-              f"at or before their time) written to {args.out} in {seconds:.1f}s")
+        found = "with a stored row at or before their time" if args.view is None else "every source found"
+        print(f"historical {what}: {result['rows']:,} rows ({result['matched']:,} {found}) written to "
+              f"{args.out} in {seconds:.1f}s")
     sys.stdout.flush()
     return 0
 

@@ -480,3 +480,39 @@ features:
     assert all(g is None or g == pytest.approx(w, abs=1e-6) for g, w in zip(got, want, strict=True))
     assert [g and g + 10 for g in got] == pytest.approx(
         [g or None for g in given.column("seconds_since_txn").to_pylist()])
+
+
+def test_features_historical_view_writes_the_training_set(loaded: History, settings: Settings, pg_schema: str,
+                                                          redis_prefix: str, tmp_path: Path) -> None:
+    """``features historical --view``: the frame file in chunks, each a ``historical_view``,
+    the Parquet file equal to one ``historical_view`` of the whole frame."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import cli_environment
+
+    rows = requests(loaded, 7, 50)
+    frame = pa.Table.from_pylist([{**r, "timestamp": T0 - dt.timedelta(days=i % 9), "label": i}
+                                  for i, r in enumerate(rows)])
+    frame = frame.set_column(3, "timestamp", frame.column("timestamp").cast(pa.timestamp("us", "UTC")))
+    pq.write_table(frame, tmp_path / "frame.parquet")
+    with make_store(settings, pg_schema, redis_prefix) as fs:
+        want = fs.historical_view(VIEW, frame)
+    folders = ["--views-dir", str(EXAMPLE / "views"), "--schemas-dir", str(EXAMPLE / "schemas"),
+               "--entities", str(tmp_path / "frame.parquet")]
+    cli = [sys.executable, "-m", "features.cli", "historical"]
+    with cli_environment(settings, pg_schema, 6) as env:  # Redis db 6: unused by historical
+        done = subprocess.run([*cli, "--view", VIEW, *folders, "--out", str(tmp_path / "t.parquet"),
+                               "--chunk-rows", "16", "--json"], env=env, capture_output=True, text=True,
+                              timeout=300)
+        bad = subprocess.run([*cli, "--view", "nope", *folders, "--out", str(tmp_path / "x.parquet")],
+                             env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["view"] == VIEW and summary["rows"] == frame.num_rows
+    got = pq.read_table(tmp_path / "t.parquet")
+    assert pq.ParquetFile(tmp_path / "t.parquet").num_row_groups == 4
+    assert got.to_pylist() == want.to_pylist()
+    assert bad.returncode == 2 and "no view named 'nope'" in bad.stderr
+    assert not (tmp_path / "x.parquet").exists()
