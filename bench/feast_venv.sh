@@ -6,7 +6,7 @@
 #   bench/feast_venv.sh --unpinned install the newest feast[redis] and rewrite the pin file
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=.cache/bench-feast-venv
+VENV=${FEAST_VENV:-.cache/bench-feast-venv}
 REQ=bench/feast-requirements.txt
 PYTHON=${PYTHON:-python3.11}
 STAMP=$VENV/.installed
