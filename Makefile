@@ -75,5 +75,5 @@ lock: venv
 bench-feast:
 	bench/feast_venv.sh
 
-bench-views: venv bench-feast
+bench-views: bench-feast
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/views.py $(if $(QUICK),--quick,)
