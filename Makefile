@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check venv up down status lint lock help
+.PHONY: demo test check venv up down status lint lock help bench-feast bench-views
 
 help:
 	@echo "make demo    the main job: services, compile, example data, batch load, summary"
@@ -16,6 +16,8 @@ help:
 	@echo "make check   the edit-run loop (~3 min): lint, mypy, compile --check, unit + property + fast integration tests"
 	@echo "make up|down|status   the local services"
 	@echo "make lint    ruff"
+	@echo "make bench-feast   the Feast benchmark venv .cache/bench-feast-venv (bench/feast-requirements.txt)"
+	@echo "make bench-views   bench/views.py: feature views against Feast (QUICK=1: a 1-minute smoke run)"
 
 # Reinstall only when the lock or the project metadata changed.
 $(STAMP): requirements.lock pyproject.toml
@@ -66,3 +68,12 @@ check: up
 lock: venv
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^-e' > requirements.lock
+
+# The Feast side of bench/views.py lives in its own venv, never in .venv (pinned in
+# bench/feast-requirements.txt; `bench/feast_venv.sh --unpinned` moves the pin to the newest
+# feast[redis]). Cached: a rerun checks a stamp only.
+bench-feast:
+	bench/feast_venv.sh
+
+bench-views: bench-feast
+	PYTHONPATH=$(CURDIR) $(BIN)/python bench/views.py $(if $(QUICK),--quick,)
