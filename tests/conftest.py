@@ -251,9 +251,9 @@ def small_view_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     taken: list[int] = []
     real = views._finish_small
 
-    def spy(store: Any, plan: Any, small: Any, now_s: float) -> Any:
-        taken.append(plan.table.num_rows)
-        return real(store, plan, small, now_s)
+    def spy(store: Any, plan: Any, small: Any, now_s: float, as_dicts: bool = False) -> Any:
+        taken.append(plan.n)
+        return real(store, plan, small, now_s, as_dicts)
 
     monkeypatch.setattr(views, "_finish_small", spy)
     return taken

@@ -920,6 +920,7 @@ class FeatureStore:
         try:
             cv = self.view(view)
             out = views.online(self, cv, rows, lineage=lineage, fallback=fallback)
+            assert isinstance(out, pa.Table)
         except Exception:
             self._metrics.error(self._view_label(view), "online_view")
             raise
@@ -934,8 +935,8 @@ class FeatureStore:
         t0 = time.perf_counter()
         try:
             cv = self.view(view)
-            out: list[dict[str, Any]] = views.online(self, cv, rows, lineage=lineage,
-                                                     fallback=fallback).to_pylist()
+            out = views.online(self, cv, rows, lineage=lineage, fallback=fallback, as_dicts=True)
+            assert isinstance(out, list)
         except Exception:
             self._metrics.error(self._view_label(view), "online_view_dicts")
             raise

@@ -157,15 +157,32 @@ def _keyed(c: CompiledSchema, f: str, got: pa.Table, key: pa.Array) -> pa.Array:
 
 
 class _OnlinePlan:
-    """One online call of a view: a request per source, all sent as one pipeline."""
+    """One online call of a view: a request per source, all sent as one pipeline. The
+    request is ``rows`` (dicts, surely valid: :func:`_sure`) or ``table`` (checked)."""
 
-    def __init__(self, store: Store, cv: CompiledView, table: pa.Table, lineage: bool) -> None:
+    def __init__(self, store: Store, cv: CompiledView, lineage: bool, *, table: pa.Table | None = None,
+                 rows: list[dict[str, Any]] | None = None) -> None:
         c_of = {s.schema: store.schema(s.schema) for s in cv.sources}
-        self.cv, self.table, self.lineage = cv, table, lineage
+        self.cv, self.lineage = cv, lineage
+        self._table, self.rows = table, rows
         self.split = [_split(cv, c_of, s) for s in cv.sources]
-        self.requests = [store._online_request(s.schema, table.column(s.key).to_pylist(), hot, lineage)
+
+        def keys(name: str) -> list[Any]:
+            return [r[name] for r in rows] if rows is not None else self.table.column(name).to_pylist()
+
+        self.requests = [store._online_request(s.schema, keys(s.key), hot, lineage)
                          for s, (hot, _) in zip(cv.sources, self.split, strict=True)]
         self.reads = [r for req in self.requests for r in req.reads]
+
+    @property
+    def table(self) -> pa.Table:
+        if self._table is None:
+            self._table = pa.Table.from_pylist(self.rows or [], schema=self.cv.request_schema)
+        return self._table
+
+    @property
+    def n(self) -> int:
+        return len(self.rows) if self.rows is not None else self.table.num_rows
 
     def parts(self, replies: list[Any]) -> list[list[Any]]:
         out, at = [], 0
@@ -176,35 +193,74 @@ class _OnlinePlan:
         return out
 
 
+def _sure(cv: CompiledView, rows: Any, now_s: float) -> list[dict[str, Any]] | None:
+    """A few request rows as the view's checked request, when every value is surely valid
+    (``features.validation.sure``: the validator would accept them as they are); else None
+    and the validator checks them."""
+    if not isinstance(rows, list) or not 0 < len(rows) <= SMALL_CALL:
+        return None
+    if not all(type(r) is dict for r in rows):
+        return None
+    checks = _CHECKS.get(cv.fingerprint, _NO_CHECKS)
+    if checks is _NO_CHECKS:
+        from features.validation.sure import checkers
+
+        fields = cv.request_validation.schema.fields
+        checks = _CHECKS[cv.fingerprint] = (checkers(fields), [f.name for f in fields])
+    if checks is None or checks[0] is None:
+        return None
+    from features.validation.sure import sure_rows
+
+    if REQUEST_TIME in cv.request_fields:
+        rows = _with_request_time(rows, now_s)
+    return sure_rows(checks[0], checks[1], rows)
+
+
+#: per view fingerprint: its request fields' checks and names (None: some field has none)
+_CHECKS: dict[str, Any] = {}
+_NO_CHECKS: Any = object()
+
+
+def _plan_for(store: Store, cv: CompiledView, rows: Any, lineage: bool) -> _OnlinePlan:
+    now_s = store.now()
+    sure = _sure(cv, rows, now_s) if not lineage else None
+    if sure is not None:
+        return _OnlinePlan(store, cv, lineage, rows=sure)
+    return _OnlinePlan(store, cv, lineage, table=request_table(cv, rows, now_s))
+
+
 def online(store: Store, cv: CompiledView, rows: Any, *, lineage: bool = False,
-           fallback: bool | None = None) -> pa.Table:
-    """See :meth:`features.sdk.store.FeatureStore.online_view`."""
-    table = request_table(cv, rows, store.now())
-    plan = _OnlinePlan(store, cv, table, lineage)
+           fallback: bool | None = None, as_dicts: bool = False) -> pa.Table | list[dict[str, Any]]:
+    """See :meth:`features.sdk.store.FeatureStore.online_view`; ``as_dicts``: the rows
+    as dicts (:meth:`~features.sdk.store.FeatureStore.online_view_dicts`), made without
+    Arrow when a few rows were all in Redis and the view has no request-time features."""
+    plan = _plan_for(store, cv, rows, lineage)
     since = time.monotonic()
-    return _finish(store, plan, store._redis_replies(plan.reads), fallback, since)
+    return _finish(store, plan, store._redis_replies(plan.reads), fallback, since, as_dicts)
 
 
 async def online_async(store: Store, cv: CompiledView, rows: Any, *, lineage: bool = False,
                        fallback: bool | None = None) -> pa.Table:
     """:func:`online` for asyncio callers: the Redis round trip on redis.asyncio, the rest
     (decoding, the Postgres fallback, the derivation) in a worker thread."""
-    table = request_table(cv, rows, store.now())
-    plan = _OnlinePlan(store, cv, table, lineage)
+    plan = _plan_for(store, cv, rows, lineage)
     since = time.monotonic()
     replies = await store._redis_replies_async(plan.reads)
-    return await asyncio.to_thread(_finish, store, plan, replies, fallback, since)
+    out = await asyncio.to_thread(_finish, store, plan, replies, fallback, since, False)
+    assert isinstance(out, pa.Table)
+    return out
 
 
 def _finish(store: Store, plan: _OnlinePlan, replies: list[Any], fallback: bool | None,
-            since: float) -> pa.Table:
-    cv, table = plan.cv, plan.table
+            since: float, as_dicts: bool = False) -> pa.Table | list[dict[str, Any]]:
+    cv = plan.cv
     now_s = store.now()
     parts = plan.parts(replies)
-    if table.num_rows <= SMALL_CALL and not plan.lineage and not any(cold for _, cold in plan.split):
+    if plan.n <= SMALL_CALL and not plan.lineage and not any(cold for _, cold in plan.split):
         small = [small_rows(req, part) for req, part in zip(plan.requests, parts, strict=True)]
         if all(rows is not None for rows in small):  # every source's hash in Redis, fresh: no Arrow decoding
-            return _finish_small(store, plan, small, now_s)  # type: ignore[arg-type]
+            return _finish_small(store, plan, small, now_s, as_dicts)  # type: ignore[arg-type]
+    table = plan.table
     fetched: dict[str, pa.Array] = {}
     meta: dict[str, pa.Array] = {}
     for source, req, part, (_, cold) in zip(cv.sources, plan.requests, parts, plan.split, strict=True):
@@ -229,16 +285,18 @@ def _finish(store: Store, plan: _OnlinePlan, replies: list[Any], fallback: bool 
         meta[meta_column(source, EVENT_TIME)] = event
         for w, arr in extra.items():
             meta[meta_column(source, w)] = arr
-    return _assemble(cv, table, fetched, meta)
+    out = _assemble(cv, table, fetched, meta)
+    return out.to_pylist() if as_dicts else out
 
 
-def _finish_small(store: Store, plan: _OnlinePlan, small: list[list[dict[str, Any]]], now_s: float
-                  ) -> pa.Table:
+def _finish_small(store: Store, plan: _OnlinePlan, small: list[list[dict[str, Any]]], now_s: float,
+                  as_dicts: bool = False) -> pa.Table | list[dict[str, Any]]:
     """:func:`_finish` for a few rows every source found in Redis: the rows decoded in
     Python (``features.sdk.online.small_rows``, the values ``online`` gives), ``max_age``
-    applied to their event times, then one small table for the request-time features."""
-    cv, table = plan.cv, plan.table
-    base = table.to_pylist()
+    applied to their event times, then one small table for the request-time features
+    (none for dicts of a view without them: the rows as they are)."""
+    cv = plan.cv
+    base = [dict(r) for r in plan.rows] if plan.rows is not None else plan.table.to_pylist()
     meta: dict[str, list[Any]] = {}
     for source, rows in zip(cv.sources, small, strict=True):
         cutoff = (None if source.max_age_seconds is None
@@ -259,12 +317,21 @@ def _finish_small(store: Store, plan: _OnlinePlan, small: list[list[dict[str, An
         meta[meta_column(source, FROM)] = froms
     types = {meta_column(s, EVENT_TIME): r.plan.result.field(EVENT_TIME).type
              for s, r in zip(cv.sources, plan.requests, strict=True)}
+    if not len(cv.derived):  # nothing to compute: the rows are the result
+        for i, row in enumerate(base):
+            for name, values in meta.items():
+                row[name] = values[i]
+        if as_dicts:
+            return base
+        metas = [(name, types.get(name, pa.bool_() if name.endswith(FOUND) else pa.string()))
+                 for name in meta]
+        return pa.Table.from_pylist(base, schema=pa.schema([*cv.request_schema, *cv.fetched, *metas]))
     fetched = pa.Table.from_pylist(base, schema=pa.schema([*cv.request_schema, *cv.fetched]))
     out = _derive(cv, fetched)
     for name, values in meta.items():
         t = types.get(name, pa.bool_() if name.endswith(FOUND) else pa.string())
         out = out.append_column(name, pa.array(values, t))
-    return out
+    return out.to_pylist() if as_dicts else out
 
 
 _EPOCH_UTC = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
