@@ -417,14 +417,23 @@ def raw_reader(redis_url: str) -> Callable[[list[tuple[str, int]]], Any]:
 
 
 class Http:
-    """One keep-alive connection; ``post`` returns the decoded JSON body."""
+    """One keep-alive connection; ``post`` returns the decoded JSON body. A connection the
+    server closed while idle (uvicorn's keep-alive timeout is 5 s: the other contender's
+    round takes longer) is opened again, as any keep-alive client does."""
 
     def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
         self.conn = http.client.HTTPConnection(host, port, timeout=30)
 
     def post(self, path: str, body: bytes) -> Any:
-        self.conn.request("POST", path, body, {"Content-Type": "application/json"})
-        resp = self.conn.getresponse()
+        try:
+            self.conn.request("POST", path, body, {"Content-Type": "application/json"})
+            resp = self.conn.getresponse()
+        except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
+            self.conn.close()
+            self.conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
+            self.conn.request("POST", path, body, {"Content-Type": "application/json"})
+            resp = self.conn.getresponse()
         data = resp.read()
         if resp.status != 200:
             raise RuntimeError(f"POST {path}: {resp.status} {data[:300]!r}")
@@ -477,6 +486,8 @@ def start_features_serve(redis_url: str, dsn: str) -> tuple[subprocess.Popen[byt
            "--insecure-no-auth"]
     if "--views" in help_text:
         cmd += ["--views", str(VIEWS)]
+    if "--no-ingest" in help_text:  # a feature server: views only, no Kafka producer
+        cmd += ["--no-ingest"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, start_new_session=True)
     assert proc.stdout is not None
     line = proc.stdout.readline().decode()
