@@ -111,7 +111,9 @@ def _chunk(store: FeatureStore, c: CompiledSchema, frame: pa.Table, columns: lis
     ok = np.asarray(pc.and_(pc.is_valid(enc.indices), pc.is_valid(t_us)))
     codes = np.asarray(enc.indices.fill_null(0), dtype=np.int64)
     t_q = np.asarray(t_us.fill_null(0), dtype=np.int64)
-    age = None if max_age is None else max_age // _US
+    # a max_age past any representable span (days=999_999_999) is no limit: clamped so the
+    # arithmetic on epoch microseconds stays in int64
+    age = None if max_age is None else min(max_age // _US, 2**62)
     bounds = (int(t_q[ok].min()), int(t_q[ok].max())) if ok.any() else None
 
     got: dict[str, pa.Array] = {}

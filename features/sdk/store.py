@@ -205,9 +205,7 @@ class FeatureStore:
             return c
         schemas = self._schema_index()
         if name not in schemas:
-            raise ConfigError(f"no schema named {name!r}{suggest(name, schemas)} in {self.schemas_path} "
-                              f"(known: {', '.join(sorted(schemas)) or 'none'})", key="schema",
-                              looked_in=[str(self.schemas_path)])
+            raise _unknown("schema", name, schemas, self.schemas_path)
         with self._index_lock:
             c = self._compiled.get(name)
             if c is None:
@@ -840,9 +838,7 @@ class FeatureStore:
             return cv
         views = self._view_defs()
         if name not in views:
-            raise ConfigError(f"no view named {name!r}{suggest(name, views)} in {self.views_path} "
-                              f"(known: {', '.join(sorted(views)) or 'none'})", key="view",
-                              looked_in=[str(self.views_path)])
+            raise _unknown("view", name, views, self.views_path)
         from features.views import compile_view
 
         v = views[name]
@@ -916,15 +912,22 @@ class FeatureStore:
         every field error (docs/views.md)."""
         from features.sdk import views
 
+        out = self._view_call(view, "online_view", lambda cv: views.online(
+            self, cv, rows, lineage=lineage, fallback=fallback))
+        assert isinstance(out, pa.Table)
+        return out
+
+    def _view_call(self, view: str, method: SdkMethod, read: Callable[[Any], _T]) -> _T:
+        """``read(compiled view)``, counted in the SDK's metrics under the view's name (its
+        rows; an error counted, then raised as it is)."""
         t0 = time.perf_counter()
         try:
-            cv = self.view(view)
-            out = views.online(self, cv, rows, lineage=lineage, fallback=fallback)
-            assert isinstance(out, pa.Table)
+            out = read(self.view(view))
         except Exception:
-            self._metrics.error(self._view_label(view), "online_view")
+            self._metrics.error(self._view_label(view), method)
             raise
-        self._observe(view, "online_view", t0, out.num_rows, 0, 0)
+        self._observe(view, method, t0, out.num_rows if isinstance(out, pa.Table) else len(out),  # type: ignore[arg-type]
+                      0, 0)
         return out
 
     def online_view_dicts(self, view: str, rows: Any, *, lineage: bool = False,
@@ -932,15 +935,9 @@ class FeatureStore:
         """:meth:`online_view` as one dict per request row (the same keys and values)."""
         from features.sdk import views
 
-        t0 = time.perf_counter()
-        try:
-            cv = self.view(view)
-            out = views.online(self, cv, rows, lineage=lineage, fallback=fallback, as_dicts=True)
-            assert isinstance(out, list)
-        except Exception:
-            self._metrics.error(self._view_label(view), "online_view_dicts")
-            raise
-        self._observe(view, "online_view_dicts", t0, len(out), 0, 0)
+        out = self._view_call(view, "online_view_dicts", lambda cv: views.online(
+            self, cv, rows, lineage=lineage, fallback=fallback, as_dicts=True))
+        assert isinstance(out, list)
         return out
 
     async def online_view_async(self, view: str, rows: Any, *, lineage: bool = False,
@@ -969,15 +966,8 @@ class FeatureStore:
         ``<alias>._event_time``. Bad request fields raise RequestRejected."""
         from features.sdk import views
 
-        t0 = time.perf_counter()
-        try:
-            cv = self.view(view)
-            out = views.historical(self, cv, entity_df, timestamp_column=timestamp_column)
-        except Exception:
-            self._metrics.error(self._view_label(view), "historical_view")
-            raise
-        self._observe(view, "historical_view", t0, out.num_rows, 0, 0)
-        return out
+        return self._view_call(view, "historical_view", lambda cv: views.historical(
+            self, cv, entity_df, timestamp_column=timestamp_column))
 
     # --- validation ---------------------------------------------------------------------------
 
@@ -1004,6 +994,12 @@ class FeatureStore:
 
         return write(self, schema, data, run_id=run_id, source=source)
 
+
+
+def _unknown(kind: str, name: str, known: dict[str, Any], where: Path) -> ConfigError:
+    """No schema/view ``name`` in ``where``: the error naming the close and the known ones."""
+    return ConfigError(f"no {kind} named {name!r}{suggest(name, known)} in {where} "
+                       f"(known: {', '.join(sorted(known)) or 'none'})", key=kind, looked_in=[str(where)])
 
 
 __all__ = ["AGE", "EVENT_TIME", "FOUND", "FROM", "STALE", "UNKNOWN_SCHEMA", "FeatureStore"]
