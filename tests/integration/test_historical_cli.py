@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import cli_environment
 
 from features.compile import compile_schema
 from features.config import Settings
@@ -22,7 +23,6 @@ from features.schema.parse import parse_schema
 from features.sdk.store import FeatureStore
 from features.sinks.base import REJECTED_ROWS_SCHEMA, WriteUnit
 from features.sinks.postgres import PostgresSink
-from tests.conftest import cli_environment
 
 pytestmark = pytest.mark.services
 

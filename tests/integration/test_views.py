@@ -490,7 +490,7 @@ def test_features_historical_view_writes_the_training_set(loaded: History, setti
     import subprocess
     import sys
 
-    from tests.conftest import cli_environment
+    from conftest import cli_environment
 
     rows = requests(loaded, 7, 50)
     frame = pa.Table.from_pylist([{**r, "timestamp": T0 - dt.timedelta(days=i % 9), "label": i}
