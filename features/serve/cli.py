@@ -202,7 +202,7 @@ def is_loopback(host: str) -> bool:
 def run(args: argparse.Namespace) -> int:
     from features.compile import compile_schema
     from features.config import resolve_settings
-    from features.errors import ConfigError
+    from features.errors import CompileError, ConfigError, SchemaError
     from features.lineage import new_run_id
     from features.logs import active_format, set_run_id
     from features.schema import load_schemas
@@ -236,7 +236,16 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"no servable schema in {args.schemas} (each needs an entity and an event time)",
                           key="schemas", looked_in=[args.schemas])
     views_dir = args.views if args.views is not None else settings.views_dir
-    views = _compiled_views(views_dir, loaded)
+    try:
+        views = _compiled_views(views_dir, loaded)
+    except (SchemaError, CompileError) as exc:
+        if args.views is not None:  # asked for: its errors fail the start
+            raise
+        # the default folder (the views_dir setting) may hold views over schemas this
+        # --schemas folder does not serve: the ingest service starts without views
+        log.warning("serve: no views served: %s does not compile against %s (%s); pass --views DIR to "
+                    "serve views", views_dir, args.schemas, str(exc).splitlines()[0])
+        views = []
     if args.no_ingest and not views:
         raise ConfigError(f"--no-ingest with no view in {views_dir}: nothing to serve", key="views",
                           looked_in=[views_dir])
@@ -254,8 +263,9 @@ def run(args: argparse.Namespace) -> int:
 
     def ready() -> None:
         what = f"schemas {', '.join(served)}" if not args.no_ingest else "no ingest"
+        shown = f"; views {', '.join(views)}" if views else ""
         print(f"features serve: listening on {url} ({args.workers} worker{'s' if args.workers > 1 else ''}; "
-              f"{what}; views {', '.join(views) or 'none'}; run {run_id})", flush=True)
+              f"{what}{shown}; run {run_id})", flush=True)
 
     if args.workers == 1:
         try:
