@@ -112,7 +112,8 @@ def add_parser(sub: Any) -> None:
                    "served")
     p.add_argument("--views", default=None, metavar="DIR",
                    help="folder of view YAML files served on POST /v1/views/{name}/online (default: the "
-                   "views_dir setting, views; a missing folder serves none)")
+                   "views_dir setting, views; a missing folder, or a default one that does not compile "
+                   "against --schemas, serves none: a warning says why)")
     p.add_argument("--no-ingest", action="store_true",
                    help="serve the views only: no events route, no Kafka producer (/readyz: the views "
                    "compiled)")
