@@ -516,3 +516,47 @@ def test_features_historical_view_writes_the_training_set(loaded: History, setti
     assert got.to_pylist() == want.to_pylist()
     assert bad.returncode == 2 and "no view named 'nope'" in bad.stderr
     assert not (tmp_path / "x.parquet").exists()
+
+
+def test_one_schema_twice_under_two_aliases(loaded: History, settings: Settings, pg_schema: str,
+                                            redis_prefix: str, tmp_path: Path) -> None:
+    """A view reading one schema for two request keys (a payment's two merchants, as
+    sender and receiver accounts): each alias gets its own columns and per-source columns,
+    online and in historical, equal to the one-alias view's values for that key."""
+    views = tmp_path / "views"
+    views.mkdir()
+    (views / "pair.yaml").write_text("""\
+name: pair
+version: 1.0.0
+request:
+  keys: {payer: int64, payee: int64}
+sources:
+  - schema: merchant
+    alias: payer
+    features: [risk_score]
+    join: {merchant_id: payer}
+  - schema: merchant
+    alias: payee
+    features: [risk_score]
+    join: {merchant_id: payee}
+""")
+    ids = sorted(int(m) for m in set(loaded.merchant["merchant_id"]))
+    rows = [{"payer": ids[i], "payee": ids[-1 - i]} for i in range(6)]
+    rows.append({"payer": 999_999, "payee": ids[0]})
+    with FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn,
+                      schemas=EXAMPLE / "schemas", views=views, search_path=pg_schema,
+                      key_prefix=redis_prefix, fill=False) as fs:
+        got = fs.online_view("pair", rows)
+        single = fs.online("merchant", [r["payer"] for r in rows] + [r["payee"] for r in rows],
+                           ["risk_score"])
+        past = fs.historical_view("pair", pa.table({
+            "payer": pa.array([r["payer"] for r in rows], pa.int64()),
+            "payee": pa.array([r["payee"] for r in rows], pa.int64()),
+            "timestamp": pa.array([T0 + dt.timedelta(hours=1)] * len(rows), pa.timestamp("us", "UTC"))}))
+    assert [n for n in got.column_names if "risk" in n] == ["payer__risk_score", "payee__risk_score"]
+    n = len(rows)
+    assert got.column("payer__risk_score").to_pylist() == single.column("risk_score").to_pylist()[:n]
+    assert got.column("payee__risk_score").to_pylist() == single.column("risk_score").to_pylist()[n:]
+    assert got.column("payer._found").to_pylist() == [True] * 6 + [False]
+    for name in ["payer__risk_score", "payee__risk_score", "payer._found", "payee._found"]:
+        assert past.column(name).to_pylist() == got.column(name).to_pylist(), name
