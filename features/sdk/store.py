@@ -124,9 +124,9 @@ class FeatureStore:
         self.negative_ttl = negative_ttl
         self._compiled: dict[str, CompiledSchema] = {}
         self._views: dict[str, Any] = {}
-        self._view_index: tuple[tuple[Any, ...], dict[str, Any] | SchemaError] | None = None
-        #: the folder's stat signal and what parsing it gave (see :meth:`_schema_index`)
-        self._index: tuple[tuple[int, ...] | None, dict[str, Schema] | SchemaError] | None = None
+        #: the schemas and views folders, parsed once, again when their stat changes
+        self._schema_folder = _Parsed()
+        self._view_folder = _Parsed()
         self._index_lock = threading.Lock()
         self._aredis: Any = None
         self._pool = RawPool(redis_url, timeout_s)
@@ -219,20 +219,8 @@ class FeatureStore:
         A folder that does not parse raises its SchemaError each time, parsed once."""
         from features.schema import load_schemas
 
-        try:
-            st = self.schemas_path.stat()
-            signal: tuple[int, ...] | None = (st.st_ino, st.st_mtime_ns, st.st_size)
-        except OSError:
-            signal = None  # load_schemas says what is wrong
-        with self._index_lock:
-            if self._index is None or self._index[0] != signal:
-                try:
-                    self._index = (signal, load_schemas(self.schemas_path))
-                except SchemaError as exc:
-                    self._index = (signal, exc)
-            found = self._index[1]
-        if isinstance(found, SchemaError):
-            raise found.with_traceback(None)
+        found: dict[str, Schema] = self._schema_folder.get(
+            self.schemas_path, lambda: load_schemas(self.schemas_path), self._index_lock)
         return found
 
     def _loadable(self, name: str) -> CompiledSchema:
@@ -853,21 +841,9 @@ class FeatureStore:
         from features.views import load_views
 
         schemas = self._schema_index()
-        try:
-            st = self.views_path.stat()
-            signal: tuple[Any, ...] = (st.st_ino, st.st_mtime_ns, st.st_size, id(schemas))
-        except OSError:
-            signal = (None, id(schemas))
-        with self._index_lock:
-            if self._view_index is None or self._view_index[0] != signal:
-                try:
-                    found_views = load_views(self.views_path, schemas) if self.views_path.exists() else {}
-                    self._view_index = (signal, found_views)
-                except SchemaError as exc:
-                    self._view_index = (signal, exc)
-            found = self._view_index[1]
-        if isinstance(found, SchemaError):
-            raise found.with_traceback(None)
+        found: dict[str, Any] = self._view_folder.get(
+            self.views_path, lambda: load_views(self.views_path, schemas) if self.views_path.exists() else {},
+            self._index_lock, id(schemas))  # parsed again when the schemas were
         return found
 
     def _view_label(self, name: str) -> str:
@@ -994,6 +970,32 @@ class FeatureStore:
 
         return write(self, schema, data, run_id=run_id, source=source)
 
+
+
+class _Parsed:
+    """What parsing a folder (or file) gave, kept until its ``stat`` signal changes (a
+    file added, removed or renamed in it): :meth:`FeatureStore._schema_index` and the
+    views'. A folder that does not parse raises its SchemaError each time, parsed once."""
+
+    def __init__(self) -> None:
+        self._held: tuple[tuple[Any, ...], Any] | None = None
+
+    def get(self, path: Path, parse: Callable[[], Any], lock: threading.Lock, *extra: Any) -> Any:
+        try:
+            st = path.stat()
+            signal: tuple[Any, ...] = (st.st_ino, st.st_mtime_ns, st.st_size, *extra)
+        except OSError:
+            signal = (None, *extra)  # the parse says what is wrong
+        with lock:
+            if self._held is None or self._held[0] != signal:
+                try:
+                    self._held = (signal, parse())
+                except SchemaError as exc:
+                    self._held = (signal, exc)
+            found = self._held[1]
+        if isinstance(found, SchemaError):
+            raise found.with_traceback(None)
+        return found
 
 
 def _unknown(kind: str, name: str, known: dict[str, Any], where: Path) -> ConfigError:
