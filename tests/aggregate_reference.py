@@ -11,14 +11,15 @@ parsed schema, for the declarations).
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections import defaultdict
-from decimal import Decimal
+from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any
 
 import pyarrow as pa
 from hypothesis import strategies as st
 
-from features.schema.model import Schema, TypeKind
+from features.schema.model import Aggregation, Schema, TypeKind
 
 #: the key of an event dict holding its event time, microseconds since the epoch
 T = "__t_us"
@@ -67,8 +68,9 @@ def reference(schema: Schema, events: list[dict[str, Any]]) -> dict[tuple[Any, i
                     start = t // size * size
                     window = [x for x in evs if start <= x[T] <= t]
                 window = [x for x in window if all(x[f] in allowed for f, allowed in agg.where)]
-                vs = [x[agg.of] for x in window if x[agg.of] is not None] if agg.of else [1] * len(window)
-                values[agg.name] = _value(schema, agg.function, agg.of, vs)
+                vs = ([x.get(agg.of) for x in window if x.get(agg.of) is not None] if agg.of
+                      else [1] * len(window))
+                values[agg.name] = _value(schema, agg, vs)
             for agg in schema.aggregations.features:
                 if agg.function == "ratio":
                     num, den = values[agg.numerator or ""], values[agg.denominator or ""]
@@ -77,13 +79,16 @@ def reference(schema: Schema, events: list[dict[str, Any]]) -> dict[tuple[Any, i
     return out
 
 
-def _value(schema: Schema, function: str, of: str | None, vs: list[Any]) -> Any:
+def _value(schema: Schema, agg: Aggregation, vs: list[Any]) -> Any:
+    function, of = agg.function, agg.of
     if function == "count":
         return len(vs)
     if function == "count_distinct":
         return len(set(vs))
-    if function in ("min", "max", "last") and not vs:
+    if function in ("min", "max", "last", "first") and not vs:
         return None
+    if function == "first":
+        return vs[0]
     if function == "min":
         return min(vs)
     if function == "max":
@@ -93,6 +98,11 @@ def _value(schema: Schema, function: str, of: str | None, vs: list[Any]) -> Any:
     assert of is not None
     ft = schema.field(of).type
     scale = int(ft.scale or 0) if ft.kind is TypeKind.DECIMAL else 0
+    if agg.scale is not None:  # a float field: fixed point
+        return _fixed(function, [_unscaled_float(v, agg.scale) for v in vs], agg.scale)
+    if function in _MOMENTS:
+        unscaled = [int(v.scaleb(scale)) if isinstance(v, Decimal) else int(v) for v in vs]
+        return _fixed(function, unscaled, scale)
     if function == "sum":
         return sum(vs, Decimal(0) if scale or ft.kind is TypeKind.DECIMAL else 0)
     # mean: the exact sum (unscaled) as a double, / count, / 10**scale (docs/aggregations.md)
@@ -101,6 +111,30 @@ def _value(schema: Schema, function: str, of: str | None, vs: list[Any]) -> Any:
     unscaled = sum(int(v.scaleb(scale)) if isinstance(v, Decimal) else int(v) for v in vs)
     mean = float(unscaled) / float(len(vs))
     return mean / float(10 ** scale) if scale else mean
+
+
+_MOMENTS = ("variance", "stddev", "variance_sample", "stddev_sample")
+
+
+def _unscaled_float(v: float, scale: int) -> int:
+    """A float's exact value in units of 10^-scale, rounded half to even (docs/aggregations.md)."""
+    return int((Decimal(v) * Decimal(10) ** scale).to_integral_value(ROUND_HALF_EVEN))
+
+
+def _fixed(function: str, xs: list[int], scale: int) -> Any:
+    """sum, mean, variance and stddev of unscaled integers ``xs`` at ``scale``: the exact
+    integers, then double precision (docs/aggregations.md)."""
+    n, s, ss = len(xs), sum(xs), sum(x * x for x in xs)
+    if function == "sum":
+        return float(s) / float(10 ** scale)
+    if function == "mean":
+        return None if not n else float(s) / float(n) / float(10 ** scale)
+    sample = function.endswith("_sample")
+    if n < (2 if sample else 1):
+        return None
+    var = float(n * ss - s * s) / float(n * (n - 1) if sample else n * n)
+    var = var / float(10 ** (2 * scale)) if scale else var
+    return math.sqrt(var) if function.startswith("stddev") else var
 
 
 # --------------------------------------------------------------------------- shared test data
@@ -119,6 +153,7 @@ fields:
   - {name: qty, type: int32, constraints: {nullable: true}}
   - {name: score, type: float64, constraints: {nullable: true}}
   - {name: item, type: string, constraints: {nullable: true}}
+  - {name: temp, type: float64, constraints: {nullable: true}}
 aggregations:
   allowed_lateness: 30m
   features:
@@ -135,6 +170,21 @@ aggregations:
     - {name: score_last, function: last, of: score, window: 1h, store: cold}
     - {name: items_2h, function: count_distinct, of: item, window: 2h, store: cold}
     - {name: qty_count, function: count, of: qty, window: 90m, store: cold}
+    # moments, float fixed point, first (issue 32)
+    - {name: qty_var, function: variance, of: qty, window: 2h, store: cold}
+    - {name: qty_std_hour, function: stddev_sample, of: qty, window: {size: 1h, type: tumbling},
+       store: [hot, cold]}
+    - {name: amount_std, function: stddev, of: amount, window: 1h, store: [hot, cold]}
+    - {name: amount_var_s, function: variance_sample, of: amount, where: {kind: [a, b]}, window: 3h,
+       store: cold}
+    - {name: temp_sum, function: sum, of: temp, scale: 1, window: 1h, store: [hot, cold]}
+    - {name: temp_mean, function: mean, of: temp, window: 2h, store: cold}
+    - {name: temp_std_s, function: stddev_sample, of: temp, scale: 3, window: 90m, store: [hot, cold]}
+    - {name: temp_var_day, function: variance, of: temp, scale: 0, window: {size: 1d, type: tumbling},
+       store: cold}
+    - {name: qty_first, function: first, of: qty, window: 1h, store: [hot, cold]}
+    - {name: score_first, function: first, of: score, window: 2h, store: cold}
+    - {name: amount_first_day, function: first, of: amount, window: {size: 1d, type: tumbling}, store: cold}
 """
 #: 22:00 UTC: the 9 hours of a history cross a UTC midnight (the tumbling day)
 BASE_US = int(dt.datetime(2026, 3, 1, 22, 0, tzinfo=dt.UTC).timestamp()) * 1_000_000
@@ -154,6 +204,10 @@ EVENT = st.fixed_dictionaries({
     "qty": st.one_of(st.none(), st.integers(-2**31, 2**31 - 1)),
     "score": st.one_of(st.none(), st.floats(allow_nan=False, allow_infinity=False, width=64)),
     "item": st.one_of(st.none(), st.sampled_from(["i1", "i2", "i3", "i4"])),
+    # finite floats the fixed points hold (|x| * 10^6 < 2^52), with exact halves (ties at
+    # scales 0 and 1) and products that round to a half in double precision
+    "temp": st.one_of(st.none(), st.floats(-1e6, 1e6), st.integers(-4000, 4000).map(lambda k: k / 4),
+                      st.sampled_from([5e-7, 1.5e-6, 2.5e-6, -5e-7, 0.05, 0.15, 0.25, -0.35, 1e-300, -0.0])),
 })
 
 
@@ -174,6 +228,7 @@ def history_table(events: list[dict[str, Any]]) -> pa.Table:
         "qty": pa.array([e["qty"] for e in events], pa.int32()),
         "score": pa.array([e["score"] for e in events], pa.float64()),
         "item": pa.array([e["item"] for e in events], pa.string()),
+        "temp": pa.array([e.get("temp") for e in events], pa.float64()),
     })
 
 
@@ -183,7 +238,8 @@ def random_history(rng: Any, n: int, *, users: int, minutes: int) -> list[dict[s
     events = [{"uid": f"user-{rng.randrange(users)}", T: BASE_US + rng.randrange(minutes) * MINUTE_US,
                "kind": rng.choice("abc"), "amount": Decimal(rng.randrange(-500, 5000)) / 100,
                "qty": rng.choice([None, rng.randrange(10)]), "score": rng.choice([None, rng.random()]),
-               "item": rng.choice([None, "x", "y", "z"])} for _ in range(n)]
+               "item": rng.choice([None, "x", "y", "z"]),
+               "temp": rng.choice([None, rng.uniform(-50, 50)])} for _ in range(n)]
     return list({(e["uid"], e[T]): e for e in events}.values())
 
 

@@ -36,6 +36,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from features.aggregate.moments import PARTS as MOMENT_PARTS
+from features.aggregate.moments import fixed_point, variance, window_squares
 from features.schema.model import FLOAT_KINDS, INTEGER_KINDS, Aggregation, Aggregations, Schema, TypeKind
 
 I64 = npt.NDArray[np.int64]
@@ -45,7 +47,11 @@ Mask = npt.NDArray[np.bool_]
 RAW_PARTS: dict[str, tuple[str, ...]] = {
     "count": ("n",), "sum": ("s",), "mean": ("s", "n"), "min": ("v",), "max": ("v",), "last": ("v",),
     "count_distinct": ("d",),
+    # moments (features.aggregate.moments): n, s = Σx, ss = Σx² = ss_hi * 2^62 + ss_lo
+    **dict.fromkeys(("variance", "stddev", "variance_sample", "stddev_sample"), MOMENT_PARTS),
+    "first": ("v",),
 }
+_MOMENTS = ("variance", "stddev", "variance_sample", "stddev_sample")
 LATE_RULE = "aggregation.lateness"
 _US = 1_000_000
 
@@ -97,10 +103,12 @@ class AggSpec:
         f = agg.function
         if f in ("count", "count_distinct"):
             return pa.int64()
-        if f in ("mean", "ratio"):
+        if f in ("mean", "ratio") or f in _MOMENTS:
             return pa.float64()
         assert agg.of is not None
         ft = self.schema.field(agg.of).type
+        if f == "sum" and ft.kind in FLOAT_KINDS:
+            return pa.float64()  # a fixed-point sum (scale), as a double
         if f == "sum":
             return pa.int64() if ft.kind in INTEGER_KINDS else pa.decimal128(38, int(ft.scale or 0))
         from features.compile.arrow import arrow_type
@@ -367,19 +375,31 @@ def compute(spec: AggSpec, inputs: Inputs) -> Computed:
             raw[f"{agg.name}.d"] = pa.array(_distinct_counts(c, vcodes, mask, lo), pa.int64())
             continue
         v = inputs.values[agg.name][order]
-        if f in ("sum", "mean"):
-            vv = np.where(mask, v, 0).astype(np.int64)
-            if len(vv) and int(np.abs(vv).max()) * len(vv) >= 2**62:
-                raise OverflowError(f"aggregation {agg.name}: the sums could overflow 64-bit integers")
+        if f in ("sum", "mean") or f in _MOMENTS:
+            if agg.scale is not None:  # a float field: fixed point, 10^-scale units
+                vv = fixed_point(v, mask, agg.scale, f"aggregation {agg.name} ({f} of {agg.of})")
+            else:
+                vv = np.where(mask, v, 0).astype(np.int64)
+            # window sums within 2^62 (prefix sums may wrap: their differences stay exact)
+            if len(vv) and int(np.abs(vv).max()) * int(n_in.max()) >= 2**62:
+                hint = "; declare a smaller scale:" if agg.scale is not None else ""
+                raise OverflowError(f"aggregation {agg.name}: the sums could overflow 64-bit integers{hint}")
             ps = _prefix(vv)
             raw[f"{agg.name}.s"] = pa.array(ps[pos + 1] - ps[lo], pa.int64())
-            if f == "mean":
+            if f != "sum":
                 raw[f"{agg.name}.n"] = pa.array(n_in, pa.int64())
+            if f in _MOMENTS:
+                ss_hi, ss_lo = window_squares(vv, lo, int(n_in.max()))
+                raw[f"{agg.name}.ss_hi"] = pa.array(ss_hi, pa.int64())
+                raw[f"{agg.name}.ss_lo"] = pa.array(ss_lo, pa.int64())
             continue
         empty = n_in == 0
         if f == "last":
             last = np.maximum.accumulate(np.where(mask, pos, -1)) if len(pos) else pos
             out = v[np.maximum(last, 0)]
+        elif f == "first":  # the oldest counted event at or after the window's start
+            nxt = np.minimum.accumulate(np.where(mask, pos, len(pos))[::-1])[::-1] if len(pos) else pos
+            out = v[np.minimum(nxt[lo], len(pos) - 1)]
         else:
             is_float = v.dtype.kind == "f"
             if f == "min":
@@ -437,6 +457,17 @@ def finalize(spec: AggSpec, raw: pa.Table) -> dict[str, pa.Array]:
         assert agg.of is not None
         ft = spec.schema.field(agg.of).type
         scale = int(ft.scale or 0) if ft.kind is TypeKind.DECIMAL else 0
+        if agg.scale is not None:  # a float field's fixed point
+            scale = agg.scale
+        if f in _MOMENTS:
+            n_, s_, hi, lo = (_np(raw.column(f"{agg.name}.{p}"), np.int64, 0)[0] for p in MOMENT_PARTS)
+            var, null = variance(n_, s_, hi, lo, scale, sample=f.endswith("_sample"))
+            out[agg.name] = pa.array(np.sqrt(var) if f.startswith("stddev") else var, pa.float64(), mask=null)
+            continue
+        if f == "sum" and agg.scale is not None:
+            s, _ = _np(raw.column(f"{agg.name}.s"), np.int64, 0)
+            out[agg.name] = pa.array(s.astype(np.float64) / np.float64(10 ** scale), pa.float64())
+            continue
         if f == "mean":
             s, _ = _np(raw.column(f"{agg.name}.s"), np.int64, 0)
             c, _ = _np(raw.column(f"{agg.name}.n"), np.int64, 0)

@@ -26,7 +26,7 @@ from decimal import Decimal
 from enum import Enum
 from typing import Any, Final
 
-from features.schema.model import Field, Schema
+from features.schema.model import Aggregation, Field, Schema
 
 __all__ = ["FINGERPRINT_FORMAT", "canonical_json", "canonical_value", "fingerprint"]
 
@@ -43,10 +43,14 @@ _IGNORED_ON: Final[dict[type, frozenset[str]]] = {Field: frozenset({"source"})}
 #: what they were.
 _OMIT_WHEN_NONE: Final = frozenset({"aggregations"})
 _OMIT_WHEN_EMPTY: Final = frozenset({"null_values"})
+#: the same, on one model class only (``FieldType.scale`` has always counted)
+_OMIT_WHEN_NONE_ON: Final[dict[type, frozenset[str]]] = {Aggregation: frozenset({"scale"})}
 
 
-def _unset(name: str, value: Any) -> bool:
-    """Whether attribute ``name`` holding ``value`` is left out of the canonical JSON."""
+def _unset(name: str, value: Any, owner: type | None = None) -> bool:
+    """Whether attribute ``name`` of an ``owner`` holding ``value`` is left out of the canonical JSON."""
+    if value is None and owner is not None and name in _OMIT_WHEN_NONE_ON.get(owner, frozenset()):
+        return True
     return (name in _OMIT_WHEN_NONE and value is None) or (name in _OMIT_WHEN_EMPTY and value == ())
 
 
@@ -57,7 +61,7 @@ def _canonical(value: Any) -> Any:
         return {
             f.name: _canonical(getattr(value, f.name))
             for f in dataclasses.fields(value)
-            if f.name not in ignored and not _unset(f.name, getattr(value, f.name))
+            if f.name not in ignored and not _unset(f.name, getattr(value, f.name), type(value))
         }
     if isinstance(value, Enum):
         return _canonical(value.value)

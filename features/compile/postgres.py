@@ -458,10 +458,12 @@ def aggregation_pg_type(schema: Schema | CompiledSchema, agg: Aggregation) -> st
     f = agg.function
     if f in ("count", "count_distinct"):
         return "bigint"
-    if f in ("mean", "ratio"):
+    if f in ("mean", "ratio", "variance", "stddev", "variance_sample", "stddev_sample"):
         return "double precision"
     assert agg.of is not None
     ft = schema.field(agg.of).type
+    if f == "sum" and agg.scale is not None:
+        return "double precision"  # a float field's fixed-point sum
     if f == "sum":
         return "bigint" if ft.kind in INTEGER_KINDS else f"numeric(38,{ft.scale})"
     return pg_type(ft)

@@ -10,10 +10,16 @@ function        of (the field it aggregates)      other keys
 ==============  ================================  ==============================
 count           none (counts events) or any       window, where
                 field (counts non-null values)
-sum, mean       an integer or decimal field       window, where
+sum, mean       a numeric field                   window, where, scale (float
+                                                  fields)
 min, max, last  a numeric field                   window, where
 count_distinct  a string, enum, bool or integer   window, where
                 field
+first           a numeric field                   window, where
+variance,       a numeric field                   window, where, scale (float
+stddev,                                           fields)
+variance_sample,
+stddev_sample
 ratio           -                                 numerator, denominator (two
                                                   windowed aggregations), on_zero
 ==============  ================================  ==============================
@@ -21,6 +27,10 @@ ratio           -                                 numerator, denominator (two
 A field an aggregation reads (``of``, ``where``) must be stored cold: windows are
 computed over the history table. ``where`` filters on string, enum, bool and integer
 fields, by listed values (never null). ``docs/aggregations.md`` gives the semantics.
+
+``scale`` (float fields only, sum/mean/variance/stddev; default 6, 0..18): float values
+are summed in fixed point, each rounded half to even to an integer multiple of
+10^-scale, so that the result cannot depend on the order of addition.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ from typing import Final, cast
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from features.schema.model import (
+    FLOAT_KINDS,
     INTEGER_KINDS,
     NUMERIC_KINDS,
     AggFunction,
@@ -47,20 +58,29 @@ from features.schema.syntax import MAX_DURATION_S
 
 _AGG_SECTION_KEYS: Final = ("allowed_lateness", "features")
 _AGG_KEYS: Final = ("name", "function", "of", "window", "where", "numerator", "denominator", "on_zero",
-                    "store", "description")
-_AGG_FUNCTIONS: Final = ("count", "sum", "mean", "min", "max", "last", "count_distinct", "ratio")
+                    "scale", "store", "description")
+_AGG_FUNCTIONS: Final = ("count", "sum", "mean", "min", "max", "last", "count_distinct", "ratio",
+                         "variance", "stddev", "variance_sample", "stddev_sample", "first")
+#: functions that add values: over a float field they take ``scale`` (fixed point)
+_SCALED: Final = ("sum", "mean", "variance", "stddev", "variance_sample", "stddev_sample")
+DEFAULT_SCALE: Final = 6
+MAX_SCALE: Final = 18
 #: the field types each function accepts for ``of`` (why, in the error, for the others)
 _AGG_OF_KINDS: Final = {
     "count": None,  # any type: counts non-null values
-    "sum": (INTEGER_KINDS | {TypeKind.DECIMAL}, "an integer or decimal field (float sums depend on the "
-                                                "order of addition, so batch and stream could differ)"),
-    "mean": (INTEGER_KINDS | {TypeKind.DECIMAL}, "an integer or decimal field (float sums depend on the "
-                                                 "order of addition, so batch and stream could differ)"),
+    "sum": (NUMERIC_KINDS, "a numeric field"),
+    "mean": (NUMERIC_KINDS, "a numeric field"),
     "min": (NUMERIC_KINDS, "a numeric field"),
     "max": (NUMERIC_KINDS, "a numeric field"),
     "last": (NUMERIC_KINDS, "a numeric field"),
     "count_distinct": (INTEGER_KINDS | {TypeKind.STRING, TypeKind.ENUM, TypeKind.BOOL},
                        "a string, enum, bool or integer field"),
+    # moments and first (issue 32)
+    "variance": (NUMERIC_KINDS, "a numeric field"),
+    "stddev": (NUMERIC_KINDS, "a numeric field"),
+    "variance_sample": (NUMERIC_KINDS, "a numeric field"),
+    "stddev_sample": (NUMERIC_KINDS, "a numeric field"),
+    "first": (NUMERIC_KINDS, "a numeric field"),
 }
 _WHERE_KINDS: Final = INTEGER_KINDS | {TypeKind.STRING, TypeKind.ENUM, TypeKind.BOOL}
 
@@ -149,7 +169,7 @@ class AggregationReader(NodeReader):
                     continue
                 if ref in first_line:
                     reason = (f"{role} '{ref}' is a ratio: a ratio divides two windowed aggregations "
-                              "(count, sum, mean, min, max, last or count_distinct), not another ratio")
+                              "(every function but ratio), not another ratio")
                 else:
                     reason = (f"{role} '{ref}' is not a windowed aggregation of this schema"
                               + self.suggest(str(ref), windowed))
@@ -292,12 +312,16 @@ class AggregationReader(NodeReader):
         ok = name is not None and function is not None and store is not None
         is_ratio = function == "ratio"
         allowed = {"numerator", "denominator", "on_zero"} if is_ratio else {"of", "window", "where"}
+        if function in _SCALED:
+            allowed.add("scale")
         if function is None:
             allowed = set(_AGG_KEYS)
-        for key in ("of", "window", "where", "numerator", "denominator", "on_zero"):
+        for key in ("of", "window", "where", "numerator", "denominator", "on_zero", "scale"):
             if m.get(key) is not None and key not in allowed:
                 reason = "a ratio divides two other aggregations: it has numerator, denominator and on_zero" \
                     if is_ratio else f"{key} belongs to ratio aggregations only"
+                if key == "scale" and not is_ratio:
+                    reason = f"scale applies to {', '.join(_SCALED)} of a float field only"
                 self.error(m.get(key), m.at(key), f"{key} does not apply to function {function}: {reason}")
                 ok = False
         if is_ratio:
@@ -346,6 +370,18 @@ class AggregationReader(NodeReader):
         elif function not in (None, "count"):
             self.error(m.node, m.at("of"), f"{function} needs of: the field it aggregates")
             ok = False
+        # ---- scale: the fixed point of a float field's sum, mean, variance, stddev
+        scale = None
+        if function in _SCALED and field_kind(fields, of) in FLOAT_KINDS:
+            scale = DEFAULT_SCALE
+            if (scale_node := m.get("scale")) is not None:
+                scale = self.integer(scale_node, m.at("scale"), "scale (decimal digits kept)", 0, MAX_SCALE)
+                ok = ok and scale is not None
+        elif (scale_node := m.get("scale")) is not None and function in _SCALED \
+                and field_kind(fields, of) is not None:
+            self.error(scale_node, m.at("scale"), f"scale applies to a float field only: {function} of "
+                                                  f"an integer or decimal field is exact")
+            ok = False
         window = None
         if (w_node := m.get("window")) is None:
             if function is not None:
@@ -363,7 +399,13 @@ class AggregationReader(NodeReader):
         if not ok or name is None or store is None:
             return None
         return Aggregation(name=name, function=cast(AggFunction, function), store=store, of=of, window=window,
-                           where=where, description=description, line=line_of(node))
+                           where=where, scale=scale, description=description, line=line_of(node))
+
+
+def field_kind(fields: dict[str, Field] | None, name: str | None) -> TypeKind | None:
+    """The kind of field ``name`` (None: unknown, or no such field)."""
+    field = None if fields is None or name is None else fields.get(name)
+    return None if field is None else field.type.kind
 
 
 def _not_cold(name: str) -> str:

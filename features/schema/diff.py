@@ -342,6 +342,7 @@ def _agg_summary(agg: Aggregation) -> str:
     if agg.function == "ratio":
         return f"ratio {agg.numerator} / {agg.denominator}, {agg.on_zero} on zero"
     text = agg.function + (f" of {agg.of}" if agg.of is not None else "") + f" over {_window(agg)}"
+    text += f" at scale {agg.scale}" if agg.scale is not None else ""
     return text + (f" where {_where_text(agg)}" if agg.where else "")
 
 
@@ -356,6 +357,8 @@ def _agg_redefined(old: Aggregation, new: Aggregation) -> list[str]:
         what.append(f"window {_window(old)} -> {_window(new)}")
     if _where(old) != _where(new):
         what.append(f"where {_where_text(old)} -> {_where_text(new)}")
+    if old.scale != new.scale:
+        what.append(f"scale {old.scale} -> {new.scale}")
     for key, a, b in (("numerator", old.numerator, new.numerator),
                       ("denominator", old.denominator, new.denominator),
                       ("on_zero", old.on_zero, new.on_zero)):

@@ -211,7 +211,9 @@ class Payload:
     max_bytes: int = 1_048_576
 
 
-AggFunction = Literal["count", "sum", "mean", "min", "max", "last", "count_distinct", "ratio"]
+AggFunction = Literal["count", "sum", "mean", "min", "max", "last", "count_distinct", "ratio",
+                      # moments and first (issue 32)
+                      "variance", "stddev", "variance_sample", "stddev_sample", "first"]
 WindowKind = Literal["sliding", "tumbling"]
 
 
@@ -248,6 +250,9 @@ class Aggregation:
     numerator: str | None = None
     denominator: str | None = None
     on_zero: float | None = None
+    #: a float field's fixed point for sum, mean, variance and stddev: values are kept
+    #: as integer multiples of 10^-scale (None for every other aggregation)
+    scale: int | None = None
     description: str = ""
     line: int | None = None
 

@@ -108,13 +108,14 @@ def is_entity_type(ftype: FieldType) -> bool:
 
 def aggregation_type(schema: Schema, name: str) -> FieldType:
     """The declared type of aggregation ``name`` of ``schema`` (as ``AggSpec.output_type``
-    stores it): count/count_distinct int64, mean/ratio float64, sum int64 or
-    decimal(38, scale), min/max/last the field's type."""
+    stores it): count/count_distinct int64, mean/ratio/variance/stddev float64, sum int64,
+    decimal(38, scale) or (a float field's) float64, min/max/last/first the field's type."""
     assert schema.aggregations is not None
     agg = next(a for a in schema.aggregations.features if a.name == name)
     if agg.function in ("count", "count_distinct"):
         return FieldType(TypeKind.INT64)
-    if agg.function in ("mean", "ratio"):
+    if agg.function in ("mean", "ratio", "variance", "stddev", "variance_sample", "stddev_sample") \
+            or (agg.function == "sum" and agg.scale is not None):
         return FieldType(TypeKind.FLOAT64)
     assert agg.of is not None
     ft = schema.field(agg.of).type

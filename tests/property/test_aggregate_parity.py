@@ -110,3 +110,37 @@ def test_window_starts_by_time_offsets_and_by_ranks_agree_with_a_scan(
         want.append(inside[0])
     for ranks in (False, True):
         assert _Positions(codes, t, ranks=ranks).window_starts(agg).tolist() == want
+
+
+def test_moments_first_and_float_fixed_point_by_hand() -> None:
+    """variance/stddev (population and sample), a float field's sum, mean and stddev in
+    fixed point (scale 1: 0.25 is 2.5 tenths, a tie, kept as 2), and first."""
+    assert SPEC is not None
+    e = {"uid": "u", "kind": "a", "amount": None, "score": None, "item": None}
+    ev = [
+        {**e, T: BASE_US + 20 * MINUTE_US, "qty": None, "temp": 1.5},
+        {**e, T: BASE_US, "qty": 2, "temp": 0.25},
+        {**e, T: BASE_US + 10 * MINUTE_US, "qty": 4, "temp": None},
+    ]
+    b = batch(ev)
+    assert b == reference(SPEC.schema, ev)
+    names = [a.name for a in SPEC.aggregations.features]
+    at = dict(zip(names, b[("u", BASE_US + 20 * MINUTE_US)], strict=True))
+    assert at["qty_first"] == 2 and at["score_first"] is None and at["amount_std"] is None
+    assert at["qty_var"] == 1.0 and at["qty_std_hour"] == 2 ** 0.5
+    assert at["temp_sum"] == 1.7 and at["temp_mean"] == 0.875
+    assert at["temp_std_s"] == 0.78125 ** 0.5  # (2 * (250² + 1500²) - 1750²) / (2 * 1) / 10^6
+    first = dict(zip(names, b[("u", BASE_US)], strict=True))
+    assert first["qty_std_hour"] is None and first["qty_var"] == 0.0 and first["temp_sum"] == 0.2
+
+
+def test_a_float_value_beyond_the_fixed_point_is_a_clear_error() -> None:
+    import pytest
+
+    assert SPEC is not None
+    ev = [{"uid": "u", T: BASE_US, "kind": "a", "amount": None, "qty": None, "score": None, "item": None,
+           "temp": 1e11}]
+    # temp_sum keeps tenths (scale 1: fits), temp_mean millionths (scale 6: does not)
+    with pytest.raises(OverflowError, match=r"aggregation temp_mean \(mean of temp\): value 100000000000.0 "
+                                            r"does not fit scale 6 .*scale: 4 keeps"):
+        batch(ev)

@@ -161,11 +161,24 @@ def test_allowed_lateness_defaults_to_0_and_takes_seconds_or_durations() -> None
     ("min", "score"), ("max", "amount"), ("last", "qty"),
     ("count_distinct", "item"), ("count_distinct", "kind"), ("count_distinct", "flag"),
     ("count_distinct", "qty"),
+    # issue 32: float sums in fixed point, moments, first
+    ("sum", "score"), ("mean", "score"), ("variance", "qty"), ("stddev", "amount"),
+    ("variance_sample", "score"), ("stddev_sample", "qty"), ("first", "score"), ("first", "amount"),
 ])
 def test_each_function_accepts_its_field_types(function: str, of: str) -> None:
     aggs = parse(f"  features:\n    - name: a\n      function: {function}\n      of: {of}\n"
                  "      window: 1h\n      store: cold\n").aggregations
     assert aggs is not None and (aggs.features[0].function, aggs.features[0].of) == (function, of)
+
+
+def test_a_float_fields_sums_and_moments_get_a_scale_default_6() -> None:
+    aggs = parse("  features:\n"
+                 "    - {name: a, function: sum, of: score, window: 1h, store: cold}\n"
+                 "    - {name: b, function: stddev_sample, of: score, scale: 0, window: 1h, store: cold}\n"
+                 "    - {name: c, function: variance, of: qty, window: 1h, store: cold}\n"
+                 "    - {name: d, function: max, of: score, window: 1h, store: cold}\n").aggregations
+    assert aggs is not None
+    assert [a.scale for a in aggs.features] == [6, 0, None, None]
 
 
 def test_no_section_and_a_null_section_are_the_same() -> None:
@@ -210,7 +223,7 @@ BAD: list[tuple[str, str, str, str, tuple[str, ...]]] = [
     ("unknown_function_lists_the_choices", one("function: p99", W, S),
      "features[0].function", "function: p99",
      ("unknown aggregation function 'p99'; expected one of: count, sum, mean, min, max, last, "
-      "count_distinct, ratio",)),
+      "count_distinct, ratio, variance, stddev, variance_sample, stddev_sample, first",)),
     ("missing_window", one("function: count", S, name="lonely"), "features[0].window",
      "name: lonely", ("a windowed aggregation needs window",)),
     ("window_on_a_ratio", ratio(*RATIO, "on_zero: 0", "window: 2h", S), "features[1].window",
@@ -232,10 +245,16 @@ BAD: list[tuple[str, str, str, str, tuple[str, ...]]] = [
     ("numerator_on_a_count", one("function: count", "numerator: b", W, S),
      "features[0].numerator", "numerator: b",
      ("numerator does not apply to function count", "belongs to ratio aggregations only")),
-    ("sum_over_a_float", one("function: sum", "of: score", W, S), "features[0].of", "of: score",
-     ("sum of field 'score' (float64)", "needs an integer or decimal field", "order of addition")),
-    ("mean_over_a_float", one("function: mean", "of: score", W, S), "features[0].of", "of: score",
-     ("mean of field 'score' (float64)", "order of addition")),
+    ("scale_on_an_integer_sum", one("function: sum", "of: qty", "scale: 2", W, S), "features[0].scale",
+     "scale: 2", ("scale applies to a float field only: sum of an integer or decimal field is exact",)),
+    ("scale_on_first", one("function: first", "of: score", "scale: 2", W, S), "features[0].scale",
+     "scale: 2", ("scale does not apply to function first", "sum, mean, variance, stddev")),
+    ("scale_too_large", one("function: stddev", "of: score", "scale: 19", W, S), "features[0].scale",
+     "scale: 19", ("scale (decimal digits kept) must be <= 18, got 19",)),
+    ("scale_not_an_integer", one("function: mean", "of: score", "scale: 2.5", W, S), "features[0].scale",
+     "scale: 2.5", ("expected scale (decimal digits kept)",)),
+    ("variance_over_a_string", one("function: variance", "of: item", W, S), "features[0].of", "of: item",
+     ("variance of field 'item' (string): variance needs a numeric field",)),
     ("min_over_a_string", one("function: min", "of: item", W, S), "features[0].of", "of: item",
      ("min of field 'item' (string): min needs a numeric field",)),
     ("count_distinct_over_a_float", one("function: count_distinct", "of: score", W, S),
@@ -348,7 +367,7 @@ def test_every_problem_of_a_section_is_reported_at_once() -> None:
     section = (
         "  allowed_lateness: -1\n"
         "  features:\n"
-        "    - name: a\n      function: sum\n      of: score\n      window: 1h\n      store: cold\n"
+        "    - name: a\n      function: sum\n      of: item\n      window: 1h\n      store: cold\n"
         "    - name: b\n      function: mode\n      window: 1h\n      store: cold\n"
         "    - {name: c, function: count, where: {kind: clik}, window: 0, store: cold}\n"
     )
@@ -358,7 +377,7 @@ def test_every_problem_of_a_section_is_reported_at_once() -> None:
     found = [(e.line, e.key_path) for e in info.value.errors]
     assert found == [
         (line_with(text, "allowed_lateness"), "aggregations.allowed_lateness"),
-        (line_with(text, "of: score"), "aggregations.features[0].of"),
+        (line_with(text, "of: item"), "aggregations.features[0].of"),
         (line_with(text, "function: mode"), "aggregations.features[1].function"),
         (line_with(text, "{name: c,"), "aggregations.features[2].window"),
         (line_with(text, "{name: c,"), "aggregations.features[2].where.kind"),
