@@ -18,9 +18,11 @@ stream's values equal the backfill's; a backfill of the affected range repairs t
 values a late event would have changed.
 
 One vectorised engine serves both paths: :func:`compute` gives exact raw accumulators
-(integers for counts and for integer/decimal sums; min, max and last are values, never
-arithmetic) and :func:`finalize` turns them into the stored columns (the mean's
-division, a ratio's ``on_zero``): the backfill (``features.aggregate.backfill``) runs it
+(integers for counts, for integer/decimal sums and for a float field's fixed-point
+sums; ``n``, ``Σx`` and ``Σx²`` for variance/stddev, see ``features.aggregate.moments``;
+min, max, first and last are values, never arithmetic) and :func:`finalize` turns them
+into the stored columns (the mean's division, the variance's one rounding, a ratio's
+``on_zero``): the backfill (``features.aggregate.backfill``) runs it
 over the loaded events and the windows around them, the stream
 (``features.aggregate.stream``) over each micro-batch and the state it holds.
 """

@@ -71,7 +71,7 @@ def _iso(us: int) -> str:
 def _payload(e: dict[str, Any]) -> bytes:
     return json.dumps({"uid": e["uid"], "ts": _iso(e[T]), "kind": e["kind"],
                        "amount": None if e["amount"] is None else str(e["amount"]), "qty": e["qty"],
-                       "score": e["score"], "item": e["item"]}).encode()
+                       "score": e["score"], "item": e["item"], "temp": e.get("temp")}).encode()
 
 
 def _partition(uid: str) -> int:
@@ -220,3 +220,50 @@ def test_a_micro_batch_replayed_after_a_restart_changes_nothing(settings: Settin
         assert late is not None and late[0] == 0
     assert int(r.hget(key, "_event_time") or 0) == BASE_US + 100 * MINUTE_US
     r.close()
+
+
+def test_moments_first_and_float_sums_in_the_micro_batch(settings: Settings, pg_schema: str,
+                                                         redis_prefix: str) -> None:
+    """variance/stddev, a float field's fixed-point sum, mean and stddev, and first, computed
+    by the stream's micro-batch step: two micro-batches, the second with an event older
+    than the first's (within the lateness), then a restart (state read back from
+    Postgres) and a third. Every stored value is the reference's and the hand-computed
+    one; Redis holds the newest event's hot values."""
+    e = {"uid": "u1", "kind": "a", "amount": None, "score": None, "item": None}
+    stream = [
+        {**e, T: BASE_US + 20 * MINUTE_US, "qty": 4, "temp": 0.25, "amount": Decimal("1.00")},
+        {**e, T: BASE_US + 10 * MINUTE_US, "qty": 2, "temp": 1.5, "amount": Decimal("3.00")},  # older
+        {**e, T: BASE_US + 30 * MINUTE_US, "qty": 9, "temp": 0.05, "score": 0.5},
+    ]
+    proc = _processor(settings, pg_schema, redis_prefix, "first")
+    try:
+        _process(proc, stream, [0])
+        _process(proc, stream, [1])
+    finally:
+        proc.close()
+    proc = _processor(settings, pg_schema, redis_prefix, "after-restart")
+    try:
+        _process(proc, stream, [2])
+        assert proc.aggregator is not None and proc.aggregator.counts.late == 0
+    finally:
+        proc.close()
+    with psycopg.connect(settings.postgres_dsn) as conn:
+        got = _stored(conn, pg_schema)
+    want = reference(COMPILED.schema, stream)
+    assert got == want
+    at = dict(zip(AGGS, got[("u1", BASE_US + 20 * MINUTE_US)], strict=True))
+    # (the event at 10 minutes arrived after the one at 20: its value was updated in place)
+    assert at["qty_first"] == 2 and at["qty_var"] == 1.0 and at["amount_std"] == 1.0
+    assert at["amount_var_s"] == 2.0 and at["temp_sum"] == 1.7  # 15 + 2 tenths: 0.25 is a tie, kept at 2
+    assert at["temp_mean"] == 0.875 and at["temp_std_s"] == 0.78125 ** 0.5
+    newest = dict(zip(AGGS, got[("u1", BASE_US + 30 * MINUTE_US)], strict=True))
+    # 0.05 is 0.05000000000000000277 in binary: 0.5 tenths and a little, so 1 tenth
+    assert newest["temp_sum"] == 1.8 and newest["qty_first"] == 2 and newest["score_first"] == 0.5
+    assert isinstance(newest["qty_std_hour"], float) and isinstance(newest["temp_sum"], float)
+    r = redis.Redis.from_url(settings.redis_url)
+    try:
+        check_hot(r, redis_prefix, COMPILED.schema, want)
+        hot = r.hgetall(redis_prefix + aggregates_key("agg_props", "u1"))
+        assert float(hot[b"temp_sum"]) == 1.8 and int(hot[b"qty_first"]) == 2
+    finally:
+        r.close()

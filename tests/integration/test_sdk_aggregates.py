@@ -421,3 +421,65 @@ def test_fill_writes_the_entity_and_aggregates_hashes_from_postgres(
         h = hot.hgetall(key)
         assert h[b"_filled"] == b"1" and h[b"_event_time"] == originals[key][b"_event_time"], key
         assert h[b"_source"] == originals[key][b"_source"] and h[b"_run_id"] == originals[key][b"_run_id"]
+
+
+def test_moments_first_and_float_sums_are_stored_and_read_in_their_types(
+        tmp_path: Path, settings: Settings, pg_schema: str, redis_prefix: str) -> None:
+    """variance/stddev (double precision), a float field's fixed-point sum (double
+    precision) and first (the field's type): Postgres and Redis hold the reference's
+    values, and the SDK reads them so (online from Redis, online from Postgres once the
+    hashes are gone, historical), typed as ``AggSpec.output_type`` says."""
+    import random
+
+    from aggregate_reference import SCHEMA, history_table, random_history, reference
+
+    schemas = tmp_path / "schemas"
+    schemas.mkdir()
+    (schemas / "agg_props.yaml").write_text(SCHEMA)
+    c = compile_schema(parse_schema(SCHEMA))
+    events = random_history(random.Random(7), 400, users=6, minutes=600)
+    pq.write_table(history_table(events), tmp_path / "h.parquet")
+    assert load([tmp_path / "h.parquet"], c, settings, search_path=pg_schema, key_prefix=redis_prefix).adds_up
+    want = reference(c.schema, events)
+    spec = AggSpec.of(c.schema)
+    assert spec is not None
+    names = [a.name for a in spec.aggregations.features]
+    new = ["qty_var", "qty_std_hour", "amount_std", "amount_var_s", "temp_sum", "temp_mean", "temp_std_s",
+           "temp_var_day", "qty_first", "score_first", "amount_first_day"]
+    types = {n: spec.output_type(next(a for a in spec.aggregations.features if a.name == n)) for n in new}
+    assert types["temp_sum"] == types["qty_var"] == types["temp_std_s"] == pa.float64()
+    assert types["qty_first"] == pa.int32() and types["amount_first_day"] == pa.decimal128(10, 2)
+    with psycopg.connect(settings.postgres_dsn, options=f"-c search_path={pg_schema}") as conn:
+        pg_types = dict(conn.execute("SELECT column_name, data_type FROM information_schema.columns "
+                                     "WHERE table_name = 'agg_props__aggregates'").fetchall())
+    assert pg_types["temp_sum"] == pg_types["qty_var"] == "double precision"
+    assert (pg_types["qty_first"], pg_types["amount_first_day"]) == ("integer", "numeric")
+    newest = {u: max(t for (e, t) in want if e == u) for u in {k[0] for k in want}}
+    users = sorted(newest)
+
+    def expect(u: str, t: int, cols: list[str]) -> dict[str, Any]:
+        values = dict(zip(names, want[(u, t)], strict=True))
+        return {n: values[n] for n in cols}
+
+    hot = [n for n in new if "hot" in next(a for a in spec.aggregations.features if a.name == n).store]
+    assert hot == ["qty_std_hour", "amount_std", "temp_sum", "temp_std_s", "qty_first"]
+    with make_store(settings, pg_schema, redis_prefix, schemas=schemas) as fs:
+        for source in ("redis", "postgres"):
+            table = fs.online("agg_props", users, hot)
+            for n in hot:
+                assert table.schema.field(n).type == types[n], n
+            assert table.column("_from").to_pylist() == [source] * len(users)
+            got = table.select(hot).to_pylist()
+            assert got == [expect(u, newest[u], hot) for u in users], source
+            r = redis.Redis.from_url(settings.redis_url)
+            r.delete(*[redis_prefix + entity_key("agg_props", u) for u in users],
+                     *[redis_prefix + aggregates_key("agg_props", u) for u in users])
+            r.close()
+        keys = sorted(want)[::7]
+        entity_df = pa.table({"uid": [k[0] for k in keys],
+                              "timestamp": pa.array([k[1] for k in keys], pa.timestamp("us", "UTC"))})
+        hist = fs.historical("agg_props", entity_df, new)
+        for n in new:
+            assert hist.schema.field(n).type == types[n], n
+        assert hist.select(new).to_pylist() == [expect(u, t, new) for u, t in keys]
+    assert any(v is not None and v > 0 for v in hist.column("temp_std_s").to_pylist())

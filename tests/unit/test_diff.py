@@ -482,7 +482,7 @@ def test_derived_feature_steps_changed_is_breaking() -> None:
 
 AGG_FIELDS = (
     field("kind", "enum", more="values: [view, click, buy]") + field("qty", "int32")
-    + field("amount", "decimal(12,2)")
+    + field("amount", "decimal(12,2)") + field("temp", "float64")
 )
 A = '"applicants__aggregates"'
 CLICKS = "    - {name: clicks_1h, function: count, where: {kind: click}, window: 1h, store: cold}\n"
@@ -540,6 +540,10 @@ def test_first_aggregations_of_a_schema_becoming_loadable_need_no_ddl() -> None:
     ("function: mean, of: amount", "double precision"),
     ("function: max, of: qty", "integer"),
     ("function: last, of: amount", "numeric(12,2)"),
+    ("function: first, of: qty", "integer"),
+    ("function: sum, of: temp", "double precision"),
+    ("function: stddev_sample, of: amount", "double precision"),
+    ("function: variance, of: temp, scale: 2", "double precision"),
 ])
 def test_aggregation_added_to_a_section_adds_a_typed_column(spec: str, pg: str) -> None:
     added = f"    - {{name: new_one, {spec}, window: 2h, store: [hot, cold]}}\n"
@@ -576,10 +580,12 @@ def test_aggregation_removed_is_breaking() -> None:
      "where kind in ('click') -> kind in ('click', 'buy')"),
     (CLICKS, CLICKS.replace("where: {kind: click}, ", ""), "where kind in ('click') -> none"),
     (CTR, CTR.replace("on_zero: 0", "on_zero: 1"), "on_zero 0.0 -> 1.0"),
+    (CLICKS.replace("count", "sum, of: temp"), CLICKS.replace("count", "sum, of: temp, scale: 2"),
+     "scale 6 -> 2"),
     (CTR, CTR.replace("clicks_1h, denominator: views_1h", "views_1h, denominator: clicks_1h"),
      "numerator clicks_1h -> views_1h, denominator views_1h -> clicks_1h"),
 ], ids=["function", "of", "window_size", "window_type", "where_values", "where_removed", "on_zero",
-        "operands"])
+        "float_scale", "operands"])
 def test_aggregation_redefined_is_breaking_and_needs_a_backfill(old: str, new: str, what: str) -> None:
     others = (CLICKS, VIEWS) if "ctr_1h" in old else (VIEWS,)  # a ratio needs its two aggregations
     d = agg_diff(aggs(*others, old), aggs(*others, new), new_v="1.1.0")

@@ -179,6 +179,11 @@ def test_a_float_fields_sums_and_moments_get_a_scale_default_6() -> None:
                  "    - {name: d, function: max, of: score, window: 1h, store: cold}\n").aggregations
     assert aggs is not None
     assert [a.scale for a in aggs.features] == [6, 0, None, None]
+    # the default is the declared 6; another scale is another fingerprint
+    implicit, explicit, other = (
+        fingerprint(parse(f"  features:\n    - {{name: a, function: sum, of: score{extra}, window: 1h, "
+                          "store: cold}\n")) for extra in ("", ", scale: 6", ", scale: 2"))
+    assert implicit == explicit != other
 
 
 def test_no_section_and_a_null_section_are_the_same() -> None:
