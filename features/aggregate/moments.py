@@ -17,7 +17,9 @@ could overflow.
 
 :func:`state` and :func:`merge` are the mergeable state of a set of events (a tile of
 request-time windows): a JSON-able ``[n, s, ss_hi, ss_lo]`` per tile, merged by exact
-addition into the raw parts the engine's ``finalize`` reads.
+addition into the raw parts the engine's ``finalize`` reads (a float field's values go
+through :func:`fixed_point` first). ``first`` has :func:`first_state` (``[time, value]``
+of the oldest event) and :func:`merge_first` (the oldest of the states).
 """
 
 from __future__ import annotations
@@ -218,5 +220,23 @@ def merge(states: Iterable[Sequence[int]]) -> dict[str, int]:
     return {"n": n, "s": s, "ss_hi": ss >> SS_SHIFT, "ss_lo": ss & ((1 << SS_SHIFT) - 1)}
 
 
-__all__ = ["FIXED_LIMIT", "PARTS", "SS_SHIFT", "fixed_point", "merge", "numerator", "state",
-           "variance", "window_squares"]
+def first_state(times_us: Sequence[int] | npt.NDArray[Any], values: Sequence[Any] | npt.NDArray[Any]
+                ) -> list[Any] | None:
+    """``first``'s mergeable state of a set of counted events: ``[time us, value]`` of the
+    oldest (None: no event). Values as the engine carries them (unscaled int64 for a
+    decimal, the float for a float field); one entity has one event per time."""
+    if len(times_us) == 0:
+        return None
+    i = int(np.argmin(np.asarray(times_us, dtype=np.int64)))
+    v = values[i]
+    return [int(times_us[i]), v.item() if isinstance(v, np.generic) else v]
+
+
+def merge_first(states: Iterable[Sequence[Any] | None]) -> dict[str, Any]:
+    """Merge ``first`` states: the raw part ``{"v": value of the oldest}`` (None: no event)."""
+    kept = [st for st in states if st is not None]
+    return {"v": min(kept, key=lambda st: int(st[0]))[1] if kept else None}
+
+
+__all__ = ["FIXED_LIMIT", "PARTS", "SS_SHIFT", "first_state", "fixed_point", "merge", "merge_first",
+           "numerator", "state", "variance", "window_squares"]

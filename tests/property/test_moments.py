@@ -119,3 +119,21 @@ def test_tile_states_merge_to_the_raw_parts_of_all_their_events(tiles: list[list
         assert math.isfinite(var[0])
     else:
         assert null[0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data(), st.sampled_from([BIG, st.floats(-1e6, 1e6)]))
+def test_first_states_merge_to_the_oldest_value(data: st.DataObject,
+                                                values: st.SearchStrategy[object]) -> None:
+    import itertools
+    import json
+
+    events = data.draw(st.lists(st.tuples(st.integers(0, 10**12), values), max_size=30,
+                                unique_by=lambda e: e[0]))
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(events)), max_size=4)))
+    bounds = [0, *cuts, len(events)]
+    tiles = [events[a:b] for a, b in itertools.pairwise(bounds)]
+    states = [json.loads(json.dumps(moments.first_state([e[0] for e in t], np.array([e[1] for e in t]))
+                                    if t else None)) for t in tiles]
+    got = moments.merge_first(states)["v"]
+    assert got == (min(events)[1] if events else None)
