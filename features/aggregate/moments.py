@@ -133,28 +133,37 @@ def window_squares(x: I64, lo: I64, max_count: int) -> tuple[I64, I64]:
     return w[2] | (w[3] << _BITS), w[0] | (w[1] << _BITS)
 
 
+def _bit_length(w: I64) -> I64:
+    """Bits of each ``0 <= w < 2^62`` (0 for 0): the double's exponent, corrected where
+    the conversion rounded up to the next power of two."""
+    b = np.frexp(w.astype(np.float64))[1].astype(np.int64)
+    over = (b > 0) & ((w >> np.maximum(b - 1, 0)) == 0)
+    out: I64 = b - over
+    return out
+
+
 def _to_float(e: I64) -> F64:
-    """Non-negative base-2^31 limbs (k, n), each below 2^31, as correctly rounded doubles:
-    the top 62 bits, the rest folded into the lowest bit (round to odd), then one
-    int64 -> double conversion (round half to even)."""
-    k, n = e.shape
-    nz = e != 0
-    top = np.where(nz.any(axis=0), k - 1 - np.argmax(nz[::-1], axis=0), -1)
-    small = top <= 1
-    out: F64 = (e[0] | (e[1] << _BITS)).astype(np.float64)  # exact int64 where top <= 1
-    if bool(small.all()):
-        return out
-    t = np.maximum(top, 2)
-    cols = np.arange(n)
-    h, mid, low = e[t, cols], e[t - 1, cols], e[t - 2, cols]
-    bits = np.frexp(h.astype(np.float64))[1].astype(np.int64)  # bit length of the top limb, 1..31
-    m = (((h << _BITS) | mid) << (_BITS - bits)) | (low >> bits)
-    below = np.logical_or.accumulate(nz, axis=0)  # below[j]: some limb <= j is non-zero
-    rest = np.where(t >= 3, below[np.maximum(t - 3, 0), cols], False)
-    sticky = ((low & ((np.int64(1) << bits) - 1)) != 0) | rest
-    wide = np.ldexp((m | sticky.astype(np.int64)).astype(np.float64), bits + _BITS * (t - 2))
-    result: F64 = np.where(small, out, wide)
-    return result
+    """Non-negative base-2^31 limbs (5, n), each below 2^31, as correctly rounded doubles.
+
+    As three words ``V = w2 * 2^124 + w1 * 2^62 + w0``: the top 62 bits of ``V``, the bits
+    below folded into the lowest one (round to odd: 9 bits beyond a double's 53), then
+    one int64 -> double conversion (round half to even) and an exact power-of-two scaling."""
+    w0 = e[0] | (e[1] << _BITS)
+    w1 = e[2] | (e[3] << _BITS)
+    w2 = e[4]
+    # w2 == 0, w1 > 0: V = w1 * 2^62 + w0, top 62 bits at 2^b
+    b = _bit_length(w1)
+    m1 = (w1 << (62 - b)) | (w0 >> b)
+    s1 = (w0 & ((np.int64(1) << b) - 1)) != 0
+    # w2 > 0: top 62 bits at 2^(62 + c)
+    c = _bit_length(w2)
+    m2 = (w2 << (62 - c)) | (w1 >> c)
+    s2 = ((w1 & ((np.int64(1) << c) - 1)) != 0) | (w0 != 0)
+    top = w2 > 0
+    m = np.where(top, m2 | s2, np.where(w1 > 0, m1 | s1, w0))
+    shift = np.where(top, 62 + c, np.where(w1 > 0, b, 0))
+    out: F64 = np.ldexp(m.astype(np.float64), shift)
+    return out
 
 
 def numerator(n: I64, s: I64, ss_hi: I64, ss_lo: I64) -> F64:

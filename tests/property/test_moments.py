@@ -89,6 +89,22 @@ def test_window_moments_and_variance_are_exact(data: st.DataObject, values: st.S
             assert var[i] == float(exact) / float(c * (c - 1) if sample else c * c) / 1e4
 
 
+def _limbs(values: list[int]) -> np.ndarray:
+    return np.array([[(v >> (31 * k)) & ((1 << 31) - 1) for v in values] for k in range(5)], dtype=np.int64)
+
+
+#: around powers of two and at the ties of a double's 53 bits, with and without a low bit
+EDGES = st.builds(lambda k, d, low: max(0, (1 << k) + d * (1 << max(k - 53, 0)) + low),
+                  st.integers(0, 154), st.integers(-2, 2), st.sampled_from([-1, 0, 1]))
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.one_of(st.integers(0, 2**155 - 1), EDGES), min_size=1, max_size=20))
+def test_wide_integers_round_to_the_nearest_double(values: list[int]) -> None:
+    values = [v for v in values if v < 2**155]
+    assert moments._to_float(_limbs(values)).tolist() == [float(v) for v in values]
+
+
 def test_numerator_rounds_once_where_two_roundings_would_not() -> None:
     # 2^100 + 2^47 + 1: its top 53 bits end in a tie that only the lowest bit breaks
     exact = (1 << 100) + (1 << 47) + 1
