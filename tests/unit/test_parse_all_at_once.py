@@ -53,7 +53,7 @@ features:
 aggregations:
   features:
     - name: glucose_mean_1h
-      function: mean
+      function: count_distinct
       of: glucose
       window: 1 hour
       store: hote
@@ -92,8 +92,9 @@ EXPECTED: list[tuple[int, str, str]] = [
     # semantic: hash_bucket's n is checked although its input field did not parse
     (29, "features[1].steps[0].hash_bucket.n", "hash_bucket n must be >= 1, got 0"),
     # the two of issue 30, in an aggregation whose store is wrong too (the old parser
-    # checked neither before the store was fixed, nor mean's field while a field had an error)
-    (36, "aggregations.features[0].of", "mean needs an integer or decimal field"),
+    # checked neither before the store was fixed, nor the function's field while a field had an
+    # error; mean accepts a float field since issue 32: count_distinct does not)
+    (36, "aggregations.features[0].of", "count_distinct needs a string, enum, bool or integer field"),
     (37, "aggregations.features[0].window", "window string '1 hour' is not a duration"),
     (38, "aggregations.features[0].store", "unknown store 'hote' (did you mean 'hot'?)"),
     # semantic: a ratio's reference, checked although another aggregation has an error
