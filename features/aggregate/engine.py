@@ -384,7 +384,7 @@ def compute(spec: AggSpec, inputs: Inputs) -> Computed:
                 vv = np.where(mask, v, 0).astype(np.int64)
             # window sums within 2^62 (prefix sums may wrap: their differences stay exact)
             if len(vv) and int(np.abs(vv).max()) * int(n_in.max()) >= 2**62:
-                hint = "; declare a smaller scale:" if agg.scale is not None else ""
+                hint = "; declare a smaller scale on the aggregation" if agg.scale is not None else ""
                 raise OverflowError(f"aggregation {agg.name}: the sums could overflow 64-bit integers{hint}")
             ps = _prefix(vv)
             raw[f"{agg.name}.s"] = pa.array(ps[pos + 1] - ps[lo], pa.int64())

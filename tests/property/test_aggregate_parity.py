@@ -2,7 +2,10 @@
 a brute-force reference (``tests/aggregate_reference.py``, independent of the engine),
 for any input order: the reference's values for every event of the history, and the
 same values for every permutation of the input (of two events with one key the history
-keeps the first: exact copies here, so the order cannot matter). The stream's use of
+keeps the first: exact copies here, so the order cannot matter). Every function is in
+the shared schema: variance/stddev over integers (squares past int64: the wide path) and
+decimals, a float field's fixed-point sum, mean and stddev at scales 0, 1, 3 and 6 (exact
+halves and products that round to a half), first. The stream's use of
 the engine (arrival order, lateness, state read back from the stores) is tested on
 real stores in ``tests/integration/test_aggregate_stream_state.py``.
 """
@@ -144,3 +147,40 @@ def test_a_float_value_beyond_the_fixed_point_is_a_clear_error() -> None:
     with pytest.raises(OverflowError, match=r"aggregation temp_mean \(mean of temp\): value 100000000000.0 "
                                             r"does not fit scale 6 .*scale: 4 keeps"):
         batch(ev)
+
+
+def test_sums_are_bounded_per_window_not_per_batch() -> None:
+    """The exactness bound of sums (and Σx of variance) is on the largest window: prefix sums
+    may wrap in int64, their differences stay exact. Two events of 2^61 two hours apart
+    each sum alone (the batch's total would not fit); within one window they are refused."""
+    import pytest
+
+    text = """
+name: big
+version: 1.0.0
+entity: k
+event_time: ts
+fields:
+  - {name: k, type: string, constraints: {required: true}}
+  - {name: ts, type: "timestamp(ms, UTC)", constraints: {required: true}}
+  - {name: v, type: int64, constraints: {required: true}}
+aggregations:
+  features:
+    - {name: v_sum, function: sum, of: v, window: 1h, store: cold}
+    - {name: v_var, function: variance, of: v, window: 1h, store: cold}
+"""
+    spec = AggSpec.of(parse_schema(text))
+    assert spec is not None
+
+    def run(minutes: list[int]) -> list[Any]:
+        times = pa.array([BASE_US // 1000 + m * 60_000 for m in minutes], pa.timestamp("ms", "UTC"))
+        table = pa.table({"k": ["a"] * len(minutes), "ts": times,
+                          "v": pa.array([2**61] * len(minutes), pa.int64()),
+                          "_source": pa.array(["file:///x"] * len(minutes))})
+        result = compute(spec, extract(spec, table))
+        fin = finalize(spec, pa.table(result.raw, schema=raw_schema(spec)))
+        return list(zip(fin["v_sum"].to_pylist(), fin["v_var"].to_pylist(), strict=True))
+
+    assert run([0, 120]) == [(2**61, 0.0), (2**61, 0.0)]
+    with pytest.raises(OverflowError, match="aggregation v_sum: the sums could overflow 64-bit integers"):
+        run([0, 30])
