@@ -17,9 +17,8 @@ count_distinct  a string, enum, bool or integer   window, where
                 field
 first           a numeric field                   window, where
 variance,       a numeric field                   window, where, scale (float
-stddev,                                           fields)
-variance_sample,
-stddev_sample
+stddev (and                                       fields)
+their _sample)
 ratio           -                                 numerator, denominator (two
                                                   windowed aggregations), on_zero
 ==============  ================================  ==============================
