@@ -32,6 +32,8 @@ A value converts only when the declared type holds it exactly; anything else is 
   ``YYYY-MM-DD``; ``YYYY-MM-DD[T ]HH:MM:SS[.fraction][Z|±HH:MM]`` (a zone offset is
   required for zoned fields; for naive ones it is optional, and text with an offset is
   converted to UTC).
+- **list(T, n)** / **list(T, max=n)**: lists whose length fits and whose every element
+  converts to T by these rules (:mod:`features.validation.lists`).
 - **Python values** (decoded JSON): ints (any size: beyond int64 they take the decimal
   path, beyond 38 digits they are rejected), floats, strings, bools, None,
   ``Decimal``, ``date``/``datetime``; other objects (dicts, lists) are rejected.
@@ -151,6 +153,8 @@ def render(arr: pa.Array) -> tuple[pa.Array, pa.Array]:
         plain = pc.cast(arr, pa.string())
     elif pa.types.is_null(t):
         plain = pa.nulls(len(arr), pa.string())
+    elif _lists.is_list_type(t):
+        return _lists.render_lists(arr)
     else:
         plain = pa.array([None if v is None else str(v) for v in arr.to_pylist()], pa.string())
     return plain, pc.fill_null(plain, "null")
@@ -314,6 +318,8 @@ def _convert(
     if pa.types.is_string(t):
         raw = null_markers(raw, field)
     kind = field.type.kind
+    if kind is TypeKind.LIST:
+        return _lists.to_list(raw, field, target)
     if t == target:
         if kind in (TypeKind.FLOAT32, TypeKind.FLOAT64):
             return _finish(raw, raw, ~_np(pc.is_inf(raw), False))
@@ -789,6 +795,8 @@ def convert_pylist(
     (``[2**60 + 1, 0.5]`` is not read as floats). Values that fit no Arrow type
     (dicts, lists, ints beyond 38 digits) are type failures.
     """
+    if field.type.kind is TypeKind.LIST:
+        return _lists.to_list_pylist(values, field, target)
     n = len(values)
     kinds = {type(v) for v in values}
     simple = {type(None), int, float, str, bool}
@@ -839,6 +847,9 @@ def convert_pylist(
         pa.concat_arrays(fail_shown).take(take), _merged_hints(converted, take),
     )
 
+
+# lists.py converts each element with this module's rules (it imports this module)
+from features.validation import lists as _lists  # noqa: E402
 
 __all__ = ["ABSENT", "INT_RANGES", "TEXT_HINT", "Converted", "convert", "convert_pylist", "null_markers",
            "parse_decimal_text", "render"]
