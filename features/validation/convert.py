@@ -51,7 +51,6 @@ from __future__ import annotations
 import datetime as dt
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -61,7 +60,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from features.schema.model import NUMERIC_KINDS, Field, TypeKind
-from features.validation import isotime
+from features.validation import isotime, lists
+from features.validation.converted import Converted
 from features.validation.masks import valid_mask
 
 BoolMask = npt.NDArray[np.bool_]
@@ -94,29 +94,6 @@ _TIMESTAMP_LITERAL = (
     r"^(?P<date>[0-9]{4}-[0-9]{2}-[0-9]{2})[T ](?P<time>[0-9]{2}:[0-9]{2}:[0-9]{2})"
     r"(?:\.(?P<frac>[0-9]{1,9}))?(?P<zone>Z|[+-][0-9]{2}:?[0-9]{2})?$"
 )
-
-
-@dataclass(frozen=True)
-class Converted:
-    """One column converted to its declared type.
-
-    ``values``: the declared Arrow type, same length as the input; null where the
-    input was null (or a null marker) or failed to convert. ``fail_rows``: sorted input
-    rows whose (non-null) value failed to convert; ``fail_values``/``fail_shown`` render
-    each failing value as text (plain, and as shown in a message, e.g. quoted strings);
-    ``fail_hints``: per failure, text a message appends after the expected type
-    (:data:`TEXT_HINT`), null for none; None when no failure has one.
-    """
-
-    values: pa.Array
-    fail_rows: Index
-    fail_values: pa.Array
-    fail_shown: pa.Array
-    fail_hints: pa.Array | None = None
-
-    @property
-    def failed(self) -> bool:
-        return len(self.fail_rows) > 0
 
 
 # --------------------------------------------------------------------------- rendering
@@ -153,8 +130,8 @@ def render(arr: pa.Array) -> tuple[pa.Array, pa.Array]:
         plain = pc.cast(arr, pa.string())
     elif pa.types.is_null(t):
         plain = pa.nulls(len(arr), pa.string())
-    elif _lists.is_list_type(t):
-        return _lists.render_lists(arr)
+    elif lists.is_list_type(t):
+        return lists.render_lists(arr, render)
     else:
         plain = pa.array([None if v is None else str(v) for v in arr.to_pylist()], pa.string())
     return plain, pc.fill_null(plain, "null")
@@ -319,7 +296,7 @@ def _convert(
         raw = null_markers(raw, field)
     kind = field.type.kind
     if kind is TypeKind.LIST:
-        return _lists.to_list(raw, field, target)
+        return lists.to_list(raw, field, target, convert, render)
     if t == target:
         if kind in (TypeKind.FLOAT32, TypeKind.FLOAT64):
             return _finish(raw, raw, ~_np(pc.is_inf(raw), False))
@@ -796,7 +773,7 @@ def convert_pylist(
     (dicts, lists, ints beyond 38 digits) are type failures.
     """
     if field.type.kind is TypeKind.LIST:
-        return _lists.to_list_pylist(values, field, target)
+        return lists.to_list_pylist(values, field, target, convert_pylist)
     n = len(values)
     kinds = {type(v) for v in values}
     simple = {type(None), int, float, str, bool}
@@ -847,9 +824,6 @@ def convert_pylist(
         pa.concat_arrays(fail_shown).take(take), _merged_hints(converted, take),
     )
 
-
-# lists.py converts each element with this module's rules (it imports this module)
-from features.validation import lists as _lists  # noqa: E402
 
 __all__ = ["ABSENT", "INT_RANGES", "TEXT_HINT", "Converted", "convert", "convert_pylist", "null_markers",
            "parse_decimal_text", "render"]

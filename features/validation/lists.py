@@ -16,7 +16,7 @@ list offsets. Only the few failing rows are rendered.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import chain
 from typing import Any
 
@@ -26,11 +26,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from features.schema.model import Field
-from features.validation import convert as _c
+from features.validation.converted import Converted
 from features.validation.masks import valid_mask
 
 Index = npt.NDArray[np.int64]
 BoolMask = npt.NDArray[np.bool_]
+#: the scalar conversion an element takes (``convert.convert`` / ``convert.convert_pylist``)
+ConvertArrow = Callable[[pa.Array, Field, pa.DataType], Converted]
+ConvertValues = Callable[[Sequence[Any], Field, pa.DataType], Converted]
+Render = Callable[[pa.Array], tuple[pa.Array, pa.Array]]
+_NO_TEXT = pa.array([], pa.string())
 
 
 def is_list_type(t: pa.DataType) -> bool:
@@ -43,33 +48,40 @@ def element_field(field: Field) -> Field:
     return Field(name=field.name, type=field.type.items.element)
 
 
-def to_list(raw: pa.Array, field: Field, target: pa.DataType) -> _c.Converted:
-    """Convert an Arrow column to the list type ``target`` (see the module docstring)."""
+def to_list(raw: pa.Array, field: Field, target: pa.DataType, convert: ConvertArrow,
+            render: Render) -> Converted:
+    """Convert an Arrow column to the list type ``target`` (see the module docstring),
+    each element with ``convert`` (failures shown with ``render``)."""
     t = raw.type
     if not is_list_type(t):
-        return _c._all_fail(raw, target, note=" (not a list)")
+        rows = np.flatnonzero(valid_mask(raw)).astype(np.int64)
+        plain, text = render(raw.take(pa.array(rows)))
+        return Converted(pa.nulls(len(raw), target), rows, plain,
+                         pc.binary_join_element_wise(text, " (not a list)", ""))
     lst = raw if pa.types.is_list(t) else raw.cast(pa.list_(t.value_type))
     lengths = np.asarray(pc.fill_null(pc.list_value_length(lst), 0).to_numpy(zero_copy_only=False),
                          dtype=np.int64)
     valid = valid_mask(lst)
     lengths = np.where(valid, lengths, 0)
     elements = lst.flatten()
-    converted = _c.convert(elements, element_field(field), target.value_type)
+    converted = convert(elements, element_field(field), target.value_type)
 
     def shown(rows: Index) -> tuple[pa.Array, pa.Array]:
-        return render_lists(lst.take(pa.array(rows)))
+        return render_lists(lst.take(pa.array(rows)), render)
 
     return _assemble(field, target, valid, lengths, converted, valid_mask(elements), shown)
 
 
-def to_list_pylist(values: Sequence[Any], field: Field, target: pa.DataType) -> _c.Converted:
-    """Convert decoded JSON values (Python lists, None, anything else refused) to ``target``."""
+def to_list_pylist(values: Sequence[Any], field: Field, target: pa.DataType,
+                   convert: ConvertValues) -> Converted:
+    """Convert decoded JSON values (Python lists, None, anything else refused) to
+    ``target``, the elements with ``convert``."""
     is_list = np.fromiter((isinstance(v, list) for v in values), np.bool_, len(values))
     present = np.fromiter((v is not None for v in values), np.bool_, len(values))
     lengths = np.fromiter((len(v) if isinstance(v, list) else 0 for v in values), np.int64, len(values))
     flat = list(chain.from_iterable(v for v in values if isinstance(v, list)))
     elements_valid = np.fromiter((v is not None for v in flat), np.bool_, len(flat))
-    converted = _c.convert_pylist(flat, element_field(field), target.value_type)
+    converted = convert(flat, element_field(field), target.value_type)
 
     def shown(rows: Index) -> tuple[pa.Array, pa.Array]:
         text = pa.array([repr(values[i]) for i in rows.tolist()], pa.string())
@@ -84,12 +96,12 @@ def to_list_pylist(values: Sequence[Any], field: Field, target: pa.DataType) -> 
     rows = np.concatenate([c.fail_rows, others])
     order = np.argsort(rows, kind="stable")
     take = pa.array(order)
-    return _c.Converted(c.values, rows[order], pa.concat_arrays([c.fail_values, plain]).take(take),
+    return Converted(c.values, rows[order], pa.concat_arrays([c.fail_values, plain]).take(take),
                         pa.concat_arrays([c.fail_shown, text]).take(take))
 
 
-def _assemble(field: Field, target: pa.DataType, valid: BoolMask, lengths: Index, elements: _c.Converted,
-              elements_valid: BoolMask, shown: Any) -> _c.Converted:
+def _assemble(field: Field, target: pa.DataType, valid: BoolMask, lengths: Index, elements: Converted,
+              elements_valid: BoolMask, shown: Any) -> Converted:
     """The list column of rows ``valid`` (their ``lengths``; the others null) from their
     converted ``elements``, with the rows that fail the type as failures."""
     items = field.type.items
@@ -124,10 +136,10 @@ def _assemble(field: Field, target: pa.DataType, valid: BoolMask, lengths: Index
     values = _build(target, ok, lengths, starts, elements.values)
     fail = np.flatnonzero(bad).astype(np.int64)
     if not len(fail):
-        return _c.Converted(values, fail, _c._NO_TEXT, _c._NO_TEXT)
+        return Converted(values, fail, _NO_TEXT, _NO_TEXT)
     plain, text = shown(fail)
     text = pc.binary_join_element_wise(text, pa.array(note[fail].tolist(), pa.string()), "")
-    return _c.Converted(values, fail, plain, text)
+    return Converted(values, fail, plain, text)
 
 
 def _build(target: pa.DataType, ok: BoolMask, lengths: Index, starts: Index, elements: pa.Array) -> pa.Array:
@@ -150,12 +162,11 @@ def _build(target: pa.DataType, ok: BoolMask, lengths: Index, starts: Index, ele
     return pa.ListArray.from_arrays(offsets, values, type=target, mask=mask)
 
 
-def render_lists(arr: pa.Array) -> tuple[pa.Array, pa.Array]:
-    """``(plain, shown)`` text of list values: ``[0.5, 1.25]``, elements rendered as
-    :func:`features.validation.convert.render` renders scalars; null as null (shown:
-    ``null``)."""
+def render_lists(arr: pa.Array, render: Render) -> tuple[pa.Array, pa.Array]:
+    """``(plain, shown)`` text of list values: ``[0.5, 1.25]``, elements rendered by
+    ``render`` (``convert.render``); null as null (shown: ``null``)."""
     lst = arr if pa.types.is_list(arr.type) else arr.cast(pa.list_(arr.type.value_type))
-    plain_elements, _ = _c.render(lst.flatten())
+    plain_elements, _ = render(lst.flatten())
     lengths = np.asarray(pc.fill_null(pc.list_value_length(lst), 0).to_numpy(zero_copy_only=False))
     lengths = np.where(valid_mask(lst), lengths, 0)
     offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
