@@ -76,7 +76,8 @@ def test_list_fields_refuse_scalar_constraints() -> None:
     with pytest.raises(SchemaError, match=r":8: fields\[2\].type: unknown list element type 'str'"):
         parse_schema(SCHEMA.replace("list(float32, 3)", "list(str, 3)"))
     with pytest.raises(SchemaError, match="sum of field 'emb'"):
-        parse_schema(SCHEMA + "aggregations:\n  features:\n    - {name: s1, function: sum, of: emb, window: 1h}\n")
+        parse_schema(SCHEMA + "aggregations:\n  features:\n"
+                              "    - {name: s1, function: sum, of: emb, window: 1h}\n")
 
 
 def test_validator_lists_from_arrow_and_json_agree() -> None:
@@ -97,7 +98,8 @@ def test_validator_lists_from_arrow_and_json_agree() -> None:
                        "expected numbers"),
         (2, "tags.type", "field tags violates constraint type: got [40000.0] (element 0: 40000.0), "
                          "expected list(int16, max=2)"),
-        (3, "emb.type", "field emb violates constraint type: got [1.0, 2.0] (length 2), expected list(float32, 3)"),
+        (3, "emb.type", "field emb violates constraint type: got [1.0, 2.0] (length 2), "
+                        "expected list(float32, 3)"),
         (3, "tags.type", "field tags violates constraint type: got [1.0, 2.0, 3.0] (length 3), "
                          "expected list(int16, max=2)"),
         (4, "emb.type", "field emb violates constraint type: got [1.0, null, 2.0] (a null element), "
