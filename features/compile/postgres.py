@@ -496,6 +496,8 @@ def aggregation_pg_type(schema: Schema | CompiledSchema, agg: Aggregation) -> st
     ft = schema.field(agg.of).type
     if f == "sum":
         return "bigint" if ft.kind in INTEGER_KINDS else f"numeric(38,{ft.scale})"
+    if f == "last_k":
+        return pg_type(ft) + "[]"  # the k newest values, newest first
     return pg_type(ft)
 
 

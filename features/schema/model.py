@@ -236,7 +236,7 @@ class Payload:
     max_bytes: int = 1_048_576
 
 
-AggFunction = Literal["count", "sum", "mean", "min", "max", "last", "count_distinct", "ratio"]
+AggFunction = Literal["count", "sum", "mean", "min", "max", "last", "count_distinct", "ratio", "last_k"]
 WindowKind = Literal["sliding", "tumbling"]
 
 
@@ -261,7 +261,8 @@ class Aggregation:
     ``window``, counting only the events whose fields match ``where`` (field ->
     allowed values; all must match). ``ratio`` divides two other aggregations
     (``numerator`` / ``denominator``, no window of its own) and is ``on_zero`` where the
-    denominator is 0 or null. See ``docs/aggregations.md`` for the exact semantics.
+    denominator is 0 or null. ``k``: how many values ``last_k`` keeps (None for the
+    others). See ``docs/aggregations.md`` for the exact semantics.
     """
 
     name: str
@@ -275,6 +276,7 @@ class Aggregation:
     on_zero: float | None = None
     description: str = ""
     line: int | None = None
+    k: int | None = None
 
 
 @dataclass(frozen=True)
