@@ -175,3 +175,37 @@ def test_list_text_round_trips_exactly(spelling: tuple[str, str, str]) -> None:
     assert parse_list_text(text, ints.type, spelling).equals(ints)
     with pytest.raises(pa.ArrowInvalid):
         parse_list_text(pa.array(["1,2"]), ints.type, spelling)
+
+
+LAST_K = SCHEMA.replace("  - {name: tags, type: 'list(int16, max=2)'}\n",
+                        "  - {name: x, type: float32, store: cold}\n  - {name: s, type: string, store: cold}\n")
+
+
+@pytest.mark.parametrize(("agg", "words"), [
+    ("{name: a, function: last_k, of: x, window: 1h}", "last_k needs k: how many values it keeps (1..64)"),
+    ("{name: a, function: last_k, of: x, k: 0, window: 1h}", "k (1..64)"),
+    ("{name: a, function: last_k, of: x, k: 65, window: 1h}", "k (1..64)"),
+    ("{name: a, function: last_k, of: x, k: 2.5, window: 1h}", "k (1..64)"),
+    ("{name: a, function: last_k, of: s, k: 3, window: 1h}", "last_k needs an integer or float field"),
+    ("{name: a, function: last_k, k: 3, window: 1h}", "last_k needs of"),
+    ("{name: a, function: max, of: x, k: 3, window: 1h}", "k does not apply to function max"),
+])
+def test_last_k_declarations_are_checked(agg: str, words: str) -> None:
+    with pytest.raises(SchemaError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        parse_schema(LAST_K + f"aggregations:\n  features:\n    - {agg}\n")
+
+
+def test_last_k_is_a_list_of_the_fields_type_everywhere() -> None:
+    from features.aggregate.engine import AggSpec
+    from features.compile.postgres import aggregation_pg_type
+    from features.views.model import aggregation_type
+
+    schema = parse_schema(LAST_K + "aggregations:\n  features:\n"
+                                   "    - {name: a, function: last_k, of: x, k: 5, window: 1h, store: [hot, cold]}\n")
+    assert schema.aggregations is not None
+    agg = schema.aggregations.features[0]
+    assert agg.k == 5
+    spec = AggSpec.of(schema)
+    assert spec is not None and spec.output_type(agg) == pa.list_(pa.float32())
+    assert aggregation_pg_type(schema, agg) == "real[]"
+    assert str(aggregation_type(schema, "a")) == "list(float32, max=5)"
