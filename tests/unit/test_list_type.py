@@ -209,3 +209,16 @@ def test_last_k_is_a_list_of_the_fields_type_everywhere() -> None:
     assert spec is not None and spec.output_type(agg) == pa.list_(pa.float32())
     assert aggregation_pg_type(schema, agg) == "real[]"
     assert str(aggregation_type(schema, "a")) == "list(float32, max=5)"
+
+
+def test_report_stats_of_a_list_field() -> None:
+    from features.report.stats import FieldStats
+    from features.schema.model import Field
+
+    ft, _ = parse_type("list(float64, max=3)")
+    assert ft is not None
+    stats = FieldStats(Field("v", ft))
+    stats.add(pa.array([[1.0, float("nan")], [-2.0, 5.0], [-2.0, 5.0], None, []], pa.list_(pa.float64())), 5)
+    got = stats.as_json()
+    assert (got["null_count"], got["nan_count"], got["min"], got["max"], got["distinct_count"]) == (
+        1, 1, -2.0, 5.0, 3)
