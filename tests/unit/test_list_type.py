@@ -178,7 +178,8 @@ def test_list_text_round_trips_exactly(spelling: tuple[str, str, str]) -> None:
 
 
 LAST_K = SCHEMA.replace("  - {name: tags, type: 'list(int16, max=2)'}\n",
-                        "  - {name: x, type: float32, store: cold}\n  - {name: s, type: string, store: cold}\n")
+                        "  - {name: x, type: float32, store: cold}\n"
+                        "  - {name: s, type: string, store: cold}\n")
 
 
 @pytest.mark.parametrize(("agg", "words"), [
@@ -200,8 +201,8 @@ def test_last_k_is_a_list_of_the_fields_type_everywhere() -> None:
     from features.compile.postgres import aggregation_pg_type
     from features.views.model import aggregation_type
 
-    schema = parse_schema(LAST_K + "aggregations:\n  features:\n"
-                                   "    - {name: a, function: last_k, of: x, k: 5, window: 1h, store: [hot, cold]}\n")
+    schema = parse_schema(LAST_K + "aggregations:\n  features:\n    - {name: a, function: last_k, of: x, "
+                                   "k: 5, window: 1h, store: [hot, cold]}\n")
     assert schema.aggregations is not None
     agg = schema.aggregations.features[0]
     assert agg.k == 5
