@@ -854,6 +854,10 @@ class SchemaParser(StepReader, AggregationReader):
                     hint = self.suggest(source_name, fields)
                     self.error(from_node, m.at("from"),
                                f"from '{source_name}' is not a field of this schema{hint}")
+                elif source is not None and source.type.kind is TypeKind.LIST:
+                    self.error(from_node, m.at("from"),
+                               f"from '{source_name}' is a {source.type} field: a derived feature reads "
+                               "one value per row, not a list")
         dtype: FieldType | None = None
         if (dtype_node := m.get("dtype")) is not None:
             dtype = self.parse_dtype(dtype_node, m.at("dtype"))

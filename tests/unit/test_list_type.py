@@ -223,3 +223,9 @@ def test_report_stats_of_a_list_field() -> None:
     got = stats.as_json()
     assert (got["null_count"], got["nan_count"], got["min"], got["max"], got["distinct_count"]) == (
         1, 1, -2.0, 5.0, 3)
+
+
+def test_a_derived_feature_cannot_read_a_list_field() -> None:
+    with pytest.raises(SchemaError, match="from 'emb' is a list\\(float32, 3\\) field"):
+        parse_schema(SCHEMA + "features:\n  - {name: f, from: emb, steps: [{hash_bucket: {n: 8}}], "
+                              "dtype: int32, store: hot}\n")
