@@ -11,6 +11,7 @@ parsed schema, for the declarations).
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
 from collections import defaultdict
 from decimal import ROUND_HALF_EVEN, Decimal
@@ -70,7 +71,8 @@ def reference(schema: Schema, events: list[dict[str, Any]]) -> dict[tuple[Any, i
                 window = [x for x in window if all(x[f] in allowed for f, allowed in agg.where)]
                 vs = ([x.get(agg.of) for x in window if x.get(agg.of) is not None] if agg.of
                       else [1] * len(window))
-                values[agg.name] = _value(schema, agg, vs)
+                values[agg.name] = (vs[::-1][:agg.k] if agg.function == "last_k"  # newest first
+                                    else _value(schema, agg, vs))
             for agg in schema.aggregations.features:
                 if agg.function == "ratio":
                     num, den = values[agg.numerator or ""], values[agg.denominator or ""]
@@ -185,6 +187,9 @@ aggregations:
     - {name: qty_first, function: first, of: qty, window: 1h, store: [hot, cold]}
     - {name: score_first, function: first, of: score, window: 2h, store: cold}
     - {name: amount_first_day, function: first, of: amount, window: {size: 1d, type: tumbling}, store: cold}
+    - {name: score_last3, function: last_k, of: score, k: 3, window: 1h, store: [hot, cold]}
+    - {name: qty_last2_day, function: last_k, of: qty, k: 2, where: {kind: [a, b]},
+       window: {size: 1d, type: tumbling}, store: cold}
 """
 #: 22:00 UTC: the 9 hours of a history cross a UTC midnight (the tumbling day)
 BASE_US = int(dt.datetime(2026, 3, 1, 22, 0, tzinfo=dt.UTC).timestamp()) * 1_000_000
@@ -260,6 +265,8 @@ def check_hot(client: Any, key_prefix: str, schema: Schema, want: dict[tuple[Any
         for name in hot:
             if values[name] is None:
                 assert name.encode() not in stored, (entity, name)
+            elif isinstance(values[name], list):  # last_k: a JSON array (docs/redis.md)
+                assert json.loads(stored[name.encode()]) == values[name], (entity, name)
             else:
                 assert Decimal(stored[name.encode()].decode()) == Decimal(str(values[name])), (entity, name)
 

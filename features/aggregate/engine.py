@@ -52,6 +52,7 @@ RAW_PARTS: dict[str, tuple[str, ...]] = {
     # moments (features.aggregate.moments): n, s = Σx, ss = Σx² = ss_hi * 2^62 + ss_lo
     **dict.fromkeys(("variance", "stddev", "variance_sample", "stddev_sample"), MOMENT_PARTS),
     "first": ("v",),
+    "last_k": ("v",),  # a list<int64> / list<float64> column: the window's k newest values, newest first
 }
 _MOMENTS = ("variance", "stddev", "variance_sample", "stddev_sample")
 LATE_RULE = "aggregation.lateness"
@@ -115,6 +116,8 @@ class AggSpec:
             return pa.int64() if ft.kind in INTEGER_KINDS else pa.decimal128(38, int(ft.scale or 0))
         from features.compile.arrow import arrow_type
 
+        if f == "last_k":
+            return pa.list_(arrow_type(ft))
         return arrow_type(ft)
 
     def stored(self, target: str) -> tuple[Aggregation, ...]:
@@ -343,6 +346,24 @@ def _distinct_counts(codes: I64, vcodes: I64, mask: Mask, lo: I64) -> I64:
     return out
 
 
+def _last_k(v: npt.NDArray[Any], mask: Mask, lo: I64, k: int) -> pa.Array:
+    """For every window [lo[i], i]: the values of its ``k`` newest contributing events,
+    newest first, as one list per event (shorter when the window holds fewer). With
+    ``m`` the contributing positions in order and ``cnt`` their prefix count, the j-th
+    newest of window i is ``m[cnt[i+1] - 1 - j]`` for ``j < cnt[i+1] - cnt[lo[i]]``:
+    an (n, k) gather, no loop over events."""
+    n = len(v)
+    m = np.flatnonzero(mask)
+    cnt = _prefix(mask.astype(np.int64))
+    pos = np.arange(n)
+    lengths = np.minimum(cnt[pos + 1] - cnt[lo], k)
+    rank = cnt[pos + 1][:, None] - 1 - np.arange(k, dtype=np.int64)[None, :]
+    keep = np.arange(k, dtype=np.int64)[None, :] < lengths[:, None]
+    picked = m[rank[keep]] if len(m) else np.zeros(0, dtype=np.int64)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+    return pa.ListArray.from_arrays(offsets, pa.array(v[picked]))
+
+
 def compute(spec: AggSpec, inputs: Inputs) -> Computed:
     """The batch engine: every event's outcome and, for accepted ones, raw accumulators."""
     n = len(inputs)
@@ -377,6 +398,10 @@ def compute(spec: AggSpec, inputs: Inputs) -> Computed:
             raw[f"{agg.name}.d"] = pa.array(_distinct_counts(c, vcodes, mask, lo), pa.int64())
             continue
         v = inputs.values[agg.name][order]
+        if f == "last_k":
+            assert agg.k is not None
+            raw[f"{agg.name}.v"] = _last_k(v, mask, lo, agg.k)
+            continue
         if f in ("sum", "mean") or f in _MOMENTS:
             if agg.scale is not None:  # a float field: fixed point, 10^-scale units
                 vv = fixed_point(v, mask, agg.scale, f"aggregation {agg.name} ({f} of {agg.of})")
@@ -417,6 +442,8 @@ def compute(spec: AggSpec, inputs: Inputs) -> Computed:
 def _raw_type(spec: AggSpec, name: str) -> pa.DataType:
     agg_name, part = name.rsplit(".", 1)
     agg = next(a for a in spec.windowed if a.name == agg_name)
+    if agg.function == "last_k":
+        return pa.list_(pa.float64() if spec.value_kind(agg) == "float" else pa.int64())
     if part == "v" and spec.value_kind(agg) == "float":
         return pa.float64()
     return pa.int64()
@@ -481,6 +508,10 @@ def finalize(spec: AggSpec, raw: pa.Table) -> dict[str, pa.Array]:
             continue
         col = raw.column(f"{agg.name}.{RAW_PARTS[f][0]}")
         target = spec.output_type(agg)
+        if f == "last_k":  # the field's own type (float64 -> float32 and int64 -> int32 are exact here)
+            out[agg.name] = col.combine_chunks().cast(target) if isinstance(col, pa.ChunkedArray) \
+                else col.cast(target)
+            continue
         if ft.kind is TypeKind.DECIMAL:
             v, valid = _np(col, np.int64, 0)
             if f == "sum":

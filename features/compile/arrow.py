@@ -11,6 +11,8 @@ The mapping (see ``docs/types.md``)::
     date              pa.date32()
     timestamp(u)      pa.timestamp(u)        naive: a wall-clock time in UTC (docs/types.md)
     timestamp(u, TZ)  pa.timestamp(u, tz=TZ) an instant, stored as UTC, shown in TZ
+    list(T, n)        pa.list_(T, n)         fixed_size_list of n elements of T's type
+    list(T, max=n)    pa.list_(T)            a list of 0..n elements (checked by the type rule)
 
 A field is non-nullable in Arrow when it is ``required`` or ``nullable: false``.
 The schema metadata carries the schema's name and version.
@@ -53,6 +55,11 @@ def arrow_type(t: FieldType) -> pa.DataType:
     simple = _SIMPLE.get(t.kind)
     if simple is not None:
         return simple
+    if t.items is not None:
+        element = arrow_type(t.items.element)
+        if t.items.length is not None:
+            return pa.list_(element, t.items.length)
+        return pa.list_(element)
     if t.kind is TypeKind.DECIMAL:
         p, s = t.precision, t.scale
         if p is None or s is None or not 1 <= p <= 38 or not 0 <= s <= p:

@@ -32,6 +32,12 @@ pattern     ``expect_column_values_to_match_regex`` with the pattern rewritten f
 enum        ``expect_column_values_to_be_in_set``
 ==========  ===================================================================
 
+A list field (``list(float32, 384)``): ``type`` is its length,
+``expect_column_values_to_be_between`` (``n..n``, or ``0..max``) of the column
+``<field>__length`` that :func:`run_suite` adds (the list's lengths; a null or
+infinite element, the rest of the type rule, is the validator's); its ``nan`` rule (a
+NaN element) is not expressible: GX compares whole lists.
+
 NaN and null. GX's pandas engine treats NaN as null when a float column is a NumPy
 ``float64``; then the ``nan`` and ``not_null`` rules could not be told apart. So
 :func:`run_suite` hands float columns to GX as pandas' nullable ``Float64`` (null is
@@ -102,6 +108,10 @@ class _NotExpressible(Exception):
 # --- rendering --------------------------------------------------------------------
 
 
+#: suffix of the column of a list field's lengths (:func:`length_column`)
+LENGTH_SUFFIX = "__length"
+
+
 def _as_decimal(value: ScalarValue, what: str) -> Decimal:
     if isinstance(value, bool) or not isinstance(value, (int, float, Decimal, str)):
         raise CompileError(f"{what}: {value!r} is not a number")
@@ -158,6 +168,8 @@ def _expectation(f: Field, rule: Rule) -> tuple[str, dict[str, Any]]:
     kind = rule.kind
     if kind is ReasonCode.MISSING:
         return "expect_column_to_exist", {"column": col}
+    if f.type.items is not None:
+        return _list_expectation(f, rule)
     if kind is ReasonCode.TYPE:
         if f.type.kind in FLOAT_KINDS:
             # In typed float data the only type failure left is +-inf (not a number).
@@ -204,6 +216,24 @@ def _expectation(f: Field, rule: Rule) -> tuple[str, dict[str, Any]]:
     raise _NotExpressible(f"no expectation for rule kind {kind.value}")  # pragma: no cover
 
 
+def _list_expectation(f: Field, rule: Rule) -> tuple[str, dict[str, Any]]:
+    """A list field: ``type`` as its length (the part of the type typed data can still
+    break: a ``list(T, max=n)`` column holds lists of any length); ``not_null`` as for any
+    column; ``nan`` (an element) GX cannot see: a list equals itself, NaN inside or not."""
+    items = f.type.items
+    assert items is not None
+    if rule.kind is ReasonCode.TYPE:
+        lo = items.length if items.length is not None else 0
+        hi = items.length if items.length is not None else items.max_length
+        return "expect_column_values_to_be_between", {"column": length_column(f.name), "min_value": lo,
+                                                       "max_value": hi}
+    if rule.kind is ReasonCode.NOT_NULL:
+        return "expect_column_values_to_not_be_null", {"column": f.name}
+    if rule.kind is ReasonCode.MISSING:
+        return "expect_column_to_exist", {"column": f.name}
+    raise _NotExpressible("a NaN element of a list: GX compares whole lists")
+
+
 def render_suite(compiled: CompiledSchema) -> dict[str, Any]:
     """The GX 1.x ExpectationSuite of ``compiled`` as a JSON-able dict (the shape of
     ``ExpectationSuite.to_json_dict()``, loadable with ``ExpectationSuite(**suite)``).
@@ -240,6 +270,8 @@ def render_suite(compiled: CompiledSchema) -> dict[str, Any]:
                     "declared types, empty strings nulled where empty_as_null, null_values "
                     "markers nulled in string columns, defaults filled, "
                     "floats as nullable Float64 (NaN is not null), decimals as float64"
+                    + (", a list field's lengths added as <field>__length"
+                       if any(f.type.items is not None for f in schema.fields) else "")
                 ),
             }
         },
@@ -341,7 +373,18 @@ def _prepare(compiled: CompiledSchema, data: pa.Table | pa.RecordBatch | pd.Data
         pa.bool_(): pd.BooleanDtype(),
     }
     frame = prepared.to_pandas(types_mapper=mapper.get)
+    for f in compiled.schema.fields:  # a list's length, as its own column (GX measures str(value))
+        if f.type.items is not None and f.name in columns:
+            listed = columns[f.name]
+            listed = listed.combine_chunks() if isinstance(listed, pa.ChunkedArray) else listed
+            lengths = pc.list_value_length(listed)
+            frame[length_column(f.name)] = pd.Series(lengths.to_numpy(zero_copy_only=False), dtype="Int64")
     return frame, frozenset(missing), n
+
+
+def length_column(name: str) -> str:
+    """The column :func:`run_suite` adds for list field ``name``: its lengths."""
+    return f"{name}{LENGTH_SUFFIX}"
 
 
 def _default_scalar(f: Field, value: ScalarValue, target: pa.DataType) -> pa.Scalar:
@@ -429,7 +472,7 @@ def run_suite_detailed(
         if exp["type"] != "expect_column_to_exist" and column in missing and column not in frame:
             skipped[exp["meta"]["rule"]] = "column absent"
             continue
-        if exp["type"] == "expect_column_values_to_be_between":
+        if exp["type"] == "expect_column_values_to_be_between" and column in fields:
             for key in ("min_value", "max_value"):
                 if key in kwargs:
                     kwargs[key] = _runtime_bound(fields[str(column)], kwargs[key])

@@ -41,7 +41,7 @@ _IGNORED_ON: Final[dict[type, frozenset[str]]] = {Field: frozenset({"source"})}
 #: attributes added after format 1 shipped: left out while unset (None, or an empty
 #: tuple for ``null_values``), so the fingerprints of schemas that do not use them stay
 #: what they were.
-_OMIT_WHEN_NONE: Final = frozenset({"aggregations"})
+_OMIT_WHEN_NONE: Final = frozenset({"aggregations", "items", "k"})
 _OMIT_WHEN_EMPTY: Final = frozenset({"null_values"})
 #: the same, on one model class only (``FieldType.scale`` has always counted)
 _OMIT_WHEN_NONE_ON: Final[dict[type, frozenset[str]]] = {Aggregation: frozenset({"scale"})}

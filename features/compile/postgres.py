@@ -177,7 +177,10 @@ def check_table_name(schema: Schema) -> str:
 
 
 def pg_type(ft: FieldType) -> str:
-    """The Postgres column type of a declared type (see the type mapping)."""
+    """The Postgres column type of a declared type (see the type mapping); a list is an
+    array of its element's type (``real[]``, ``bigint[]``)."""
+    if ft.items is not None:
+        return pg_type(ft.items.element) + "[]"
     k = ft.kind
     if k in (TypeKind.STRING, TypeKind.ENUM):
         return "text"
@@ -294,6 +297,8 @@ def check_expr(f: Field, rule: Rule) -> str | None:
     kind = rule.kind
     what = f"field {f.name} constraint {kind.value}"
     is_float = f.type.kind in FLOAT_KINDS
+    if f.type.items is not None:
+        return _list_check(f, kind)
     if kind is ReasonCode.TYPE:
         if f.type.kind is TypeKind.INT8:
             lo, hi = _INT8_RANGE
@@ -337,6 +342,33 @@ def check_expr(f: Field, rule: Rule) -> str | None:
             raise CompileError(f"field {f.name}: enum without values", field=f.name)
         return f"{col} IN ({', '.join(quote_literal(v) for v in values)})"
     return None  # missing: a property of the input, not of a stored value
+
+
+def _list_check(f: Field, kind: ReasonCode) -> str | None:
+    """A list column's CHECKs: ``type`` holds what the array type alone does not (one
+    dimension from 1, the length, no null element unless ``nullable=true``, no infinity,
+    int8's range); ``nan``: no NaN element."""
+    items = f.type.items
+    assert items is not None
+    col = quote_ident(f.name)
+    element = items.element.kind
+    if kind is ReasonCode.NAN:
+        return f"NOT ('NaN' = ANY({col}))"
+    if kind is not ReasonCode.TYPE:
+        return None
+    parts = [f"coalesce(array_ndims({col}), 1) = 1", f"coalesce(array_lower({col}, 1), 1) = 1"]
+    if items.length is not None:
+        parts.append(f"cardinality({col}) = {items.length}")
+    else:
+        parts.append(f"cardinality({col}) <= {items.max_length}")
+    if not items.nullable:
+        parts.append(f"array_position({col}, NULL) IS NULL")
+    if element in FLOAT_KINDS:
+        parts.append(f"NOT ('Infinity' = ANY({col}) OR '-Infinity' = ANY({col}))")
+    if element is TypeKind.INT8:
+        lo, hi = _INT8_RANGE
+        parts.append(f"{_number_text(Decimal(lo))} <= ALL({col}) AND {hi} >= ALL({col})")
+    return " AND ".join(parts)
 
 
 def _not_null(f: Field, rules: Iterable[Rule]) -> bool:
@@ -466,6 +498,8 @@ def aggregation_pg_type(schema: Schema | CompiledSchema, agg: Aggregation) -> st
         return "double precision"  # a float field's fixed-point sum
     if f == "sum":
         return "bigint" if ft.kind in INTEGER_KINDS else f"numeric(38,{ft.scale})"
+    if f == "last_k":
+        return pg_type(ft) + "[]"  # the k newest values, newest first
     return pg_type(ft)
 
 

@@ -10,7 +10,7 @@ Rule kinds (= reject reason codes):
 missing        a required column is absent from the input
 type           a value does not convert exactly to the declared type
 not_null       null (or empty string with ``empty_as_null``) where not allowed
-nan            NaN in a float field (never valid, nullable or not)
+nan            NaN in a float field, or an element of a list of floats (never valid)
 min / max      inclusive bounds
 pattern        the whole string must match the regex
 enum           value not among the declared enum values
@@ -68,8 +68,8 @@ def field_rules(f: Field) -> list[Rule]:
     rules.append(Rule(f.name, ReasonCode.TYPE, str(f.type)))
     if not c.nullable or c.required:
         rules.append(Rule(f.name, ReasonCode.NOT_NULL))
-    if f.type.kind in FLOAT_KINDS:
-        rules.append(Rule(f.name, ReasonCode.NAN))
+    if f.type.kind in FLOAT_KINDS or (f.type.items is not None and f.type.items.element.kind in FLOAT_KINDS):
+        rules.append(Rule(f.name, ReasonCode.NAN))  # a list of floats: no NaN element
     if c.min is not None:
         rules.append(Rule(f.name, ReasonCode.MIN, c.min))
     if c.max is not None:

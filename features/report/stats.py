@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 
 from features.kernels.hashing import fnv1a64_distinct
 from features.schema.model import FLOAT_KINDS, Field
+from features.sinks.listtext import list_text
 
 U64 = npt.NDArray[np.uint64]
 
@@ -140,6 +141,9 @@ class FieldStats:
         self.type_failures += type_failures
         self.null_count += values.null_count - type_failures
         present = values.drop_null()
+        if self.field.type.items is not None:
+            self._add_lists(present)
+            return
         if self.field.type.kind in FLOAT_KINDS and len(present):
             nan = pc.is_nan(present)
             self.nan_count += int(pc.sum(nan).as_py() or 0)
@@ -154,13 +158,36 @@ class FieldStats:
             self.max = hi
         self.distinct.add(present)
 
+    def _add_lists(self, present: pa.Array) -> None:
+        """A list field: ``nan_count`` counts lists with a NaN element, ``min``/``max`` are
+        over the elements, distinct values are distinct lists (by their text)."""
+        if len(present) == 0:
+            return
+        elements = present.flatten()
+        if self.field.type.items is not None and self.field.type.items.element.kind in FLOAT_KINDS \
+                and len(elements):
+            nan = pc.fill_null(pc.is_nan(elements), False)
+            rows = pc.list_parent_indices(present).filter(nan)
+            self.nan_count += len(pc.unique(rows))
+            elements = elements.filter(pc.invert(nan))
+        if len(elements.drop_null()):
+            mm = pc.min_max(elements)
+            lo, hi = mm["min"].as_py(), mm["max"].as_py()
+            if lo is not None and (self.min is None or lo < self.min):
+                self.min = lo
+            if hi is not None and (self.max is None or hi > self.max):
+                self.max = hi
+        self.distinct.add(list_text(present))
+
     def as_json(self) -> dict[str, Any]:
         return {
             "field": self.field.name,
             "type": str(self.field.type),
             "rows": self.rows,
             "null_count": self.null_count,
-            "nan_count": self.nan_count if self.field.type.kind in FLOAT_KINDS else None,
+            "nan_count": self.nan_count if self.field.type.kind in FLOAT_KINDS or (
+                self.field.type.items is not None and self.field.type.items.element.kind in FLOAT_KINDS)
+            else None,
             "type_failures": self.type_failures,
             "absent_rows": self.absent_rows,
             "min": jsonable(self.min),

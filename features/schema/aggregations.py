@@ -19,6 +19,7 @@ first           a numeric field                   window, where
 variance,       a numeric field                   window, where, scale (float
 stddev (and                                       fields)
 their _sample)
+last_k          an integer or float field         window, where, k (1..64)
 ratio           -                                 numerator, denominator (two
                                                   windowed aggregations), on_zero
 ==============  ================================  ==============================
@@ -57,13 +58,15 @@ from features.schema.syntax import MAX_DURATION_S
 
 _AGG_SECTION_KEYS: Final = ("allowed_lateness", "features")
 _AGG_KEYS: Final = ("name", "function", "of", "window", "where", "numerator", "denominator", "on_zero",
-                    "scale", "store", "description")
+                    "scale", "store", "description", "k")
 _AGG_FUNCTIONS: Final = ("count", "sum", "mean", "min", "max", "last", "count_distinct", "ratio",
-                         "variance", "stddev", "variance_sample", "stddev_sample", "first")
+                         "variance", "stddev", "variance_sample", "stddev_sample", "first", "last_k")
 #: functions that add values: over a float field they take ``scale`` (fixed point)
 _SCALED: Final = ("sum", "mean", "variance", "stddev", "variance_sample", "stddev_sample")
 DEFAULT_SCALE: Final = 6
 MAX_SCALE: Final = 18
+#: the largest ``k`` of ``last_k``
+LAST_K_MAX: Final = 64
 #: the field types each function accepts for ``of`` (why, in the error, for the others)
 _AGG_OF_KINDS: Final = {
     "count": None,  # any type: counts non-null values
@@ -80,6 +83,8 @@ _AGG_OF_KINDS: Final = {
     "variance_sample": (NUMERIC_KINDS, "a numeric field"),
     "stddev_sample": (NUMERIC_KINDS, "a numeric field"),
     "first": (NUMERIC_KINDS, "a numeric field"),
+    # last_k: a list of the field's type (list elements: integers and floats)
+    "last_k": (INTEGER_KINDS | FLOAT_KINDS, "an integer or float field (its values make a list)"),
 }
 _WHERE_KINDS: Final = INTEGER_KINDS | {TypeKind.STRING, TypeKind.ENUM, TypeKind.BOOL}
 
@@ -323,6 +328,9 @@ class AggregationReader(NodeReader):
                     reason = f"scale applies to {', '.join(_SCALED)} of a float field only"
                 self.error(m.get(key), m.at(key), f"{key} does not apply to function {function}: {reason}")
                 ok = False
+        if is_ratio and (k_node := m.get("k")) is not None:
+            self.error(k_node, m.at("k"), "k does not apply to function ratio: it belongs to last_k")
+            ok = False
         if is_ratio:
             refs: list[str | None] = []
             for key in ("numerator", "denominator"):
@@ -395,10 +403,26 @@ class AggregationReader(NodeReader):
             parsed_where = self.parse_where(where_node, m.at("where"), fields)
             ok = ok and parsed_where is not None
             where = parsed_where or ()
+        k = self.parse_k(m, function)
+        ok = ok and (k is not None or function != "last_k")
         if not ok or name is None or store is None:
             return None
         return Aggregation(name=name, function=cast(AggFunction, function), store=store, of=of, window=window,
-                           where=where, scale=scale, description=description, line=line_of(node))
+                           where=where, scale=scale, description=description, line=line_of(node), k=k)
+
+    def parse_k(self, m: YamlMap, function: str | None) -> int | None:
+        """``k`` of ``last_k`` (1..LAST_K_MAX): required there, refused elsewhere."""
+        node = m.get("k")
+        if function is None:
+            return None
+        if function != "last_k":
+            if node is not None:
+                self.error(node, m.at("k"), f"k does not apply to function {function}: it belongs to last_k")
+            return None
+        if node is None:
+            self.error(m.node, m.at("k"), f"last_k needs k: how many values it keeps (1..{LAST_K_MAX})")
+            return None
+        return self.integer(node, m.at("k"), f"k (1..{LAST_K_MAX})", 1, LAST_K_MAX)
 
 
 def field_kind(fields: dict[str, Field] | None, name: str | None) -> TypeKind | None:

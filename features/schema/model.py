@@ -38,27 +38,52 @@ class TypeKind(StrEnum):
     DATE = "date"
     TIMESTAMP = "timestamp"
     ENUM = "enum"
+    LIST = "list"
 
 
 INTEGER_KINDS = frozenset({TypeKind.INT8, TypeKind.INT16, TypeKind.INT32, TypeKind.INT64})
 FLOAT_KINDS = frozenset({TypeKind.FLOAT32, TypeKind.FLOAT64})
 NUMERIC_KINDS = INTEGER_KINDS | FLOAT_KINDS | {TypeKind.DECIMAL}
+#: The element types a ``list(...)`` field may hold.
+LIST_ELEMENT_KINDS = INTEGER_KINDS | FLOAT_KINDS
+#: The largest length (fixed, or the ``max=`` bound) a list type may declare.
+LIST_MAX_LENGTH = 65_536
 TimeUnit = Literal["s", "ms", "us", "ns"]
+
+
+@dataclass(frozen=True)
+class ListItems:
+    """The elements of a ``list`` type: their type (a numeric kind of
+    :data:`LIST_ELEMENT_KINDS`), a fixed ``length`` (``list(float32, 384)``) or a bound
+    ``max_length`` (``list(int64, max=10)``: 0 to 10 elements), and whether an element may
+    be null (``nullable=true``; default: a null element is a ``type`` reject)."""
+
+    element: FieldType
+    length: int | None = None
+    max_length: int | None = None
+    nullable: bool = False
+
+    def __str__(self) -> str:
+        size = str(self.length) if self.length is not None else f"max={self.max_length}"
+        return f"list({self.element}, {size}{', nullable=true' if self.nullable else ''})"
 
 
 @dataclass(frozen=True)
 class FieldType:
     """A declared type. ``precision``/``scale`` only for decimal; ``unit``/``tz`` only
     for timestamp (``tz`` None means a naive timestamp; a zone such as ``UTC`` means
-    values must carry a zone and are stored as instants)."""
+    values must carry a zone and are stored as instants); ``items`` only for list."""
 
     kind: TypeKind
     precision: int | None = None
     scale: int | None = None
     unit: TimeUnit | None = None
     tz: str | None = None
+    items: ListItems | None = None
 
     def __str__(self) -> str:
+        if self.items is not None:
+            return str(self.items)
         if self.kind is TypeKind.DECIMAL:
             return f"decimal({self.precision},{self.scale})"
         if self.kind is TypeKind.TIMESTAMP:
@@ -212,8 +237,8 @@ class Payload:
 
 
 AggFunction = Literal["count", "sum", "mean", "min", "max", "last", "count_distinct", "ratio",
-                      # moments and first (issue 32)
-                      "variance", "stddev", "variance_sample", "stddev_sample", "first"]
+                      # moments, first, last_k (issue 32)
+                      "variance", "stddev", "variance_sample", "stddev_sample", "first", "last_k"]
 WindowKind = Literal["sliding", "tumbling"]
 
 
@@ -238,7 +263,8 @@ class Aggregation:
     ``window``, counting only the events whose fields match ``where`` (field ->
     allowed values; all must match). ``ratio`` divides two other aggregations
     (``numerator`` / ``denominator``, no window of its own) and is ``on_zero`` where the
-    denominator is 0 or null. See ``docs/aggregations.md`` for the exact semantics.
+    denominator is 0 or null. ``k``: how many values ``last_k`` keeps (None for the
+    others). See ``docs/aggregations.md`` for the exact semantics.
     """
 
     name: str
@@ -255,6 +281,7 @@ class Aggregation:
     scale: int | None = None
     description: str = ""
     line: int | None = None
+    k: int | None = None
 
 
 @dataclass(frozen=True)

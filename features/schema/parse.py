@@ -522,6 +522,9 @@ class SchemaParser(StepReader, AggregationReader):
         if (as_node := m.get("accept_strings")) is not None:
             flag = self.boolean(as_node, m.at("accept_strings"))
             accept_strings = bool(flag)
+            if flag and ftype is not None and ftype.kind is TypeKind.LIST:
+                self.error(as_node, m.at("accept_strings"),
+                           f"accept_strings does not apply to {ftype} fields")
             if flag and ftype is not None and ftype.kind in (TypeKind.STRING, TypeKind.ENUM):
                 self.error(as_node, m.at("accept_strings"),
                            f"accept_strings applies to non-string fields, this one is {ftype}")
@@ -642,6 +645,13 @@ class SchemaParser(StepReader, AggregationReader):
         m = self.mapping(node, kp, _CONSTRAINT_KEYS, (), "constraints")
         if m is None:
             return None
+        if ftype is not None and ftype.kind is TypeKind.LIST:
+            for key in ("min", "max", "pattern", "min_length", "max_length", "default", "empty_as_null"):
+                if (n := m.get(key)) is not None:
+                    self.error(n, m.at(key), f"{key} does not apply to {ftype} fields (a list field "
+                                             "takes required and nullable; its length and elements are in "
+                                             "its type)")
+                    return None
         flags: dict[str, bool] = {}
         for key in ("required", "nullable", "empty_as_null"):
             if (n := m.get(key)) is not None:
@@ -844,6 +854,10 @@ class SchemaParser(StepReader, AggregationReader):
                     hint = self.suggest(source_name, fields)
                     self.error(from_node, m.at("from"),
                                f"from '{source_name}' is not a field of this schema{hint}")
+                elif source is not None and source.type.kind is TypeKind.LIST:
+                    self.error(from_node, m.at("from"),
+                               f"from '{source_name}' is a {source.type} field: a derived feature reads "
+                               "one value per row, not a list")
         dtype: FieldType | None = None
         if (dtype_node := m.get("dtype")) is not None:
             dtype = self.parse_dtype(dtype_node, m.at("dtype"))

@@ -93,10 +93,13 @@ OPERAND_ARGS: Final = {"ratio": "denominator", "difference": "other", "product":
 assert set(get_args(OpName)) == set(_OPS), "the op table and model.OpName must list the same ops"
 _CLASS_NAMES: Final = {
     "number": "numeric", "bool": "bool", "string": "string", "enum": "enum", "temporal": "timestamp/date",
+    "list": "list",
 }
 
 
 def _value_class(kind: TypeKind) -> str:
+    if kind is TypeKind.LIST:
+        return "list"  # refused where a feature reads it (parse.py), no op takes it
     if kind in NUMERIC_KINDS:
         return "number"
     if kind in (TypeKind.DATE, TypeKind.TIMESTAMP):

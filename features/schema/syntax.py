@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from typing import Final
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from features.schema.model import FieldType, TypeKind
+from features.schema.model import LIST_ELEMENT_KINDS, LIST_MAX_LENGTH, FieldType, ListItems, TypeKind
 
 __all__ = [
     "AGGREGATES_SUFFIX", "CHECK_SUFFIX", "IDENTIFIER_RE", "MAX_DURATION_S", "MAX_IDENTIFIER",
@@ -333,6 +333,8 @@ def parse_type(text: str) -> tuple[FieldType | None, str | None]:
     if base not in kinds:
         return None, f"unknown type '{base}'{suggest(base.lower(), kinds)}"
     kind = TypeKind(base)
+    if kind is TypeKind.LIST:
+        return _parse_list(text, raw_args)
     args = [] if raw_args is None else [a.strip() for a in raw_args.split(",")]
     if kind is TypeKind.DECIMAL:
         if len(args) != 2 or not all(re.fullmatch(r"-?[0-9]+", a) for a in args):
@@ -363,6 +365,45 @@ def parse_type(text: str) -> tuple[FieldType | None, str | None]:
         return None, f"type {base} takes no arguments"
     return FieldType(kind), None
 
+
+_LIST_FORM = "write list(<element>, <length>) or list(<element>, max=<n>), e.g. list(float32, 384)"
+
+
+def _parse_list(text: str, raw_args: str | None) -> tuple[FieldType | None, str | None]:
+    """``list(float32, 384)``, ``list(int64, max=10)``, either with ``, nullable=true``."""
+    elements = ", ".join(sorted(k.value for k in LIST_ELEMENT_KINDS))
+    if raw_args is None:
+        return None, f"malformed list type '{text}': {_LIST_FORM}"
+    if "(" in raw_args or ")" in raw_args:
+        if raw_args.strip().startswith("list"):
+            return None, f"nested lists are not supported ('{text}'): a list's elements are one of {elements}"
+        return None, f"list elements must be one of {elements} ('{text}')"
+    args = [a.strip() for a in raw_args.split(",")]
+    if not 2 <= len(args) <= 3:
+        return None, f"malformed list type '{text}': {_LIST_FORM}"
+    element = args[0]
+    if element == "list":
+        return None, f"nested lists are not supported ('{text}'): a list's elements are one of {elements}"
+    if element not in {k.value for k in LIST_ELEMENT_KINDS}:
+        return None, f"unknown list element type '{element}' (expected one of {elements})"
+    size = args[1].replace(" ", "")
+    bounded = size.startswith("max=")
+    digits = size.removeprefix("max=")
+    if not re.fullmatch(r"-?[0-9]+", digits):
+        return None, f"malformed list length '{args[1]}' in '{text}': {_LIST_FORM}"
+    n = int(digits) if len(digits) <= 9 else 10**9
+    if not 1 <= n <= LIST_MAX_LENGTH:
+        what = "maximum length" if bounded else "length"
+        return None, f"list {what} {digits} is out of range 1..{LIST_MAX_LENGTH}"
+    nullable = False
+    if len(args) == 3:
+        flag = args[2].replace(" ", "")
+        if flag not in ("nullable=true", "nullable=false"):
+            return None, f"malformed list option '{args[2]}' in '{text}': the only option is nullable=true"
+        nullable = flag == "nullable=true"
+    items = ListItems(FieldType(TypeKind(element)), length=None if bounded else n,
+                      max_length=n if bounded else None, nullable=nullable)
+    return FieldType(TypeKind.LIST, items=items), None
 
 
 def duration_seconds(text: str) -> int | None:

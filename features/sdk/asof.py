@@ -45,6 +45,7 @@ import pyarrow.compute as pc
 from features.compile import CompiledSchema
 from features.schema.model import TypeKind
 from features.sdk.stored import aggregation_names, declared_type, entity_values
+from features.sinks.listtext import POSTGRES, parse_list_text
 
 _T = TypeVar("_T")
 
@@ -241,6 +242,8 @@ def _text_type(t: pa.DataType) -> pa.DataType:
         return pa.timestamp("us", "UTC" if t.tz is not None else None)
     if pa.types.is_dictionary(t):
         return t.value_type
+    if pa.types.is_list(t) or pa.types.is_fixed_size_list(t):
+        return pa.string()  # an array literal, {0.5,1e-45}
     return t
 
 
@@ -271,6 +274,8 @@ def _parse(data: bytes, c: CompiledSchema, types: dict[str, pa.DataType]) -> pa.
         col = table.column(name).combine_chunks()
         if pa.types.is_dictionary(t):
             col = col.dictionary_encode()
+        elif pa.types.is_list(t) or pa.types.is_fixed_size_list(t):
+            col = parse_list_text(col, t, POSTGRES)
         out[name] = col.cast(t) if col.type != t else col
     return pa.table(out)
 

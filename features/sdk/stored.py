@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 
 from features.compile import CompiledSchema
 from features.errors import SinkError
+from features.sinks.listtext import parse_list_text
 
 
 def hot_columns(c: CompiledSchema) -> list[str]:
@@ -121,6 +122,8 @@ def from_text(c: CompiledSchema, name: str, text: pa.Array, target: pa.DataType 
     try:
         if pa.types.is_dictionary(target):
             return text.cast(target.value_type).dictionary_encode()
+        if pa.types.is_list(target) or pa.types.is_fixed_size_list(target):
+            return parse_list_text(text, target)
         return text.cast(target)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise SinkError(f"Redis holds a value for {c.name}.{name} that is not encoding v1 text of "

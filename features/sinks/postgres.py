@@ -55,6 +55,7 @@ from features.errors import SinkError, SinkUnavailable
 from features.lineage import SOURCE
 from features.sinks import pg
 from features.sinks.base import WriteResult, WriteUnit, retrying
+from features.sinks.listtext import POSTGRES, list_text
 from features.sinks.pgbinary import copy_binary
 
 LEDGER_TABLE = "featureline_ledger"
@@ -82,13 +83,16 @@ def copy_csv(table: pa.Table) -> bytes:
 
     Zoned timestamps are written as their UTC wall clock without a zone (Arrow formats
     those 20x faster); the sink's sessions run with ``TimeZone=UTC``, so Postgres reads
-    them as the same instants.
+    them as the same instants. Lists are array literals (``{0.5,1e-45}``,
+    :mod:`features.sinks.listtext`).
     """
     columns = []
     for col in table.columns:
         t = col.type
         if pa.types.is_timestamp(t) and t.tz is not None:
             col = col.cast(pa.timestamp(t.unit, "UTC")).cast(pa.timestamp(t.unit))
+        elif pa.types.is_list(t) or pa.types.is_fixed_size_list(t) or pa.types.is_large_list(t):
+            col = pa.chunked_array([list_text(c, POSTGRES) for c in col.chunks], pa.string())  # {0.5,1}
         columns.append(col)
     data = pa.table(columns, names=table.column_names)
     buf = io.BytesIO()

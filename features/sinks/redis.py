@@ -43,6 +43,7 @@ from features.errors import SinkError, SinkUnavailable
 from features.lineage import INGESTED_AT, RUN_ID, SCHEMA_FINGERPRINT, SCHEMA_VERSION, SOURCE
 from features.schema.syntax import AGGREGATES_SUFFIX
 from features.sinks.base import WriteResult, WriteUnit, binary_rows, laid_end_to_end, retrying
+from features.sinks.listtext import JSON, list_text
 from features.sinks.redis_wire import Conn, RedisEndpoint, ReplyError, map_redis_errors
 
 if TYPE_CHECKING:
@@ -202,7 +203,8 @@ def encode_column(arr: pa.Array) -> pa.Array:
     that parses back to the same value (``0.1``, ``1e+20``); decimals: with their scale
     (``1234.50``); bools: ``true``/``false``; dates: ``YYYY-MM-DD``; timestamps with a
     zone: converted to UTC, ``YYYY-MM-DD HH:MM:SS.ffffffZ``; naive timestamps: the same
-    without ``Z``.
+    without ``Z``; lists: the JSON array of their elements' shortest text, ``[0.5,-0,1e-45]``
+    (:mod:`features.sinks.listtext`).
     """
     t = arr.type
     if pa.types.is_dictionary(t):
@@ -212,6 +214,8 @@ def encode_column(arr: pa.Array) -> pa.Array:
         return arr
     if pa.types.is_large_string(t):
         return arr.cast(pa.string())
+    if pa.types.is_list(t) or pa.types.is_fixed_size_list(t) or pa.types.is_large_list(t):
+        return list_text(arr, JSON)
     if pa.types.is_timestamp(t) and t.tz is not None:
         # Formatting a zoned timestamp consults the zone database per value (~5 µs);
         # the UTC wall clock of the same instant formats 20x faster, then gets its Z.

@@ -144,6 +144,9 @@ def compatible(t: pa.DataType, f: Field) -> bool:
     if f.accept_strings and _textual(t):
         return True
     kind = f.type.kind
+    if f.type.items is not None:  # a list column of numbers (its elements' exactness: the validator)
+        listed = pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+        return bool(listed and (_numeric(t.value_type) or pa.types.is_null(t.value_type)))
     if kind in (TypeKind.STRING, TypeKind.ENUM):
         return _textual(t)
     if kind is TypeKind.BOOL:

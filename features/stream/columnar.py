@@ -49,7 +49,9 @@ float64. A decimal field is read as text when it ``accept_strings`` (producers s
 guards above keep exact); the first record of a micro-batch holding a value of the
 other kind (the records before it hold null there) switches the read type for the rest
 of the stream. Dates and timestamps are text
-(JSON has no date type).
+(JSON has no date type). A list field is a JSON array read as ``list<int64>`` (integer
+elements) or ``list<float64>`` (float elements; a record with an integral element of
+magnitude >= 2**53 or a negative zero goes to the per-record path, as for a float field).
 
 Fields the schema does not know are not read (Arrow ignores them, so a key costs no
 column). ``unknown_fields`` counts, per unknown key, the records in which it holds a
@@ -105,6 +107,7 @@ _STRING = pa.string()
 _INT = pa.int64()
 _FLOAT = pa.float64()
 _BOOL = pa.bool_()
+_LIST_FLOAT = pa.list_(_FLOAT)
 #: JSON kinds in Arrow's messages -> the read type that takes them
 _KIND_TYPES = {"string": _STRING, "number": _FLOAT}
 
@@ -164,6 +167,11 @@ class ColumnarDecoder:
                                                                                     TypeKind.FLOAT64)]
         for f in schema.fields:
             kind = f.type.kind
+            if f.type.items is not None:  # a JSON array: ints read as int64, floats as float64
+                element = _INT if f.type.items.element.kind in INTEGER_KINDS else _FLOAT
+                self.types[f.input_name] = pa.list_(element)
+                self.alternatives[f.input_name] = frozenset({pa.list_(element)})
+                continue
             if kind in INTEGER_KINDS:
                 first, alts = _INT, {_INT, _FLOAT} | ({_STRING} if f.accept_strings else set())
             elif kind in (TypeKind.FLOAT32, TypeKind.FLOAT64):
@@ -334,6 +342,8 @@ class ColumnarDecoder:
             if col.null_count:
                 bad |= ~_valid(col)
         for name in self.names:
+            if self.types[name] == _LIST_FLOAT:
+                bad |= _inexact_elements(table.column(name).combine_chunks())
             if self.types[name] != _FLOAT:
                 continue
             col = table.column(name)
@@ -346,6 +356,23 @@ class ColumnarDecoder:
             return table, index
         return table.filter(pa.array(~bad)), index[~bad]
 
+
+
+def _inexact_elements(col: pa.Array) -> npt.NDArray[np.bool_]:
+    """Rows of a list of floats read as float64 holding an element the JSON token may
+    have written otherwise (an integer >= 2**53, the integer ``-0``): the per-record path
+    reads them exactly, as for a float field."""
+    elements = col.flatten()
+    if not len(elements):
+        return np.zeros(len(col), dtype=np.bool_)
+    v = np.asarray(pc.fill_null(elements, 0.0).to_numpy(zero_copy_only=False), dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        odd = ((np.abs(v) >= _TWO53) & (np.trunc(v) == v)) | ((v == 0.0) & np.signbit(v))
+    lengths = np.asarray(pc.fill_null(pc.list_value_length(col), 0).to_numpy(zero_copy_only=False))
+    lengths = np.where(_valid(col), lengths, 0)
+    bad = np.zeros(len(col), dtype=np.bool_)
+    bad[np.repeat(np.arange(len(col)), lengths)[odd]] = True
+    return bad
 
 
 def _valid(arr: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.bool_]:

@@ -32,6 +32,8 @@ A value converts only when the declared type holds it exactly; anything else is 
   ``YYYY-MM-DD``; ``YYYY-MM-DD[T ]HH:MM:SS[.fraction][Z|±HH:MM]`` (a zone offset is
   required for zoned fields; for naive ones it is optional, and text with an offset is
   converted to UTC).
+- **list(T, n)** / **list(T, max=n)**: lists whose length fits and whose every element
+  converts to T by these rules (:mod:`features.validation.lists`).
 - **Python values** (decoded JSON): ints (any size: beyond int64 they take the decimal
   path, beyond 38 digits they are rejected), floats, strings, bools, None,
   ``Decimal``, ``date``/``datetime``; other objects (dicts, lists) are rejected.
@@ -49,7 +51,6 @@ from __future__ import annotations
 import datetime as dt
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -59,7 +60,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from features.schema.model import NUMERIC_KINDS, Field, TypeKind
-from features.validation import isotime
+from features.validation import isotime, lists
+from features.validation.converted import Converted
 from features.validation.masks import valid_mask
 
 BoolMask = npt.NDArray[np.bool_]
@@ -92,29 +94,6 @@ _TIMESTAMP_LITERAL = (
     r"^(?P<date>[0-9]{4}-[0-9]{2}-[0-9]{2})[T ](?P<time>[0-9]{2}:[0-9]{2}:[0-9]{2})"
     r"(?:\.(?P<frac>[0-9]{1,9}))?(?P<zone>Z|[+-][0-9]{2}:?[0-9]{2})?$"
 )
-
-
-@dataclass(frozen=True)
-class Converted:
-    """One column converted to its declared type.
-
-    ``values``: the declared Arrow type, same length as the input; null where the
-    input was null (or a null marker) or failed to convert. ``fail_rows``: sorted input
-    rows whose (non-null) value failed to convert; ``fail_values``/``fail_shown`` render
-    each failing value as text (plain, and as shown in a message, e.g. quoted strings);
-    ``fail_hints``: per failure, text a message appends after the expected type
-    (:data:`TEXT_HINT`), null for none; None when no failure has one.
-    """
-
-    values: pa.Array
-    fail_rows: Index
-    fail_values: pa.Array
-    fail_shown: pa.Array
-    fail_hints: pa.Array | None = None
-
-    @property
-    def failed(self) -> bool:
-        return len(self.fail_rows) > 0
 
 
 # --------------------------------------------------------------------------- rendering
@@ -151,6 +130,8 @@ def render(arr: pa.Array) -> tuple[pa.Array, pa.Array]:
         plain = pc.cast(arr, pa.string())
     elif pa.types.is_null(t):
         plain = pa.nulls(len(arr), pa.string())
+    elif lists.is_list_type(t):
+        return lists.render_lists(arr, render)
     else:
         plain = pa.array([None if v is None else str(v) for v in arr.to_pylist()], pa.string())
     return plain, pc.fill_null(plain, "null")
@@ -314,6 +295,8 @@ def _convert(
     if pa.types.is_string(t):
         raw = null_markers(raw, field)
     kind = field.type.kind
+    if kind is TypeKind.LIST:
+        return lists.to_list(raw, field, target, convert, render)
     if t == target:
         if kind in (TypeKind.FLOAT32, TypeKind.FLOAT64):
             return _finish(raw, raw, ~_np(pc.is_inf(raw), False))
@@ -789,6 +772,8 @@ def convert_pylist(
     (``[2**60 + 1, 0.5]`` is not read as floats). Values that fit no Arrow type
     (dicts, lists, ints beyond 38 digits) are type failures.
     """
+    if field.type.kind is TypeKind.LIST:
+        return lists.to_list_pylist(values, field, target, convert_pylist)
     n = len(values)
     kinds = {type(v) for v in values}
     simple = {type(None), int, float, str, bool}

@@ -221,6 +221,8 @@ def _make_check(f: Field, target: pa.DataType, order: int, rule: Rule) -> _Check
 
         return _Check(rule, order, evaluate_not_null,
                       lambda v: (_constant(len(v), msg), _constant(len(v), None)))
+    if kind is ReasonCode.NAN and f.type.items is not None:
+        return _list_nan_check(f, order, rule)
     if kind is ReasonCode.NAN:
         msg = prefix + "got NaN, expected a number"
         return _Check(rule, order, pc.is_nan, lambda v: (_constant(len(v), msg), _constant(len(v), "NaN")))
@@ -269,6 +271,31 @@ def _make_check(f: Field, target: pa.DataType, order: int, rule: Rule) -> _Check
 
         return _Check(rule, order, evaluate_enum, lambda v: _describe_value(v, prefix + "got ", suffix))
     raise CompileError(f"rule {rule.id}: the validator has no check for {kind.value!r}", field=f.name)
+
+
+def _list_nan_check(f: Field, order: int, rule: Rule) -> _Check:
+    """``nan`` of a list of floats: a row fails when any element is NaN (one ``is_nan``
+    over the flattened elements, summed per row by the list offsets)."""
+    prefix = _prefix(f, ReasonCode.NAN) + "got "
+
+    def evaluate(v: pa.Array) -> BoolMask | None:
+        lst = v if pa.types.is_list(v.type) else v.cast(pa.list_(v.type.value_type))
+        elements = lst.flatten()
+        if not len(elements):
+            return None
+        nan = np.asarray(pc.fill_null(pc.is_nan(elements), False).to_numpy(zero_copy_only=False))
+        if not nan.any():
+            return None
+        lengths = np.asarray(pc.fill_null(pc.list_value_length(lst), 0).to_numpy(zero_copy_only=False))
+        lengths = np.where(valid_mask(lst), lengths, 0)
+        counts = np.add.reduceat(np.concatenate([nan, [False]]).astype(np.int64),
+                                 np.concatenate([[0], np.cumsum(lengths)[:-1]]))
+        return (counts > 0) & (lengths > 0)
+
+    def describe(v: pa.Array) -> tuple[pa.Array, pa.Array]:
+        return _describe_value(v, prefix, " (a NaN element), expected numbers")
+
+    return _Check(rule, order, evaluate, describe)
 
 
 def _describe_value(v: pa.Array, prefix: str, suffix: str) -> tuple[pa.Array, pa.Array]:

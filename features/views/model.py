@@ -20,6 +20,7 @@ from features.schema.model import (
     Feature,
     Field,
     FieldType,
+    ListItems,
     Schema,
     TypeKind,
 )
@@ -109,7 +110,8 @@ def is_entity_type(ftype: FieldType) -> bool:
 def aggregation_type(schema: Schema, name: str) -> FieldType:
     """The declared type of aggregation ``name`` of ``schema`` (as ``AggSpec.output_type``
     stores it): count/count_distinct int64, mean/ratio/variance/stddev float64, sum int64,
-    decimal(38, scale) or (a float field's) float64, min/max/last/first the field's type."""
+    decimal(38, scale) or (a float field's) float64, min/max/last/first the field's type,
+    last_k list(type, max=k)."""
     assert schema.aggregations is not None
     agg = next(a for a in schema.aggregations.features if a.name == name)
     if agg.function in ("count", "count_distinct"):
@@ -122,6 +124,8 @@ def aggregation_type(schema: Schema, name: str) -> FieldType:
     if agg.function == "sum":
         return FieldType(TypeKind.INT64) if ft.kind in INTEGER_KINDS else FieldType(
             TypeKind.DECIMAL, precision=38, scale=ft.scale or 0)
+    if agg.function == "last_k":
+        return FieldType(TypeKind.LIST, items=ListItems(ft, max_length=agg.k))
     return ft
 
 
