@@ -267,7 +267,7 @@ def _finish(store: Store, plan: _OnlinePlan, replies: list[Any], fallback: bool 
         got, _, _ = store._finish_current(req, part, fallback, None, since)
         if cold:  # cold-only features: Postgres's newest row at or before now, as historical reads it
             at = _cold_now(store, source, table, cold, now_s)
-            got = got.drop_columns(cold)
+            got = got.drop_columns([name for name in cold if name in got.column_names])
             for name in cold:
                 got = got.append_column(name, at.column(name))
         c = store.schema(source.schema)

@@ -2,7 +2,8 @@
 
 ====================================  =======================================================
 ``POST /v1/schemas/{name}/events``    records -> rejects table + dead letters, then the topic
-``POST /v1/views/{name}/online``      request rows -> the view's feature vectors (docs/views.md)
+``POST /v1/views/{name}/online``      request rows -> the view's feature vectors (docs/views.md;
+                                      at most ``--max-view-rows``, worked off the event loop)
 ``GET /healthz``                      200 while the process serves
 ``GET /readyz``                       200 when the broker answers and every topic exists
                                       (the reason and the schemas: with a valid token only)
@@ -50,8 +51,16 @@ from typing import Any
 from features.errors import ConfigError, RequestRejected, SinkError, Transient
 from features.logs import fields
 from features.metrics import CONTENT_TYPE, MetricsServer, Registry
-from features.serve.body import BadBody, TooManyRecords
+from features.serve.body import (
+    BadBody,
+    TooManyRecords,
+    UnsupportedType,
+    bounded_errors,
+    is_json,
+    read_view_request,
+)
 from features.serve.ingest import IngestBusy, SchemaIngest
+from features.serve.limits import MAX_ERRORS, MAX_VIEW_ROWS
 from features.serve.producer import AsyncProducer, RecordRefused
 
 log = logging.getLogger("features.serve")
@@ -75,8 +84,11 @@ READY_TIMEOUT_S = 2.0
 
 @dataclass(frozen=True)
 class Response:
+    """An answer: ``body`` a dict (sent as JSON, the request id added), text (metrics) or
+    bytes (JSON encoded already, off the event loop)."""
+
     status: int
-    body: dict[str, Any] | str
+    body: dict[str, Any] | str | bytes
     headers: tuple[tuple[bytes, bytes], ...] = ()
     records: int = 0
     accepted: int = 0
@@ -123,7 +135,8 @@ class IngestApp:
                  metrics_port: int | None = None, metrics_host: str = "127.0.0.1",
                  access_log: bool = True, on_ready: Callable[[], None] | None = None,
                  on_failure: Callable[[str], None] | None = None, views: Sequence[str] = (),
-                 store_factory: Callable[[], Any] | None = None, ingest: bool = True) -> None:
+                 store_factory: Callable[[], Any] | None = None, ingest: bool = True,
+                 max_view_rows: int = MAX_VIEW_ROWS, max_errors: int = MAX_ERRORS) -> None:
         self.schemas = {s.name: s for s in schemas} if ingest else {}
         self._producer_factory = producer_factory
         #: the views served on VIEWS_ROUTE, read through one FeatureStore per worker
@@ -134,6 +147,8 @@ class IngestApp:
         self.producer: AsyncProducer | None = None
         self.tokens = None if tokens is None else [t.encode() for t in tokens]
         self.max_body_bytes = max_body_bytes
+        self.max_view_rows = max_view_rows
+        self.max_errors = max_errors
         self.worker = worker
         self.metrics_port = metrics_port
         self.metrics_host = metrics_host
@@ -240,6 +255,8 @@ class IngestApp:
     async def _send(self, send: Send, r: Response, request_id: str) -> None:
         if isinstance(r.body, str):
             body, ctype = r.body.encode(), CONTENT_TYPE.encode()
+        elif isinstance(r.body, bytes):
+            body, ctype = r.body, b"application/json"
         else:
             if "request_id" not in r.body:
                 r = Response(r.status, {"request_id": request_id, **r.body}, r.headers)
@@ -360,8 +377,11 @@ class IngestApp:
                            request_id: str) -> Response:
         """``POST /v1/views/{name}/online`` (docs/views.md, "Over HTTP"): ``{"rows": [{key:
         value, ...}, ...], "lineage": false}`` -> 200 ``{"view", "version", "rows": [...]}``;
-        400 a body that is no such object, 404 an unknown view, 413 over the body limit,
-        422 request rows the view refuses (every field error), 503 a store down (retry)."""
+        400 a body that is no such object, 404 an unknown view, 413 over the body limit or
+        ``--max-view-rows``, 415 not JSON, 422 request rows the view refuses (the first
+        ``--max-errors`` field errors), 503 a store down (retry). Everything past reading the
+        body (parsing it, the read, encoding the answer) runs in a worker thread: the event
+        loop keeps answering other requests (``/healthz``) meanwhile."""
         if (denied := self._authorize(headers)) is not None:
             return denied
         if method != "POST":
@@ -372,33 +392,42 @@ class IngestApp:
         name = m.group(1)
         if name not in self.views or self.store is None:
             return Response(404, {"error": f"unknown view {name!r}", "views": sorted(self.views)})
+        ctype = headers.get(b"content-type", b"").decode("latin-1")
+        if not is_json(ctype):
+            return Response(415, {"error": f"Content-Type {ctype!r} is not JSON; send application/json"})
         try:
             raw = await self._read_body(headers, receive)
         except _BodyTooLarge:
             return Response(413, {"error": f"the body is over the limit of {self.max_body_bytes:,} bytes"})
         except ValueError:
             return Response(400, {"error": "invalid Content-Length"})
+        return await asyncio.to_thread(self._answer_view, name, raw, ctype, request_id)
+
+    def _answer_view(self, name: str, raw: bytes, ctype: str, request_id: str) -> Response:
+        """The view route's work after the body was read (in a worker thread): the answer,
+        its JSON already encoded (``Response.body`` bytes) when it is a 200."""
         try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            return Response(400, {"error": f"the body is not JSON: {exc}"})
-        rows = body.get("rows") if isinstance(body, dict) else None
-        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-            return Response(400, {"error": 'expected a JSON object {"rows": [{<request key>: <value>, ...}, '
-                                           '...]}'})
-        lineage = bool(body.get("lineage", False))
+            request = read_view_request(raw, ctype, self.max_view_rows)
+        except TooManyRecords as exc:
+            return Response(413, {"error": str(exc), "max_view_rows": exc.limit})
+        except UnsupportedType as exc:
+            return Response(415, {"error": str(exc)})
+        except BadBody as exc:
+            return Response(400, {"error": str(exc)})
+        n = len(request.rows)
         try:
-            out = await asyncio.to_thread(self.store.online_view_dicts, name, rows, lineage=lineage)
+            out = self.store.online_view_dicts(name, request.rows, lineage=request.lineage)
         except RequestRejected as exc:
             return Response(422, {"error": str(exc).splitlines()[0], "rejected": exc.rejected,
-                                  "errors": exc.errors}, records=len(rows), rejected=exc.rejected)
+                                  **bounded_errors(exc.errors, self.max_errors)},
+                            records=n, rejected=exc.rejected)
         except ConfigError as exc:
-            return Response(400, {"error": str(exc)}, records=len(rows))
+            return Response(400, {"error": str(exc)}, records=n)
         except SinkError as exc:
-            return _sink_failed_read(exc, request_id, len(rows))
+            return _sink_failed_read(exc, request_id, n)
         cv = self.store.view(name)
-        return Response(200, {"request_id": request_id, "view": name, "version": cv.version_str,
-                              "rows": out}, records=len(rows), accepted=len(rows))
+        body = {"request_id": request_id, "view": name, "version": cv.version_str, "rows": out}
+        return Response(200, json.dumps(body, default=_json_value).encode(), records=n, accepted=n)
 
     def _authorize(self, headers: dict[bytes, bytes]) -> Response | None:
         """None when the request may go on; else the 401/403 response. Every configured

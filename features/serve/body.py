@@ -26,6 +26,8 @@ from __future__ import annotations
 import itertools
 import json
 import re
+from dataclasses import dataclass
+from typing import Any
 
 #: Content types whose body is newline-delimited JSON (compared without parameters).
 NDJSON_TYPES = frozenset({"application/x-ndjson", "application/ndjson", "application/jsonl"})
@@ -46,9 +48,9 @@ class BadBody(ValueError):
 class TooManyRecords(BadBody):
     """The body holds more than ``limit`` records (HTTP 413); none of it is read further."""
 
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"the body holds more than {limit:,} records, the limit per request "
-                         "(--max-records); split it into several requests")
+    def __init__(self, limit: int, what: str = "records", flag: str = "--max-records") -> None:
+        super().__init__(f"the body holds more than {limit:,} {what}, the limit per request "
+                         f"({flag}); split it into several requests")
         self.limit = limit
 
 
@@ -152,3 +154,94 @@ def split_body(body: bytes, content_type: str | None, max_records: int | None = 
     if is_ndjson(content_type):
         return split_ndjson(body, max_records)
     return split_json(body, max_records)
+
+
+# --- the view route's body: {"rows": [...], "lineage": false} --------------------------------
+
+#: ``POST /v1/views/{name}/online``'s ``Content-Type``: JSON (parameters such as
+#: ``charset`` aside), ``application/<anything>+json``, or none at all (taken as JSON).
+_JSON_TYPE = re.compile(r"^application/(?:[a-z0-9.+-]*\+)?json$")
+#: A lone UTF-16 surrogate: JSON's ``\ud800`` escape makes one, and no store can encode it.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+#: The longest value text, and message, echoed in a 422's errors (the rest is cut, with a
+#: mark saying how long it was): a message quotes the value it refuses.
+MAX_VALUE_CHARS = 200
+MAX_MESSAGE_CHARS = 500
+
+
+class UnsupportedType(BadBody):
+    """The request's Content-Type is not JSON (HTTP 415)."""
+
+
+def is_json(content_type: str | None) -> bool:
+    """Whether a Content-Type header value names JSON (a missing one counts as JSON)."""
+    if not content_type:
+        return True
+    return _JSON_TYPE.match(content_type.split(";", 1)[0].strip().lower()) is not None
+
+
+@dataclass(frozen=True)
+class ViewRequest:
+    """A view request's body, read: its rows (dicts as JSON gives them) and ``lineage``."""
+
+    rows: list[dict[str, Any]]
+    lineage: bool
+
+
+def read_view_request(body: bytes, content_type: str | None, max_rows: int) -> ViewRequest:
+    """``{"rows": [{...}, ...], "lineage": false}`` -> :class:`ViewRequest`.
+
+    Raises UnsupportedType for a Content-Type other than JSON, TooManyRecords as soon as
+    the body holds more than ``max_rows + 1`` JSON objects (the rows and the body itself:
+    counted while parsing, so a body of millions of ``{}`` never becomes millions of
+    dicts), BadBody for anything else that is not such an object: not UTF-8, not JSON,
+    nested too deeply for the parser, a string holding a lone surrogate (``"\\ud800"``),
+    ``rows`` not a list of objects, ``lineage`` not a boolean. Never another exception.
+    """
+    if not is_json(content_type):
+        raise UnsupportedType(f"Content-Type {content_type!r} is not JSON; send application/json")
+    objects = 0
+
+    def counted(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        nonlocal objects
+        objects += 1
+        if objects > max_rows + 1:
+            raise TooManyRecords(max_rows, "rows", "--max-view-rows")
+        return dict(pairs)
+
+    try:
+        text = body.decode("utf-8")
+        value = json.loads(text, object_pairs_hook=counted)
+    except TooManyRecords:
+        raise
+    except UnicodeDecodeError as exc:
+        raise BadBody(f"the body is not UTF-8 (byte {exc.start})") from None
+    except RecursionError:
+        raise BadBody("the body is nested too deeply to read") from None
+    except ValueError as exc:
+        raise BadBody(f"the body is not JSON: {exc}") from None
+    rows = value.get("rows") if isinstance(value, dict) else None
+    if not isinstance(rows, list) or not all(type(r) is dict for r in rows):
+        raise BadBody('expected a JSON object {"rows": [{<request key>: <value>, ...}, ...]}')
+    lineage = value.get("lineage", False)
+    if type(lineage) is not bool:
+        raise BadBody(f'"lineage" must be true or false, got {json.dumps(lineage)[:40]}')
+    if "\\u" in text and _SURROGATE.search(json.dumps(value, ensure_ascii=False)):
+        raise BadBody("a string in the body holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff "
+                      "escape): it is no Unicode text")
+    return ViewRequest(rows, lineage)
+
+
+def bounded_errors(errors: list[dict[str, Any]], max_errors: int) -> dict[str, Any]:
+    """A 422's error list: the first ``max_errors`` errors (in the order given), each
+    ``value`` cut to MAX_VALUE_CHARS characters and ``message`` to MAX_MESSAGE_CHARS
+    (``...`` and the length marking a cut), with ``errors_total`` (all of them) and
+    ``errors_truncated`` (whether some were left out), as the events route answers."""
+    out = []
+    for e in errors[:max_errors]:
+        for key, limit in (("value", MAX_VALUE_CHARS), ("message", MAX_MESSAGE_CHARS)):
+            v = e.get(key)
+            if isinstance(v, str) and len(v) > limit:
+                e = {**e, key: f"{v[:limit]}... ({len(v):,} characters)"}
+        out.append(e)
+    return {"errors": out, "errors_total": len(errors), "errors_truncated": len(errors) > len(out)}

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from features.load.cli import _port
-from features.serve.limits import LIMIT_CONCURRENCY, MAX_ERRORS, MAX_QUEUED_BYTES, MAX_RECORDS
+from features.serve.limits import LIMIT_CONCURRENCY, MAX_ERRORS, MAX_QUEUED_BYTES, MAX_RECORDS, MAX_VIEW_ROWS
 
 log = logging.getLogger("features.serve")
 
@@ -131,9 +131,12 @@ def add_parser(sub: Any) -> None:
                    help="largest request body, e.g. 16MiB, 512KiB, 1000000 (default 16MiB; larger: 413)")
     p.add_argument("--max-records", type=_positive, default=MAX_RECORDS, metavar="N",
                    help=f"most records in one request (default {MAX_RECORDS:,}; more: 413, nothing read)")
+    p.add_argument("--max-view-rows", type=_positive, default=MAX_VIEW_ROWS, metavar="N",
+                   help=f"most request rows in one view request (default {MAX_VIEW_ROWS:,}; more: 413, "
+                   "nothing read)")
     p.add_argument("--max-errors", type=_positive, default=MAX_ERRORS, metavar="N",
-                   help=f"most field errors listed in a 422 response (default {MAX_ERRORS:,}); the response "
-                   "also says errors_total and errors_truncated")
+                   help=f"most field errors listed in a 422 response, of the events or a view route (default "
+                   f"{MAX_ERRORS:,}); the response also says errors_total and errors_truncated")
     p.add_argument("--max-queued-bytes", type=_size, default=MAX_QUEUED_BYTES, metavar="SIZE",
                    help="most body bytes waiting to be checked, per worker and schema (default 64MiB; "
                    "past it: 503 Retry-After)")
@@ -173,6 +176,7 @@ class ServeOptions:
     log_format: str | None
     max_records: int = MAX_RECORDS
     max_errors: int = MAX_ERRORS
+    max_view_rows: int = MAX_VIEW_ROWS
     max_queued_bytes: int = MAX_QUEUED_BYTES
     limit_concurrency: int = LIMIT_CONCURRENCY
     restart_limit: int = RESTART_LIMIT
@@ -255,6 +259,7 @@ def run(args: argparse.Namespace) -> int:
     options = ServeOptions(args.schemas, tuple(served), args.topic_template, args.dead_letter_topic_template,
                            args.max_body_bytes, args.insecure_no_auth, args.metrics_port, args.access_log,
                            run_id, active_format(), max_records=args.max_records, max_errors=args.max_errors,
+                           max_view_rows=args.max_view_rows,
                            max_queued_bytes=args.max_queued_bytes, limit_concurrency=args.limit_concurrency,
                            restart_limit=args.restart_limit, restart_window_s=args.restart_window,
                            views_dir=views_dir, views=tuple(views), ingest=not args.no_ingest)
@@ -348,7 +353,8 @@ def serve_worker(index: int, sock: socket.socket, options: ServeOptions, *, on_r
     app = IngestApp(ingests, producer, tokens=None if options.insecure_no_auth else settings.ingest_tokens,
                     max_body_bytes=options.max_body_bytes, worker=index, metrics_port=options.metrics_port,
                     access_log=options.access_log, on_ready=on_ready, on_failure=on_failure,
-                    views=options.views, store_factory=store, ingest=options.ingest)
+                    views=options.views, store_factory=store, ingest=options.ingest,
+                    max_view_rows=options.max_view_rows, max_errors=options.max_errors)
     config = uvicorn.Config(app, loop="uvloop", http="httptools", lifespan="on", access_log=False,
                             log_config=None, server_header=False, proxy_headers=False,
                             timeout_graceful_shutdown=GRACEFUL_TIMEOUT_S,

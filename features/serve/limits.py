@@ -10,6 +10,10 @@ from __future__ import annotations
 
 #: Records one request may hold (``--max-records``); more: 413, the body not listed.
 MAX_RECORDS = 50_000
+#: Request rows one view request may hold (``--max-view-rows``); more: 413, nothing read.
+#: It bounds a view request's work and answer: each row is a feature vector read from
+#: every source (bench/serve_limits.py measures a worker's memory at this bound).
+MAX_VIEW_ROWS = 1_000
 #: Field errors one 422 response lists (``--max-errors``); the rest are only counted.
 MAX_ERRORS = 1_000
 #: Body bytes waiting to be checked, per worker and schema (``--max-queued-bytes``);

@@ -803,3 +803,26 @@ def test_a_body_of_many_empty_records_costs_bounded_memory(tmp_path: Path, env: 
         grown = _peak_rss_mib(server.proc.pid) - before
     assert grown < 100, f"peak RSS grew {grown:.0f} MiB for a 1 MiB body"
     assert status == 413 and "50,000" in out["error"], out
+
+
+def test_deep_nesting_and_lone_surrogates_are_answered_not_500(tmp_path: Path, env: dict[str, str],
+                                                                 schemas_dir: Path, topics: str) -> None:
+    """Bodies the review's fuzzing turned into 500s: JSON nested 1,200 and 100,000 levels and
+    a lone surrogate (``"\\ud800"``) in a value or a key, as an object, an array and NDJSON.
+    Each is a refused body (400) or a record the decoder rejects (422), never a 500."""
+    good = json.loads(_valid_events(1, seed=5)[0])
+    deep = [b"[" * n + b"]" * n for n in (1_200, 100_000)]
+    cases = [*(({"Content-Type": "application/json"}, b'{"a": ' + d + b"}") for d in deep),
+             *((NDJSON, b'{"a": ' + d + b"}\n") for d in deep),
+             ({"Content-Type": "application/json"}, b"[" + deep[0] + b"]"),
+             ({"Content-Type": "application/json"}, json.dumps({**good, "region": "\ud800"}).encode()),
+             ({"Content-Type": "application/json"}, json.dumps([{**good, "region\udfff": "x"}]).encode()),
+             (NDJSON, json.dumps({**good, "application_id": "APP-\ud800"}).encode() + b"\n")]
+    with serve(tmp_path, env, "--schemas", str(schemas_dir), "--topic-template", topics) as server:
+        for headers, body in cases:
+            status, _, out = server.post(body, headers)
+            assert status in (400, 422), (body[:80], status, out)
+            if status == 422:
+                assert out["rejected"] == 1 and out["accepted"] == 0, out
+    log = server.log.read_text()
+    assert "Traceback" not in log and '"status": 500' not in log, log[-3000:]

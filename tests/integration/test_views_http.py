@@ -166,3 +166,47 @@ def test_sigterm_under_load_answers_every_request(tmp_path: Path, stores: Settin
     # a request the server read before it stopped was answered; one sent into a closing
     # connection may see it close (http.client raises RemoteDisconnected) without a status
     assert all("RemoteDisconnected" in e or "Connection reset" in e for e in errors), errors
+
+
+def test_hostile_and_oversized_bodies_are_refused_in_one_line(tmp_path: Path, stores: Settings,
+                                                              pg_schema: str) -> None:
+    """Rows per request are bounded (413 naming --max-view-rows, before a body of many small
+    objects becomes dicts), a 422 lists the first --max-errors errors with values cut, and
+    nesting, lone surrogates, a non-boolean lineage and a body that is not JSON are 400/415
+    answered in one log line each, never a 500."""
+    with serve(tmp_path, _env(stores, pg_schema), *_args(), "--max-view-rows", "50",
+               "--max-errors", "5") as server:
+        def post(body: bytes, ctype: str = "application/json") -> tuple[int, dict[str, Any]]:
+            status, _, out = server.request("POST", ROUTE, body, {**AUTH, "Content-Type": ctype})
+            return status, out
+
+        assert post(json.dumps({"rows": _rows(50)}).encode())[0] == 200
+        status, out = post(json.dumps({"rows": _rows(51)}).encode())
+        assert status == 413 and out["max_view_rows"] == 50 and "--max-view-rows" in out["error"], out
+        status, out = post(b'{"rows": [' + b",".join([b"{}"] * 2_000_000) + b"]}")  # 6 MB of {}
+        assert status == 413, out
+        # 40 bad rows (a key of the wrong type), one value 100,000 characters long: 5 listed, cut
+        bad = [{"card_id": "c1", "merchant_id": "s" * 100_000 if i == 3 else "seven", "amount": 1.0}
+               for i in range(40)]
+        status, out = post(json.dumps({"rows": bad}).encode())
+        assert status == 422 and out["rejected"] == 40, out
+        assert len(out["errors"]) == 5 and out["errors_total"] == 40 and out["errors_truncated"] is True
+        assert max(len(json.dumps(e)) for e in out["errors"]) < 1000
+        assert any("(100,000 characters)" in str(e["value"]) for e in out["errors"]), out["errors"]
+        for body in [b'{"rows": ' + b"[" * 1_200 + b"]" * 1_200 + b"}",
+                     b'{"rows": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+                     b'{"rows": [{"card_id": "\\ud800", "merchant_id": 1, "amount": 1.0}]}',
+                     b'{"rows": [{"card_id\\udfff": "c1", "merchant_id": 1, "amount": 1.0}]}',
+                     b'{"rows": [], "lineage": "false"}', b'{"rows": [], "lineage": 1}']:
+            status, out = post(body)
+            assert status == 400, (body[:60], out)
+            assert out["error"] and "Traceback" not in out["error"]
+        assert post(b'{"rows": [], "lineage": true}')[0] == 200
+        # a pair of surrogates is one character (U+1F600): a key like any other
+        status, out = post(b'{"rows": [{"card_id": "c\\ud83d\\ude00", "merchant_id": 1, "amount": 1.0}]}')
+        assert status == 200 and out["rows"][0]["card_id"] == "c\U0001f600", out
+        status, out = post(json.dumps({"rows": _rows(1)}).encode(), "text/plain")
+        assert status == 415 and "application/json" in out["error"], out
+        assert post(json.dumps({"rows": _rows(1)}).encode(), "application/json; charset=utf-8")[0] == 200
+    log = server.log.read_text()
+    assert "Traceback" not in log and " 500" not in log, log[-3000:]
