@@ -23,7 +23,9 @@ Contract:
   where replays and duplicate events are normal) first looks its keys up (COPY of the
   keys into a temporary table, one index lookup each) and COPYs the rows with new keys
   straight in; a key stored by another writer in between sends it the slower path.
-- Rejects are unique per (``_source``, fingerprint): a replay inserts none twice.
+- Rejects are unique per (``_source``, fingerprint): a replay inserts none twice, and
+  ``write`` returns the positions of the rejects the table already held
+  (``WriteResult.rejects_held``; the ledger row and the run count them already present).
 - Connection losses during a write are retried with exponential backoff (the
   transaction was rolled back, so a retry is exact); after ``retries`` attempts the
   write raises SinkUnavailable.
@@ -37,6 +39,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
@@ -279,19 +283,38 @@ class PostgresSink:
                         stored, superseded = self._insert_new_rows(conn, rows)
                 else:
                     stored, superseded = self._insert_probed(conn, rows)
-            rejects_stored = 0
+            rejects_stored, held = 0, None
             if unit.rejects.num_rows:
                 rejects = unit.rejects.select(list(self.reject_columns))
-                rejects_stored = self._insert_new(conn, self.rejects_table, self.reject_columns, rejects,
-                                                  raw_json=True)
+                rejects_stored, held = self._insert_rejects(conn, rejects)
             if unit.unit is not None:
+                n_held = len(held) if held is not None else 0
+                # the run's counts (runner.account): a reject held already is already present
                 conn.execute(
                     f"INSERT INTO {quote_ident(LEDGER_TABLE)} (schema_name, fingerprint, unit, run_id, "
                     "read, stored, already_present, rejected) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
                     (self.compiled.name, self.compiled.fingerprint, unit.unit,
                      _first(unit.rows, unit.rejects, "_run_id"), unit.read, stored,
-                     rows.num_rows - stored, unit.rejects.num_rows))
-        return WriteResult(stored, rows.num_rows - stored, rejects_stored, superseded=superseded)
+                     rows.num_rows - stored + n_held, unit.rejects.num_rows - n_held))
+        return WriteResult(stored, rows.num_rows - stored, rejects_stored, superseded=superseded,
+                           rejects_held=held)
+
+    def _insert_rejects(self, conn: Any, rejects: pa.Table) -> tuple[int, npt.NDArray[np.int64] | None]:
+        """Insert the rejects whose key (``_source``, fingerprint) is new, in one statement
+        that also says which the table held already (an earlier run read those records).
+        Returns (inserted, those rows' positions in ``rejects`` or None when none was held)."""
+        stage = quote_ident(self._stage(conn, self.rejects_table, self.reject_columns, rejects))
+        cols = ", ".join(quote_ident(c) for c in self.reject_columns)
+        src = quote_ident(SOURCE)
+        found = conn.execute(
+            f"WITH ins AS (INSERT INTO {quote_ident(self.rejects_table)} ({cols}) SELECT {cols} FROM {stage} "
+            f"ORDER BY \"_ord\" ON CONFLICT DO NOTHING RETURNING {src}) "
+            f"SELECT 0 AS kind, count(*) AS n, (SELECT min(\"_ord\") FROM {stage}) AS first FROM ins "
+            f"UNION ALL SELECT 1, s.\"_ord\", NULL FROM {stage} s "
+            f"WHERE NOT EXISTS (SELECT 1 FROM ins i WHERE i.{src} = s.{src})").fetchall()
+        head = next(r for r in found if r[0] == 0)
+        held = np.fromiter((r[1] - head[2] for r in found if r[0] == 1), np.int64)
+        return int(head[1]), (held if len(held) else None)
 
     def insert_rejects(self, rejects: pa.Table) -> int:
         """Reject rows alone (the aggregations' late events); replays insert nothing."""
