@@ -508,7 +508,7 @@ class BatchWriter:
         while len(self._queue) >= self.in_flight:
             _finish_unit(summary, self._queue.popleft(), self.primary, self.progress, self.metrics,
                          self._event_time, self._drop_superseded)
-        write = WriteUnit(prepared.rows, prepared.rejects, unit, n)
+        write = WriteUnit(prepared.rows, prepared.rejects, unit, n, sb.lineage.content)
         futures = {}
         for s in todo:
             futures[s.name] = self._pools[s.name].submit(s.write, write)

@@ -69,13 +69,17 @@ class WriteUnit:
       lineage columns (each sink picks the columns it stores);
     - ``rejects``: one row per rejected input row (:data:`REJECTED_ROWS_SCHEMA`);
     - ``unit``: ledger key, or None for idempotent (stream) writes;
-    - ``read``: how many input rows the unit covers (for the ledger's counts).
+    - ``read``: how many input rows the unit covers (for the ledger's counts);
+    - ``content``: with a ``unit``, what names its input regardless of the run
+      (``BatchLineage.content``), when the rejects' ``_source`` names the run: a store
+      that committed a unit of that content holds these rejects already.
     """
 
     rows: pa.Table
     rejects: pa.Table
     unit: str | None
     read: int
+    content: str | None = None
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,10 @@ Contract:
 - Rejects are unique per (``_source``, fingerprint): a replay inserts none twice, and
   ``write`` returns the positions of the rejects the table already held
   (``WriteResult.rejects_held``; the ledger row and the run count them already present).
+  A unit whose ``_source`` names its run (a Python table, ``python://<run id>#<row>``)
+  carries ``content`` (its input without the run, recorded in the ledger): when the
+  ledger holds a unit of that content, its rejects are stored already, under that unit's
+  ``_source``, and are all held; so one table's rejects are stored once whatever the run id.
 - Connection losses during a write are retried with exponential backoff (the
   transaction was rolled back, so a retry is exact); after ``retries`` attempts the
   write raises SinkUnavailable.
@@ -76,6 +80,14 @@ CREATE TABLE IF NOT EXISTS {quote_ident(LEDGER_TABLE)} (
     "committed_at" timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY ("schema_name", "fingerprint", "unit")
 )
+"""
+#: The ledger's ``content`` column (``WriteUnit.content``: a unit's input named without
+#: the run, for the Python tables whose ``_source`` names it) and its index: added to a
+#: ledger that lacks them (a new one, or one made before them), see ``_prepare``.
+LEDGER_CONTENT_DDL = f"""
+ALTER TABLE {quote_ident(LEDGER_TABLE)} ADD COLUMN IF NOT EXISTS "content" text;
+CREATE INDEX IF NOT EXISTS {quote_ident(LEDGER_TABLE + "__content")} ON {quote_ident(LEDGER_TABLE)}
+    ("schema_name", "fingerprint", "content") WHERE "content" IS NOT NULL
 """
 
 T = TypeVar("T")
@@ -207,6 +219,11 @@ class PostgresSink:
             if not exists:
                 conn.execute(self.compiled.ddl)
             conn.execute(LEDGER_DDL)
+            # only when missing: an ALTER TABLE locks the ledger out of every load's unit
+            if not conn.execute("SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s) "
+                                "AND attname = 'content' AND NOT attisdropped)",
+                                (quote_ident(LEDGER_TABLE),)).fetchone()[0]:
+                conn.execute(LEDGER_CONTENT_DDL)
             conn.execute(versions_table())
             row = conn.execute(
                 f"SELECT version, fingerprint FROM {quote_ident(SCHEMAS_TABLE)} WHERE schema_name = %s",
@@ -284,7 +301,9 @@ class PostgresSink:
                 else:
                     stored, superseded = self._insert_probed(conn, rows)
             rejects_stored, held = 0, None
-            if unit.rejects.num_rows:
+            if unit.rejects.num_rows and self._content_committed(conn, unit):
+                held = np.arange(unit.rejects.num_rows, dtype=np.int64)  # stored with that unit
+            elif unit.rejects.num_rows:
                 rejects = unit.rejects.select(list(self.reject_columns))
                 rejects_stored, held = self._insert_rejects(conn, rejects)
             if unit.unit is not None:
@@ -292,12 +311,26 @@ class PostgresSink:
                 # the run's counts (runner.account): a reject held already is already present
                 conn.execute(
                     f"INSERT INTO {quote_ident(LEDGER_TABLE)} (schema_name, fingerprint, unit, run_id, "
-                    "read, stored, already_present, rejected) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                    "read, stored, already_present, rejected, content) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
                     (self.compiled.name, self.compiled.fingerprint, unit.unit,
                      _first(unit.rows, unit.rejects, "_run_id"), unit.read, stored,
-                     rows.num_rows - stored + n_held, unit.rejects.num_rows - n_held))
+                     rows.num_rows - stored + n_held, unit.rejects.num_rows - n_held, unit.content))
         return WriteResult(stored, rows.num_rows - stored, rejects_stored, superseded=superseded,
                            rejects_held=held)
+
+    def _content_committed(self, conn: Any, unit: WriteUnit) -> bool:
+        """Whether the ledger holds a unit of ``unit.content`` (another run's write of the
+        same input, whose rejects are stored under its own ``_source``). Writers of one
+        content are serialised (a transaction advisory lock): the second sees the first's."""
+        if unit.unit is None or unit.content is None:
+            return False
+        conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                     (f"featureline:content:{self.compiled.name}:{self.compiled.fingerprint}:{unit.content}",))
+        return conn.execute(
+            f"SELECT EXISTS (SELECT 1 FROM {quote_ident(LEDGER_TABLE)} WHERE schema_name = %s AND "
+            "fingerprint = %s AND content = %s)",
+            (self.compiled.name, self.compiled.fingerprint, unit.content)).fetchone()[0] is True
 
     def _insert_rejects(self, conn: Any, rejects: pa.Table) -> tuple[int, npt.NDArray[np.int64] | None]:
         """Insert the rejects whose key (``_source``, fingerprint) is new, in one statement
