@@ -86,6 +86,11 @@ class BatchLineage:
     #: the source row of each batch row when they are not consecutive (a batch filtered
     #: to one shard of the entities: ``features load --workers``); None: ``first_row + i``
     source_rows: pa.Int64Array | None = None
+    #: names the batch's input content when its row URIs (and ``unit``) also name the run
+    #: that reads it (a Python table's rows, ``python://<run id>#<row>``): ``@<table
+    #: digest>/b<j>x<rows>``. Batches of one content hold the same rejects, which the
+    #: rejects table keeps once. None: the row URIs name the input alone (files, Kafka).
+    content: str | None = None
 
     def row_numbers(self, rows: pa.Array | None = None) -> pa.Array:
         """Source row numbers (0-based in the file) of ``rows`` (0-based within the batch;

@@ -7,9 +7,14 @@ loader and the streaming job call this same code (the stream through
 :func:`process_batch`, one micro-batch at a time).
 
 Counts are conserved for every run: ``read == stored + rejected + already_present``
-where ``already_present`` counts valid rows the cold store already held and every row
-of a unit the ledger says is committed. Rejected rows are never dropped: each goes to
-the rejects table with its raw values, all its errors and its lineage.
+where ``already_present`` counts valid rows the cold store already held, rejected rows
+whose reject it already held (an earlier run read the same input record: see
+:mod:`features.sinks.postgres` for the key), and every row of a unit the ledger says is
+committed. So ``rejected`` counts the rejects this run stored, each under its run id,
+however the input was cut into units (``--workers``, Flink's parallelism): a second run
+over the same input counts each row one way whatever its shard count. Rejected rows are
+never dropped: each goes to the rejects table with its raw values, all its errors and
+its lineage.
 """
 
 from __future__ import annotations
@@ -151,6 +156,37 @@ class Prepared:
     examples: dict[str, list[str]]
     #: for each row of ``rows``, its row in the source batch (None: not tracked)
     index: npt.NDArray[np.int64] | None = None
+    #: one row per failed rule of ``rejects`` (``group``: its row in ``rejects``, ``rule``,
+    #: ``message``), in the order ``reject_rules`` and ``examples`` were counted from
+    entries: pa.Table | None = None
+
+    def reasons(self, held: npt.NDArray[np.int64] | None) -> tuple[Counter[str], dict[str, list[str]]]:
+        """``reject_rules`` and ``examples`` of the rejects other than the rows ``held``
+        (positions in ``rejects``: the ones the store already held, counted already
+        present); all of them when ``held`` is None or empty."""
+        if held is None or len(held) == 0 or self.entries is None:
+            return self.reject_rules, self.examples
+        kept = self.entries.filter(pc.invert(pc.is_in(self.entries.column("group"),
+                                                      value_set=pa.array(held, pa.int64()))))
+        return reject_reasons(kept)
+
+
+def reject_reasons(entries: pa.Table) -> tuple[Counter[str], dict[str, list[str]]]:
+    """Per rule, how many of ``entries`` (one row per failed rule: ``rule``, ``message``)
+    are of it, and up to three example messages from the first 200 entries."""
+    rule_counts: Counter[str] = Counter()
+    examples: dict[str, list[str]] = {}
+    if entries.num_rows == 0:
+        return rule_counts, examples
+    for entry in pc.value_counts(entries.column("rule").combine_chunks()).to_pylist():
+        rule_counts[str(entry["values"])] = int(entry["counts"])
+    head = entries.slice(0, 200)
+    for rule, message in zip(head.column("rule").to_pylist(), head.column("message").to_pylist(),
+                             strict=True):
+        ex = examples.setdefault(rule, [])
+        if len(ex) < _MAX_EXAMPLES:
+            ex.append(message)
+    return rule_counts, examples
 
 
 def _json_default(value: Any) -> Any:
@@ -293,18 +329,15 @@ def process_batch(sb: SourceBatch, compiled: CompiledSchema, program: TransformP
     rows = pa.table(data)
     rejects = pa.concat_tables(reject_parts) if len(reject_parts) > 1 else reject_parts[0]
     grouped = group_rejects(rejects, batch, sb.lineage.row_uris, ctx, raw, row_numbers=sb.lineage.row_numbers)
-    rule_counts: Counter[str] = Counter()
+    entries = None
     if rejects.num_rows:
-        for entry in pc.value_counts(rejects.column("rule").combine_chunks()).to_pylist():
-            rule_counts[str(entry["values"])] = int(entry["counts"])
-    examples: dict[str, list[str]] = {}
-    if rejects.num_rows:
-        for rule, message in zip(rejects.column("rule").to_pylist()[:200],
-                                 rejects.column("message").to_pylist()[:200], strict=True):
-            ex = examples.setdefault(rule, [])
-            if len(ex) < _MAX_EXAMPLES:
-                ex.append(message)
-    return Prepared(rows, grouped, grouped.num_rows, rule_counts, examples, kept_index)
+        # each entry's row in ``grouped`` (one row per rejected input row, by input row)
+        row = rejects.column("row").to_numpy()
+        group = np.searchsorted(np.unique(row), row)
+        entries = pa.table({"group": pa.array(group, pa.int64()), "rule": rejects.column("rule"),
+                            "message": rejects.column("message")})
+    rule_counts, examples = reject_reasons(entries) if entries is not None else (Counter(), {})
+    return Prepared(rows, grouped, grouped.num_rows, rule_counts, examples, kept_index, entries)
 
 
 def account(summary: RunSummary, prepared: Prepared, read: int, results: dict[str, Any],
@@ -321,18 +354,23 @@ def account(summary: RunSummary, prepared: Prepared, read: int, results: dict[st
         if metrics is not None:
             metrics.unit(read=read, stored=0, rejected=0, already_present=read, by_rule={})
         return
-    summary.rejected += prepared.rejected_rows
-    summary.by_rule.update(prepared.reject_rules)
-    for rule, ex in prepared.examples.items():
+    # rejects the primary already held (an earlier run read those records) are already
+    # present, as valid rows it held are: ``rejected`` is what this run stored
+    held = res.rejects_held if res is not None else None
+    rejected = prepared.rejected_rows - (len(held) if held is not None else 0)
+    by_rule, examples = prepared.reasons(held)
+    summary.rejected += rejected
+    summary.by_rule.update(by_rule)
+    for rule, ex in examples.items():
         have = summary.examples.setdefault(rule, [])
         have.extend(ex[: _MAX_EXAMPLES - len(have)])
     valid = prepared.rows.num_rows
     stored = res.stored if res is not None else valid
+    present = valid - stored + prepared.rejected_rows - rejected
     summary.stored += stored
-    summary.already_present += valid - stored
+    summary.already_present += present
     if metrics is not None:
-        metrics.unit(read=read, stored=stored, rejected=prepared.rejected_rows,
-                     already_present=valid - stored, by_rule=prepared.reject_rules)
+        metrics.unit(read=read, stored=stored, rejected=rejected, already_present=present, by_rule=by_rule)
         newest = newest_event_time(prepared.rows, event_time)
         if newest is not None:
             metrics.event_time(newest)
@@ -470,7 +508,7 @@ class BatchWriter:
         while len(self._queue) >= self.in_flight:
             _finish_unit(summary, self._queue.popleft(), self.primary, self.progress, self.metrics,
                          self._event_time, self._drop_superseded)
-        write = WriteUnit(prepared.rows, prepared.rejects, unit, n)
+        write = WriteUnit(prepared.rows, prepared.rejects, unit, n, sb.lineage.content)
         futures = {}
         for s in todo:
             futures[s.name] = self._pools[s.name].submit(s.write, write)
@@ -527,5 +565,5 @@ def run(source: Source, compiled: CompiledSchema, sinks: Sequence[Sink], *, ctx:
     return summary
 
 
-__all__ = ["LINEAGE_COLUMNS", "BatchWriter", "Prepared",
-           "RunSummary", "group_rejects", "newest_event_time", "process_batch", "raw_json_rows", "run"]
+__all__ = ["LINEAGE_COLUMNS", "BatchWriter", "Prepared", "RunSummary", "group_rejects", "newest_event_time",
+           "process_batch", "raw_json_rows", "reject_reasons", "run"]

@@ -17,10 +17,16 @@ Idempotent like a file: the table is cut into batches of
 by the lineage prefix and a digest of the table's content
 (``python://<run id>@<sha256[:16]>/b<j>x<rows>``), so writing the same rows again with
 the same run id skips every unit the stores committed (Postgres and Redis keep their own
-ledgers: after a failure, the same call finishes what one store lacks). One run id (and
-``source``) names one table: writing other rows under a prefix that already wrote a
-table is refused (their reject rows would share ``_source`` URIs), so a pipeline that
-writes several tables in one run names each with ``source``.
+ledgers: after a failure, the same call finishes what one store lacks). Under another
+run id or ``source`` (a retry without a run id gets a fresh one) the valid rows are
+already present in the history, and so are the rejects: each unit carries its content
+without the run (``@<sha256[:16]>/b<j>x<rows>``, ``BatchLineage.content``), and Postgres
+stores no rejects for a unit whose content its ledger holds (they are stored under the
+first run's ``_source``): one table's rejects are stored once, counted
+``already_present`` by the later writes. One run id (and ``source``) names one table:
+writing other rows under a prefix that already wrote a table is refused (their reject
+rows would share ``_source`` URIs), so a pipeline that writes several tables in one run
+names each with ``source``.
 """
 
 from __future__ import annotations
@@ -82,8 +88,10 @@ class RejectedRow:
 @dataclass(frozen=True)
 class WriteSummary:
     """What one :func:`write` did. ``rows == stored + rejected + already_present``
-    (``already_present``: valid rows the cold store held, every row of a unit already
-    committed: the whole table when the same rows are written again with the same run id).
+    (``rejected``: the rejects this write stored, under its run id; ``already_present``:
+    valid rows the cold store held, rejected rows whose rejects were stored already (the
+    same table written under another run id), every row of a unit already committed: the
+    whole table when the same rows are written again with the same run id).
     ``rejects``: the first :data:`SAMPLE_ROWS` rejected rows with their field-level errors,
     read back from the rejects table (``rejects_table``) where every one of them is."""
 
@@ -129,8 +137,9 @@ class _TableSource:
 
     def batches(self) -> Iterator[SourceBatch]:
         for j, batch in enumerate(slices(self.table, self.batch_rows)):
-            unit = f"{self.unit_prefix()}b{j}x{self.batch_rows}"
-            yield SourceBatch(batch, BatchLineage(self.prefix, j * self.batch_rows, batch.num_rows, unit))
+            content = f"@{self.digest}/b{j}x{self.batch_rows}"  # the unit without the run's prefix
+            yield SourceBatch(batch, BatchLineage(self.prefix, j * self.batch_rows, batch.num_rows,
+                                                  self.prefix + content, content=content))
 
 
 def slices(table: pa.Table, rows: int) -> Iterator[pa.RecordBatch]:

@@ -69,13 +69,17 @@ class WriteUnit:
       lineage columns (each sink picks the columns it stores);
     - ``rejects``: one row per rejected input row (:data:`REJECTED_ROWS_SCHEMA`);
     - ``unit``: ledger key, or None for idempotent (stream) writes;
-    - ``read``: how many input rows the unit covers (for the ledger's counts).
+    - ``read``: how many input rows the unit covers (for the ledger's counts);
+    - ``content``: with a ``unit``, what names its input regardless of the run
+      (``BatchLineage.content``), when the rejects' ``_source`` names the run: a store
+      that committed a unit of that content holds these rejects already.
     """
 
     rows: pa.Table
     rejects: pa.Table
     unit: str | None
     read: int
+    content: str | None = None
 
 
 @dataclass(frozen=True)
@@ -85,7 +89,10 @@ class WriteResult:
     already committed and nothing was written. ``superseded`` (the cold store only): the
     entity and ``_source`` of rows it refused because *another* event (another
     ``_source``) holds their (entity, event time); the other stores must not keep them
-    either (:meth:`features.sinks.redis.RedisSink.drop_superseded`)."""
+    either (:meth:`features.sinks.redis.RedisSink.drop_superseded`). ``rejects_stored``:
+    rejects newly written; ``rejects_held`` (a store that keeps rejects): the positions in
+    ``WriteUnit.rejects`` of those it already held (an earlier run read those input
+    records), which the run counts as already present; None: none held."""
 
     stored: int = 0
     already_present: int = 0
@@ -93,6 +100,7 @@ class WriteResult:
     skipped: bool = False
     seconds: float = 0.0
     superseded: pa.Table | None = None
+    rejects_held: npt.NDArray[np.int64] | None = None
 
 
 @runtime_checkable

@@ -23,7 +23,13 @@ Contract:
   where replays and duplicate events are normal) first looks its keys up (COPY of the
   keys into a temporary table, one index lookup each) and COPYs the rows with new keys
   straight in; a key stored by another writer in between sends it the slower path.
-- Rejects are unique per (``_source``, fingerprint): a replay inserts none twice.
+- Rejects are unique per (``_source``, fingerprint): a replay inserts none twice, and
+  ``write`` returns the positions of the rejects the table already held
+  (``WriteResult.rejects_held``; the ledger row and the run count them already present).
+  A unit whose ``_source`` names its run (a Python table, ``python://<run id>#<row>``)
+  carries ``content`` (its input without the run, recorded in the ledger): when the
+  ledger holds a unit of that content, its rejects are stored already, under that unit's
+  ``_source``, and are all held; so one table's rejects are stored once whatever the run id.
 - Connection losses during a write are retried with exponential backoff (the
   transaction was rolled back, so a retry is exact); after ``retries`` attempts the
   write raises SinkUnavailable.
@@ -37,6 +43,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
@@ -72,6 +80,14 @@ CREATE TABLE IF NOT EXISTS {quote_ident(LEDGER_TABLE)} (
     "committed_at" timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY ("schema_name", "fingerprint", "unit")
 )
+"""
+#: The ledger's ``content`` column (``WriteUnit.content``: a unit's input named without
+#: the run, for the Python tables whose ``_source`` names it) and its index: added to a
+#: ledger that lacks them (a new one, or one made before them), see ``_prepare``.
+LEDGER_CONTENT_DDL = f"""
+ALTER TABLE {quote_ident(LEDGER_TABLE)} ADD COLUMN IF NOT EXISTS "content" text;
+CREATE INDEX IF NOT EXISTS {quote_ident(LEDGER_TABLE + "__content")} ON {quote_ident(LEDGER_TABLE)}
+    ("schema_name", "fingerprint", "content") WHERE "content" IS NOT NULL
 """
 
 T = TypeVar("T")
@@ -203,6 +219,11 @@ class PostgresSink:
             if not exists:
                 conn.execute(self.compiled.ddl)
             conn.execute(LEDGER_DDL)
+            # only when missing: an ALTER TABLE locks the ledger out of every load's unit
+            if not conn.execute("SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s) "
+                                "AND attname = 'content' AND NOT attisdropped)",
+                                (quote_ident(LEDGER_TABLE),)).fetchone()[0]:
+                conn.execute(LEDGER_CONTENT_DDL)
             conn.execute(versions_table())
             row = conn.execute(
                 f"SELECT version, fingerprint FROM {quote_ident(SCHEMAS_TABLE)} WHERE schema_name = %s",
@@ -279,19 +300,54 @@ class PostgresSink:
                         stored, superseded = self._insert_new_rows(conn, rows)
                 else:
                     stored, superseded = self._insert_probed(conn, rows)
-            rejects_stored = 0
-            if unit.rejects.num_rows:
+            rejects_stored, held = 0, None
+            if unit.rejects.num_rows and self._content_committed(conn, unit):
+                held = np.arange(unit.rejects.num_rows, dtype=np.int64)  # stored with that unit
+            elif unit.rejects.num_rows:
                 rejects = unit.rejects.select(list(self.reject_columns))
-                rejects_stored = self._insert_new(conn, self.rejects_table, self.reject_columns, rejects,
-                                                  raw_json=True)
+                rejects_stored, held = self._insert_rejects(conn, rejects)
             if unit.unit is not None:
+                n_held = len(held) if held is not None else 0
+                # the run's counts (runner.account): a reject held already is already present
                 conn.execute(
                     f"INSERT INTO {quote_ident(LEDGER_TABLE)} (schema_name, fingerprint, unit, run_id, "
-                    "read, stored, already_present, rejected) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                    "read, stored, already_present, rejected, content) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
                     (self.compiled.name, self.compiled.fingerprint, unit.unit,
                      _first(unit.rows, unit.rejects, "_run_id"), unit.read, stored,
-                     rows.num_rows - stored, unit.rejects.num_rows))
-        return WriteResult(stored, rows.num_rows - stored, rejects_stored, superseded=superseded)
+                     rows.num_rows - stored + n_held, unit.rejects.num_rows - n_held, unit.content))
+        return WriteResult(stored, rows.num_rows - stored, rejects_stored, superseded=superseded,
+                           rejects_held=held)
+
+    def _content_committed(self, conn: Any, unit: WriteUnit) -> bool:
+        """Whether the ledger holds a unit of ``unit.content`` (another run's write of the
+        same input, whose rejects are stored under its own ``_source``). Writers of one
+        content are serialised (a transaction advisory lock): the second sees the first's."""
+        if unit.unit is None or unit.content is None:
+            return False
+        conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                     (f"featureline:content:{self.compiled.name}:{self.compiled.fingerprint}:{unit.content}",))
+        return conn.execute(
+            f"SELECT EXISTS (SELECT 1 FROM {quote_ident(LEDGER_TABLE)} WHERE schema_name = %s AND "
+            "fingerprint = %s AND content = %s)",
+            (self.compiled.name, self.compiled.fingerprint, unit.content)).fetchone()[0] is True
+
+    def _insert_rejects(self, conn: Any, rejects: pa.Table) -> tuple[int, npt.NDArray[np.int64] | None]:
+        """Insert the rejects whose key (``_source``, fingerprint) is new, in one statement
+        that also says which the table held already (an earlier run read those records).
+        Returns (inserted, those rows' positions in ``rejects`` or None when none was held)."""
+        stage = quote_ident(self._stage(conn, self.rejects_table, self.reject_columns, rejects))
+        cols = ", ".join(quote_ident(c) for c in self.reject_columns)
+        src = quote_ident(SOURCE)
+        found = conn.execute(
+            f"WITH ins AS (INSERT INTO {quote_ident(self.rejects_table)} ({cols}) SELECT {cols} FROM {stage} "
+            f"ORDER BY \"_ord\" ON CONFLICT DO NOTHING RETURNING {src}) "
+            f"SELECT 0 AS kind, count(*) AS n, (SELECT min(\"_ord\") FROM {stage}) AS first FROM ins "
+            f"UNION ALL SELECT 1, s.\"_ord\", NULL FROM {stage} s "
+            f"WHERE NOT EXISTS (SELECT 1 FROM ins i WHERE i.{src} = s.{src})").fetchall()
+        head = next(r for r in found if r[0] == 0)
+        held = np.fromiter((r[1] - head[2] for r in found if r[0] == 1), np.int64)
+        return int(head[1]), (held if len(held) else None)
 
     def insert_rejects(self, rejects: pa.Table) -> int:
         """Reject rows alone (the aggregations' late events); replays insert nothing."""

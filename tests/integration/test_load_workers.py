@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from test_batch_load import _env, pg_snapshot, redis_snapshot
 from features.compile import CompiledSchema, compile_schema
 from features.config import Settings
 from features.examples import applicant_schema, applicants
-from features.load import load
+from features.load import load, render_summary
 from features.schema import parse_schema
 from features.sources.parquet import ParquetSource, entity_shards
 
@@ -104,6 +105,41 @@ def test_two_workers_give_what_one_process_gives_and_rerun_exactly(
     finally:
         client.close()
     assert pg_snapshot(settings, second_pg_schema) == pg_snapshot(settings, pg_schema)
+
+
+def test_rejects_are_counted_one_way_whatever_the_shard_count_and_the_printed_query_returns_them(
+        tmp_path: Path, settings: Settings, compiled: CompiledSchema, pg_schema: str,
+        redis_prefix: str) -> None:
+    """Issue 45, item 6: a reject the table already holds (an earlier run read its row) is
+    ``already present`` whatever the shard count, as a valid row the cold store holds;
+    ``rejected`` is what the run stored, under its run id, so the query the summary prints
+    returns exactly that many rows (and ``by_rule`` counts their errors)."""
+    first, second = write_files(tmp_path, 1_200, files=2, seed=40)
+    kw: dict[str, Any] = {"batch_rows": 500, "search_path": pg_schema, "key_prefix": redis_prefix}
+    one = load([first], compiled, settings, **kw)
+    both = load([first, second], compiled, settings, workers=2, **kw)  # other shards, other units
+    again = load([first, second], compiled, settings, workers=3, **kw)
+    with psycopg.connect(settings.postgres_dsn, options=f"-c search_path={pg_schema}") as conn:
+        def rejects(where: str, *params: Any) -> tuple[int, int]:
+            row = conn.execute(f"SELECT count(*), coalesce(sum(jsonb_array_length(errors)), 0) "
+                               f"FROM credit_applicant__rejects WHERE {where}", params).fetchone()
+            assert row is not None
+            return int(row[0]), int(row[1])
+
+        second_rejects = rejects("left(_source, %s) = %s", len(second.as_uri()) + 1, second.as_uri() + "#")
+        assert one.rejected > 0 and second_rejects[0] > 0
+        assert rejects("true")[0] == one.rejected + second_rejects[0]  # each stored once
+        for s in (one, both, again):
+            assert s.adds_up and s.read == s.stored + s.rejected + s.already_present
+            assert rejects("_run_id = %s", s.run_id) == (s.rejected, sum(s.by_rule.values()))
+            printed = render_summary(s, rejects_table="credit_applicant__rejects")
+            query = re.search(r"\((SELECT .*)\)$", printed, re.M)
+            assert (query is not None) == (s.rejected > 0), printed
+            if query is not None:
+                assert len(conn.execute(query.group(1)).fetchall()) == s.rejected
+    # the first file's rows, rejects included, are already present for the 2-worker run
+    assert (both.rejected, both.already_present) == (second_rejects[0], one.read)
+    assert (again.stored, again.rejected, again.already_present) == (0, 0, 2_400) and not again.by_rule
 
 
 def test_aggregations_with_three_workers_equal_the_reference(tmp_path: Path, settings: Settings,

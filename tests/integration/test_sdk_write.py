@@ -280,6 +280,32 @@ def test_writing_the_same_rows_again_with_the_same_run_id_changes_nothing(
     assert other.adds_up and other.stored + other.rejected == 50 and other.already_present == 0
 
 
+def test_the_same_rows_written_again_under_another_run_id_keep_their_rejects_once(
+        fs: FeatureStore, settings: Settings, pg_schema: str) -> None:
+    """Issue 45, item 9: a retry without the run id (a fresh one), or under another run id
+    and source, finds the table's rejects stored (one content digest) and counts them
+    ``already present`` as it counts the valid rows; nothing is stored twice."""
+    table = applicants(2_000, seed=31)
+    first = fs.write(NAME, table)
+    retry = fs.write(NAME, table)  # no run id: a fresh one
+    named = fs.write(NAME, pa.concat_tables([table.slice(0, 900), table.slice(900)]), run_id="other",
+                     source="copy")
+    assert first.rejected > 0 and first.stored + first.rejected == 2_000 and first.already_present == 0
+    for again in (retry, named):
+        assert again.run_id != first.run_id
+        assert again.adds_up and (again.stored, again.rejected, again.already_present) == (0, 0, 2_000)
+        assert again.rejects == ()
+    assert pg_rows(settings, pg_schema, f"SELECT count(*) FROM {NAME}__rejects") == [(first.rejected,)]
+    assert pg_rows(settings, pg_schema, f"SELECT count(*), min(_run_id) FROM {NAME}__rejects "
+                   "WHERE left(_source, %s) = %s", (len(first.source) + 1, first.source + "#")) == [
+        (first.rejected, first.run_id)]
+    assert pg_rows(settings, pg_schema, f"SELECT count(*) FROM {NAME}") == [(first.stored,)]
+    # other rows are another table: their rejects are stored
+    more = fs.write(NAME, applicants(300, seed=32, first_id=8 * 10**9))
+    assert more.rejected > 0 and pg_rows(settings, pg_schema, f"SELECT count(*) FROM {NAME}__rejects") == [
+        (first.rejected + more.rejected,)]
+
+
 # --------------------------------------------------------------------------- stores down
 
 
