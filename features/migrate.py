@@ -111,6 +111,41 @@ def compiled_version(v: Version, name: str) -> CompiledSchema:
     return c
 
 
+@dataclass(frozen=True)
+class Newer:
+    """A compatible newer version the stores hold, as a reader of an earlier version reads
+    it (:func:`newer_readable`): ``c`` is the version the stores hold, ``fingerprints`` every
+    recorded version migrated (transitively) from the reader's, whose hashes it reads."""
+
+    c: CompiledSchema
+    fingerprints: frozenset[str]
+
+
+def newer_readable(recorded: Recorded, c: CompiledSchema) -> Newer | None:
+    """The version the stores hold when it was migrated (transitively) from ``c``'s and a
+    reader of ``c`` can read it in ``c``'s own layout: every column ``c`` stores in Redis
+    and in Postgres is stored there under the same name (a compatible change only adds
+    columns, widens types and loosens constraints; a rename allowed by a rule is the one
+    that moves a column). None otherwise, and when Postgres holds no YAML text for it."""
+    from features.sdk.stored import aggregation_names, cold_columns, hot_columns
+
+    held = recorded.fingerprint
+    if held is None or held == c.fingerprint or c.fingerprint not in recorded.ancestors(held):
+        return None
+    try:
+        newest = compiled_version(recorded.versions[held], c.name)
+    except (KeyError, SinkError):
+        return None
+    for columns in (hot_columns, cold_columns):
+        if not set(columns(c)) <= set(columns(newest)):
+            return None
+    for store in ("hot", "cold"):
+        if not set(aggregation_names(c, store)) <= set(aggregation_names(newest, store)):
+            return None
+    return Newer(newest, frozenset(fp for fp in recorded.versions
+                                   if fp == held or c.fingerprint in recorded.ancestors(fp)))
+
+
 # --------------------------------------------------------------------------- the Redis rewrite
 
 
@@ -476,5 +511,5 @@ def apply_postgres(store: FeatureStore, p: Plan) -> None:
     store._pg_run("the migration", run)
 
 
-__all__ = ["BREAKING_PATH", "Plan", "Recorded", "Upgrader", "Version", "apply_postgres", "count_versions",
-           "plan", "read_recorded", "scan_keys"]
+__all__ = ["BREAKING_PATH", "Newer", "Plan", "Recorded", "Upgrader", "Version", "apply_postgres",
+           "count_versions", "newer_readable", "plan", "read_recorded", "scan_keys"]
