@@ -14,7 +14,7 @@ during and after a migration, and for hashes an old writer still writes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
@@ -109,6 +109,41 @@ def compiled_version(v: Version, name: str) -> CompiledSchema:
                         f"{c.fingerprint[:12]}, not {v.fingerprint[:12]} (recorded by another featureline "
                         "version?): run `features migrate NEW.yaml --from OLD.yaml`", store="postgres")
     return c
+
+
+@dataclass(frozen=True)
+class Newer:
+    """A compatible newer version the stores hold, as a reader of an earlier version reads
+    it (:func:`newer_readable`): ``c`` is the version the stores hold, ``fingerprints`` every
+    recorded version migrated (transitively) from the reader's, whose hashes it reads."""
+
+    c: CompiledSchema
+    fingerprints: frozenset[str]
+
+
+def newer_readable(recorded: Recorded, c: CompiledSchema) -> Newer | None:
+    """The version the stores hold when it was migrated (transitively) from ``c``'s and a
+    reader of ``c`` can read it in ``c``'s own layout: every column ``c`` stores in Redis
+    and in Postgres is stored there under the same name (a compatible change only adds
+    columns, widens types and loosens constraints; a rename allowed by a rule is the one
+    that moves a column). None otherwise, and when Postgres holds no YAML text for it."""
+    from features.sdk.stored import aggregation_names, cold_columns, hot_columns
+
+    held = recorded.fingerprint
+    if held is None or held == c.fingerprint or c.fingerprint not in recorded.ancestors(held):
+        return None
+    try:
+        newest = compiled_version(recorded.versions[held], c.name)
+    except (KeyError, SinkError):
+        return None
+    for columns in (hot_columns, cold_columns):
+        if not set(columns(c)) <= set(columns(newest)):
+            return None
+    for store in ("hot", "cold"):
+        if not set(aggregation_names(c, store)) <= set(aggregation_names(newest, store)):
+            return None
+    return Newer(newest, frozenset(fp for fp in recorded.versions
+                                   if fp == held or c.fingerprint in recorded.ancestors(fp)))
 
 
 # --------------------------------------------------------------------------- the Redis rewrite
@@ -452,15 +487,38 @@ def plan(store: FeatureStore, c: CompiledSchema, old_file: str | None) -> Plan:
     return Plan(schema, recorded, old, migration, refusal)
 
 
-def apply_postgres(store: FeatureStore, p: Plan) -> None:
+def apply_postgres(store: FeatureStore, p: Plan, waiting: Callable[[str], None] | None = None) -> None:
     """The migration DDL, the recorded version and both versions' text, in one
-    transaction that first checks the stores still hold the planned version."""
+    transaction that first checks the stores still hold the planned version.
+
+    Writers of the schema (loads, streams: :class:`features.sinks.postgres.WriterGuard`)
+    are kept out: the migrating lock stops each before its next unit, and the transaction
+    waits until every unit in flight is in both stores (``waiting`` is told which
+    sessions it waits for); those writers then stop naming the new version."""
     from features.compile.postgres import SCHEMAS_TABLE, quote_ident
+    from features.sinks.postgres import MIGRATING_LOCK, WRITERS_LOCK
 
     assert p.migration is not None and p.old is not None
     expected = p.recorded.fingerprint
+    name = p.schema.name
 
     def run(conn: Any) -> None:
+        conn.execute(f"SELECT pg_advisory_lock({MIGRATING_LOCK})", (name,))
+        held = False
+        try:
+            held = conn.execute(f"SELECT pg_try_advisory_lock({WRITERS_LOCK})", (name,)).fetchone()[0]
+            if not held:
+                if waiting is not None:
+                    waiting(_writers(conn, name))
+                conn.execute(f"SELECT pg_advisory_lock({WRITERS_LOCK})", (name,))
+                held = True
+            migrate(conn)
+        finally:
+            if held:
+                conn.execute(f"SELECT pg_advisory_unlock({WRITERS_LOCK})", (name,))
+            conn.execute(f"SELECT pg_advisory_unlock({MIGRATING_LOCK})", (name,))
+
+    def migrate(conn: Any) -> None:
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(hashtext('featureline:ddl:' || "
                          "coalesce(current_schema(), '')))")
@@ -476,5 +534,20 @@ def apply_postgres(store: FeatureStore, p: Plan) -> None:
     store._pg_run("the migration", run)
 
 
-__all__ = ["BREAKING_PATH", "Plan", "Recorded", "Upgrader", "Version", "apply_postgres", "count_versions",
-           "plan", "read_recorded", "scan_keys"]
+def _writers(conn: Any, name: str) -> str:
+    """The sessions writing schema ``name`` now (holding its writers' lock), as a line."""
+    from features.sinks.postgres import WRITERS_LOCK
+
+    rows = conn.execute(
+        "SELECT a.pid, coalesce(nullif(a.application_name, ''), '-'), coalesce(host(a.client_addr), 'local') "
+        "FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' "
+        "AND l.granted AND l.objsubid = 1 AND l.database = (SELECT oid FROM pg_database WHERE datname = "
+        f"current_database()) AND ((l.classid::bigint << 32) | l.objid::bigint) = {WRITERS_LOCK} "
+        "ORDER BY a.pid", (name,)).fetchall()
+    who = ", ".join(f"pid {pid} ({app}, {host})" for pid, app, host in rows) or "a writer that just finished"
+    return (f"waiting for the writers of {name} to finish the batch they are writing (they stop after it): "
+            f"{who}")
+
+
+__all__ = ["BREAKING_PATH", "Newer", "Plan", "Recorded", "Upgrader", "Version", "apply_postgres",
+           "count_versions", "newer_readable", "plan", "read_recorded", "scan_keys"]

@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
                 print(json.dumps(out, indent=2))
             return 0
         if p.migration is not None:
-            apply_postgres(fs, p)
+            apply_postgres(fs, p, waiting=say)
             say(f"postgres: migrated to {schema.version_str} ({time.perf_counter() - t0:.1f} s)")
         recorded = fs._pg_run("the version read", lambda conn: read_recorded(conn, c.name))
         up = Upgrader(fs, c, recorded)

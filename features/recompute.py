@@ -159,7 +159,7 @@ def recompute(c: CompiledSchema, settings: Settings, *, search_path: str | None 
                          schemas=s.path or ".", search_path=search_path, key_prefix=key_prefix)
     store._compiled[c.name] = c
     try:
-        store._check_fingerprint(c)
+        store._check_fingerprint(c, writing=True)
         features = _FeatureRecompute(store, c, out.features) if out.features else None
         with pg.map_psycopg_errors(settings.postgres_dsn, "the history read"), \
                 pg.connect(settings.postgres_dsn, utc=True, search_path=search_path) as conn:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -429,6 +429,15 @@ def _finish_unit(summary: RunSummary, pending: _Pending, primary: str, progress:
         progress.update(summary)
 
 
+class Guard(Protocol):
+    """What keeps a writer and a migration of its schema apart
+    (:class:`features.sinks.postgres.WriterGuard`)."""
+
+    def enter(self, drain: Callable[[], None]) -> None: ...
+
+    def release(self) -> None: ...
+
+
 @dataclass
 class _Pending:
     prepared: Prepared
@@ -449,7 +458,9 @@ class BatchWriter:
     error (after its own bounded retries) propagates from :meth:`submit` or
     :meth:`drain` once the writes already started have finished. With ``metrics``, every
     unit accounted in ``summary`` is counted there too (same amounts), with each store's
-    write seconds and the newest event time written.
+    write seconds and the newest event time written. With ``guard``, each unit is written
+    only once ``guard.enter`` lets it (a migration of the schema waiting first drains the
+    units in flight, then stops the writer with SinkError); the caller releases it.
     """
 
     def __init__(self, compiled: CompiledSchema, sinks: Sequence[Sink], *, summary: RunSummary,
@@ -457,9 +468,10 @@ class BatchWriter:
                  in_flight: int = 2,
                  committed: dict[str, set[str]] | None = None,
                  observer: Callable[[pa.Table], None] | None = None,
-                 metrics: RunMetrics | None = None) -> None:
+                 metrics: RunMetrics | None = None, guard: Guard | None = None) -> None:
         self.compiled = compiled
         self.metrics = metrics
+        self.guard = guard
         self._event_time = compiled.schema.event_time
         #: called with every batch's valid rows, in order, committed units included (the
         #: aggregations' backfill reads them)
@@ -508,6 +520,8 @@ class BatchWriter:
         while len(self._queue) >= self.in_flight:
             _finish_unit(summary, self._queue.popleft(), self.primary, self.progress, self.metrics,
                          self._event_time, self._drop_superseded)
+        if self.guard is not None:
+            self.guard.enter(self.drain)
         write = WriteUnit(prepared.rows, prepared.rejects, unit, n, sb.lineage.content)
         futures = {}
         for s in todo:
@@ -540,19 +554,22 @@ def run(source: Source, compiled: CompiledSchema, sinks: Sequence[Sink], *, ctx:
         program: TransformProgram | None = None, reference_time: dt.datetime | None = None,
         progress: Progress | None = None,
         batches: Iterable[SourceBatch] | None = None, in_flight: int = 2,
-        observer: Callable[[pa.Table], None] | None = None, metrics: RunMetrics | None = None) -> RunSummary:
+        observer: Callable[[pa.Table], None] | None = None, metrics: RunMetrics | None = None,
+        guard: Guard | None = None) -> RunSummary:
     """Load everything ``source`` yields into ``sinks`` (see :class:`BatchWriter`).
 
     The first sink is the primary (cold) store whose commit decides ``stored``.
     Sinks must be opened by the caller (so an unreachable store fails before any
     work). Units a sink's ledger already holds are skipped for that sink. ``metrics``
-    (``features.metrics.RunMetrics``) counts what ``summary`` counts, as it happens.
+    (``features.metrics.RunMetrics``) counts what ``summary`` counts, as it happens;
+    ``guard``: see :class:`BatchWriter`.
     """
     summary = RunSummary(run_id=ctx.run_id, schema=compiled.name)
     committed = {s.name: s.committed_units() for s in sinks}
     t0 = time.perf_counter()
     writer = BatchWriter(compiled, sinks, summary=summary, program=program, progress=progress,
-                         in_flight=in_flight, committed=committed, observer=observer, metrics=metrics)
+                         in_flight=in_flight, committed=committed, observer=observer, metrics=metrics,
+                         guard=guard)
     try:
         for sb in (batches if batches is not None else source.batches()):
             writer.submit(sb, ctx=ctx, reference_time=reference_time)
@@ -565,5 +582,5 @@ def run(source: Source, compiled: CompiledSchema, sinks: Sequence[Sink], *, ctx:
     return summary
 
 
-__all__ = ["LINEAGE_COLUMNS", "BatchWriter", "Prepared", "RunSummary", "group_rejects", "newest_event_time",
-           "process_batch", "raw_json_rows", "reject_reasons", "run"]
+__all__ = ["LINEAGE_COLUMNS", "BatchWriter", "Guard", "Prepared", "RunSummary", "group_rejects",
+           "newest_event_time", "process_batch", "raw_json_rows", "reject_reasons", "run"]

@@ -53,11 +53,14 @@ def load_source(source: Source, compiled: CompiledSchema, settings: Settings, *,
     from features.aggregate.backfill import Collector, backfill
     from features.aggregate.engine import AggSpec
     from features.aggregate.writer import AggregateWriter
-    from features.sinks.postgres import PostgresSink
+    from features.sinks.postgres import PostgresSink, WriterGuard
     from features.sinks.redis import RedisSink
 
     program = transform_program(compiled, settings)
     pg = PostgresSink(settings.postgres_dsn, compiled, search_path=search_path)
+    # a migration of the schema waits for the unit in flight, then stops this load
+    # between units (docs/evolution.md, "Writers during a migration")
+    guard = WriterGuard(settings.postgres_dsn, compiled, search_path=search_path)
     hot = RedisSink(settings.redis_url, compiled, key_prefix=key_prefix)
     sinks: list[Sink] = [pg, hot]  # the first is the primary: its commit decides "stored"
     spec = AggSpec.of(compiled.schema)
@@ -71,6 +74,7 @@ def load_source(source: Source, compiled: CompiledSchema, settings: Settings, *,
             first.open()
         if aggs is not None:
             aggs.open()
+        guard.open()
         now = dt.datetime.now(dt.UTC)
         ctx = RunContext(compiled.name, compiled.schema.version_str, compiled.fingerprint, run_id, now)
         log.info("load started", extra={"schema": compiled.name, **(started or {}),
@@ -78,8 +82,9 @@ def load_source(source: Source, compiled: CompiledSchema, settings: Settings, *,
         observe = _both(collector, observer)
         summary = run(source, compiled, sinks, ctx=ctx, program=program,
                       progress=Progress(source.total_rows, enabled=progress), observer=observe,
-                      metrics=metrics)
+                      metrics=metrics, guard=guard)
         if spec is not None and aggs is not None and collector is not None:
+            guard.enter(lambda: None)  # the aggregations are written under the same version
             inputs = collector.inputs()
             line = LineProgress("aggregations", None, enabled=progress)
             counts = backfill(spec, inputs, aggs, ctx, progress=line, read_own=read_own)
@@ -93,6 +98,7 @@ def load_source(source: Source, compiled: CompiledSchema, settings: Settings, *,
                                                            "skipped_units", "seconds")})
         return summary
     finally:
+        guard.close()
         for s in sinks:
             s.close()  # idempotent; also frees a sink whose open() failed half way
         if aggs is not None:

@@ -137,6 +137,10 @@ class FeatureStore:
         #: schema name -> the features.migrate.Upgrader of hashes older versions wrote
         self._upgraders: dict[str, Any] = {}
         self._upgraders_lock = threading.Lock()
+        #: schema name -> the features.migrate.Newer the stores hold (a compatible newer
+        #: version this reader reads in its own layout), kept until a fingerprint it does
+        #: not know is met
+        self._newer: dict[str, Any] = {}
         self.registry = registry if registry is not None else Registry()
         self._metrics = SdkMetrics(self.registry)
         #: the metrics endpoint (``metrics_port``), or None
@@ -230,19 +234,45 @@ class FeatureStore:
                               "stored features", key="schema")
         return c
 
-    def _check_fingerprint(self, c: CompiledSchema) -> None:
-        if c.name in self._checked:
+    def _check_fingerprint(self, c: CompiledSchema, *, writing: bool = False) -> None:
+        """The stores must hold ``c``'s version, or (for a read, not ``writing``) a compatible
+        newer one this reader reads in its layout (:meth:`_newer_version`); else SinkError
+        saying what to do. A read's answer is kept for the store's life."""
+        if c.name in self._checked and not writing:
             return
         from features.compile.postgres import SCHEMAS_TABLE, quote_ident
 
         row = self._pg_run("the fingerprint check", lambda conn: conn.execute(
             f"SELECT version, fingerprint FROM {quote_ident(SCHEMAS_TABLE)} WHERE schema_name = %s",
             (c.name,)).fetchone())
-        if row is not None and row[1] != c.fingerprint:
+        if row is not None and row[1] != c.fingerprint and (
+                writing or self._newer_version(c, {row[1]}) is None):
             raise SinkError(f"the stores hold schema {c.name} {row[0]} (fingerprint {row[1][:12]}), but "
                             f"{self.schemas_path} has {c.schema.version_str} (fingerprint "
                             f"{c.fingerprint[:12]}): {mismatch_hint(c.schema, row[0])}", store="postgres")
         self._checked.add(c.name)
+
+    def _newer_version(self, c: CompiledSchema, others: set[str], *, read: bool = True) -> Any:
+        """The :class:`features.migrate.Newer` the stores hold when every fingerprint of
+        ``others`` is a compatible version migrated (transitively) from ``c``'s that a reader
+        of ``c`` reads in ``c``'s layout (docs/evolution.md, "Readers of an earlier version");
+        else None. Read from Postgres again when one of ``others`` is not known yet
+        (``read=False``: only what is known)."""
+        from features.migrate import newer_readable, read_recorded
+
+        with self._upgraders_lock:
+            newer = self._newer.get(c.name)
+        if newer is not None and others <= newer.fingerprints:
+            return newer
+        if not read:
+            return None
+        recorded = self._pg_run("the schema versions read", lambda conn: read_recorded(conn, c.name))
+        newer = newer_readable(recorded, c)
+        if newer is None or not others <= newer.fingerprints:
+            return None
+        with self._upgraders_lock:
+            self._newer[c.name] = newer
+        return newer
 
     def _upgrader(self, c: CompiledSchema, others: set[str]) -> Any:
         """The :class:`features.migrate.Upgrader` of ``c`` when every fingerprint of ``others``
@@ -504,8 +534,10 @@ class FeatureStore:
         microseconds, null where the hash is absent). Checks every hash found first."""
         c = plan.c
         cols = _reply_columns(replies, len(names) + len(CHECKED) + 1)
-        self._check_hashes(c, cols[len(names)], cols[len(names) + 1], what)
-        columns = {name: _from_text(c, name, cols[j], plan.types[name]) for j, name in enumerate(names)}
+        newer = self._check_hashes(c, cols[len(names)], cols[len(names) + 1], what)
+        columns = {name: _from_text(c, name, cols[j], plan.types[name]) if newer is None
+                   else _from_newer(c, newer, name, cols[j], cols[len(names) + 1], plan.types[name])
+                   for j, name in enumerate(names)}
         return columns, cols[-1].cast(pa.int64())
 
     def _finish_online(self, req: OnlineRequest, replies: list[Any], fallback: bool | None,
@@ -610,9 +642,11 @@ class FeatureStore:
         source[rows_at] = "postgres"
 
     def _check_hashes(self, c: CompiledSchema, encodings: pa.Array, fingerprints: pa.Array,
-                      what: str) -> None:
+                      what: str) -> Any:
         """Every hash found must be encoding v1 of this schema's fingerprint (docs/redis.md),
-        or of an earlier version the stores were migrated from (then :class:`Outdated`).
+        or of an earlier version the stores were migrated from (then :class:`Outdated`), or
+        of a compatible newer version this reader reads in its layout (then that
+        :class:`features.migrate.Newer` is returned; else None).
         ``encodings``, ``fingerprints``: the ``_enc`` and ``_schema_fingerprint`` of the
         hashes; ``what`` names the hashes in the message (``hashes``, ``aggregates hashes``)."""
         from features.sinks.redis import ENCODING_VERSION
@@ -625,14 +659,21 @@ class FeatureStore:
                             f"{ENCODING_VERSION}", store="redis")
         others = fps - {c.fingerprint}
         if others:
+            newer = self._newer_version(c, others, read=False)
+            if newer is not None:
+                return newer  # a compatible newer version, read in this layout
             if self._upgrader(c, others) is not None:
                 raise Outdated  # rewritten in this layout, then read again (docs/evolution.md)
+            newer = self._newer_version(c, others)
+            if newer is not None:
+                return newer
             self._checked.discard(c.name)
             self._check_fingerprint(c)  # Postgres holds another version: that error says what to do
             raise SinkError(f"Redis holds {c.name} {what} written with schema fingerprint "
                             f"{sorted(others)[0][:12]}, which is no earlier version the stores were migrated "
                             f"from to {c.schema.version_str} (fingerprint {c.fingerprint[:12]}, "
                             f"{self.schemas_path}): {mismatch_hint(c.schema, '')}", store="redis")
+        return None
 
     # --- the fallback's reads (features.fallback) and prewarm ----------------------------------
 
@@ -709,7 +750,7 @@ class FeatureStore:
         c = self._loadable(schema)
         if not fillable(c):
             raise ConfigError(f"schema {schema!r} has no hot features: nothing to prewarm", key="schema")
-        self._check_fingerprint(c)
+        self._check_fingerprint(c, writing=True)  # it writes this version's layout
         s = c.schema
         et = quote_ident(str(s.event_time))
         where: list[str] = ["true"]
@@ -970,6 +1011,29 @@ class FeatureStore:
 
         return write(self, schema, data, run_id=run_id, source=source)
 
+
+
+def _from_newer(c: CompiledSchema, newer: Any, name: str, text: pa.Array, fingerprints: pa.Array,
+                target: pa.DataType) -> pa.Array:
+    """Column ``name`` of hashes of ``c`` and of the compatible newer versions of ``newer``
+    (a :class:`features.migrate.Newer`), in ``c``'s declared type ``target``: a newer hash's
+    text is read in the newest type (a compatible change only widens), then cast to
+    ``target``; a value that does not fit it raises SinkError naming the newer version."""
+    wide = _declared_type(newer.c, name)
+    if wide == target:
+        return _from_text(c, name, text, target)
+    is_newer = pc.fill_null(pc.is_in(fingerprints, pa.array(sorted(newer.fingerprints), pa.string())), False)
+    none = pa.nulls(len(text), text.type)
+    mine = _from_text(c, name, pc.if_else(is_newer, none, text), target)
+    read = _from_text(newer.c, name, pc.if_else(is_newer, text, none), wide)
+    try:
+        theirs = read.cast(target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise SinkError(f"Redis holds a {c.name}.{name} value written by {c.name} "
+                        f"{newer.c.schema.version_str} that does not fit this reader's {target} "
+                        f"({c.schema.version_str}): {exc}; use the "
+                        "schema file of that version", store="redis") from exc
+    return pc.if_else(is_newer, theirs, mine)
 
 
 class _Parsed:

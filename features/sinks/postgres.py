@@ -121,6 +121,102 @@ def copy_csv(table: pa.Table) -> bytes:
     return buf.getvalue()
 
 
+#: The advisory lock every writer of a schema holds shared while it writes (a load from its
+#: first unit to its last aggregation, a stream for one micro-batch), and ``features
+#: migrate --apply`` takes exclusively around its transaction: the key, as SQL over the
+#: schema name (``%s``) in the namespace the tables go to (``current_schema()``).
+WRITERS_LOCK = "hashtextextended('featureline:writers:' || coalesce(current_schema(), '') || ':' || %s, 0)"
+#: The advisory lock ``features migrate --apply`` holds exclusively from before it waits for
+#: the writers until its transaction ends: a writer that cannot take it shared between two
+#: batches stops writing and lets the migration go first.
+MIGRATING_LOCK = ("hashtextextended('featureline:migrating:' || coalesce(current_schema(), '') || ':' || %s, "
+                  "0)")
+
+
+class WriterGuard:
+    """Keeps a writer of schema ``compiled`` (a load, a stream) and ``features migrate
+    --apply`` from overlapping (docs/evolution.md, "Writers during a migration").
+
+    :meth:`enter` before each unit: holds :data:`WRITERS_LOCK` shared (waiting while a
+    migration runs) and checks that no migration waits and that the stores still hold
+    this fingerprint. When one waits, ``drain`` finishes the units in flight (both stores),
+    the lock is let go, the migration runs, and SinkError says the stores moved on: the
+    writer stops between batches with every unit it wrote in both stores. :meth:`release`
+    when the writer has nothing in flight (a micro-batch done, the load's end). Its own
+    Postgres connection (session-level locks)."""
+
+    def __init__(self, dsn: str, compiled: CompiledSchema, *, search_path: str | None = None,
+                 what: str = "load") -> None:
+        self.dsn = dsn
+        self.compiled = compiled
+        self.search_path = search_path
+        self.what = what
+        self._conn: Any = None
+        self._held = False
+
+    def open(self) -> None:
+        self._conn = pg.connect(self.dsn, autocommit=True, utc=True, search_path=self.search_path)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()  # a session's advisory locks end with it
+            self._conn = None
+            self._held = False
+
+    def _run(self, what: str, fn: Callable[[Any], T]) -> T:
+        with pg.map_psycopg_errors(self.dsn, what):
+            if self._conn is None or self._conn.closed:
+                self._held = False
+                self.open()
+            return fn(self._conn)
+
+    def enter(self, drain: Callable[[], None]) -> None:
+        """Before a unit is written: return when it may be written; else (a migration
+        waits, or the stores hold another version) ``drain()``, let the migration run,
+        and raise SinkError naming the version the stores moved to."""
+        name = self.compiled.name
+        while True:
+            if not self._held:
+                self._run("the writers' lock", lambda conn: conn.execute(
+                    f"SELECT pg_advisory_lock_shared({WRITERS_LOCK})", (name,)))
+                self._held = True
+            gate, fp = self._run("the version check", lambda conn: conn.execute(
+                f"SELECT CASE WHEN pg_try_advisory_lock_shared({MIGRATING_LOCK}) THEN "
+                f"pg_advisory_unlock_shared({MIGRATING_LOCK}) ELSE false END, (SELECT fingerprint FROM "
+                f"{quote_ident(SCHEMAS_TABLE)} WHERE schema_name = %s)", (name, name, name)).fetchone())
+            if gate and fp == self.compiled.fingerprint:
+                return
+            drain()
+            self.release()
+            self._stop_if_moved()
+
+    def release(self) -> None:
+        """Nothing of this writer is in flight: a migration may run."""
+        if self._held and self._conn is not None and not self._conn.closed:
+            self._run("the writers' lock", lambda conn: conn.execute(
+                f"SELECT pg_advisory_unlock_shared({WRITERS_LOCK})", (self.compiled.name,)))
+        self._held = False
+
+    def _stop_if_moved(self) -> None:
+        name = self.compiled.name
+
+        def after_migration(conn: Any) -> Any:
+            conn.execute(f"SELECT pg_advisory_lock_shared({MIGRATING_LOCK})", (name,))
+            conn.execute(f"SELECT pg_advisory_unlock_shared({MIGRATING_LOCK})", (name,))
+            return conn.execute(f"SELECT version, fingerprint FROM {quote_ident(SCHEMAS_TABLE)} "
+                                "WHERE schema_name = %s", (name,)).fetchone()
+
+        row = self._run("the version check", after_migration)
+        if row is None or row[1] == self.compiled.fingerprint:
+            return  # no migration happened (refused, failed): write on
+        raise SinkError(
+            f"the stores were migrated to {name} {row[0]} (fingerprint {row[1][:12]}) while this {self.what} "
+            f"wrote {self.compiled.schema.version_str} (fingerprint {self.compiled.fingerprint[:12]}): it "
+            "stopped between batches, and every batch it wrote is in both stores; run it again with the "
+            "schema file of that version (the rows already stored count as already present)",
+            store="postgres")
+
+
 class PostgresSink:
     """Cold rows, rejects and the commit ledger in one Postgres database."""
 

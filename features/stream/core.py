@@ -125,7 +125,7 @@ class StreamProcessor:
                  log_every_s: float = 10.0, instance: str = "", metrics: RunMetrics | None = None,
                  chunk_records: int = DEFAULT_CHUNK_RECORDS) -> None:
         from features.compile import transform_program
-        from features.sinks.postgres import PostgresSink
+        from features.sinks.postgres import PostgresSink, WriterGuard
         from features.sinks.redis import RedisSink
 
         self.compiled = compiled
@@ -144,6 +144,9 @@ class StreamProcessor:
         self.decoder: ColumnarDecoder | None = ColumnarDecoder(schema, max_bytes=self.max_bytes)
         self.pg = PostgresSink(settings.postgres_dsn, compiled, search_path=search_path)
         self.hot = RedisSink(settings.redis_url, compiled, key_prefix=key_prefix)
+        #: held through each micro-batch: a migration of the schema waits for the one in
+        #: flight, then stops the stream before its next (docs/evolution.md)
+        self.guard = WriterGuard(settings.postgres_dsn, compiled, search_path=search_path, what="stream")
         self.stats = StreamStats(RunSummary(run_id=run_id, schema=compiled.name))
         #: counts what ``stats`` counts, plus lag and latency (``features.metrics``)
         self.metrics = metrics
@@ -175,8 +178,9 @@ class StreamProcessor:
             sink.open()
         if self.aggregator is not None:
             self.aggregator.writer.open()
+        self.guard.open()
         self._writer = BatchWriter(self.compiled, [self.pg, self.hot], summary=self.stats.summary,
-                                   program=self.program, in_flight=2, metrics=self.metrics)
+                                   program=self.program, in_flight=2, metrics=self.metrics, guard=self.guard)
         if self.dead_letter_topic:
             from confluent_kafka import Producer
 
@@ -203,6 +207,7 @@ class StreamProcessor:
             if self._writer is not None:
                 self._writer.close()
         finally:
+            self.guard.close()
             for sink in (self.pg, self.hot):
                 sink.close()
             if self.aggregator is not None:
@@ -224,6 +229,16 @@ class StreamProcessor:
         outcome = np.zeros(n, dtype=np.int8)
         if n == 0:
             return outcome
+        try:
+            return self._process(values, topics, partitions, offsets, timestamps_ms, via, outcome)
+        finally:
+            self.guard.release()  # nothing in flight between micro-batches: a migration may run
+
+    def _process(self, values: Sequence[bytes | None], topics: pa.Array, partitions: pa.Array,
+                 offsets: pa.Array, timestamps_ms: npt.NDArray[np.int64] | None, via: pa.Array | None,
+                 outcome: npt.NDArray[np.int8]) -> npt.NDArray[np.int8]:
+        assert self._writer is not None
+        n = len(values)
         now = dt.datetime.now(dt.UTC)
         ctx = RunContext(self.compiled.name, self.compiled.schema.version_str, self.compiled.fingerprint,
                          self.run_id, now)

@@ -6,10 +6,13 @@ and SIGTERM under load (every request sent before it answered 200, exit 0)."""
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import http.client
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +20,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 import redis
 from test_serve import TOKENS, serve
@@ -210,3 +214,54 @@ def test_hostile_and_oversized_bodies_are_refused_in_one_line(tmp_path: Path, st
         assert post(json.dumps({"rows": _rows(1)}).encode(), "application/json; charset=utf-8")[0] == 200
     log = server.log.read_text()
     assert "Traceback" not in log and " 500" not in log, log[-3000:]
+
+
+#: card_txn 1.1.0: a compatible change of the example's schema (a nullable field, an
+#: aggregation, and ``amount`` widened from decimal(12,2) to decimal(14,2))
+CARD_TXN_1_1 = ((EXAMPLE / "schemas" / "card_txn.yaml").read_text()
+                .replace("version: 1.0.0", "version: 1.1.0")
+                .replace("    type: decimal(12,2)\n", "    type: decimal(14,2)\n")
+                .replace("aggregations:\n",
+                         "  - name: channel\n    type: string\n    store: [hot, cold]\n"
+                         "    constraints:\n      nullable: true\naggregations:\n")
+                + "    - name: amount_max_24h\n      function: max\n      of: amount\n      window: 24h\n"
+                  "      store: [hot, cold]\n")
+
+
+def test_a_running_view_server_keeps_serving_across_a_compatible_migration(
+        tmp_path: Path, stores: Settings, pg_schema: str) -> None:
+    """Issue 45 item 5: `features migrate NEW --apply` of a compatible change while a
+    `features serve --no-ingest` still holds the old schema files: every view request
+    before, during and after it answers 200 with the same rows (the server reads the newer
+    layout in its own types), and a row a writer of the new version stores is served too."""
+    new = tmp_path / "v11" / "card_txn.yaml"
+    new.parent.mkdir()
+    new.write_text(CARD_TXN_1_1)
+    env = _env(stores, pg_schema)
+    rows = _rows(60)
+    payload = json.dumps({"rows": rows}).encode()
+    with serve(tmp_path, env, *_args()) as server:
+        status, _, before = server.request("POST", ROUTE, payload, AUTH)
+        assert status == 200, before
+        migrated = subprocess.run([sys.executable, "-m", "features.cli", "migrate", str(new), "--apply"],
+                                  env=env, capture_output=True, text=True, timeout=300)
+        assert migrated.returncode == 0, migrated.stdout[-2000:] + migrated.stderr[-2000:]
+        assert "1.1.0" in migrated.stdout
+        status, _, after = server.request("POST", ROUTE, payload, AUTH)
+        assert status == 200, after
+        assert after["rows"] == before["rows"]
+        # a card the new version writes (with the new field and a widened amount that
+        # still fits the old type), read by the old server from its v1.1.0 hash
+        with FeatureStore(redis_url=stores.redis_url, postgres_dsn=stores.postgres_dsn,
+                          schemas=new, search_path=pg_schema, fill=False) as fs:
+            wrote = fs.write("card_txn", pa.table({
+                "txn_id": ["t-new-1"], "card_id": ["c999"],
+                "ts": pa.array([dt.datetime(2026, 1, 1, tzinfo=dt.UTC)], pa.timestamp("us", "UTC")),
+                "amount": pa.array([Decimal("12.34")], pa.decimal128(14, 2)), "channel": ["web"]}),
+                run_id="v11-writer")
+        assert wrote.stored == 1, wrote
+        one = json.dumps({"rows": [{"card_id": "c999", "merchant_id": 1, "amount": 1.0}]}).encode()
+        status, _, body = server.request("POST", ROUTE, one, AUTH)
+        assert status == 200, body
+        assert body["rows"][0]["card_txn._found"] is True and body["rows"][0]["card_amount"] == "12.34"
+    assert "newer version" not in server.log.read_text()
