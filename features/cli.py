@@ -52,7 +52,7 @@ COMMANDS: dict[str, str] = {
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="features",
+        prog="features", allow_abbrev=False,
         description="featureline: validated, traceable features from Kafka and Parquet "
         "into Redis and Postgres.",
     )
@@ -63,7 +63,19 @@ def build_parser() -> argparse.ArgumentParser:
         importlib.import_module(module).add_parser(sub)
     _add_log_format(sub)
     _plain_help(parser)
+    _no_abbreviations(parser)
     return parser
+
+
+def _no_abbreviations(parser: argparse.ArgumentParser) -> None:
+    """No option of any command may be abbreviated: argparse's prefix matching took
+    ``features health --schema x`` for ``--schemas-dir x``. A misspelt or shortened option
+    is an error that names it (argparse reads ``allow_abbrev`` when it parses)."""
+    parser.allow_abbrev = False
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in set(action.choices.values()):
+                _no_abbreviations(sub)
 
 
 #: reStructuredText inline markup of the docstrings some descriptions are taken from:

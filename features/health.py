@@ -41,6 +41,8 @@ def add_parser(sub: Any) -> None:
         "health", help="check every configured store and each schema's recorded fingerprint",
         description=__doc__.split("\n\n")[1] if __doc__ else None)
     p.add_argument("--schemas-dir", default=None, help="folder of schema YAML files (default: schemas)")
+    p.add_argument("--schema", default=None, metavar="NAME",
+                   help="check this schema only (its `name:`; default: every schema in the folder)")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds per store check (default 5)")
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.set_defaults(func=run)
@@ -60,7 +62,9 @@ def _timed(kind: str, name: str, fn: Any) -> Check:
     return Check(kind, name, ok, detail, round(time.perf_counter() - t0, 3))
 
 
-def check_all(settings: Any, *, timeout_s: float = 5.0) -> list[Check]:
+def check_all(settings: Any, *, timeout_s: float = 5.0, schema: str | None = None) -> list[Check]:
+    """The stores' checks, then each schema's (``schema``: that one only; a name not in
+    the folder raises ConfigError naming those that are)."""
     from features.sinks import pg
     from features.sinks.redis_wire import RedisEndpoint
 
@@ -116,20 +120,26 @@ def check_all(settings: Any, *, timeout_s: float = 5.0) -> list[Check]:
     checks.append(_timed("store", "redis", redis_ping))
     checks.append(_timed("store", "kafka", kafka))
     if checks[0].ok:
-        checks.extend(_schema_checks(settings, timeout_s))
+        checks.extend(_schema_checks(settings, timeout_s, schema))
     else:
         checks.append(Check("schema", "*", False, f"not checked: Postgres at {pg_address} is unreachable"))
     return checks
 
 
-def _schema_checks(settings: Any, timeout_s: float) -> list[Check]:
+def _schema_checks(settings: Any, timeout_s: float, only: str | None = None) -> list[Check]:
     from features.compile import compile_schema
+    from features.errors import ConfigError
     from features.migrate import Recorded, read_recorded
     from features.schema import load_schemas
     from features.sinks import pg
 
     out: list[Check] = []
     schemas = load_schemas(settings.schemas_dir)
+    if only is not None:
+        if only not in schemas:
+            raise ConfigError(f"no schema {only!r} in {settings.schemas_dir}; the schemas there: "
+                              f"{', '.join(sorted(schemas)) or 'none'}")
+        schemas = {only: schemas[only]}
     recorded: dict[str, Recorded] = {}
     timeout = max(int(timeout_s), 1)
     with pg.connect(settings.postgres_dsn, timeout_s=timeout, autocommit=True) as conn, \
@@ -242,7 +252,7 @@ def run(args: argparse.Namespace) -> int:
     if args.timeout <= 0:
         raise SystemExit("features health: --timeout must be > 0")
     settings = resolve_settings(schemas_dir=args.schemas_dir)
-    checks = check_all(settings, timeout_s=args.timeout)
+    checks = check_all(settings, timeout_s=args.timeout, schema=args.schema)
     healthy = all(c.ok for c in checks)
     if args.json:
         print(json.dumps({"healthy": healthy, "checks": [asdict(c) for c in checks]}, indent=2))

@@ -49,6 +49,14 @@ def test_healthy_then_a_fingerprint_mismatch(settings: Settings, pg_schema: str,
     bad = _health(env)
     assert bad.returncode == 1
     assert "MISMATCH" in bad.stdout and "3.1.0 (0123456789ab)" in bad.stdout and "NOT healthy" in bad.stdout
+    # --schema NAME: that schema's line only (the other schema is healthy: only the named one fails)
+    one = _health(env, "--schema", "clicks", "--json")
+    assert one.returncode == 0, one.stdout + one.stderr
+    assert [c["name"] for c in json.loads(one.stdout)["checks"] if c["kind"] == "schema"] == ["clicks"]
+    assert _health(env, "--schema", "credit_applicant").returncode == 1
+    unknown = _health(env, "--schema", "cgm_readings")
+    assert unknown.returncode == 2 and "no schema 'cgm_readings'" in unknown.stderr, unknown.stderr
+    assert "credit_applicant" in unknown.stderr  # the schemas there
 
 
 def test_stores_down_exit_1_without_secrets(settings: Settings, pg_schema: str) -> None:
