@@ -105,6 +105,7 @@ from features.schema.model import (
     StoreTarget,
     TypeKind,
 )
+from features.schema.syntax import duration_text
 
 
 class ChangeKind(StrEnum):
@@ -324,7 +325,7 @@ _RECOMPUTED = "the values already stored were computed differently (a backfill i
 
 
 def _window(agg: Aggregation) -> str:
-    return "none" if agg.window is None else f"{agg.window.size_s}s {agg.window.kind}"
+    return "none" if agg.window is None else f"{duration_text(agg.window.size_s)} {agg.window.kind}"
 
 
 def _where(agg: Aggregation) -> dict[str, frozenset[ScalarValue]]:
@@ -502,7 +503,7 @@ class _Differ:
                          f"{kind.value} changed from {a!r} to {b!r} (the table key changes)", scope="schema")
         if old.hot.ttl_seconds != new.hot.ttl_seconds:
             def ttl(s: int | None) -> str:
-                return "no expiry" if s is None else f"{s}s"
+                return "no expiry" if s is None else duration_text(s)
             self.add("hot.ttl", ChangeKind.HOT_TTL, True,
                      f"hot ttl changed from {ttl(old.hot.ttl_seconds)} to {ttl(new.hot.ttl_seconds)}",
                      scope="schema")

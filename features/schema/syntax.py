@@ -419,6 +419,19 @@ def duration_seconds(text: str) -> int | None:
     return ((d * 24 + h) * 60 + mi) * 60 + s
 
 
+def duration_text(seconds: int) -> str:
+    """Seconds as the schema writes a duration, the inverse of :func:`duration_seconds`:
+    ``7776000`` -> ``90d``, ``5400`` -> ``1h30m``, ``0`` -> ``0s``."""
+    if seconds <= 0:
+        return f"{seconds}s"
+    out = []
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60), ("s", 1)):
+        n, seconds = divmod(seconds, size)
+        if n:
+            out.append(f"{n}{unit}")
+    return "".join(out)
+
+
 def reserved_name_problem(name: str) -> str | None:
     """Why ``name`` may not be a schema's name because featureline derives its own
     tables or keys with that name (see :data:`RESERVED_SUFFIXES`, :data:`RESERVED_PREFIXES`),

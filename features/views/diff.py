@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from features.schema.syntax import duration_text
 from features.views.compile import CompiledView
 
 __all__ = ["ViewChange", "ViewDiff", "diff_views"]
@@ -117,5 +118,9 @@ def diff_views(old: CompiledView, new: CompiledView) -> ViewDiff:
         was = old_sources.get(s.alias)
         if was is not None and was.max_age_seconds != s.max_age_seconds:
             changes.append(ViewChange(s.alias, "max_age_changed", True,
-                                      f"max_age {was.max_age_seconds} s -> {s.max_age_seconds} s"))
+                                      f"max_age {_age(was.max_age_seconds)} -> {_age(s.max_age_seconds)}"))
     return ViewDiff(old, new, tuple(changes))
+
+
+def _age(seconds: int | None) -> str:
+    return "none" if seconds is None else duration_text(seconds)

@@ -411,7 +411,7 @@ def test_hot_ttl_change_is_compatible_without_ddl() -> None:
     d = diff("", "", old_extra="hot:\n  ttl: 7d\n", new_extra="hot:\n  ttl: 1d\n")
     c = only(d)
     assert (c.kind, c.compatible) == (ChangeKind.HOT_TTL, True)
-    assert "604800s" in c.detail and "86400s" in c.detail
+    assert "from 7d to 1d" in c.detail
     assert len(d.statements) == 1 + len(RECORDS)
     assert d.statements[0].startswith('INSERT INTO "featureline_schemas"')
 
@@ -514,7 +514,7 @@ def test_first_aggregations_create_the_aggregates_table_as_compile_does() -> Non
         ("views_1h", ChangeKind.AGGREGATION_ADDED, "aggregation", True),
         ("ctr_1h", ChangeKind.AGGREGATION_ADDED, "aggregation", True),
     ]
-    assert "count over 3600s sliding where kind in ('click')" in d.diff.changes[0].detail
+    assert "count over 1h sliding where kind in ('click')" in d.diff.changes[0].detail
     create = d.statements[0]
     assert d.change_ddl[0] == (create,)  # one CREATE TABLE, not one per aggregation
     assert create.startswith(f"CREATE TABLE IF NOT EXISTS {A} (\n")
@@ -573,9 +573,9 @@ def test_aggregation_removed_is_breaking() -> None:
     (CLICKS, CLICKS.replace("function: count", "function: count_distinct, of: qty"),
      "function count -> count_distinct, of none -> qty"),
     (CLICKS.replace("count", "sum, of: qty"), CLICKS.replace("count", "sum, of: amount"), "of qty -> amount"),
-    (CLICKS, CLICKS.replace("window: 1h", "window: 2h"), "window 3600s sliding -> 7200s sliding"),
+    (CLICKS, CLICKS.replace("window: 1h", "window: 2h"), "window 1h sliding -> 2h sliding"),
     (CLICKS, CLICKS.replace("window: 1h", "window: {size: 1h, type: tumbling}"),
-     "window 3600s sliding -> 3600s tumbling"),
+     "window 1h sliding -> 1h tumbling"),
     (CLICKS, CLICKS.replace("{kind: click}", "{kind: [click, buy]}"),
      "where kind in ('click') -> kind in ('click', 'buy')"),
     (CLICKS, CLICKS.replace("where: {kind: click}, ", ""), "where kind in ('click') -> none"),
@@ -918,7 +918,7 @@ def test_cli_prints_the_aggregates_table_of_new_aggregations(
     new = write(tmp_path, "new.yaml", AGG_FIELDS + aggs(CLICKS), "1.1.0")
     assert main(["schema", "diff", old, new]) == 0
     out = capsys.readouterr().out
-    assert "compatible  clicks_1h  aggregation_added: aggregation added (count over 3600s sliding" in out
+    assert "compatible  clicks_1h  aggregation_added: aggregation added (count over 1h sliding" in out
     body = out[out.index("BEGIN;"):out.index("COMMIT;")]
     assert 'CREATE TABLE IF NOT EXISTS "applicants__aggregates" (\n' in body
     pkey = '"applicants__aggregates__pkey" PRIMARY KEY ("application_id", "submitted_at")\n);'
@@ -932,3 +932,14 @@ def test_a_fingerprint_mismatch_names_the_fix_by_which_side_is_newer() -> None:
     assert "features migrate" in mismatch_hint(s, "1.0.0")      # the file is newer: migrate the stores
     assert "newer version" in mismatch_hint(s, "1.2.0")         # the stores are newer: take that file
     assert "features migrate" not in mismatch_hint(s, "2.0.0")
+
+
+def test_durations_print_as_the_schema_writes_them() -> None:
+    """issue 47: a 90-day window printed as 7776000s; durations print as the YAML writes them."""
+    from features.schema.syntax import duration_seconds, duration_text
+
+    assert duration_text(7_776_000) == "90d" and duration_text(5_400) == "1h30m" and duration_text(0) == "0s"
+    for s in (1, 59, 60, 61, 3_600, 86_399, 86_400, 90_061, 7_776_000, 10**9):
+        assert duration_seconds(duration_text(s)) == s
+    c = only(agg_diff(aggs(CLICKS), aggs(CLICKS.replace("window: 1h", "window: 90d")), new_v="2.0.0"))
+    assert "window 1h sliding -> 90d sliding" in c.detail, c.detail
