@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import sys
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
@@ -174,9 +175,17 @@ def setup_logging(fmt: str | None = None, *, logger: str = "", level: int = logg
     logging.getLogger("features").setLevel(level)
     if logger == "":
         target.setLevel(logging.WARNING)
-        logging.captureWarnings(chosen == "json")
+        warnings.showwarning = _warning_line
     _active = chosen
     return chosen
+
+
+def _warning_line(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: Any = None, line: str | None = None) -> None:
+    """A Python warning as one log line of logger ``features.warnings`` (``Category:
+    message``), in the active format: not the library's file, line number and source line
+    that ``warnings`` prints by default (:func:`setup_logging` installs it for the CLI)."""
+    logging.getLogger("features.warnings").warning("%s: %s", category.__name__, message)
 
 
 def active_format() -> LogFormat | None:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import subprocess
+import sys
 import threading
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +25,9 @@ def _restore_logging() -> Iterator[None]:
     root, feats = logging.getLogger(), logging.getLogger("features")
     saved = (list(root.handlers), root.level, list(feats.handlers), feats.level, logs._active,
              logs._process_run_id)
+    shown = warnings.showwarning
     yield
+    warnings.showwarning = shown
     root.handlers[:], root.level = saved[0], saved[1]
     feats.handlers[:], feats.level = saved[2], saved[3]
     logs._active, logs._process_run_id = saved[4], saved[5]
@@ -140,3 +145,17 @@ def test_the_stream_start_line_shows_the_dead_letter_topic_it_writes_to(given: s
     assert line["dead_letter_topic"] == shown == cfg.dlq
     assert line["group_id"] == "featureline-clicks" == cfg.group
     assert json.loads(json.dumps(line))["topic"] == "clicks"
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_a_python_warning_is_one_log_line(fmt: str) -> None:
+    """issue 47: a library warning reached the terminal as Python prints it (``file:line:
+    Category: message`` and the source line below); the CLI logs it as one line."""
+    code = ("import warnings; from features.logs import setup_logging; "
+            f"setup_logging({fmt!r}); warnings.warn('ignoring column(s) x', UserWarning)")
+    err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stderr
+    assert len(lines(err)) == 1, err
+    assert "UserWarning: ignoring column(s) x" in err
+    assert "warnings.warn(" not in err and "<string>" not in err
+    if fmt == "json":
+        assert json.loads(err)["logger"] == "features.warnings"
