@@ -15,6 +15,7 @@ Every table comes back in the schema's declared Arrow types. See ``docs/sdk.md``
 from __future__ import annotations
 
 import datetime as dt
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -150,13 +151,29 @@ class FeatureStore:
     @classmethod
     def from_env(cls, **overrides: Any) -> FeatureStore:
         """Settings from ``FEATURES_*`` environment variables and ``featureline.toml``
-        (``features.config``); keyword arguments override them."""
+        (``features.config``); keyword arguments override them. Raises ConfigError when the
+        schemas folder the settings name does not exist (run outside a project, say),
+        naming the project folder it resolved and how to point at the right one."""
+        from pathlib import Path
+
         from features.config import resolve_settings
+        from features.errors import ConfigError
+        from features.home import CONFIG_FILE, HOME_VAR, project_home
 
         s = resolve_settings()
         args: dict[str, Any] = {"redis_url": s.redis_url, "postgres_dsn": s.postgres_dsn,
                                 "schemas": s.schemas_dir, "views": s.views_dir}
         args.update(overrides)
+        schemas = args["schemas"]
+        if isinstance(schemas, str | Path) and not Path(schemas).exists():
+            home = project_home()
+            how = (f"{HOME_VAR} names {home}" if os.environ.get(HOME_VAR) else
+                   f"no {CONFIG_FILE} at or above {Path.cwd()} and {HOME_VAR} is not set, so the project "
+                   f"folder is the current one")
+            raise ConfigError(f"no schemas folder at {Path(schemas).absolute()} ({how}): run from the "
+                              f"project folder, set {HOME_VAR} to it, set FEATURES_SCHEMAS_DIR, or pass "
+                              "FeatureStore.from_env(schemas=...)", key="schemas_dir",
+                              looked_in=[HOME_VAR, CONFIG_FILE, "FEATURES_SCHEMAS_DIR"])
         return cls(**args)
 
     # --- lifecycle --------------------------------------------------------------------
