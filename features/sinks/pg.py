@@ -15,6 +15,7 @@ do not pay for it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -92,8 +93,30 @@ def map_psycopg_errors(dsn: str, what: str, *, passthrough: tuple[type[BaseExcep
         raise SinkUnavailable(f"Postgres at {where} failed during {what}: {first_line(exc)}", store=STORE,
                               address=where) from exc
     except psycopg.Error as exc:
-        raise SinkError(f"Postgres refused {what}: {first_line(exc)}", store=STORE,
+        raise SinkError(f"Postgres refused {what}: {first_line(exc)}{_hint(exc, dsn)}", store=STORE,
                         address=address(dsn)) from exc
+
+
+#: ``search_path`` set in a DSN's ``options`` (``-c search_path=x`` or ``-csearch_path=x``)
+_SEARCH_PATH = re.compile(r"-c\s*search_path\s*=\s*(\S+)")
+
+
+def _hint(exc: Exception, dsn: str) -> str:
+    """What to do about a refusal whose fix is not in Postgres' own words: a search_path
+    naming no schema (SQLSTATE 3F000, "no schema has been selected to create in")."""
+    if getattr(exc, "sqlstate", None) != "3F000":
+        return ""
+    import psycopg
+
+    try:
+        options = psycopg.conninfo.conninfo_to_dict(dsn).get("options") or ""
+    except psycopg.Error:
+        options = ""
+    m = _SEARCH_PATH.search(str(options))
+    named = f"search_path {m.group(1)}" if m else "the session's search_path"
+    return (f" ({named} names no schema that exists: create it first, e.g. CREATE SCHEMA "
+            f"{m.group(1).split(',')[0] if m else '<name>'}, or fix options=-csearch_path=... in "
+            "FEATURES_POSTGRES_DSN)")
 
 
 __all__ = ["STORE", "address", "connect", "first_line", "map_psycopg_errors", "session_options"]

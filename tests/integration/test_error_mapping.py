@@ -15,6 +15,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 import redis
+from conftest import ROOT
 from psycopg import errors
 
 from features.config import Settings
@@ -35,6 +36,21 @@ def test_refused_statement_is_a_sink_error_naming_what(settings: Settings) -> No
     assert not isinstance(info.value, SinkUnavailable)  # retrying will not help
     assert isinstance(info.value.__cause__, errors.DivisionByZero)
     assert info.value.address == pg.address(settings.postgres_dsn)
+
+
+def test_a_search_path_naming_no_schema_says_which_and_the_fix(settings: Settings) -> None:
+    """issue 47: "no schema has been selected to create in" named neither the schema nor the fix."""
+    from features.compile import find_schema
+    from features.sinks.postgres import PostgresSink
+
+    sep = "&" if "?" in settings.postgres_dsn else "?"
+    dsn = f"{settings.postgres_dsn}{sep}options=-csearch_path%3Dno_such_schema_x"
+    sink = PostgresSink(dsn, find_schema("credit_applicant", ROOT / "schemas"))
+    with pytest.raises(SinkError) as info:
+        sink.open()
+    sink.close()
+    text = str(info.value)
+    assert "search_path no_such_schema_x names no schema" in text and "CREATE SCHEMA no_such_schema_x" in text
 
 
 def test_terminated_backend_is_unavailable(settings: Settings) -> None:
