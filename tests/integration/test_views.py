@@ -352,9 +352,27 @@ def test_lineage_names_the_stored_row(loaded: History, settings: Settings, pg_sc
     sources = got.column("card_txn._source").to_pylist()
     found = got.column("card_txn._found").to_pylist()
     assert [s is not None for s in sources] == found and found[-1] is False
-    for s in sources:
-        assert s is None or (s.startswith("file://") and "card_txn-7-" in s and "#" in s)
+    assert sum(found) == 3
     assert all(r is None or len(r) > 0 for r in got.column("card_txn._run_id").to_pylist())
+    # the row each _source names (file and row number) holds the values served: the
+    # card's newest transaction, and the card's newest profile
+    newest_txn = loaded.txn.sort_values("ts").groupby("card_id").tail(1).set_index("card_id")
+    newest_profile = loaded.profile.sort_values("updated_at").groupby("card_id").tail(1).set_index("card_id")
+    for alias, served, newest, time in (("card_txn", {"amount": "card_amount"}, newest_txn, "ts"),
+                                        ("card_profile", {"credit_limit": "credit_limit", "segment": "segment"},
+                                         newest_profile, "updated_at")):
+        for i, src in enumerate(got.column(f"{alias}._source").to_pylist()):
+            card = rows[i]["card_id"]
+            if src is None:
+                assert card not in newest.index
+                continue
+            path, _, at = src.removeprefix("file://").rpartition("#")
+            assert Path(path).name.startswith(f"{alias}-7-"), src
+            stored = pq.read_table(path).slice(int(at), 1).to_pylist()[0]
+            assert stored["card_id"] == card, (alias, src)
+            assert stored[time] == got.column(f"{alias}._event_time")[i].as_py() == newest.loc[card, time], src
+            for field, column in served.items():
+                assert stored[field] == got.column(column)[i].as_py(), (alias, field, src)
     for name in [*FETCHED, *DERIVED]:
         assert got.column(name).to_pylist() == plain.column(name).to_pylist()
 
