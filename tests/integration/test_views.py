@@ -381,9 +381,9 @@ def test_lineage_names_the_stored_row(loaded: History, settings: Settings, pg_sc
     # card's newest transaction, and the card's newest profile
     newest_txn = loaded.txn.sort_values("ts").groupby("card_id").tail(1).set_index("card_id")
     newest_profile = loaded.profile.sort_values("updated_at").groupby("card_id").tail(1).set_index("card_id")
+    profile_cols = {"credit_limit": "credit_limit", "segment": "segment"}
     for alias, served, newest, time in (("card_txn", {"amount": "card_amount"}, newest_txn, "ts"),
-                                        ("card_profile", {"credit_limit": "credit_limit", "segment": "segment"},
-                                         newest_profile, "updated_at")):
+                                        ("card_profile", profile_cols, newest_profile, "updated_at")):
         for i, src in enumerate(got.column(f"{alias}._source").to_pylist()):
             card = rows[i]["card_id"]
             if src is None:
@@ -393,7 +393,8 @@ def test_lineage_names_the_stored_row(loaded: History, settings: Settings, pg_sc
             assert Path(path).name.startswith(f"{alias}-7-"), src
             stored = pq.read_table(path).slice(int(at), 1).to_pylist()[0]
             assert stored["card_id"] == card, (alias, src)
-            assert stored[time] == got.column(f"{alias}._event_time")[i].as_py() == newest.loc[card, time], src
+            served_time = got.column(f"{alias}._event_time")[i].as_py()
+            assert stored[time] == served_time == newest.loc[card, time], src
             for field, column in served.items():
                 assert stored[field] == got.column(column)[i].as_py(), (alias, field, src)
     for name in [*FETCHED, *DERIVED]:

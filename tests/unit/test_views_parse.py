@@ -384,7 +384,8 @@ def test_diff_classifies_view_changes(schemas: dict[str, object], compiled: dict
     optional = cv(GOOD.replace("sources:\n", field % "false", 1))
     required = cv(GOOD.replace("sources:\n", field % "true", 1))
     d = diff_views(old, required)
-    assert [(c.column, c.kind, c.compatible) for c in d.changes] == [("channel", "request_field_added", False)]
+    assert [(c.column, c.kind, c.compatible) for c in d.changes] == [
+        ("channel", "request_field_added", False)]
     assert not d.allowed
     assert [(c.column, c.kind, c.compatible) for c in diff_views(old, optional).changes] == [
         ("channel", "column_added", True)]
