@@ -350,8 +350,13 @@ class Fallback:
         return self.store.key_prefix + entity_key(c.name, i) + ":fill"
 
     def _redis(self) -> Any:
+        """The one redis-py client of the fill locks, made once under a lock: two threads
+        that each made one would leave one client to be collected (closing its sockets)
+        while the other thread's pipeline is on it (``Bad file descriptor``: a 503)."""
         if self._control is None:
-            self._control = redis_py_client(self.store.redis_url, self.store.timeout_s)
+            with self._sink_lock:
+                if self._control is None:
+                    self._control = redis_py_client(self.store.redis_url, self.store.timeout_s)
         return self._control
 
     def _pipeline(self, commands: Sequence[Sequence[Any]], what: str) -> list[Any]:

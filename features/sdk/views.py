@@ -10,7 +10,8 @@ of them:
   source is finished as ``FeatureStore.online`` finishes it (the Postgres fallback for
   its misses: one query per schema, single-flight and fill as there). A source's cold-only
   features are read as ``historical`` reads them, at the call's instant. ``max_age`` is
-  applied to every value (Redis's or Postgres's) against the store's clock;
+  applied to every value (Redis's or Postgres's) against the store's clock; a row newer
+  than the clock is read again as ``historical`` reads it at the clock (:func:`_not_after`);
 - **historical**: every source is ``FeatureStore.historical`` of its schema at each
   frame row's timestamp (``max_age`` against that timestamp), then the same
   request-time derivation (:meth:`~features.views.CompiledView.derive`).
@@ -258,7 +259,9 @@ def _finish(store: Store, plan: _OnlinePlan, replies: list[Any], fallback: bool 
     parts = plan.parts(replies)
     if plan.n <= SMALL_CALL and not plan.lineage and not any(cold for _, cold in plan.split):
         small = [small_rows(req, part) for req, part in zip(plan.requests, parts, strict=True)]
-        if all(rows is not None for rows in small):  # every source's hash in Redis, fresh: no Arrow decoding
+        now_us = int(now_s * 1_000_000)
+        # every source's hash in Redis, fresh, none newer than the clock: no Arrow decoding
+        if all(rows is not None and all(_micros(r[EVENT_TIME]) <= now_us for r in rows) for rows in small):
             return _finish_small(store, plan, small, now_s, as_dicts)  # type: ignore[arg-type]
     table = plan.table
     fetched: dict[str, pa.Array] = {}
@@ -270,6 +273,7 @@ def _finish(store: Store, plan: _OnlinePlan, replies: list[Any], fallback: bool 
             got = got.drop_columns([name for name in cold if name in got.column_names])
             for name in cold:
                 got = got.append_column(name, at.column(name))
+        got = _not_after(store, source, table, got, now_s)
         c = store.schema(source.schema)
         key = table.column(source.key).combine_chunks()
         values = {f: _keyed(c, f, got, key) if f in _keys(c) else got.column(f).combine_chunks()
@@ -349,6 +353,40 @@ def _cold_now(store: Store, source: ViewSource, table: pa.Table, cold: list[str]
     entity = str(c.schema.entity)
     frame = pa.table({entity: _entity_column(c, table.column(source.key)), "timestamp": ts})
     return store.historical(source.schema, frame, cold)
+
+
+def _not_after(store: Store, source: ViewSource, table: pa.Table, got: pa.Table, now_s: float) -> pa.Table:
+    """``got`` with each row whose event time is after ``now_s`` (the store's clock is
+    behind the stored rows: a frozen or replayed clock, events stamped ahead of it) read
+    again as ``historical`` reads it at ``now_s``: the newest Postgres row at or before
+    it, or none (not found). Its ``_from`` is then ``postgres`` and its lineage null (the
+    as-of read does not carry it). So online at instant T never serves a row newer than T."""
+    now_us = int(now_s * 1_000_000)
+    ahead = pc.fill_null(pc.greater(got.column(EVENT_TIME).combine_chunks().cast(pa.int64()),
+                                    pa.scalar(now_us, pa.int64())), False)
+    if not pc.any(ahead).as_py():
+        return got
+    rows = pc.indices_nonzero(ahead)
+    c = store.schema(source.schema)
+    wanted = [f for f in source.features if f not in _keys(c)]
+    ts = pa.array(np.full(len(rows), now_us, dtype=np.int64)).cast(pa.timestamp("us", "UTC"))
+    frame = pa.table({str(c.schema.entity): _entity_column(c, table.column(source.key).take(rows)),
+                      "timestamp": ts})
+    past = store.historical(source.schema, frame, wanted)
+    where = np.full(got.num_rows, -1, dtype=np.int64)
+    where[rows.to_numpy()] = np.arange(len(rows))
+    at = pa.array(where, mask=where < 0)
+    found = past.column(EVENT_TIME).combine_chunks().is_valid()
+    again = {**{f: past.column(f).combine_chunks() for f in wanted},
+             EVENT_TIME: past.column(EVENT_TIME).combine_chunks(), FOUND: found,
+             FROM: pc.if_else(found, pa.scalar("postgres"), pa.scalar(None, pa.string()))}
+    for i, name in enumerate(got.column_names):
+        if name not in again and name not in LINEAGE_FIELDS:
+            continue  # the entity (the request's key), the age (no column of a view)
+        old = got.column(name).combine_chunks()
+        new = again[name].take(at) if name in again else pa.nulls(got.num_rows, old.type)
+        got = got.set_column(i, name, pc.if_else(ahead, new.cast(old.type), old))
+    return got
 
 
 def _entity_column(c: CompiledSchema, keys: pa.ChunkedArray | pa.Array) -> pa.Array:

@@ -6,7 +6,8 @@ fields, so (``features schema diff OLD NEW`` with two view files):
 - a key added, removed or retyped: **breaking** (callers send other keys);
 - an output column removed or retyped (a request field, a fetched column, a derived
   feature): **breaking** (a model reads it);
-- a required request field added: **breaking** (callers must send it);
+- a required request field added, or an optional one made required: **breaking**
+  (callers must send it; one that leaves it out is refused);
 - an output column added (an optional request field, a fetched column, a derived
   feature): compatible;
 - a derived feature's steps or source changed, a source's ``max_age`` changed:
@@ -91,6 +92,7 @@ def diff_views(old: CompiledView, new: CompiledView) -> ViewDiff:
                       else f"key retyped {a} -> {b}")
             changes.append(ViewChange(name, "key_changed", False, detail))
     new_required = {f.name for f in new.view.request_fields if f.constraints.required}
+    old_required = {f.name for f in old.view.request_fields if f.constraints.required}
     for name, (typ, origin) in old_cols.items():
         if name in old_keys:
             continue
@@ -98,6 +100,9 @@ def diff_views(old: CompiledView, new: CompiledView) -> ViewDiff:
             changes.append(ViewChange(name, "column_removed", False, f"{origin} column removed ({typ})"))
         elif new_cols[name][0] != typ:
             changes.append(ViewChange(name, "column_retyped", False, f"retyped {typ} -> {new_cols[name][0]}"))
+        elif origin == "request" and name in new_required and name not in old_required:
+            changes.append(ViewChange(name, "request_field_required", False,
+                                      "optional request field made required: callers must send it"))
     for name, (typ, origin) in new_cols.items():
         if name in new_keys or name in old_cols:
             continue

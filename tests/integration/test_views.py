@@ -5,7 +5,8 @@ the worked example's view over three schemas and two entity kinds
 ``max_age``, two request-time features).
 
 - online at a frozen instant equals historical at that instant, for random histories
-  (seeded, several seeds, shuffled files split into two loads);
+  (seeded, several seeds, shuffled files split into two loads), the instant after every
+  event and inside the histories (Redis then holds rows newer than it: never served);
 - historical equals an independent reference: pandas ``merge_asof`` per source over the
   generated rows (aggregations counted here from the raw events), for random frames with
   timestamps before any event, equal to an event's, past ``max_age``, missing entities,
@@ -44,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "docs" / "examples" / "fraud"
 VIEW = "card_scoring"
 #: the instant the generated histories end at; online reads are frozen an hour after it
+#: (and, in the frozen-instant test, also days before it: inside the histories)
 T0 = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
 DAY_US = 86_400 * 10**6
 SOURCES = ("card_txn", "card_profile", "merchant")
@@ -156,9 +158,18 @@ def test_online_at_a_frozen_instant_equals_historical_at_it(
         tmp_path: Path, settings: Settings, pg_schema: str, redis_prefix: str, seed: int) -> None:
     h = generate(seed)
     load_history(tmp_path, h, settings, pg_schema, redis_prefix, seed)
-    # the instant: after every event, and such that some merchants' newest score is past max_age
-    at = T0 + dt.timedelta(days=int(np.random.default_rng(seed).integers(1, 15)))
+    rng = np.random.default_rng(seed)
+    # the instants: after every event (some merchants' newest score past max_age), and
+    # inside the histories, where Redis holds rows newer than the clock (never served)
+    after = T0 + dt.timedelta(days=int(rng.integers(1, 15)))
+    inside = T0 - dt.timedelta(days=int(rng.integers(3, 8)), seconds=int(rng.integers(0, 86_400)))
     rows = requests(h, seed)
+    for at in (after, inside):
+        _online_equals_historical(h, rows, at, settings, pg_schema, redis_prefix)
+
+
+def _online_equals_historical(h: History, rows: list[dict[str, Any]], at: dt.datetime, settings: Settings,
+                              pg_schema: str, redis_prefix: str) -> None:
     with make_store(settings, pg_schema, redis_prefix, at=at) as fs:
         online = fs.online_view(VIEW, rows)
         frame = pa.Table.from_pylist([{**r, "timestamp": at, "label": i} for i, r in enumerate(rows)],
@@ -168,6 +179,8 @@ def test_online_at_a_frozen_instant_equals_historical_at_it(
                                                        ("label", pa.int64())]))
         past = fs.historical_view(VIEW, frame)
         dicts = fs.online_view_dicts(VIEW, rows)
+        small = [fs.online_view_dicts(VIEW, rows[i:i + 8]) for i in range(0, 32, 8)]  # the small-call path
+        traced = fs.online_view(VIEW, rows, lineage=True)
 
     async def read_async() -> pa.Table:
         store = make_store(settings, pg_schema, redis_prefix, at=at)
@@ -184,19 +197,29 @@ def test_online_at_a_frozen_instant_equals_historical_at_it(
     assert past.column("label").to_pylist() == list(range(len(rows)))
     for name in [*FETCHED, *DERIVED, *PER_SOURCE]:
         a, b = online.column(name), past.column(name)
-        assert a.type == b.type, name
-        assert a.to_pylist() == b.to_pylist(), name
+        assert a.type == b.type, (at, name)
+        assert a.to_pylist() == b.to_pylist(), (at, name)
+        assert traced.column(name).to_pylist() == a.to_pylist(), (at, name)
     assert dicts == online.to_pylist()
+    assert [r for part in small for r in part] == online.to_pylist()[:32]
     assert via_async.to_pylist() == online.to_pylist()
+    for s in SOURCES:  # no row newer than the clock
+        assert all(t is None or t <= at for t in online.column(f"{s}._event_time").to_pylist()), (at, s)
     found = {s: sum(online.column(f"{s}._found").to_pylist()) for s in SOURCES}
     # the random data reach every case: found and not, max_age cutting some merchants off
     assert all(0 < v < len(rows) for v in found.values()), found
-    # merchants whose newest score is past max_age (30 days) at the instant: not found
-    newest = h.merchant.groupby("merchant_id")["scored_at"].max()
+    # merchants whose newest score at or before the instant is past max_age (30 days): not found
+    newest = h.merchant[h.merchant.scored_at <= pd.Timestamp(at)].groupby("merchant_id")["scored_at"].max()
     stale = {int(m) for m, t in newest.items() if t < pd.Timestamp(at) - pd.Timedelta(days=30)}
     hits = [r["merchant_id"] in stale for r in rows]
     assert any(hits)
     assert not any(f for f, s in zip(online.column("merchant._found").to_pylist(), hits, strict=True) if s)
+    if at < T0:  # inside the histories: cards whose newest transaction (in Redis) is after the instant
+        latest = h.txn.groupby("card_id")["ts"].max()
+        ahead = [r["card_id"] in latest.index and latest[r["card_id"]] > pd.Timestamp(at) for r in rows]
+        assert sum(ahead) > 10, sum(ahead)
+        assert {f for f, a in zip(online.column("card_txn._from").to_pylist(), ahead, strict=True) if a} \
+            <= {"postgres", None}
     # request-time features: never NaN
     for name in DERIVED:
         assert not any(isinstance(v, float) and math.isnan(v) for v in online.column(name).to_pylist())
@@ -352,9 +375,28 @@ def test_lineage_names_the_stored_row(loaded: History, settings: Settings, pg_sc
     sources = got.column("card_txn._source").to_pylist()
     found = got.column("card_txn._found").to_pylist()
     assert [s is not None for s in sources] == found and found[-1] is False
-    for s in sources:
-        assert s is None or (s.startswith("file://") and "card_txn-7-" in s and "#" in s)
+    assert sum(found) == 3
     assert all(r is None or len(r) > 0 for r in got.column("card_txn._run_id").to_pylist())
+    # the row each _source names (file and row number) holds the values served: the
+    # card's newest transaction, and the card's newest profile
+    newest_txn = loaded.txn.sort_values("ts").groupby("card_id").tail(1).set_index("card_id")
+    newest_profile = loaded.profile.sort_values("updated_at").groupby("card_id").tail(1).set_index("card_id")
+    profile_cols = {"credit_limit": "credit_limit", "segment": "segment"}
+    for alias, served, newest, time in (("card_txn", {"amount": "card_amount"}, newest_txn, "ts"),
+                                        ("card_profile", profile_cols, newest_profile, "updated_at")):
+        for i, src in enumerate(got.column(f"{alias}._source").to_pylist()):
+            card = rows[i]["card_id"]
+            if src is None:
+                assert card not in newest.index
+                continue
+            path, _, at = src.removeprefix("file://").rpartition("#")
+            assert Path(path).name.startswith(f"{alias}-7-"), src
+            stored = pq.read_table(path).slice(int(at), 1).to_pylist()[0]
+            assert stored["card_id"] == card, (alias, src)
+            served_time = got.column(f"{alias}._event_time")[i].as_py()
+            assert stored[time] == served_time == newest.loc[card, time], src
+            for field, column in served.items():
+                assert stored[field] == got.column(column)[i].as_py(), (alias, field, src)
     for name in [*FETCHED, *DERIVED]:
         assert got.column(name).to_pylist() == plain.column(name).to_pylist()
 

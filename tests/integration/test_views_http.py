@@ -265,3 +265,57 @@ def test_a_running_view_server_keeps_serving_across_a_compatible_migration(
         assert status == 200, body
         assert body["rows"][0]["card_txn._found"] is True and body["rows"][0]["card_amount"] == "12.34"
     assert "newer version" not in server.log.read_text()
+
+
+def test_sigterm_answers_the_requests_it_holds(tmp_path: Path, stores: Settings, pg_schema: str) -> None:
+    """Requests the server provably holds when SIGTERM comes are answered 200, none dropped:
+    each asks for cards no store holds (Redis misses: the Postgres fallback), and a lock
+    this test holds on ``card_txn`` keeps that read waiting, seen in ``pg_stat_activity``,
+    until after the signal; then the lock goes and every one of them must be answered."""
+    import psycopg
+
+    k = 3
+    answers: list[int] = []
+    errors: list[str] = []
+    with serve(tmp_path, _env(stores, pg_schema), *_args()) as server, \
+            psycopg.connect(stores.postgres_dsn, options=f"-c search_path={pg_schema}") as lock:
+        assert server.request("POST", ROUTE, json.dumps({"rows": _rows(2)}).encode(), AUTH)[0] == 200
+        lock.execute("LOCK TABLE card_txn IN ACCESS EXCLUSIVE MODE")  # held until the commit below
+        pid = lock.info.backend_pid
+
+        def client(i: int) -> None:
+            conn = http.client.HTTPConnection(server.host, server.port, timeout=60)
+            body = json.dumps({"rows": [{"card_id": f"nowhere-{i}", "merchant_id": 1, "amount": 1.5}]})
+            try:
+                conn.request("POST", ROUTE, body.encode(), AUTH)
+                r = conn.getresponse()
+                r.read()
+                answers.append(r.status)
+            except (OSError, http.client.HTTPException) as exc:  # sent and held, never answered: a loss
+                errors.append(repr(exc))
+            finally:
+                conn.close()
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(k)]
+        for t in threads:
+            t.start()
+        with psycopg.connect(stores.postgres_dsn, autocommit=True) as watch:
+            deadline = time.monotonic() + 30
+            waiting = 0
+            while waiting == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+                row = watch.execute("SELECT count(*) FROM pg_stat_activity "
+                                    "WHERE %s = ANY(pg_blocking_pids(pid))", (pid,)).fetchone()
+                waiting = row[0] if row else 0
+        assert waiting >= 1, "the server's fallback read never waited on the lock"
+        time.sleep(0.5)  # the other requests reach the server too (its one connection is busy)
+        server.proc.send_signal(signal.SIGTERM)
+        time.sleep(1.0)
+        assert server.proc.poll() is None, "the server exited with requests in flight"
+        assert answers == [] and errors == [], (answers, errors)
+        lock.commit()
+        code = server.proc.wait(60)
+        for t in threads:
+            t.join(30)
+    assert code == 0, server.log.read_text()[-3000:]
+    assert errors == [] and answers == [200] * k, (answers, errors)

