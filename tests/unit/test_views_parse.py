@@ -403,7 +403,7 @@ def test_diff_classifies_view_changes(schemas: dict[str, object], compiled: dict
     assert d.allowed
     d = diff_views(old, cv(GOOD.replace("    max_age: 7d\n", "    max_age: 1d\n")))
     assert [(c.column, c.kind, c.compatible, c.detail) for c in d.changes] == [
-        ("card_txn", "max_age_changed", True, "max_age 604800 s -> 86400 s")]
+        ("card_txn", "max_age_changed", True, "max_age 7d -> 1d")]
     assert d.allowed
 
 
