@@ -110,6 +110,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--schemas", required=True, metavar="DIR",
                    help="folder of schema YAML files; every schema with an entity and an event time is "
                    "served")
+    p.add_argument("--schema", action="append", default=None, metavar="NAME", dest="only",
+                   help="ingest this schema only (repeat for several; default: every schema in --schemas "
+                   "with an entity and an event time): /readyz then waits for these topics alone")
     p.add_argument("--views", default=None, metavar="DIR",
                    help="folder of view YAML files served on POST /v1/views/{name}/online (default: the "
                    "views_dir setting, views; a missing folder, or a default one that does not compile "
@@ -230,8 +233,14 @@ def run(args: argparse.Namespace) -> int:
         except (KeyError, IndexError, ValueError) as exc:
             raise ConfigError(f"invalid topic template {template!r}: {exc!r}", key="topic_template") from None
     loaded = load_schemas(args.schemas)
+    if args.only and (unknown := sorted(set(args.only) - set(loaded))):
+        raise ConfigError(f"--schema {', '.join(unknown)}: no such schema in {args.schemas}; the schemas "
+                          f"there: "
+                          f"{', '.join(sorted(loaded)) or 'none'}", key="schema", looked_in=[args.schemas])
     served = []
     for name, schema in loaded.items():
+        if args.only and name not in args.only:
+            continue
         if schema.loadable:
             compile_schema(schema)  # a schema that does not compile fails here, before any worker
             served.append(name)

@@ -826,3 +826,23 @@ def test_deep_nesting_and_lone_surrogates_are_answered_not_500(tmp_path: Path, e
                 assert out["rejected"] == 1 and out["accepted"] == 0, out
     log = server.log.read_text()
     assert "Traceback" not in log and '"status": 500' not in log, log[-3000:]
+
+
+def test_schema_filter_serves_the_named_schemas_only(tmp_path: Path, env: dict[str, str], schemas_dir: Path,
+                                                     topics: str) -> None:
+    """issue 47: every schema in the folder was served, so /readyz was "not ready" over the topics
+    of schemas never meant to be ingested. --schema NAME serves that one (repeatable)."""
+    shutil.copy(ROOT / "schemas" / "clicks.yaml", schemas_dir)  # no topic for clicks
+    with serve(tmp_path, env, "--schemas", str(schemas_dir), "--topic-template", topics) as server:
+        status, _, out = server.request("GET", "/readyz", headers=AUTH)
+        assert status == 503 and "clicks" in out["reason"], out
+    with serve(tmp_path, env, "--schemas", str(schemas_dir), "--topic-template", topics,
+               "--schema", SCHEMA) as server:
+        status, _, out = server.request("GET", "/readyz", headers=AUTH)
+        assert status == 200 and out["schemas"] == [SCHEMA], out
+        status, _, out = server.post(b"{}", schema="clicks")
+        assert status == 404 and out["schemas"] == [SCHEMA], out
+    bad = subprocess.run(_command("--schemas", str(schemas_dir), "--schema", "nope"), env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--schema nope: no such schema" in bad.stderr, bad.stderr
+    assert "clicks, credit_applicant" in bad.stderr
