@@ -33,7 +33,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--schemas-dir", default=None, help="folder of schema YAML files (default: schemas)")
     p.add_argument("--bootstrap", default=None, help="Kafka bootstrap servers (default: the settings' "
                    "kafka_bootstrap, FEATURES_KAFKA_BOOTSTRAP)")
-    p.add_argument("--group-id", default=None, help="consumer group (default: featureline-<schema>)")
+    p.add_argument("--group-id", default=None,
+                   help="consumer group (default: featureline-<project>-<8 hex>-<schema>-<topic>, one per "
+                   "project, schema and topic; earlier versions used featureline-<schema>: pass it to keep "
+                   "those offsets)")
     p.add_argument("--dead-letter-topic", default=None,
                    help="topic for rejects (default: <topic>.rejects; '' to disable)")
     p.add_argument("--batch-size", type=int, default=StreamConfig.batch_size,

@@ -92,7 +92,7 @@ class StreamConfig:
 
     @property
     def group(self) -> str:
-        return self.group_id or f"featureline-{Path(self.schema_path).stem}"
+        return self.group_id or default_group_id(self.schema_path, self.topic)
 
     @property
     def dlq(self) -> str | None:
@@ -134,6 +134,25 @@ class StreamConfig:
                 f"but the Flink Kafka connector (a Java client) has none: set "
                 f"{env_var('kafka_java_properties')} (Java property names, e.g. sasl.jaas.config, "
                 "ssl.truststore.location; see docs/security.md)", key="kafka_java_properties")
+
+
+def default_group_id(schema_path: str, topic: str) -> str:
+    """The consumer group of a stream given no ``--group-id``:
+    ``featureline-<project>-<8 hex>-<schema>-<topic>``, where the project is the nearest
+    folder at or above the schema file holding ``featureline.toml`` (else the schema
+    file's folder) and the hex is a digest of its absolute path. So two projects on one
+    broker, or one schema read from two topics, never share offsets; the same project,
+    schema and topic always get the same group (it depends on the schema file's place,
+    never on the current folder)."""
+    import hashlib
+
+    from features.home import CONFIG_FILE
+
+    schema = Path(schema_path).absolute()
+    folders = schema.parents
+    project = next((f for f in folders if (f / CONFIG_FILE).is_file()), schema.parent)
+    tag = hashlib.sha256(str(project).encode()).hexdigest()[:8]
+    return f"featureline-{project.name or 'root'}-{tag}-{schema.stem}-{topic}"
 
 
 def redacted(cfg: StreamConfig) -> dict[str, Any]:

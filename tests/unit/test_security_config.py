@@ -334,7 +334,7 @@ def test_flink_source_gets_the_java_properties_and_keeps_its_own() -> None:
     assert opts["properties.security.protocol"] == "SASL_SSL"
     # the SQL connector jar relocates the Kafka client: the login module's class follows
     assert opts["properties.sasl.jaas.config"] == "org.apache.flink.kafka.shaded." + jaas
-    assert opts["properties.group.id"] == "featureline-clicks"  # the job's own setting wins
+    assert opts["properties.group.id"] == cfg.group != "hijack"  # the job's own setting wins
     assert opts["properties.bootstrap.servers"] == "k:9093"
 
 
@@ -355,3 +355,24 @@ def test_secured_kafka_clients_need_java_properties_for_flink() -> None:
         cfg.check()
     assert info.value.key == "kafka_java_properties" and "FEATURES_KAFKA_JAVA_PROPERTIES" in str(info.value)
     assert SECRET not in str(info.value)
+
+
+def test_the_default_consumer_group_is_one_per_project_schema_and_topic(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """issue 47: ``featureline-<schema>`` ignored the topic and the project, so two projects on
+    one broker shared offsets."""
+    from features.stream.job import default_group_id
+
+    groups = {}
+    for project in ("a", "b"):
+        (tmp_path / project / "schemas").mkdir(parents=True)
+        (tmp_path / project / "featureline.toml").write_text("")
+        schema = str(tmp_path / project / "schemas" / "clicks.yaml")
+        for topic in ("clicks", "clicks-replay"):
+            groups[project, topic] = default_group_id(schema, topic)
+    assert len(set(groups.values())) == 4
+    first = groups["a", "clicks"]
+    assert first.startswith("featureline-a-") and first.endswith("-clicks-clicks")
+    # the same project, schema and topic: the same group, whatever the current folder
+    monkeypatch.chdir(tmp_path / "b")
+    assert default_group_id(str(tmp_path / "a" / "schemas" / "clicks.yaml"), "clicks") == first
