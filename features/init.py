@@ -1,6 +1,7 @@
 """``features init [DIR]``: start a project that uses featureline.
 
-Writes ``schemas/`` with one commented example schema, ``featureline.toml`` with every
+Writes ``schemas/`` with one commented example schema, ``views/`` with one example view
+over it, ``featureline.toml`` with every
 setting and its default commented out, and a short README of the commands. Refuses to
 overwrite: when any of those files exists nothing is written (exit 2, naming them).
 """
@@ -23,6 +24,33 @@ from features.errors import ConfigError
 from features.home import CONFIG_FILE
 
 EXAMPLE_SCHEMA = "schemas/orders.yaml"
+EXAMPLE_VIEW = "views/order_scoring.yaml"
+
+_VIEW = """\
+# An example view: what a model reads when it scores an order at request time; edit it or
+# replace it with your own. Every key is described in featureline's docs/views.md.
+name: order_scoring
+version: 1.0.0
+description: an order's stored features and one computed from the request
+request:
+  keys:
+    order_id: string          # joins the orders schema's entity
+  fields:
+    - name: refund_amount     # sent with each request, checked like a schema field
+      type: decimal(12,2)
+      constraints: {required: true, min: 0}
+sources:
+  - schema: orders
+    features: [amount, country, placed_at]
+    join: {order_id: order_id}
+    max_age: 30d              # an older order's features read as null
+features:
+  - name: refund_share
+    description: the refund asked for over the order's amount (0 for a zero amount; null for an unknown order)
+    from: refund_amount
+    steps: [{ratio: {denominator: amount, on_zero: 0}}]
+    dtype: float64
+"""
 
 _SCHEMA = """\
 # An example schema: one row per order; edit it or replace it with your own.
@@ -73,7 +101,8 @@ features:
 _README = """\
 # A featureline project
 
-Schemas live in `schemas/` (one YAML file each; see featureline's docs/schema.md);
+Schemas live in `schemas/` (one YAML file each; see featureline's docs/schema.md), views
+(what a model reads per request, from one or several schemas; docs/views.md) in `views/`;
 settings in `featureline.toml` (credentials never: use the environment or a secrets file).
 The local servers keep their data in `.dev/` here; downloads go to `~/.cache/featureline`.
 
@@ -94,6 +123,7 @@ from features import FeatureStore
 
 with FeatureStore.from_env() as fs:  # the settings above: FEATURES_* and featureline.toml
     print(fs.online("orders", ["ORD-00000001"]))
+    print(fs.online_view_dicts("order_scoring", [{"order_id": "ORD-00000001", "refund_amount": 5}]))
 ```
 """
 
@@ -139,7 +169,7 @@ def _config() -> str:
 
 def files() -> dict[str, str]:
     """Relative path -> content of what ``features init`` writes."""
-    return {EXAMPLE_SCHEMA: _SCHEMA, CONFIG_FILE: _config(),
+    return {EXAMPLE_SCHEMA: _SCHEMA, EXAMPLE_VIEW: _VIEW, CONFIG_FILE: _config(),
             "README.md": _README}
 
 

@@ -108,3 +108,17 @@ def test_compile_and_load_from_the_project_folder(tmp_path: Path, project_env: d
         assert hot.hget("features:orders:{ORD-00000007}", "amount") == b"8.25"
     finally:
         hot.close()
+    # the example view (views/order_scoring.yaml) compiled and reads the loaded order
+    assert (proj / "views" / "compiled" / "order_scoring.json").is_file()
+    from features import FeatureStore
+
+    with FeatureStore(redis_url=project_env["FEATURES_REDIS_URL"], postgres_dsn=settings.postgres_dsn,
+                      schemas=proj / "schemas", views=proj / "views", search_path=pg_schema,
+                      clock=lambda: (t0 + dt.timedelta(hours=1)).timestamp()) as fs:
+        rows = [{"order_id": "ORD-00000007", "refund_amount": Decimal("2.00")},
+                {"order_id": "ORD-00000404", "refund_amount": Decimal("1.00")}]
+        for got in (fs.online_view_dicts("order_scoring", rows),
+                    fs.historical_view("order_scoring", pa.Table.from_pylist(
+                        [{**r, "timestamp": t0 + dt.timedelta(hours=1)} for r in rows])).to_pylist()):
+            assert got[0]["amount"] == Decimal("8.25") and got[0]["refund_share"] == 2 / 8.25, got
+            assert got[1]["amount"] is None and got[1]["refund_share"] is None and not got[1]["orders._found"]
