@@ -35,7 +35,8 @@ def test_no_help_page_shows_restructuredtext_markup() -> None:
              for name, text in pages.items()}
     assert {name: lines for name, lines in shown.items() if lines} == {}
     init = " ".join(pages["features init"].split())
-    assert "Writes schemas/ with one commented example schema, featureline.toml with every setting" in init
+    assert "Writes schemas/ with one commented example schema, views/ with one example view over it, " \
+        "featureline.toml with every setting" in init
 
 
 def test_init_help_through_main(capsys: pytest.CaptureFixture[str]) -> None:
