@@ -14,7 +14,7 @@ No services. Contenders, each running featureline's own metric classes (``RunMet
   metrics in a ``CollectorRegistry`` (a duck-typed factory: ``counter()`` ...), rendered by
   ``generate_latest``; its histogram has no batch observe, so the stream's latencies are
   observed one by one;
-- ``features.metrics``: the module as it is in this checkout (after the replacement: what
+- ``features.observe.metrics``: the module as it is in this checkout (after the replacement: what
   ships).
 
 Cases (per operation, in ns):
@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 import prometheus_client  # noqa: E402
 
-import features.metrics as current  # noqa: E402
+import features.observe.metrics as current  # noqa: E402
 
 RULES = {f"field_{i}.min": 3 for i in range(5)}
 
@@ -109,7 +109,7 @@ def contenders(old: types.ModuleType) -> dict[str, tuple[Callable[[], Any], type
     """name -> (a fresh registry, the module whose RunMetrics/SdkMetrics run over it)."""
     return {"hand-written": (old.Registry, old),
             "prometheus_client": (PromFactory, old),
-            "features.metrics": (current.Registry, current)}
+            "features.observe.metrics": (current.Registry, current)}
 
 
 def case_sdk(make: Callable[[], Any], mod: types.ModuleType, n: int, *, fallback: int = 0,

@@ -118,7 +118,7 @@ def one_load(path: Path, compiled: Any, settings: Any, batch_rows: int, tag: str
 
 
 def main(argv: list[str] | None = None) -> int:
-    import features.metrics as current
+    import features.observe.metrics as current
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=1_000_000)

@@ -12,7 +12,7 @@ Chromium's (``features dev status --help``).
 
 ``--log-format text|json`` (before or after the subcommand; default
 ``FEATURES_LOG_FORMAT`` or text) sets how every subcommand's log lines on stderr look
-(``features.logs``, docs/operations.md).
+(``features.observe.logs``, docs/operations.md).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 from features import __version__
 from features.errors import FeaturesError
-from features.logs import setup_logging, user_message
+from features.observe.logs import setup_logging, user_message
 
 #: subcommand name -> module with ``add_parser(subparsers)``, in ``--help`` order.
 COMMANDS: dict[str, str] = {

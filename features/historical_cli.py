@@ -63,7 +63,7 @@ def write_training_set(rows_iter: Iterable[Any], out_path: str | Path,
     """Write the Arrow tables (or record batches) of ``rows_iter`` to one Parquet file at
     ``out_path``, each as it comes (a temporary file beside it, renamed when complete: a
     failed run leaves no partial training set). ``progress``: a
-    :class:`features.progress.LineProgress` (or None). Returns ``{"rows", "matched"}``
+    :class:`features.observe.progress.LineProgress` (or None). Returns ``{"rows", "matched"}``
     (rows with an ``_event_time``, when the tables have one)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -141,8 +141,8 @@ def _max_age(text: str | None) -> dt.timedelta | None:
 
 def run(args: argparse.Namespace) -> int:
     from features.config import resolve_settings
-    from features.logs import active_format
-    from features.progress import LineProgress
+    from features.observe.logs import active_format
+    from features.observe.progress import LineProgress
     from features.sdk.asof import CHUNK_ROWS
     from features.sdk.store import FeatureStore
 

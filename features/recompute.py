@@ -286,7 +286,7 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from features.compile import find_schema
     from features.config import resolve_settings
-    from features.logs import active_format
+    from features.observe.logs import active_format
 
     if args.chunk_events < 1:
         raise ConfigError("--chunk-events must be at least 1", key="chunk_events")

@@ -38,8 +38,8 @@ import pyarrow.compute as pc
 
 from features.compile import CompiledSchema
 from features.lineage import LINEAGE_COLUMNS, RunContext
-from features.metrics import RunMetrics
-from features.progress import Progress
+from features.observe.metrics import RunMetrics
+from features.observe.progress import Progress
 from features.sinks.base import REJECTED_ROWS_SCHEMA, Sink, WriteResult, WriteUnit
 from features.sources.base import Source, SourceBatch
 from features.sources.names import as_fields
@@ -561,7 +561,7 @@ def run(source: Source, compiled: CompiledSchema, sinks: Sequence[Sink], *, ctx:
     The first sink is the primary (cold) store whose commit decides ``stored``.
     Sinks must be opened by the caller (so an unreachable store fails before any
     work). Units a sink's ledger already holds are skipped for that sink. ``metrics``
-    (``features.metrics.RunMetrics``) counts what ``summary`` counts, as it happens;
+    (``features.observe.metrics.RunMetrics``) counts what ``summary`` counts, as it happens;
     ``guard``: see :class:`BatchWriter`.
     """
     summary = RunSummary(run_id=ctx.run_id, schema=compiled.name)

@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from features.config import cache_home, resolve_settings
     from features.dev import services
     from features.home import state_home
-    from features.logs import user_message
+    from features.observe.logs import user_message
 
     settings = resolve_settings()
     user_message(f"project state: {state_home()}  downloads: {cache_home()}")

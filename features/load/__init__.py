@@ -14,8 +14,8 @@ from features.errors import ConfigError, FeaturesError, WorkerFailed
 from features.lineage import new_run_id
 from features.load.local import load_local
 from features.load.stores import open_stores
-from features.logs import bind_run_id
-from features.metrics import RunMetrics
+from features.observe.logs import bind_run_id
+from features.observe.metrics import RunMetrics
 from features.runner import RunSummary
 from features.sources.parquet import DEFAULT_BATCH_ROWS, ParquetSource
 
@@ -33,7 +33,7 @@ def load(paths: Sequence[str | Path], compiled: CompiledSchema, settings: Settin
     fit the schema, SinkUnavailable when a store is unreachable at start (nothing is
     written), SinkError on a fingerprint mismatch. Re-running the same input stores
     nothing twice (commit ledger in both stores). ``metrics`` counts the run as it goes
-    (``features.metrics.RunMetrics``: the summary's counts, write seconds, batch sizes,
+    (``features.observe.metrics.RunMetrics``: the summary's counts, write seconds, batch sizes,
     freshness, aggregation outcomes). Logs ``load started``/``load finished`` (with the
     counts) on ``features.load``, with the run id.
 
@@ -67,7 +67,7 @@ def load(paths: Sequence[str | Path], compiled: CompiledSchema, settings: Settin
 def _worker(args: tuple[Any, ...]) -> RunSummary:
     """One process of :func:`load_workers`: shard ``i`` of ``n``."""
     paths, compiled, settings, i, n, kw = args
-    from features.logs import setup_logging
+    from features.observe.logs import setup_logging
 
     setup_logging(None, logger="features")
     return load(paths, compiled, settings, shard=(i, n), **kw)

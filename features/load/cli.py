@@ -77,8 +77,8 @@ def run(args: argparse.Namespace) -> int:
     from features.config import resolve_settings
     from features.lineage import new_run_id
     from features.load import load, render_summary
-    from features.logs import active_format, set_run_id, user_message
-    from features.metrics import Registry, RunMetrics, linger, serve
+    from features.observe.logs import active_format, set_run_id, user_message
+    from features.observe.metrics import Registry, RunMetrics, linger, serve
     from features.sources.parquet import DEFAULT_BATCH_ROWS
 
     # under `flink run -py`, the client talks to the cluster's gateway: run there by default

@@ -52,7 +52,7 @@ def _shard_load(compiled: CompiledSchema, paths: list[str], settings: Settings, 
         """Load shard ``i`` of ``shards`` (one element per task); returns its RunSummary."""
 
         def open(self, runtime_context: RuntimeContext) -> None:
-            from features.logs import has_handler, set_run_id, setup_logging
+            from features.observe.logs import has_handler, set_run_id, setup_logging
 
             if kw.get("run_id"):
                 set_run_id(kw["run_id"])
@@ -61,7 +61,7 @@ def _shard_load(compiled: CompiledSchema, paths: list[str], settings: Settings, 
 
         def map(self, shard: int) -> RunSummary:
             from features.load.local import load_local
-            from features.logs import bind_run_id
+            from features.observe.logs import bind_run_id
 
             with bind_run_id(kw["run_id"]):
                 return load_local(paths, compiled, settings, shard=(shard, shards), **kw)

@@ -16,8 +16,8 @@ import pyarrow as pa
 from features.compile import CompiledSchema, transform_program
 from features.config import Settings
 from features.lineage import RunContext
-from features.metrics import RunMetrics
-from features.progress import LineProgress, Progress
+from features.observe.metrics import RunMetrics
+from features.observe.progress import LineProgress, Progress
 from features.runner import RunSummary, run
 from features.sinks.base import Sink
 from features.sources.base import Source

@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 
 from features.compile import CompiledSchema
 from features.compile.expectations import META_KEY, render_suite, run_suite_detailed
-from features.progress import LineProgress as Progress
+from features.observe.progress import LineProgress as Progress
 from features.report.stats import FieldStats, jsonable
 from features.validation import validate
 from features.validation.convert import convert

@@ -52,7 +52,7 @@ def _duration(text: str) -> dt.timedelta:
 def run(args: argparse.Namespace) -> int:
     from features.config import resolve_settings
     from features.errors import ConfigError
-    from features.logs import active_format
+    from features.observe.logs import active_format
     from features.sdk.store import FeatureStore
 
     settings = resolve_settings(schemas_dir=args.schemas_dir)

@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 from features.compile import CompiledSchema, compile_schema
 from features.compile.migration import mismatch_hint
 from features.errors import ConfigError, SchemaError, SinkError
-from features.metrics import DEFAULT_HOST, MetricsServer, Registry, SdkMethod, SdkMetrics
+from features.observe.metrics import DEFAULT_HOST, MetricsServer, Registry, SdkMethod, SdkMetrics
 from features.schema.syntax import suggest
 from features.sdk.columns import (
     AGE,

@@ -49,8 +49,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from features.errors import ConfigError, RequestRejected, SinkError, Transient
-from features.logs import fields
-from features.metrics import CONTENT_TYPE, MetricsServer, Registry
+from features.observe.logs import fields
+from features.observe.metrics import CONTENT_TYPE, MetricsServer, Registry
 from features.serve.body import (
     BadBody,
     TooManyRecords,

@@ -212,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
     from features.config import resolve_settings
     from features.errors import CompileError, ConfigError, SchemaError
     from features.lineage import new_run_id
-    from features.logs import active_format, set_run_id
+    from features.observe.logs import active_format, set_run_id
     from features.schema import load_schemas
 
     settings = resolve_settings(schemas_dir=args.schemas)
@@ -408,7 +408,7 @@ def _worker_main(index: int, sock: socket.socket, options: ServeOptions, ready: 
     """A spawned worker: its own process group (only the parent's SIGTERM stops it), the
     parent's log format and run id, then :func:`serve_worker`. Why its startup failed goes
     to ``why`` (a shared byte array the parent reads once the worker exited)."""
-    from features.logs import set_run_id, setup_logging
+    from features.observe.logs import set_run_id, setup_logging
 
     def failed(reason: str) -> None:
         from features.config import redact

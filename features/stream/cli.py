@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     from features.config import resolve_settings
     from features.home import shown, state_home
     from features.lineage import new_run_id
-    from features.logs import active_format, set_run_id, user_message
+    from features.observe.logs import active_format, set_run_id, user_message
     from features.stream.job import StreamConfig, latest_checkpoint, merged_summary
     from features.stream.job import run as run_job
 

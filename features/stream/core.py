@@ -37,8 +37,8 @@ from features.compile import CompiledSchema
 from features.config import Settings
 from features.errors import SinkError
 from features.lineage import BatchLineage, RunContext
-from features.logs import fields
-from features.metrics import RunMetrics
+from features.observe.logs import fields
+from features.observe.metrics import RunMetrics
 from features.runner import BatchWriter, Prepared, RunSummary, group_rejects, process_batch, raw_json_rows
 from features.sources.base import SourceBatch
 from features.sources.names import as_fields
@@ -148,7 +148,7 @@ class StreamProcessor:
         #: flight, then stops the stream before its next (docs/evolution.md)
         self.guard = WriterGuard(settings.postgres_dsn, compiled, search_path=search_path, what="stream")
         self.stats = StreamStats(RunSummary(run_id=run_id, schema=compiled.name))
-        #: counts what ``stats`` counts, plus lag and latency (``features.metrics``)
+        #: counts what ``stats`` counts, plus lag and latency (``features.observe.metrics``)
         self.metrics = metrics
         self._writer: BatchWriter | None = None
         #: the schema's windowed aggregations, computed in the micro-batch (None: it has none)

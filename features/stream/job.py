@@ -290,7 +290,7 @@ def _make_udf(cfg: StreamConfig) -> Any:
         def close(self) -> None:
             if self.proc is None:
                 return
-            from features.logs import fields
+            from features.observe.logs import fields
 
             # Flink may end this worker soon after the job ends: a short lag query, so
             # that the summary and this line come out (the lag is also refreshed with
@@ -309,7 +309,7 @@ def _log_setup(fmt: str | None = None, run_id: str | None = None) -> None:
     """The ``features`` loggers' lines on stderr (a Python worker's go to Flink's task
     manager log), in ``fmt`` (else ``FEATURES_LOG_FORMAT``, else text), with ``run_id``;
     left alone when the CLI already set logging up in this process."""
-    from features.logs import has_handler, set_run_id, setup_logging
+    from features.observe.logs import has_handler, set_run_id, setup_logging
 
     if run_id:
         set_run_id(run_id)
@@ -338,7 +338,7 @@ def serve_final_metrics(summary_dir: str | Path, run_id: str, host: str, seconds
     import functools
     import time
 
-    from features.metrics import MetricsServer, sleep_interruptibly
+    from features.observe.metrics import MetricsServer, sleep_interruptibly
 
     servers: list[MetricsServer] = []
     try:
@@ -373,7 +373,7 @@ def _metrics_endpoint(cfg: StreamConfig, schema: str) -> tuple[Any, Any]:
     not served."""
     if cfg.metrics_port is None:
         return None, None
-    from features.metrics import Registry, RunMetrics, serve_first_free
+    from features.observe.metrics import Registry, RunMetrics, serve_first_free
 
     registry = Registry()
     metrics: Any = RunMetrics(registry, schema, stream=True)
@@ -485,7 +485,7 @@ def run(cfg: StreamConfig, *, wait: bool = True) -> Any:
     """Submit the job (to the mini-cluster when run locally, to the cluster under
     ``flink run``). With ``wait``, block until it ends (a bounded job ends at the end
     offsets seen at start) and return its TableResult."""
-    from features.logs import fields
+    from features.observe.logs import fields
 
     _log_setup(cfg.log_format, cfg.run_id)
     _, stmt = build(cfg)

@@ -31,7 +31,7 @@ from features.compile import CompiledSchema
 from features.config import Settings
 from features.examples import applicant_events, applicant_schema, applicants, click_history, clicks_schema
 from features.load import load
-from features.metrics import Registry, RunMetrics, Sample, parse_exposition, sample_value, serve
+from features.observe.metrics import Registry, RunMetrics, Sample, parse_exposition, sample_value, serve
 from features.sinks.redis import entity_key
 
 pytestmark = pytest.mark.services

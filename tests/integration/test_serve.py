@@ -43,7 +43,7 @@ import pytest
 
 from features.config import Settings
 from features.examples import UNDECODABLE, applicant_events, applicant_schema
-from features.metrics import parse_exposition, sample_value
+from features.observe.metrics import parse_exposition, sample_value
 from features.stream.kafka import ensure_topic, read_topic
 
 pytestmark = pytest.mark.services

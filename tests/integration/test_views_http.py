@@ -28,7 +28,7 @@ from test_views import EXAMPLE, VIEW, generate, load_history
 
 from features import FeatureStore
 from features.config import Settings
-from features.metrics import parse_exposition, sample_value
+from features.observe.metrics import parse_exposition, sample_value
 from features.serve.app import _json_value
 
 pytestmark = pytest.mark.services

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from features.config import Settings, redact
 from features.errors import ConfigError
-from features.logs import JsonFormatter, TextFormatter, fields
+from features.observe.logs import JsonFormatter, TextFormatter, fields
 from features.sinks.redis_wire import RedisEndpoint
 from features.stream.job import StreamConfig, redacted
 

@@ -28,7 +28,7 @@ RAW = re.compile(r"%\d\|")
 #: (a free port), polls it briefly and closes it.
 SCRIPT = r"""
 import socket, sys
-from features.logs import setup_logging
+from features.observe.logs import setup_logging
 setup_logging(sys.argv[1])
 from confluent_kafka import Producer
 from features.stream.kafka import client_config, ensure_topic, topic_max_message_bytes, topic_size

@@ -1,4 +1,4 @@
-"""features.logs: JSON and text lines, the run id on every line, the CLI's --log-format."""
+"""features.observe.logs: JSON and text lines, the run id on every line, the CLI's --log-format."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from features import logs
 from features.cli import build_parser, main
 from features.errors import ConfigError
+from features.observe import logs
 
 
 @pytest.fixture(autouse=True)
@@ -151,7 +151,7 @@ def test_the_stream_start_line_shows_the_dead_letter_topic_it_writes_to(given: s
 def test_a_python_warning_is_one_log_line(fmt: str) -> None:
     """issue 47: a library warning reached the terminal as Python prints it (``file:line:
     Category: message`` and the source line below); the CLI logs it as one line."""
-    code = ("import warnings; from features.logs import setup_logging; "
+    code = ("import warnings; from features.observe.logs import setup_logging; "
             f"setup_logging({fmt!r}); warnings.warn('ignoring column(s) x', UserWarning)")
     err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stderr
     assert len(lines(err)) == 1, err

@@ -1,4 +1,4 @@
-"""features.metrics: the registry on prometheus_client, the text exposition format 0.0.4
+"""features.observe.metrics: the registry on prometheus_client, the text exposition format 0.0.4
 it writes (checked line by line against the format, independently of both), the
 hand-written BatchHistogram, the HTTP endpoint, and the runner's accounting into
 RunMetrics (an in-memory sink: wiring only, no store)."""
@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 from memory_sink import MemorySink
 
-from features.metrics import (
+from features.observe.metrics import (
     CONTENT_TYPE,
     Registry,
     RunMetrics,
@@ -31,7 +31,7 @@ from features.metrics import (
     serve_first_free,
 )
 
-# The format, independently of features.metrics (https://prometheus.io/docs/instrumenting/exposition_formats/)
+# The format, independently of features.observe.metrics (https://prometheus.io/docs/instrumenting/exposition_formats/)
 NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 LABEL_VALUE = r'"(?:[^"\\\n]|\\\\|\\"|\\n)*"'
 LABELS = rf"\{{(?:[a-zA-Z_][a-zA-Z0-9_]*={LABEL_VALUE})(?:,[a-zA-Z_][a-zA-Z0-9_]*={LABEL_VALUE})*\}}"
@@ -157,7 +157,7 @@ def test_histogram_buckets_sum_count_and_le_semantics() -> None:
 
 def test_bucket_bounds_are_written_as_prometheus_clients_are() -> None:
     """The rows buckets' le labels (1e+06: Go's formatting, as every client library writes it)."""
-    from features.metrics import ROWS_BUCKETS
+    from features.observe.metrics import ROWS_BUCKETS
 
     reg = Registry()
     reg.histogram("rows", "x", buckets=ROWS_BUCKETS).observe(3)

@@ -33,7 +33,7 @@ from features.errors import SinkError
 from features.examples import applicant_schema, applicants
 from features.kernels import TransformProgram
 from features.lineage import LINEAGE_COLUMNS, BatchLineage, RunContext
-from features.progress import Progress
+from features.observe.progress import Progress
 from features.runner import RunSummary, run
 from features.sinks.base import REJECTED_ROWS_SCHEMA
 from features.sources.base import SourceBatch

@@ -125,7 +125,7 @@ def test_a_broken_schema_folder_is_parsed_once_and_its_error_raised_each_time(
 def test_calls_for_unknown_schemas_count_under_one_label(tmp_path: Path) -> None:
     """Each unknown schema name a caller sends must not become a metrics series of its
     own (the registry would grow for the process's life)."""
-    from features.metrics import parse_exposition, sample_value
+    from features.observe.metrics import parse_exposition, sample_value
 
     with store(ROOT / "schemas") as fs:
         for i in range(200):
