@@ -4,7 +4,7 @@ Usage::
 
     .venv/bin/python bench/aggregations.py [--batch-events 1000000] [--stream-events 100000] [--repeat 3]
 
-Data: ``features.examples.click_history`` (``schemas/clicks.yaml``: out-of-order events,
+Data: ``features.ops.examples.click_history`` (``schemas/clicks.yaml``: out-of-order events,
 duplicates, late events, ~0.4% invalid), ``--users`` users (default 20,000).
 
 1. **Batch backfill** (``features load`` = ``features.load.load``), one Parquet file:
@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from features.config import resolve_settings  # noqa: E402
-from features.examples import click_history, click_records  # noqa: E402
+from features.ops.examples import click_history, click_records  # noqa: E402
 
 REDIS_DB = 12
 THREE = """aggregations:

@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from features.config import resolve_settings  # noqa: E402
-from features.examples import applicant_schema, applicants  # noqa: E402
+from features.ops.examples import applicant_schema, applicants  # noqa: E402
 
 CACHE = ROOT / ".cache" / "bench"
 

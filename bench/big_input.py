@@ -4,7 +4,7 @@ Usage::
 
     .venv/bin/python bench/big_input.py [--gb 5.0] [--every 30]
 
-Writes ``.cache/bench/big_<gb>gb.parquet`` once: applicant rows (``features.examples``,
+Writes ``.cache/bench/big_<gb>gb.parquet`` once: applicant rows (``features.ops.examples``,
 1M rows per seed), **uncompressed and without dictionary encoding**, so that the file
 really has ``--gb`` gigabytes on disk (compressed, 5 GB would be ~116M rows, several
 hours here). Application ids cycle over 2M entities, so Redis holds 2M hashes and not
@@ -34,7 +34,7 @@ CACHE = ROOT / ".cache" / "bench"
 def write_input(gb: float) -> Path:
     import pyarrow.parquet as pq
 
-    from features.examples import applicants
+    from features.ops.examples import applicants
 
     path = CACHE / f"big_{gb:g}gb.parquet"
     if path.exists():

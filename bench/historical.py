@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from batch_load import dataset  # noqa: E402  (the same cached 1M-row file)
 
 from features.config import resolve_settings  # noqa: E402
-from features.examples import applicant_schema  # noqa: E402
+from features.ops.examples import applicant_schema  # noqa: E402
 
 PG_SCHEMA = "bench_historical"
 REDIS_DB = 12

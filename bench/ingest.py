@@ -5,7 +5,7 @@ Usage::
     .venv/bin/python bench/ingest.py [--events 50000] [--single 5000] [--rounds 3]
                                      [--workers 2] [--clients 8] [--batch 1000]
 
-Records are ``features.examples.applicant_events`` (JSON for ``schemas/credit_applicant.yaml``,
+Records are ``features.ops.examples.applicant_events`` (JSON for ``schemas/credit_applicant.yaml``,
 ~2% breaking a rule, some duplicates; no undecodable payloads or tombstones), keyed by
 entity. One server runs for the whole benchmark (``--workers``, ``--no-access-log``), on a
 fresh 2-partition topic and its dead-letter topic, with its rejects table in a fresh
@@ -53,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from features.config import Settings, resolve_settings  # noqa: E402
-from features.examples import applicant_events  # noqa: E402
+from features.ops.examples import applicant_events  # noqa: E402
 from features.stream.kafka import client_config, ensure_topic, entity_keys  # noqa: E402
 
 TOKEN = "bench-token-" + uuid.uuid4().hex[:8]

@@ -45,7 +45,7 @@ from batch_load import dataset  # noqa: E402
 from metrics import load_old  # noqa: E402
 
 from features.config import resolve_settings  # noqa: E402
-from features.examples import applicant_schema  # noqa: E402
+from features.ops.examples import applicant_schema  # noqa: E402
 
 BASE = "no metrics"
 

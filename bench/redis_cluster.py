@@ -42,8 +42,8 @@ import pyarrow as pa  # noqa: E402
 from batch_load import dataset, prepared_rows, raw_redis  # noqa: E402
 
 from features.config import resolve_settings  # noqa: E402
-from features.dev.services import RedisCluster  # noqa: E402
-from features.examples import applicant_schema  # noqa: E402
+from features.ops.dev.services import RedisCluster  # noqa: E402
+from features.ops.examples import applicant_schema  # noqa: E402
 from features.sinks.base import REJECTED_ROWS_SCHEMA, WriteUnit  # noqa: E402
 from features.sinks.redis import RedisSink, encode_column  # noqa: E402
 

@@ -35,7 +35,7 @@ _GX_ALONE = """
 import sys, time, json
 import pyarrow.parquet as pq
 sys.path.insert(0, {root!r})
-from features.examples import applicant_schema
+from features.ops.examples import applicant_schema
 from features.compile.expectations import run_suite_detailed
 t0 = time.perf_counter()
 table = pq.read_table({path!r})

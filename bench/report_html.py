@@ -40,7 +40,7 @@ Render = Callable[[dict[str, Any]], str]
 
 
 def base_report(folder: Path) -> dict[str, Any]:
-    from features.examples import applicant_schema, applicants
+    from features.ops.examples import applicant_schema, applicants
     from features.report import parquet_report
     from features.report.drift import DriftOptions
 

@@ -40,7 +40,7 @@ from batch_load import dataset  # noqa: E402
 from stream import cpu_seconds  # noqa: E402
 
 from features.config import resolve_settings  # noqa: E402
-from features.dev.services import RedisCluster  # noqa: E402
+from features.ops.dev.services import RedisCluster  # noqa: E402
 
 PG_SCHEMA = "bench_scale"
 

@@ -5,7 +5,7 @@ Usage::
     .venv/bin/python bench/stream.py [--events 200000] [--latency-events 20000] [--rate 1000]
                                      [--parallelism 1 2] [--repeat 1]
 
-Events are ``features.examples.applicant_events`` (JSON, ~2% invalid, some duplicates
+Events are ``features.ops.examples.applicant_events`` (JSON, ~2% invalid, some duplicates
 and undecodable payloads; ``schemas/credit_applicant.yaml``), keyed by entity
 (``features.stream.kafka.entity_keys``) into fresh 2-partition topics. The stream
 contenders run ``features.stream.core.StreamProcessor.process`` on micro-batches of up
@@ -115,7 +115,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from features.config import Settings, resolve_settings  # noqa: E402
-from features.examples import applicant_events, applicant_schema  # noqa: E402
+from features.ops.examples import applicant_events, applicant_schema  # noqa: E402
 from features.stream.kafka import ensure_topic, entity_keys, produce  # noqa: E402
 
 JOB = ROOT / "jobs" / "stream_job.py"

@@ -5,7 +5,7 @@ Usage::
     .venv/bin/python bench/stream_fixed.py [--sizes 1 100 1000 2000 8000 16000] [--repeat 5] [--chunk 2000]
 
 Calls ``features.stream.core.StreamProcessor.process`` directly (no Kafka consumer, no
-Flink) on micro-batches of ``features.examples.applicant_events`` of each size, writing
+Flink) on micro-batches of ``features.ops.examples.applicant_events`` of each size, writing
 to the real stores (a scratch Postgres schema, Redis database 13, a scratch dead-letter
 topic), ``--repeat`` rounds with the sizes interleaved, fresh records every call. For each
 size it prints, as soon as it is measured: median milliseconds per micro-batch, µs per
@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from features import runner  # noqa: E402
 from features.config import resolve_settings  # noqa: E402
-from features.examples import applicant_events, applicant_schema  # noqa: E402
+from features.ops.examples import applicant_events, applicant_schema  # noqa: E402
 from features.stream import core  # noqa: E402
 from features.stream.kafka import ensure_topic  # noqa: E402
 

@@ -56,7 +56,7 @@ def compiled_schema() -> Any:
 def generate(rows: int, seed: int = SEED) -> pa.Table:
     """Applicant rows in the declared types; ~2% of rows carry one or two faults
     (the generator the demo and the other benchmarks share)."""
-    from features.examples import applicants
+    from features.ops.examples import applicants
 
     return applicants(rows, seed, invalid_share=INVALID_SHARE, compiled=compiled_schema())
 

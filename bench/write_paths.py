@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from batch_load import dataset, prepared_rows, raw_redis  # noqa: E402
 
 from features.config import resolve_settings  # noqa: E402
-from features.examples import applicant_schema  # noqa: E402
+from features.ops.examples import applicant_schema  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 

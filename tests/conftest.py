@@ -150,8 +150,8 @@ def redis_cluster() -> Iterator[object]:
     """The local Redis Cluster (3 primaries + 3 replicas, ports 7101-7106, from the Debian
     ``redis-server``), started if it is not running (``features dev up --redis-cluster``
     starts the same one). Yields the service (``.url``: its ``redis+cluster://`` URL)."""
-    from features.dev.services import RedisCluster
     from features.errors import ServiceError
+    from features.ops.dev.services import RedisCluster
 
     cluster = RedisCluster()
     try:

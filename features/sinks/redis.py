@@ -137,7 +137,7 @@ FILL_SHA = hashlib.sha1(FILL.encode()).hexdigest()
 #: The field marking a hash written by the fill (value ``1``).
 FILLED = "_filled"
 #: ``features migrate`` and readers meeting a hash an earlier version of the schema wrote
-#: (``features.migrate.Upgrader``): the hash is rewritten in the new layout only while it
+#: (``features.ops.migrate.Upgrader``): the hash is rewritten in the new layout only while it
 #: still holds the event and the fingerprint it was read with (a write meanwhile wins),
 #: keeping its remaining TTL.
 RESTAMP = """
@@ -343,7 +343,7 @@ class RedisSink:
         if fill:
             self.script, self.script_sha = FILL, FILL_SHA
         #: ``restamp``: hashes of an earlier version (this fingerprint) rewritten in this
-        #: schema's layout (``features.migrate``): the :data:`RESTAMP` script, every row's
+        #: schema's layout (``features.ops.migrate``): the :data:`RESTAMP` script, every row's
         #: own lineage and ``_filled`` mark
         self.restamp = restamp
         if restamp is not None:

@@ -393,7 +393,7 @@ def build(cfg: StreamConfig) -> tuple[Any, Any]:
     from pyflink.datastream import StreamExecutionEnvironment
     from pyflink.table import EnvironmentSettings, StreamTableEnvironment
 
-    from features.dev.services import kafka_connector_jar
+    from features.ops.dev.services import kafka_connector_jar
 
     cfg.check()
     scrub_environment()

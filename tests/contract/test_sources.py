@@ -35,7 +35,7 @@ import pytest
 
 from features.compile import CompiledSchema
 from features.errors import SourceError
-from features.examples import applicant_schema, applicants
+from features.ops.examples import applicant_schema, applicants
 from features.sources.base import Source, SourceBatch
 from features.sources.parquet import ExtraColumnsWarning, ParquetSource
 

@@ -33,7 +33,7 @@ import pytest
 from aggregate_reference import T, stream_late
 
 from features.config import Settings
-from features.examples import click_history, click_records, clicks_schema
+from features.ops.examples import click_history, click_records, clicks_schema
 from features.stream.kafka import produce
 from features.validation import validate
 

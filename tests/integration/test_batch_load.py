@@ -25,8 +25,8 @@ import redis
 from features.compile import CompiledSchema, compile_schema
 from features.config import Settings
 from features.errors import SinkError, SinkUnavailable, SourceError
-from features.examples import applicant_schema, applicants
 from features.load import load
+from features.ops.examples import applicant_schema, applicants
 from features.schema import load_schema
 from features.sinks.redis import entity_key
 
@@ -335,8 +335,8 @@ def own_postgres(settings: Settings) -> Any:
     import shutil
     import uuid
 
-    from features.dev.services import Postgres
     from features.home import state_home
+    from features.ops.dev.services import Postgres
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

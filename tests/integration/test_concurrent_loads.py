@@ -14,8 +14,8 @@ import pytest
 
 from features.compile import CompiledSchema
 from features.config import Settings
-from features.examples import applicant_schema, applicants
 from features.load import load
+from features.ops.examples import applicant_schema, applicants
 from features.runner import RunSummary
 
 pytestmark = pytest.mark.services

@@ -17,8 +17,8 @@ import redis
 
 from features import FeatureStore
 from features.config import Settings
-from features.examples import applicant_schema, applicants
 from features.load import load
+from features.ops.examples import applicant_schema, applicants
 from features.sinks.redis import FILLED, entity_key
 
 pytestmark = pytest.mark.services

@@ -25,8 +25,8 @@ import psycopg
 import pytest
 
 from features.config import Settings
-from features.dev.services import Postgres
 from features.home import state_home
+from features.ops.dev.services import Postgres
 
 #: the rules initdb wrote for older featurelines (``--auth-local=trust --auth-host=scram-sha-256``)
 OLD_HBA = "local all all trust\nhost all all 127.0.0.1/32 scram-sha-256\nhost all all ::1/128 scram-sha-256\n"

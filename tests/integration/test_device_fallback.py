@@ -12,9 +12,9 @@ import pytest
 
 import features.kernels.device as device
 from features.config import Settings
-from features.demo import generate_files
-from features.examples import applicant_schema
 from features.load import load
+from features.ops.demo import generate_files
+from features.ops.examples import applicant_schema
 
 pytestmark = pytest.mark.services
 

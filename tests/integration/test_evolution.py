@@ -387,7 +387,7 @@ def test_migrate_rewrites_every_hash_on_a_redis_cluster(
         files: dict[str, Path], tmp_path: Path) -> None:
     """The library behind `features migrate --apply` on a Redis Cluster: SCAN reaches every
     primary, each rewrite lands on its slot's node, and every entity reads v2 after."""
-    from features.migrate import Upgrader, apply_postgres, plan, read_recorded, scan_keys
+    from features.ops.migrate import Upgrader, apply_postgres, plan, read_recorded, scan_keys
 
     url = redis_cluster.url
     v1, v2 = compile_schema(load_schema(files["v1"])), compile_schema(load_schema(files["v2"]))

@@ -3,8 +3,8 @@
 Every server restarted here is a **private** one that the test starts on free loopback
 ports and stops again (never the shared ``features dev up`` services, which other
 tests use at the same time): a ``redis-server``, a PostgreSQL cluster (``initdb`` +
-``pg_ctl`` through :class:`features.dev.services.Postgres`) and a single-node KRaft
-Kafka broker (the cached jars, through :class:`features.dev.services.Kafka`).
+``pg_ctl`` through :class:`features.ops.dev.services.Postgres`) and a single-node KRaft
+Kafka broker (the cached jars, through :class:`features.ops.dev.services.Kafka`).
 
 After each fault, with the job resumed or re-run, the stores are checked against a
 reference computed here from the input: counts conserved, Postgres holds exactly the
@@ -48,10 +48,10 @@ from test_stream import check_stores, expected  # the stream tests' reference an
 
 from features.compile import CompiledSchema
 from features.config import Settings
-from features.dev.services import Kafka, Postgres
-from features.examples import applicant_events, applicant_schema, applicants
 from features.home import state_home
 from features.load import load
+from features.ops.dev.services import Kafka, Postgres
+from features.ops.examples import applicant_events, applicant_schema, applicants
 from features.sinks.postgres import PostgresSink
 from features.sinks.redis import RedisSink
 from features.stream.job import merged_summary
@@ -235,7 +235,7 @@ def durable_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
 
 
 def applicant_history(rows: int, seed: int) -> pa.Table:
-    """Applicant rows (``features.examples.applicants``, ~2% invalid) whose valid ids are
+    """Applicant rows (``features.ops.examples.applicants``, ~2% invalid) whose valid ids are
     drawn from a pool of ``rows // 4`` entities: most entities get several events, in
     random event-time order, spread over many batches."""
     import numpy as np

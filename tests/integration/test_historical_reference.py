@@ -30,9 +30,9 @@ import pytest
 
 from features.compile import CompiledSchema, compile_schema
 from features.config import Settings
-from features.examples import click_history, clicks_schema
 from features.lineage import RunContext
 from features.load import load
+from features.ops.examples import click_history, clicks_schema
 from features.schema.parse import parse_schema
 from features.sdk.store import FeatureStore
 from features.sinks.base import REJECTED_ROWS_SCHEMA, WriteUnit

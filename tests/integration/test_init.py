@@ -26,7 +26,7 @@ import redis
 from conftest import cli_environment
 
 from features.config import Settings, resolve_settings
-from features.init import EXAMPLE_SCHEMA, files
+from features.ops.init import EXAMPLE_SCHEMA, files
 
 pytestmark = pytest.mark.services
 

@@ -32,7 +32,7 @@ from conftest import ROOT, cli_environment, demo_counts
 from installed_env import site_packages, users_shell
 
 from features.config import Settings
-from features.init import files
+from features.ops.init import files
 from features.stream.kafka import entity_keys, produce
 
 pytestmark = [pytest.mark.services, pytest.mark.flink, pytest.mark.slow]

@@ -29,7 +29,7 @@ from test_batch_load import _env, _ledger_count, pg_snapshot, redis_snapshot
 from test_stream_cluster import _pyflink_home, standalone_cluster
 
 from features.config import Settings
-from features.examples import applicants
+from features.ops.examples import applicants
 
 pytestmark = [pytest.mark.services, pytest.mark.flink, pytest.mark.slow]
 

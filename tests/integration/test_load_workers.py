@@ -24,8 +24,8 @@ from test_batch_load import _env, pg_snapshot, redis_snapshot
 
 from features.compile import CompiledSchema, compile_schema
 from features.config import Settings
-from features.examples import applicant_schema, applicants
 from features.load import load, render_summary
+from features.ops.examples import applicant_schema, applicants
 from features.schema import parse_schema
 from features.sources.parquet import ParquetSource, entity_shards
 

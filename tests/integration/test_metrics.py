@@ -29,9 +29,9 @@ from conftest import cli_environment
 from features import FeatureStore
 from features.compile import CompiledSchema
 from features.config import Settings
-from features.examples import applicant_events, applicant_schema, applicants, click_history, clicks_schema
 from features.load import load
 from features.observe.metrics import Registry, RunMetrics, Sample, parse_exposition, sample_value, serve
+from features.ops.examples import applicant_events, applicant_schema, applicants, click_history, clicks_schema
 from features.sinks.redis import entity_key
 
 pytestmark = pytest.mark.services

@@ -23,10 +23,10 @@ from redis.cluster import ClusterNode, RedisCluster
 
 from features.compile import CompiledSchema
 from features.config import Settings
-from features.dev.services import RedisCluster as LocalCluster
 from features.errors import SinkUnavailable
-from features.examples import applicant_schema, applicants
 from features.load import load
+from features.ops.dev.services import RedisCluster as LocalCluster
+from features.ops.examples import applicant_schema, applicants
 from features.sdk.store import FeatureStore
 from features.sinks.redis_cluster import key_slot, key_slots
 
@@ -346,7 +346,7 @@ def test_aggregation_backfill_split_in_two_loads_writes_the_reference_hot_values
 
 def test_health_check_names_every_primary_of_the_cluster(settings: Settings,
                                                          redis_cluster: LocalCluster) -> None:
-    from features.health import check_all
+    from features.ops.health import check_all
 
     checks = check_all(dataclasses.replace(settings, redis_url=redis_cluster.url))
     (check,) = [c for c in checks if c.name == "redis"]

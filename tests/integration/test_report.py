@@ -17,8 +17,8 @@ import pytest
 from features.cli import build_parser, main
 from features.compile import CompiledSchema, compile_schema
 from features.config import Settings
-from features.examples import applicant_schema, applicants
 from features.load import load
+from features.ops.examples import applicant_schema, applicants
 from features.report.stats import DistinctCounter
 from features.schema import load_schema
 from features.validation import validate

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from features.cli import main
-from features.examples import applicants
+from features.ops.examples import applicants
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"

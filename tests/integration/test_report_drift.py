@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from features.cli import main
-from features.examples import applicant_schema, applicants
+from features.ops.examples import applicant_schema, applicants
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS = str(ROOT / "schemas")

@@ -22,8 +22,8 @@ from features import FeatureStore
 from features.compile import CompiledSchema
 from features.config import Settings
 from features.errors import ConfigError, SinkError
-from features.examples import applicant_schema, applicants
 from features.load import load
+from features.ops.examples import applicant_schema, applicants
 from features.sinks.redis import entity_key
 from features.validation import validate
 

@@ -29,8 +29,8 @@ from features.aggregate.engine import AggSpec
 from features.compile import CompiledSchema, compile_schema
 from features.config import Settings
 from features.errors import ConfigError, SinkError
-from features.examples import click_history, clicks_schema
 from features.load import load
+from features.ops.examples import click_history, clicks_schema
 from features.schema.parse import parse_schema
 from features.sinks.redis import aggregates_key, entity_key
 

@@ -30,8 +30,8 @@ import redis_kinds
 from features import FeatureStore
 from features.compile import CompiledSchema
 from features.config import Settings
-from features.examples import applicant_schema, applicants
 from features.load import load
+from features.ops.examples import applicant_schema, applicants
 from features.sinks.redis import NEWEST_WINS, _msgpack_str, entity_key
 
 pytestmark = pytest.mark.services

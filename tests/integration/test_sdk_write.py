@@ -32,8 +32,8 @@ from features import FeatureStore
 from features.compile import CompiledSchema
 from features.config import Settings
 from features.errors import ConfigError, SinkUnavailable, SourceError
-from features.examples import applicant_schema, applicants, click_history, clicks_schema
 from features.load import load
+from features.ops.examples import applicant_schema, applicants, click_history, clicks_schema
 from features.sinks.redis import RedisSink, aggregates_key, entity_key
 
 pytestmark = pytest.mark.services

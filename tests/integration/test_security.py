@@ -42,9 +42,9 @@ from psycopg import sql
 from features import FeatureStore
 from features.compile import CompiledSchema, compile_schema
 from features.config import Settings
-from features.dev.services import kafka_libs
 from features.errors import SinkError, SinkUnavailable
 from features.load import load
+from features.ops.dev.services import kafka_libs
 from features.report import rejects_report, table_report, write_report
 from features.schema import load_schema
 
@@ -257,7 +257,7 @@ def _pg_admin(settings: Settings) -> psycopg.Connection[Any]:
     """The local cluster's superuser over its Unix socket, with the password ``features
     dev up`` keeps in ``.dev/postgres/superuser-password``: the only way to create a role
     with a password, since the ``featureline`` role may not."""
-    from features.dev.services import Postgres
+    from features.ops.dev.services import Postgres
 
     port = urlsplit(settings.postgres_dsn).port or 5432
     db = urlsplit(settings.postgres_dsn).path.lstrip("/") or "featureline"
@@ -341,7 +341,7 @@ def _assert_secret_free(tokens: list[str], texts: dict[str, str]) -> None:
 
 
 def _applicants_file(tmp_path: Path, rows: int = 400) -> Path:
-    from features.examples import applicants
+    from features.ops.examples import applicants
 
     path = tmp_path / "applicants.parquet"
     pq.write_table(applicants(rows, seed=5), path)
@@ -430,7 +430,7 @@ def test_credentials_stay_out_of_output_reports_and_errors(tmp_path: Path, setti
 def test_stream_job_keeps_credentials_out_of_its_output_and_flink_logs(
         tmp_path: Path, settings: Settings, pg_schema: str, stream_topic: str,
         pg_role: tuple[str, str, str], redis_user: tuple[str, str, str]) -> None:
-    from features.examples import applicant_events
+    from features.ops.examples import applicant_events
     from features.stream.kafka import entity_keys, produce
 
     dsn, url = _urls(settings, pg_schema, pg_role, redis_user)
@@ -521,8 +521,8 @@ def test_redis_over_tls_with_a_ca_file(tmp_path: Path, settings: Settings, pg_sc
                                        tls_redis: tuple[int, Path, str]) -> None:
     import dataclasses
 
-    from features.examples import applicant_schema
-    from features.health import check_all
+    from features.ops.examples import applicant_schema
+    from features.ops.health import check_all
 
     port, ca, password = tls_redis
     auth = f":{quote(password, safe='')}@"
@@ -653,7 +653,7 @@ def test_kafka_sasl_properties_reach_every_client(tmp_path: Path, settings: Sett
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
-    from features.examples import applicant_events
+    from features.ops.examples import applicant_events
     from features.stream.kafka import client_config, ensure_topic, entity_keys, produce, read_topic
 
     bootstrap, password = sasl_kafka

@@ -42,8 +42,8 @@ import pyarrow as pa
 import pytest
 
 from features.config import Settings
-from features.examples import UNDECODABLE, applicant_events, applicant_schema
 from features.observe.metrics import parse_exposition, sample_value
+from features.ops.examples import UNDECODABLE, applicant_events, applicant_schema
 from features.stream.kafka import ensure_topic, read_topic
 
 pytestmark = pytest.mark.services

@@ -27,9 +27,9 @@ from test_views_http import _db_url, _env
 from features import FeatureStore
 from features.compile import compile_schema
 from features.config import Settings
-from features.demo import generate_files
-from features.examples import click_history
 from features.load import load
+from features.ops.demo import generate_files
+from features.ops.examples import click_history
 from features.schema import load_schemas
 from features.serve.app import _json_value
 

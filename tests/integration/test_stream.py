@@ -23,7 +23,7 @@ import pytest
 
 from features.compile import CompiledSchema
 from features.config import Settings
-from features.examples import applicant_events, applicant_schema
+from features.ops.examples import applicant_events, applicant_schema
 from features.stream.kafka import entity_keys, produce, read_topic
 
 pytestmark = [pytest.mark.services, pytest.mark.flink]

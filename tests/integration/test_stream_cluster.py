@@ -45,7 +45,7 @@ from installed_env import site_packages, users_shell
 from test_stream import check_stores, expected
 
 from features.config import Settings
-from features.examples import applicant_events, applicant_schema
+from features.ops.examples import applicant_events, applicant_schema
 from features.stream.kafka import entity_keys, produce
 
 pytestmark = [pytest.mark.services, pytest.mark.flink, pytest.mark.slow]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from features.config import Settings
-from features.examples import applicant_events, applicant_schema
+from features.ops.examples import applicant_events, applicant_schema
 from features.stream.kafka import entity_keys, produce, read_topic
 
 pytestmark = [pytest.mark.services, pytest.mark.flink]

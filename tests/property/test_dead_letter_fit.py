@@ -17,7 +17,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from features.examples import applicant_schema
+from features.ops.examples import applicant_schema
 from features.stream.core import DEAD_LETTER_MIN_BYTES, canonical_json, dead_letter_messages
 
 COMPILED = applicant_schema()

@@ -8,7 +8,7 @@ rows, the same rejects (same order, same raw payload and errors JSON), the same
 reject-rule and unknown-field counts, and every record read is one row or one reject.
 
 Micro-batches mix valid records of both shipped stream schemas
-(``features.examples.applicant_events``, ``click_records``) with hostile ones: the
+(``features.ops.examples.applicant_events``, ``click_records``) with hostile ones: the
 fuzz corpus (``fuzz/corpus/decoder``), the fuzz target's generator and mutators and
 its ``VALUES``/``KEYS``/``TOKENS`` pools (``fuzz/fuzz_decoder.py``, ``fuzz/fuzzkit.py``),
 and records edited here token by token (NaN/Inf tokens, big and negative-zero numbers,
@@ -51,8 +51,8 @@ from features.compile import (  # noqa: E402
     transform_program,
 )
 from features.config import resolve_settings  # noqa: E402
-from features.examples import UNDECODABLE, applicant_events, click_history, click_records  # noqa: E402
 from features.lineage import RunContext  # noqa: E402
+from features.ops.examples import UNDECODABLE, applicant_events, click_history, click_records  # noqa: E402
 from features.schema import load_schema  # noqa: E402
 from features.schema.model import INTEGER_KINDS, TypeKind  # noqa: E402
 from features.stream.columnar import ColumnarDecoder  # noqa: E402

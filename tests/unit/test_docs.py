@@ -21,7 +21,7 @@ def test_every_file_the_docs_name_exists() -> None:
 
     pattern = re.compile(r"(?<![\w/.-])((?:tests|features|bench|jobs|docs|schemas|sql|expectations|fuzz)"
                          r"/[\w/.-]*\.(?:py|md|yaml|sql|json|sh))\b")
-    from features.init import EXAMPLE_SCHEMA
+    from features.ops.init import EXAMPLE_SCHEMA
 
     # an illustrative file in an example of compile errors; the file `features init` writes
     examples = {"schemas/x.yaml", EXAMPLE_SCHEMA}
@@ -39,8 +39,8 @@ def test_dev_status_exit_codes_are_documented_as_the_code_returns_them() -> None
     import re
 
     from features.cli import build_parser
-    from features.dev import cli as dev_cli
-    from features.dev.services import EXIT_CODES
+    from features.ops.dev import cli as dev_cli
+    from features.ops.dev.services import EXIT_CODES
 
     documented = {int(c) for c in re.findall(r"(?:^|; )(\d) ", dev_cli._EXIT_HELP.split(": ", 1)[1])}
     assert documented == set(EXIT_CODES)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from features.dev import services
+from features.ops.dev import services
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,7 +27,7 @@ def test_the_maven_poms_are_package_data() -> None:
     assert services.POMS.is_relative_to(Path(services.__file__).parent)  # inside the package
     for pom in poms:
         relative = pom.relative_to(Path(services.__file__).parent).as_posix()
-        assert _shipped("features.dev", relative), relative
+        assert _shipped("features.ops.dev", relative), relative
 
 
 def test_the_job_files_run_from_anywhere_as_files_and_as_modules(tmp_path: Path) -> None:
@@ -37,7 +37,7 @@ def test_the_job_files_run_from_anywhere_as_files_and_as_modules(tmp_path: Path)
 
     for name, command in JOBS.items():
         path = job_file(name)
-        assert path.is_file() and path.is_relative_to(Path(services.__file__).parents[1])
+        assert path.is_file() and path.is_relative_to(Path(services.__file__).parents[2])  # the package
         for how in ([str(path)], ["-m", f"features.jobs.{name}"]):
             out = subprocess.run([sys.executable, "-I", *how, "--help"], cwd=tmp_path, capture_output=True,
                                  text=True, timeout=120)

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from features.errors import SourceError
-from features.examples import applicant_schema, applicants
+from features.ops.examples import applicant_schema, applicants
 from features.sources.parquet import ParquetSource, expand_paths
 
 

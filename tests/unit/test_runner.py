@@ -30,10 +30,10 @@ from memory_sink import MemorySink
 from features.compile import CompiledSchema, transform_program
 from features.config import Settings
 from features.errors import SinkError
-from features.examples import applicant_schema, applicants
 from features.kernels import TransformProgram
 from features.lineage import LINEAGE_COLUMNS, BatchLineage, RunContext
 from features.observe.progress import Progress
+from features.ops.examples import applicant_schema, applicants
 from features.runner import RunSummary, run
 from features.sinks.base import REJECTED_ROWS_SCHEMA
 from features.sources.base import SourceBatch

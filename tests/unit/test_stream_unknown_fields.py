@@ -39,7 +39,7 @@ _CHILD = textwrap.dedent("""
     import datetime as dt, json, resource, sys
     import numpy as np, pyarrow as pa
     from features.compile import compile_schema
-    from features.examples import click_history, click_records
+    from features.ops.examples import click_history, click_records
     from features.lineage import RunContext
     from features.schema import load_schema
     from features.stream.columnar import ColumnarDecoder

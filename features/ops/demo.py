@@ -18,13 +18,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _schemas_dir() -> Path:
     """The demo's schemas: a checkout's own ``schemas/`` (every schema, the example ones
     among them), else the example schemas the installed package ships."""
-    from features.examples import EXAMPLE_SCHEMAS
+    from features.ops.examples import EXAMPLE_SCHEMAS
 
     checkout = ROOT / "schemas"
     return checkout if (checkout / "credit_applicant.yaml").is_file() else EXAMPLE_SCHEMAS
@@ -54,7 +54,7 @@ def generate_files(out: Path, rows: int, files: int) -> list[Path]:
     """Write the example applicant data as ``files`` Parquet files (cached by size)."""
     import pyarrow.parquet as pq
 
-    from features.examples import applicants
+    from features.ops.examples import applicants
 
     out.mkdir(parents=True, exist_ok=True)
     per = -(-rows // files)
@@ -75,9 +75,9 @@ def run(args: argparse.Namespace) -> int:
     from features.compile import compile_schema, find_schema
     from features.compile.postgres import rejects_table_name
     from features.config import resolve_settings
-    from features.dev import services
     from features.home import project_home
     from features.load import load, render_summary
+    from features.ops.dev import services
     from features.schema import load_schemas
 
     t0 = time.perf_counter()
@@ -138,7 +138,7 @@ def _stream(settings: Any, topic: str, events: int, schemas: Path) -> dict[str, 
     import subprocess
     import uuid
 
-    from features.examples import applicant_events
+    from features.ops.examples import applicant_events
     from features.stream.cli import render
     from features.stream.kafka import ensure_topic, entity_keys, produce, topic_size
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-#: the exit codes of ``up`` and ``status`` (features.dev.services.EXIT_CODES, kept here as
+#: the exit codes of ``up`` and ``status`` (features.ops.dev.services.EXIT_CODES, kept here as
 #: text so that ``--help`` needs no import of the services module)
 _EXIT_HELP = ("exit codes (up, status): 0 every server healthy and the stream ready; 1 a server "
               "(postgres, redis, kafka; redis-cluster when it runs) is down; 3 every server healthy but "
@@ -46,9 +46,9 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from features.config import cache_home, resolve_settings
-    from features.dev import services
     from features.home import state_home
     from features.observe.logs import user_message
+    from features.ops.dev import services
 
     settings = resolve_settings()
     user_message(f"project state: {state_home()}  downloads: {cache_home()}")

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from features.errors import ConfigError
-from features.migrate import (
+from features.ops.migrate import (
     DEFAULT_CHUNK,
     Recorded,
     Upgrader,

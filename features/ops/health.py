@@ -129,7 +129,7 @@ def check_all(settings: Any, *, timeout_s: float = 5.0, schema: str | None = Non
 def _schema_checks(settings: Any, timeout_s: float, only: str | None = None) -> list[Check]:
     from features.compile import compile_schema
     from features.errors import ConfigError
-    from features.migrate import Recorded, read_recorded
+    from features.ops.migrate import Recorded, read_recorded
     from features.schema import load_schemas
     from features.sinks import pg
 
@@ -180,7 +180,7 @@ def _mismatch_fix(schema: Any, fp: str, got: Any) -> str:
     verdict = ""
     if old is not None and old.text is not None:
         from features.compile.migration import plan_migration
-        from features.migrate import compiled_version
+        from features.ops.migrate import compiled_version
 
         try:
             diff = plan_migration(compiled_version(old, schema.name).schema, schema).diff
@@ -198,7 +198,7 @@ _SAMPLE_SCANS = 20
 
 def _redis_versions(settings: Any, c: Any, got: Any, timeout_s: float) -> tuple[bool, str]:
     """``ok``, or ``MISMATCH`` when a sample of the schema's Redis hashes holds another version."""
-    from features.migrate import glob_escape
+    from features.ops.migrate import glob_escape
     from features.sdk.fallback import redis_py_client
     from features.sinks.redis import aggregates_key, entity_key
 

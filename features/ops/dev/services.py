@@ -8,10 +8,10 @@
 - PostgreSQL (Debian package ``postgresql``), a ``featureline`` role and database;
 - Redis (Debian package ``redis-server``), no persistence;
 - Apache Kafka 4.x, single node in KRaft mode, from Maven Central artefacts fetched
-  with ``mvn dependency:copy-dependencies`` (``features/dev/maven/kafka/pom.xml``, package
+  with ``mvn dependency:copy-dependencies`` (``features/ops/dev/maven/kafka/pom.xml``, package
   data, so it ships in the wheel) and started with ``java -cp``;
 - the Flink Kafka SQL connector jar matching the pinned PyFlink
-  (``features/dev/maven/flink/pom.xml``).
+  (``features/ops/dev/maven/flink/pom.xml``).
 
 A service whose ``FEATURES_*`` variable points somewhere other than the default is
 *external*: ``up`` does not start it, ``status`` only checks it. A server already

@@ -16,9 +16,9 @@ import pyarrow.compute as pc
 from features.compile import CompiledSchema, compile_schema
 
 #: The example schemas, shipped in the package (in a checkout: links to ``schemas/``).
-EXAMPLE_SCHEMAS = Path(__file__).resolve().parent / "example_schemas"
+EXAMPLE_SCHEMAS = Path(__file__).resolve().parents[1] / "example_schemas"
 #: The example views over them (in a checkout: links to ``views/``).
-EXAMPLE_VIEWS = Path(__file__).resolve().parent / "example_views"
+EXAMPLE_VIEWS = Path(__file__).resolve().parents[1] / "example_views"
 SEED = 20240611
 INVALID_SHARE = 0.02
 
