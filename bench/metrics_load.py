@@ -80,7 +80,7 @@ def one_load(path: Path, compiled: Any, settings: Any, batch_rows: int, tag: str
     stop = threading.Event()
     scrapes = [0]
     thread = None
-    if module is not None:  # as features.load.cli does with --metrics-port
+    if module is not None:  # as features.cli.load does with --metrics-port
         registry = module.Registry()
         metrics = module.RunMetrics(registry, compiled.name)
         server = module.serve(registry, 0)

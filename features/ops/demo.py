@@ -138,8 +138,8 @@ def _stream(settings: Any, topic: str, events: int, schemas: Path) -> dict[str, 
     import subprocess
     import uuid
 
+    from features.cli.stream import render
     from features.ops.examples import applicant_events
-    from features.stream.cli import render
     from features.stream.kafka import ensure_topic, entity_keys, produce, topic_size
 
     ensure_topic(settings.kafka_bootstrap, topic, partitions=2)

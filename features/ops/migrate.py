@@ -1,5 +1,5 @@
 """Moving the stores to a compatible new version of a schema (``features migrate``,
-:mod:`features.ops.migrate_cli`), and reading what earlier versions wrote.
+:mod:`features.cli.migrate`), and reading what earlier versions wrote.
 
 Postgres records every version the stores have held (``featureline_schema_versions``:
 fingerprint, version, YAML text, the version it was migrated from). :class:`Upgrader`

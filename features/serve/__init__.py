@@ -13,5 +13,5 @@ then stores them: Kafka stays the one write path.
 - :mod:`features.serve.ingest`: one schema's prepare step and rejects writer;
 - :mod:`features.serve.producer`: the asyncio-facing Kafka producer;
 - :mod:`features.serve.app`: the ASGI application (routes, auth, metrics, access log);
-- :mod:`features.serve.cli`: the command, its worker processes and signals.
+- :mod:`features.cli.serve`: the command, its worker processes and signals.
 """

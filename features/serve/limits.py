@@ -2,7 +2,7 @@
 
 Each bounds memory that a client controls: a body's size alone does not (a 16 MiB
 ``[{},{},...]`` is 5.6 M records, each with an error per required field).
-:mod:`features.serve.cli` offers each as a flag; :class:`features.serve.ingest.SchemaIngest`
+:mod:`features.cli.serve` offers each as a flag; :class:`features.serve.ingest.SchemaIngest`
 and the producer apply them. Kept apart so that the command's parser imports no Arrow.
 """
 

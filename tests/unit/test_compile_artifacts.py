@@ -20,8 +20,8 @@ import pyarrow.compute as pc
 import pytest
 
 from features.cli import main
+from features.cli.compile import suite_json
 from features.compile import compile_schema
-from features.compile.cli import suite_json
 from features.compile.expectations import render_suite, run_suite, run_suite_detailed
 from features.compile.patterns import postgres_full_match, python_full_match, to_postgres, to_python
 from features.compile.postgres import (
@@ -55,7 +55,7 @@ def _schema(*fields: Field, name: str = "probe", loadable: bool = False) -> Sche
 def test_ddl_and_suite_are_byte_identical_across_processes() -> None:
     code = (
         "import sys, json; from features.schema import load_schema; "
-        "from features.compile import compile_schema; from features.compile.cli import suite_json; "
+        "from features.compile import compile_schema; from features.cli.compile import suite_json; "
         "c = compile_schema(load_schema(sys.argv[1])); "
         "sys.stdout.write(c.ddl + suite_json(c.expectations))"
     )

@@ -39,7 +39,7 @@ def test_dev_status_exit_codes_are_documented_as_the_code_returns_them() -> None
     import re
 
     from features.cli import build_parser
-    from features.ops.dev import cli as dev_cli
+    from features.cli import dev as dev_cli
     from features.ops.dev.services import EXIT_CODES
 
     documented = {int(c) for c in re.findall(r"(?:^|; )(\d) ", dev_cli._EXIT_HELP.split(": ", 1)[1])}

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from features.stream.cli import render
+from features.cli.stream import render
 from features.stream.job import merged_summary
 
 

@@ -33,7 +33,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from features.load.cli import _port
+from features.cli.load import _port
 from features.serve.limits import LIMIT_CONCURRENCY, MAX_ERRORS, MAX_QUEUED_BYTES, MAX_RECORDS, MAX_VIEW_ROWS
 
 log = logging.getLogger("features.serve")

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from features.load.cli import add_metrics_arguments
+from features.cli.load import add_metrics_arguments
 from features.stream.job import StreamConfig
 
 

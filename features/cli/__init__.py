@@ -30,23 +30,23 @@ from features.observe.logs import setup_logging, user_message
 
 #: subcommand name -> module with ``add_parser(subparsers)``, in ``--help`` order.
 COMMANDS: dict[str, str] = {
-    "compile": "features.compile.cli",
+    "compile": "features.cli.compile",
     "demo": "features.ops.demo",
-    "dev": "features.ops.dev.cli",
+    "dev": "features.cli.dev",
     "health": "features.ops.health",
-    "historical": "features.historical_cli",
+    "historical": "features.cli.historical",
     "init": "features.ops.init",
     "job-file": "features.jobs",
-    "load": "features.load.cli",
-    "kernels": "features.kernels.cli",
-    "migrate": "features.ops.migrate_cli",
+    "load": "features.cli.load",
+    "kernels": "features.cli.kernels",
+    "migrate": "features.cli.migrate",
     "prewarm": "features.sdk.prewarm",
     "recompute": "features.ops.recompute",
-    "report": "features.report.cli",
-    "schema": "features.compile.schema_cli",
-    "serve": "features.serve.cli",
-    "stream": "features.stream.cli",
-    "validate": "features.validation.cli",
+    "report": "features.cli.report",
+    "schema": "features.cli.schema",
+    "serve": "features.cli.serve",
+    "stream": "features.cli.stream",
+    "validate": "features.cli.validate",
 }
 
 
