@@ -138,21 +138,24 @@ def test_sigterm_under_load_answers_every_request(tmp_path: Path, stores: Settin
     with serve(tmp_path, _env(stores, pg_schema), *_args()) as server:
         def client() -> None:
             conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
-            while not stop.is_set():
-                try:
-                    conn.request("POST", ROUTE, payload, AUTH)
-                except OSError:
-                    return  # the server closed: nothing was sent
-                try:
-                    r = conn.getresponse()
-                    r.read()
-                    answers.append(r.status)
-                except (OSError, http.client.HTTPException) as exc:  # sent, never answered: a loss
-                    errors.append(repr(exc))
-                    return
-                if r.getheader("connection", "").lower() == "close":
-                    conn.close()
-                    conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
+            try:
+                while not stop.is_set():
+                    try:
+                        conn.request("POST", ROUTE, payload, AUTH)
+                    except OSError:
+                        return  # the server closed: nothing was sent
+                    try:
+                        r = conn.getresponse()
+                        r.read()
+                        answers.append(r.status)
+                    except (OSError, http.client.HTTPException) as exc:  # sent, never answered: a loss
+                        errors.append(repr(exc))
+                        return
+                    if r.getheader("connection", "").lower() == "close":
+                        conn.close()
+                        conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
+            finally:
+                conn.close()  # never left to the collector (an unclosed socket's ResourceWarning)
 
         threads = [threading.Thread(target=client) for _ in range(4)]
         for t in threads:
