@@ -44,12 +44,14 @@ status: venv
 lint: venv
 	$(BIN)/ruff check features jobs tests bench fuzz
 	$(BIN)/mypy features
+	$(BIN)/lint-imports
 
 # pytest exits 5 when no test ran; that is a failure here, as is any other non-zero code.
 # Generated sql/ and expectations/ must match the schemas (features compile --check).
 test: up
 	$(BIN)/ruff check features jobs tests bench fuzz
 	$(BIN)/mypy features
+	$(BIN)/lint-imports
 	$(BIN)/features compile --check
 	$(BIN)/pytest -p no:cacheprovider
 
@@ -61,6 +63,7 @@ CHECK_TESTS := tests/unit tests/property tests/contract tests/integration/test_s
 check: up
 	$(BIN)/ruff check features jobs tests bench fuzz
 	$(BIN)/mypy features
+	$(BIN)/lint-imports
 	$(BIN)/features compile --check
 	$(BIN)/pytest -p no:cacheprovider -q -m "not slow and not flink" -k "not redis-cluster" $(CHECK_TESTS)
 

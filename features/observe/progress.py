@@ -4,10 +4,21 @@ and the report's (silent when stderr is not a TTY)."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from features.runner import RunSummary
+
+class RunSummary(Protocol):
+    """What a run's progress line reads of the loader's summary
+    (``features.runner.RunSummary``; a Protocol: this bottom layer imports no stage)."""
+
+    @property
+    def schema(self) -> str: ...
+    @property
+    def read(self) -> int: ...
+    @property
+    def rejected(self) -> int: ...
+    @property
+    def stored(self) -> int: ...
 
 
 class LineProgress:

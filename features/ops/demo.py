@@ -138,9 +138,9 @@ def _stream(settings: Any, topic: str, events: int, schemas: Path) -> dict[str, 
     import subprocess
     import uuid
 
-    from features.cli.stream import render
     from features.ops.examples import applicant_events
     from features.stream.kafka import ensure_topic, entity_keys, produce, topic_size
+    from features.stream.summary import render
 
     ensure_topic(settings.kafka_bootstrap, topic, partitions=2)
     ensure_topic(settings.kafka_bootstrap, f"{topic}.rejects", partitions=1)

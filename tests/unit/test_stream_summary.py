@@ -4,8 +4,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from features.cli.stream import render
 from features.stream.job import merged_summary
+from features.stream.summary import render
 
 
 def _part(folder: Path, name: str, **values: object) -> None:
