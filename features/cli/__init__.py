@@ -32,6 +32,7 @@ from features.observe.logs import setup_logging, user_message
 COMMANDS: dict[str, str] = {
     "compile": "features.cli.compile",
     "demo": "features.ops.demo",
+    "describe": "features.cli.describe",
     "dev": "features.cli.dev",
     "health": "features.ops.health",
     "historical": "features.cli.historical",
