@@ -40,7 +40,7 @@ def add_parser(sub: Any) -> None:
                    help="with --engine flink: tasks (shards) of the job (default: Flink's default "
                    "parallelism: the cores of this machine locally, `flink run -p N` on a cluster; "
                    "`flink run` takes a --parallelism after the script as its own -p)")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    p.add_argument("--json", action="store_true", help="print the summary as one line of JSON on stdout")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress line even on a terminal (there is none with --log-format json)")
     add_metrics_arguments(p, "while the load runs", "after the load ends")
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
                        run_id=run_id, metrics=metrics, engine=engine, workers=args.workers,
                        parallelism=args.parallelism)
         if args.json:
-            print(json.dumps(summary.as_dict(), indent=2))
+            print(json.dumps(summary.as_dict()))  # one line: a log of runs is JSON Lines
         else:
             print(render_summary(summary, rejects_table=rejects_table_name(compiled.schema)))
         sys.stdout.flush()
