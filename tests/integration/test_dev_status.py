@@ -94,8 +94,10 @@ def test_status_says_the_stream_is_not_ready_apart_from_healthy_servers(tmp_path
     assert rows["flink-connector"][1] == "MISSING", proc.stdout
     assert "servers: healthy (postgres, redis, kafka)" in lines, proc.stdout
     stream = next(line for line in lines if line.startswith("stream:"))
-    assert stream.startswith(f"stream:  NOT READY: no Flink Kafka connector jar under {cache / 'flink-jars'} "
-                             "(run `features dev up`)"), stream
+    # where it looked, which setting chose that cache, and how to share another project's download
+    where = f"no Flink Kafka connector jar under {cache / 'flink-jars'} (FEATURES_CACHE_DIR): "
+    assert stream.startswith(f"stream:  NOT READY: {where}run `features dev up` to fetch it there"), stream
+    assert "point FEATURES_CACHE_DIR (or cache_dir in featureline.toml) at the cache that holds it" in stream
     assert "3 every server healthy but" in subprocess.run(
         [sys.executable, "-m", "features.cli", "dev", "status", "--help"], capture_output=True, text=True,
         timeout=60, env=env).stdout.replace("\n", " ")

@@ -66,6 +66,18 @@ def flink_jars() -> Path:
     return cache_home() / "flink-jars"
 
 
+def _cache_source() -> str:
+    """Which setting chose the download cache (what ``cache_home`` read)."""
+    from features.config import read_project_file
+    from features.home import CACHE_VAR, CONFIG_FILE, project_home
+
+    if os.environ.get(CACHE_VAR):
+        return f"{CACHE_VAR}"
+    if read_project_file(project_home()).get("cache_dir"):
+        return f"cache_dir in {shown(project_home() / CONFIG_FILE)}"
+    return "the per-user cache: no FEATURES_CACHE_DIR, no cache_dir setting"
+
+
 def _m2() -> Path:
     return cache_home() / "m2"
 
@@ -950,7 +962,10 @@ def stream_parts() -> tuple[tuple[str, ...], tuple[str, ...]]:
     if jar is not None and jar.stat().st_size > 1_000_000:
         found.append(f"Flink Kafka connector {jar.stem.removeprefix(KAFKA_CONNECTOR_ARTIFACT + '-')}")
     else:
-        missing.append(f"no Flink Kafka connector jar under {shown(flink_jars())} (run `features dev up`)")
+        missing.append(f"no Flink Kafka connector jar under {shown(flink_jars())} ({_cache_source()}): run "
+                       "`features dev up` to fetch it there, or share another project's download: point "
+                       "FEATURES_CACHE_DIR (or cache_dir in featureline.toml) at the cache that holds it; "
+                       "projects that leave cache_dir unset share ~/.cache/featureline")
     try:
         import pyflink.version
 
