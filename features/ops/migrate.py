@@ -164,12 +164,20 @@ class Upgrader:
 
     ``recorded`` must name ``c`` as the version the stores hold; the versions it was
     migrated from (transitively) are the ones rewritten. Uses the store's Redis pool and
-    Postgres connection."""
+    Postgres connection.
 
-    def __init__(self, store: FeatureStore, c: CompiledSchema, recorded: Recorded) -> None:
+    ``before_write``: called with the keys of each group of hashes after they were read
+    (and the values they lack read from Postgres) and just before the script call that
+    rewrites them; what it writes to those hashes meanwhile is what a concurrent stream or
+    load would write there (``tests/integration/test_evolution.py`` interleaves a write of
+    a newer event at this point, deterministically). None: nothing is called."""
+
+    def __init__(self, store: FeatureStore, c: CompiledSchema, recorded: Recorded, *,
+                 before_write: Callable[[list[str]], None] | None = None) -> None:
         self.store = store
         self.c = c
         self.recorded = recorded
+        self.before_write = before_write
         self.chain = recorded.ancestors(c.fingerprint)
         self._layouts: dict[tuple[str, bool], _Layout] = {}
         self._sinks: dict[bool, Any] = {}
@@ -304,8 +312,9 @@ class Upgrader:
         sink = self._sink(aggregates, fp)
         from features.sinks.base import WriteUnit
 
-
         table = pa.table(data)
+        if self.before_write is not None:
+            self.before_write(keys)
         return int(sink.write(WriteUnit(table, pa.table({}), None, n)).stored)
 
     def _from_postgres(self, entity_text: pa.Array, micros: pa.Array, names: list[str],
