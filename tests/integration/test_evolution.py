@@ -528,3 +528,101 @@ def test_the_pyflink_job_before_and_after_a_migration(
         assert rows[e]["_from"] == "redis" and rows[e]["_event_time"] == history[e]["read_at"], e
         assert rows[e]["glucose"] == history[e]["glucose"] and rows[e]["unit"] == history[e]["unit"], e
     assert max(history[e]["read_at"] for e in stream_ids[:4]) >= later  # the v2 job wrote them
+
+
+def _expected(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """What every entity must read after the migration to v2, computed from the input rows:
+    its newest row (glucose the float32 value as a double, ``unit`` the default) and its
+    aggregations at that event (the events in (newest - 1d, newest])."""
+    out: dict[str, dict[str, Any]] = {}
+    for e in {r["patient"] for r in rows}:
+        mine = [r for r in rows if r["patient"] == e]
+        newest = max(mine, key=lambda r: r["read_at"])
+        inside = [r for r in mine if newest["read_at"] - dt.timedelta(days=1) < r["read_at"] <= newest["read_at"]]
+        values = [r["glucose"] for r in inside if r["glucose"] is not None]
+        out[e] = {"_event_time": newest["read_at"], "glucose": newest["glucose"], "trend": newest["trend"],
+                  "note": newest["note"], "device": newest["device"], "unit": "mg/dL",
+                  "readings_1d": len(inside), "glucose_max_1d": max(values) if values else None}
+    return out
+
+
+def _read(fs: FeatureStore, ids: list[str]) -> dict[str, dict[str, Any]]:
+    keys = ["_event_time", "glucose", "trend", "note", "device", "unit", "readings_1d", "glucose_max_1d"]
+    return {r["patient"]: {k: r[k] for k in keys} for r in fs.online_dicts("evo_readings", ids)
+            if r["_from"] == "redis"}
+
+
+def test_a_migration_killed_half_way_through_redis_is_finished_by_running_it_again(
+        settings: Settings, pg_schema: str, env: dict[str, str], files: dict[str, Path],
+        tmp_path: Path) -> None:
+    """docs/evolution.md, "Resumable": a real `features migrate --apply` SIGKILLed after its
+    first Redis chunk (Postgres committed, some hashes rewritten, most not), then the same
+    command again: Postgres is not migrated a second time (no statement, no error, the
+    versions table and the column types as one migration leaves them), it rewrites exactly
+    the hashes still holding v1, and every entity reads the values computed here."""
+    url = env["FEATURES_REDIS_URL"]
+    v1, v2 = compile_schema(load_schema(files["v1"])), compile_schema(load_schema(files["v2"]))
+    ids = [f"k{i:04d}" for i in range(3000)]
+    rows = _rows(ids, 2, seed=21)
+    summary = load([_parquet(rows, tmp_path / "a.parquet")], v1, dataclasses.replace(settings, redis_url=url),
+                   search_path=pg_schema)
+    assert summary.adds_up and summary.stored == len(rows)
+    assert _redis_fingerprints(url) == {v1.fingerprint: 2 * len(ids)}
+
+    seen = []
+    with subprocess.Popen([sys.executable, "-m", "features.cli", "migrate", str(files["v2"]), "--apply",
+                           "--chunk", "50"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as first:
+        assert first.stdout is not None and first.stderr is not None
+        for line in first.stdout:
+            seen.append(line)
+            if line.startswith("redis: entity hashes:"):
+                first.kill()  # SIGKILL after its first Redis chunk: no cleanup, no finally
+                break
+        first.wait(timeout=60)
+        errors = first.stderr.read()
+    assert first.returncode == -9, "".join(seen) + errors
+    assert any(line.startswith("postgres: migrated to 1.1.0") for line in seen), seen
+    half = _redis_fingerprints(url)
+    # half way: some hashes rewritten, most still v1 (else this test would prove nothing)
+    assert set(half) == {v1.fingerprint, v2.fingerprint}, half
+    assert 50 <= half[v2.fingerprint] < len(ids), half
+    client = redis.Redis.from_url(url)
+    left = {kind: sum(1 for k in client.scan_iter(match=f"features:{name}:{{*}}", count=1000)
+                      if client.hget(k, "_schema_fingerprint") == v1.fingerprint.encode())
+            for kind, name in (("entity", "evo_readings"), ("aggregates", "evo_readings__aggregates"))}
+    client.close()
+    assert left["entity"] + left["aggregates"] == half[v1.fingerprint]
+
+    again = _cli(["migrate", str(files["v2"]), "--apply", "--chunk", "50", "--json"], env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    out = json.loads(again.stdout)
+    assert out["stores_hold"] == {"version": "1.1.0", "fingerprint": v2.fingerprint}
+    assert out["postgres"] == {"from": "1.1.0", "statements": []}  # not migrated a second time
+    # only the hashes still holding v1 were rewritten
+    assert out["redis"] == {kind: {"scanned": len(ids), "rewritten": left[kind]} for kind in left}, out
+    assert _redis_fingerprints(url) == {v2.fingerprint: 2 * len(ids)}
+
+    with psycopg.connect(settings.postgres_dsn, options=f"-c search_path={pg_schema}") as conn:
+        versions = conn.execute("SELECT fingerprint, version, migrated_from FROM featureline_schema_versions "
+                                "WHERE schema_name = 'evo_readings' ORDER BY version").fetchall()
+        held = conn.execute("SELECT version, fingerprint FROM featureline_schemas "
+                            "WHERE schema_name = 'evo_readings'").fetchall()
+        types = dict(conn.execute(
+            "SELECT column_name, data_type FROM information_schema.columns WHERE table_schema = %s AND "
+            "table_name = 'evo_readings' AND column_name IN ('glucose', 'trend', 'note', 'unit', 'site')",
+            (pg_schema,)).fetchall())
+        count = conn.execute("SELECT count(*) FROM evo_readings").fetchone()
+    assert versions == [(v1.fingerprint, "1.0.0", None), (v2.fingerprint, "1.1.0", v1.fingerprint)]
+    assert held == [("1.1.0", v2.fingerprint)]
+    assert types == {"glucose": "double precision", "trend": "bigint", "note": "text", "unit": "text",
+                     "site": "text"}
+    assert count is not None and count[0] == len(rows)
+
+    want = _expected(rows)
+    with FeatureStore(redis_url=url, postgres_dsn=settings.postgres_dsn, schemas=files["v2"],
+                      search_path=pg_schema, fallback=False) as fs:
+        got = _read(fs, ids)
+    assert len(got) == len(ids)
+    wrong = [e for e in ids if got[e] != want[e]]
+    assert not wrong, [(e, got[e], want[e]) for e in wrong[:3]]
