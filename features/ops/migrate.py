@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 from features.errors import ConfigError, SinkError
 
 if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
     import pyarrow as pa
 
     from features.compile import CompiledSchema
@@ -296,7 +298,8 @@ class Upgrader:
         new_columns = aggregation_names(c, "hot") if aggregates else hot_columns(c)
         cold = set(aggregation_names(c, "cold") if aggregates else cold_columns(c))
         from_pg = [x for x in new_columns if x not in layout.sources and x in cold]
-        stored = self._from_postgres(entity_text, micros, from_pg, aggregates) if from_pg else {}
+        stored, found = ({}, None) if not from_pg else self._from_postgres(entity_text, micros, from_pg,
+                                                                             aggregates)
         for name in new_columns:
             target = declared_type(c, name)
             if name in layout.sources:
@@ -304,6 +307,8 @@ class Upgrader:
                 value = _cast(from_text(old, was, cols[was], declared_type(old, was)), target, c.name, name)
             elif name in stored:
                 value = stored[name]
+                if found is not None and not found.all():  # no row at that event time: the default
+                    value = _where(found, value, _default(c, name, target, n))
             else:
                 value = _default(c, name, target, n)
             data[name] = value
@@ -318,9 +323,9 @@ class Upgrader:
         return int(sink.write(WriteUnit(table, pa.table({}), None, n)).stored)
 
     def _from_postgres(self, entity_text: pa.Array, micros: pa.Array, names: list[str],
-                       aggregates: bool) -> dict[str, pa.Array]:
+                       aggregates: bool) -> tuple[dict[str, pa.Array], npt.NDArray[np.bool_]]:
         """``names`` of the stored rows at each (entity, event time), in order (null where
-        Postgres holds no such row)."""
+        Postgres holds no such row), and whether Postgres holds each row."""
         import numpy as np
         import pyarrow as pa
         from psycopg import errors
@@ -351,7 +356,19 @@ class Upgrader:
         where = np.full(len(ids), -1, dtype=np.int64)
         where[np.array([r[0] for r in rows], dtype=np.int64)] = np.arange(len(rows), dtype=np.int64)
         take = pa.array(where, mask=where < 0)
-        return {name: got.column(name).combine_chunks().take(take) for name in names}
+        return {name: got.column(name).combine_chunks().take(take) for name in names}, where >= 0
+
+
+def _where(mask: npt.NDArray[np.bool_], values: pa.Array, other: pa.Array) -> pa.Array:
+    """``values`` where ``mask``, else ``other`` (of the same type; a dictionary array
+    through its values)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_dictionary(values.type):
+        plain = values.type.value_type
+        return pc.if_else(pa.array(mask), values.cast(plain), other.cast(plain)).dictionary_encode()
+    return pc.if_else(pa.array(mask), values, other)
 
 
 def _cast(values: pa.Array, target: pa.DataType, schema: str, name: str) -> pa.Array:
