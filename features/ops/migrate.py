@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 from features.errors import ConfigError, SinkError
 
 if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
     import pyarrow as pa
 
     from features.compile import CompiledSchema
@@ -164,12 +166,20 @@ class Upgrader:
 
     ``recorded`` must name ``c`` as the version the stores hold; the versions it was
     migrated from (transitively) are the ones rewritten. Uses the store's Redis pool and
-    Postgres connection."""
+    Postgres connection.
 
-    def __init__(self, store: FeatureStore, c: CompiledSchema, recorded: Recorded) -> None:
+    ``before_write``: called with the keys of each group of hashes after they were read
+    (and the values they lack read from Postgres) and just before the script call that
+    rewrites them; what it writes to those hashes meanwhile is what a concurrent stream or
+    load would write there (``tests/integration/test_evolution.py`` interleaves a write of
+    a newer event at this point, deterministically). None: nothing is called."""
+
+    def __init__(self, store: FeatureStore, c: CompiledSchema, recorded: Recorded, *,
+                 before_write: Callable[[list[str]], None] | None = None) -> None:
         self.store = store
         self.c = c
         self.recorded = recorded
+        self.before_write = before_write
         self.chain = recorded.ancestors(c.fingerprint)
         self._layouts: dict[tuple[str, bool], _Layout] = {}
         self._sinks: dict[bool, Any] = {}
@@ -288,7 +298,8 @@ class Upgrader:
         new_columns = aggregation_names(c, "hot") if aggregates else hot_columns(c)
         cold = set(aggregation_names(c, "cold") if aggregates else cold_columns(c))
         from_pg = [x for x in new_columns if x not in layout.sources and x in cold]
-        stored = self._from_postgres(entity_text, micros, from_pg, aggregates) if from_pg else {}
+        stored, found = ({}, None) if not from_pg else self._from_postgres(entity_text, micros, from_pg,
+                                                                             aggregates)
         for name in new_columns:
             target = declared_type(c, name)
             if name in layout.sources:
@@ -296,6 +307,8 @@ class Upgrader:
                 value = _cast(from_text(old, was, cols[was], declared_type(old, was)), target, c.name, name)
             elif name in stored:
                 value = stored[name]
+                if found is not None and not found.all():  # no row at that event time: the default
+                    value = _where(found, value, _default(c, name, target, n))
             else:
                 value = _default(c, name, target, n)
             data[name] = value
@@ -304,14 +317,15 @@ class Upgrader:
         sink = self._sink(aggregates, fp)
         from features.sinks.base import WriteUnit
 
-
         table = pa.table(data)
+        if self.before_write is not None:
+            self.before_write(keys)
         return int(sink.write(WriteUnit(table, pa.table({}), None, n)).stored)
 
     def _from_postgres(self, entity_text: pa.Array, micros: pa.Array, names: list[str],
-                       aggregates: bool) -> dict[str, pa.Array]:
+                       aggregates: bool) -> tuple[dict[str, pa.Array], npt.NDArray[np.bool_]]:
         """``names`` of the stored rows at each (entity, event time), in order (null where
-        Postgres holds no such row)."""
+        Postgres holds no such row), and whether Postgres holds each row."""
         import numpy as np
         import pyarrow as pa
         from psycopg import errors
@@ -342,7 +356,19 @@ class Upgrader:
         where = np.full(len(ids), -1, dtype=np.int64)
         where[np.array([r[0] for r in rows], dtype=np.int64)] = np.arange(len(rows), dtype=np.int64)
         take = pa.array(where, mask=where < 0)
-        return {name: got.column(name).combine_chunks().take(take) for name in names}
+        return {name: got.column(name).combine_chunks().take(take) for name in names}, where >= 0
+
+
+def _where(mask: npt.NDArray[np.bool_], values: pa.Array, other: pa.Array) -> pa.Array:
+    """``values`` where ``mask``, else ``other`` (of the same type; a dictionary array
+    through its values)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_dictionary(values.type):
+        plain = values.type.value_type
+        return pc.if_else(pa.array(mask), values.cast(plain), other.cast(plain)).dictionary_encode()
+    return pc.if_else(pa.array(mask), values, other)
 
 
 def _cast(values: pa.Array, target: pa.DataType, schema: str, name: str) -> pa.Array:

@@ -528,3 +528,214 @@ def test_the_pyflink_job_before_and_after_a_migration(
         assert rows[e]["_from"] == "redis" and rows[e]["_event_time"] == history[e]["read_at"], e
         assert rows[e]["glucose"] == history[e]["glucose"] and rows[e]["unit"] == history[e]["unit"], e
     assert max(history[e]["read_at"] for e in stream_ids[:4]) >= later  # the v2 job wrote them
+
+
+def _expected(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """What every entity must read after the migration to v2, computed from the input rows:
+    its newest row (glucose the float32 value as a double, ``unit`` the default) and its
+    aggregations at that event (the events in (newest - 1d, newest])."""
+    out: dict[str, dict[str, Any]] = {}
+    for e in {r["patient"] for r in rows}:
+        mine = [r for r in rows if r["patient"] == e]
+        newest = max(mine, key=lambda r: r["read_at"])
+        since = newest["read_at"] - dt.timedelta(days=1)
+        inside = [r for r in mine if since < r["read_at"] <= newest["read_at"]]
+        values = [r["glucose"] for r in inside if r["glucose"] is not None]
+        out[e] = {"_event_time": newest["read_at"], "glucose": newest["glucose"], "trend": newest["trend"],
+                  "note": newest["note"], "device": newest["device"], "unit": "mg/dL",
+                  "readings_1d": len(inside), "glucose_max_1d": max(values) if values else None}
+    return out
+
+
+def _read(fs: FeatureStore, ids: list[str]) -> dict[str, dict[str, Any]]:
+    keys = ["_event_time", "glucose", "trend", "note", "device", "unit", "readings_1d", "glucose_max_1d"]
+    return {r["patient"]: {k: r[k] for k in keys} for r in fs.online_dicts("evo_readings", ids)
+            if r["_from"] == "redis"}
+
+
+def test_a_migration_killed_half_way_through_redis_is_finished_by_running_it_again(
+        settings: Settings, pg_schema: str, env: dict[str, str], files: dict[str, Path],
+        tmp_path: Path) -> None:
+    """docs/evolution.md, "Resumable": a real `features migrate --apply` SIGKILLed after its
+    first Redis chunk (Postgres committed, some hashes rewritten, most not), then the same
+    command again: Postgres is not migrated a second time (no statement, no error, the
+    versions table and the column types as one migration leaves them), it rewrites exactly
+    the hashes still holding v1, and every entity reads the values computed here."""
+    url = env["FEATURES_REDIS_URL"]
+    v1, v2 = compile_schema(load_schema(files["v1"])), compile_schema(load_schema(files["v2"]))
+    ids = [f"k{i:04d}" for i in range(3000)]
+    rows = _rows(ids, 2, seed=21)
+    summary = load([_parquet(rows, tmp_path / "a.parquet")], v1, dataclasses.replace(settings, redis_url=url),
+                   search_path=pg_schema)
+    assert summary.adds_up and summary.stored == len(rows)
+    assert _redis_fingerprints(url) == {v1.fingerprint: 2 * len(ids)}
+
+    seen = []
+    with subprocess.Popen([sys.executable, "-m", "features.cli", "migrate", str(files["v2"]), "--apply",
+                           "--chunk", "50"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as first:
+        assert first.stdout is not None and first.stderr is not None
+        for line in first.stdout:
+            seen.append(line)
+            if line.startswith("redis: entity hashes:"):
+                first.kill()  # SIGKILL after its first Redis chunk: no cleanup, no finally
+                break
+        first.wait(timeout=60)
+        errors = first.stderr.read()
+    assert first.returncode == -9, "".join(seen) + errors
+    assert any(line.startswith("postgres: migrated to 1.1.0") for line in seen), seen
+    half = _redis_fingerprints(url)
+    # half way: some hashes rewritten, most still v1 (else this test would prove nothing)
+    assert set(half) == {v1.fingerprint, v2.fingerprint}, half
+    assert 50 <= half[v2.fingerprint] < len(ids), half
+    client = redis.Redis.from_url(url)
+    left = {kind: sum(1 for k in client.scan_iter(match=f"features:{name}:{{*}}", count=1000)
+                      if client.hget(k, "_schema_fingerprint") == v1.fingerprint.encode())
+            for kind, name in (("entity", "evo_readings"), ("aggregates", "evo_readings__aggregates"))}
+    client.close()
+    assert left["entity"] + left["aggregates"] == half[v1.fingerprint]
+
+    again = _cli(["migrate", str(files["v2"]), "--apply", "--chunk", "50", "--json"], env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    out = json.loads(again.stdout)
+    assert out["stores_hold"] == {"version": "1.1.0", "fingerprint": v2.fingerprint}
+    assert out["postgres"] == {"from": "1.1.0", "statements": []}  # not migrated a second time
+    # only the hashes still holding v1 were rewritten
+    assert out["redis"] == {kind: {"scanned": len(ids), "rewritten": left[kind]} for kind in left}, out
+    assert _redis_fingerprints(url) == {v2.fingerprint: 2 * len(ids)}
+
+    with psycopg.connect(settings.postgres_dsn, options=f"-c search_path={pg_schema}") as conn:
+        versions = conn.execute("SELECT fingerprint, version, migrated_from FROM featureline_schema_versions "
+                                "WHERE schema_name = 'evo_readings' ORDER BY version").fetchall()
+        held = conn.execute("SELECT version, fingerprint FROM featureline_schemas "
+                            "WHERE schema_name = 'evo_readings'").fetchall()
+        types = dict(conn.execute(
+            "SELECT column_name, data_type FROM information_schema.columns WHERE table_schema = %s AND "
+            "table_name = 'evo_readings' AND column_name IN ('glucose', 'trend', 'note', 'unit', 'site')",
+            (pg_schema,)).fetchall())
+        count = conn.execute("SELECT count(*) FROM evo_readings").fetchone()
+    assert versions == [(v1.fingerprint, "1.0.0", None), (v2.fingerprint, "1.1.0", v1.fingerprint)]
+    assert held == [("1.1.0", v2.fingerprint)]
+    assert types == {"glucose": "double precision", "trend": "bigint", "note": "text", "unit": "text",
+                     "site": "text"}
+    assert count is not None and count[0] == len(rows)
+
+    want = _expected(rows)
+    with FeatureStore(redis_url=url, postgres_dsn=settings.postgres_dsn, schemas=files["v2"],
+                      search_path=pg_schema, fallback=False) as fs:
+        got = _read(fs, ids)
+    assert len(got) == len(ids)
+    wrong = [e for e in ids if got[e] != want[e]]
+    assert not wrong, [(e, got[e], want[e]) for e in wrong[:3]]
+
+
+def test_a_write_between_the_migrations_read_and_its_restamp_wins(
+        settings: Settings, pg_schema: str, env: dict[str, str], files: dict[str, Path],
+        tmp_path: Path) -> None:
+    """docs/evolution.md, "a stream writing meanwhile wins": the Redis part of the migration
+    (``Upgrader``, what `features migrate --apply` runs per chunk) reads a group of v1
+    hashes, then, before its RESTAMP call, real writers change some of them
+    (``before_write``, the seam at that point):
+
+    - w0: a newer event written by ``FeatureStore.write`` with v2 (new event time, v2);
+    - w1: a newer event in the v1 layout (a unit an old writer had in flight, written by the
+      v1 ``RedisSink``): same fingerprint, another event time;
+    - w2: a reader with v2 meets the hash and rewrites it itself: same event time, v2;
+    - w3: the hash expires (deleted);
+    - w4 (aggregates pass): a late event within the allowed lateness, written with v2,
+      updates the aggregates of the same newest event: same event time, v2.
+
+    None of them is overwritten with what the migration read, nor re-created; the counts it
+    returns leave them out; w1, still v1, is rewritten by the next run with its own values."""
+    from features.lineage import RunContext
+    from features.ops.migrate import Upgrader, apply_postgres, plan, read_recorded, scan_keys
+    from features.sinks.base import REJECTED_ROWS_SCHEMA, WriteUnit
+    from features.sinks.redis import RedisSink
+
+    url = env["FEATURES_REDIS_URL"]
+    v1, v2 = compile_schema(load_schema(files["v1"])), compile_schema(load_schema(files["v2"]))
+    ids = [f"w{i}" for i in range(8)]
+    rows = _rows(ids, 4, seed=31)
+    load([_parquet(rows, tmp_path / "a.parquet")], v1, dataclasses.replace(settings, redis_url=url),
+         search_path=pg_schema)
+    later = T0 + dt.timedelta(days=2)
+    newest_w4 = max(r["read_at"] for r in rows if r["patient"] == "w4")
+    late = {"patient": "w4", "read_at": newest_w4 - dt.timedelta(minutes=1), "glucose": 299.5, "trend": 1,
+            "note": "late", "device": "g7"}
+    client = redis.Redis.from_url(url, decode_responses=True)
+
+    def v2_rows(rs: list[dict[str, Any]], unit: str) -> pa.Table:
+        return pa.table({"patient": pa.array([r["patient"] for r in rs], pa.string()),
+                         "read_at": pa.array([r["read_at"] for r in rs], pa.timestamp("us", "UTC")),
+                         "glucose": pa.array([r["glucose"] for r in rs], pa.float64()),
+                         "trend": pa.array([r["trend"] for r in rs], pa.int64()),
+                         "note": pa.array([r["note"] for r in rs], pa.string()),
+                         "unit": pa.array([unit] * len(rs), pa.string()),
+                         "site": pa.array([None] * len(rs), pa.string()),
+                         "device": pa.array([r["device"] for r in rs], pa.string())})
+
+    with FeatureStore(redis_url=url, postgres_dsn=settings.postgres_dsn, schemas=files["v2"],
+                      search_path=pg_schema, fallback=False) as fs, \
+            FeatureStore(redis_url=url, postgres_dsn=settings.postgres_dsn, schemas=files["v2"],
+                         search_path=pg_schema, fallback=False) as other:
+        p = plan(fs, v2, None)
+        assert p.refusal is None and p.migration is not None
+        apply_postgres(fs, p)
+        old_sink = RedisSink(url, v1)
+        old_sink.open()
+        calls: list[list[str]] = []
+
+        def meanwhile(keys: list[str]) -> None:
+            calls.append(sorted(keys))
+            if len(calls) == 1:  # the entity hashes, read and not yet rewritten
+                assert calls[0] == [f"features:evo_readings:{{{e}}}" for e in ids]
+                newer = {"patient": "w0", "read_at": later, "glucose": 123.456789012345, "trend": 7,
+                         "note": "newer", "device": "g7"}
+                assert other.write("evo_readings", v2_rows([newer], "mmol/L")).stored == 1
+                ctx = RunContext(v1.name, "1.0.0", v1.fingerprint, "old-writer", later)
+                old = pa.table({"patient": ["w1"], "read_at": pa.array([later], pa.timestamp("us", "UTC")),
+                                "glucose": pa.array([55.5], pa.float32()), "trend": pa.array([3], pa.int32()),
+                                "device": ["g6"], **ctx.columns(pa.array(["file:///old#0"]))})
+                assert old_sink.write(WriteUnit(old, REJECTED_ROWS_SCHEMA.empty_table(), None, 1)).stored == 1
+                assert other.online_dicts("evo_readings", ["w2"])[0]["_from"] == "redis"  # rewrites w2
+                assert client.hget("features:evo_readings:{w2}", "_schema_fingerprint") == v2.fingerprint
+                assert client.delete("features:evo_readings:{w3}") == 1
+            elif len(calls) == 2:  # the aggregates hashes
+                assert "features:evo_readings__aggregates:{w4}" in keys
+                assert other.write("evo_readings", v2_rows([late], "mg/dL")).stored == 1
+                assert client.hget("features:evo_readings__aggregates:{w4}",
+                                   "_schema_fingerprint") == v2.fingerprint
+
+        recorded = fs._pg_run("read", lambda conn: read_recorded(conn, "evo_readings"))
+        up = Upgrader(fs, v2, recorded, before_write=meanwhile)
+        try:
+            entity = sum(up.upgrade(keys) for keys in scan_keys(fs, "evo_readings", False, 100))
+            aggregates = sum(up.upgrade(keys, True) for keys in scan_keys(fs, "evo_readings", True, 100))
+            assert len(calls) == 2
+            # w1's hash as the old writer left it: its newer event, in the v1 layout
+            w1 = client.hgetall("features:evo_readings:{w1}")
+            assert (w1["_schema_fingerprint"], w1["_event_time"], w1["glucose"], w1["trend"],
+                    w1["_source"]) == (v1.fingerprint, str(int(later.timestamp() * 1_000_000)), "55.5", "3",
+                                       "file:///old#0"), w1
+            assert "unit" not in w1
+            # every hash the writers changed is left out: w0..w3 of the entity hashes; of the
+            # aggregates hashes w0 and w2 (v2 before they were read) and w4
+            assert (entity, aggregates) == (len(ids) - 4, len(ids) - 3)
+            up.before_write = None
+            assert up.upgrade(["features:evo_readings:{w1}"]) == 1  # the next run: w1 in v2, its own values
+        finally:
+            up.close()
+            old_sink.close()
+        got = _read(fs, ids)
+    client.close()
+    assert sorted(got) == [e for e in ids if e != "w3"] and not redis.Redis.from_url(url).exists(
+        "features:evo_readings:{w3}")  # an expired hash is not re-created
+    want = _expected([*rows, late])
+    want["w0"] = {"_event_time": later, "glucose": 123.456789012345, "trend": 7, "note": "newer",
+                  "device": "g7", "unit": "mmol/L", "readings_1d": 1, "glucose_max_1d": 123.456789012345}
+    # w1: the old writer's event (it wrote no Postgres row: note null, unit the default), its
+    # aggregates hash as the load left it
+    want["w1"] = {**want["w1"], "_event_time": later, "glucose": 55.5, "trend": 3, "note": None,
+                  "device": "g6"}
+    assert want["w4"]["readings_1d"] == _expected(rows)["w4"]["readings_1d"] + 1  # the late event counts
+    assert {e: got[e] for e in got} == {e: want[e] for e in got}
