@@ -11,30 +11,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from features.cli.serve import _positive, _seconds
+
 #: partitions of a schema's topic unless --partitions says otherwise (the demo's and the tests')
 DEFAULT_PARTITIONS = 2
 #: seconds to wait for the broker's answer
 DEFAULT_TIMEOUT_S = 10.0
-
-
-def positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid count {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
-    return n
-
-
-def seconds(text: str) -> float:
-    try:
-        s = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid seconds {text!r}") from None
-    if not s > 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
-    return s
 
 
 def add_kafka_arguments(p: argparse.ArgumentParser) -> None:
@@ -42,7 +24,7 @@ def add_kafka_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--schemas-dir", default=None, help="folder of schema YAML files (default: schemas)")
     p.add_argument("--bootstrap", default=None, help="Kafka bootstrap servers (default: the settings' "
                    "kafka_bootstrap, FEATURES_KAFKA_BOOTSTRAP)")
-    p.add_argument("--timeout", type=seconds, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+    p.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
                    help=f"how long to wait for the broker to answer before exit 2 (default "
                    f"{DEFAULT_TIMEOUT_S:g})")
 
@@ -66,7 +48,7 @@ def add_parser(sub: Any) -> None:
     create.add_argument("--schema", required=True, metavar="NAME", help="schema name (a file in the schemas "
                         "folder)")
     create.add_argument("--topic", default=None, help="the topic's name (default: the schema's name)")
-    create.add_argument("--partitions", type=positive_int, default=DEFAULT_PARTITIONS, metavar="N",
+    create.add_argument("--partitions", type=_positive, default=DEFAULT_PARTITIONS, metavar="N",
                         help=f"partitions of the topic (default {DEFAULT_PARTITIONS}; the dead-letter topic "
                         "gets 1)")
     create.add_argument("--dead-letter", action=argparse.BooleanOptionalAction, default=True,
