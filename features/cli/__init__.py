@@ -42,11 +42,13 @@ COMMANDS: dict[str, str] = {
     "kernels": "features.cli.kernels",
     "migrate": "features.cli.migrate",
     "prewarm": "features.sdk.prewarm",
+    "produce": "features.cli.produce",
     "recompute": "features.ops.recompute",
     "report": "features.cli.report",
     "schema": "features.cli.schema",
     "serve": "features.cli.serve",
     "stream": "features.cli.stream",
+    "topics": "features.cli.topics",
     "validate": "features.cli.validate",
 }
 

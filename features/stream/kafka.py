@@ -12,7 +12,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from features.errors import ServiceError
 
@@ -72,6 +72,69 @@ def ensure_topic(bootstrap: str, topic: str, *, partitions: int = 2, timeout_s: 
                                    service="kafka") from exc
     finally:
         admin.poll(0)  # deliver its log lines (LibrdkafkaLog)
+
+
+#: What :func:`create_topic` found or did: ``created``; ``exists`` (with the partitions
+#: asked for); ``exists-other-partitions`` (left as it is: Kafka can add partitions but
+#: that moves entities to other partitions, so featureline never does it for you).
+TopicOutcome = Literal["created", "exists", "exists-other-partitions"]
+
+
+def unreachable(bootstrap: str, exc: BaseException | str) -> ServiceError:
+    """The error for a broker that does not answer: names ``bootstrap`` and where it
+    came from (``FEATURES_KAFKA_BOOTSTRAP``, ``kafka_bootstrap``)."""
+    return ServiceError(f"Kafka at {bootstrap} is unreachable ({exc}); the address is the "
+                        "kafka_bootstrap setting (FEATURES_KAFKA_BOOTSTRAP, featureline.toml); "
+                        "`features dev up` starts the local one", service="kafka")
+
+
+def topic_partitions(bootstrap: str, *, timeout_s: float = 10.0,
+                     properties: Mapping[str, str] | None = None) -> dict[str, int]:
+    """Every topic the broker lists (internal ones, ``__consumer_offsets``, included) and
+    its partition count. Raises :class:`ServiceError` (:func:`unreachable`) when no broker
+    answers within ``timeout_s`` seconds."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(client_config(bootstrap, properties))
+    try:
+        meta = admin.list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        # its log lines (one "Connect ... failed" per attempt) are dropped with it: the
+        # error says the same once
+        raise unreachable(bootstrap, exc.args[0] if exc.args else exc) from exc
+    admin.poll(0)  # deliver its log lines (LibrdkafkaLog)
+    return {name: len(t.partitions) for name, t in meta.topics.items() if t.error is None}
+
+
+def create_topic(bootstrap: str, topic: str, *, partitions: int, timeout_s: float = 10.0,
+                 properties: Mapping[str, str] | None = None) -> tuple[TopicOutcome, int]:
+    """Create ``topic`` with ``partitions`` partitions (replication factor 1: the local
+    single-node broker; ``properties`` carry TLS/SASL for another) unless it exists.
+
+    Returns the outcome and the topic's partition count now. Idempotent: an existing
+    topic is reported, never altered (not even with another partition count), and a
+    topic another client created meanwhile counts as existing. Raises
+    :class:`ServiceError` when the broker is unreachable (:func:`unreachable`) or
+    refuses (an ACL, an invalid name, more partitions than it allows), naming it."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+    have = topic_partitions(bootstrap, timeout_s=timeout_s, properties=properties).get(topic)
+    if have is None:
+        admin = AdminClient(client_config(bootstrap, properties))
+        try:
+            admin.create_topics([NewTopic(topic, partitions, 1)],
+                                request_timeout=timeout_s)[topic].result(timeout_s)
+            return "created", partitions
+        except KafkaException as exc:
+            if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                raise ServiceError(f"Kafka at {bootstrap}: cannot create topic {topic!r}: {exc}",
+                                   service="kafka") from exc
+        finally:
+            admin.poll(0)  # deliver its log lines (LibrdkafkaLog)
+        have = topic_partitions(bootstrap, timeout_s=timeout_s, properties=properties).get(topic, partitions)
+    return ("exists" if have == partitions else "exists-other-partitions"), have
 
 
 #: The broker's default ``max.message.bytes`` of a topic (Kafka's ``message.max.bytes``):
@@ -156,8 +219,12 @@ def produce(bootstrap: str, topic: str, values: Sequence[bytes | None], *,
 
 
 def entity_keys(values: Sequence[bytes | None], entity: str) -> list[bytes | None]:
-    """Record keys: the entity id of each JSON event (None when it has none), so all the
-    events of one entity share a partition."""
+    """Record keys: the entity id of each JSON event, so all the events of one entity
+    share a partition. ``entity`` is the JSON key (the entity field's input name). A
+    string id is keyed by its UTF-8 bytes, an integer one by its decimal digits (the bytes
+    ``features serve`` keys a validated row with); None when the value is not JSON, not an
+    object, or its id is absent, null or of another kind (such a record is still a
+    record: the stream rejects it with its reasons)."""
     keys: list[bytes | None] = []
     for v in values:
         try:
@@ -165,7 +232,8 @@ def entity_keys(values: Sequence[bytes | None], entity: str) -> list[bytes | Non
         except (ValueError, RecursionError, UnicodeDecodeError):
             obj = None
         key = obj.get(entity) if isinstance(obj, dict) else None
-        keys.append(str(key).encode() if isinstance(key, str) else None)
+        keyed = isinstance(key, str) or (isinstance(key, int) and not isinstance(key, bool))
+        keys.append(str(key).encode() if keyed else None)
     return keys
 
 
