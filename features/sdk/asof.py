@@ -117,12 +117,13 @@ def _chunk(store: FeatureStore, c: CompiledSchema, frame: pa.Table, columns: lis
     age = None if max_age is None else min(max_age // _US, 2**62)
     bounds = (int(t_q[ok].min()), int(t_q[ok].max())) if ok.any() else None
 
+    spans = _spans(codes, t_q, ok, len(enc.dictionary))
     got: dict[str, pa.Array] = {}
     reads = ((cold_table_name(s), names, True), (aggregates_table_name(s), aggs, False))
     for table, cols, keep_time in reads:
         if not cols and not keep_time:
             continue
-        hist = _fetch(store, c, table, enc.dictionary, cols, bounds, age)
+        hist = _fetch(store, c, table, enc.dictionary, cols, bounds, age, spans)
         idx = _match(hist, codes, t_q, ok, age)
         take = pa.array(idx, mask=idx < 0)
         for name in cols:
@@ -133,6 +134,17 @@ def _chunk(store: FeatureStore, c: CompiledSchema, frame: pa.Table, columns: lis
     for name in columns:
         out = out.append_column(name, got[name])
     return out.append_column(EVENT_TIME, got[EVENT_TIME])
+
+
+def _spans(codes: npt.NDArray[np.int64], t_q: npt.NDArray[np.int64], ok: npt.NDArray[np.bool_],
+           n: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Per entity code (``n`` of them), the earliest and the latest time of its frame
+    rows that can match (``ok``): ``INT64_MAX``/``INT64_MIN`` for an entity with none."""
+    first = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+    last = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
+    np.minimum.at(first, codes[ok], t_q[ok])
+    np.maximum.at(last, codes[ok], t_q[ok])
+    return first, last
 
 
 def _micros(ts: Any) -> pa.Array:
@@ -192,10 +204,22 @@ def _match(hist: pa.Table, codes: npt.NDArray[np.int64], t_q: npt.NDArray[np.int
 
 
 def _fetch(store: FeatureStore, c: CompiledSchema, table: str, ids: pa.Array, cols: list[str],
-           bounds: tuple[int, int] | None, age: int | None) -> pa.Table:
+           bounds: tuple[int, int] | None, age: int | None,
+           spans: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None = None) -> pa.Table:
     """The rows of ``table`` for the entities ``ids`` with an event time in the chunk's
     range: ``__k`` (the entity's position in ``ids``), ``__t`` (event time, epoch µs) and
-    ``cols`` in their declared types."""
+    ``cols`` in their declared types.
+
+    ``spans``: per entity of ``ids``, the earliest and latest frame time (epoch µs; an
+    entity whose latest is ``INT64_MIN`` has no frame row to answer and is not read):
+    only its rows at or before its latest time (and, with ``age``, not older than its
+    earliest time minus ``age``) are read, the rows the join can pick. Without ``spans``
+    the chunk's ``bounds`` apply to every entity.
+
+    Columns of fixed-width types, text and exact decimals (precision <= 18) come as one
+    binary COPY of a few rows of aggregated byte strings (:func:`_binary_plan`: each
+    column's values packed by Postgres' ``*send`` functions, parsed with NumPy); a
+    table with other columns (lists, wider decimals) is read as CSV (:func:`_parse`)."""
     from features.compile.postgres import pg_type, quote_ident
     from features.sinks.postgres import copy_csv
 
@@ -205,23 +229,45 @@ def _fetch(store: FeatureStore, c: CompiledSchema, table: str, ids: pa.Array, co
     if bounds is None or len(ids) == 0:
         return _empty(types)
     e_type = pg_type(s.field(entity).type)
-    stage = f"_featureline_asof_keys_{e_type}"
     ent, et = quote_ident(entity), quote_ident(event_time)
-    select = ", ".join(["s.k", f"h.{et}", *(f"h.{quote_ident(name)}" for name in types)])
     lo, hi = bounds
+    if spans is None:
+        first = np.full(len(ids), lo, dtype=np.int64)
+        last = np.full(len(ids), hi, dtype=np.int64)
+    else:
+        first, last = spans
+    keep = last != np.iinfo(np.int64).min
     since = None if age is None or lo - age < _YEAR_1 else _EPOCH + (lo - age) * _US
     params: list[Any] = [_EPOCH + hi * _US] + ([since] if since is not None else [])
-    query = (f"COPY (SELECT {select} FROM {quote_ident(table)} h JOIN {stage} s ON h.{ent} = s.e "
-             f"WHERE h.{et} <= %s{'' if since is None else f' AND h.{et} >= %s'}) TO STDOUT (FORMAT csv)")
-    staged = copy_csv(pa.table({"e": ids, "k": pa.array(np.arange(len(ids), dtype=np.int32))}))
+    where = f"h.{et} <= %s{'' if since is None else f' AND h.{et} >= %s'} AND h.{et} <= s.hi"
+    stage_cols: dict[str, pa.Array] = {
+        "e": ids.filter(pa.array(keep)),
+        "k": pa.array(np.flatnonzero(keep).astype(np.int32)),
+        "hi": pa.array(last[keep]).cast(pa.timestamp("us", "UTC"))}
+    if age is not None:  # per entity: not older than its earliest frame time minus max_age
+        low = first[keep] - age
+        stage_cols["lo"] = pa.array(low, mask=low < _YEAR_1).cast(pa.timestamp("us", "UTC"))
+        where += f" AND (s.lo IS NULL OR h.{et} >= s.lo)"
+    stage = f"_featureline_asof_span_{e_type}"
+    staged = copy_csv(pa.table(stage_cols))
+    plan = _binary_plan(c, types)
+    if plan is not None:
+        select = ", ".join(["string_agg(int4send(s.k), '')", f"string_agg({_send_time(c, f'h.{et}')}, '')",
+                            *(part for name in types for part in plan[name][0])])
+        query = (f"COPY (SELECT {select} FROM {quote_ident(table)} h JOIN {stage} s ON h.{ent} = s.e "
+                 f"WHERE {where} GROUP BY s.k >> {_GROUP_BITS}) TO STDOUT (FORMAT binary)")
+    else:
+        select = ", ".join(["s.k", f"h.{et}", *(f"h.{quote_ident(name)}" for name in types)])
+        query = (f"COPY (SELECT {select} FROM {quote_ident(table)} h JOIN {stage} s ON h.{ent} = s.e "
+                 f"WHERE {where}) TO STDOUT (FORMAT csv)")
 
     def run(conn: Any) -> bytes:
         buf = io.BytesIO()
         with conn.transaction():
-            conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {stage} (e {e_type}, k integer) "
-                         "ON COMMIT DELETE ROWS")
+            conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {stage} (e {e_type}, k integer, hi timestamptz, "
+                         "lo timestamptz) ON COMMIT DELETE ROWS")
             with conn.cursor() as cur:
-                with cur.copy(f"COPY {stage} (e, k) FROM STDIN (FORMAT csv)") as cp:
+                with cur.copy(f"COPY {stage} ({', '.join(stage_cols)}) FROM STDIN (FORMAT csv)") as cp:
                     cp.write(staged)
                 conn.execute(f"ANALYZE {stage}")
                 with cur.copy(query, params) as cp:
@@ -232,7 +278,170 @@ def _fetch(store: FeatureStore, c: CompiledSchema, table: str, ids: pa.Array, co
     data: bytes = store._pg_run("the as-of query", run)
     if not data:
         return _empty(types)
+    if plan is not None:
+        return _parse_binary(data, c, types, plan)
     return _parse(data, c, types)
+
+
+#: the binary read aggregates the rows of 2**_GROUP_BITS entities into one COPY row (a
+#: byte string per column, well under Postgres' 1 GB limit for any history of that many)
+_GROUP_BITS = 14
+#: 2000-01-01 (Postgres' epoch for dates and timestamps) in epoch days and microseconds
+_PG_EPOCH_DAYS = 10_957
+_PG_EPOCH_US = _PG_EPOCH_DAYS * 86_400_000_000
+
+#: how a column is sent and read back: its SQL aggregates (the packed values, then the
+#: validity bytes when it can be null) and how to rebuild the Arrow array from them
+_Plan = dict[str, tuple[list[str], Callable[[list[bytes], npt.NDArray[np.bool_] | None], pa.Array]]]
+
+
+def _send_time(c: CompiledSchema, expr: str) -> str:
+    """The SQL that packs event time ``expr`` (never null) as Postgres' binary value:
+    int8 microseconds (a timestamp) or int4 days (a date) since 2000-01-01."""
+    t = c.schema.field(str(c.schema.event_time)).type
+    if t.kind is TypeKind.DATE:
+        return f"date_send({expr})"
+    return f"timestamptz_send({expr})" if t.tz is not None else f"timestamp_send({expr})"
+
+
+def _binary_plan(c: CompiledSchema, types: dict[str, pa.DataType]) -> _Plan | None:
+    """Per column, the aggregates that pack it and its decoder; None when a column's
+    type has no packed form here (lists, decimals wider than int64): then CSV."""
+    from features.compile.postgres import quote_ident
+
+    out: _Plan = {}
+    for name, t in types.items():
+        x = f"h.{quote_ident(name)}"
+        vt = t.value_type if pa.types.is_dictionary(t) else t
+        valid = f"string_agg(boolsend({x} IS NOT NULL), '')"
+        if pa.types.is_integer(vt) and (pa.types.is_signed_integer(vt) or vt.bit_width < 64):
+            packed, dec = f"int8send(coalesce({x}::int8, 0))", _fixed(">i8", t)
+        elif pa.types.is_floating(vt):
+            packed, dec = f"float8send(coalesce({x}::float8, 0))", _fixed(">f8", t)
+        elif pa.types.is_boolean(vt):
+            packed, dec = f"boolsend(coalesce({x}, false))", _fixed("?", t)
+        elif pa.types.is_decimal(vt) and vt.precision <= 18:
+            packed, dec = f"int8send(coalesce(({x} * {10 ** vt.scale}::numeric)::int8, 0))", _decimal(t)
+        elif pa.types.is_date32(vt):
+            packed, dec = f"date_send(coalesce({x}, 'epoch'::date))", _fixed(">i4", t, _PG_EPOCH_DAYS)
+        elif pa.types.is_timestamp(vt) and vt.unit != "ns":
+            pg = "timestamptz" if vt.tz is not None else "timestamp"
+            packed, dec = f"{pg}_send(coalesce({x}, 'epoch'::{pg}))", _fixed(">i8", t, _PG_EPOCH_US)
+        elif pa.types.is_string(vt) or pa.types.is_large_string(vt):
+            b = f"convert_to({x}, 'UTF8')"
+            out[name] = ([f"string_agg(int4send(coalesce(length({b}), 0)), '')",
+                          f"string_agg(coalesce({b}, ''::bytea), '')", valid], _text(t))
+            continue
+        else:
+            return None
+        out[name] = ([f"string_agg({packed}, '')", valid], dec)
+    return out
+
+
+def _nulls(valid: npt.NDArray[np.bool_] | None) -> pa.Array | None:
+    return None if valid is None or valid.all() else pa.array(~valid)
+
+
+def _fixed(dtype: str, t: pa.DataType, offset: int = 0
+           ) -> Callable[[list[bytes], npt.NDArray[np.bool_] | None], pa.Array]:
+    """Big-endian fixed-width values (``offset`` added: Postgres' epoch to Arrow's) -> ``t``."""
+    vt = t.value_type if pa.types.is_dictionary(t) else t
+
+    def decode(parts: list[bytes], valid: npt.NDArray[np.bool_] | None) -> pa.Array:
+        values = np.frombuffer(parts[0], dtype=dtype)
+        values = values.astype(values.dtype.newbyteorder("="))
+        if offset:
+            values = values + offset
+        arr = pa.array(values, mask=None if valid is None or valid.all() else ~valid)
+        if pa.types.is_timestamp(vt):
+            arr = arr.view(pa.timestamp("us", vt.tz))
+        elif pa.types.is_date32(vt):
+            arr = arr.cast(pa.int32()).view(pa.date32())
+        if pa.types.is_dictionary(t):
+            arr = arr.cast(vt).dictionary_encode()
+        return arr.cast(t) if arr.type != t else arr
+
+    return decode
+
+
+def _decimal(t: pa.DataType) -> Callable[[list[bytes], npt.NDArray[np.bool_] | None], pa.Array]:
+    """Unscaled int64 values -> decimal ``t`` (two's complement 128-bit words)."""
+    def decode(parts: list[bytes], valid: npt.NDArray[np.bool_] | None) -> pa.Array:
+        unscaled = np.frombuffer(parts[0], dtype=">i8").astype(np.int64)
+        words = np.empty((len(unscaled), 2), dtype=np.int64)
+        words[:, 0] = unscaled
+        words[:, 1] = unscaled >> 63  # the sign, extended
+        mask = None if valid is None or valid.all() else pa.array(valid).buffers()[1]
+        nulls = 0 if mask is None else int((~valid).sum())  # type: ignore[operator]
+        return pa.Array.from_buffers(pa.decimal128(t.precision, t.scale), len(unscaled),
+                                     [mask, pa.py_buffer(words.tobytes())], null_count=nulls)
+
+    return decode
+
+
+def _text(t: pa.DataType) -> Callable[[list[bytes], npt.NDArray[np.bool_] | None], pa.Array]:
+    """Byte lengths (int4) and the concatenated UTF-8 bytes -> strings of type ``t``."""
+    def decode(parts: list[bytes], valid: npt.NDArray[np.bool_] | None) -> pa.Array:
+        lengths = np.frombuffer(parts[0], dtype=">i4").astype(np.int64)
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        mask = None if valid is None or valid.all() else pa.array(valid).buffers()[1]
+        nulls = 0 if mask is None else int((~valid).sum())  # type: ignore[operator]
+        arr = pa.Array.from_buffers(pa.large_string(), len(lengths),
+                                    [mask, pa.py_buffer(offsets.tobytes()), pa.py_buffer(parts[1])],
+                                    null_count=nulls)
+        arr = arr.cast(pa.string())
+        vt = t.value_type if pa.types.is_dictionary(t) else t
+        arr = arr.cast(vt) if arr.type != vt else arr
+        return arr.dictionary_encode() if pa.types.is_dictionary(t) else arr
+
+    return decode
+
+
+def _copy_binary_rows(data: bytes) -> list[list[bytes]]:
+    """The rows of a ``COPY ... (FORMAT binary)`` stream, each a list of its fields'
+    bytes (the aggregates here are never null: an empty group has no row)."""
+    mv = memoryview(data)
+    if bytes(mv[:11]) != b"PGCOPY\n\xff\r\n\x00":
+        raise ValueError("not a binary COPY stream")
+    pos = 15
+    pos += 4 + int.from_bytes(mv[pos:pos + 4], "big")
+    rows: list[list[bytes]] = []
+    while True:
+        n = int.from_bytes(mv[pos:pos + 2], "big", signed=True)
+        pos += 2
+        if n == -1:
+            return rows
+        fields = []
+        for _ in range(n):
+            size = int.from_bytes(mv[pos:pos + 4], "big", signed=True)
+            pos += 4
+            fields.append(b"" if size < 0 else mv[pos:pos + size])
+            pos += max(size, 0)
+        rows.append(fields)  # type: ignore[arg-type]  # memoryviews: no copy until joined
+
+
+def _parse_binary(data: bytes, c: CompiledSchema, types: dict[str, pa.DataType], plan: _Plan) -> pa.Table:
+    """The binary read's rows -> ``__k``, ``__t`` (epoch µs) and the columns."""
+    rows = _copy_binary_rows(data)
+    if not rows:
+        return _empty(types)
+    fields = [b"".join(parts) for parts in zip(*rows, strict=True)]
+    k = np.frombuffer(fields[0], dtype=">i4").astype(np.int32)
+    if c.schema.field(str(c.schema.event_time)).type.kind is TypeKind.DATE:  # days
+        when = (np.frombuffer(fields[1], dtype=">i4").astype(np.int64) + _PG_EPOCH_DAYS) * 86_400_000_000
+    else:
+        when = np.frombuffer(fields[1], dtype=">i8").astype(np.int64) + _PG_EPOCH_US
+    out: dict[str, pa.Array] = {"__k": pa.array(k), "__t": pa.array(when)}
+    at = 2
+    for name in types:
+        parts, decode = plan[name]
+        n = len(parts)
+        got = fields[at:at + n]
+        at += n
+        valid = np.frombuffer(got[-1], dtype=np.bool_)
+        out[name] = decode(got[:-1], valid)
+    return pa.table(out)
 
 
 def _text_type(t: pa.DataType) -> pa.DataType:
