@@ -194,11 +194,12 @@ class _OnlinePlan:
         return out
 
 
-def _sure(cv: CompiledView, rows: Any, now_s: float) -> list[dict[str, Any]] | None:
-    """A few request rows as the view's checked request, when every value is surely valid
-    (``features.validation.sure``: the validator would accept them as they are); else None
-    and the validator checks them."""
-    if not isinstance(rows, list) or not 0 < len(rows) <= SMALL_CALL:
+def _sure(cv: CompiledView, rows: Any, now_s: float, limit: int | None = SMALL_CALL
+          ) -> list[dict[str, Any]] | None:
+    """A few request rows (at most ``limit``; None: any number) as the view's checked
+    request, when every value is surely valid (``features.validation.sure``: the validator
+    would accept them as they are); else None and the validator checks them."""
+    if not isinstance(rows, list) or not rows or (limit is not None and len(rows) > limit):
         return None
     if not all(type(r) is dict for r in rows):
         return None
@@ -222,9 +223,11 @@ _CHECKS: dict[str, Any] = {}
 _NO_CHECKS: Any = object()
 
 
-def _plan_for(store: Store, cv: CompiledView, rows: Any, lineage: bool) -> _OnlinePlan:
+def _plan_for(store: Store, cv: CompiledView, rows: Any, lineage: bool, as_dicts: bool = False
+              ) -> _OnlinePlan:
     now_s = store.now()
-    sure = _sure(cv, rows, now_s) if not lineage else None
+    # dicts: the rows stay Python objects at any size (a table is built only if needed)
+    sure = _sure(cv, rows, now_s, None if as_dicts else SMALL_CALL) if not lineage else None
     if sure is not None:
         return _OnlinePlan(store, cv, lineage, rows=sure)
     return _OnlinePlan(store, cv, lineage, table=request_table(cv, rows, now_s))
@@ -235,7 +238,7 @@ def online(store: Store, cv: CompiledView, rows: Any, *, lineage: bool = False,
     """See :meth:`features.sdk.store.FeatureStore.online_view`; ``as_dicts``: the rows
     as dicts (:meth:`~features.sdk.store.FeatureStore.online_view_dicts`), made without
     Arrow when a few rows were all in Redis and the view has no request-time features."""
-    plan = _plan_for(store, cv, rows, lineage)
+    plan = _plan_for(store, cv, rows, lineage, as_dicts)
     since = time.monotonic()
     return _finish(store, plan, store._redis_replies(plan.reads), fallback, since, as_dicts)
 
@@ -257,7 +260,9 @@ def _finish(store: Store, plan: _OnlinePlan, replies: list[Any], fallback: bool 
     cv = plan.cv
     now_s = store.now()
     parts = plan.parts(replies)
-    if plan.n <= SMALL_CALL and not plan.lineage and not any(cold for _, cold in plan.split):
+    # dicts at any size (decoded straight into Python values), a table for a few rows
+    if ((as_dicts or plan.n <= SMALL_CALL) and not plan.lineage
+            and not any(cold for _, cold in plan.split)):
         small = [small_rows(req, part) for req, part in zip(plan.requests, parts, strict=True)]
         now_us = int(now_s * 1_000_000)
         # every source's hash in Redis, fresh, none newer than the clock: no Arrow decoding
