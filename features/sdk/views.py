@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -47,6 +48,8 @@ if TYPE_CHECKING:
 #: source had a row for the key, within ``max_age``), ``<alias>._event_time`` (that row's
 #: event time), ``<alias>._from`` (online: ``redis``/``postgres``/null), and with
 #: ``lineage=True`` ``<alias>._source`` and ``<alias>._run_id`` (the stored row's lineage).
+_T = TypeVar("_T")
+
 META = (FOUND, EVENT_TIME)
 
 
@@ -69,6 +72,7 @@ class Store(Protocol):
     def _redis_replies(self, reads: list[tuple[list[str], list[str] | None]]) -> list[Any]: ...
     async def _redis_replies_async(self, reads: list[tuple[list[str], list[str] | None]]) -> list[Any]: ...
     def now(self) -> float: ...
+    def _parallel(self, fns: Sequence[Callable[[], _T]]) -> list[_T]: ...
 
 
 # --- the request ---------------------------------------------------------------------------
@@ -461,14 +465,21 @@ def historical(store: Store, cv: CompiledView, entity_df: Any, *, timestamp_colu
     table = request_table(cv, entity_df.select(asked), ts)
     fetched: dict[str, pa.Array] = {}
     meta: dict[str, pa.Array] = {}
-    for source in cv.sources:
+
+    def read(source: ViewSource) -> pa.Table:
         c = store.schema(source.schema)
         entity = str(c.schema.entity)
         frame = pa.table({entity: _entity_column(c, table.column(source.key)), timestamp_column: ts})
         max_age = dt.timedelta(seconds=source.max_age_seconds) if source.max_age_seconds is not None else None
         keys = _keys(c)
-        got = store.historical(source.schema, frame, [f for f in source.features if f not in keys],
-                               timestamp_column=timestamp_column, max_age=max_age)
+        return store.historical(source.schema, frame, [f for f in source.features if f not in keys],
+                                timestamp_column=timestamp_column, max_age=max_age)
+
+    # the sources read side by side, a Postgres connection each (FeatureStore._parallel)
+    gots = store._parallel([functools.partial(read, source) for source in cv.sources])
+    for source, got in zip(cv.sources, gots, strict=True):
+        c = store.schema(source.schema)
+        keys = _keys(c)
         key = table.column(source.key).combine_chunks()
         for f in source.features:
             fetched[source.column(f)] = (_keyed(c, f, got, key) if f in keys
