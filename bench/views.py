@@ -5,7 +5,7 @@ Usage::
     bench/feast_venv.sh            # once: the Feast venv .cache/bench-feast-venv (pinned)
     PYTHONPATH=$PWD .venv/bin/python bench/views.py [--events 1000000] [--entity-rows 1000000]
         [--small-rows 100000] [--rounds 3] [--reps 1000] [--reps-100 200] [--quick] [--reload]
-        [--no-http] [--no-historical]
+        [--no-http] [--no-historical] [--no-feast]
 
 Data (seeded, ``--seed``; cached as Parquet under ``.cache/bench-views/<tag>/``): three
 schemas over two entity kinds (``bench/views/schemas/``): ``card_txn`` (``--events``
@@ -598,11 +598,13 @@ def main(argv: list[str] | None = None) -> int:
                          "remembered in .cache/bench-views/loaded.json)")
     ap.add_argument("--no-http", action="store_true")
     ap.add_argument("--no-historical", action="store_true")
+    ap.add_argument("--no-feast", action="store_true",
+                    help="featureline and the raw baselines only (no Feast venv needed)")
     if ap.parse_args(argv).quick:  # smaller defaults; flags given still win
         ap.set_defaults(events=100_000, merchants=1_000, entity_rows=20_000, small_rows=5_000, rounds=2,
                         reps=300, reps_100=50)
     args = ap.parse_args(argv)
-    if not FEAST_PY.exists():
+    if not args.no_feast and not FEAST_PY.exists():
         print(f"no Feast venv at {FEAST_PY}: run bench/feast_venv.sh first", file=sys.stderr)
         return 2
     import redis
@@ -643,16 +645,17 @@ def main(argv: list[str] | None = None) -> int:
     repo = CACHE / "feast_repo"
     if fresh and repo.exists():
         shutil.rmtree(repo)
-    feast = Feast()
+    feast = None if args.no_feast else Feast()
     try:
-        files = {k: str(v) for k, v in data.feast.items()}
-        feast_redis = f"{redis_url.split('//', 1)[1].rsplit('/', 1)[0].split('@')[-1]},db={REDIS_DB}"
-        setup = feast.call("setup", repo=str(repo), files=files, redis=feast_redis,
-                           materialize=fresh or not loaded.get("feast"))
-        if setup["materialize_s"] is not None:
-            print(f"  feast apply {setup['apply_s']:.1f} s, materialize {setup['materialize_s']:.1f} s "
-                  f"(featureline features load: {sum(load_s.values()):.1f} s)", flush=True)
-        stamp.write_text(json.dumps({"tag": data.tag, "featureline": True, "feast": True}))
+        if feast is not None:
+            files = {k: str(v) for k, v in data.feast.items()}
+            feast_redis = f"{redis_url.split('//', 1)[1].rsplit('/', 1)[0].split('@')[-1]},db={REDIS_DB}"
+            setup = feast.call("setup", repo=str(repo), files=files, redis=feast_redis,
+                               materialize=fresh or not loaded.get("feast"))
+            if setup["materialize_s"] is not None:
+                print(f"  feast apply {setup['apply_s']:.1f} s, materialize {setup['materialize_s']:.1f} s "
+                      f"(featureline features load: {sum(load_s.values()):.1f} s)", flush=True)
+            stamp.write_text(json.dumps({"tag": data.tag, "featureline": True, "feast": True}))
         ours_keys, feast_keys = key_spaces(client)
         print(f"  Redis db {REDIS_DB}: {ours_keys:,} featureline keys (features:*), {feast_keys:,} "
               "Feast keys", flush=True)
@@ -662,7 +665,7 @@ def main(argv: list[str] | None = None) -> int:
         # entity key (card, merchant)
         active = pc.count_distinct(data.events.column("card_id")).as_py()
         assert ours_keys == 2 * active + cards + args.merchants + 3, (ours_keys, active)
-        assert feast_keys == cards + args.merchants, feast_keys
+        assert feast is None or feast_keys == cards + args.merchants, feast_keys
 
         from features import FeatureStore
 
@@ -696,7 +699,8 @@ def main(argv: list[str] | None = None) -> int:
             http_rounds(args, res, rng, sample, repo, redis_url, dsn, has_api)
         res.summary()
     finally:
-        feast.close()
+        if feast is not None:
+            feast.close()
         client.close()
     return 0
 
@@ -704,7 +708,7 @@ def main(argv: list[str] | None = None) -> int:
 class Rounds:
     """One round of each in-process measure, the contenders in an order rotating by round."""
 
-    def __init__(self, res: Results, feast: Feast, fs: Any, raw: Callable[[Any], Any],
+    def __init__(self, res: Results, feast: Feast | None, fs: Any, raw: Callable[[Any], Any],
                  sample: Callable[[int, int], list[list[list[Any]]]], data: Data) -> None:
         self.res, self.feast, self.fs, self.raw, self.sample, self.data = res, feast, fs, raw, sample, data
         self.checked = False
@@ -726,13 +730,15 @@ class Rounds:
             ours.append(out)
 
         def run_feast() -> None:
+            if self.feast is None:
+                return
             want = check and not self.checked
             r = self.feast.call("historical", frame=str(frame), out=str(feast_out) if want else None)
             self.res.rate(rnd, measure, "feast", n, r["seconds"])
 
         for fn in rotate([run_ours, run_feast], rnd):
             fn()
-        if check and not self.checked:
+        if check and not self.checked and self.feast is not None:
             check_historical(frame, feast_out, ours[0] if ours else None)
             self.checked = True
 
@@ -744,6 +750,7 @@ class Rounds:
         rows = [[{"card_id": c, "merchant_id": m} for c, m in b] for b in batches]
         fs = self.fs
         def feast() -> list[int]:
+            assert self.feast is not None
             reply = self.feast.call("online", batches=batches, warmup=warm)
             if not self.online_checked and batch > 1:
                 check_online(reply["sample"], batches[warm], self.raw(tuples[warm]))
@@ -752,7 +759,7 @@ class Rounds:
             return ns
 
         runners: list[tuple[str, Callable[[], list[int]]]] = [
-            ("feast", feast),
+            *([("feast", feast)] if self.feast is not None else []),
             (RAW, lambda: timed_calls(self.raw, tuples, warm))]
         if fs is not None:
             runners += [("featureline online_view",
@@ -777,6 +784,8 @@ def http_rounds(args: Any, res: Results, rng: np.random.Generator, sample: Calla
     runners: list[tuple[str, Callable[[list[Any]], Any]]] = []
     try:
         try:
+            if args.no_feast:
+                raise RuntimeError("--no-feast")
             fproc, fport = start_feast_serve(repo)
             procs.append(fproc)
             fconn = Http("127.0.0.1", fport)

@@ -12,11 +12,18 @@ Per frame chunk (``chunk_rows`` entity rows, default :data:`CHUNK_ROWS`):
 1. the chunk's ids in the entity's own type (:func:`features.sdk.stored.entity_values`: an id
    that is no value of it is null and matches nothing), dictionary-encoded: one integer
    code per distinct id;
-2. the distinct ids go into a temporary table with one COPY, and one
-   ``COPY (SELECT entity, event time as epoch µs, columns FROM <table> WHERE entity IN
-   (the ids) AND event time <= the chunk's latest time [AND >= its earliest - max_age])``
-   reads their history (the cold table; the ``<schema>__aggregates`` table too when
-   aggregation columns are asked for);
+2. the distinct ids go into a temporary table with one COPY, each with its latest frame
+   time (and, with ``max_age``, its earliest minus ``max_age``), and one ``COPY (SELECT
+   ...) TO STDOUT (FORMAT binary)`` reads the rows of their history the join can pick
+   (at or before the entity's latest frame time, not older than its bound): the cold
+   table, and the ``<schema>__aggregates`` table too when aggregation columns are asked
+   for, side by side on connections of their own (``FeatureStore._parallel``; a large
+   chunk in :data:`READ_PARTS` parts by entity). Postgres packs each row's fixed-width
+   values into one record (``int8send``/``float8send``/... ``||``; decimals as unscaled
+   int8, text as a length plus one concatenated string) and aggregates the records of
+   2**14 entities into one value (``string_agg``): a few COPY rows, parsed with one
+   structured ``np.frombuffer`` instead of a Python iteration per row. Lists and
+   decimals wider than 18 digits keep the CSV read (``pyarrow.csv``);
 3. history rows get the same codes (``pc.index_in``); keys ``code * (n + 1) + rank of the
    event time`` (ranks from one sort of the history's times, so the key fits int64 for any
    span of time), one argsort, one ``searchsorted(side="right") - 1`` per frame row: the
@@ -34,7 +41,8 @@ from __future__ import annotations
 
 import datetime as dt
 import io
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -55,6 +63,10 @@ class FeatureStore(Protocol):
     connection, errors mapped (a protocol: this part does not import the facade)."""
 
     def _pg_run(self, what: str, fn: Callable[[Any], _T]) -> _T: ...
+
+    def _parallel(self, fns: Sequence[Callable[[], _T]]) -> list[_T]: ...
+
+    def _in_parallel(self) -> bool: ...
 
 #: Frame rows per chunk: one history fetch and one join each.
 CHUNK_ROWS = 1_000_000
@@ -117,12 +129,26 @@ def _chunk(store: FeatureStore, c: CompiledSchema, frame: pa.Table, columns: lis
     age = None if max_age is None else min(max_age // _US, 2**62)
     bounds = (int(t_q[ok].min()), int(t_q[ok].max())) if ok.any() else None
 
+    spans = _spans(codes, t_q, ok, len(enc.dictionary))
     got: dict[str, pa.Array] = {}
-    reads = ((cold_table_name(s), names, True), (aggregates_table_name(s), aggs, False))
-    for table, cols, keep_time in reads:
-        if not cols and not keep_time:
-            continue
-        hist = _fetch(store, c, table, enc.dictionary, cols, bounds, age)
+    reads = [(table, cols, keep_time) for table, cols, keep_time in (
+        (cold_table_name(s), names, True), (aggregates_table_name(s), aggs, False)) if cols or keep_time]
+    # the history and the aggregates tables read side by side, each in READ_PARTS parts
+    # by entity (a connection each): Postgres runs one query on one core
+    dictionary = enc.dictionary
+    n_ids = len(dictionary)
+    # (not within a parallel read already, as a view's sources are: cores, not
+    # connections, are the limit)
+    split = n_ids >= PARTS_FROM and not store._in_parallel()
+    step = -(-n_ids // READ_PARTS) if split else max(n_ids, 1)
+    parts = [(lo, min(lo + step, n_ids)) for lo in range(0, max(n_ids, 1), step)]
+
+    def reader(table: str, cols: list[str], part: tuple[int, int]) -> Callable[[], pa.Table]:
+        return lambda: _fetch(store, c, table, dictionary, cols, bounds, age, spans, part)
+
+    fetched = store._parallel([reader(table, cols, part) for table, cols, _ in reads for part in parts])
+    hists = [_concat(fetched[i * len(parts):(i + 1) * len(parts)]) for i in range(len(reads))]
+    for (_, cols, keep_time), hist in zip(reads, hists, strict=True):
         idx = _match(hist, codes, t_q, ok, age)
         take = pa.array(idx, mask=idx < 0)
         for name in cols:
@@ -133,6 +159,28 @@ def _chunk(store: FeatureStore, c: CompiledSchema, frame: pa.Table, columns: lis
     for name in columns:
         out = out.append_column(name, got[name])
     return out.append_column(EVENT_TIME, got[EVENT_TIME])
+
+
+#: A chunk's history is read in this many parts by entity, side by side (a connection
+#: each), once it has at least PARTS_FROM distinct entities, unless the call is one of
+#: several parallel reads already (a view's sources).
+READ_PARTS = 2
+PARTS_FROM = 50_000
+
+
+def _concat(tables: list[pa.Table]) -> pa.Table:
+    return tables[0] if len(tables) == 1 else pa.concat_tables(tables).combine_chunks()
+
+
+def _spans(codes: npt.NDArray[np.int64], t_q: npt.NDArray[np.int64], ok: npt.NDArray[np.bool_],
+           n: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Per entity code (``n`` of them), the earliest and the latest time of its frame
+    rows that can match (``ok``): ``INT64_MAX``/``INT64_MIN`` for an entity with none."""
+    first = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+    last = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
+    np.minimum.at(first, codes[ok], t_q[ok])
+    np.maximum.at(last, codes[ok], t_q[ok])
+    return first, last
 
 
 def _micros(ts: Any) -> pa.Array:
@@ -192,10 +240,24 @@ def _match(hist: pa.Table, codes: npt.NDArray[np.int64], t_q: npt.NDArray[np.int
 
 
 def _fetch(store: FeatureStore, c: CompiledSchema, table: str, ids: pa.Array, cols: list[str],
-           bounds: tuple[int, int] | None, age: int | None) -> pa.Table:
+           bounds: tuple[int, int] | None, age: int | None,
+           spans: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None = None,
+           part: tuple[int, int] | None = None) -> pa.Table:
     """The rows of ``table`` for the entities ``ids`` with an event time in the chunk's
     range: ``__k`` (the entity's position in ``ids``), ``__t`` (event time, epoch µs) and
-    ``cols`` in their declared types."""
+    ``cols`` in their declared types.
+
+    ``spans``: per entity of ``ids``, the earliest and latest frame time (epoch µs; an
+    entity whose latest is ``INT64_MIN`` has no frame row to answer and is not read):
+    only its rows at or before its latest time (and, with ``age``, not older than its
+    earliest time minus ``age``) are read, the rows the join can pick. Without ``spans``
+    the chunk's ``bounds`` apply to every entity. ``part``: only the entities at these
+    positions of ``ids`` (``__k`` stays their position in all of ``ids``).
+
+    Columns of fixed-width types, text and exact decimals (precision <= 18) come as one
+    binary COPY of a few rows of aggregated byte strings (:func:`_binary_plan`: each
+    column's values packed by Postgres' ``*send`` functions, parsed with NumPy); a
+    table with other columns (lists, wider decimals) is read as CSV (:func:`_parse`)."""
     from features.compile.postgres import pg_type, quote_ident
     from features.sinks.postgres import copy_csv
 
@@ -205,23 +267,54 @@ def _fetch(store: FeatureStore, c: CompiledSchema, table: str, ids: pa.Array, co
     if bounds is None or len(ids) == 0:
         return _empty(types)
     e_type = pg_type(s.field(entity).type)
-    stage = f"_featureline_asof_keys_{e_type}"
     ent, et = quote_ident(entity), quote_ident(event_time)
-    select = ", ".join(["s.k", f"h.{et}", *(f"h.{quote_ident(name)}" for name in types)])
     lo, hi = bounds
+    if spans is None:
+        first = np.full(len(ids), lo, dtype=np.int64)
+        last = np.full(len(ids), hi, dtype=np.int64)
+    else:
+        first, last = spans
+    keep = last != np.iinfo(np.int64).min
+    if part is not None:  # only the entities at positions [lo, hi) of ids
+        keep[:part[0]] = False
+        keep[part[1]:] = False
     since = None if age is None or lo - age < _YEAR_1 else _EPOCH + (lo - age) * _US
     params: list[Any] = [_EPOCH + hi * _US] + ([since] if since is not None else [])
-    query = (f"COPY (SELECT {select} FROM {quote_ident(table)} h JOIN {stage} s ON h.{ent} = s.e "
-             f"WHERE h.{et} <= %s{'' if since is None else f' AND h.{et} >= %s'}) TO STDOUT (FORMAT csv)")
-    staged = copy_csv(pa.table({"e": ids, "k": pa.array(np.arange(len(ids), dtype=np.int32))}))
+    where = f"h.{et} <= %s{'' if since is None else f' AND h.{et} >= %s'} AND h.{et} <= s.hi"
+    stage_cols: dict[str, pa.Array] = {
+        "e": ids.filter(pa.array(keep)),
+        "k": pa.array(np.flatnonzero(keep).astype(np.int32)),
+        # the binary read's group (a column, so that ANALYZE tells the planner how few
+        # there are: a hash aggregate, not a sort of every row read)
+        "g": pa.array((np.flatnonzero(keep) >> _GROUP_BITS).astype(np.int32)),
+        "hi": pa.array(last[keep]).cast(pa.timestamp("us", "UTC"))}
+    if age is not None:  # per entity: not older than its earliest frame time minus max_age
+        low = first[keep] - age
+        stage_cols["lo"] = pa.array(low, mask=low < _YEAR_1).cast(pa.timestamp("us", "UTC"))
+        where += f" AND (s.lo IS NULL OR h.{et} >= s.lo)"
+    stage = f"_featureline_asof_span_{e_type}"
+    staged = copy_csv(pa.table(stage_cols))
+    plan = _binary_plan(c, types)
+    if plan is not None:
+        select = _binary_select(c, et, plan)
+        query = (f"COPY (SELECT {select} FROM {quote_ident(table)} h JOIN {stage} s ON h.{ent} = s.e "
+                 f"WHERE {where} GROUP BY s.g) TO STDOUT (FORMAT binary)")
+    else:
+        select = ", ".join(["s.k", f"h.{et}", *(f"h.{quote_ident(name)}" for name in types)])
+        query = (f"COPY (SELECT {select} FROM {quote_ident(table)} h JOIN {stage} s ON h.{ent} = s.e "
+                 f"WHERE {where}) TO STDOUT (FORMAT csv)")
 
     def run(conn: Any) -> bytes:
         buf = io.BytesIO()
         with conn.transaction():
-            conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {stage} (e {e_type}, k integer) "
-                         "ON COMMIT DELETE ROWS")
+            conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {stage} (e {e_type}, k integer, g integer, "
+                         "hi timestamptz, lo timestamptz) ON COMMIT DELETE ROWS")
+            conn.execute("SET LOCAL jit = off")  # ~10 ms of compiling per query, for a plan this simple
+            # the staged entities' hash table in memory (a 4 MB default splits a chunk's
+            # million keys into batches spilled to disk): for this transaction only
+            conn.execute("SET LOCAL work_mem = '256MB'")
             with conn.cursor() as cur:
-                with cur.copy(f"COPY {stage} (e, k) FROM STDIN (FORMAT csv)") as cp:
+                with cur.copy(f"COPY {stage} ({', '.join(stage_cols)}) FROM STDIN (FORMAT csv)") as cp:
                     cp.write(staged)
                 conn.execute(f"ANALYZE {stage}")
                 with cur.copy(query, params) as cp:
@@ -232,7 +325,191 @@ def _fetch(store: FeatureStore, c: CompiledSchema, table: str, ids: pa.Array, co
     data: bytes = store._pg_run("the as-of query", run)
     if not data:
         return _empty(types)
+    if plan is not None:
+        return _parse_binary(data, c, types, plan)
     return _parse(data, c, types)
+
+
+#: the binary read aggregates the rows of 2**_GROUP_BITS entities into one COPY row (a
+#: byte string or two per read, well under Postgres' 1 GB limit for any history of that many)
+_GROUP_BITS = 14
+#: 2000-01-01 (Postgres' epoch for dates and timestamps) in epoch days and microseconds
+_PG_EPOCH_DAYS = 10_957
+_PG_EPOCH_US = _PG_EPOCH_DAYS * 86_400_000_000
+
+_Decode = Callable[[npt.NDArray[Any], npt.NDArray[np.bool_], bytes], pa.Array]
+
+
+@dataclass(frozen=True)
+class _Packed:
+    """How a column is sent and read back: its value (big-endian, ``dtype``) and its
+    validity byte go into each row's fixed-width record; a text column's bytes are one
+    more aggregate (``extra``); ``decode`` rebuilds the Arrow array."""
+
+    value: str
+    dtype: str
+    valid: str
+    decode: _Decode
+    extra: str | None = None
+
+
+def _send_time(c: CompiledSchema, expr: str) -> tuple[str, str]:
+    """The SQL that packs event time ``expr`` (never null) as Postgres' binary value, and
+    its dtype: int8 microseconds (a timestamp) or int4 days (a date) since 2000-01-01."""
+    t = c.schema.field(str(c.schema.event_time)).type
+    if t.kind is TypeKind.DATE:
+        return f"date_send({expr})", ">i4"
+    return (f"timestamptz_send({expr})" if t.tz is not None else f"timestamp_send({expr})"), ">i8"
+
+
+def _binary_plan(c: CompiledSchema, types: dict[str, pa.DataType]) -> dict[str, _Packed] | None:
+    """Per column, how it is packed; None when a column's type has no packed form here
+    (lists, decimals wider than int64): then the whole read is CSV."""
+    from features.compile.postgres import quote_ident
+
+    out: dict[str, _Packed] = {}
+    for name, t in types.items():
+        x = f"h.{quote_ident(name)}"
+        vt = t.value_type if pa.types.is_dictionary(t) else t
+        valid = f"boolsend({x} IS NOT NULL)"
+        if pa.types.is_integer(vt) and (pa.types.is_signed_integer(vt) or vt.bit_width < 64):
+            out[name] = _Packed(f"int8send(coalesce({x}::int8, 0))", ">i8", valid, _fixed(t))
+        elif pa.types.is_floating(vt):
+            out[name] = _Packed(f"float8send(coalesce({x}::float8, 0))", ">f8", valid, _fixed(t))
+        elif pa.types.is_boolean(vt):
+            out[name] = _Packed(f"boolsend(coalesce({x}, false))", "?", valid, _fixed(t))
+        elif pa.types.is_decimal(vt) and vt.precision <= 18:
+            out[name] = _Packed(f"int8send(coalesce(({x} * {10 ** vt.scale}::numeric)::int8, 0))", ">i8",
+                                valid, _decimal(t))
+        elif pa.types.is_date32(vt):
+            out[name] = _Packed(f"date_send(coalesce({x}, 'epoch'::date))", ">i4", valid,
+                                _fixed(t, _PG_EPOCH_DAYS))
+        elif pa.types.is_timestamp(vt) and vt.unit != "ns":
+            pg = "timestamptz" if vt.tz is not None else "timestamp"
+            out[name] = _Packed(f"{pg}_send(coalesce({x}, 'epoch'::{pg}))", ">i8", valid,
+                                _fixed(t, _PG_EPOCH_US))
+        elif pa.types.is_string(vt) or pa.types.is_large_string(vt):
+            b = f"convert_to({x}, 'UTF8')"
+            out[name] = _Packed(f"int4send(coalesce(length({b}), 0))", ">i4", valid, _text(t),
+                                f"string_agg(coalesce({b}, ''::bytea), '')")
+        else:
+            return None
+    return out
+
+
+def _mask(valid: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_] | None:
+    return None if valid.all() else ~valid
+
+
+def _fixed(t: pa.DataType, offset: int = 0) -> _Decode:
+    """Fixed-width values (``offset`` added: Postgres' epoch to Arrow's) -> ``t``."""
+    vt = t.value_type if pa.types.is_dictionary(t) else t
+
+    def decode(values: npt.NDArray[Any], valid: npt.NDArray[np.bool_], extra: bytes) -> pa.Array:
+        values = values.astype(values.dtype.newbyteorder("="))
+        if offset:
+            values = values + offset
+        arr = pa.array(values, mask=_mask(valid))
+        if pa.types.is_timestamp(vt):
+            arr = arr.view(pa.timestamp("us", vt.tz))
+        elif pa.types.is_date32(vt):
+            arr = arr.cast(pa.int32()).view(pa.date32())
+        if pa.types.is_dictionary(t):
+            arr = arr.cast(vt).dictionary_encode()
+        return arr.cast(t) if arr.type != t else arr
+
+    return decode
+
+
+def _validity(valid: npt.NDArray[np.bool_]) -> tuple[Any, int]:
+    """An Arrow validity buffer (None: no nulls) and the null count."""
+    if valid.all():
+        return None, 0
+    return pa.array(valid).buffers()[1], int(len(valid) - valid.sum())
+
+
+def _decimal(t: pa.DataType) -> _Decode:
+    """Unscaled int64 values -> decimal ``t`` (two's complement 128-bit words)."""
+    def decode(values: npt.NDArray[Any], valid: npt.NDArray[np.bool_], extra: bytes) -> pa.Array:
+        unscaled = values.astype(np.int64)
+        words = np.empty((len(unscaled), 2), dtype=np.int64)
+        words[:, 0] = unscaled
+        words[:, 1] = unscaled >> 63  # the sign, extended
+        mask, nulls = _validity(valid)
+        return pa.Array.from_buffers(pa.decimal128(t.precision, t.scale), len(unscaled),
+                                     [mask, pa.py_buffer(words.tobytes())], null_count=nulls)
+
+    return decode
+
+
+def _text(t: pa.DataType) -> _Decode:
+    """Byte lengths and the concatenated UTF-8 bytes -> strings of type ``t``."""
+    def decode(values: npt.NDArray[Any], valid: npt.NDArray[np.bool_], extra: bytes) -> pa.Array:
+        offsets = np.zeros(len(values) + 1, dtype=np.int64)
+        np.cumsum(values.astype(np.int64), out=offsets[1:])
+        mask, nulls = _validity(valid)
+        arr = pa.Array.from_buffers(pa.large_string(), len(values),
+                                    [mask, pa.py_buffer(offsets.tobytes()), pa.py_buffer(extra)],
+                                    null_count=nulls)
+        vt = t.value_type if pa.types.is_dictionary(t) else t
+        arr = arr.cast(vt)  # string: fails past 2 GiB rather than wrapping
+        return arr.dictionary_encode() if pa.types.is_dictionary(t) else arr
+
+    return decode
+
+
+def _binary_select(c: CompiledSchema, et: str, plan: dict[str, _Packed]) -> str:
+    """The binary read's aggregates: one string of fixed-width records (entity position,
+    event time, then each column's value and validity), then each text column's bytes."""
+    record = " || ".join(["int4send(s.k)", _send_time(c, f"h.{et}")[0],
+                          *(part for p in plan.values() for part in (p.value, p.valid))])
+    return ", ".join([f"string_agg({record}, '')", *(p.extra for p in plan.values() if p.extra)])
+
+
+def _copy_binary_rows(data: bytes) -> list[list[memoryview]]:
+    """The rows of a ``COPY ... (FORMAT binary)`` stream, each a list of its fields'
+    bytes (the aggregates here are never null: an empty group has no row)."""
+    mv = memoryview(data)
+    if bytes(mv[:11]) != b"PGCOPY\n\xff\r\n\x00":
+        raise ValueError("not a binary COPY stream")
+    pos = 15
+    pos += 4 + int.from_bytes(mv[pos:pos + 4], "big")
+    rows: list[list[memoryview]] = []
+    while True:
+        n = int.from_bytes(mv[pos:pos + 2], "big", signed=True)
+        pos += 2
+        if n == -1:
+            return rows
+        fields = []
+        for _ in range(n):
+            size = int.from_bytes(mv[pos:pos + 4], "big", signed=True)
+            pos += 4
+            fields.append(mv[pos:pos + max(size, 0)])  # no copy until joined
+            pos += max(size, 0)
+        rows.append(fields)
+
+
+def _parse_binary(data: bytes, c: CompiledSchema, types: dict[str, pa.DataType],
+                  plan: dict[str, _Packed]) -> pa.Table:
+    """The binary read's rows -> ``__k``, ``__t`` (epoch µs) and the columns."""
+    rows = _copy_binary_rows(data)
+    if not rows:
+        return _empty(types)
+    fields = [b"".join(parts) for parts in zip(*rows, strict=True)]
+    time_dtype = _send_time(c, "")[1]
+    layout = [("k", ">i4"), ("t", time_dtype)]
+    for i, p in enumerate(plan.values()):
+        layout += [(f"v{i}", p.dtype), (f"n{i}", "?")]
+    rec = np.frombuffer(fields[0], dtype=np.dtype(layout))
+    k = rec["k"].astype(np.int32)
+    when = rec["t"].astype(np.int64)
+    when = (when + _PG_EPOCH_DAYS) * 86_400_000_000 if time_dtype == ">i4" else when + _PG_EPOCH_US
+    out: dict[str, pa.Array] = {"__k": pa.array(k), "__t": pa.array(when)}
+    extras = iter(fields[1:])
+    for i, (name, p) in enumerate(plan.items()):
+        extra = next(extras) if p.extra else b""
+        out[name] = p.decode(rec[f"v{i}"], np.ascontiguousarray(rec[f"n{i}"]), extra)
+    return pa.table(out)
 
 
 def _text_type(t: pa.DataType) -> pa.DataType:

@@ -7,6 +7,7 @@ import datetime as dt
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -103,45 +104,93 @@ def small_rows(req: OnlineRequest, replies: list[Any]) -> list[dict[str, Any]] |
     column's type has no Python decoder, or a value does not decode): then the Arrow path
     (:meth:`FeatureStore._finish_online`) decides, with its fallback and its errors. The
     values are those of ``online(...).to_pylist()`` (``tests/integration/test_sdk.py``
-    holds the two paths equal)."""
+    holds the two paths equal).
+
+    Column by column (the replies transposed by ``zip``, each column's checks one set,
+    its values decoded by one ``map``), then one ``dict(zip(...))`` per row; the keys
+    and the column order are the plan's, computed once (:func:`_row_layout`).
+    ``online_dicts`` takes this path at any size (the dicts are Python objects whichever
+    way they are made: decoding straight into them skips the Arrow arrays and their
+    ``to_pylist``); ``online`` for at most :data:`SMALL_CALL` ids."""
     plan, ids = req.plan, req.ids
-    decoders = plan.decoders
-    if decoders is None:
+    layout = _row_layout(plan)
+    if layout is None:
         return None
+    keys, decoders, agg_decoders, order = layout
     n = len(ids)
+    if not n:
+        return []
     nn = len(plan.names)
     na = len(plan.aggs)
     fp = plan.c.fingerprint.encode()
-    entity = str(plan.c.schema.entity)
+    hashes = replies[:n]
+    # column by column: each field's n values as one tuple (zip in C), checked as a set
+    fields = list(zip(*hashes, strict=True))
+    if None in fields[-1] or set(fields[nn]) != _V1 or set(fields[nn + 1]) != {fp}:
+        return None
+    try:
+        values = [_decode_column(d, col) for d, col in zip(decoders, fields, strict=False)]
+        if na:
+            aggs = replies[n:2 * n]
+            got = [h for h in aggs if h[-1] is not None]
+            if got and (set(h[na] for h in got) != _V1 or set(h[na + 1] for h in got) != {fp}):
+                return None
+            agg_fields = list(zip(*aggs, strict=True))
+            values += [_decode_column(d, col) for d, col in zip(agg_decoders, agg_fields, strict=False)]
+        if plan.refresh_ms is not None:
+            at = (2 if na else 1) * n
+            ttl, refresh = plan.ttl_ms, plan.refresh_ms
+            if any(p >= 0 and ttl - p > refresh for p in replies[at:at + n]):
+                return None
+        if order is not None:
+            values = [values[i] for i in order]
+        micros = list(map(int, fields[-1]))
+    except (ValueError, LookupError, ArithmeticError, UnicodeDecodeError, OverflowError):
+        return None
     now_us = time.time_ns() // 1000
     # the epoch as ``_event_time`` gives it: naive for a naive event time (naive = UTC)
     epoch = _EPOCH_NAIVE if plan.result.field(EVENT_TIME).type.tz is None else _EPOCH_UTC
-    out: list[dict[str, Any]] = []
-    try:
-        for j in range(n):
-            hv = replies[j]
-            if hv[-1] is None or hv[nn] != b"1" or hv[nn + 1] != fp:
-                return None
-            values = [None if v is None else decoders[k](v) for k, v in enumerate(hv[:nn])]
-            if na:
-                av = replies[n + j]
-                if av[-1] is not None and (av[na] != b"1" or av[na + 1] != fp):
-                    return None
-                values += [None if v is None else decoders[nn + k](v) for k, v in enumerate(av[:na])]
-            if plan.refresh_ms is not None:
-                pttl = replies[(2 if na else 1) * n + j]
-                if pttl >= 0 and plan.ttl_ms - pttl > plan.refresh_ms:
-                    return None
-            ev = int(hv[-1])
-            row: dict[str, Any] = {entity: None if ids[j] == NULL_ID else ids[j]}
-            row.update(zip(plan.names, values[:nn], strict=True))
-            row.update(zip(plan.aggs, values[nn:], strict=True))
-            out.append({**{name: row[name] for name in [entity, *plan.columns]},
-                        EVENT_TIME: epoch + dt.timedelta(microseconds=ev),
-                        AGE: (now_us - ev) / 1_000_000.0, FROM: "redis", FOUND: True, STALE: False})
-    except (ValueError, KeyError, ArithmeticError, UnicodeDecodeError):
-        return None
-    return out
+    delta = dt.timedelta
+    events = [epoch + delta(microseconds=ev) for ev in micros]
+    ages = [(now_us - ev) / 1_000_000.0 for ev in micros]
+    entity = [None if i == NULL_ID else i for i in ids]
+    return [dict(zip(keys, row, strict=True)) for row in zip(
+        entity, *values, events, ages, repeat("redis"), repeat(True), repeat(False))]
+
+
+_V1 = {b"1"}
+
+
+def _decode_column(decode: Callable[[bytes], Any], col: tuple[bytes | None, ...]) -> list[Any]:
+    """One column's values decoded (None stays None)."""
+    if None in col:
+        return [None if v is None else decode(v) for v in col]
+    return list(map(decode, col))  # type: ignore[arg-type]  # no None in it
+
+
+_Layout = tuple[list[str], list[Callable[[bytes], Any]], list[Callable[[bytes], Any]], list[int] | None]
+#: per plan (by identity: plans are cached and frozen), its row layout
+_LAYOUTS: dict[int, tuple[Plan, _Layout | None]] = {}
+
+
+def _row_layout(plan: Plan) -> _Layout | None:
+    """A plan's row keys (entity, columns, then the five meta columns), its entity-hash
+    and aggregates-hash decoders, and the permutation from (names, aggs) to the column
+    order (None where they are in order already); None without Python decoders."""
+    held = _LAYOUTS.get(id(plan))
+    if held is not None and held[0] is plan:
+        return held[1]
+    layout: _Layout | None = None
+    if plan.decoders is not None:
+        nn = len(plan.names)
+        keys = [str(plan.c.schema.entity), *plan.columns, EVENT_TIME, AGE, FROM, FOUND, STALE]
+        decoded = [*plan.names, *plan.aggs]
+        order = None if decoded == plan.columns else [decoded.index(col) for col in plan.columns]
+        layout = (keys, plan.decoders[:nn], plan.decoders[nn:], order)
+    if len(_LAYOUTS) > 1024:
+        _LAYOUTS.clear()
+    _LAYOUTS[id(plan)] = (plan, layout)
+    return layout
 
 
 def _pyarrow_utc() -> Any:
@@ -183,8 +232,9 @@ def python_decoder(t: pa.DataType) -> Callable[[bytes], Any] | None:
         return integer
     if pa.types.is_float64(t):
         def double(b: bytes) -> float:
-            if not b or b[:1].isalpha() or b"_" in b or b[:1].isspace() or b[-1:].isspace():
-                raise ValueError(b)  # nan/inf/1_0/" 1": never v1 text
+            # v1 text starts with a digit or "-" and ends with a digit: never nan/inf/" 1"/"1_0"
+            if not b or b[0] not in _LEAD or b[-1] not in _DIGITS or b"_" in b:
+                raise ValueError(b)
             return float(b)
 
         return double
@@ -193,6 +243,12 @@ def python_decoder(t: pa.DataType) -> Callable[[bytes], Any] | None:
         quantum = Decimal(1).scaleb(-scale)
 
         def decimal(b: bytes) -> Decimal:
+            # the writer's form: [-]digits.<scale digits>, no more than precision digits
+            if scale and len(b) > scale and b[-scale - 1] == 46:  # "."
+                whole = b[1:-scale - 1] if b[0] == 45 else b[:-scale - 1]  # "-"
+                if (whole.isdigit() and b[-scale:].isdigit()
+                        and len(whole.lstrip(b"0")) + scale <= precision):
+                    return Decimal(b.decode("ascii"))
             d = Decimal(b.decode("ascii"))
             if not d.is_finite():
                 raise ValueError(b)
@@ -221,6 +277,8 @@ def python_decoder(t: pa.DataType) -> Callable[[bytes], Any] | None:
 
 
 _BOOLS = {b"true": True, b"false": False}
+_DIGITS = frozenset(b"0123456789")
+_LEAD = frozenset(b"-0123456789")
 
 
 def _utf8(b: bytes) -> str:

@@ -134,6 +134,8 @@ class FeatureStore:
         self._plans: dict[tuple[str, tuple[str, ...] | None], Plan] = {}
         self._fallback = Fallback(self)
         self._pg: Any = None
+        #: per thread of :meth:`_parallel`: ``own`` (use ``conn``, not ``_pg``) and ``conn``
+        self._pg_local = threading.local()
         self._checked: set[str] = set()
         #: schema name -> the features.ops.migrate.Upgrader of hashes older versions wrote
         self._upgraders: dict[str, Any] = {}
@@ -346,12 +348,48 @@ class FeatureStore:
             return fn(self._postgres())
 
     def _postgres(self) -> Any:
+        local = self._pg_local
+        if getattr(local, "own", False):  # a thread of :meth:`_parallel`: its own connection
+            if local.conn is None or local.conn.closed:
+                local.conn = self._connect_postgres()
+            return local.conn
         if self._pg is None or self._pg.closed:
-            from features.sinks import pg
-
-            self._pg = pg.connect(self.postgres_dsn, autocommit=True, utc=True, search_path=self.search_path,
-                                  timeout_s=self.timeout_s)
+            self._pg = self._connect_postgres()
         return self._pg
+
+    def _connect_postgres(self) -> Any:
+        from features.sinks import pg
+
+        return pg.connect(self.postgres_dsn, autocommit=True, utc=True, search_path=self.search_path,
+                          timeout_s=self.timeout_s)
+
+    def _in_parallel(self) -> bool:
+        """Whether this thread is one of :meth:`_parallel`'s."""
+        return bool(getattr(self._pg_local, "own", False))
+
+    def _parallel(self, fns: Sequence[Callable[[], _T]]) -> list[_T]:
+        """``fn()`` of each, at once, each in a thread whose :meth:`_pg_run` calls use a
+        connection of its own (opened on first use, closed after): Postgres reads that
+        would otherwise queue on the one connection (the sources of a view, the history
+        and aggregates tables of a schema) run side by side, one backend each. The
+        results in order; the first failure is raised (after every call has ended)."""
+        if len(fns) < 2:
+            return [fn() for fn in fns]
+        from concurrent.futures import ThreadPoolExecutor
+
+        def own(fn: Callable[[], _T]) -> _T:
+            local = self._pg_local
+            local.own, local.conn = True, None
+            try:
+                return fn()
+            finally:
+                conn, local.own, local.conn = local.conn, False, None
+                if conn is not None:
+                    conn.close()
+
+        with ThreadPoolExecutor(len(fns), thread_name_prefix="featureline-pg") as pool:
+            futures = [pool.submit(own, fn) for fn in fns]
+        return [f.result() for f in futures]
 
     # --- online -----------------------------------------------------------------------------
 
@@ -467,13 +505,14 @@ class FeatureStore:
                      ) -> list[dict[str, Any]]:
         """:meth:`online` as one dict per id (``online(...).to_pylist()``: the same keys,
         values and decoding rules), for scoring services that read a few entities per
-        request: when every id is in Redis (and fresh) no Arrow object is made at all."""
+        request: when every id is in Redis (and fresh) no Arrow object is made at all,
+        whatever the number of ids (each value decoded straight into its dict)."""
         t0 = time.perf_counter()
         since = time.monotonic()
         try:
             req = self._online_request(schema, entity_ids, features)
             replies = self._pool.hmget_many(req.reads)
-            rows = small_rows(req, replies) if len(req.ids) <= SMALL_CALL else None
+            rows = small_rows(req, replies)  # any size: the dicts are made in Python either way
             from_pg = missed = 0
             if rows is None:
                 table, from_pg, missed = self._finish_current(req, replies, fallback, max_age, since)

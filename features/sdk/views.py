@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -47,6 +48,8 @@ if TYPE_CHECKING:
 #: source had a row for the key, within ``max_age``), ``<alias>._event_time`` (that row's
 #: event time), ``<alias>._from`` (online: ``redis``/``postgres``/null), and with
 #: ``lineage=True`` ``<alias>._source`` and ``<alias>._run_id`` (the stored row's lineage).
+_T = TypeVar("_T")
+
 META = (FOUND, EVENT_TIME)
 
 
@@ -69,6 +72,7 @@ class Store(Protocol):
     def _redis_replies(self, reads: list[tuple[list[str], list[str] | None]]) -> list[Any]: ...
     async def _redis_replies_async(self, reads: list[tuple[list[str], list[str] | None]]) -> list[Any]: ...
     def now(self) -> float: ...
+    def _parallel(self, fns: Sequence[Callable[[], _T]]) -> list[_T]: ...
 
 
 # --- the request ---------------------------------------------------------------------------
@@ -194,11 +198,12 @@ class _OnlinePlan:
         return out
 
 
-def _sure(cv: CompiledView, rows: Any, now_s: float) -> list[dict[str, Any]] | None:
-    """A few request rows as the view's checked request, when every value is surely valid
-    (``features.validation.sure``: the validator would accept them as they are); else None
-    and the validator checks them."""
-    if not isinstance(rows, list) or not 0 < len(rows) <= SMALL_CALL:
+def _sure(cv: CompiledView, rows: Any, now_s: float, limit: int | None = SMALL_CALL
+          ) -> list[dict[str, Any]] | None:
+    """A few request rows (at most ``limit``; None: any number) as the view's checked
+    request, when every value is surely valid (``features.validation.sure``: the validator
+    would accept them as they are); else None and the validator checks them."""
+    if not isinstance(rows, list) or not rows or (limit is not None and len(rows) > limit):
         return None
     if not all(type(r) is dict for r in rows):
         return None
@@ -222,9 +227,11 @@ _CHECKS: dict[str, Any] = {}
 _NO_CHECKS: Any = object()
 
 
-def _plan_for(store: Store, cv: CompiledView, rows: Any, lineage: bool) -> _OnlinePlan:
+def _plan_for(store: Store, cv: CompiledView, rows: Any, lineage: bool, as_dicts: bool = False
+              ) -> _OnlinePlan:
     now_s = store.now()
-    sure = _sure(cv, rows, now_s) if not lineage else None
+    # dicts: the rows stay Python objects at any size (a table is built only if needed)
+    sure = _sure(cv, rows, now_s, None if as_dicts else SMALL_CALL) if not lineage else None
     if sure is not None:
         return _OnlinePlan(store, cv, lineage, rows=sure)
     return _OnlinePlan(store, cv, lineage, table=request_table(cv, rows, now_s))
@@ -235,7 +242,7 @@ def online(store: Store, cv: CompiledView, rows: Any, *, lineage: bool = False,
     """See :meth:`features.sdk.store.FeatureStore.online_view`; ``as_dicts``: the rows
     as dicts (:meth:`~features.sdk.store.FeatureStore.online_view_dicts`), made without
     Arrow when a few rows were all in Redis and the view has no request-time features."""
-    plan = _plan_for(store, cv, rows, lineage)
+    plan = _plan_for(store, cv, rows, lineage, as_dicts)
     since = time.monotonic()
     return _finish(store, plan, store._redis_replies(plan.reads), fallback, since, as_dicts)
 
@@ -257,7 +264,9 @@ def _finish(store: Store, plan: _OnlinePlan, replies: list[Any], fallback: bool 
     cv = plan.cv
     now_s = store.now()
     parts = plan.parts(replies)
-    if plan.n <= SMALL_CALL and not plan.lineage and not any(cold for _, cold in plan.split):
+    # dicts at any size (decoded straight into Python values), a table for a few rows
+    if ((as_dicts or plan.n <= SMALL_CALL) and not plan.lineage
+            and not any(cold for _, cold in plan.split)):
         small = [small_rows(req, part) for req, part in zip(plan.requests, parts, strict=True)]
         now_us = int(now_s * 1_000_000)
         # every source's hash in Redis, fresh, none newer than the clock: no Arrow decoding
@@ -456,14 +465,21 @@ def historical(store: Store, cv: CompiledView, entity_df: Any, *, timestamp_colu
     table = request_table(cv, entity_df.select(asked), ts)
     fetched: dict[str, pa.Array] = {}
     meta: dict[str, pa.Array] = {}
-    for source in cv.sources:
+
+    def read(source: ViewSource) -> pa.Table:
         c = store.schema(source.schema)
         entity = str(c.schema.entity)
         frame = pa.table({entity: _entity_column(c, table.column(source.key)), timestamp_column: ts})
         max_age = dt.timedelta(seconds=source.max_age_seconds) if source.max_age_seconds is not None else None
         keys = _keys(c)
-        got = store.historical(source.schema, frame, [f for f in source.features if f not in keys],
-                               timestamp_column=timestamp_column, max_age=max_age)
+        return store.historical(source.schema, frame, [f for f in source.features if f not in keys],
+                                timestamp_column=timestamp_column, max_age=max_age)
+
+    # the sources read side by side, a Postgres connection each (FeatureStore._parallel)
+    gots = store._parallel([functools.partial(read, source) for source in cv.sources])
+    for source, got in zip(cv.sources, gots, strict=True):
+        c = store.schema(source.schema)
+        keys = _keys(c)
         key = table.column(source.key).combine_chunks()
         for f in source.features:
             fetched[source.column(f)] = (_keyed(c, f, got, key) if f in keys
