@@ -146,11 +146,15 @@ class WriterGuard:
     Postgres connection (session-level locks)."""
 
     def __init__(self, dsn: str, compiled: CompiledSchema, *, search_path: str | None = None,
-                 what: str = "load") -> None:
+                 what: str = "load", retries: int = 5, backoff_s: float = 0.5) -> None:
         self.dsn = dsn
         self.compiled = compiled
         self.search_path = search_path
         self.what = what
+        #: a lost connection (Postgres restarting) is retried as PostgresSink retries its
+        #: writes: ``retries`` attempts, ``backoff_s`` doubling; the lock is taken again
+        self.retries = retries
+        self.backoff_s = backoff_s
         self._conn: Any = None
         self._held = False
 
@@ -164,26 +168,50 @@ class WriterGuard:
             self._held = False
 
     def _run(self, what: str, fn: Callable[[Any], T]) -> T:
-        with pg.map_psycopg_errors(self.dsn, what):
+        """``fn(conn)`` on the guard's connection; a lost connection is reconnected and
+        retried with backoff (the session's locks went with it: ``_held`` is cleared, and
+        ``fn`` must take what it needs again), then SinkUnavailable."""
+        import psycopg
+
+        def attempt() -> T:
             if self._conn is None or self._conn.closed:
                 self._held = False
                 self.open()
             return fn(self._conn)
+
+        def reset() -> None:
+            if self._conn is not None:
+                self._conn.close()
+            self._conn = None
+            self._held = False
+
+        def give_up(exc: BaseException, attempts: int) -> SinkUnavailable:
+            where = pg.address(self.dsn)
+            return SinkUnavailable(f"Postgres at {where}: {what} failed after {attempts} attempts: "
+                                   f"{str(exc).strip()}", store="postgres", address=where)
+
+        with pg.map_psycopg_errors(self.dsn, what):
+            return retrying(attempt, attempts=self.retries, backoff_s=self.backoff_s,
+                            transient=(psycopg.OperationalError, SinkUnavailable), reset=reset,
+                            give_up=give_up)
 
     def enter(self, drain: Callable[[], None]) -> None:
         """Before a unit is written: return when it may be written; else (a migration
         waits, or the stores hold another version) ``drain()``, let the migration run,
         and raise SinkError naming the version the stores moved to."""
         name = self.compiled.name
-        while True:
-            if not self._held:
-                self._run("the writers' lock", lambda conn: conn.execute(
-                    f"SELECT pg_advisory_lock_shared({WRITERS_LOCK})", (name,)))
+
+        def check(conn: Any) -> Any:
+            if not self._held:  # again after a reconnect: the lost session held it
+                conn.execute(f"SELECT pg_advisory_lock_shared({WRITERS_LOCK})", (name,))
                 self._held = True
-            gate, fp = self._run("the version check", lambda conn: conn.execute(
+            return conn.execute(
                 f"SELECT CASE WHEN pg_try_advisory_lock_shared({MIGRATING_LOCK}) THEN "
                 f"pg_advisory_unlock_shared({MIGRATING_LOCK}) ELSE false END, (SELECT fingerprint FROM "
-                f"{quote_ident(SCHEMAS_TABLE)} WHERE schema_name = %s)", (name, name, name)).fetchone())
+                f"{quote_ident(SCHEMAS_TABLE)} WHERE schema_name = %s)", (name, name, name)).fetchone()
+
+        while True:
+            gate, fp = self._run("the version check", check)
             if gate and fp == self.compiled.fingerprint:
                 return
             drain()
