@@ -56,22 +56,9 @@ def client_config(bootstrap: str, properties: Mapping[str, str] | None = None,
 
 def ensure_topic(bootstrap: str, topic: str, *, partitions: int = 2, timeout_s: float = 30.0,
                  properties: Mapping[str, str] | None = None) -> None:
-    """Create ``topic`` unless it exists (single-node: replication factor 1)."""
-    from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
-
-    admin = AdminClient(client_config(bootstrap, properties))
-    try:
-        if topic in admin.list_topics(timeout=timeout_s).topics:
-            return
-        try:
-            admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(timeout_s)
-        except KafkaException as exc:
-            if "TOPIC_ALREADY_EXISTS" not in str(exc):
-                raise ServiceError(f"Kafka at {bootstrap}: cannot create topic {topic!r}: {exc}",
-                                   service="kafka") from exc
-    finally:
-        admin.poll(0)  # deliver its log lines (LibrdkafkaLog)
+    """Create ``topic`` unless it exists (single-node: replication factor 1):
+    :func:`create_topic` with its outcome ignored."""
+    create_topic(bootstrap, topic, partitions=partitions, timeout_s=timeout_s, properties=properties)
 
 
 #: What :func:`create_topic` found or did: ``created``; ``exists`` (with the partitions
