@@ -65,13 +65,31 @@ def _table(first: int, n: int) -> pa.Table:
                      "trend": pa.array([i % 1000 - 500 for i in range(first, first + n)], pa.int32())})
 
 
+class _Gate:
+    """Holds a writer's input back, past its first ``free`` slices, until the migration
+    says it waits for the writers: the writer is still mid-input when the migration starts,
+    however slowly the ``features migrate`` process starts on a busy machine (CI)."""
+
+    def __init__(self, free: int) -> None:
+        self.free, self.served = free, 0
+        self.waiting = threading.Event()
+
+    def pass_slice(self, pause_s: float) -> None:
+        time.sleep(pause_s)
+        self.served += 1
+        if self.served > self.free and pause_s:
+            self.waiting.wait(120)
+
+
 class _PacedFile:
-    """The batches of a table with file lineage and ledger units, one every ``pause_s``."""
+    """The batches of a table with file lineage and ledger units, one every ``pause_s``
+    (held at ``gate`` once past its free batches)."""
 
     name = "file"
 
-    def __init__(self, table: pa.Table, path: str, pause_s: float) -> None:
+    def __init__(self, table: pa.Table, path: str, pause_s: float, gate: _Gate | None = None) -> None:
         self.table, self.path, self.pause_s = table, path, pause_s
+        self.gate = gate or _Gate(1 << 30)
 
     @property
     def total_rows(self) -> int:
@@ -81,14 +99,15 @@ class _PacedFile:
         for j, batch in enumerate(slices(self.table, BATCH)):
             yield SourceBatch(batch, BatchLineage(f"file://{self.path}", j * BATCH, batch.num_rows,
                                                   f"{self.path}#b{j}"))
-            time.sleep(self.pause_s)
+            self.gate.pass_slice(self.pause_s)
 
 
 class _Arriving(Sequence[bytes]):
-    """Kafka record values that take ``pause_s`` to arrive per slice (the stream's chunks)."""
+    """Kafka record values that take ``pause_s`` to arrive per slice (the stream's chunks),
+    held at ``gate`` once past its free slices."""
 
-    def __init__(self, values: list[bytes], pause_s: float) -> None:
-        self.values, self.pause_s = values, pause_s
+    def __init__(self, values: list[bytes], pause_s: float, gate: _Gate) -> None:
+        self.values, self.pause_s, self.gate = values, pause_s, gate
 
     def __len__(self) -> int:
         return len(self.values)
@@ -99,7 +118,7 @@ class _Arriving(Sequence[bytes]):
     def __getitem__(self, i: slice) -> Sequence[bytes]: ...
     def __getitem__(self, i: int | slice) -> bytes | Sequence[bytes]:
         if isinstance(i, slice):
-            time.sleep(self.pause_s)
+            self.gate.pass_slice(self.pause_s)
         return self.values[i]
 
 
@@ -132,9 +151,28 @@ def _when_stored(settings: Settings, pg_schema: str, url: str, rows: int, timeou
     raise AssertionError(f"fewer than {rows} rows stored after {timeout_s} s")
 
 
-def _migrate(path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "features.cli", "migrate", str(path), "--apply"], env=env,
-                          capture_output=True, text=True, timeout=300)
+def _migrate(path: Path, env: dict[str, str], gate: _Gate) -> subprocess.CompletedProcess[str]:
+    """``features migrate --apply`` (its stderr in stdout); ``gate`` opens when it says it
+    waits for the writers."""
+    lines: list[str] = []
+    with subprocess.Popen([sys.executable, "-m", "features.cli", "migrate", str(path), "--apply"], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+
+        def read() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                lines.append(line)
+                if "waiting for the writers" in line:
+                    gate.waiting.set()
+            gate.waiting.set()  # the process ended: let the writer go on (the asserts tell what happened)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        try:
+            proc.wait(timeout=300)
+        finally:
+            reader.join(30)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, "".join(lines), "")  # stderr is in stdout
 
 
 @pytest.fixture()
@@ -171,10 +209,11 @@ def test_a_load_under_a_migration_stops_between_units_with_the_stores_in_agreeme
     v1, v2 = compile_schema(parse_schema(V1, "v1.yaml")), compile_schema(parse_schema(V2, "v2.yaml"))
     table = _table(0, ROWS)
     path = str(tmp_path / "readings.parquet")
-    thread, out = _in_thread(lambda: load_source(_PacedFile(table, path, 0.05), v1, cfg,
+    gate = _Gate(free=10)
+    thread, out = _in_thread(lambda: load_source(_PacedFile(table, path, 0.05, gate), v1, cfg,
                                                  search_path=pg_schema, run_id="old-load"))
     _when_stored(settings, pg_schema, url, 3 * BATCH)
-    migrated = _migrate(v2_file, env)
+    migrated = _migrate(v2_file, env, gate)
     thread.join(120)
     assert migrated.returncode == 0, migrated.stdout[-2000:] + migrated.stderr[-2000:]
     stored, hashes, fps = _counts(settings, pg_schema, url)
@@ -206,10 +245,11 @@ def test_a_stream_under_a_migration_stops_between_chunks_with_the_stores_in_agre
     proc.open()
     try:
         assert int(proc.process(_records(first), *coords(1_000, 0)).sum()) == 0  # a micro-batch before
-        busy = _Arriving(_records(second), 0.05)
+        gate = _Gate(free=10)
+        busy = _Arriving(_records(second), 0.05, gate)
         thread, out = _in_thread(lambda: proc.process(busy, *coords(ROWS - 1_000, 1_000)))
         _when_stored(settings, pg_schema, url, 1_000 + 3 * BATCH)
-        migrated = _migrate(v2_file, env)
+        migrated = _migrate(v2_file, env, gate)
         thread.join(120)
     finally:
         proc.close()
