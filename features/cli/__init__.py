@@ -1,7 +1,9 @@
 """The ``features`` command line: one subcommand per stage.
 
-Each subcommand lives beside the stage it drives and exposes
-``add_parser(subparsers)``; this table names them. Modules here import only
+Each subcommand is a module ``features/cli/<command>.py`` exposing
+``add_parser(subparsers)`` and ``run(args)`` (``demo`` and ``job-file`` still beside their
+code until the Flink parts move, issue 46); the work lives in the layer it belongs to. This
+table names them. Modules here import only
 argparse-level code at the top, so ``features --help`` stays fast; the heavy
 imports (pyarrow, psycopg, pyflink, ...) happen inside the command that needs them.
 
@@ -34,16 +36,16 @@ COMMANDS: dict[str, str] = {
     "demo": "features.ops.demo",
     "describe": "features.cli.describe",
     "dev": "features.cli.dev",
-    "health": "features.ops.health",
+    "health": "features.cli.health",
     "historical": "features.cli.historical",
-    "init": "features.ops.init",
+    "init": "features.cli.init",
     "job-file": "features.jobs",
     "load": "features.cli.load",
     "kernels": "features.cli.kernels",
     "migrate": "features.cli.migrate",
-    "prewarm": "features.sdk.prewarm",
+    "prewarm": "features.cli.prewarm",
     "produce": "features.cli.produce",
-    "recompute": "features.ops.recompute",
+    "recompute": "features.cli.recompute",
     "report": "features.cli.report",
     "schema": "features.cli.schema",
     "serve": "features.cli.serve",

@@ -20,10 +20,8 @@ store answers and no fingerprint differs, 1 otherwise, 2 on usage errors.
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -34,18 +32,6 @@ class Check:
     ok: bool
     detail: str
     seconds: float = 0.0
-
-
-def add_parser(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser(
-        "health", help="check every configured store and each schema's recorded fingerprint",
-        description=__doc__.split("\n\n")[1] if __doc__ else None)
-    p.add_argument("--schemas-dir", default=None, help="folder of schema YAML files (default: schemas)")
-    p.add_argument("--schema", default=None, metavar="NAME",
-                   help="check this schema only (its `name:`; default: every schema in the folder)")
-    p.add_argument("--timeout", type=float, default=5.0, help="seconds per store check (default 5)")
-    p.add_argument("--json", action="store_true", help="print the checks as JSON")
-    p.set_defaults(func=run)
 
 
 def _timed(kind: str, name: str, fn: Any) -> Check:
@@ -246,18 +232,3 @@ def _redis_versions(settings: Any, c: Any, got: Any, timeout_s: float) -> tuple[
             + f": run `features migrate {c.schema.path or c.name + '.yaml'} --apply` to rewrite them")
 
 
-def run(args: argparse.Namespace) -> int:
-    from features.config import resolve_settings
-
-    if args.timeout <= 0:
-        raise SystemExit("features health: --timeout must be > 0")
-    settings = resolve_settings(schemas_dir=args.schemas_dir)
-    checks = check_all(settings, timeout_s=args.timeout, schema=args.schema)
-    healthy = all(c.ok for c in checks)
-    if args.json:
-        print(json.dumps({"healthy": healthy, "checks": [asdict(c) for c in checks]}, indent=2))
-    else:
-        for c in checks:
-            print(f"{c.kind:<7}{c.name:<22}{'ok' if c.ok else 'FAIL':<6}{c.detail}")
-        print("healthy" if healthy else "NOT healthy")
-    return 0 if healthy else 1

@@ -8,11 +8,8 @@ overwrite: when any of those files exists nothing is written (exit 2, naming the
 
 from __future__ import annotations
 
-import argparse
 import shlex
-import sys
 from pathlib import Path
-from typing import Any
 
 from features.config import (
     DEFAULT_KAFKA_BOOTSTRAP,
@@ -188,23 +185,6 @@ def init(directory: Path | str) -> list[Path]:
     return list(planned)
 
 
-def add_parser(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser(
-        "init", help="start a project: schemas/ with an example, featureline.toml, a README",
-        description=__doc__.split("\n\n")[1] if __doc__ else None)
-    p.add_argument("directory", nargs="?", default=".", metavar="DIR",
-                   help="the project folder (default: the current one; created when missing)")
-    p.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    written = init(args.directory)
-    for path in written:
-        print(f"wrote {path}")
-    print(f"next: {next_steps(args.directory)}", file=sys.stdout)
-    return 0
-
-
 def next_steps(directory: Path | str) -> str:
     """The commands to run after ``features init directory``: ``features dev up && features
     compile``, behind a ``cd`` into the project folder unless it is the current one (the
@@ -215,4 +195,4 @@ def next_steps(directory: Path | str) -> str:
     return f"cd {shlex.quote(str(directory))} && {steps}"
 
 
-__all__ = ["EXAMPLE_SCHEMA", "add_parser", "files", "init", "next_steps", "run"]
+__all__ = ["EXAMPLE_SCHEMA", "files", "init", "next_steps"]

@@ -8,8 +8,9 @@
   negative cache, refresh);
 - :mod:`features.sdk.historical`: the point-in-time read;
 - :mod:`features.sdk.stored`, :mod:`features.sdk.columns`: which columns are stored
-  where, their declared types, the result columns and the entity ids' forms;
-- :mod:`features.sdk.prewarm`: ``features prewarm``.
+  where, their declared types, the result columns and the entity ids' forms.
+
+``features prewarm`` (:mod:`features.cli.prewarm`) calls :meth:`FeatureStore.prewarm`.
 
 See ``docs/sdk.md``.
 """

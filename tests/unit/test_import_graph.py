@@ -129,8 +129,7 @@ def test_the_sdk_parts_do_not_import_its_facade() -> None:
     for type checking (the fallback names what it needs of the store as a Protocol), and
     the SDK's old top-level modules are gone."""
     graph = import_graph(type_checking=True)
-    parts = [m for m in _modules() if m.startswith("features.sdk.") and m not in (
-        "features.sdk.store", "features.sdk.prewarm")]
+    parts = [m for m in _modules() if m.startswith("features.sdk.") and m != "features.sdk.store"]
     assert "features.sdk.fallback" in parts and "features.sdk.online" in parts
     found = [f"{m} -> features.sdk.store" for m in parts if "features.sdk.store" in graph.get(m, set())]
     assert not found, found
