@@ -53,7 +53,7 @@ test: up
 	$(BIN)/mypy features
 	$(BIN)/lint-imports
 	$(BIN)/features compile --check
-	$(BIN)/pytest -p no:cacheprovider
+	$(BIN)/pytest -p no:cacheprovider --durations=40
 
 # The edit-run loop: the same checks as `make test` on the fast tests only (no test marked
 # slow, no Flink job, no Redis Cluster run; about 3 minutes). `make test` stays the whole suite.

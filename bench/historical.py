@@ -133,7 +133,7 @@ def copy_binary(fs: Any) -> Callable[[pa.Table], int]:
                 for block in cp:
                     n += len(block)
             return n
-        return int(fs._pg_run("copy", go))
+        return int(fs.run_postgres("copy", go))
     return run
 
 
@@ -141,7 +141,7 @@ def merge_asof(fs: Any) -> Callable[[pa.Table], int]:
     import pandas as pd
 
     _, select = cold_select(fs)
-    hist = fs._pg_run("history", lambda conn: conn.execute(f"SELECT {select} FROM {SCHEMA}").fetchall())
+    hist = fs.run_postgres("history", lambda conn: conn.execute(f"SELECT {select} FROM {SCHEMA}").fetchall())
     cols, _ = cold_select(fs)
     h = pd.DataFrame(hist, columns=["application_id", "submitted_at", *cols])
     h["submitted_at"] = pd.to_datetime(h["submitted_at"], utc=True).astype("datetime64[us, UTC]")
@@ -205,7 +205,7 @@ def pg_window(fs: Any) -> Callable[[pa.Table], int]:
                     f"FROM {SCHEMA} WHERE application_id IN (SELECT e FROM _bench_win)) u) w "
                     "WHERE o IS NOT NULL").fetchone()
                 return int(row[0])
-        return int(fs._pg_run("window", go))
+        return int(fs.run_postgres("window", go))
     return run
 
 

@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         if p.migration is not None:
             apply_postgres(fs, p, waiting=say)
             say(f"postgres: migrated to {schema.version_str} ({time.perf_counter() - t0:.1f} s)")
-        recorded = fs._pg_run("the version read", lambda conn: read_recorded(conn, c.name))
+        recorded = fs.run_postgres("the version read", lambda conn: read_recorded(conn, c.name))
         up = Upgrader(fs, c, recorded)
         totals: dict[str, dict[str, int]] = {}
         try:

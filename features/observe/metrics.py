@@ -119,6 +119,10 @@ class BatchChild:
         """One observation (NaN is left out)."""
         self.observe_many((value,))
 
+    def snapshot(self) -> tuple[list[int], float]:
+        """The per-bucket counts and the sum; the caller holds the family's lock."""
+        return list(self._counts), self._sum
+
 
 class BatchHistogram:
     """A histogram whose series are observed a batch of values at a time
@@ -156,7 +160,7 @@ class BatchHistogram:
     def collect(self) -> list[Metric]:
         """The family with a series per label values (what a scrape renders)."""
         with self._lock:
-            series = [(key, list(c._counts), c._sum) for key, c in self._children.items()]
+            series = [(key, *c.snapshot()) for key, c in self._children.items()]
         family = HistogramMetricFamily(self.name, self.help, labels=self.labelnames)
         for key, counts, total in series:
             family.add_metric(list(key), list(zip(self._le, map(float, itertools.accumulate(counts)),

@@ -240,7 +240,7 @@ class Upgrader:
             return 0
         from features.sdk.stored import reply_columns
 
-        fps = reply_columns(self.store._pool.hmget_many([(list(keys), ["_schema_fingerprint"])]), 1)[0]
+        fps = reply_columns(self.store.redis_pool.hmget_many([(list(keys), ["_schema_fingerprint"])]), 1)[0]
         written = 0
         for fp in self.chain:
             at = np.flatnonzero(np.asarray(pc.fill_null(pc.equal(fps, fp), False)))
@@ -276,8 +276,8 @@ class Upgrader:
             layout = self._layout(fp, aggregates)
         old, c = layout.old, self.c
         fields = [*layout.old_columns, *_META]
-        cols = dict(zip(fields, reply_columns(self.store._pool.hmget_many([(keys, fields)]), len(fields)),
-                        strict=True))
+        replies = self.store.redis_pool.hmget_many([(keys, fields)])
+        cols = dict(zip(fields, reply_columns(replies, len(fields)), strict=True))
         # only hashes that still hold that version (the script checks again when it writes)
         keep = pc.fill_null(pc.and_(pc.equal(cols["_schema_fingerprint"], fp),
                                     pc.is_valid(cols["_event_time"])), False)
@@ -348,7 +348,7 @@ class Upgrader:
         ids = entity_values(c, entity_text).to_pylist()
         params = [ids, micros.to_pylist(), list(range(len(ids)))]
         try:
-            rows = self.store._pg_run("the migration's read of stored values",
+            rows = self.store.run_postgres("the migration's read of stored values",
                                       lambda conn: conn.execute(query, params).fetchall())
         except errors.UndefinedTable:
             rows = []
@@ -441,7 +441,7 @@ def count_versions(store: FeatureStore, c: CompiledSchema, chunk: int) -> dict[s
     for kind, aggs in kinds:
         tally: dict[str, int] = {}
         for keys in scan_keys(store, c.name, aggs, chunk):
-            fps = reply_columns(store._pool.hmget_many([(keys, ["_schema_fingerprint"])]), 1)[0]
+            fps = reply_columns(store.redis_pool.hmget_many([(keys, ["_schema_fingerprint"])]), 1)[0]
             for v in pc.value_counts(fps).to_pylist():
                 fp = v["values"] if v["values"] is not None else "(none)"
                 tally[fp] = tally.get(fp, 0) + v["counts"]
@@ -470,7 +470,7 @@ def plan(store: FeatureStore, c: CompiledSchema, old_file: str | None) -> Plan:
     from features.schema.parse import load_schema
 
     schema = c.schema
-    recorded = store._pg_run("the version read", lambda conn: read_recorded(conn, c.name))
+    recorded = store.run_postgres("the version read", lambda conn: read_recorded(conn, c.name))
     old: Schema | None = None
     if old_file is not None:
         old = load_schema(old_file)
@@ -557,7 +557,7 @@ def apply_postgres(store: FeatureStore, p: Plan, waiting: Callable[[str], None] 
             for statement in p.migration.statements:  # type: ignore[union-attr]
                 conn.execute(statement)
 
-    store._pg_run("the migration", run)
+    store.run_postgres("the migration", run)
 
 
 def _writers(conn: Any, name: str) -> str:

@@ -154,9 +154,9 @@ def recompute(c: CompiledSchema, settings: Settings, *, search_path: str | None 
     entity_type = c.arrow_schema.field(str(s.entity)).type
     store = FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn,
                          schemas=s.path or ".", search_path=search_path, key_prefix=key_prefix)
-    store._compiled[c.name] = c
+    store.use_schema(c)
     try:
-        store._check_fingerprint(c, writing=True)
+        store.check_fingerprint(c, writing=True)
         features = _FeatureRecompute(store, c, out.features) if out.features else None
         with pg.map_psycopg_errors(settings.postgres_dsn, "the history read"), \
                 pg.connect(settings.postgres_dsn, utc=True, search_path=search_path) as conn:
@@ -223,7 +223,7 @@ class _FeatureRecompute:
         pg_type = _entity_pg_type(self.c)
         read = (f"SELECT {', '.join('h.' + quote_ident(x) for x in self.inputs)} FROM {table} h "
                 f"WHERE h.{quote_ident(ent)} = ANY(%s::{pg_type}[])")
-        rows = self.store._pg_run("the history read", lambda conn: conn.execute(
+        rows = self.store.run_postgres("the history read", lambda conn: conn.execute(
             read, [entities.to_pylist()]).fetchall())
         got = rows_to_table(self.c, self.inputs, rows)
         assert self.program is not None
@@ -251,13 +251,14 @@ class _FeatureRecompute:
                 out: list[Any] = conn.execute(update).fetchall()
                 return out
 
-        updated = self.store._pg_run("the derived features' update", write)
+        updated = self.store.run_postgres("the derived features' update", write)
         rewritten = 0
         if updated and self.hot_columns:
             from features.ops.migrate import Upgrader, read_recorded
             from features.sinks.redis import entity_key
 
-            recorded = self.store._pg_run("the versions read", lambda conn: read_recorded(conn, self.c.name))
+            recorded = self.store.run_postgres(
+                "the versions read", lambda conn: read_recorded(conn, self.c.name))
             up = Upgrader(self.store, self.c, recorded)
             try:
                 ids = sorted({str(r[0]) for r in updated})

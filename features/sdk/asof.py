@@ -17,7 +17,7 @@ Per frame chunk (``chunk_rows`` entity rows, default :data:`CHUNK_ROWS`):
    ...) TO STDOUT (FORMAT binary)`` reads the rows of their history the join can pick
    (at or before the entity's latest frame time, not older than its bound): the cold
    table, and the ``<schema>__aggregates`` table too when aggregation columns are asked
-   for, side by side on connections of their own (``FeatureStore._parallel``; a large
+   for, side by side on connections of their own (``FeatureStore.parallel``; a large
    chunk in :data:`READ_PARTS` parts by entity). Postgres packs each row's fixed-width
    values into one record (``int8send``/``float8send``/... ``||``; decimals as unscaled
    int8, text as a length plus one concatenated string) and aggregates the records of
@@ -62,11 +62,11 @@ class FeatureStore(Protocol):
     """What the join needs of :class:`features.sdk.store.FeatureStore`: its Postgres
     connection, errors mapped (a protocol: this part does not import the facade)."""
 
-    def _pg_run(self, what: str, fn: Callable[[Any], _T]) -> _T: ...
+    def run_postgres(self, what: str, fn: Callable[[Any], _T]) -> _T: ...
 
-    def _parallel(self, fns: Sequence[Callable[[], _T]]) -> list[_T]: ...
+    def parallel(self, fns: Sequence[Callable[[], _T]]) -> list[_T]: ...
 
-    def _in_parallel(self) -> bool: ...
+    def in_parallel(self) -> bool: ...
 
 #: Frame rows per chunk: one history fetch and one join each.
 CHUNK_ROWS = 1_000_000
@@ -139,14 +139,14 @@ def _chunk(store: FeatureStore, c: CompiledSchema, frame: pa.Table, columns: lis
     n_ids = len(dictionary)
     # (not within a parallel read already, as a view's sources are: cores, not
     # connections, are the limit)
-    split = n_ids >= PARTS_FROM and not store._in_parallel()
+    split = n_ids >= PARTS_FROM and not store.in_parallel()
     step = -(-n_ids // READ_PARTS) if split else max(n_ids, 1)
     parts = [(lo, min(lo + step, n_ids)) for lo in range(0, max(n_ids, 1), step)]
 
     def reader(table: str, cols: list[str], part: tuple[int, int]) -> Callable[[], pa.Table]:
         return lambda: _fetch(store, c, table, dictionary, cols, bounds, age, spans, part)
 
-    fetched = store._parallel([reader(table, cols, part) for table, cols, _ in reads for part in parts])
+    fetched = store.parallel([reader(table, cols, part) for table, cols, _ in reads for part in parts])
     hists = [_concat(fetched[i * len(parts):(i + 1) * len(parts)]) for i in range(len(reads))]
     for (_, cols, keep_time), hist in zip(reads, hists, strict=True):
         idx = _match(hist, codes, t_q, ok, age)
@@ -322,7 +322,7 @@ def _fetch(store: FeatureStore, c: CompiledSchema, table: str, ids: pa.Array, co
                         buf.write(block)
         return buf.getvalue()
 
-    data: bytes = store._pg_run("the as-of query", run)
+    data: bytes = store.run_postgres("the as-of query", run)
     if not data:
         return _empty(types)
     if plan is not None:

@@ -61,7 +61,7 @@ class Host(Protocol):
     fill_wait: dt.timedelta
     negative_ttl: dt.timedelta
 
-    def _fetch_rows(self, c: CompiledSchema, ids: list[str]) -> pa.Table: ...
+    def newest_rows(self, c: CompiledSchema, ids: list[str]) -> pa.Table: ...
 
 #: The lineage a filled hash carries (the history row's own).
 LINEAGE = (SOURCE, SCHEMA_VERSION, SCHEMA_FINGERPRINT, RUN_ID, INGESTED_AT)
@@ -313,7 +313,7 @@ class Fallback:
         query = [i for i in ids if i not in again]
         out: dict[Hashable, Any] = {(c.name, i): AGAIN for i in again}
         if query:
-            rows = store._fetch_rows(c, query)
+            rows = store.newest_rows(c, query)
             self._count(queries=1)
             # the stored entity (of its own type) as the text the ids are (a Redis key's)
             entities = pc.cast(rows.column(str(c.schema.entity)), pa.string()).to_pylist()
@@ -336,7 +336,7 @@ class Fallback:
         if not owned:
             return 0
         mine = [i for i in ids if i in owned]
-        rows = self.store._fetch_rows(c, mine)
+        rows = self.store.newest_rows(c, mine)
         self._count(queries=1, refreshes=len(mine))
         if rows.num_rows:
             self._fill(c, rows)

@@ -134,7 +134,7 @@ class FeatureStore:
         self._plans: dict[tuple[str, tuple[str, ...] | None], Plan] = {}
         self._fallback = Fallback(self)
         self._pg: Any = None
-        #: per thread of :meth:`_parallel`: ``own`` (use ``conn``, not ``_pg``) and ``conn``
+        #: per thread of :meth:`parallel`: ``own`` (use ``conn``, not ``_pg``) and ``conn``
         self._pg_local = threading.local()
         self._checked: set[str] = set()
         #: schema name -> the features.ops.migrate.Upgrader of hashes older versions wrote
@@ -246,14 +246,25 @@ class FeatureStore:
             self.schemas_path, lambda: load_schemas(self.schemas_path), self._index_lock)
         return found
 
-    def _loadable(self, name: str) -> CompiledSchema:
+    def use_schema(self, c: CompiledSchema) -> None:
+        """Serve ``c`` under its name from now on, instead of the file in the schemas folder
+        (a command that compiled it already: ``features recompute``)."""
+        self._compiled[c.name] = c
+
+    @property
+    def redis_pool(self) -> RawPool:
+        """The raw Redis connections this store reads with (pipelined ``HMGET``,
+        :class:`features.sdk.redis_read.RawPool`)."""
+        return self._pool
+
+    def loadable_schema(self, name: str) -> CompiledSchema:
         c = self.schema(name)
         if not c.schema.loadable:
             raise ConfigError(f"schema {name!r} is validation-only (no entity/event_time): it has no "
                               "stored features", key="schema")
         return c
 
-    def _check_fingerprint(self, c: CompiledSchema, *, writing: bool = False) -> None:
+    def check_fingerprint(self, c: CompiledSchema, *, writing: bool = False) -> None:
         """The stores must hold ``c``'s version, or (for a read, not ``writing``) a compatible
         newer one this reader reads in its layout (:meth:`_newer_version`); else SinkError
         saying what to do. A read's answer is kept for the store's life."""
@@ -261,7 +272,7 @@ class FeatureStore:
             return
         from features.compile.postgres import SCHEMAS_TABLE, quote_ident
 
-        row = self._pg_run("the fingerprint check", lambda conn: conn.execute(
+        row = self.run_postgres("the fingerprint check", lambda conn: conn.execute(
             f"SELECT version, fingerprint FROM {quote_ident(SCHEMAS_TABLE)} WHERE schema_name = %s",
             (c.name,)).fetchone())
         if row is not None and row[1] != c.fingerprint and (
@@ -285,7 +296,7 @@ class FeatureStore:
             return newer
         if not read:
             return None
-        recorded = self._pg_run("the schema versions read", lambda conn: read_recorded(conn, c.name))
+        recorded = self.run_postgres("the schema versions read", lambda conn: read_recorded(conn, c.name))
         newer = newer_readable(recorded, c)
         if newer is None or not others <= newer.fingerprints:
             return None
@@ -303,7 +314,7 @@ class FeatureStore:
             up = self._upgraders.get(c.name)
         if up is not None and others <= up.old_fingerprints:
             return up
-        recorded = self._pg_run("the schema versions read", lambda conn: read_recorded(conn, c.name))
+        recorded = self.run_postgres("the schema versions read", lambda conn: read_recorded(conn, c.name))
         if recorded.fingerprint != c.fingerprint or not others <= set(recorded.ancestors(c.fingerprint)):
             return None
         up = Upgrader(self, c, recorded)
@@ -327,7 +338,7 @@ class FeatureStore:
 
     # --- connections ----------------------------------------------------------------------
 
-    def _pg_run(self, what: str, fn: Callable[[Any], _T]) -> _T:
+    def run_postgres(self, what: str, fn: Callable[[Any], _T]) -> _T:
         """``fn(connection)``, with driver errors translated at this edge
         (:func:`features.sinks.pg.map_psycopg_errors`): a connection lost under it (the
         server restarted, the backend was terminated) is reopened once and ``fn`` run
@@ -349,7 +360,7 @@ class FeatureStore:
 
     def _postgres(self) -> Any:
         local = self._pg_local
-        if getattr(local, "own", False):  # a thread of :meth:`_parallel`: its own connection
+        if getattr(local, "own", False):  # a thread of :meth:`parallel`: its own connection
             if local.conn is None or local.conn.closed:
                 local.conn = self._connect_postgres()
             return local.conn
@@ -363,12 +374,12 @@ class FeatureStore:
         return pg.connect(self.postgres_dsn, autocommit=True, utc=True, search_path=self.search_path,
                           timeout_s=self.timeout_s)
 
-    def _in_parallel(self) -> bool:
-        """Whether this thread is one of :meth:`_parallel`'s."""
+    def in_parallel(self) -> bool:
+        """Whether this thread is one of :meth:`parallel`'s."""
         return bool(getattr(self._pg_local, "own", False))
 
-    def _parallel(self, fns: Sequence[Callable[[], _T]]) -> list[_T]:
-        """``fn()`` of each, at once, each in a thread whose :meth:`_pg_run` calls use a
+    def parallel(self, fns: Sequence[Callable[[], _T]]) -> list[_T]:
+        """``fn()`` of each, at once, each in a thread whose :meth:`run_postgres` calls use a
         connection of its own (opened on first use, closed after): Postgres reads that
         would otherwise queue on the one connection (the sources of a view, the history
         and aggregates tables of a schema) run side by side, one backend each. The
@@ -421,7 +432,7 @@ class FeatureStore:
         key = (schema, tuple(features) if features is not None else None)
         plan = self._plans.get(key)
         if plan is None:
-            c = self._loadable(schema)
+            c = self.loadable_schema(schema)
             columns = self._features(c, features, "hot")
             hot_aggs = set(_aggregation_names(c, "hot"))
             names = [x for x in columns if x not in hot_aggs]
@@ -445,7 +456,7 @@ class FeatureStore:
             self._plans[key] = plan
         return plan
 
-    def _online_request(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None,
+    def online_request(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None,
                         lineage: bool = False) -> OnlineRequest:
         """What one online call reads, for the sync and the async path alike: the entity
         hashes, then (when hot aggregations are requested) the aggregates hashes, then
@@ -487,13 +498,13 @@ class FeatureStore:
         t0 = time.perf_counter()
         since = time.monotonic()
         try:
-            req = self._online_request(schema, entity_ids, features)
+            req = self.online_request(schema, entity_ids, features)
             replies = self._pool.hmget_many(req.reads)
             rows = small_rows(req, replies) if len(req.ids) <= SMALL_CALL else None
             if rows is not None:  # every id in Redis, fresh: no Arrow decoding
                 table, from_pg, missed = pa.Table.from_pylist(rows, req.plan.result), 0, 0
             else:
-                table, from_pg, missed = self._finish_current(req, replies, fallback, max_age, since)
+                table, from_pg, missed = self.finish_online(req, replies, fallback, max_age, since)
         except Exception:  # counted, then raised as it is
             self._metrics.error(self._label(schema), "online")
             raise
@@ -510,12 +521,12 @@ class FeatureStore:
         t0 = time.perf_counter()
         since = time.monotonic()
         try:
-            req = self._online_request(schema, entity_ids, features)
+            req = self.online_request(schema, entity_ids, features)
             replies = self._pool.hmget_many(req.reads)
             rows = small_rows(req, replies)  # any size: the dicts are made in Python either way
             from_pg = missed = 0
             if rows is None:
-                table, from_pg, missed = self._finish_current(req, replies, fallback, max_age, since)
+                table, from_pg, missed = self.finish_online(req, replies, fallback, max_age, since)
                 rows = table.to_pylist()
         except Exception:  # counted, then raised as it is
             self._metrics.error(self._label(schema), "online_dicts")
@@ -531,7 +542,7 @@ class FeatureStore:
         t0 = time.perf_counter()
         since = time.monotonic()
         try:
-            req = self._online_request(schema, entity_ids, features)
+            req = self.online_request(schema, entity_ids, features)
             table, from_pg, missed = await self._online_async(req, fallback, max_age, since)
         except Exception:  # counted, then raised as it is
             self._metrics.error(self._label(schema), "online_async")
@@ -565,7 +576,7 @@ class FeatureStore:
                 await asyncio.to_thread(self._upgrade, req)
         raise still_outdated(req)
 
-    def _finish_current(self, req: OnlineRequest, replies: list[Any], fallback: bool | None,
+    def finish_online(self, req: OnlineRequest, replies: list[Any], fallback: bool | None,
                         max_age: dt.timedelta | None, since: float) -> tuple[pa.Table, int, int]:
         """:meth:`_finish_online`, after rewriting the hashes an earlier version of the
         schema wrote (and reading them again) when there are any."""
@@ -664,7 +675,7 @@ class FeatureStore:
         if got.again:
             again = missing[np.array([ids[i] in got.again for i in missing], dtype=np.bool_)]
             sub_ids = [ids[i] for i in again]
-            sub = self._online_request(c.name, sub_ids, plan.columns if plan.columns else None, req.lineage)
+            sub = self.online_request(c.name, sub_ids, plan.columns if plan.columns else None, req.lineage)
             sub_table, _, _ = self._finish_online(sub, self._pool.hmget_many(sub.reads), False, None, since)
             hit = np.asarray(sub_table.column(FOUND).to_numpy(zero_copy_only=False), dtype=np.bool_)
             if hit.any():
@@ -724,7 +735,7 @@ class FeatureStore:
             if newer is not None:
                 return newer
             self._checked.discard(c.name)
-            self._check_fingerprint(c)  # Postgres holds another version: that error says what to do
+            self.check_fingerprint(c)  # Postgres holds another version: that error says what to do
             raise SinkError(f"Redis holds {c.name} {what} written with schema fingerprint "
                             f"{sorted(others)[0][:12]}, which is no earlier version the stores were migrated "
                             f"from to {c.schema.version_str} (fingerprint {c.fingerprint[:12]}, "
@@ -762,7 +773,7 @@ class FeatureStore:
             names += [x if x in aggs else AGG + x for x in agg_cols]
         return query, names
 
-    def _fetch_rows(self, c: CompiledSchema, ids: list[str]) -> pa.Table:
+    def newest_rows(self, c: CompiledSchema, ids: list[str]) -> pa.Table:
         """The newest stored row of each of ``ids`` (see :meth:`fetch_query`), one query. A
         database without the schema's tables has none."""
         from psycopg import errors
@@ -771,7 +782,8 @@ class FeatureStore:
         query, names = self.fetch_query(c, entity_in(c))
         values = entity_list(c, ids)
         try:
-            rows = self._pg_run("the fallback read", lambda conn: conn.execute(query, [values]).fetchall())
+            rows = self.run_postgres(
+                "the fallback read", lambda conn: conn.execute(query, [values]).fetchall())
         except errors.UndefinedTable:
             rows = []
         return _rows_to_table(c, names, rows)
@@ -788,7 +800,7 @@ class FeatureStore:
         from psycopg import errors
 
         try:
-            self._check_fingerprint(c)
+            self.check_fingerprint(c)
         except errors.UndefinedTable:
             pass
 
@@ -803,10 +815,10 @@ class FeatureStore:
         from features.compile.postgres import quote_ident
         from features.sdk.fallback import fill_rows, fillable
 
-        c = self._loadable(schema)
+        c = self.loadable_schema(schema)
         if not fillable(c):
             raise ConfigError(f"schema {schema!r} has no hot features: nothing to prewarm", key="schema")
-        self._check_fingerprint(c, writing=True)  # it writes this version's layout
+        self.check_fingerprint(c, writing=True)  # it writes this version's layout
         s = c.schema
         et = quote_ident(str(s.event_time))
         where: list[str] = ["true"]
@@ -884,7 +896,7 @@ class FeatureStore:
 
     def _historical_checked(self, schema: str, entity_df: Any, features: Sequence[str] | None,
                             timestamp_column: str, max_age: dt.timedelta | None) -> pa.Table:
-        c = self._loadable(schema)
+        c = self.loadable_schema(schema)
         columns = self._features(c, features, "cold")
         entity = str(c.schema.entity)
         if not isinstance(entity_df, pa.Table):
@@ -901,7 +913,7 @@ class FeatureStore:
         from psycopg import errors
 
         try:
-            self._check_fingerprint(c)
+            self.check_fingerprint(c)
             return self._historical(c, entity_df, columns, ts, max_age)
         except errors.UndefinedTable as exc:
             raise self._no_table(c, exc) from exc
@@ -927,7 +939,7 @@ class FeatureStore:
         from features.views import compile_view
 
         v = views[name]
-        schemas = {s.schema: self._loadable(s.schema) for s in v.sources}
+        schemas = {s.schema: self.loadable_schema(s.schema) for s in v.sources}
         with self._index_lock:
             cv = self._views.get(name)
             if cv is None:
@@ -950,10 +962,10 @@ class FeatureStore:
         """The store's clock (``clock``): seconds since the epoch."""
         return self.clock()
 
-    def _redis_replies(self, reads: list[tuple[list[str], list[str] | None]]) -> list[Any]:
+    def redis_replies(self, reads: list[tuple[list[str], list[str] | None]]) -> list[Any]:
         return self._pool.hmget_many(reads)
 
-    async def _redis_replies_async(self, reads: list[tuple[list[str], list[str] | None]]) -> list[Any]:
+    async def redis_replies_async(self, reads: list[tuple[list[str], list[str] | None]]) -> list[Any]:
         from features.sinks.redis_wire import map_redis_errors
 
         if self._aredis is None:  # redis-py's cluster client for a cluster: routes each HMGET by slot

@@ -65,14 +65,14 @@ class Store(Protocol):
     def schema(self, name: str) -> CompiledSchema: ...
     def historical(self, schema: str, entity_df: Any, features: Sequence[str] | None = None, *,
                    timestamp_column: str = "timestamp", max_age: dt.timedelta | None = None) -> pa.Table: ...
-    def _online_request(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None,
+    def online_request(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None,
                         lineage: bool = False) -> OnlineRequest: ...
-    def _finish_current(self, req: OnlineRequest, replies: list[Any], fallback: bool | None,
+    def finish_online(self, req: OnlineRequest, replies: list[Any], fallback: bool | None,
                         max_age: dt.timedelta | None, since: float) -> tuple[pa.Table, int, int]: ...
-    def _redis_replies(self, reads: list[tuple[list[str], list[str] | None]]) -> list[Any]: ...
-    async def _redis_replies_async(self, reads: list[tuple[list[str], list[str] | None]]) -> list[Any]: ...
+    def redis_replies(self, reads: list[tuple[list[str], list[str] | None]]) -> list[Any]: ...
+    async def redis_replies_async(self, reads: list[tuple[list[str], list[str] | None]]) -> list[Any]: ...
     def now(self) -> float: ...
-    def _parallel(self, fns: Sequence[Callable[[], _T]]) -> list[_T]: ...
+    def parallel(self, fns: Sequence[Callable[[], _T]]) -> list[_T]: ...
 
 
 # --- the request ---------------------------------------------------------------------------
@@ -175,7 +175,7 @@ class _OnlinePlan:
         def keys(name: str) -> list[Any]:
             return [r[name] for r in rows] if rows is not None else self.table.column(name).to_pylist()
 
-        self.requests = [store._online_request(s.schema, keys(s.key), hot, lineage)
+        self.requests = [store.online_request(s.schema, keys(s.key), hot, lineage)
                          for s, (hot, _) in zip(cv.sources, self.split, strict=True)]
         self.reads = [r for req in self.requests for r in req.reads]
 
@@ -244,7 +244,7 @@ def online(store: Store, cv: CompiledView, rows: Any, *, lineage: bool = False,
     Arrow when a few rows were all in Redis and the view has no request-time features."""
     plan = _plan_for(store, cv, rows, lineage, as_dicts)
     since = time.monotonic()
-    return _finish(store, plan, store._redis_replies(plan.reads), fallback, since, as_dicts)
+    return _finish(store, plan, store.redis_replies(plan.reads), fallback, since, as_dicts)
 
 
 async def online_async(store: Store, cv: CompiledView, rows: Any, *, lineage: bool = False,
@@ -253,7 +253,7 @@ async def online_async(store: Store, cv: CompiledView, rows: Any, *, lineage: bo
     (decoding, the Postgres fallback, the derivation) in a worker thread."""
     plan = _plan_for(store, cv, rows, lineage)
     since = time.monotonic()
-    replies = await store._redis_replies_async(plan.reads)
+    replies = await store.redis_replies_async(plan.reads)
     out = await asyncio.to_thread(_finish, store, plan, replies, fallback, since, False)
     assert isinstance(out, pa.Table)
     return out
@@ -276,7 +276,7 @@ def _finish(store: Store, plan: _OnlinePlan, replies: list[Any], fallback: bool 
     fetched: dict[str, pa.Array] = {}
     meta: dict[str, pa.Array] = {}
     for source, req, part, (_, cold) in zip(cv.sources, plan.requests, parts, plan.split, strict=True):
-        got, _, _ = store._finish_current(req, part, fallback, None, since)
+        got, _, _ = store.finish_online(req, part, fallback, None, since)
         if cold:  # cold-only features: Postgres's newest row at or before now, as historical reads it
             at = _cold_now(store, source, table, cold, now_s)
             got = got.drop_columns([name for name in cold if name in got.column_names])
@@ -475,8 +475,8 @@ def historical(store: Store, cv: CompiledView, entity_df: Any, *, timestamp_colu
         return store.historical(source.schema, frame, [f for f in source.features if f not in keys],
                                 timestamp_column=timestamp_column, max_age=max_age)
 
-    # the sources read side by side, a Postgres connection each (FeatureStore._parallel)
-    gots = store._parallel([functools.partial(read, source) for source in cv.sources])
+    # the sources read side by side, a Postgres connection each (FeatureStore.parallel)
+    gots = store.parallel([functools.partial(read, source) for source in cv.sources])
     for source, got in zip(cv.sources, gots, strict=True):
         c = store.schema(source.schema)
         keys = _keys(c)

@@ -63,7 +63,7 @@ class FeatureStore(Protocol):
     key_prefix: str
     timeout_s: float
 
-    def _loadable(self, name: str) -> CompiledSchema: ...
+    def loadable_schema(self, name: str) -> CompiledSchema: ...
 
 #: How many rejected rows a :class:`WriteSummary` carries (all of them are in the rejects table).
 SAMPLE_ROWS = 10
@@ -281,7 +281,7 @@ def write(fs: FeatureStore, schema: str, data: Any, *, run_id: str | None = None
     from features.load.local import load_source
 
     t0 = time.perf_counter()
-    compiled = fs._loadable(schema)
+    compiled = fs.loadable_schema(schema)
     run_id = run_id if run_id is not None else new_run_id()
     _check_name(run_id, "run_id")
     if source is not None:

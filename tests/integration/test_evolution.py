@@ -400,7 +400,7 @@ def test_migrate_rewrites_every_hash_on_a_redis_cluster(
         p = plan(fs, v2, None)
         assert p.refusal is None and p.migration is not None
         apply_postgres(fs, p)
-        up = Upgrader(fs, v2, fs._pg_run("read", lambda conn: read_recorded(conn, "evo_readings")))
+        up = Upgrader(fs, v2, fs.run_postgres("read", lambda conn: read_recorded(conn, "evo_readings")))
         try:
             rewritten = sum(up.upgrade(keys, aggs) for aggs in (False, True)
                             for keys in scan_keys(fs, "evo_readings", aggs, 16))
@@ -706,7 +706,7 @@ def test_a_write_between_the_migrations_read_and_its_restamp_wins(
                 assert client.hget("features:evo_readings__aggregates:{w4}",
                                    "_schema_fingerprint") == v2.fingerprint
 
-        recorded = fs._pg_run("read", lambda conn: read_recorded(conn, "evo_readings"))
+        recorded = fs.run_postgres("read", lambda conn: read_recorded(conn, "evo_readings"))
         up = Upgrader(fs, v2, recorded, before_write=meanwhile)
         try:
             entity = sum(up.upgrade(keys) for keys in scan_keys(fs, "evo_readings", False, 100))

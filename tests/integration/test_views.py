@@ -411,13 +411,13 @@ def test_one_round_trip_and_the_fallback_per_schema(
     rows = requests(loaded, 7, 30)
     with make_store(settings, pg_schema, redis_prefix) as fs:
         calls: list[int] = []
-        real = fs._pool.hmget_many
+        real = fs.redis_pool.hmget_many
 
         def counting(reads: Any) -> Any:
             calls.append(len(reads))
             return real(reads)
 
-        fs._pool.hmget_many = counting  # type: ignore[method-assign]
+        fs.redis_pool.hmget_many = counting  # type: ignore[method-assign]
         before = fs.online_view(VIEW, rows)
         assert len(calls) == 1 and calls[0] >= 3
         client = redis_py.Redis.from_url(settings.redis_url)

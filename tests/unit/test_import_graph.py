@@ -173,3 +173,29 @@ def test_postgres_connections_open_in_one_place() -> None:
     """Every Postgres connection comes from features.sinks.pg.connect (its errors mapped
     there); a second ``psycopg.connect`` would be a second error mapping to keep in step."""
     assert set(_calls("psycopg.connect")) == {"features.sinks.pg"}, _calls("psycopg.connect")
+
+
+#: private members of other libraries that featureline reaches on purpose, each with why
+_FOREIGN_PRIVATE = {
+    ("argparse", "_SubParsersAction"),  # the subcommands' parsers (no public handle): no abbreviations
+    ("parser", "_actions"),             # an argparse parser's options, walked for the same reason
+    ("action", "_choices_actions"),     # the subcommands' help lines (argparse)
+    ("env", "_j_stream_execution_environment"),  # PyFlink's Java environment: the job's settings
+}
+
+
+def test_no_module_touches_another_objects_private_members() -> None:
+    """Issue 46: the SDK's parts and the commands use public interfaces (``store.run_postgres``,
+    ``store.redis_pool``, ``store.use_schema``...), never ``store._pg_run``: an attribute
+    starting with one underscore is read only on ``self``/``cls`` (and on the few foreign
+    objects above, for a reason given)."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            private = isinstance(node, ast.Attribute) and node.attr[:1] == "_" and node.attr[:2] != "__"
+            if private:
+                assert isinstance(node, ast.Attribute)
+                base = ast.unparse(node.value)
+                if base not in ("self", "cls") and (base, node.attr) not in _FOREIGN_PRIVATE:
+                    found.append(f"{path.name}:{node.lineno}: {base}.{node.attr}")
+    assert not found, found
