@@ -62,7 +62,7 @@ def prepared_rows(path: Path, compiled: Any, settings: Any) -> pa.Table:
     """The valid, transformed rows with lineage, exactly what the sinks receive."""
     import datetime as dt
 
-    from features.compile import transform_program
+    from features.kernels import transform_program
     from features.lineage import RunContext
     from features.runner import process_batch
     from features.sources.parquet import ParquetSource
@@ -82,7 +82,8 @@ def raw_redis(rows: pa.Table, compiled: Any, url: str, *, ttl: bool = False) -> 
     import pyarrow.compute as pc
     import redis
 
-    from features.sinks.redis import RedisSink, _bulk, _concat_bytes, _const_bulk, encode_column
+    from features.compile.layout import encode_column
+    from features.sinks.redis import RedisSink, _bulk, _concat_bytes, _const_bulk
 
     sink = RedisSink(url, compiled)
     client = redis.Redis.from_url(url)

@@ -162,7 +162,7 @@ def duckdb_join(fs: Any, path: str) -> Callable[[pa.Table], int]:
     import pyarrow.compute as pc
 
     from features import asof
-    from features.sdk.stored import entity_values
+    from features.compile.layout import entity_values
 
     c = fs.schema(SCHEMA)
     cols, _ = cold_select(fs)
@@ -215,7 +215,7 @@ def join_only(fs: Any, df: pa.Table, duckdb_path: str | None, rounds: int) -> No
     import pyarrow.compute as pc
 
     from features import asof
-    from features.sdk.stored import entity_values
+    from features.compile.layout import entity_values
 
     c = fs.schema(SCHEMA)
     cols, _ = cold_select(fs)

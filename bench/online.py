@@ -14,7 +14,7 @@ into a scratch Postgres schema ``bench_online`` and Redis database 11. Then, in 
    ids, ``--reps`` repetitions after a warm-up) and, on the same ids in a rotating
    order, the raw baseline: redis-py with hiredis (the fastest ordinary client), one
    ``client.hmget`` for 1 id and a pipeline (``transaction=False``) of one ``HMGET`` per
-   key for more (``features.sinks.redis.entity_key``), of the same fields the SDK asks for
+   key for more (``features.compile.layout.entity_key``), of the same fields the SDK asks for
    (the hot features, ``_enc``, ``_schema_fingerprint``, ``_event_time``), nothing
    decoded. It prints microseconds and ours / raw at p50; the targets are 1 id p50 <=
    250 us and <= 2.5x raw, 100 ids <= 1.5x raw.
@@ -110,7 +110,7 @@ def online(fs: Any, url: str, ids: np.ndarray, batch: int, reps: int, warmup: in
     ids, the three in a rotating order on the same ids each repetition."""
     import redis
 
-    from features.sinks.redis import entity_key
+    from features.compile.layout import entity_key
 
     entity = fs.schema(SCHEMA).schema.entity
     probe = fs.online(SCHEMA, [ids[0]])

@@ -41,11 +41,12 @@ sys.path.insert(0, str(ROOT / "bench"))
 import pyarrow as pa  # noqa: E402
 from batch_load import dataset, prepared_rows, raw_redis  # noqa: E402
 
+from features.compile.layout import encode_column  # noqa: E402
 from features.config import resolve_settings  # noqa: E402
 from features.ops.dev.services import RedisCluster  # noqa: E402
 from features.ops.examples import applicant_schema  # noqa: E402
 from features.sinks.base import REJECTED_ROWS_SCHEMA, WriteUnit  # noqa: E402
-from features.sinks.redis import RedisSink, encode_column  # noqa: E402
+from features.sinks.redis import RedisSink  # noqa: E402
 
 UNIT = 100_000  # rows per sink write (a loader unit is one row group or batch)
 

@@ -397,7 +397,7 @@ def raw_reader(redis_url: str) -> Callable[[list[tuple[str, int]]], Any]:
     view's fields plus the checked ones (as bench/online.py asks for one schema)."""
     import redis
 
-    from features.sinks.redis import aggregates_key, entity_key
+    from features.compile.layout import aggregates_key, entity_key
 
     client = redis.Redis.from_url(redis_url)
     extra = ["_enc", "_schema_fingerprint", "_event_time"]

@@ -252,7 +252,7 @@ def check_hot(client: Any, key_prefix: str, schema: Schema, want: dict[tuple[Any
               ) -> None:
     """Redis holds, per entity of ``want``, the hot values of its newest event (a null
     value: an absent field)."""
-    from features.sinks.redis import aggregates_key
+    from features.compile.layout import aggregates_key
 
     assert schema.aggregations is not None
     names = [a.name for a in schema.aggregations.features]

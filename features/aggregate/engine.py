@@ -40,7 +40,8 @@ import pyarrow.compute as pc
 
 from features.aggregate.moments import PARTS as MOMENT_PARTS
 from features.aggregate.moments import fixed_point, variance, window_squares
-from features.schema.model import FLOAT_KINDS, INTEGER_KINDS, Aggregation, Aggregations, Schema, TypeKind
+from features.compile.layout import MOMENT_FUNCTIONS, aggregation_type, event_time_micros
+from features.schema.model import FLOAT_KINDS, Aggregation, Aggregations, Schema, TypeKind
 
 I64 = npt.NDArray[np.int64]
 Mask = npt.NDArray[np.bool_]
@@ -54,7 +55,7 @@ RAW_PARTS: dict[str, tuple[str, ...]] = {
     "first": ("v",),
     "last_k": ("v",),  # a list<int64> / list<float64> column: the window's k newest values, newest first
 }
-_MOMENTS = ("variance", "stddev", "variance_sample", "stddev_sample")
+_MOMENTS = MOMENT_FUNCTIONS
 LATE_RULE = "aggregation.lateness"
 _US = 1_000_000
 
@@ -102,23 +103,9 @@ class AggSpec:
         return [f"{a.name}.{p}" for a in self.windowed for p in RAW_PARTS[a.function]]
 
     def output_type(self, agg: Aggregation) -> pa.DataType:
-        """The Arrow type of a stored aggregation column."""
-        f = agg.function
-        if f in ("count", "count_distinct"):
-            return pa.int64()
-        if f in ("mean", "ratio") or f in _MOMENTS:
-            return pa.float64()
-        assert agg.of is not None
-        ft = self.schema.field(agg.of).type
-        if f == "sum" and ft.kind in FLOAT_KINDS:
-            return pa.float64()  # a fixed-point sum (scale), as a double
-        if f == "sum":
-            return pa.int64() if ft.kind in INTEGER_KINDS else pa.decimal128(38, int(ft.scale or 0))
-        from features.compile.arrow import arrow_type
-
-        if f == "last_k":
-            return pa.list_(arrow_type(ft))
-        return arrow_type(ft)
+        """The Arrow type of a stored aggregation column
+        (:func:`features.compile.layout.aggregation_type`)."""
+        return aggregation_type(self.schema, agg)
 
     def stored(self, target: str) -> tuple[Aggregation, ...]:
         return tuple(a for a in self.aggregations.features if target in a.store)
@@ -187,7 +174,6 @@ def _numeric(arr: pa.Array, kind: TypeKind) -> npt.NDArray[Any]:
 
 def extract(spec: AggSpec, rows: pa.Table | pa.RecordBatch) -> Inputs:
     """The aggregation inputs of ``rows`` (valid rows with their lineage, arrival order)."""
-    from features.sinks.redis import event_time_micros
 
     schema = spec.schema
     assert schema.entity is not None and schema.event_time is not None

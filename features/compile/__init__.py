@@ -17,9 +17,6 @@ from features.schema.model import Schema
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from features.config import Settings
-    from features.kernels import TransformProgram
-
 
 @dataclass(frozen=True, eq=False)
 class CompiledSchema:
@@ -76,13 +73,3 @@ def find_schema(name: str, schemas_dir: str | Path) -> CompiledSchema:
         raise ConfigError(f"no schema named {name!r} in {schemas_dir} (known: {known})", key="schema",
                           looked_in=[str(schemas_dir)])
     return compile_schema(schemas[name])
-
-
-def transform_program(compiled: CompiledSchema, settings: Settings) -> TransformProgram | None:
-    """The compiled transform program of the schema's derived features on the settings'
-    device, or None for a schema without any (``features.kernels``)."""
-    if not compiled.schema.features:
-        return None
-    from features.kernels import compile_transforms
-
-    return compile_transforms(compiled.schema, device=settings.device)

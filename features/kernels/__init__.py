@@ -20,6 +20,7 @@ from features.kernels.program import (
     TransformProgram,
     TransformResult,
     compile_transforms,
+    transform_program,
 )
 
-__all__ = ["REJECT_SCHEMA", "TransformProgram", "TransformResult", "compile_transforms"]
+__all__ = ["REJECT_SCHEMA", "TransformProgram", "TransformResult", "compile_transforms", "transform_program"]

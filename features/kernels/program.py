@@ -18,9 +18,11 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from features.compile import CompiledSchema
 from features.compile.arrow import arrow_type
+from features.compile.rejects import REJECT_SCHEMA
 from features.compile.rules import ReasonCode
-from features.config import Device
+from features.config import Device, Settings
 from features.errors import DeviceUnavailable
 from features.kernels.columns import SlotValues, one_hot_values, prepare_slots
 from features.kernels.cupy_backend import KernelSource, generate_source
@@ -42,7 +44,6 @@ from features.kernels.ops import (
     plan_program,
 )
 from features.schema.model import FieldType, Schema
-from features.validation.result import REJECT_SCHEMA
 
 log = logging.getLogger("features.kernels")
 
@@ -252,4 +253,13 @@ def compile_transforms(
     return TransformProgram(plan, NumpyBackend(plan, chunk_rows=chunk_rows))
 
 
-__all__ = ["REJECT_SCHEMA", "TransformProgram", "TransformResult", "arrow_dtype", "compile_transforms"]
+def transform_program(compiled: CompiledSchema, settings: Settings) -> TransformProgram | None:
+    """The compiled transform program of the schema's derived features on the settings'
+    device, or None for a schema without any."""
+    if not compiled.schema.features:
+        return None
+    return compile_transforms(compiled.schema, device=settings.device)
+
+
+__all__ = ["REJECT_SCHEMA", "TransformProgram", "TransformResult", "arrow_dtype", "compile_transforms",
+           "transform_program"]

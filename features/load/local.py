@@ -13,8 +13,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from features.compile import CompiledSchema, transform_program
+from features.compile import CompiledSchema
 from features.config import Settings
+from features.kernels import transform_program
 from features.lineage import RunContext
 from features.observe.metrics import RunMetrics
 from features.observe.progress import LineProgress, Progress

@@ -171,14 +171,15 @@ def _stream(settings: Any, topic: str, events: int, schemas: Path) -> dict[str, 
 def _read_back(settings: Any, compiled: Any) -> None:
     import redis
 
+    from features.compile.layout import entity_key
     from features.sinks import pg
-    from features.sinks.redis import entity_key
     from features.sinks.redis_wire import RedisEndpoint
 
     key = entity_key(compiled.name, "APP-001000000007")
     endpoint = RedisEndpoint.from_url(settings.redis_url)
     if endpoint.cluster:  # a Redis Cluster: ask the slot's primary
-        from features.sinks.redis_cluster import Cluster, key_slot
+        from features.compile.layout import key_slot
+        from features.sinks.redis_cluster import Cluster
 
         cluster = Cluster(endpoint, timeout_s=10)
         try:

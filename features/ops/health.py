@@ -184,9 +184,9 @@ _SAMPLE_SCANS = 20
 
 def _redis_versions(settings: Any, c: Any, got: Any, timeout_s: float) -> tuple[bool, str]:
     """``ok``, or ``MISMATCH`` when a sample of the schema's Redis hashes holds another version."""
+    from features.compile.layout import aggregates_key, entity_key
     from features.ops.migrate import glob_escape
     from features.sdk.fallback import redis_py_client
-    from features.sinks.redis import aggregates_key, entity_key
 
     head = f"{c.schema.version_str} ({c.fingerprint[:12]})"
     client = redis_py_client(settings.redis_url, timeout_s)

@@ -129,7 +129,7 @@ def newer_readable(recorded: Recorded, c: CompiledSchema) -> Newer | None:
     and in Postgres is stored there under the same name (a compatible change only adds
     columns, widens types and loosens constraints; a rename allowed by a rule is the one
     that moves a column). None otherwise, and when Postgres holds no YAML text for it."""
-    from features.sdk.stored import aggregation_names, cold_columns, hot_columns
+    from features.compile.layout import aggregation_names, cold_columns, hot_columns
 
     held = recorded.fingerprint
     if held is None or held == c.fingerprint or c.fingerprint not in recorded.ancestors(held):
@@ -196,9 +196,9 @@ class Upgrader:
     def _layout(self, fp: str, aggregates: bool) -> _Layout:
         got = self._layouts.get((fp, aggregates))
         if got is None:
+            from features.compile.layout import aggregation_names, hot_columns
             from features.compile.postgres import aggregation_pg_type
             from features.schema.diff import ChangeKind, diff_schemas
-            from features.sdk.stored import aggregation_names, hot_columns
 
             old = compiled_version(self.recorded.versions[fp], self.c.name)
             # renames along the chain from fp to the current version (new name -> old name)
@@ -238,7 +238,7 @@ class Upgrader:
 
         if not keys or not self.chain:
             return 0
-        from features.sdk.stored import reply_columns
+        from features.compile.layout import reply_columns
 
         fps = reply_columns(self.store.redis_pool.hmget_many([(list(keys), ["_schema_fingerprint"])]), 1)[0]
         written = 0
@@ -261,7 +261,7 @@ class Upgrader:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        from features.sdk.stored import (
+        from features.compile.layout import (
             aggregation_names,
             cold_columns,
             declared_type,
@@ -287,7 +287,7 @@ class Upgrader:
         n = len(keys)
         if n == 0:
             return 0
-        from features.sdk.stored import from_text
+        from features.compile.layout import from_text
 
         s = c.schema
         ent, et = str(s.entity), str(s.event_time)
@@ -330,8 +330,8 @@ class Upgrader:
         import pyarrow as pa
         from psycopg import errors
 
+        from features.compile.layout import entity_values, rows_to_table
         from features.compile.postgres import aggregates_table_name, cold_table_name, pg_type, quote_ident
-        from features.sdk.stored import entity_values, rows_to_table
 
         c = self.c
         s = c.schema
@@ -407,8 +407,8 @@ def _default(c: CompiledSchema, name: str, target: pa.DataType, n: int) -> pa.Ar
 def scan_keys(store: FeatureStore, name: str, aggregates: bool, count: int) -> Any:
     """Every entity (or aggregates) hash key of schema ``name``, ``count`` at a time (SCAN
     on every primary of a cluster)."""
+    from features.compile.layout import aggregates_key, entity_key
     from features.sdk.fallback import redis_py_client
-    from features.sinks.redis import aggregates_key, entity_key
 
     key = (aggregates_key if aggregates else entity_key)(name, "*")
     pattern = glob_escape(store.key_prefix + key[:-2]) + "*}"
@@ -434,7 +434,7 @@ def count_versions(store: FeatureStore, c: CompiledSchema, chunk: int) -> dict[s
     """Per hash kind (``entity``, ``aggregates``): how many hashes hold each fingerprint."""
     import pyarrow.compute as pc
 
-    from features.sdk.stored import reply_columns
+    from features.compile.layout import reply_columns
 
     out: dict[str, dict[str, int]] = {}
     kinds = [("entity", False)] + ([("aggregates", True)] if c.schema.aggregations is not None else [])

@@ -63,8 +63,10 @@ class Recomputed:
 def recomputable(c: CompiledSchema) -> tuple[list[str], dict[str, str]]:
     """The derived features Postgres holds that can be computed from what it holds, and
     why each other one cannot."""
+    from features.compile.layout import stored_fields
+
     s = c.schema
-    cold_fields = {f.name for f in s.fields if "cold" in f.store}
+    cold_fields = set(stored_fields(s, "cold"))
     ok: list[str] = []
     skipped: dict[str, str] = {}
     for feature in s.features:
@@ -192,9 +194,10 @@ class _FeatureRecompute:
     """The derived features of the stored rows of some entities, computed again."""
 
     def __init__(self, store: Any, c: CompiledSchema, names: list[str]) -> None:
-        from features.compile import compile_schema, transform_program
+        from features.compile import compile_schema
+        from features.compile.layout import hot_columns
         from features.config import Settings
-        from features.sdk.stored import hot_columns
+        from features.kernels import transform_program
 
         self.store = store
         self.c = c
@@ -212,9 +215,9 @@ class _FeatureRecompute:
         """(history rows updated, Redis hashes rewritten) for ``entities``."""
         import pyarrow as pa
 
+        from features.compile.layout import rows_to_table
         from features.compile.postgres import cold_table_name, quote_ident
         from features.sdk.columns import entity_pg_type as _entity_pg_type
-        from features.sdk.stored import rows_to_table
         from features.sinks.postgres import copy_csv
 
         s = self.c.schema
@@ -254,8 +257,8 @@ class _FeatureRecompute:
         updated = self.store.run_postgres("the derived features' update", write)
         rewritten = 0
         if updated and self.hot_columns:
+            from features.compile.layout import entity_key
             from features.ops.migrate import Upgrader, read_recorded
-            from features.sinks.redis import entity_key
 
             recorded = self.store.run_postgres(
                 "the versions read", lambda conn: read_recorded(conn, self.c.name))

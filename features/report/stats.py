@@ -31,9 +31,9 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from features.compile.listtext import list_text
 from features.kernels.hashing import fnv1a64_distinct
 from features.schema.model import FLOAT_KINDS, Field
-from features.sinks.listtext import list_text
 
 U64 = npt.NDArray[np.uint64]
 

@@ -30,7 +30,7 @@ MAX_IDENTIFIER: Final = 63
 # The suffixes of the names featureline derives from a schema's name, in the one
 # namespace (and Redis database) the schema's tables share with every other schema's:
 # a schema named ``x__aggregates`` would share schema ``x``'s aggregates table and Redis
-# hashes. The names are built from these constants (compile/postgres.py, sinks/redis.py)
+# hashes. The names are built from these constants (compile/postgres.py, compile/layout.py)
 # and schema names are refused when they end with one (:func:`reserved_name_problem`).
 #: the rejects table ``<schema>__rejects``
 REJECTS_SUFFIX: Final = "__rejects"

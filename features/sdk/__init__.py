@@ -7,8 +7,8 @@
 - :mod:`features.sdk.fallback`: the Postgres fallback under load (single-flight, fill,
   negative cache, refresh);
 - :mod:`features.sdk.historical`: the point-in-time read;
-- :mod:`features.sdk.stored`, :mod:`features.sdk.columns`: which columns are stored
-  where, their declared types, the result columns and the entity ids' forms.
+- :mod:`features.sdk.columns`: the result columns and the entity ids' forms (which columns
+  are stored where, and their declared types: :mod:`features.compile.layout`).
 
 ``features prewarm`` (:mod:`features.cli.prewarm`) calls :meth:`FeatureStore.prewarm`.
 

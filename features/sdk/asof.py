@@ -9,7 +9,7 @@ one sort and one ``np.searchsorted`` costs a fraction of that.
 
 Per frame chunk (``chunk_rows`` entity rows, default :data:`CHUNK_ROWS`):
 
-1. the chunk's ids in the entity's own type (:func:`features.sdk.stored.entity_values`: an id
+1. the chunk's ids in the entity's own type (:func:`features.compile.layout.entity_values`: an id
    that is no value of it is null and matches nothing), dictionary-encoded: one integer
    code per distinct id;
 2. the distinct ids go into a temporary table with one COPY, each with its latest frame
@@ -51,9 +51,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from features.compile import CompiledSchema
+from features.compile.layout import aggregation_names, declared_type, entity_values
+from features.compile.listtext import POSTGRES, parse_list_text
 from features.schema.model import TypeKind
-from features.sdk.stored import aggregation_names, declared_type, entity_values
-from features.sinks.listtext import POSTGRES, parse_list_text
 
 _T = TypeVar("_T")
 

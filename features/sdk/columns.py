@@ -9,8 +9,8 @@ from typing import Any
 import pyarrow as pa
 
 from features.compile import CompiledSchema
+from features.compile.layout import entity_values
 from features.schema.model import TypeKind
-from features.sdk.stored import entity_values
 
 #: Columns every ``online`` result carries besides the entity and the features.
 EVENT_TIME = "_event_time"
@@ -60,7 +60,7 @@ def entity_in(c: CompiledSchema) -> str:
 
 
 def entity_list(c: CompiledSchema, ids: Sequence[Any]) -> list[Any]:
-    """Caller ids as values of the entity's type (:func:`features.sdk.stored.entity_values`),
+    """Caller ids as values of the entity's type (:func:`features.compile.layout.entity_values`),
     those that are no value of it left out (they match nothing)."""
     text = pa.array([entity_text(i) for i in ids], pa.string())
     values: list[Any] = entity_values(c, text).drop_null().to_pylist()

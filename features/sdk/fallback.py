@@ -345,7 +345,7 @@ class Fallback:
     # --- Redis: the lock, the wait, the fill ----------------------------------------------------
 
     def _lock_key(self, c: CompiledSchema, i: str) -> str:
-        from features.sinks.redis import entity_key
+        from features.compile.layout import entity_key
 
         return self.store.key_prefix + entity_key(c.name, i) + ":fill"
 
@@ -377,7 +377,7 @@ class Fallback:
 
     def _await_fill(self, c: CompiledSchema, ids: list[str]) -> set[str]:
         """Wait up to ``fill_wait`` for other callers' fills of ``ids``; the ids filled."""
-        from features.sinks.redis import entity_key
+        from features.compile.layout import entity_key
 
         deadline = time.monotonic() + self.store.fill_wait.total_seconds()
         left = list(ids)
@@ -415,7 +415,7 @@ class Fallback:
 
 def fillable(c: CompiledSchema) -> bool:
     """Whether the schema's rows can be filled into Redis: it has hot features."""
-    from features.sdk.stored import hot_columns
+    from features.compile.layout import hot_columns
 
     return bool(c.schema.loadable and hot_columns(c))
 
@@ -425,7 +425,7 @@ def fill_rows(c: CompiledSchema, rows: pa.Table, sink_for: Any) -> int:
     script: the entity hashes (hot features Postgres does not hold stay absent, as the
     fallback serves them: null) and, where a row has one, the aggregates hashes. Returns
     the hashes written."""
-    from features.sdk.stored import declared_type
+    from features.compile.layout import declared_type
     from features.sinks.base import WriteUnit
 
     schema = c.schema

@@ -118,7 +118,7 @@ class RawRedis:
     def _hmget_cluster(self, reads: Sequence[tuple[Sequence[str], Sequence[str] | None]]) -> list[Any]:
         """:meth:`hmget_many` on a cluster: every primary gets its keys' HMGETs in one write
         (all primaries before any reply is read), redirections followed."""
-        from features.sinks.redis_cluster import key_slots
+        from features.compile.layout import key_slots
         from features.sinks.redis_wire import ReplyError
 
         keys = [k for ks, _ in reads for k in ks]

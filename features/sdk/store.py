@@ -28,6 +28,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from features.compile import CompiledSchema, compile_schema
+from features.compile.layout import aggregation_names as _aggregation_names
+from features.compile.layout import cold_columns as _cold_columns
+from features.compile.layout import declared_type as _declared_type
+from features.compile.layout import from_text as _from_text
+from features.compile.layout import hot_columns as _hot_columns
+from features.compile.layout import reply_columns as _reply_columns
+from features.compile.layout import rows_to_table as _rows_to_table
 from features.compile.migration import mismatch_hint
 from features.errors import ConfigError, SchemaError, SinkError
 from features.observe.metrics import DEFAULT_HOST, MetricsServer, Registry, SdkMethod, SdkMetrics
@@ -61,13 +68,6 @@ from features.sdk.online import (
     still_outdated,
 )
 from features.sdk.redis_read import RawPool
-from features.sdk.stored import aggregation_names as _aggregation_names
-from features.sdk.stored import cold_columns as _cold_columns
-from features.sdk.stored import declared_type as _declared_type
-from features.sdk.stored import from_text as _from_text
-from features.sdk.stored import hot_columns as _hot_columns
-from features.sdk.stored import reply_columns as _reply_columns
-from features.sdk.stored import rows_to_table as _rows_to_table
 
 if TYPE_CHECKING:
     from features.schema import Schema
@@ -462,7 +462,7 @@ class FeatureStore:
         hashes, then (when hot aggregations are requested) the aggregates hashes, then
         (for a schema with ``hot.refresh_after``) the entity hashes' PTTL, then (with
         ``lineage``) the entity hashes' ``_source`` and ``_run_id``."""
-        from features.sinks.redis import aggregates_key, entity_key
+        from features.compile.layout import aggregates_key, entity_key
 
         plan = self._plan(schema, features)
         name = plan.c.name
@@ -716,7 +716,7 @@ class FeatureStore:
         :class:`features.ops.migrate.Newer` is returned; else None).
         ``encodings``, ``fingerprints``: the ``_enc`` and ``_schema_fingerprint`` of the
         hashes; ``what`` names the hashes in the message (``hashes``, ``aggregates hashes``)."""
-        from features.sinks.redis import ENCODING_VERSION
+        from features.compile.layout import ENCODING_VERSION
 
         encs = set(pc.unique(encodings).to_pylist()) - {None}
         fps = set(pc.unique(fingerprints).to_pylist()) - {None}

@@ -33,11 +33,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from features.compile.layout import aggregation_names as _aggregation_names
+from features.compile.layout import hot_columns
 from features.errors import ConfigError, RequestRejected
 from features.sdk.columns import EVENT_TIME, FOUND, FROM
 from features.sdk.online import LINEAGE_FIELDS, SMALL_CALL, OnlineRequest, small_rows
-from features.sdk.stored import aggregation_names as _aggregation_names
-from features.sdk.stored import hot_columns
 from features.views.model import REQUEST_TIME
 
 if TYPE_CHECKING:

@@ -120,7 +120,7 @@ class SchemaIngest:
     def __init__(self, compiled: CompiledSchema, settings: Settings, *, topic: str,
                  dead_letter_topic: str | None, run_id: str, max_records: int = MAX_RECORDS,
                  max_errors: int = MAX_ERRORS, max_queued_bytes: int = MAX_QUEUED_BYTES) -> None:
-        from features.compile import transform_program
+        from features.kernels import transform_program
         from features.sinks.postgres import PostgresSink
         from features.stream.columnar import ColumnarDecoder
 

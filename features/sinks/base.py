@@ -24,7 +24,7 @@ from features.lineage import INGESTED_AT, RUN_ID, SCHEMA_FINGERPRINT, SCHEMA_NAM
 
 #: What a sink receives for the rejects of a unit (``WriteUnit.rejects``) and the rejects
 #: table stores: one row per rejected input row, with its lineage. (The validator's own
-#: ``REJECT_SCHEMA`` in ``features.validation.result`` is one row per failed rule.)
+#: ``REJECT_SCHEMA`` in ``features.compile.rejects`` is one row per failed rule.)
 REJECTED_ROWS_SCHEMA = pa.schema([
     pa.field(SOURCE, pa.string(), nullable=False),
     pa.field("row_index", pa.int64()),

@@ -49,6 +49,8 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from features.compile import CompiledSchema
+from features.compile.layout import stored_aggregations, stored_fields
+from features.compile.listtext import POSTGRES, list_text
 from features.compile.migration import mismatch_hint
 from features.compile.postgres import (
     SCHEMAS_TABLE,
@@ -63,7 +65,6 @@ from features.errors import SinkError, SinkUnavailable
 from features.lineage import SOURCE
 from features.sinks import pg
 from features.sinks.base import WriteResult, WriteUnit, retrying
-from features.sinks.listtext import POSTGRES, list_text
 from features.sinks.pgbinary import copy_binary
 
 LEDGER_TABLE = "featureline_ledger"
@@ -100,7 +101,7 @@ def copy_csv(table: pa.Table) -> bytes:
     Zoned timestamps are written as their UTC wall clock without a zone (Arrow formats
     those 20x faster); the sink's sessions run with ``TimeZone=UTC``, so Postgres reads
     them as the same instants. Lists are array literals (``{0.5,1e-45}``,
-    :mod:`features.sinks.listtext`).
+    :mod:`features.compile.listtext`).
     """
     columns = []
     for col in table.columns:
@@ -265,14 +266,13 @@ class PostgresSink:
         self.table = cold_table_name(schema)
         self.rejects_table = rejects_table_name(schema)
         keys = (schema.entity, schema.event_time)
-        stored = [f.name for f in schema.fields if f.name not in keys and "cold" in f.store]
+        stored = [name for name in stored_fields(schema, "cold") if name not in keys]
         features = list(schema.stored_features("cold"))
         from features.lineage import LINEAGE_COLUMNS
 
         self.columns: tuple[str, ...] = (*keys, *stored, *features, *LINEAGE_COLUMNS)  # type: ignore[arg-type]
-        aggs = schema.aggregations.features if schema.aggregations else ()
         self.aggregates_table = aggregates_table_name(schema)
-        self.aggregate_values = tuple(a.name for a in aggs if "cold" in a.store)
+        self.aggregate_values = stored_aggregations(schema, "cold")
         self.aggregate_columns: tuple[str, ...] = (
             *keys, *self.aggregate_values, *LINEAGE_COLUMNS)  # type: ignore[arg-type]
         self.reject_columns = ("_source", "row_index", "raw", "errors", "event_time", "_schema_name",

@@ -39,11 +39,21 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from features.compile import CompiledSchema
+from features.compile.layout import (
+    ENCODING_VERSION,
+    KEY_PREFIX,
+    encode_column,
+    event_time_micros,
+    key_slot,
+    key_slots,
+    ledger_key,
+    stored_aggregations,
+    stored_fields,
+)
 from features.errors import SinkError, SinkUnavailable
 from features.lineage import INGESTED_AT, RUN_ID, SCHEMA_FINGERPRINT, SCHEMA_VERSION, SOURCE
 from features.schema.syntax import AGGREGATES_SUFFIX
 from features.sinks.base import WriteResult, WriteUnit, binary_rows, laid_end_to_end, retrying
-from features.sinks.listtext import JSON, list_text
 from features.sinks.redis_wire import Conn, RedisEndpoint, ReplyError, map_redis_errors
 
 if TYPE_CHECKING:
@@ -51,8 +61,6 @@ if TYPE_CHECKING:
 
     from features.sinks.redis_cluster import Cluster
 
-ENCODING_VERSION = "1"
-KEY_PREFIX = "features"
 
 NEWEST_WINS = """
 -- KEYS: entity hashes. ARGV[1]: TTL in seconds (0: none). ARGV[2]: a MessagePack array
@@ -182,59 +190,6 @@ return n
 """
 
 
-def entity_key(schema_name: str, entity: str) -> str:
-    """The Redis key of one entity (what readers such as the SDK compute)."""
-    return f"{KEY_PREFIX}:{schema_name}:{{{entity}}}"
-
-
-def aggregates_key(schema_name: str, entity: str) -> str:
-    """The hash of one entity's hot aggregations: ``features:<schema>__aggregates:{<entity>}``."""
-    return entity_key(schema_name + AGGREGATES_SUFFIX, entity)
-
-
-def ledger_key(schema_name: str) -> str:
-    return f"{KEY_PREFIX}:{schema_name}:__ledger__"
-
-
-def encode_column(arr: pa.Array) -> pa.Array:
-    """Values as the text Redis stores (nulls stay null, i.e. absent fields).
-
-    strings/enums: as they are (UTF-8); integers: decimal; floats: the shortest text
-    that parses back to the same value (``0.1``, ``1e+20``); decimals: with their scale
-    (``1234.50``); bools: ``true``/``false``; dates: ``YYYY-MM-DD``; timestamps with a
-    zone: converted to UTC, ``YYYY-MM-DD HH:MM:SS.ffffffZ``; naive timestamps: the same
-    without ``Z``; lists: the JSON array of their elements' shortest text, ``[0.5,-0,1e-45]``
-    (:mod:`features.sinks.listtext`).
-    """
-    t = arr.type
-    if pa.types.is_dictionary(t):
-        arr = arr.cast(t.value_type)
-        t = arr.type
-    if pa.types.is_string(t):
-        return arr
-    if pa.types.is_large_string(t):
-        return arr.cast(pa.string())
-    if pa.types.is_list(t) or pa.types.is_fixed_size_list(t) or pa.types.is_large_list(t):
-        return list_text(arr, JSON)
-    if pa.types.is_timestamp(t) and t.tz is not None:
-        # Formatting a zoned timestamp consults the zone database per value (~5 µs);
-        # the UTC wall clock of the same instant formats 20x faster, then gets its Z.
-        naive = arr.cast(pa.timestamp(t.unit, "UTC")).cast(pa.timestamp(t.unit))
-        return pc.binary_join_element_wise(pc.cast(naive, pa.string()), "Z", "")
-    return pc.cast(arr, pa.string())
-
-
-def event_time_micros(arr: pa.Array) -> pa.Array:
-    """Event times (timestamp or date) as int64 microseconds since the epoch (UTC)."""
-    t = arr.type
-    if pa.types.is_date(t):
-        arr = arr.cast(pa.date32()).cast(pa.int32()).cast(pa.int64())
-        return pc.multiply(arr, 86_400_000_000)
-    if pa.types.is_timestamp(t):
-        return arr.cast(pa.timestamp("us", t.tz)).cast(pa.int64())
-    raise SinkError(f"event time column has type {t}, expected a timestamp or date", store="redis")
-
-
 def _bulk(values: pa.Array) -> pa.Array:
     """``$<bytes>\\r\\n<value>\\r\\n`` per value (null stays null)."""
     lengths = pc.cast(pc.binary_length(values), pa.string())
@@ -326,15 +281,14 @@ class RedisSink:
         assert entity is not None and event_time is not None
         self.entity = entity
         self.event_time = event_time
-        self.fields = tuple(f.name for f in schema.fields if "hot" in f.store)
+        self.fields = stored_fields(schema, "hot")
         self.features = schema.stored_features("hot")  # a one_hot feature: one column per value
         #: ``aggregates``: this sink writes the hot aggregations instead (their own hash per
         #: entity, see :func:`aggregates_key`; an equal event time replaces the values).
         self.hash_name = compiled.name
         self.script, self.script_sha = NEWEST_WINS, NEWEST_WINS_SHA
         if aggregates:
-            aggs = schema.aggregations.features if schema.aggregations else ()
-            self.fields, self.features = (), tuple(a.name for a in aggs if "hot" in a.store)
+            self.fields, self.features = (), stored_aggregations(schema, "hot")
             self.hash_name = compiled.name + AGGREGATES_SUFFIX
             self.script, self.script_sha = NEWEST_OR_EQUAL_WINS, NEWEST_OR_EQUAL_WINS_SHA
         #: ``fill``: rows read back from Postgres (the SDK's read-through fill, ``features
@@ -452,7 +406,6 @@ class RedisSink:
         def fetch() -> set[str]:
 
             if self._cluster is not None:
-                from features.sinks.redis_cluster import key_slot
 
                 members = self._cluster.call(key_slot(self._ledger()), ["SMEMBERS", self._ledger()])
                 prefix = self.compiled.fingerprint[:16] + " "
@@ -582,7 +535,6 @@ class RedisSink:
 
         def send() -> int:
             if self._cluster is not None:
-                from features.sinks.redis_cluster import key_slots
                 from features.sinks.redis_wire import command
 
                 calls = [command(["EVAL", DROP_IF_SOURCE, "1", k, v])
@@ -602,7 +554,6 @@ class RedisSink:
         """For a cluster: the EVALSHA calls writing ``rows`` and the slot of each. A call's
         keys must share a slot, so the rows are ordered by slot (stably: rows of one entity
         keep their order) and each call takes up to ``keys_per_call`` rows of one slot."""
-        from features.sinks.redis_cluster import key_slots
 
         slots = key_slots(self._keys(rows))
         order = np.argsort(slots, kind="stable")
@@ -620,7 +571,6 @@ class RedisSink:
         """Write ``rows`` to a cluster chunk by chunk (every primary's share of a chunk
         sent before any reply is read), wait for each written primary's replicas, then add
         the ledger entry. A failure raises before the entry: the retry sends it all again."""
-        from features.sinks.redis_cluster import key_slot
         from features.sinks.redis_wire import command
 
         cluster = self._cluster

@@ -19,8 +19,9 @@ there, resend), ``-TRYAGAIN``/``-CLUSTERDOWN``/``-LOADING``/``-BUSY`` and a scri
 mid-migration (back off, resend).
 A resent script call is harmless: featureline's scripts write nothing the second time.
 
-Slots are computed over Arrow arrays (:func:`key_slots`: numpy over the data buffer,
-memory linear in the keys' bytes) and checked against the server's ``CLUSTER KEYSLOT`` in the tests.
+Slots are computed over Arrow arrays (:func:`features.compile.layout.key_slots`: numpy over
+the data buffer, memory linear in the keys' bytes) and checked against the server's
+``CLUSTER KEYSLOT`` in the tests.
 """
 
 from __future__ import annotations
@@ -32,123 +33,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
-import pyarrow as pa
 
+from features.compile.layout import SLOTS
 from features.errors import SinkError, SinkUnavailable
 from features.sinks.redis_wire import Conn, ReplyError, command
 
 if TYPE_CHECKING:
     from features.sinks.redis_wire import RedisEndpoint
-
-SLOTS = 16384
-
-
-def _crc16_table() -> npt.NDArray[np.uint16]:
-    """CRC16-XMODEM (polynomial 0x1021), the one Redis Cluster hashes keys with."""
-    table = np.zeros(256, dtype=np.uint16)
-    for byte in range(256):
-        crc = byte << 8
-        for _ in range(8):
-            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else (crc << 1)
-        table[byte] = crc & 0xFFFF
-    return table
-
-
-_CRC16 = _crc16_table()
-
-
-def _hash_span(key: bytes) -> bytes:
-    start = key.find(b"{")
-    if start >= 0:
-        end = key.find(b"}", start + 1)
-        if end > start + 1:
-            return key[start + 1:end]
-    return key
-
-
-_CRC16_LIST: list[int] = [int(v) for v in _CRC16]
-
-#: Below this many keys still being hashed, :func:`key_slots` finishes them one by one
-#: in Python: a numpy step costs the same few microseconds for one key as for a thousand,
-#: so one 100 KB key among short ones would take 100,000 steps of nearly nothing.
-_SCALAR_BELOW = 16
-
-
-def _crc16(data: bytes | memoryview, crc: int = 0) -> int:
-    table = _CRC16_LIST
-    for byte in data:
-        crc = ((crc << 8) & 0xFFFF) ^ table[(crc >> 8) ^ byte]
-    return crc
-
-
-def key_slot(key: bytes | str) -> int:
-    """The slot of one key (Redis Cluster spec: CRC16 of the hash tag, mod 16384)."""
-    return _crc16(_hash_span(key.encode() if isinstance(key, str) else key)) % SLOTS
-
-
-def _first_at_or_after(sorted_positions: npt.NDArray[np.int64], at: npt.NDArray[np.int64],
-                       before: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """Per row, the first of ``sorted_positions`` in ``[at, before)``, or -1."""
-    i = np.searchsorted(sorted_positions, at, side="left")
-    found = np.full(len(at), -1, dtype=np.int64)
-    if len(sorted_positions):
-        hit = i < len(sorted_positions)
-        pos = sorted_positions[np.minimum(i, len(sorted_positions) - 1)]
-        hit &= pos < before
-        found[hit] = pos[hit]
-    return found
-
-
-def key_slots(keys: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.int64]:
-    """:func:`key_slot` of every key of a string/binary array (no nulls), vectorised and
-    in memory linear in the keys' total bytes (never rows times the longest key): the hash
-    tag's bounds come from the positions of the ``{``/``}`` bytes in the data buffer, then
-    one CRC16 step per byte position advances every key still that long at once (the
-    keys ordered longest first, so a step's keys are a prefix); the last few long keys
-    are finished one by one. Raises ValueError on a null key."""
-    if isinstance(keys, pa.ChunkedArray):
-        keys = keys.combine_chunks()
-    keys = keys.cast(pa.large_binary())
-    n = len(keys)
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
-    if keys.null_count:
-        raise ValueError("key_slots: null keys have no slot")
-    offsets = np.frombuffer(keys.buffers()[1], dtype=np.int64, count=n + 1, offset=keys.offset * 8)
-    data_buf = keys.buffers()[2]
-    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
-    starts, ends = offsets[:-1], offsets[1:]
-    # Only the keys' own bytes: a slice's buffer may hold other rows before and after.
-    window = data[int(offsets[0]):int(offsets[-1])]
-    base = int(offsets[0])
-    opens = np.flatnonzero(window == ord("{")).astype(np.int64) + base
-    closes = np.flatnonzero(window == ord("}")).astype(np.int64) + base
-    open_at = _first_at_or_after(opens, starts, ends)
-    close_at = _first_at_or_after(closes, open_at + 1, ends)
-    tagged = (open_at >= 0) & (close_at > open_at + 1)
-    lo = np.where(tagged, open_at + 1, starts)
-    span = np.where(tagged, close_at, ends) - lo
-    order = np.argsort(-span, kind="stable")
-    lo, span = lo[order], span[order]
-    # still[j]: how many keys (a prefix of ``order``) have more than j bytes to hash
-    steps = int(span[0])
-    still = np.searchsorted(-span, -np.arange(steps, dtype=np.int64), side="left") if steps else span[:0]
-    crc = np.zeros(n, dtype=np.int64)
-    table = _CRC16.astype(np.int64)
-    j = 0
-    while j < steps and still[j] >= _SCALAR_BELOW:
-        k = int(still[j])
-        head = crc[:k]
-        crc[:k] = ((head << 8) & 0xFFFF) ^ table[((head >> 8) ^ data[lo[:k] + j]) & 0xFF]
-        j += 1
-    if j < steps:
-        view = data.data  # a memoryview of the buffer: no copy
-        for r in range(int(still[j])):
-            crc[r] = _crc16(view[int(lo[r]) + j:int(lo[r] + span[r])], int(crc[r]))
-    out = np.empty(n, dtype=np.int64)
-    out[order] = crc % SLOTS
-    return out
-
 
 # --------------------------------------------------------------------------- protocol
 
@@ -396,4 +287,4 @@ def _one_line(c: Conn) -> bytes | ReplyError:
     return line
 
 
-__all__ = ["SLOTS", "Cluster", "Conn", "ReplyError", "command", "key_slot", "key_slots"]
+__all__ = ["Cluster", "Conn", "ReplyError", "command"]

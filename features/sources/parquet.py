@@ -272,8 +272,7 @@ def entity_shards(batch: pa.RecordBatch, compiled: CompiledSchema, shards: int,
     representation it comes from. A row whose entity is missing or does not convert (a
     reject to be) goes by its row number. Deterministic across processes and machines."""
     from features.compile.arrow import arrow_type
-    from features.sinks.redis import encode_column
-    from features.sinks.redis_cluster import key_slots
+    from features.compile.layout import encode_column, key_slots
     from features.validation.convert import convert
 
     n = batch.num_rows

@@ -124,7 +124,7 @@ class StreamProcessor:
                  dead_letter_topic: str | None, search_path: str | None = None, key_prefix: str = "",
                  log_every_s: float = 10.0, instance: str = "", metrics: RunMetrics | None = None,
                  chunk_records: int = DEFAULT_CHUNK_RECORDS) -> None:
-        from features.compile import transform_program
+        from features.kernels import transform_program
         from features.sinks.postgres import PostgresSink, WriterGuard
         from features.sinks.redis import RedisSink
 

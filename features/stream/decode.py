@@ -30,8 +30,8 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from features.compile.rejects import REJECT_SCHEMA
 from features.compile.rules import ReasonCode
-from features.validation.result import REJECT_SCHEMA
 
 PAYLOAD_FIELD = "_payload"
 #: how many unknown keys a summary names (the most frequent); the rest are counted in ``other``

@@ -7,12 +7,8 @@ Bad rows are data, never exceptions; see :mod:`features.validation.validator`.
 
 from __future__ import annotations
 
-from features.validation.result import (
-    REJECT_SCHEMA,
-    ReasonCode,
-    ValidationCounts,
-    ValidationResult,
-)
+from features.compile.rejects import REJECT_SCHEMA, ReasonCode
+from features.validation.result import ValidationCounts, ValidationResult
 from features.validation.validator import validate
 
 __all__ = ["REJECT_SCHEMA", "ReasonCode", "ValidationCounts", "ValidationResult", "validate"]

@@ -1,7 +1,7 @@
 """The outcome of validating one batch: valid rows, reject rows and counts.
 
 Rejects are data, not exceptions: one reject row per (input row, failed rule), in the
-fixed columns of :data:`REJECT_SCHEMA`. Callers who prefer an exception call
+fixed columns of :data:`~features.compile.rejects.REJECT_SCHEMA`. Callers who prefer an exception call
 :meth:`ValidationResult.raise_if_rejected`.
 """
 
@@ -15,32 +15,11 @@ from types import MappingProxyType
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from features.compile.rules import ReasonCode
+from features.compile.rejects import REJECT_SCHEMA, ReasonCode, empty_rejects
 from features.errors import RowsRejected
 
-#: The fixed columns of ``ValidationResult.rejects``:
-#:
-#: - ``row``: 0-based index of the offending row in the validated input;
-#: - ``field``: the field name; ``rule``: the rule id (``income_monthly.min``);
-#: - ``reason``: a :class:`ReasonCode` value (``min``);
-#: - ``message``: ``field income_monthly violates constraint min: got 0.00, expected >= 0.01``;
-#: - ``value``: the offending value as text (decimals at the field's scale, floats as
-#:   ``repr``, NaN as ``NaN``, strings unquoted), null when the value was null or absent.
-REJECT_SCHEMA = pa.schema(
-    [
-        pa.field("row", pa.int64(), nullable=False),
-        pa.field("field", pa.string(), nullable=False),
-        pa.field("rule", pa.string(), nullable=False),
-        pa.field("reason", pa.string(), nullable=False),
-        pa.field("message", pa.string(), nullable=False),
-        pa.field("value", pa.string(), nullable=True),
-    ]
-)
-
-
-def empty_rejects() -> pa.Table:
-    """A rejects table with no rows (and :data:`REJECT_SCHEMA`)."""
-    return REJECT_SCHEMA.empty_table()
+# REJECT_SCHEMA, ReasonCode and empty_rejects live in features.compile.rejects (below the
+# kernels, which make rejects too); this module's public names keep them.
 
 
 @dataclass(frozen=True)
@@ -72,7 +51,8 @@ class ValidationResult:
       schema (exactly ``compiled.arrow_schema``), in input order.
     - ``valid_row_index``: int64, for each valid row its 0-based row in the input, so
       lineage (``file://path#row``, Kafka offsets) can follow the row.
-    - ``rejects``: a table in :data:`REJECT_SCHEMA`, sorted by input row then rule order.
+    - ``rejects``: a table in :data:`~features.compile.rejects.REJECT_SCHEMA`, sorted by input
+      row then rule order.
     - ``input_rows``: the number of rows validated.
     """
 

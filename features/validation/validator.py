@@ -54,6 +54,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from features.compile import CompiledSchema
+from features.compile.rejects import REJECT_SCHEMA
 from features.compile.rules import ReasonCode, Rule
 from features.errors import CompileError, SourceError
 from features.schema.model import FLOAT_KINDS, INTEGER_KINDS, Field, TypeKind
@@ -67,7 +68,7 @@ from features.validation.masks import (
     string_lengths,
     valid_mask,
 )
-from features.validation.result import REJECT_SCHEMA, ValidationResult
+from features.validation.result import ValidationResult
 
 Index = npt.NDArray[np.int64]
 BoolMask = npt.NDArray[np.bool_]

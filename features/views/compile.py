@@ -5,7 +5,7 @@ program of one view.
   (the ``valid`` batch of a validation-only schema built from them, whose compiled
   rules :meth:`CompiledView.check_request` runs: the loader's validator, its messages);
 - ``fetched``: every fetched column, source by source in feature order, in the type the
-  stores hold it in (``features.sdk.stored.declared_type``), nullable;
+  stores hold it in (``features.compile.layout.declared_type``), nullable;
 - ``derived``: the request-time features, declared dtypes, in declared order;
 - ``output_schema``: the three, in that order.
 
@@ -36,12 +36,12 @@ import pyarrow as pa
 from features.compile import CompiledSchema, compile_schema
 from features.compile.arrow import METADATA_TYPE, arrow_type
 from features.compile.fingerprint import FINGERPRINT_FORMAT, canonical_value
+from features.compile.layout import declared_type
+from features.compile.rejects import REJECT_SCHEMA
 from features.config import Device
 from features.errors import CompileError, RowsRejected
 from features.schema.model import Feature, Field, Schema
-from features.sdk.stored import declared_type
 from features.validation import ValidationResult, validate
-from features.validation.result import REJECT_SCHEMA
 from features.views.model import REQUEST_TIME, View, ViewSource, feature_dependencies, fetched_fields
 
 __all__ = ["CompiledView", "compile_view", "view_fingerprint"]

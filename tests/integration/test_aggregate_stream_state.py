@@ -50,10 +50,10 @@ from psycopg import sql
 
 from features.aggregate.stream import KeyingError
 from features.compile import compile_schema
+from features.compile.layout import aggregates_key
 from features.config import Settings
 from features.load import load
 from features.schema import parse_schema
-from features.sinks.redis import aggregates_key
 from features.stream.core import StreamProcessor
 
 pytestmark = pytest.mark.services

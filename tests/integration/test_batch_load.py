@@ -23,12 +23,12 @@ import pytest
 import redis
 
 from features.compile import CompiledSchema, compile_schema
+from features.compile.layout import entity_key
 from features.config import Settings
 from features.errors import SinkError, SinkUnavailable, SourceError
 from features.load import load
 from features.ops.examples import applicant_schema, applicants
 from features.schema import load_schema
-from features.sinks.redis import entity_key
 
 pytestmark = pytest.mark.services
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,10 +16,11 @@ import pytest
 import redis
 
 from features import FeatureStore
+from features.compile.layout import entity_key
 from features.config import Settings
 from features.load import load
 from features.ops.examples import applicant_schema, applicants
-from features.sinks.redis import FILLED, entity_key
+from features.sinks.redis import FILLED
 
 pytestmark = pytest.mark.services
 ROOT = Path(__file__).resolve().parents[2]

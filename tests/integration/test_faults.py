@@ -416,7 +416,7 @@ def test_redis_still_loading_its_data_after_a_restart_is_waited_for_not_an_error
         ctx = RunContext(compiled.name, compiled.schema.version_str, compiled.fingerprint, "run-loading",
                          dt.datetime.now(dt.UTC))
         batch = next(iter(ParquetSource([path], compiled).batches()))
-        from features.compile import transform_program
+        from features.kernels import transform_program
 
         prepared = process_batch(batch, compiled, transform_program(compiled, settings), ctx, ctx.ingested_at)
         sink.open()  # SCRIPT LOAD meets -LOADING too

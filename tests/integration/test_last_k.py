@@ -21,10 +21,10 @@ from aggregate_reference import SCHEMA, history_table, random_history, reference
 
 from features import FeatureStore
 from features.compile import compile_schema
+from features.compile.layout import aggregates_key, entity_key
 from features.config import Settings
 from features.load import load
 from features.schema import parse_schema
-from features.sinks.redis import aggregates_key, entity_key
 
 pytestmark = pytest.mark.services
 COMPILED = compile_schema(parse_schema(SCHEMA))

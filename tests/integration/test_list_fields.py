@@ -21,10 +21,10 @@ import redis
 
 from features import FeatureStore
 from features.compile import CompiledSchema, compile_schema
+from features.compile.layout import entity_key
 from features.config import Settings
 from features.load import load
 from features.schema.parse import parse_schema
-from features.sinks.redis import entity_key
 from features.validation import validate
 
 pytestmark = pytest.mark.services

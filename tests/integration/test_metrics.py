@@ -28,11 +28,11 @@ from conftest import cli_environment
 
 from features import FeatureStore
 from features.compile import CompiledSchema
+from features.compile.layout import entity_key
 from features.config import Settings
 from features.load import load
 from features.observe.metrics import Registry, RunMetrics, Sample, parse_exposition, sample_value, serve
 from features.ops.examples import applicant_events, applicant_schema, applicants, click_history, clicks_schema
-from features.sinks.redis import entity_key
 
 pytestmark = pytest.mark.services
 ROOT = Path(__file__).resolve().parents[2]

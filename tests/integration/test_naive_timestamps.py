@@ -30,11 +30,11 @@ import redis
 
 from features import FeatureStore
 from features.compile import CompiledSchema, compile_schema
+from features.compile.layout import entity_key
 from features.config import Settings
 from features.errors import ConfigError
 from features.load import load
 from features.schema.parse import parse_schema
-from features.sinks.redis import entity_key
 from features.stream.core import StreamProcessor
 
 pytestmark = pytest.mark.services

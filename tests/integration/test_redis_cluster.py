@@ -22,13 +22,13 @@ import redis
 from redis.cluster import ClusterNode, RedisCluster
 
 from features.compile import CompiledSchema
+from features.compile.layout import key_slot, key_slots
 from features.config import Settings
 from features.errors import SinkUnavailable
 from features.load import load
 from features.ops.dev.services import RedisCluster as LocalCluster
 from features.ops.examples import applicant_schema, applicants
 from features.sdk.store import FeatureStore
-from features.sinks.redis_cluster import key_slot, key_slots
 
 pytestmark = pytest.mark.services
 ROOT = Path(__file__).resolve().parents[2]

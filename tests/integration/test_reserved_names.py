@@ -21,12 +21,12 @@ import redis
 from psycopg import sql
 
 from features import FeatureStore, compile_schema, parse_schema, validate
-from features.compile import transform_program
 from features.compile.expectations import run_suite
+from features.compile.layout import entity_key
 from features.config import Settings
+from features.kernels import transform_program
 from features.lineage import RunContext
 from features.load import load
-from features.sinks.redis import entity_key
 from features.stream.columnar import ColumnarDecoder
 from features.stream.core import prepare_records
 from features.stream.decode import record_uris

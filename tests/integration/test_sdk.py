@@ -20,11 +20,11 @@ import redis_kinds
 
 from features import FeatureStore
 from features.compile import CompiledSchema
+from features.compile.layout import entity_key
 from features.config import Settings
 from features.errors import ConfigError, SinkError
 from features.load import load
 from features.ops.examples import applicant_schema, applicants
-from features.sinks.redis import entity_key
 from features.validation import validate
 
 pytestmark = pytest.mark.services

@@ -27,12 +27,12 @@ import redis
 from features import FeatureStore
 from features.aggregate.engine import AggSpec
 from features.compile import CompiledSchema, compile_schema
+from features.compile.layout import aggregates_key, entity_key
 from features.config import Settings
 from features.errors import ConfigError, SinkError
 from features.load import load
 from features.ops.examples import click_history, clicks_schema
 from features.schema.parse import parse_schema
-from features.sinks.redis import aggregates_key, entity_key
 
 pytestmark = pytest.mark.services
 ROOT = Path(__file__).resolve().parents[2]

@@ -29,10 +29,11 @@ import redis_kinds
 
 from features import FeatureStore
 from features.compile import CompiledSchema
+from features.compile.layout import entity_key
 from features.config import Settings
 from features.load import load
 from features.ops.examples import applicant_schema, applicants
-from features.sinks.redis import NEWEST_WINS, _msgpack_str, entity_key
+from features.sinks.redis import NEWEST_WINS, _msgpack_str
 
 pytestmark = pytest.mark.services
 #: each test runs against one Redis server and the local Redis Cluster (tests/redis_kinds.py)

@@ -30,11 +30,12 @@ from test_faults import PrivateRedis
 
 from features import FeatureStore
 from features.compile import CompiledSchema
+from features.compile.layout import aggregates_key, entity_key
 from features.config import Settings
 from features.errors import ConfigError, SinkUnavailable, SourceError
 from features.load import load
 from features.ops.examples import applicant_schema, applicants, click_history, clicks_schema
-from features.sinks.redis import RedisSink, aggregates_key, entity_key
+from features.sinks.redis import RedisSink
 
 pytestmark = pytest.mark.services
 #: the fault tests' private Redis without persistence (a test can stop and start it)

@@ -172,8 +172,8 @@ def _ndjson(values: list[bytes]) -> bytes:
 def _reference_errors(values: list[bytes], request_id: str) -> list[tuple[int, str, str, str]]:
     """(index, field, rule, message) per field error: the stream's own micro-batch step on
     the same bytes, with the lineage URIs the service gives them."""
-    from features.compile import transform_program
     from features.config import resolve_settings
+    from features.kernels import transform_program
     from features.lineage import RunContext
     from features.stream.columnar import ColumnarDecoder
     from features.stream.core import prepare_records

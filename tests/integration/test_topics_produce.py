@@ -71,8 +71,8 @@ def test_topics_create_is_idempotent(topic: str, settings: Settings) -> None:
 
 
 def test_produce_parquet_reads_back_as_the_file(tmp_path: Path, topic: str, settings: Settings) -> None:
-    from features.compile import transform_program
     from features.config import resolve_settings
+    from features.kernels import transform_program
     from features.lineage import RunContext
     from features.stream.columnar import ColumnarDecoder
     from features.stream.core import prepare_records

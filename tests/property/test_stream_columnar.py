@@ -45,12 +45,9 @@ sys.path.insert(0, str(FUZZ))
 import fuzz_decoder  # noqa: E402
 import fuzzkit  # noqa: E402
 
-from features.compile import (  # noqa: E402
-    CompiledSchema,
-    compile_schema,
-    transform_program,
-)
+from features.compile import CompiledSchema, compile_schema  # noqa: E402
 from features.config import resolve_settings  # noqa: E402
+from features.kernels import transform_program  # noqa: E402
 from features.lineage import RunContext  # noqa: E402
 from features.ops.examples import UNDECODABLE, applicant_events, click_history, click_records  # noqa: E402
 from features.schema import load_schema  # noqa: E402

@@ -1,4 +1,4 @@
-"""``features.sdk.stored.entity_values`` on sliced arrays: pyarrow's ``if_else`` misreads a
+"""``features.compile.layout.entity_values`` on sliced arrays: pyarrow's ``if_else`` misreads a
 sliced string array, so the ids are read from an unsliced copy (a frame sliced out of a
 larger table, e.g. one chunk of ``features historical``, once matched the wrong ids)."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pyarrow as pa
 
 from features.compile import compile_schema
+from features.compile.layout import entity_values
 from features.schema import load_schemas
-from features.sdk.stored import entity_values
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -14,12 +14,12 @@ import pytest
 from features.compile import compile_schema
 from features.compile.arrow import arrow_type
 from features.compile.expectations import run_suite
+from features.compile.listtext import JSON, POSTGRES, list_text, parse_list_text
 from features.compile.postgres import pg_type
 from features.errors import SchemaError
 from features.lineage import RunContext
 from features.schema import parse_schema
 from features.schema.syntax import parse_type
-from features.sinks.listtext import JSON, POSTGRES, list_text, parse_list_text
 from features.stream.columnar import ColumnarDecoder
 from features.stream.core import prepare_records
 from features.stream.decode import record_uris

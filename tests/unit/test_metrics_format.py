@@ -385,8 +385,8 @@ def test_stream_and_sdk_metrics_have_their_names() -> None:
 
 
 def test_runner_accounting_and_metrics_agree(tmp_path: Path) -> None:
-    from features.compile import transform_program
     from features.config import Settings
+    from features.kernels import transform_program
     from features.lineage import RunContext
     from features.ops.examples import applicant_schema, applicants
     from features.runner import run

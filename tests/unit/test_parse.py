@@ -418,8 +418,8 @@ def test_every_suffix_of_a_derived_name_is_reserved() -> None:
     """The one list the schema check uses is the one the derived names are built from:
     tables, their key indexes (relations in the same namespace) and Redis hashes."""
     from features.compile import compile_schema, postgres
+    from features.compile.layout import aggregates_key
     from features.schema.syntax import RESERVED_PREFIXES, RESERVED_SUFFIXES
-    from features.sinks.redis import aggregates_key
 
     schema = parse_schema("name: s\nversion: 1.0.0\nentity: e\nevent_time: t\nfields:\n"
                           "  - {name: e, type: string, constraints: {required: true}}\n"

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from features.compile.layout import key_slot, key_slots
 from features.errors import ConfigError
-from features.sinks.redis_cluster import key_slot, key_slots
 from features.sinks.redis_wire import RedisEndpoint
 
 
@@ -94,7 +94,7 @@ def test_vectorised_slots_of_ragged_binary_keys_equal_the_scalar_definition(valu
 _PEAK = """
 import resource, sys
 import pyarrow as pa
-from features.sinks.redis_cluster import key_slots
+from features.compile.layout import key_slots
 resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))  # a regression fails, not the machine
 n, long_len, with_long = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
 keys = [f"features:s:{{APP-{i:012d}}}" for i in range(n)]

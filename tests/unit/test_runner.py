@@ -27,10 +27,10 @@ import pyarrow.parquet as pq
 import pytest
 from memory_sink import MemorySink
 
-from features.compile import CompiledSchema, transform_program
+from features.compile import CompiledSchema
 from features.config import Settings
 from features.errors import SinkError
-from features.kernels import TransformProgram
+from features.kernels import TransformProgram, transform_program
 from features.lineage import LINEAGE_COLUMNS, BatchLineage, RunContext
 from features.observe.progress import Progress
 from features.ops.examples import applicant_schema, applicants

@@ -17,11 +17,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from features.compile import CompiledSchema, compile_schema, transform_program
+from features.compile import CompiledSchema, compile_schema
 from features.compile.fingerprint import fingerprint
 from features.compile.migration import plan_migration
 from features.config import resolve_settings
 from features.errors import SchemaErrors, SourceError
+from features.kernels import transform_program
 from features.lineage import RunContext
 from features.schema import parse_schema
 from features.schema.diff import ChangeKind
