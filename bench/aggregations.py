@@ -87,9 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     from confluent_kafka.admin import AdminClient
 
     from features.compile import compile_schema
+    from features.flink.stream import merged_summary
     from features.load import load
     from features.schema import load_schema
-    from features.stream.job import merged_summary
     from features.stream.kafka import ensure_topic, produce
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])

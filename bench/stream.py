@@ -122,7 +122,7 @@ JOB = ROOT / "jobs" / "stream_job.py"
 SCHEMA = "credit_applicant"
 REDIS_DB = 13
 PARTITIONS = 2
-from features.stream.job import StreamConfig  # noqa: E402
+from features.flink.stream import StreamConfig  # noqa: E402
 
 #: the job's default --batch-size and --max-wait-ms (set with the bench's options of the same
 #: names, which both the Flink job and the baseline's consume call then use)

@@ -134,7 +134,7 @@ def env_var(name: str) -> str:
 
 
 #: The environment variables of every secret-bearing setting: what a job's client removes
-#: from its environment before a Flink JVM starts (``features.stream.job.scrub_environment``):
+#: from its environment before a Flink JVM starts (``features.flink.env.scrub_environment``):
 #: the JVM hands its environment to the Python workers, and Beam logs a worker's whole
 #: environment at INFO when it closes (``DefaultJobBundleFactory``: "Closing environment").
 SECRET_ENVIRONMENT = tuple(env_var(n) for n in _SECRET_BEARING)

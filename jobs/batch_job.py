@@ -15,7 +15,7 @@ from pathlib import Path
 # `flink run -py` starts this file with the repository root not on sys.path.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from features.jobs import run
+from features.cli.job_file import run
 
 if __name__ == "__main__":
     sys.exit(run("batch"))

@@ -39,7 +39,7 @@ COMMANDS: dict[str, str] = {
     "health": "features.cli.health",
     "historical": "features.cli.historical",
     "init": "features.cli.init",
-    "job-file": "features.jobs",
+    "job-file": "features.cli.job_file",
     "load": "features.cli.load",
     "kernels": "features.cli.kernels",
     "migrate": "features.cli.migrate",

@@ -34,8 +34,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--engine", choices=("local", "flink"), default=None,
                    help="local: this process (or --workers processes); flink: a Flink job in BATCH mode "
                    "with --parallelism tasks, one shard of the entities each, on a local mini-cluster or, "
-                   "under `flink run -py jobs/batch_job.py`, on that cluster (default: local; flink under "
-                   "`flink run`)")
+                   "under `flink run -py \"$(features job-file batch)\"`, on that cluster (default: local; "
+                   "flink under `flink run`)")
     p.add_argument("--parallelism", type=int, default=None, metavar="N",
                    help="with --engine flink: tasks (shards) of the job (default: Flink's default "
                    "parallelism: the cores of this machine locally, `flink run -p N` on a cluster; "
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from features.config import resolve_settings
     from features.lineage import new_run_id
     from features.load import load, render_summary
-    from features.observe.logs import active_format, set_run_id, user_message
+    from features.observe.logs import active_format, bind_run_id, set_run_id, user_message
     from features.observe.metrics import Registry, RunMetrics, linger, serve
     from features.sources.parquet import DEFAULT_BATCH_ROWS
 
@@ -103,10 +103,17 @@ def run(args: argparse.Namespace) -> int:
                               key="metrics_port") from exc
         log.info("metrics on %s", server.url, extra={"metrics_url": server.url})
     try:
-        summary = load(args.paths, compiled, settings, batch_rows=args.batch_rows or DEFAULT_BATCH_ROWS,
-                       progress=not args.no_progress and not args.json and active_format() != "json",
-                       run_id=run_id, metrics=metrics, engine=engine, workers=args.workers,
-                       parallelism=args.parallelism)
+        batch_rows = args.batch_rows or DEFAULT_BATCH_ROWS
+        if engine == "flink":
+            from features.flink.batch import load_flink
+
+            with bind_run_id(run_id):
+                summary = load_flink(args.paths, compiled, settings, parallelism=args.parallelism,
+                                     batch_rows=batch_rows, run_id=run_id)
+        else:
+            summary = load(args.paths, compiled, settings, batch_rows=batch_rows,
+                           progress=not args.no_progress and not args.json and active_format() != "json",
+                           run_id=run_id, metrics=metrics, workers=args.workers)
         if args.json:
             print(json.dumps(summary.as_dict()))  # one line: a log of runs is JSON Lines
         else:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from features.cli.load import add_metrics_arguments
-from features.stream.job import StreamConfig
+from features.flink.stream import StreamConfig
 from features.stream.summary import render
 
 
@@ -83,11 +83,11 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from features.compile import find_schema
     from features.config import resolve_settings
+    from features.flink.stream import StreamConfig, latest_checkpoint, merged_summary
+    from features.flink.stream import run as run_job
     from features.home import shown, state_home
     from features.lineage import new_run_id
     from features.observe.logs import active_format, set_run_id, user_message
-    from features.stream.job import StreamConfig, latest_checkpoint, merged_summary
-    from features.stream.job import run as run_job
 
     settings = resolve_settings(schemas_dir=args.schemas_dir, kafka_bootstrap=args.bootstrap)
     compiled = find_schema(args.schema, settings.schemas_dir)  # fails early on a bad schema
@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(render(summary, compiled.name))
     if args.metrics_port is not None and args.metrics_linger_s > 0:
-        from features.stream.job import serve_final_metrics
+        from features.flink.stream import serve_final_metrics
 
         sys.stdout.flush()
         serve_final_metrics(state / "summaries", run_id, args.metrics_host, args.metrics_linger_s)

@@ -3,47 +3,21 @@
 ``features/jobs/stream.py`` is ``features stream`` and ``features/jobs/batch.py`` is
 ``features load``, with the same flags. Each also runs as a module
 (``python -m features.jobs.stream ...``). ``features job-file stream`` prints the path of
-the installed file, for ``flink run -py "$(features job-file stream)" ...``; the
-repository's ``jobs/*.py`` are thin wrappers over these.
+the installed file (:func:`features.flink.job_file`), for ``flink run -py "$(features
+job-file stream)" ...``; the repository's ``jobs/*.py`` are thin wrappers over these.
+
+**Why here, not in** ``features/flink/``: a job file is an entry point that runs a command
+(:func:`features.cli.job_file.run`), so it imports ``features.cli``, the top layer of the
+import contract. Inside ``features/flink/`` it would be an arrow against the flow, and the
+contract cannot name it as a layer of its own there (import-linter: "layers cannot contain
+other layers"), so the job files sit in the top layer beside ``features.cli``. Their path
+lookup (:func:`features.flink.job_file`, which ``features demo`` uses too) and everything
+the jobs run is in ``features/flink/``.
+
+``flink run -py`` runs a job file as a script, with its own folder (or a temporary one
+linking to it) on ``sys.path`` and the package not importable from there, so each file
+first puts the folder above the package first on ``sys.path`` and drops its own: the
+package then imports the same way it does installed or shipped with ``-pyfs``. That fix
+must run before the package can be imported, so it stays in each file; everything after
+it is one function, :func:`features.cli.job_file.run`.
 """
-
-from __future__ import annotations
-
-import argparse
-import sys
-from pathlib import Path
-from typing import Any
-
-#: job name -> the ``features`` subcommand it runs.
-JOBS = {"stream": "stream", "batch": "load"}
-
-
-def run(name: str) -> int:
-    """Job ``name`` with this process's arguments: what its job file runs."""
-    from features.cli import main
-
-    return main([JOBS[name], *sys.argv[1:]])
-
-
-def job_file(name: str) -> Path:
-    """The installed job file for ``name`` (``stream`` or ``batch``)."""
-    if name not in JOBS:
-        raise ValueError(f"unknown job {name!r}: expected one of {', '.join(JOBS)}")
-    return Path(__file__).resolve().parent / f"{name}.py"
-
-
-def add_parser(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser(
-        "job-file", help="print the path of an installed job file, for `flink run -py`",
-        description="Print the absolute path of the job file that `flink run -py` submits: "
-        "`stream` runs `features stream`, `batch` runs `features load`, with the same flags. "
-        "Example: flink run -py \"$(features job-file stream)\" -pyfs <featureline wheel> "
-        "--schema NAME --topic T --detach (docs/streaming.md, \"On a Flink cluster\").",
-    )
-    p.add_argument("job", choices=sorted(JOBS), help="which job")
-    p.set_defaults(func=_run)
-
-
-def _run(args: argparse.Namespace) -> int:
-    print(job_file(args.job))
-    return 0

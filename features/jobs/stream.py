@@ -1,9 +1,6 @@
 """``features stream`` as a job file: ``flink run -py "$(features job-file stream)" ...`` or
-``python -m features.jobs.stream ...``, with the flags of ``features stream``.
-
-``flink run -py`` runs this file as a script, with its own folder (not the one holding
-the package) first on ``sys.path``; the folder above the package is put first so the
-package imports the same way it does installed or shipped with ``-pyfs``.
+``python -m features.jobs.stream ...``, with the flags of ``features stream``. How it finds the
+package it sits in: :mod:`features.jobs`.
 """
 
 from __future__ import annotations
@@ -15,7 +12,7 @@ if __package__ in (None, ""):  # run as a file: its folder is sys.path[0], not t
     _here = Path(__file__).resolve().parent
     sys.path[:] = [str(_here.parents[1]), *(p for p in sys.path if Path(p or ".").resolve() != _here)]
 
-from features.jobs import run
+from features.cli.job_file import run
 
 if __name__ == "__main__":
     sys.exit(run("stream"))

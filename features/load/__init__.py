@@ -25,8 +25,7 @@ log = logging.getLogger("features.load")
 def load(paths: Sequence[str | Path], compiled: CompiledSchema, settings: Settings, *,
          batch_rows: int = DEFAULT_BATCH_ROWS, search_path: str | None = None, key_prefix: str = "",
          progress: bool = False, run_id: str | None = None, metrics: RunMetrics | None = None,
-         workers: int = 1, shard: tuple[int, int] | None = None, engine: str = "local",
-         parallelism: int | None = None) -> RunSummary:
+         workers: int = 1, shard: tuple[int, int] | None = None) -> RunSummary:
     """Load Parquet ``paths`` into both stores; returns the run's summary.
 
     Raises SourceError before writing anything when a file is unreadable or does not
@@ -38,23 +37,15 @@ def load(paths: Sequence[str | Path], compiled: CompiledSchema, settings: Settin
     counts) on ``features.load``, with the run id.
 
     ``workers`` > 1: that many processes, each loading one shard of the entities
-    (:func:`load_workers`). ``engine="flink"``: a Flink BATCH job of ``parallelism`` shard
-    tasks instead (``features.load.flink``; None: the environment's default parallelism,
-    e.g. ``flink run -p N``). ``shard=(i, n)``: only the rows of entity shard
-    ``i`` of ``n`` (``features.sources.parquet.entity_shards``), with ledger units of
-    their own.
+    (:func:`load_workers`); a Flink BATCH job of shard tasks is
+    :func:`features.flink.batch.load_flink` (``features load --engine flink``).
+    ``shard=(i, n)``: only the rows of entity shard ``i`` of ``n``
+    (``features.sources.parquet.entity_shards``), with ledger units of their own.
     """
     run_id = run_id or new_run_id()
     if workers < 1:
         raise ConfigError(f"workers must be >= 1, got {workers}", key="workers")
-    if engine not in ("local", "flink"):
-        raise ConfigError(f"engine {engine!r}: expected local or flink", key="engine")
     with bind_run_id(run_id):
-        if engine == "flink":
-            from features.load.flink import load_flink
-
-            return load_flink(paths, compiled, settings, parallelism=parallelism, batch_rows=batch_rows,
-                              search_path=search_path, key_prefix=key_prefix, run_id=run_id)
         if workers > 1:
             return load_workers(paths, compiled, settings, workers=workers, batch_rows=batch_rows,
                                 search_path=search_path, key_prefix=key_prefix, progress=progress,

@@ -1,5 +1,5 @@
 """Opening every store a load writes to, once, before the workers or Flink tasks start
-(``features.load.load_workers``, ``features.load.flink``)."""
+(``features.load.load_workers``, ``features.flink.batch``)."""
 
 from __future__ import annotations
 

@@ -152,7 +152,7 @@ def _stream(settings: Any, topic: str, events: int, schemas: Path) -> dict[str, 
               f"among them) to {topic}")
     else:
         print(f"{topic} already holds {have:,} records: reusing them")
-    from features.jobs import job_file
+    from features.flink import job_file
 
     job = job_file("stream")
     args = ["--schema", "credit_applicant", "--schemas-dir", str(_shown(schemas)), "--topic", topic,

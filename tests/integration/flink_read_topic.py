@@ -14,7 +14,7 @@ from pyflink.common import Configuration
 from pyflink.datastream import StreamExecutionEnvironment
 from pyflink.table import StreamTableEnvironment
 
-from features.ops.dev.services import kafka_connector_jar
+from features.flink.connector import kafka_connector_jar
 
 
 def main() -> int:

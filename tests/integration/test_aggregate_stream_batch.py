@@ -91,8 +91,8 @@ def test_stream_with_sigkill_and_batch_backfill_compute_identical_aggregations(
     import psycopg
     import pyarrow.parquet as pq
 
+    from features.flink.stream import latest_checkpoint, merged_summary
     from features.load import load
-    from features.stream.job import latest_checkpoint, merged_summary
 
     history = click_history(EVENTS, seed=5, users=USERS)
     assert history.num_rows >= EVENTS

@@ -48,13 +48,13 @@ from test_stream import check_stores, expected  # the stream tests' reference an
 
 from features.compile import CompiledSchema
 from features.config import Settings
+from features.flink.stream import merged_summary
 from features.home import state_home
 from features.load import load
 from features.ops.dev.services import Kafka, Postgres
 from features.ops.examples import applicant_events, applicant_schema, applicants
 from features.sinks.postgres import PostgresSink
 from features.sinks.redis import RedisSink
-from features.stream.job import merged_summary
 from features.stream.kafka import ensure_topic, entity_keys, produce, read_topic
 
 pytestmark = pytest.mark.services

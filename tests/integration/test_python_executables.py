@@ -17,7 +17,7 @@ SCRIPT = """
 import json, sys
 from pyflink.common import Configuration
 from pyflink.datastream import StreamExecutionEnvironment
-from features.stream.job import python_executables
+from features.flink.env import python_executables
 
 out = {}
 both = {"python.executable": "/opt/w/python", "python.client.executable": "/opt/c/python"}

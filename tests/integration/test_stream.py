@@ -151,7 +151,7 @@ def test_sigkill_mid_stream_then_restart_from_checkpoint_is_exact(settings: Sett
                                                                   tmp_path: Path) -> None:
     import psycopg
 
-    from features.stream.job import latest_checkpoint
+    from features.flink.stream import latest_checkpoint
 
     topic = stream_topic
     compiled = applicant_schema()

@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 
 from features.config import Settings, redact
 from features.errors import ConfigError
+from features.flink.stream import StreamConfig, redacted
 from features.observe.logs import JsonFormatter, TextFormatter, fields
 from features.sinks.redis_wire import RedisEndpoint
-from features.stream.job import StreamConfig, redacted
 
 #: the characters that end a URL part somewhere, quotes, spaces, and some plain ones
 _ALPHABET = "?#&@/\\: '\"=%aZ9-_."

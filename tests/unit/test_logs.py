@@ -137,7 +137,7 @@ def test_the_stream_start_line_shows_the_dead_letter_topic_it_writes_to(given: s
     """``stream: submitting`` logs the job's configuration: the dead-letter topic and the
     consumer group as the job resolves them (it said ``"dead_letter_topic": null`` while
     the job wrote to ``<topic>.rejects``); null only when dead letters are disabled."""
-    from features.stream.job import StreamConfig, default_group_id, redacted
+    from features.flink.stream import StreamConfig, default_group_id, redacted
 
     cfg = StreamConfig(schema_path="schemas/clicks.yaml", topic="clicks", bootstrap="k:9092",
                        postgres_dsn="postgresql://db/f", redis_url="redis://c:1/0", dead_letter_topic=given)

@@ -303,7 +303,7 @@ def test_endpoint_serves_the_exposition_and_frees_its_port() -> None:
 
 
 def test_endpoint_serves_a_text_source_as_read_at_each_scrape() -> None:
-    """The stream job serves its subtasks' saved final values (features.stream.job)."""
+    """The stream job serves its subtasks' saved final values (features.flink.stream)."""
     reg = Registry()
     RunMetrics(reg, "s", stream=True).unit(read=5, stored=4, rejected=1, already_present=0,
                                            by_rule={"income.min": 1})

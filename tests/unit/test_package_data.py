@@ -33,7 +33,7 @@ def test_the_maven_poms_are_package_data() -> None:
 def test_the_job_files_run_from_anywhere_as_files_and_as_modules(tmp_path: Path) -> None:
     """``flink run -py`` runs a job file as a script from any folder: the installed file
     must import the package it sits in and be the command it names, not a neighbour."""
-    from features.jobs import JOBS, job_file
+    from features.flink import JOBS, job_file
 
     for name, command in JOBS.items():
         path = job_file(name)

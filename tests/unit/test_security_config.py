@@ -17,10 +17,10 @@ import pytest
 from features.compile.postgres import quote_ident, quote_literal
 from features.config import MASK, Settings, is_secret_name, read_secrets_file, redact, resolve_settings
 from features.errors import CompileError, ConfigError, SchemaError, SchemaErrors
+from features.flink.stream import StreamConfig, redacted, source_options
 from features.schema import parse_schema
 from features.schema.syntax import identifier_problem
 from features.sinks.redis_wire import RedisEndpoint
-from features.stream.job import StreamConfig, redacted, source_options
 
 SECRET = "S3cr3t-xyzzy"
 
@@ -81,7 +81,7 @@ def test_every_secret_setting_is_scrubbed_from_a_flink_clients_environment(
     """Issue 29, item 8: the ingest tokens too (they were left in the environment the
     Flink JVM hands to its Python workers)."""
     from features.config import SECRET_ENVIRONMENT
-    from features.stream.job import scrub_environment
+    from features.flink.env import scrub_environment
 
     names = ["FEATURES_POSTGRES_DSN", "FEATURES_REDIS_URL", "FEATURES_KAFKA_PROPERTIES",
              "FEATURES_KAFKA_JAVA_PROPERTIES", "FEATURES_INGEST_TOKENS"]
@@ -98,7 +98,7 @@ def test_a_flink_load_ships_the_store_credentials_and_no_ingest_token() -> None:
     import cloudpickle  # what PyFlink pickles a Python function with (DataStream.map)
 
     from features.compile import compile_schema
-    from features.load.flink import _shard_load
+    from features.flink.batch import _shard_load
     from features.schema import load_schema
 
     token = "ingest-token-xyzzy"
@@ -361,7 +361,7 @@ def test_the_default_consumer_group_is_one_per_project_schema_and_topic(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """issue 47: ``featureline-<schema>`` ignored the topic and the project, so two projects on
     one broker shared offsets."""
-    from features.stream.job import default_group_id
+    from features.flink.stream import default_group_id
 
     groups = {}
     for project in ("a", "b"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from features.stream.job import merged_summary
+from features.flink.stream import merged_summary
 from features.stream.summary import render
 
 

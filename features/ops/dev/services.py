@@ -50,6 +50,7 @@ from features.config import (
     cache_home,
 )
 from features.errors import ServiceError
+from features.flink.connector import KAFKA_CONNECTOR_ARTIFACT, connector_jar, flink_jars
 from features.home import shown, state_home
 
 POMS = Path(__file__).resolve().parent / "maven"
@@ -59,11 +60,6 @@ POMS = Path(__file__).resolve().parent / "maven"
 def kafka_libs() -> Path:
     """Kafka's jars (the broker ``up`` starts, the SASL test's broker)."""
     return cache_home() / "kafka-libs"
-
-
-def flink_jars() -> Path:
-    """The Flink Kafka connector jar."""
-    return cache_home() / "flink-jars"
 
 
 def _cache_source() -> str:
@@ -81,7 +77,6 @@ def _cache_source() -> str:
 def _m2() -> Path:
     return cache_home() / "m2"
 
-KAFKA_CONNECTOR_ARTIFACT = "flink-sql-connector-kafka"
 
 #: what a part is: a ``server`` (a process at an address: Postgres, Redis, Kafka, the Redis
 #: Cluster), a part of the ``stream`` job (the connector jar) or a ``tool`` (Chromium,
@@ -812,7 +807,7 @@ class FlinkConnector:
         return shown(jar if jar else flink_jars())
 
     def jar(self) -> Path | None:
-        return _connector_jar()
+        return connector_jar()
 
     def install(self) -> None:
         # PyFlink's mini-cluster is a JVM too (installed here as well: a reused broker
@@ -958,7 +953,7 @@ def stream_parts() -> tuple[tuple[str, ...], tuple[str, ...]]:
     as PyFlink looks for it)."""
     found: list[str] = []
     missing: list[str] = []
-    jar = _connector_jar()
+    jar = connector_jar()
     if jar is not None and jar.stat().st_size > 1_000_000:
         found.append(f"Flink Kafka connector {jar.stem.removeprefix(KAFKA_CONNECTOR_ARTIFACT + '-')}")
     else:
@@ -989,18 +984,4 @@ def _java() -> str | None:
     java_home = os.environ.get("JAVA_HOME")
     java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
     return java if java is not None and os.access(java, os.X_OK) else None
-
-
-def _connector_jar() -> Path | None:
-    jars = sorted(flink_jars().glob(f"{KAFKA_CONNECTOR_ARTIFACT}-*.jar"))
-    return jars[-1] if jars else None
-
-
-def kafka_connector_jar() -> Path:
-    """The Flink Kafka connector jar; raises ServiceError when ``features dev up`` has not run."""
-    jar = _connector_jar()
-    if jar is None:
-        raise ServiceError(f"no Flink Kafka connector jar under {flink_jars()}: run `features dev up`",
-                           service="flink-connector")
-    return jar
 

@@ -20,7 +20,8 @@ attempt committed, so the result is exact. When the attempts are spent, the job 
 and running the same command again completes it.
 
 Locally the job runs on a Flink mini-cluster in this process's JVM; under ``flink run
--py jobs/batch_job.py`` (which adds ``--engine flink``) it runs on that cluster.
+-py "$(features job-file batch)"`` (where ``--engine flink`` is the default) it runs on that
+cluster.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Any
 from features.compile import CompiledSchema
 from features.config import Settings
 from features.errors import ConfigError
+from features.flink.env import python_executables, restart_strategy, scrub_environment
 from features.runner import RunSummary
 
 log = logging.getLogger("features.load")
@@ -80,7 +82,6 @@ def load_flink(paths: Sequence[str | Path], compiled: CompiledSchema, settings: 
     from features.load.stores import open_stores
     from features.runner import merge_summaries
     from features.sources.parquet import ParquetSource
-    from features.stream.job import python_executables, scrub_environment
 
     if parallelism is not None and parallelism < 1:
         raise ConfigError(f"parallelism must be >= 1, got {parallelism}", key="parallelism")
@@ -89,12 +90,7 @@ def load_flink(paths: Sequence[str | Path], compiled: CompiledSchema, settings: 
     open_stores(compiled, settings, search_path=search_path, key_prefix=key_prefix)
     scrub_environment()  # the settings travel inside the pickled function, not the environment
     conf = Configuration()
-    if restart_attempts > 0:
-        conf.set_string("restart-strategy.type", "fixed-delay")
-        conf.set_string("restart-strategy.fixed-delay.attempts", str(restart_attempts))
-        conf.set_string("restart-strategy.fixed-delay.delay", "2 s")
-    else:
-        conf.set_string("restart-strategy.type", "none")
+    restart_strategy(conf, restart_attempts)
     env = StreamExecutionEnvironment.get_execution_environment(conf)
     python_executables(env)
     env.set_runtime_mode(RuntimeExecutionMode.BATCH)

@@ -27,16 +27,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import re
-import sys
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from features.config import SECRET_ENVIRONMENT, Device, env_var, redact
+from features.config import Device, env_var, redact
 from features.errors import ConfigError
+from features.flink.connector import kafka_connector_jar
+from features.flink.env import python_executables, restart_strategy, scrub_environment
 from features.stream.decode import SOURCE_HEADER, TopCounter
 
 log = logging.getLogger("features.stream")
@@ -50,7 +50,7 @@ class StreamConfig:
 
     The credentials (in the DSN, the URL and the Kafka properties) travel to the Python
     workers inside the pickled UDF, never through their environment (see
-    :func:`scrub_environment`); ``repr()`` leaves them out.
+    :func:`features.flink.env.scrub_environment`); ``repr()`` leaves them out.
     """
 
     schema_path: str
@@ -165,41 +165,6 @@ def redacted(cfg: StreamConfig) -> dict[str, Any]:
     for name in ("postgres_dsn", "redis_url", "kafka_properties", "kafka_java_properties"):
         out[name] = redact(getattr(cfg, name))
     return out
-
-
-def scrub_environment() -> list[str]:
-    """Remove ``features.config.SECRET_ENVIRONMENT`` (every secret-bearing setting's
-    variable) from ``os.environ`` (this process: the job's
-    client, whose environment the local Flink JVM inherits). Returns the names removed.
-    Variables libpq or other drivers read themselves (``PGPASSWORD``) are kept, since a
-    worker may need them: put such credentials in the DSN or the secrets file instead."""
-    removed = [name for name in SECRET_ENVIRONMENT if name in os.environ]
-    for name in removed:
-        del os.environ[name]
-    return removed
-
-
-def python_executables(env: Any) -> dict[str, str]:
-    """Give ``env`` (a PyFlink ``StreamExecutionEnvironment``) this process's Python for
-    its Python workers (``python.executable``) and client (``python.client.executable``)
-    where the submitter chose none: ``flink run -pyexec``/``-pyclientexec`` or the
-    cluster's ``config.yaml`` win. Returns the two settings in effect.
-
-    Not set in the ``Configuration`` the environment is created with: under ``flink run``
-    that one is stacked on top of the submitter's options, so it would replace ``-pyexec``
-    (measured with PyFlink 2.2.1: the TaskManagers ran the client's Python instead). Flink's
-    own default is ``python``, which Debian does not have."""
-    from pyflink.java_gateway import get_gateway
-
-    jvm = get_gateway().jvm
-    conf = jvm.org.apache.flink.python.util.PythonConfigUtil.getEnvironmentConfig(
-        env._j_stream_execution_environment)
-    chosen: dict[str, str] = {}
-    for key in ("python.executable", "python.client.executable"):
-        if not conf.containsKey(key):
-            conf.setString(key, sys.executable)
-        chosen[key] = str(conf.getString(key, sys.executable))
-    return chosen
 
 
 def _sql_string(value: str) -> str:
@@ -393,8 +358,6 @@ def build(cfg: StreamConfig) -> tuple[Any, Any]:
     from pyflink.datastream import StreamExecutionEnvironment
     from pyflink.table import EnvironmentSettings, StreamTableEnvironment
 
-    from features.ops.dev.services import kafka_connector_jar
-
     cfg.check()
     scrub_environment()
     conf = Configuration()
@@ -410,12 +373,7 @@ def build(cfg: StreamConfig) -> tuple[Any, Any]:
                         "RETAIN_ON_CANCELLATION")
     if cfg.from_checkpoint:
         conf.set_string("execution.state-recovery.path", cfg.from_checkpoint)
-    if cfg.restart_attempts > 0:
-        conf.set_string("restart-strategy.type", "fixed-delay")
-        conf.set_string("restart-strategy.fixed-delay.attempts", str(cfg.restart_attempts))
-        conf.set_string("restart-strategy.fixed-delay.delay", "2 s")
-    else:
-        conf.set_string("restart-strategy.type", "none")
+    restart_strategy(conf, cfg.restart_attempts)
     env = StreamExecutionEnvironment.get_execution_environment(conf)
     python_executables(env)
     # Appended to pipeline.jars: under `flink run` that list already holds flink-python,
@@ -547,6 +505,6 @@ def latest_checkpoint(checkpoint_dir: str | Path) -> str | None:
 
 
 __all__ = ["StreamConfig", "build", "latest_checkpoint", "merged_summary", "redacted", "run",
-           "save_exposition", "scrub_environment", "serve_final_metrics", "source_options"]
+           "save_exposition", "serve_final_metrics", "source_options"]
 
 
