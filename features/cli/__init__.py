@@ -1,11 +1,11 @@
 """The ``features`` command line: one subcommand per stage.
 
 Each subcommand is a module ``features/cli/<command>.py`` exposing
-``add_parser(subparsers)`` and ``run(args)`` (``demo`` and ``job-file`` still beside their
-code until the Flink parts move, issue 46); the work lives in the layer it belongs to. This
-table names them. Modules here import only
-argparse-level code at the top, so ``features --help`` stays fast; the heavy
-imports (pyarrow, psycopg, pyflink, ...) happen inside the command that needs them.
+``add_parser(subparsers)`` and ``run(args)``; the work lives in the layer it belongs to
+(``tests/unit/test_import_graph.py`` holds that argparse is imported nowhere else). This
+table names them. Modules here import only argparse-level code at the top, so
+``features --help`` stays fast; the heavy imports (pyarrow, psycopg, pyflink, ...) happen
+inside the command that needs them.
 
 Exit codes: 0 success, 1 the command ran and found a problem (rejected rows, a stale
 file, a failing check), 2 usage or configuration errors. ``features dev status`` and
@@ -33,7 +33,7 @@ from features.observe.logs import setup_logging, user_message
 #: subcommand name -> module with ``add_parser(subparsers)``, in ``--help`` order.
 COMMANDS: dict[str, str] = {
     "compile": "features.cli.compile",
-    "demo": "features.ops.demo",
+    "demo": "features.cli.demo",
     "describe": "features.cli.describe",
     "dev": "features.cli.dev",
     "health": "features.cli.health",

@@ -12,7 +12,6 @@ nothing twice: the second run reports every row as already present.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -28,22 +27,6 @@ def _schemas_dir() -> Path:
 
     checkout = ROOT / "schemas"
     return checkout if (checkout / "credit_applicant.yaml").is_file() else EXAMPLE_SCHEMAS
-
-
-def add_parser(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser(
-        "demo", help="run the demo pipeline end to end (services, compile, example data, load, summary)",
-        description=__doc__.split("\n\n")[1] if __doc__ else None,
-    )
-    p.add_argument("--rows", type=int, default=300_000, help="applicant rows to generate (default 300000)")
-    p.add_argument("--files", type=int, default=3, help="Parquet files to split them into (default 3)")
-    p.add_argument("--out", default=None,
-                   help="where the example data goes (default: data/demo in the project folder)")
-    p.add_argument("--events", type=int, default=20_000,
-                   help="example events to stream through Kafka and the Flink job (default 20000; 0: skip)")
-    p.add_argument("--topic", default="featureline-demo-applications", help="Kafka topic for the events")
-    p.add_argument("--no-services", action="store_true", help="do not run `features dev up` first")
-    p.set_defaults(func=run)
 
 
 def _step(title: str) -> None:
@@ -71,7 +54,9 @@ def generate_files(out: Path, rows: int, files: int) -> list[Path]:
     return paths
 
 
-def run(args: argparse.Namespace) -> int:
+def run(*, rows: int = 300_000, files: int = 3, out: str | None = None, events: int = 20_000,
+        topic: str = "featureline-demo-applications", services_first: bool = True) -> int:
+    """The demo (the module's docstring); the exit code: 0 when both paths add up."""
     from features.compile import compile_schema, find_schema
     from features.compile.postgres import rejects_table_name
     from features.config import resolve_settings
@@ -83,14 +68,14 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     settings = resolve_settings()
     schemas = _schemas_dir()
-    out = Path(args.out) if args.out else project_home() / "data" / "demo"
-    if not args.no_services:
+    where = Path(out) if out else project_home() / "data" / "demo"
+    if services_first:
         _step("services (features dev up)")
         report = services.up(settings)
         for line in report.lines():
             print(line)
         # the demo needs the servers, and the stream's parts when it streams (not Chromium)
-        if report.servers_down() or (args.events and not report.stream_ready):
+        if report.servers_down() or (events and not report.stream_ready):
             print("features demo: a service is down or the stream is not ready; see above", file=sys.stderr)
             return 2
     _step(f"compile {_shown(schemas)}/")
@@ -99,8 +84,8 @@ def run(args: argparse.Namespace) -> int:
         kind = "loadable" if schema.loadable else "validation-only"
         print(f"{name:<20} {schema.version_str:<8} {compiled.fingerprint[:12]}  {len(compiled.rules)} rules, "
               f"{len(schema.features)} derived features ({kind})")
-    _step(f"example data ({args.rows:,} applicant rows, ~2% invalid)")
-    paths = generate_files(out, args.rows, args.files)
+    _step(f"example data ({rows:,} applicant rows, ~2% invalid)")
+    paths = generate_files(where, rows, files)
     for p in paths:
         print(_shown(p))
     _step("batch load: Parquet -> validate -> transform -> Redis (hot) + Postgres (cold)")
@@ -108,9 +93,9 @@ def run(args: argparse.Namespace) -> int:
     summary = load(paths, compiled, settings, progress=True)
     print(render_summary(summary, rejects_table=rejects_table_name(compiled.schema)))
     stream: dict[str, Any] | None = None
-    if args.events:
-        _step(f"stream: {args.events:,} events -> Kafka {args.topic} -> PyFlink job -> Redis + Postgres")
-        stream = _stream(settings, args.topic, args.events, schemas)
+    if events:
+        _step(f"stream: {events:,} events -> Kafka {topic} -> PyFlink job -> Redis + Postgres")
+        stream = _stream(settings, topic, events, schemas)
         if stream is None:
             return 1
     _step("read back")
@@ -121,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     if stream is not None:
         print(f"  stream (Kafka):   read {stream['read']:,} = stored {stream['stored']:,} + rejected "
               f"{stream['rejected']:,} + already present {stream['already_present']:,} "
-              f"(dead-letter topic {args.topic}.rejects: {stream['dead_letters']:,} messages)")
+              f"(dead-letter topic {topic}.rejects: {stream['dead_letters']:,} messages)")
     return 0 if summary.adds_up and (stream is None or stream["adds_up"]) else 1
 
 

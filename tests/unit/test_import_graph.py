@@ -199,3 +199,21 @@ def test_no_module_touches_another_objects_private_members() -> None:
                 if base not in ("self", "cls") and (base, node.attr) not in _FOREIGN_PRIVATE:
                     found.append(f"{path.name}:{node.lineno}: {base}.{node.attr}")
     assert not found, found
+
+
+def test_argparse_lives_only_in_the_command_line_package() -> None:
+    """Issue 46: every command is a module of ``features/cli/``; the layers below take
+    arguments, not an ``argparse.Namespace`` (the job files call the commands)."""
+    found = [str(path.relative_to(ROOT)) for path in sorted(PACKAGE.rglob("*.py"))
+             if "argparse" in _imported(path) and path.parent.name != "cli"]
+    assert not found, found
+
+
+def _imported(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module.split(".")[0])
+    return names
