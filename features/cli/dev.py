@@ -10,7 +10,7 @@ from typing import Any
 _EXIT_HELP = ("exit codes (up, status): 0 every server healthy and the stream ready; 1 a server "
               "(postgres, redis, kafka; redis-cluster when it runs) is down; 3 every server healthy but "
               "the stream job cannot run here (the Flink Kafka connector jar, PyFlink or Java missing: the "
-              "stream: line says which); 4 only chromium (the report tests' browser) missing")
+              "stream: line says which); 4 only chromium or chromedriver (the report tests' browser) missing")
 
 
 def add_parser(sub: Any) -> None:
@@ -38,7 +38,7 @@ def add_parser(sub: Any) -> None:
     verbs.add_parser("down", help="stop what `up` started (pid files under the project's .dev/pids)")
     verbs.add_parser("status", help="print each service with address, version and health, then the "
                      "servers' and the stream's verdicts; exit 1 when a server is down, 3 when only "
-                     "the stream is not ready, 4 when only chromium is missing",
+                     "the stream is not ready, 4 when only chromium or chromedriver is missing",
                      description="Print each part with address, version, health and owner, then a "
                      "servers: line and a stream: line. " + _EXIT_HELP + ".")
     p.set_defaults(func=run)

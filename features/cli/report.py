@@ -4,10 +4,12 @@ self-contained page).
 
 ``features report --schema NAME (--parquet PATH... | --table | --rejects [--since TIME]) --out DIR``
 ``[--reference-parquet PATH... | --reference-table] [--psi-threshold X] [--psi-warn X] [--ks-threshold X]``
+``[--drift-exclude FIELD]...``
 
 With a reference, every numeric and categorical field is compared with it (KS, PSI,
 total variation distance; see :mod:`features.report.drift`); a field above a fail
-threshold makes the verdict FAIL.
+threshold and above its sampling noise makes the verdict FAIL. ``--table`` also counts
+the rows kept in the rejects table and says so next to a PASS.
 
 Exit codes: 0 the checks pass (no rejected row, every GX expectation met; for
 ``--rejects``: no reject row in the window), 1 they fail, 2 usage errors (bad
@@ -81,8 +83,11 @@ def add_parser(sub: Any) -> None:
         "dates and timestamps are not compared; nulls and NaN are left out (their shares are reported). "
         "Numeric values are kept as a seeded uniform sample of --drift-sample values per field and side "
         "(exact below that; KS error about 1.36*sqrt(2/N) at 95%); categories are counted exactly (fields "
-        "with more than 1,000 distinct values are skipped). A field fails when PSI > --psi-threshold or "
-        "KS > --ks-threshold (FAIL verdict, exit 1) and warns when PSI > --psi-warn.")
+        "with more than 1,000 distinct values are skipped, and so are string fields with more than half "
+        "of a side's values distinct: identifiers such as postal codes). A field fails when PSI > "
+        "--psi-threshold or KS > --ks-threshold (FAIL verdict, exit 1) and warns when PSI > --psi-warn, "
+        "in both cases only when the statistic is also above its 99%% sampling noise for the sample sizes "
+        "(small samples do not flag drift they cannot show).")
     ref = d.add_mutually_exclusive_group()
     ref.add_argument("--reference-parquet", nargs="+", metavar="PATH",
                      help="reference Parquet files, folders or globs")
@@ -96,6 +101,8 @@ def add_parser(sub: Any) -> None:
                    help="KS statistic above which a numeric field fails (default 0.2)")
     d.add_argument("--drift-sample", type=int, default=None, metavar="N",
                    help="values sampled per numeric field and side (default 100000)")
+    d.add_argument("--drift-exclude", action="append", default=[], metavar="FIELD",
+                   help="leave FIELD out of the drift comparison (repeat for several fields)")
     p.set_defaults(func=run, report_parser=p)
 
 
@@ -121,8 +128,14 @@ def run(args: argparse.Namespace) -> int:
         parser.error("--drift-sample must be >= 2")
     if args.psi_warn > args.psi_threshold:
         parser.error("--psi-warn must not exceed --psi-threshold")
+    if args.drift_exclude and not with_reference:
+        parser.error("--drift-exclude needs --reference-parquet or --reference-table")
     settings = resolve_settings(schemas_dir=args.schemas_dir)
     compiled = find_schema(args.schema, settings.schemas_dir)
+    unknown = [f for f in args.drift_exclude if f not in compiled.schema.field_names]
+    if unknown:
+        parser.error(f"--drift-exclude: schema {compiled.name!r} has no field "
+                     f"{', '.join(map(repr, unknown))} (fields: {', '.join(compiled.schema.field_names)})")
     progress = not args.no_progress
     drift = None
     if with_reference:
@@ -130,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
             paths=tuple(args.reference_parquet or ()), table=args.reference_table, dsn=settings.postgres_dsn,
             thresholds=Thresholds(psi_warn=args.psi_warn, psi_fail=args.psi_threshold,
                                   ks_fail=args.ks_threshold),
-            sample_size=args.drift_sample or SAMPLE_SIZE, batch_rows=args.batch_rows or DEFAULT_BATCH_ROWS)
+            sample_size=args.drift_sample or SAMPLE_SIZE, batch_rows=args.batch_rows or DEFAULT_BATCH_ROWS,
+            exclude=frozenset(args.drift_exclude))
     if args.parquet:
         report = parquet_report(args.parquet, compiled, batch_rows=args.batch_rows or DEFAULT_BATCH_ROWS,
                                 progress=progress, drift=drift)
@@ -142,6 +156,8 @@ def run(args: argparse.Namespace) -> int:
                                 batch_rows=args.batch_rows or PG_BATCH_ROWS, progress=progress)
     json_path, html_path = write_report(report, Path(args.out))
     print(summary_line(report))
+    for note in report.get("verdict_notes") or []:
+        print(f"  note: {note}")
     print(f"  report: {html_path}\n  numbers: {json_path}")
     return 0 if report["verdict"] == "PASS" else 1
 
@@ -157,6 +173,9 @@ def summary_line(r: dict[str, Any]) -> str:
     gx = r["gx"]
     line = (f"{head}: {n:,} rows, {c['rejected_rows']:,} rejected{share}; "
             f"GX {gx['passed']}/{gx['expectations']} expectations passed")
+    kept = r.get("rejects_kept")
+    if kept and kept["rows"]:
+        line += f"; {kept['rows']:,} rejected rows kept in {kept['table']}"
     drift = r.get("drift")
     if drift:
         line += f"; drift: {len(drift['failed'])} field(s) failed, {len(drift['warned'])} warned"

@@ -4,6 +4,11 @@ The verdict is PASS when the validator rejected no row, every GX expectation
 succeeded and (with a reference) no field drifted above a fail threshold
 (``--parquet``, ``--table``), or when the rejects table holds no row in the
 window (``--rejects``); FAIL otherwise.
+
+A table report also counts the schema's rejects table (``rejects_kept``): the cold
+table holds only the rows that passed, so a PASS over it says nothing of the rows the
+loads refused. When that table holds rows the PASS carries a ``verdict_notes`` line
+naming the count, the table and the command that reports them.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ def _schema_json(compiled: CompiledSchema, checked: CompiledSchema | None = None
         "path": s.path,
         "entity": s.entity,
         "event_time": s.event_time,
+        "aggregations": [a.name for a in s.aggregations.features] if s.aggregations is not None else [],
         "checked_fields": list(checked_names),
         "unchecked_fields": [n for n in s.field_names if n not in checked_names],
     }
@@ -64,7 +70,8 @@ def _base(mode: str, compiled: CompiledSchema, lineage: dict[str, Any]) -> dict[
 
 
 def _data_report(mode: str, compiled: CompiledSchema, tally: DataTally, lineage: dict[str, Any],
-                 drift: dict[str, Any] | None = None) -> dict[str, Any]:
+                 drift: dict[str, Any] | None = None, aggregations: list[dict[str, Any]] | None = None,
+                 rejects_kept: dict[str, Any] | None = None) -> dict[str, Any]:
     from features.report.drift import verdict_reason
 
     report = _base(mode, compiled, lineage)
@@ -84,14 +91,22 @@ def _data_report(mode: str, compiled: CompiledSchema, tally: DataTally, lineage:
     if drift_reason:
         reasons.append(drift_reason)
     groups = tally.groups()
+    notes = []
+    if rejects_kept and rejects_kept["rows"]:
+        notes.append(f"{rejects_kept['rows']:,} rows rejected at load are kept in {rejects_kept['table']} "
+                     f"(not in this table): `{rejects_kept['command']}` reports them")
     report.update({
         "verdict": "FAIL" if reasons else "PASS",
         "verdict_reasons": reasons,
+        "verdict_notes": notes,
+        "rejects_kept": rejects_kept,
         "counts": tally.counts_json(),
         "gx": gx,
         "expectations": expectations,
         "disagreements": [e["rule"] for e in expectations if e["agrees"] is False],
         "fields": tally.fields_json(),
+        "features": tally.features_json(),
+        "aggregations": aggregations,
         "rejects": {"source": "validator", "rows": tally.rejected_rows,
                     "errors": sum(g.count for g in groups), "groups": [g.as_json() for g in groups]},
         "drift": drift,
@@ -105,7 +120,7 @@ def _reference(options: DriftOptions, compiled: CompiledSchema, progress: bool
     """The reference side of a drift comparison, read in full (values only: no checks)."""
     from features.report.sources import PG_BATCH_ROWS, Postgres, parquet_input, table_input
 
-    side = Side(compiled, sample_size=options.sample_size)
+    side = Side(compiled, sample_size=options.sample_size, exclude=options.exclude)
     if options.table:
         if options.dsn is None:
             raise ConfigError("--reference-table needs a Postgres DSN", key="postgres_dsn")
@@ -147,7 +162,7 @@ def parquet_report(paths: Sequence[str | Path], compiled: CompiledSchema, *, bat
 
     lineage, total, chunks = parquet_input(paths, compiled, batch_rows)
     reference = _reference(drift, compiled, progress) if drift is not None else None
-    data = Side(compiled, sample_size=drift.sample_size) if drift is not None else None
+    data = Side(compiled, sample_size=drift.sample_size, exclude=drift.exclude) if drift is not None else None
     tally = DataTally(compiled, drift=data)
     iterate(chunks, tally, Progress(f"{compiled.name} report", total, enabled=progress))
     return _data_report("parquet", compiled, tally, lineage, _drift(drift, reference, data))
@@ -173,15 +188,52 @@ def table_report(dsn: str, compiled: CompiledSchema, *, batch_rows: int, progres
     if not compiled.schema.loadable:
         raise ConfigError(f"schema {compiled.name!r} is validation-only (no entity/event_time): "
                           "it has no cold table", key="schema")
+    from features.compile.postgres import rejects_table_name
+
     checked = _cold_fields(compiled)
     reference = _reference(drift, checked, progress) if drift is not None else None
-    data = Side(checked, sample_size=drift.sample_size) if drift is not None else None
-    tally = DataTally(checked, drift=data)
+    data = Side(checked, sample_size=drift.sample_size, exclude=drift.exclude) if drift is not None else None
+    s = compiled.schema
+    stored = {c: str(f.dtype) for f in s.features if "cold" in f.store for c in s.feature_columns(f)}
+    tally = DataTally(checked, drift=data, derived="stored", feature_columns=stored)
     with Postgres(dsn) as pg:
-        lineage, total, absent, chunks = table_input(pg, checked, batch_rows)
+        lineage, total, absent, chunks = table_input(pg, checked, batch_rows, list(stored))
         iterate(chunks, tally, Progress(f"{compiled.name} report", total, enabled=progress))
+        aggregations = _aggregations(pg, compiled, batch_rows)
+        found = pg.find(rejects_table_name(s))
+        kept = None
+        if found is not None:
+            kept = {"table": f"{found[0]}.{found[1]}", "rows": pg.count(found[0], found[1]),
+                    "command": f"features report --schema {s.name} --rejects --out DIR"}
     lineage["fields_not_in_table"] = absent
-    return _data_report("table", compiled, tally, lineage, _drift(drift, reference, data))
+    return _data_report("table", compiled, tally, lineage, _drift(drift, reference, data), aggregations, kept)
+
+
+#: Postgres types of aggregation columns whose statistics the report shows (numbers).
+_NUMERIC_PG = ("bigint", "integer", "smallint", "double precision", "real", "numeric")
+
+
+def _aggregations(pg: Any, compiled: CompiledSchema, batch_rows: int) -> list[dict[str, Any]] | None:
+    """Statistics of the stored numeric aggregations (``<schema>__aggregates``); None when
+    the schema has none stored or the table is absent."""
+    from features.compile.postgres import aggregates_table_name, aggregation_pg_type
+    from features.report.sources import aggregates_input
+    from features.report.stats import ColumnStats
+
+    s = compiled.schema
+    if s.aggregations is None:
+        return None
+    types = {a.name: aggregation_pg_type(s, a) for a in s.aggregations.features if "cold" in a.store}
+    numeric = {n: t for n, t in types.items() if t.startswith(_NUMERIC_PG) and not t.endswith("[]")}
+    found = aggregates_input(pg, aggregates_table_name(s), list(numeric), batch_rows) if numeric else None
+    if found is None:
+        return None
+    _, columns, batches = found
+    stats = {c: ColumnStats(c, numeric[c], "aggregation", i) for i, c in enumerate(columns)}
+    for batch in batches:
+        for c, st in stats.items():
+            st.add(batch.column(c))
+    return [st.as_json() for st in stats.values()]
 
 
 def rejects_report(dsn: str, compiled: CompiledSchema, *, since: dt.datetime | None, batch_rows: int,
@@ -210,12 +262,16 @@ def rejects_report(dsn: str, compiled: CompiledSchema, *, since: dt.datetime | N
     report.update({
         "verdict": "FAIL" if tally.rows else "PASS",
         "verdict_reasons": reasons,
+        "verdict_notes": [],
+        "rejects_kept": None,
         "counts": {"reject_rows": tally.rows, "errors": tally.errors,
                    "by_rule": dict(sorted(((g.rule, g.count) for g in groups), key=lambda kv: kv[0]))},
         "gx": None,
         "expectations": [],
         "disagreements": [],
         "fields": [],
+        "features": [],
+        "aggregations": None,
         "rejects": {"source": "rejects table", "rows": tally.rows, "errors": tally.errors,
                     "groups": [g.as_json() for g in groups]},
         "drift": None,

@@ -14,7 +14,11 @@ cold table) goes through:
    results are summed: unexpected, element and missing counts add up, and an
    expectation succeeds when it succeeded on every batch (the suite uses no
    ``mostly``, so that is the same as succeeding on the whole data);
-3. per-field statistics (:mod:`features.report.stats`).
+3. per-field statistics (:mod:`features.report.stats`);
+4. the derived features' statistics (:class:`features.report.stats.ColumnStats`): in
+   Parquet mode computed by the schema's transform program (on the CPU) over the rows
+   the validator kept, as a load would; in table mode read from the cold table's
+   stored feature columns (a chunk's ``features``).
 
 The rejects mode instead reads ``<schema>__rejects`` and groups its ``errors`` by
 field and rule (:class:`RejectsTally`).
@@ -25,17 +29,18 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from features.compile import CompiledSchema
 from features.compile.expectations import META_KEY, render_suite, run_suite_detailed
+from features.kernels import TransformProgram, compile_transforms
 from features.observe.progress import LineProgress as Progress
-from features.report.stats import FieldStats, jsonable
+from features.report.stats import ColumnStats, FieldStats, jsonable
 from features.validation import validate
 from features.validation.convert import convert
 
@@ -44,8 +49,9 @@ if TYPE_CHECKING:
 
 #: Example values kept per expectation, per rule and per rejects group.
 EXAMPLES = 5
-#: Longest example text kept (characters); longer values are cut with an ellipsis.
-EXAMPLE_CHARS = 200
+#: Longest example text kept (characters); longer values are cut with an ellipsis. Wide
+#: enough for any identifier (the page wraps long values; it never clips them).
+EXAMPLE_CHARS = 2_000
 #: Distinct run ids / origins / fingerprints listed in the lineage (the rest are counted).
 LINEAGE_LIST = 20
 
@@ -66,6 +72,8 @@ class Chunk:
     data: pa.RecordBatch
     first_row: int
     source: Callable[[int], str | None]
+    #: stored derived-feature columns of these rows (table mode), None when not read
+    features: pa.RecordBatch | None = None
 
 
 # --------------------------------------------------------------------------- tallies
@@ -122,7 +130,11 @@ class GxTally:
 class DataTally:
     """Validator counts, GX results and field statistics over every batch of a stream."""
 
-    def __init__(self, compiled: CompiledSchema, *, run_gx: bool = True, drift: Side | None = None) -> None:
+    def __init__(self, compiled: CompiledSchema, *, run_gx: bool = True, drift: Side | None = None,
+                 derived: Literal["compute", "stored"] = "compute",
+                 feature_columns: Mapping[str, str] | None = None) -> None:
+        """``derived``: compute the derived features with the transform program, or read the
+        stored ``feature_columns`` (name -> declared type) from each chunk's ``features``."""
         self.compiled = compiled
         self.run_gx = run_gx
         #: when set, also fed every converted column (the data side of a drift comparison)
@@ -135,6 +147,14 @@ class DataTally:
         self.rejected_rows = 0
         self.batches = 0
         self.fields = {f.name: FieldStats(f) for f in compiled.schema.fields}
+        self.derived = derived
+        self.program: TransformProgram | None = None
+        schema = compiled.schema
+        columns = dict(feature_columns or {})
+        if derived == "compute" and schema.features:
+            self.program = compile_transforms(schema, device="cpu")
+            columns = {c: str(f.dtype) for f in schema.features for c in schema.feature_columns(f)}
+        self.features = {c: ColumnStats(c, t, "feature", i) for i, (c, t) in enumerate(columns.items())}
         suite = render_suite(compiled)
         self.suite_name = str(suite["name"])
         self.not_expressible = {d["rule"]: d["reason"] for d in suite["meta"][META_KEY]["not_expressible"]}
@@ -147,12 +167,29 @@ class DataTally:
         if n == 0:
             return
         self.batches += 1
-        self._validate(chunk)
+        valid = self._validate(chunk)
+        self._derived(chunk, valid)
         typed = self._typed_and_stats(data)
         if self.run_gx:
             self._gx(typed, chunk)
 
-    def _validate(self, chunk: Chunk) -> None:
+    def _derived(self, chunk: Chunk, valid: pa.RecordBatch) -> None:
+        """Account the derived features of a chunk (computed over its valid rows, or stored)."""
+        if self.program is not None:
+            if not valid.num_rows:
+                return
+            now = dt.datetime.now(dt.UTC) if self.compiled.schema.event_time is None else None
+            out = self.program.run(valid, reference_time=now).features
+        elif chunk.features is not None:
+            out = chunk.features
+        else:
+            return
+        for name, stats in self.features.items():
+            if name in out.schema.names:
+                stats.add(out.column(name))
+
+    def _validate(self, chunk: Chunk) -> pa.RecordBatch:
+        """Validate a chunk, account it, and return its valid rows."""
         result = validate(chunk.data, self.compiled)
         counts = result.counts
         self.input_rows += counts.input_rows
@@ -161,7 +198,7 @@ class DataTally:
         self.by_rule.update(counts.by_rule)
         rejects = result.rejects
         if not rejects.num_rows:
-            return
+            return result.valid
         for rule in counts.by_rule:
             have = self.rule_examples.setdefault(rule, [])
             need = EXAMPLES - len(have)
@@ -171,6 +208,7 @@ class DataTally:
             for r in rows:
                 have.append({"row": chunk.first_row + int(r["row"]), "source": chunk.source(int(r["row"])),
                              "value": clip(r["value"]), "message": clip(r["message"])})
+        return result.valid
 
     def _typed_and_stats(self, data: pa.RecordBatch) -> pa.RecordBatch | pa.Table:
         """The batch for GX, and the field statistics of this batch added.
@@ -258,7 +296,10 @@ class DataTally:
         return [rule for rule, t in self.gx.items() if not t.success] if self.run_gx else []
 
     def expectations_json(self) -> list[dict[str, Any]]:
-        out = []
+        """One entry per rule, failing ones first (most rows rejected first), then the
+        passing ones in the schema's order. An entry fails (``status`` fail) when the
+        validator rejected a row by it, its GX expectation failed, or the two disagree."""
+        out: list[dict[str, Any]] = []
         for rule in self.rules:
             validator = int(self.by_rule.get(rule.id, 0))
             tally = self.gx.get(rule.id)
@@ -274,7 +315,13 @@ class DataTally:
                 "gx": gx,
                 "agrees": None if gx is None else gx["unexpected_count"] == validator,
             })
-        return out
+        for e in out:
+            result: dict[str, Any] | None = e["gx"]
+            failing = e["validator_rejected_rows"] > 0 or e["agrees"] is False or (
+                result is not None and not result["success"])
+            e["status"] = "fail" if failing else "pass"
+        order = {id(e): i for i, e in enumerate(out)}
+        return sorted(out, key=lambda e: (e["status"] == "pass", -e["validator_rejected_rows"], order[id(e)]))
 
     def groups(self) -> list[Group]:
         by_id = {r.id: r for r in self.rules}
@@ -315,6 +362,9 @@ class DataTally:
 
     def fields_json(self) -> list[dict[str, Any]]:
         return [s.as_json() for s in self.fields.values()]
+
+    def features_json(self) -> list[dict[str, Any]]:
+        return [s.as_json() for s in self.features.values()]
 
 
 def _as_row(value: Any) -> int | None:

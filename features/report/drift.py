@@ -33,7 +33,27 @@ Definitions (``p_i``: reference share of bin or category ``i``, ``q_i``: data sh
 - ``tvd`` (categorical): total variation distance ``0.5 * sum_i |q_i - p_i|``.
 
 Thresholds: a field *fails* when ``psi > psi_fail`` or (numeric) ``ks > ks_fail``, and
-*warns* when ``psi > psi_warn``; a failing field makes the report's verdict FAIL.
+*warns* when ``psi > psi_warn``; a failing field makes the report's verdict FAIL. A
+statistic counts against a threshold only when it is also above its *sampling noise*,
+what two samples of the same distribution reach by chance once in a hundred (so that a
+small sample does not flag drift it cannot show):
+
+- ``ks_noise``: the two-sample KS critical value at 1%,
+  ``sqrt(-ln(0.005) / 2) * sqrt((n + m) / (n * m))`` (n, m: the values compared);
+- ``psi_noise``: under no drift PSI is about ``(1/n + 1/m) * chi2(k - 1)`` for k bins or
+  categories (PSI is the symmetrised Kullback-Leibler divergence, whose scaled
+  estimate is chi-square distributed), so its 99th percentile,
+  ``(1/n + 1/m) * chi2_0.99(k - 1)`` (Wilson-Hilferty's approximation of the chi-square
+  quantile).
+
+A statistic above its threshold but within the noise is reported (``status`` ok, a
+``note`` saying so), not flagged.
+
+Fields not compared (``status`` skipped, with a ``reason``): the entity key, dates and
+timestamps, fields named in ``exclude`` (``--drift-exclude``), and *high-cardinality*
+string fields: more than :data:`HIGH_CARDINALITY` of a side's values distinct (an
+identifier such as a postal code or a city, whose categories are nearly one per row)
+or more than :data:`MAX_CATEGORIES` distinct values.
 """
 
 from __future__ import annotations
@@ -51,6 +71,7 @@ import pyarrow.compute as pc
 
 from features.compile import CompiledSchema
 from features.report.core import Chunk
+from features.report.stats import Sample, as_floats
 from features.schema.model import NUMERIC_KINDS, Field, TypeKind
 from features.validation.convert import convert
 
@@ -69,6 +90,11 @@ CHART_BINS = 24
 #: Categories listed per field (by the larger of the two shares).
 TOP_CATEGORIES = 12
 SEED = 0
+#: A string field with more than this share of a side's values distinct is an identifier.
+HIGH_CARDINALITY = 0.5
+#: The chance of a same-distribution pair exceeding the sampling noise.
+NOISE_ALPHA = 0.01
+_Z_99 = 2.3263478740408408  # the standard normal's 99th percentile
 
 
 @dataclass(frozen=True)
@@ -84,42 +110,15 @@ class Thresholds:
 CATEGORICAL_KINDS = frozenset({TypeKind.STRING, TypeKind.ENUM, TypeKind.BOOL})
 
 
-def field_kind(field: Field, entity: str | None) -> str | None:
+def field_kind(field: Field, entity: str | None, exclude: frozenset[str] = frozenset()) -> str | None:
     """``numeric``, ``categorical`` or None (not compared)."""
-    if field.name == entity:
+    if field.name == entity or field.name in exclude:
         return None
     if field.type.kind in NUMERIC_KINDS:
         return "numeric"
     if field.type.kind in CATEGORICAL_KINDS:
         return "categorical"
     return None
-
-
-class Sample:
-    """A bottom-k uniform sample of float values (see the module docstring)."""
-
-    def __init__(self, size: int, seed: list[int]) -> None:
-        self.size = size
-        self.rng = np.random.default_rng(seed)
-        self.values: F64 = np.empty(0, dtype=np.float64)
-        self.keys: F64 = np.empty(0, dtype=np.float64)
-        self.seen = 0
-
-    def add(self, values: F64) -> None:
-        if not len(values):
-            return
-        self.seen += len(values)
-        keys = self.rng.random(len(values))
-        v = np.concatenate([self.values, values])
-        k = np.concatenate([self.keys, keys])
-        if len(v) > self.size:
-            keep = np.argpartition(k, self.size - 1)[: self.size]
-            v, k = v[keep], k[keep]
-        self.values, self.keys = v, k
-
-    @property
-    def sampled(self) -> bool:
-        return self.seen > self.size
 
 
 class Categories:
@@ -152,11 +151,13 @@ class FieldSide:
 class Side:
     """One side (reference or data): per compared field, its sample or categories."""
 
-    def __init__(self, compiled: CompiledSchema, *, sample_size: int = SAMPLE_SIZE, seed: int = SEED) -> None:
+    def __init__(self, compiled: CompiledSchema, *, sample_size: int = SAMPLE_SIZE, seed: int = SEED,
+                 exclude: frozenset[str] = frozenset()) -> None:
         self.compiled = compiled
         self.rows = 0
         entity = compiled.schema.entity
-        self.kinds = {f.name: field_kind(f, entity) for f in compiled.schema.fields}
+        self.exclude = exclude
+        self.kinds = {f.name: field_kind(f, entity, exclude) for f in compiled.schema.fields}
         self.counts = {f.name: FieldSide() for f in compiled.schema.fields}
         self.samples = {f.name: Sample(sample_size, [seed, i]) for i, f in enumerate(compiled.schema.fields)
                         if self.kinds[f.name] == "numeric"}
@@ -179,9 +180,7 @@ class Side:
             values = values.dictionary_decode()
         present = values.drop_null()
         if kind == "numeric":
-            floats = pc.cast(present, pa.float64()) if present.type != pa.float64() else present
-            arr = np.asarray(floats.to_numpy(zero_copy_only=False), dtype=np.float64)
-            arr = arr[~np.isnan(arr)]
+            arr = as_floats(present)
             fs.nulls += n - len(arr)
             fs.values += len(arr)
             self.samples[field.name].add(arr)
@@ -256,28 +255,58 @@ def _finite(values: Iterable[float]) -> list[float]:
     return [float(v) if math.isfinite(v) else 0.0 for v in values]
 
 
-def _status(psi: float, ks: float | None, t: Thresholds) -> tuple[str, list[str]]:
-    fail = []
-    if psi > t.psi_fail:
-        fail.append(f"PSI {psi:.3f} > {t.psi_fail:g}")
-    if ks is not None and ks > t.ks_fail:
-        fail.append(f"KS {ks:.3f} > {t.ks_fail:g}")
+def ks_noise(n: int, m: int, alpha: float = NOISE_ALPHA) -> float:
+    """The two-sample KS critical value at ``alpha`` for samples of ``n`` and ``m`` values."""
+    return math.sqrt(-math.log(alpha / 2) / 2) * math.sqrt((n + m) / (n * m))
+
+
+def chi2_99(df: int) -> float:
+    """The chi-square distribution's 99th percentile (Wilson-Hilferty; within 1% from df 3)."""
+    if df <= 0:
+        return 0.0
+    h = 2.0 / (9.0 * df)
+    return df * (1.0 - h + _Z_99 * math.sqrt(h)) ** 3
+
+
+def psi_noise(bins: int, n: int, m: int) -> float:
+    """The PSI that samples of ``n`` and ``m`` values of one distribution reach by chance
+    once in a hundred over ``bins`` bins (see the module docstring)."""
+    return (1.0 / n + 1.0 / m) * chi2_99(bins - 1)
+
+
+def _status(psi: float, ks: float | None, t: Thresholds, noise_psi: float, noise_ks: float | None,
+            sizes: str) -> tuple[str, list[str], str | None]:
+    """(status, reasons, note): flagged only above both the threshold and the noise."""
+    fail: list[str] = []
+    quiet: list[str] = []
+    for name, value, limit, noise in (("PSI", psi, t.psi_fail, noise_psi), ("KS", ks, t.ks_fail, noise_ks)):
+        if value is None or noise is None or value <= limit:
+            continue
+        (fail if value > noise else quiet).append(f"{name} {value:.3f} > {limit:g}")
+    if not fail and not quiet and t.psi_warn < psi <= noise_psi:
+        quiet.append(f"PSI {psi:.3f} > {t.psi_warn:g}")
+    note = None
+    if quiet:
+        note = (f"{'; '.join(quiet)} but within the sampling noise of {sizes} "
+                f"(PSI {noise_psi:.3f}" + (f", KS {noise_ks:.3f}" if noise_ks is not None else "")
+                + " at 99%): not flagged")
     if fail:
-        return "fail", fail
-    if psi > t.psi_warn:
-        return "warn", [f"PSI {psi:.3f} > {t.psi_warn:g}"]
-    return "ok", []
+        return "fail", fail, note
+    if psi > t.psi_warn and psi > noise_psi:
+        return "warn", [f"PSI {psi:.3f} > {t.psi_warn:g}"], note
+    return "ok", [], note
 
 
 def compare(reference: Side, data: Side, thresholds: Thresholds, reference_lineage: dict[str, Any],
             *, sample_size: int = SAMPLE_SIZE, seed: int = SEED) -> dict[str, Any]:
-    """The report's ``drift`` section."""
+    """The report's ``drift`` section (see the module docstring)."""
     fields: list[dict[str, Any]] = []
     for f in data.compiled.schema.fields:
         kind = data.kinds.get(f.name)
         entry: dict[str, Any] = {"field": f.name, "type": str(f.type), "kind": kind or "not compared"}
         if kind is None:
             skip_why = ("the entity key" if f.name == data.compiled.schema.entity
+                        else "excluded (--drift-exclude)" if f.name in data.exclude
                         else "dates and times are not compared")
             entry.update({"status": "skipped", "reason": skip_why})
             fields.append(entry)
@@ -298,23 +327,26 @@ def compare(reference: Side, data: Side, thresholds: Thresholds, reference_linea
             continue
         if kind == "numeric":
             rs, ds = reference.samples[f.name], data.samples[f.name]
+            n, m = len(rs.values), len(ds.values)
             ks = ks_statistic(rs.values, ds.values)
             edges, p, q = psi_bins(rs.values, ds.values)
             psi = psi_from_shares(p, q)
-            status, why = _status(psi, ks, thresholds)
+            noise_psi, noise_ks = psi_noise(len(p), n, m), ks_noise(n, m)
+            status, why, note = _status(psi, ks, thresholds, noise_psi, noise_ks, f"{n:,} vs {m:,} values")
             entry.update({
-                "status": status, "reasons": why, "ks": ks, "psi": psi,
+                "status": status, "reasons": why, "note": note, "ks": ks, "psi": psi,
+                "ks_noise": noise_ks, "psi_noise": noise_psi,
                 "sampled": rs.sampled or ds.sampled,
-                "reference_sample": len(rs.values), "data_sample": len(ds.values),
+                "reference_sample": n, "data_sample": m,
                 "reference_mean": float(np.mean(rs.values)), "data_mean": float(np.mean(ds.values)),
                 "psi_bins": {"edges": _finite(edges), "reference": _finite(p), "data": _finite(q)},
                 "histogram": histogram(rs.values, ds.values),
             })
         else:
             rc, dc = reference.categories[f.name], data.categories[f.name]
-            if rc.overflow or dc.overflow:
-                entry.update({"status": "skipped",
-                              "reason": f"more than {MAX_CATEGORIES:,} distinct values (not categorical)"})
+            identifier = _high_cardinality(f, rc, r.values, dc, d.values)
+            if identifier is not None:
+                entry.update({"status": "skipped", "reason": identifier})
                 fields.append(entry)
                 continue
             cats = sorted(set(rc.counts) | set(dc.counts))
@@ -323,10 +355,12 @@ def compare(reference: Side, data: Side, thresholds: Thresholds, reference_linea
             q = np.array([dc.counts.get(c, 0) / dn for c in cats], dtype=np.float64)
             psi = psi_from_shares(p, q)
             tvd = float(0.5 * np.sum(np.abs(p - q)))
-            status, why = _status(psi, None, thresholds)
+            noise_psi = psi_noise(len(cats), rn, dn)
+            status, why, note = _status(psi, None, thresholds, noise_psi, None, f"{rn:,} vs {dn:,} values")
             order = sorted(range(len(cats)), key=lambda i: (-max(p[i], q[i]), cats[i]))
             entry.update({
-                "status": status, "reasons": why, "psi": psi, "tvd": tvd, "categories_count": len(cats),
+                "status": status, "reasons": why, "note": note, "psi": psi, "tvd": tvd,
+                "psi_noise": noise_psi, "categories_count": len(cats),
                 "categories": [{"value": cats[i], "reference_count": rc.counts.get(cats[i], 0),
                                 "data_count": dc.counts.get(cats[i], 0), "reference_share": float(p[i]),
                                 "data_share": float(q[i])} for i in order[:TOP_CATEGORIES]],
@@ -341,6 +375,8 @@ def compare(reference: Side, data: Side, thresholds: Thresholds, reference_linea
         "seed": seed,
         "epsilon": EPSILON,
         "psi_bins": PSI_BINS,
+        "excluded": sorted(data.exclude),
+        "high_cardinality": HIGH_CARDINALITY,
         "method": {
             "ks": "two-sample Kolmogorov-Smirnov statistic max|F_ref - F_data| over the samples",
             "psi": "sum (q - p) ln(q / p), shares floored at epsilon; numeric bins: reference deciles "
@@ -348,12 +384,34 @@ def compare(reference: Side, data: Side, thresholds: Thresholds, reference_linea
             "tvd": "0.5 sum |q - p| over categories",
             "sample": f"bottom-k uniform sample of at most {sample_size:,} values per numeric field and side "
                       "(exact while a side has no more values); categorical counts exact",
-            "status": "fail: psi > psi_fail or ks > ks_fail; warn: psi > psi_warn",
+            "noise": "ks_noise: the two-sample KS critical value at 1%; psi_noise: "
+                     "(1/n + 1/m) chi2_0.99(k - 1) for k bins or categories; a statistic within its noise "
+                     "is not flagged",
+            "status": "fail: psi > psi_fail or ks > ks_fail, and above its noise; warn: psi > psi_warn, "
+                      "and above its noise",
+            "skipped": "the entity key, dates and times, --drift-exclude fields, string fields with more "
+                       f"than {HIGH_CARDINALITY:.0%} of a side's values distinct or over "
+                       f"{MAX_CATEGORIES:,} distinct",
         },
         "failed": [e["field"] for e in fields if e["status"] == "fail"],
         "warned": [e["field"] for e in fields if e["status"] == "warn"],
         "fields": fields,
     }
+
+
+def _high_cardinality(field: Field, reference: Categories, reference_values: int, data: Categories,
+                      data_values: int) -> str | None:
+    """Why a categorical field is an identifier rather than a category (None: it is not)."""
+    for side, cats, values in (("data", data, data_values), ("reference", reference, reference_values)):
+        if cats.overflow:
+            return (f"high cardinality: more than {MAX_CATEGORIES:,} distinct of {values:,} values "
+                    f"({side})")
+    if field.type.kind != TypeKind.STRING:
+        return None  # an enum or a bool has its declared categories, however few the rows
+    for side, cats, values in (("data", data, data_values), ("reference", reference, reference_values)):
+        if len(cats.counts) > HIGH_CARDINALITY * values:
+            return f"high cardinality: {len(cats.counts):,} distinct of {values:,} values ({side})"
+    return None
 
 
 def verdict_reason(drift: dict[str, Any]) -> str | None:
@@ -375,7 +433,10 @@ class DriftOptions:
     thresholds: Thresholds = Thresholds()
     sample_size: int = SAMPLE_SIZE
     batch_rows: int = 131_072
+    #: fields left out of the comparison (``--drift-exclude``)
+    exclude: frozenset[str] = frozenset()
 
 
-__all__ = ["SAMPLE_SIZE", "DriftOptions", "Side", "Thresholds", "compare", "histogram", "ks_statistic",
-           "psi_bins", "psi_from_shares", "verdict_reason"]
+__all__ = ["HIGH_CARDINALITY", "SAMPLE_SIZE", "DriftOptions", "Side", "Thresholds", "chi2_99", "compare",
+           "histogram", "ks_noise", "ks_statistic", "psi_bins", "psi_from_shares", "psi_noise",
+           "verdict_reason"]

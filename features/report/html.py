@@ -7,16 +7,20 @@ paths) is HTML-escaped on output, and markup comes only from the template. Data 
 are hostile until proven otherwise, so nothing derived from them is marked safe.
 
 What stays in Python is what a template reads badly: number formatting (the ``num``
-and ``text`` filters) and the charts' geometry (:func:`histogram_chart`,
-:func:`category_chart`).
+and ``text`` filters), identifiers with line-break opportunities only between their
+words (the ``ident`` filter: a rule name such as ``discount_share.max`` may wrap after
+``_`` or ``.``, never inside a word) and the charts' geometry (:func:`histogram_chart`,
+:func:`sparkline`, :func:`category_chart`).
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from typing import Any
 
 import jinja2
+import markupsafe
 
 _W, _H = 260, 80  # a chart's size in CSS pixels
 
@@ -38,6 +42,14 @@ def num(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}" if value and abs(value) < 0.01 else f"{value:,.2f}"
     return text(value)
+
+
+def ident(value: Any) -> markupsafe.Markup:
+    """An identifier (a rule, field or column name) escaped, with a ``<wbr>`` break
+    opportunity after each ``_``, ``.``, ``-`` and ``/``: it wraps between its words when
+    its cell is narrow, never inside one. The text is escaped before the tags are added."""
+    escaped = str(markupsafe.escape(text(value)))
+    return markupsafe.Markup(re.sub(r"([_./-])", r"\1<wbr>", escaped))
 
 
 def _px(x: float) -> str:
@@ -64,23 +76,31 @@ def histogram_chart(h: dict[str, Any]) -> dict[str, Any] | None:
     return {"width": _W, "height": _H, "bars": bars, "low": edges[0], "high": edges[-1]}
 
 
-def category_chart(categories: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Paired horizontal bars (reference above data) for the first 8 categories, labels
-    cut to 14 characters (widths as SVG text); None when there is no category."""
+def sparkline(h: dict[str, Any] | None, width: int = 120, height: int = 28) -> dict[str, Any] | None:
+    """One series' histogram (``edges`` and ``shares``) as bars scaled to the tallest
+    (coordinates as SVG text); None when there is none."""
+    shares, edges = (h or {}).get("shares") or [], (h or {}).get("edges") or []
+    if not shares or len(edges) != len(shares) + 1:
+        return None
+    top = max(max(shares), 1e-12)
+    bw = width / len(shares)
+    bars = [{"x": _px(i * bw), "y": _px(height - (height - 2) * v / top), "width": _px(max(bw - 1, 0.5)),
+             "height": _px((height - 2) * v / top)} for i, v in enumerate(shares) if v > 0]
+    return {"width": width, "height": height, "bars": bars, "low": edges[0], "high": edges[-1]}
+
+
+def category_chart(categories: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """Paired bars (reference above data) for the first 8 categories, as HTML rows: the
+    whole category text (it wraps; never cut) and each bar's width in percent of the
+    largest share; None when there is no category."""
     cats = categories[:8]
     if not cats:
         return None
-    row, label_w = 18, 90
     top = max(max(c["reference_share"], c["data_share"]) for c in cats) or 1.0
-    span = _W - label_w - 4
-    rows = []
-    for i, c in enumerate(cats):
-        label = str(c["value"])
-        rows.append({"y": 2 + i * row, "label": label if len(label) <= 14 else label[:13] + "…",
-                     "bars": [{"series": series, "width": _px(span * float(c[f"{series}_share"]) / top)}
-                              for series in ("reference", "data")]})
-    return {"width": _W, "height": row * len(cats) + 4, "label_x": label_w - 4, "bar_x": label_w,
-            "rows": rows}
+    return [{"label": str(c["value"]),
+             "bars": [{"series": series, "percent": f"{100 * float(c[f'{series}_share']) / top:.1f}",
+                       "share": float(c[f"{series}_share"])} for series in ("reference", "data")]}
+            for c in cats]
 
 
 @functools.cache
@@ -93,8 +113,8 @@ def _template() -> jinja2.Template:
         lstrip_blocks=True,
         keep_trailing_newline=True,
     )
-    env.filters.update(text=text, num=num)
-    env.globals.update(histogram_chart=histogram_chart, category_chart=category_chart)
+    env.filters.update(text=text, num=num, ident=ident)
+    env.globals.update(histogram_chart=histogram_chart, category_chart=category_chart, sparkline=sparkline)
     return env.get_template("report.html.j2")
 
 
@@ -109,4 +129,4 @@ def render_html(r: dict[str, Any]) -> str:
     return _template().render(r=r, notes=notes)
 
 
-__all__ = ["category_chart", "histogram_chart", "num", "render_html", "text"]
+__all__ = ["category_chart", "histogram_chart", "ident", "num", "render_html", "sparkline", "text"]

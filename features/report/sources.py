@@ -88,9 +88,9 @@ class Postgres:
         if self.conn is not None:
             self.conn.close()
 
-    def resolve(self, table: str) -> tuple[str, str, list[str], int | None]:
-        """(schema, table, columns, estimated rows) of ``table`` on the search_path;
-        SinkError naming the search_path when there is none."""
+    def find(self, table: str) -> tuple[str, str, list[str], int | None] | None:
+        """(schema, table, columns, estimated rows) of ``table`` on the search_path, or
+        None when there is none."""
         from psycopg import sql
 
         with map_psycopg_errors(self.dsn, f"the lookup of table {table!r}"):
@@ -100,17 +100,38 @@ class Postgres:
                 "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass(%s)", (ident,),
             ).fetchone()
             if row is None:
-                path = self.conn.execute("SHOW search_path").fetchone()[0]
                 self.conn.rollback()
-                raise SinkError(
-                    f"no table {table!r} on search_path {path!r} in Postgres at {self.address} "
-                    "(load data with `features load` first, or set the search_path in the DSN)",
-                    store="postgres", address=self.address)
+                return None
             columns = [r[0] for r in self.conn.execute(
                 "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0 "
                 "AND NOT attisdropped ORDER BY attnum", (ident,)).fetchall()]
+            self.conn.rollback()
         estimate = int(row[2]) if row[2] is not None and row[2] >= 0 else None
         return str(row[0]), str(row[1]), columns, estimate
+
+    def resolve(self, table: str) -> tuple[str, str, list[str], int | None]:
+        """(schema, table, columns, estimated rows) of ``table`` on the search_path;
+        SinkError naming the search_path when there is none."""
+        found = self.find(table)
+        if found is None:
+            with map_psycopg_errors(self.dsn, "the search_path lookup"):
+                path = self.conn.execute("SHOW search_path").fetchone()[0]
+                self.conn.rollback()
+            raise SinkError(
+                f"no table {table!r} on search_path {path!r} in Postgres at {self.address} "
+                "(load data with `features load` first, or set the search_path in the DSN)",
+                store="postgres", address=self.address)
+        return found
+
+    def count(self, nsp: str, table: str) -> int:
+        """The exact row count of ``nsp.table``."""
+        from psycopg import sql
+
+        with map_psycopg_errors(self.dsn, f"the count of {nsp}.{table}"):
+            row = self.conn.execute(sql.SQL("SELECT count(*) FROM {}.{}").format(
+                sql.Identifier(nsp), sql.Identifier(table))).fetchone()
+            self.conn.rollback()
+        return int(row[0])
 
     def stream(self, query: Any, params: Sequence[Any], batch_rows: int, what: str
                ) -> Iterator[tuple[list[str], list[tuple[Any, ...]]]]:
@@ -142,10 +163,11 @@ def _column(values: list[Any], target: pa.DataType, name: str) -> pa.Array:
         raise SourceError(f"column {name!r}: values do not convert to Arrow: {exc}", field=name) from exc
 
 
-def table_input(pg: Postgres, compiled: CompiledSchema, batch_rows: int
+def table_input(pg: Postgres, compiled: CompiledSchema, batch_rows: int, feature_columns: Sequence[str] = ()
                 ) -> tuple[dict[str, Any], int | None, list[str], Iterator[Chunk]]:
     """(lineage, estimated rows, declared fields not in the table, chunks) of the
-    schema's cold table."""
+    schema's cold table; the stored derived-feature columns among ``feature_columns``
+    ride along as each chunk's ``features``."""
     from psycopg import sql
 
     from features import lineage as lin
@@ -156,7 +178,8 @@ def table_input(pg: Postgres, compiled: CompiledSchema, batch_rows: int
     declared = [f.name for f in compiled.schema.fields if f.name in columns]
     absent = [f.name for f in compiled.schema.fields if f.name not in columns]
     extra = [c for c in (lin.SOURCE, lin.RUN_ID, lin.INGESTED_AT) if c in columns]
-    wanted = declared + extra
+    stored = [c for c in feature_columns if c in columns and c not in declared]
+    wanted = declared + stored + extra
     query = sql.SQL("SELECT {} FROM {}.{}").format(
         sql.SQL(", ").join(sql.Identifier(c) for c in wanted) if wanted else sql.SQL("NULL"),
         sql.Identifier(nsp), sql.Identifier(table))
@@ -179,10 +202,37 @@ def table_input(pg: Postgres, compiled: CompiledSchema, batch_rows: int
             runs.update(str(r) for r in by_name.get(lin.RUN_ID, []))
             origins.update(origin(s) for s in sources)
             ingested.update(by_name.get(lin.INGESTED_AT, []))
-            yield Chunk(batch, first, sources.__getitem__)
+            features = pa.RecordBatch.from_pydict(
+                {c: _column(list(by_name[c]), pa.float64(), c) for c in stored}) if stored else None
+            yield Chunk(batch, first, sources.__getitem__, features)
             first += len(rows)
 
     return lineage, estimate, absent, chunks()
+
+
+def aggregates_input(pg: Postgres, table: str, columns: Sequence[str], batch_rows: int
+                     ) -> tuple[str, list[str], Iterator[pa.RecordBatch]] | None:
+    """(qualified table, columns found, batches) of the stored aggregation ``columns`` of
+    the aggregates ``table``, or None when the table is absent (nothing aggregated yet)."""
+    from psycopg import sql
+
+    found = pg.find(table)
+    if found is None:
+        return None
+    nsp, name, present, _ = found
+    wanted = [c for c in columns if c in present]
+    if not wanted:
+        return f"{nsp}.{name}", [], iter(())
+    query = sql.SQL("SELECT {} FROM {}.{}").format(
+        sql.SQL(", ").join(sql.Identifier(c) for c in wanted), sql.Identifier(nsp), sql.Identifier(name))
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for names, rows in pg.stream(query, (), batch_rows, f"table {nsp}.{name}"):
+            cols = list(zip(*rows, strict=True))
+            yield pa.RecordBatch.from_pydict({n: _column(list(c), pa.float64(), n)
+                                              for n, c in zip(names, cols, strict=True)})
+
+    return f"{nsp}.{name}", wanted, batches()
 
 
 def rejects_input(pg: Postgres, compiled: CompiledSchema, since: dt.datetime | None, batch_rows: int
@@ -218,4 +268,4 @@ def rejects_input(pg: Postgres, compiled: CompiledSchema, since: dt.datetime | N
     return lineage, (None if since is not None else estimate), pages()
 
 
-__all__ = ["PG_BATCH_ROWS", "Postgres", "parquet_input", "rejects_input", "table_input"]
+__all__ = ["PG_BATCH_ROWS", "Postgres", "aggregates_input", "parquet_input", "rejects_input", "table_input"]

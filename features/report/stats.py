@@ -14,7 +14,14 @@ validator's own conversion (:func:`features.validation.convert.convert`):
   hashes are merged across batches: exact (up to 64-bit hash collisions, about
   ``n**2 / 2**65``: 3e-8 for a million values) while at most ``exact_limit`` distinct
   hashes are held (8 bytes each), then a HyperLogLog sketch (2**14 one-byte
-  registers, standard error about 0.8%), ``distinct_exact`` false.
+  registers, standard error about 0.8%), ``distinct_exact`` false;
+- numeric fields (int, float, decimal; decimals as float64) and the derived features
+  and aggregations (:class:`ColumnStats`): ``mean`` over every non-null, non-NaN value
+  (a float64 running sum), and ``quantiles`` (p1, p5, p25, p50, p75, p95, p99,
+  ``numpy.quantile``'s linear method) and ``histogram`` (:data:`HISTOGRAM_BINS`
+  equal-width bins from the smallest to the largest value, shares of the values) over a
+  seeded uniform sample of at most :data:`STATS_SAMPLE` values (:class:`Sample`; all
+  values, ``sampled`` false, while there are no more than that).
 """
 
 from __future__ import annotations
@@ -33,13 +40,22 @@ import pyarrow.compute as pc
 
 from features.compile.listtext import list_text
 from features.kernels.hashing import fnv1a64_distinct
-from features.schema.model import FLOAT_KINDS, Field
+from features.schema.model import FLOAT_KINDS, NUMERIC_KINDS, Field
 
 U64 = npt.NDArray[np.uint64]
+
+F64 = npt.NDArray[np.float64]
 
 #: Distinct hashes held exactly per field before switching to HyperLogLog.
 EXACT_DISTINCT_LIMIT = 1_000_000
 HLL_PRECISION = 14
+#: Values sampled per numeric column for its quantiles and histogram.
+STATS_SAMPLE = 100_000
+#: Bins of a column's histogram.
+HISTOGRAM_BINS = 20
+#: The quantiles reported, as (name, probability).
+QUANTILES = (("p1", 0.01), ("p5", 0.05), ("p25", 0.25), ("p50", 0.5), ("p75", 0.75), ("p95", 0.95),
+             ("p99", 0.99))
 
 
 def _mix(h: U64) -> U64:
@@ -116,6 +132,122 @@ class DistinctCounter:
         return round(estimate)
 
 
+class Sample:
+    """A bottom-k uniform sample of at most ``size`` float values: each value gets a key
+    from a generator seeded with ``seed`` and the values with the smallest keys are kept.
+    Deterministic for the same values in the same batch order; ``2 * 8 * size`` bytes."""
+
+    def __init__(self, size: int, seed: list[int]) -> None:
+        self.size = size
+        self.rng = np.random.default_rng(seed)
+        self.values: F64 = np.empty(0, dtype=np.float64)
+        self.keys: F64 = np.empty(0, dtype=np.float64)
+        self.seen = 0
+
+    def add(self, values: F64) -> None:
+        if not len(values):
+            return
+        self.seen += len(values)
+        keys = self.rng.random(len(values))
+        v = np.concatenate([self.values, values])
+        k = np.concatenate([self.keys, keys])
+        if len(v) > self.size:
+            keep = np.argpartition(k, self.size - 1)[: self.size]
+            v, k = v[keep], k[keep]
+        self.values, self.keys = v, k
+
+    @property
+    def sampled(self) -> bool:
+        return self.seen > self.size
+
+
+def as_floats(values: pa.Array | pa.ChunkedArray) -> F64:
+    """The non-null, non-NaN values of a numeric Arrow array as float64 (decimals rounded
+    to the nearest double)."""
+    present = values.drop_null()
+    floats = present if present.type == pa.float64() else pc.cast(present, pa.float64())
+    arr: F64 = np.asarray(floats.to_numpy(zero_copy_only=False), dtype=np.float64)
+    kept: F64 = arr[~np.isnan(arr)]
+    return kept
+
+
+class Numbers:
+    """Mean (exact running sum), quantiles and a histogram (over a :class:`Sample`) of
+    one numeric column."""
+
+    def __init__(self, seed: list[int], size: int = STATS_SAMPLE) -> None:
+        self.count = 0
+        self.total = 0.0
+        self.sample = Sample(size, seed)
+
+    def add(self, values: F64) -> None:
+        """Account finite-or-infinite float values (no NaN, no null)."""
+        if not len(values):
+            return
+        self.count += len(values)
+        self.total += float(np.sum(values))
+        self.sample.add(values)
+
+    def as_json(self) -> dict[str, Any]:
+        v = self.sample.values
+        if not self.count or not np.isfinite(v).all():
+            return {"mean": jsonable(self.total / self.count) if self.count else None,
+                    "quantiles": None, "histogram": None, "sampled": self.sample.sampled}
+        q = np.quantile(v, [p for _, p in QUANTILES])
+        lo, hi = float(v.min()), float(v.max())
+        edges = np.linspace(lo, hi, HISTOGRAM_BINS + 1) if hi > lo else np.array([lo, lo + 1.0])
+        counts, _ = np.histogram(v, bins=edges)
+        return {
+            "mean": jsonable(self.total / self.count),
+            "quantiles": {name: float(x) for (name, _), x in zip(QUANTILES, q, strict=True)},
+            "histogram": {"edges": [float(e) for e in edges], "shares": [float(c) / len(v) for c in counts]},
+            "sampled": self.sample.sampled,
+        }
+
+
+@dataclass
+class ColumnStats:
+    """Running statistics of one numeric output column: a derived feature's (computed by
+    the schema's transform program, or read from the cold table) or an aggregation's
+    (read from the aggregates table). ``origin`` is ``feature`` or ``aggregation``."""
+
+    name: str
+    type: str
+    origin: str
+    seed: int
+    rows: int = 0
+    null_count: int = 0
+    nan_count: int = 0
+    min: float | None = None
+    max: float | None = None
+    numbers: Numbers | None = None
+
+    def add(self, values: pa.Array | pa.ChunkedArray) -> None:
+        """Account one batch of the column (any numeric Arrow type; nulls and NaN counted)."""
+        if self.numbers is None:
+            self.numbers = Numbers([self.seed, 1])
+        self.rows += len(values)
+        self.null_count += values.null_count
+        if isinstance(values, pa.ChunkedArray):
+            values = values.combine_chunks()
+        if pa.types.is_dictionary(values.type):
+            values = values.dictionary_decode()
+        arr = as_floats(values)
+        self.nan_count += len(values) - values.null_count - len(arr)
+        if len(arr):
+            lo, hi = float(arr.min()), float(arr.max())
+            self.min = lo if self.min is None else min(self.min, lo)
+            self.max = hi if self.max is None else max(self.max, hi)
+        self.numbers.add(arr)
+
+    def as_json(self) -> dict[str, Any]:
+        numbers = self.numbers.as_json() if self.numbers is not None else {
+            "mean": None, "quantiles": None, "histogram": None, "sampled": False}
+        return {"name": self.name, "type": self.type, "origin": self.origin, "rows": self.rows,
+                "null_count": self.null_count, "nan_count": self.nan_count,
+                "min": jsonable(self.min), "max": jsonable(self.max)} | numbers
+
+
 @dataclass
 class FieldStats:
     """Running statistics of one field (see the module docstring)."""
@@ -129,6 +261,12 @@ class FieldStats:
     min: Any = None
     max: Any = None
     distinct: DistinctCounter = dataclasses.field(default_factory=DistinctCounter)
+    #: mean, quantiles and histogram: numeric (not list) fields only
+    numbers: Numbers | None = None
+
+    def __post_init__(self) -> None:
+        if self.field.type.kind in NUMERIC_KINDS and self.field.type.items is None:
+            self.numbers = Numbers([0, _seed(self.field.name)])
 
     def add(self, values: pa.Array | None, n: int, type_failures: int = 0) -> None:
         """Account one batch: ``values`` converted to the declared type (null where
@@ -157,6 +295,8 @@ class FieldStats:
         if hi is not None and (self.max is None or hi > self.max):
             self.max = hi
         self.distinct.add(present)
+        if self.numbers is not None:
+            self.numbers.add(as_floats(present))
 
     def _add_lists(self, present: pa.Array) -> None:
         """A list field: ``nan_count`` counts lists with a NaN element, ``min``/``max`` are
@@ -194,7 +334,13 @@ class FieldStats:
             "max": jsonable(self.max),
             "distinct_count": self.distinct.count,
             "distinct_exact": self.distinct.exact,
-        }
+        } | (self.numbers.as_json() if self.numbers is not None else {
+            "mean": None, "quantiles": None, "histogram": None, "sampled": False})
+
+
+def _seed(name: str) -> int:
+    """A stable per-column seed (Python's ``hash`` of a str changes between runs)."""
+    return int.from_bytes(name.encode("utf-8")[:8].ljust(8, b"\0"), "little") % (2**32)
 
 
 def jsonable(value: Any) -> Any:
@@ -226,4 +372,5 @@ def jsonable(value: Any) -> Any:
     return str(value)
 
 
-__all__ = ["EXACT_DISTINCT_LIMIT", "DistinctCounter", "FieldStats", "jsonable", "value_hashes"]
+__all__ = ["EXACT_DISTINCT_LIMIT", "HISTOGRAM_BINS", "QUANTILES", "STATS_SAMPLE", "ColumnStats",
+           "DistinctCounter", "FieldStats", "Numbers", "Sample", "as_floats", "jsonable", "value_hashes"]

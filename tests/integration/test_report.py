@@ -17,6 +17,7 @@ import pytest
 from features.cli import build_parser, main
 from features.compile import CompiledSchema, compile_schema
 from features.config import Settings
+from features.kernels import compile_transforms
 from features.load import load
 from features.ops.examples import applicant_schema, applicants
 from features.report.stats import DistinctCounter
@@ -185,7 +186,8 @@ def _dsn(settings: Settings, pg_schema: str) -> str:
 
 
 def test_table_and_rejects_modes(dirty: Path, compiled: CompiledSchema, tmp_path: Path, settings: Settings,
-                                 pg_schema: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+                                 pg_schema: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
     summary = load([dirty], compiled, settings, batch_rows=2_000, search_path=pg_schema,
                    key_prefix=redis_prefix)
     expected = validate(pq.read_table(dirty), compiled).counts
@@ -193,6 +195,7 @@ def test_table_and_rejects_modes(dirty: Path, compiled: CompiledSchema, tmp_path
     monkeypatch.setenv("FEATURES_POSTGRES_DSN", _dsn(settings, pg_schema))
 
     # The cold table holds only valid rows: the suite passes on it.
+    capsys.readouterr()
     code, r, html = report(tmp_path / "table", "--table", "--batch-rows", "3000")
     assert code == 0 and r["verdict"] == "PASS", r["verdict_reasons"]
     assert r["counts"]["input_rows"] == r["counts"]["valid_rows"] == summary.stored
@@ -210,6 +213,28 @@ def test_table_and_rejects_modes(dirty: Path, compiled: CompiledSchema, tmp_path
     assert fields["region"]["min"] == HOSTILE  # stored rows with a hostile region
     assert html.count(ESCAPED) == 1
     assert_safe_html(html)
+    # Not a bare PASS: the rows the load refused are counted in the rejects table and said.
+    rejects_table = f"{pg_schema}.credit_applicant__rejects"
+    assert r["rejects_kept"] == {"table": rejects_table, "rows": summary.rejected,
+                                 "command": "features report --schema credit_applicant --rejects --out DIR"}
+    assert r["verdict_notes"] == [f"{summary.rejected:,} rows rejected at load are kept in {rejects_table} "
+                                  "(not in this table): `features report --schema credit_applicant --rejects "
+                                  "--out DIR` reports them"]
+    assert 'class="verdict pass noted"' in html and rejects_table in html
+    assert f"{summary.rejected:,} rejected rows kept in {rejects_table}" in capsys.readouterr().out
+    # The stored derived features' statistics: those of the transform over the stored rows.
+    features = {f["name"]: f for f in r["features"]}
+    assert set(features) == {"debt_to_income", "score_bucket", "customer_tenure_days"}  # the cold ones
+    program_out = compile_transforms(compiled.schema, device="cpu").run(valid).features
+    assert program_out.num_rows == summary.stored  # the rows the load stored, in the same order
+    for name, stats in features.items():
+        column = program_out.column(name)
+        values = column.drop_null().to_numpy(zero_copy_only=False).astype(np.float64)
+        assert stats["rows"] == summary.stored and stats["null_count"] == column.null_count, name
+        assert stats["mean"] == pytest.approx(float(np.mean(values)), rel=1e-9), name
+        assert stats["quantiles"]["p50"] == pytest.approx(float(np.quantile(values, 0.5)), rel=1e-9), name
+        assert sum(stats["histogram"]["shares"]) == pytest.approx(1.0)
+    assert r["aggregations"] is None  # the schema declares none
 
     # The rejects table, grouped by field and rule: the validator's counts on the file.
     code, r, html = report(tmp_path / "rejects", "--rejects")

@@ -21,7 +21,7 @@ ESCAPED = "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;&amp;&#34;q&#34;"
 
 
 def _report(h: str = HOSTILE) -> dict[str, Any]:
-    """A data report with drift; ``h`` in every string the page shows (45 places, the
+    """A data report with drift; ``h`` in every string the page shows (52 places, the
     ``data-rule`` attribute of an expectation's row among them)."""
     example = {"value": f"v{h}", "source": f"file://{h}#3", "row": 3, "message": f"m{h}"}
     return {
@@ -32,18 +32,28 @@ def _report(h: str = HOSTILE) -> dict[str, Any]:
                     "ingested_at": {"min": h, "max": h}, "run_ids": {"values": {h: 1}},
                     "origins": {"values": {h: 2}}, "schema_fingerprints": {"values": {h: 3}},
                     "fields_not_in_table": [h]},
-        "verdict": "FAIL", "verdict_reasons": [h],
+        "verdict": "FAIL", "verdict_reasons": [h], "verdict_notes": [h],
         "counts": {"input_rows": 1_234_567, "valid_rows": 1_234_000, "rejected_rows": 567},
         "gx": {"passed": 1, "expectations": 2},
         "expectations": [
-            {"rule": h, "expectation": h, "agrees": False, "validator_rejected_rows": 567,
+            {"rule": h, "expectation": h, "agrees": False, "validator_rejected_rows": 567, "status": "fail",
              "gx": {"success": False, "unexpected_count": 567, "unexpected_percent": 0.05,
                     "examples": [example]}},
-            {"rule": "r.pattern", "gx": None, "not_expressible": h, "validator_rejected_rows": 0},
+            {"rule": "r.pattern", "gx": None, "not_expressible": h, "validator_rejected_rows": 0,
+             "status": "pass"},
         ],
         "disagreements": [h],
         "fields": [{"field": h, "type": h, "rows": 9, "null_count": 0, "nan_count": None,
-                    "type_failures": 0, "min": h, "max": h, "distinct_count": 2, "distinct_exact": False}],
+                    "type_failures": 0, "min": h, "max": h, "distinct_count": 2, "distinct_exact": False,
+                    "mean": None, "quantiles": None, "histogram": None},
+                   {"field": "n", "type": "int32", "rows": 9, "null_count": 0, "nan_count": None,
+                    "type_failures": 0, "min": 1, "max": 3, "distinct_count": 3, "distinct_exact": True,
+                    "mean": 2.0, "quantiles": {"p5": 1.1, "p50": 2.0, "p95": 2.9},
+                    "histogram": {"edges": [1, 2, 3], "shares": [0.5, 0.5]}}],
+        "features": [{"name": h, "type": h, "rows": 9, "null_count": 1, "nan_count": 0, "min": 0.5,
+                      "max": 4.5, "mean": 1.25, "quantiles": {"p5": 0.5, "p50": 1.0, "p95": 4.0},
+                      "histogram": {"edges": [0.5, 2.5, 4.5], "shares": [0.75, 0.25]}}],
+        "aggregations": None,
         "rejects": {"groups": [{"field": h, "rule": h, "reason": h, "count": 567, "examples": [example]}]},
         "drift": {
             "thresholds": {"psi_fail": 0.25, "ks_fail": 0.2, "psi_warn": 0.1}, "epsilon": 1e-4,
@@ -63,21 +73,26 @@ def _report(h: str = HOSTILE) -> dict[str, Any]:
 def test_every_value_is_escaped() -> None:
     page = render_html(_report())
     assert HOSTILE not in page and "<script" not in page
-    # The category label is cut to 14 characters, so it holds only the start of HOSTILE.
-    assert page.count(ESCAPED) == 45
-    assert "&lt;script&gt;alert…</text>" in page
+    # Identifiers carry <wbr> break opportunities (after "/" here), added after escaping.
+    assert "&lt;/<wbr>script&gt;" in page
+    assert page.replace("<wbr>", "").count(ESCAPED) == 52
 
 
 def test_sections_and_charts() -> None:
     page = render_html(_report("x"))
     assert page.startswith("<!DOCTYPE html>") and page.endswith("</main></body></html>\n")
-    assert '<section class="verdict fail" id="verdict"><div class="word">FAIL</div>' in page
+    assert '<section class="verdict fail noted" id="verdict"><div class="word">FAIL</div>' in page
     for text in ("1,234,567", "567 (0.05%)", "≈ 2", "0.0% / 50.0%", "see note 1",
                  "Not expressible in GX: x", "Drift against the reference", "Rejects by field and rule"):
         assert text in page, text
     assert page.count('aria-label="histogram: reference vs data"') == 1
     assert page.count('aria-label="category shares: reference vs data"') == 1
-    assert page.count("<rect ") == 3 + 2  # the histogram's non-empty bars, one category's pair
+    assert page.count('<i class="bar"') == 2  # one category's pair
+    # the drift histogram's non-empty bars, and two bars of each column's own histogram
+    assert page.count("<rect ") == 3 + 2 + 2
+    assert "1.10 / 2.00 / 2.90" in page and "0.50 / 1.00 / 4.00" in page and "Derived features" in page
+    failing, passing = page.index('id="expectations-failing"'), page.index('id="expectations-passing"')
+    assert failing < page.index('data-rule="x"') < passing < page.index('data-rule="r.pattern"')
 
 
 def test_rejects_mode_and_empty_tables() -> None:
@@ -105,9 +120,10 @@ def test_numbers_and_chart_geometry() -> None:
     assert [(b["series"], b["x"], b["height"]) for b in chart["bars"]] == [
         ("reference", "0.0", "22.0"), ("reference", "130.0", "66.0"), ("data", "0.0", "66.0")]
     assert category_chart([]) is None
-    cats = category_chart([{"value": "x" * 20, "reference_share": 0.5, "data_share": 0.25}])
-    assert cats is not None and cats["rows"][0]["label"] == "x" * 13 + "…"
-    assert [b["width"] for b in cats["rows"][0]["bars"]] == ["166.0", "83.0"]
+    long_id = "ORD-" + "x" * 120
+    cats = category_chart([{"value": long_id, "reference_share": 0.5, "data_share": 0.25}])
+    assert cats is not None and cats[0]["label"] == long_id  # whole: the page wraps it, never cuts it
+    assert [b["percent"] for b in cats[0]["bars"]] == ["100.0", "50.0"]
 
 
 def test_templates_ship_as_package_data() -> None:

@@ -843,8 +843,9 @@ class FlinkConnector:
 
 
 class Chromium:
-    """Not a process: Debian's headless-capable Chromium, which the report tests use to
-    render ``report.html`` (``chromium --headless --screenshot``)."""
+    """Not a process: Debian's headless-capable Chromium and its WebDriver
+    (``chromium-driver``), which the report tests use to render ``report.html``
+    (``chromium --headless --screenshot``, and Selenium through ``chromedriver``)."""
 
     name = "chromium"
     kind: PartKind = "tool"
@@ -861,12 +862,18 @@ class Chromium:
     def binary() -> str | None:
         return shutil.which("chromium")
 
+    @staticmethod
+    def driver() -> str | None:
+        return shutil.which("chromedriver")
+
     def install(self) -> None:
         if self.binary() is None:
             _apt_install("chromium", service=self.name)
+        if self.driver() is None:
+            _apt_install("chromium-driver", service=self.name)
 
     def running(self) -> bool:
-        return self.binary() is not None
+        return self.binary() is not None and self.driver() is not None
 
     def start(self) -> str:
         return "ready"
@@ -875,12 +882,14 @@ class Chromium:
         return "nothing to stop"
 
     def healthy(self) -> bool:
-        return self.binary() is not None
+        return self.binary() is not None and self.driver() is not None
 
     def version(self) -> str:
         binary = self.binary()
         if binary is None:
             return "missing"
+        if self.driver() is None:
+            return "chromedriver missing (apt-get install chromium-driver)"
         try:
             out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30).stdout
         except (OSError, subprocess.SubprocessError):
