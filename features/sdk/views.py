@@ -148,8 +148,11 @@ def _split(cv: CompiledView, c_of: dict[str, CompiledSchema],
 def _keys(c: CompiledSchema) -> dict[str, str]:
     """A source feature that is the schema's entity or event time is no stored value of
     its own: it is the row's key (the request key, where the row was found) or its event
-    time (``_event_time``)."""
-    return {str(c.schema.entity): "entity", str(c.schema.event_time): EVENT_TIME}
+    time (``_event_time``). A static schema has no event time."""
+    keys = {str(c.schema.entity): "entity"}
+    if c.schema.event_time is not None:
+        keys[c.schema.event_time] = EVENT_TIME
+    return keys
 
 
 def _keyed(c: CompiledSchema, f: str, got: pa.Table, key: pa.Array) -> pa.Array:
