@@ -15,9 +15,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from features.compile import CompiledSchema
+from features.compile.layout import rows_to_table
 from features.lineage import INGESTED_AT
 from features.sdk.columns import EVENT_TIME, entity_pg_type, ts_utc
-from features.compile.layout import rows_to_table
 
 _T = TypeVar("_T")
 
@@ -25,7 +25,7 @@ _T = TypeVar("_T")
 class Host(Protocol):
     """What the read needs of the store: its Postgres connection, errors mapped."""
 
-    def _pg_run(self, what: str, fn: Callable[[Any], _T]) -> _T: ...
+    def run_postgres(self, what: str, fn: Callable[[Any], _T]) -> _T: ...
 
 
 def static_rows(store: Host, c: CompiledSchema, frame: pa.Table, columns: list[str], ids: pa.Array
@@ -43,7 +43,7 @@ def static_rows(store: Host, c: CompiledSchema, frame: pa.Table, columns: list[s
     query = (f"SELECT {', '.join(quote_ident(n) for n in names)} FROM {table} "
              f"WHERE {quote_ident(entity)} = ANY(%s::{entity_pg_type(c)}[])")
     values = wanted.to_pylist()  # the distinct ids only, as the query's one parameter
-    rows = (store._pg_run("the static read", lambda conn: conn.execute(query, [values]).fetchall())
+    rows = (store.run_postgres("the static read", lambda conn: conn.execute(query, [values]).fetchall())
             if values else [])
     got = rows_to_table(c, names, rows)
     at = pc.index_in(ids, value_set=got.column(entity).combine_chunks())

@@ -22,10 +22,10 @@ import redis
 
 from features import FeatureStore
 from features.compile import CompiledSchema, compile_schema
+from features.compile.layout import entity_key
 from features.config import Settings
 from features.load import load
 from features.schema.parse import parse_schema
-from features.sinks.redis import entity_key
 from features.stream.core import StreamProcessor
 
 pytestmark = pytest.mark.services
@@ -109,7 +109,8 @@ def store(settings: Settings, project: Path, pg_schema: str, redis_prefix: str, 
 
 
 def write(path: Path, rows: list[tuple[str, int | None, str | None]]) -> Path:
-    pq.write_table(pa.table({"tailnum": [r[0] for r in rows], "seats": pa.array([r[1] for r in rows], pa.int32()),
+    pq.write_table(pa.table({"tailnum": [r[0] for r in rows],
+                             "seats": pa.array([r[1] for r in rows], pa.int32()),
                              "manufacturer": [r[2] for r in rows]}), path)
     return path
 
@@ -165,9 +166,9 @@ def test_the_newest_load_wins_in_both_stores(two_loads: tuple[dt.datetime, dt.da
         assert hot[tail]["_digest"] == cold[tail][2]  # both stores hold one version
 
 
-def test_a_reload_of_an_older_file_is_a_newer_load(tmp_path: Path, two_loads: tuple[dt.datetime, dt.datetime],
-                                                   settings: Settings, aircraft: CompiledSchema, pg_schema: str,
-                                                   redis_prefix: str) -> None:
+def test_a_reload_of_an_older_file_is_a_newer_load(
+        tmp_path: Path, two_loads: tuple[dt.datetime, dt.datetime], settings: Settings,
+        aircraft: CompiledSchema, pg_schema: str, redis_prefix: str) -> None:
     """"Newest" is the load's time, not the file's content. A re-run of the first file
     changes nothing (the ledger has it: already present); the same rows in a file the
     ledger has not seen are a newer load and put the first values back."""
@@ -190,7 +191,8 @@ def test_online_historical_and_the_view_give_the_newest_row_at_any_time(
     before = dt.datetime(2013, 1, 1, tzinfo=UTC)  # long before either load
     flights = compile_schema(parse_schema(FLIGHTS, "flights.yaml"))
     dep = [dt.datetime(2013, 1, 1, 5, tzinfo=UTC), between, after]
-    pq.write_table(pa.table({"flight_id": ["F1", "F2", "F3"], "dep_time": pa.array(dep, pa.timestamp("us", "UTC")),
+    pq.write_table(pa.table({"flight_id": ["F1", "F2", "F3"],
+                             "dep_time": pa.array(dep, pa.timestamp("us", "UTC")),
                              "tailnum": ["N101", "N202", "N999"], "dep_delay": [2.0, -1.0, 30.0]}),
                    tmp_path / "flights.parquet")
     assert load([tmp_path / "flights.parquet"], flights, settings, search_path=pg_schema,
@@ -208,8 +210,8 @@ def test_online_historical_and_the_view_give_the_newest_row_at_any_time(
             assert hist.column("seats").to_pylist() == want_seats, at
             assert hist.column("manufacturer").to_pylist() == want_maker, at
             assert hist.column("_event_time").is_valid().to_pylist() == [i in NEWEST for i in ids]
-            view = fs.online_view("flight_scoring", [{"flight_id": f, "tailnum": t}
-                                                     for f, t in (("F1", "N101"), ("F2", "N202"), ("F3", "N999"))])
+            requests = (("F1", "N101"), ("F2", "N202"), ("F3", "N999"))
+            view = fs.online_view("flight_scoring", [{"flight_id": f, "tailnum": t} for f, t in requests])
             assert view.column("plane_seats").to_pylist() == [180, 80, None], at
             assert view.column("plane_manufacturer").to_pylist() == ["BOEING", "BOMBARDIER", None], at
     with store(settings, project, pg_schema, redis_prefix) as fs:
@@ -290,7 +292,8 @@ def test_the_stream_writes_static_rows_through_the_same_code(
     # the same two records in the other order, in a fresh namespace's stream: the same row
     proc = StreamProcessor(aircraft, settings, run_id="static-stream-2", dead_letter_topic=None,
                            search_path=pg_schema, key_prefix=redis_prefix + "r:")
-    with psycopg.connect(settings.postgres_dsn, options=f"-c search_path={pg_schema}", autocommit=True) as conn:
+    with psycopg.connect(settings.postgres_dsn, options=f"-c search_path={pg_schema}",
+                         autocommit=True) as conn:
         conn.execute("TRUNCATE aircraft")
     proc.open()
     try:
