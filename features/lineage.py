@@ -29,6 +29,10 @@ SCHEMA_FINGERPRINT = "_schema_fingerprint"
 RUN_ID = "_run_id"
 INGESTED_AT = "_ingested_at"
 
+#: A static schema's row version beside ``_ingested_at`` (its load): the digest of the
+#: row's content (20 decimal digits of an FNV-1a 64), which orders two rows of one entity
+#: in one load whatever their input order (docs/schema.md, "Tables without time").
+DIGEST = "_digest"
 #: Lineage columns, in the order stores hold them.
 LINEAGE_COLUMNS = (SOURCE, SCHEMA_NAME, SCHEMA_VERSION, SCHEMA_FINGERPRINT, RUN_ID, INGESTED_AT)
 

@@ -43,6 +43,8 @@ _IGNORED_ON: Final[dict[type, frozenset[str]]] = {Field: frozenset({"source"})}
 #: what they were.
 _OMIT_WHEN_NONE: Final = frozenset({"aggregations", "items", "k"})
 _OMIT_WHEN_EMPTY: Final = frozenset({"null_values"})
+#: the same for flags added later, left out while False (``Schema.static``)
+_OMIT_WHEN_FALSE: Final = frozenset({"static"})
 #: the same, on one model class only (``FieldType.scale`` has always counted)
 _OMIT_WHEN_NONE_ON: Final[dict[type, frozenset[str]]] = {Aggregation: frozenset({"scale"})}
 
@@ -51,7 +53,8 @@ def _unset(name: str, value: Any, owner: type | None = None) -> bool:
     """Whether attribute ``name`` of an ``owner`` holding ``value`` is left out of the canonical JSON."""
     if value is None and owner is not None and name in _OMIT_WHEN_NONE_ON.get(owner, frozenset()):
         return True
-    return (name in _OMIT_WHEN_NONE and value is None) or (name in _OMIT_WHEN_EMPTY and value == ())
+    return ((name in _OMIT_WHEN_NONE and value is None) or (name in _OMIT_WHEN_EMPTY and value == ())
+            or (name in _OMIT_WHEN_FALSE and value is False))
 
 
 def _canonical(value: Any) -> Any:

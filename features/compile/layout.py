@@ -137,7 +137,7 @@ def reply_columns(replies: Sequence[Sequence[Any]], width: int) -> list[pa.Array
 
 #: Types of the lineage columns read back from Postgres.
 _LINEAGE_TYPES = {"_source": pa.string(), "_schema_version": pa.string(), "_schema_fingerprint": pa.string(),
-                  "_run_id": pa.string(), "_ingested_at": pa.timestamp("us", "UTC")}
+                  "_run_id": pa.string(), "_ingested_at": pa.timestamp("us", "UTC"), "_digest": pa.string()}
 
 
 def from_text(c: CompiledSchema, name: str, text: pa.Array, target: pa.DataType | None = None) -> pa.Array:

@@ -455,10 +455,16 @@ def _feature_type(feature: Feature) -> str:
     return pg_type(feature.dtype)
 
 
+def cold_keys(schema: Schema) -> tuple[str, ...]:
+    """The cold table's primary key of a loadable schema: (entity, event time), or the
+    entity alone for a static schema (``event_time: none``: one row per entity)."""
+    assert schema.entity is not None and (schema.event_time is not None or schema.static)  # loadable
+    return (schema.entity,) if schema.event_time is None else (schema.entity, schema.event_time)
+
+
 def _cold_table(compiled: CompiledSchema) -> str:
     schema = compiled.schema
-    assert schema.entity is not None and schema.event_time is not None  # loadable
-    keys = (schema.entity, schema.event_time)
+    keys = cold_keys(schema)
     try:
         key_fields = [schema.field(k) for k in keys]
     except KeyError as exc:
@@ -474,6 +480,9 @@ def _cold_table(compiled: CompiledSchema) -> str:
             typ = _feature_type(feature)
             lines.extend(f"{quote_ident(col)} {typ}" for col in schema.feature_columns(feature))
     lines.extend(f"{quote_ident(name)} {typ} NOT NULL" for name, typ in LINEAGE_COLUMNS)
+    if schema.static:
+        # the row's content digest: with _ingested_at, the version a newer load must beat
+        lines.append(f"{quote_ident(lineage.DIGEST)} text NOT NULL")
     table = cold_table_name(schema)
     _check_width(table, len(lines))
     for f in columns:
@@ -523,9 +532,8 @@ def render_aggregates_table(schema: Schema) -> str:
 
 def _rejects_table(compiled: CompiledSchema) -> str:
     schema = compiled.schema
-    assert schema.event_time is not None
     table = rejects_table_name(schema)
-    event_type = pg_type(schema.field(schema.event_time).type)
+    event_type = "timestamptz" if schema.event_time is None else pg_type(schema.field(schema.event_time).type)
     lines = [
         f"{quote_ident('id')} bigserial PRIMARY KEY",
         f"{quote_ident(lineage.SOURCE)} text NOT NULL",
@@ -618,7 +626,9 @@ def render_ddl(compiled: CompiledSchema) -> str:
     if schema.loadable:
         parts += [
             _schemas_table(),
-            "-- Cold store: full history keyed by (entity, event time), with lineage.\n"
+            ("-- Cold store of a static schema (event_time: none): one row per entity, the newest\n"
+             "-- load's (_ingested_at, then _digest, the content's), with lineage.\n" if schema.static else
+             "-- Cold store: full history keyed by (entity, event time), with lineage.\n")
             + _cold_table(compiled),
             "-- Rejected rows: raw payload, every error, and lineage.\n" + _rejects_table(compiled),
         ]

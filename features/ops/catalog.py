@@ -98,7 +98,7 @@ def list_all(catalog: Catalog) -> dict[str, Any]:
     for name, s in sorted(catalog.schemas.items()):
         schemas.append({"name": name, "version": s.version_str,
                         "fingerprint": compile_schema(s).fingerprint[:12], "entity": s.entity,
-                        "event_time": s.event_time, "fields": len(s.fields),
+                        "event_time": "none" if s.static else s.event_time, "fields": len(s.fields),
                         "derived": len(s.features),
                         "aggregations": len(s.aggregations.features) if s.aggregations else 0,
                         "views": _readers(catalog, name), "description": s.description})
@@ -118,7 +118,8 @@ def describe(catalog: Catalog, name: str) -> dict[str, Any]:
         aggs = s.aggregations.features if s.aggregations else ()
         lateness = duration_text(s.aggregations.allowed_lateness_s) if s.aggregations else None
         return {"kind": "schema", "name": name, "version": s.version_str, "fingerprint": c.fingerprint,
-                "description": s.description, "path": s.path, "entity": s.entity, "event_time": s.event_time,
+                "description": s.description, "path": s.path, "entity": s.entity,
+                "event_time": "none" if s.static else s.event_time,
                 "hot_ttl": None if s.hot.ttl_seconds is None else duration_text(s.hot.ttl_seconds),
                 "fields": [_field(f) for f in s.fields], "derived": [_feature(f) for f in s.features],
                 "aggregations": [_aggregation(a) for a in aggs], "allowed_lateness": lateness,

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 #: The hash fields read besides a layout's columns, in this order.
 _META = ("_event_time", "_schema_fingerprint", "_source", "_schema_version", "_run_id", "_ingested_at",
-         "_filled")
+         "_filled", "_digest")
 #: What a breaking change needs instead (the refusal's last words, docs/evolution.md).
 BREAKING_PATH = ("features migrate moves the stores only across compatible changes: give the new major "
                  "version its own tables (another schema name, or another Postgres schema and Redis "
@@ -290,7 +290,8 @@ class Upgrader:
         from features.compile.layout import from_text
 
         s = c.schema
-        ent, et = str(s.entity), str(s.event_time)
+        # a static schema's hash is ordered by its load (``_ingested_at``), then ``_digest``
+        ent, et = str(s.entity), ("_ingested_at" if s.static else str(s.event_time))
         prefix = f"{self.store.key_prefix}features:{c.name}{'__aggregates' if aggregates else ''}:{{"
         entity_text = pa.array([k[len(prefix):-1] for k in keys], pa.string())
         micros = cols["_event_time"].cast(pa.int64())
@@ -312,8 +313,8 @@ class Upgrader:
             else:
                 value = _default(c, name, target, n)
             data[name] = value
-        for name in ("_source", "_run_id", "_ingested_at", "_filled"):
-            data[name] = cols[name]
+        for name in ("_source", "_run_id", "_ingested_at", "_filled", *(("_digest",) if s.static else ())):
+            data.setdefault(name, cols[name])
         sink = self._sink(aggregates, fp)
         from features.sinks.base import WriteUnit
 
@@ -336,7 +337,7 @@ class Upgrader:
         c = self.c
         s = c.schema
         ent_field = s.field(str(s.entity))
-        et_type = pg_type(s.field(str(s.event_time)).type)
+        et_type = "timestamptz" if s.static else pg_type(s.field(str(s.event_time)).type)
         at = {"date": "(date '1970-01-01' + (k.us / 86400000000)::int)",
               "timestamptz": "(timestamptz '1970-01-01 00:00:00+00' + k.us * interval '1 microsecond')"}.get(
             et_type, "(timestamp '1970-01-01 00:00:00' + k.us * interval '1 microsecond')")
@@ -344,7 +345,7 @@ class Upgrader:
         query = (f"SELECT k.i, {', '.join('h.' + quote_ident(x) for x in names)} FROM "
                  f"unnest(%s::{pg_type(ent_field.type)}[], %s::bigint[], %s::bigint[]) AS k(e, us, i) "
                  f"JOIN {quote_ident(table)} h ON h.{quote_ident(str(s.entity))} = k.e "
-                 f"AND h.{quote_ident(str(s.event_time))} = {at}")
+                 f"AND h.{quote_ident('_ingested_at' if s.static else str(s.event_time))} = {at}")
         ids = entity_values(c, entity_text).to_pylist()
         params = [ids, micros.to_pylist(), list(range(len(ids)))]
         try:

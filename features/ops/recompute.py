@@ -142,6 +142,10 @@ def recompute(c: CompiledSchema, settings: Settings, *, search_path: str | None 
     s = c.schema
     if not s.loadable:
         raise ConfigError(f"schema {c.name!r} is validation-only: it has no stored history", key="schema")
+    if s.static:  # TODO(issue 47): recompute a static table's derived features from its rows
+        raise ConfigError(f"schema {c.name!r} is static (event_time: none): it has no history to "
+                          "recompute from; load its source again (a newer load replaces every row)",
+                          key="schema")
     t0 = time.perf_counter()
     out = Recomputed()
     out.features, out.skipped = recomputable(c)

@@ -66,7 +66,8 @@ aggregation)       field's new type: reported when its stored type (the
                    caller's ``aggregation_type``) changes; compatible when the
                    field's type change is
 entity,            changed or removed: breaking (the table key changes); set on a
-event_time         validation-only schema: compatible (the table is created new)
+event_time         validation-only schema: compatible (the table is created new);
+                   timed <-> static (``event_time: none``): breaking
 name               breaking (another table)
 hot_ttl            compatible
 payload            format changed or max_bytes lowered: breaking; max_bytes
@@ -95,6 +96,7 @@ from typing import Literal
 
 from features.schema.model import (
     INTEGER_KINDS,
+    STATIC_EVENT_TIME,
     Aggregation,
     EvolutionRule,
     Feature,
@@ -224,6 +226,11 @@ class SchemaDiff:
 # ------------------------------------------------------------------ comparisons
 
 _INT_RANK = {TypeKind.INT8: 8, TypeKind.INT16: 16, TypeKind.INT32: 32, TypeKind.INT64: 64}
+
+
+def _event_time(schema: Schema) -> str | None:
+    """The schema's ``event_time`` as written: a field name, ``none`` (static), or None."""
+    return STATIC_EVENT_TIME if schema.static else schema.event_time
 
 
 def _type_change(old: FieldType, new: FieldType) -> tuple[bool, str]:
@@ -487,11 +494,17 @@ class _Differ:
                      f"schema renamed from {old.name!r} to {new.name!r} (another table)", scope="schema")
         for kind, a, b in (
             (ChangeKind.ENTITY, old.entity, new.entity),
-            (ChangeKind.EVENT_TIME, old.event_time, new.event_time),
+            (ChangeKind.EVENT_TIME, _event_time(old), _event_time(new)),
         ):
             if a == b:
                 continue
-            if a is None:
+            if kind is ChangeKind.EVENT_TIME and None not in (a, b) and STATIC_EVENT_TIME in (a, b):
+                self.add(kind.value, kind, False,
+                         f"event_time changed from {a!r} to {b!r}: the schema becomes "
+                         f"{'static' if b == STATIC_EVENT_TIME else 'timed'} (the cold table's key and the "
+                         "meaning of its rows change: a history of events or one row per entity); "
+                         "load it into a new table or namespace", scope="schema")
+            elif a is None:
                 self.add(kind.value, kind, True,
                          f"{kind.value} set to {b!r}: the schema becomes loadable (its tables are "
                          "created new by `features compile`)", scope="schema")

@@ -9,7 +9,10 @@ Terms:
 - a *feature* is a stored output: a field stored as it is (``store:`` on the field)
   or a derived feature (``features:`` section) computed by transform steps;
 - a schema without ``entity``/``event_time`` is *validation-only*: it compiles and
-  validates, but cannot be loaded into the stores.
+  validates, but cannot be loaded into the stores;
+- a schema with ``event_time: none`` is *static* (aircraft, products, merchants): one
+  row per entity, the newest load wins, read by key at any time (docs/schema.md,
+  "Tables without time").
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ LIST_ELEMENT_KINDS = INTEGER_KINDS | FLOAT_KINDS
 #: The largest length (fixed, or the ``max=`` bound) a list type may declare.
 LIST_MAX_LENGTH = 65_536
 TimeUnit = Literal["s", "ms", "us", "ns"]
+#: The ``event_time`` value that makes a schema static (no event time: one row per entity).
+STATIC_EVENT_TIME = "none"
 
 
 @dataclass(frozen=True)
@@ -306,7 +311,9 @@ class Schema:
     """One schema file, parsed and checked. Immutable; build with ``parse_schema``.
 
     ``version`` is semver ``(major, minor, patch)``. ``entity`` and ``event_time``
-    name fields; both None for a validation-only schema.
+    name fields; both None for a validation-only schema. ``static`` (``event_time:
+    none``): the schema has an entity and no event time (``event_time`` is None); its
+    stores hold one row per entity, the newest load's (docs/schema.md).
     """
 
     name: str
@@ -321,6 +328,7 @@ class Schema:
     aggregations: Aggregations | None = None
     description: str = ""
     path: str | None = None
+    static: bool = False
     #: the YAML text this schema was parsed from (None when built in code): recorded with
     #: the version in ``featureline_schema_versions``, so readers and ``features migrate``
     #: can rebuild an older version's layout (docs/evolution.md). Not in the fingerprint.
@@ -332,8 +340,9 @@ class Schema:
 
     @property
     def loadable(self) -> bool:
-        """True when the schema can be written to the stores (entity + event time)."""
-        return self.entity is not None and self.event_time is not None
+        """True when the schema can be written to the stores (entity + event time, or
+        entity + ``event_time: none``: a static schema)."""
+        return self.entity is not None and (self.event_time is not None or self.static)
 
     def field(self, name: str) -> Field:
         for f in self.fields:
@@ -371,6 +380,7 @@ __all__ = [
     "FLOAT_KINDS",
     "INTEGER_KINDS",
     "NUMERIC_KINDS",
+    "STATIC_EVENT_TIME",
     "AggFunction",
     "Aggregation",
     "Aggregations",

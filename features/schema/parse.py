@@ -58,6 +58,7 @@ from features.errors import SchemaError, SchemaErrors
 from features.schema.aggregations import AggregationReader
 from features.schema.model import (
     INTEGER_KINDS,
+    STATIC_EVENT_TIME,
     Constraints,
     EvolutionRule,
     Feature,
@@ -310,6 +311,10 @@ class SchemaParser(StepReader, AggregationReader):
         description = self.optional_string(top, "description") or ""
         entity = self.optional_string(top, "entity")
         event_time = self.optional_string(top, "event_time")
+        # ``event_time: none``: a static table (one row per entity, newest load wins)
+        static = event_time == STATIC_EVENT_TIME
+        if static:
+            event_time = None
         loadable = top.present("entity") and top.present("event_time")
         for key, other in (("entity", "event_time"), ("event_time", "entity")):
             if top.present(key) and not top.present(other):
@@ -325,6 +330,11 @@ class SchemaParser(StepReader, AggregationReader):
             self.check_keys(top, fields, entity, event_time)
         features = self.parse_features(top, fields, loadable, event_time)
         aggregations = self.parse_aggregations(top, fields, loadable, features)
+        if static and (agg_node := top.get("aggregations")) is not None and not is_null(agg_node):
+            self.error(agg_node, "aggregations",
+                       "aggregations need an event time: a static schema (event_time: none) holds one "
+                       "row per entity and no history to aggregate over windows; give the schema an "
+                       "event_time field, or move the aggregations to a schema of events")
         rules = self.parse_rules(top)
         if self.errors or None in (name, version, fields, features, rules):
             return None
@@ -334,6 +344,7 @@ class SchemaParser(StepReader, AggregationReader):
             name=name, version=version, fields=tuple(f for f, _ in fields),
             entity=entity, event_time=event_time, features=features, hot=hot, payload=payload,
             evolution_rules=rules, aggregations=aggregations, description=description, path=self.path,
+            static=static,
         )
 
     def parse_version(self, top: YamlMap) -> tuple[int, int, int] | None:

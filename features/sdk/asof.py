@@ -54,6 +54,7 @@ from features.compile import CompiledSchema
 from features.compile.layout import aggregation_names, declared_type, entity_values
 from features.compile.listtext import POSTGRES, parse_list_text
 from features.schema.model import TypeKind
+from features.sdk.static import static_rows
 
 _T = TypeVar("_T")
 
@@ -100,6 +101,10 @@ def as_of_chunks(store: FeatureStore, c: CompiledSchema, entity_df: pa.Table, co
     # The whole frame's ids and times at once, from unsliced arrays: pyarrow's if_else
     # (in entity_values) reads a sliced string array's values wrongly.
     ids = entity_values(c, _unsliced(entity_df.column(str(c.schema.entity))))
+    if c.schema.static:  # one row per entity, whatever the time (features.sdk.static)
+        for lo in range(0, max(n, 1), chunk_rows):
+            yield static_rows(store, c, entity_df.slice(lo, chunk_rows), columns, ids.slice(lo, chunk_rows))
+        return
     t_us = _micros(ts)
     for lo in range(0, max(n, 1), chunk_rows):
         yield _chunk(store, c, entity_df.slice(lo, chunk_rows), columns, ids.slice(lo, chunk_rows),

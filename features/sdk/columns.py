@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from features.compile import CompiledSchema
 from features.compile.layout import entity_values
+from features.lineage import INGESTED_AT
 from features.schema.model import TypeKind
 
 #: Columns every ``online`` result carries besides the entity and the features.
@@ -43,6 +44,13 @@ def event_time_type(c: CompiledSchema) -> pa.DataType:
             return pa.timestamp("us")
     return ts_utc()
 
+
+
+def time_column(c: CompiledSchema) -> str:
+    """The stored column that orders an entity's rows: the event time, or for a static
+    schema (``event_time: none``) ``_ingested_at``, its row's load (served as
+    ``_event_time``; docs/schema.md, "Tables without time")."""
+    return INGESTED_AT if c.schema.event_time is None else c.schema.event_time
 
 
 def entity_pg_type(c: CompiledSchema) -> str:

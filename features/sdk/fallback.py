@@ -44,7 +44,7 @@ import pyarrow.compute as pc
 
 from features.compile import CompiledSchema
 from features.errors import SinkUnavailable
-from features.lineage import INGESTED_AT, RUN_ID, SCHEMA_FINGERPRINT, SCHEMA_VERSION, SOURCE
+from features.lineage import DIGEST, INGESTED_AT, RUN_ID, SCHEMA_FINGERPRINT, SCHEMA_VERSION, SOURCE
 
 
 class Host(Protocol):
@@ -426,10 +426,11 @@ def fill_rows(c: CompiledSchema, rows: pa.Table, sink_for: Any) -> int:
     fallback serves them: null) and, where a row has one, the aggregates hashes. Returns
     the hashes written."""
     from features.compile.layout import declared_type
+    from features.sdk.columns import time_column
     from features.sinks.base import WriteUnit
 
     schema = c.schema
-    ent, et = str(schema.entity), str(schema.event_time)
+    ent, et = str(schema.entity), time_column(c)
     written = 0
     units: list[tuple[bool, pa.Table]] = []
     sink = sink_for(False)  # the callable opens each sink once
@@ -437,7 +438,7 @@ def fill_rows(c: CompiledSchema, rows: pa.Table, sink_for: Any) -> int:
     for name in sink.hot_columns:
         data[name] = rows.column(name) if name in rows.column_names else pa.nulls(rows.num_rows,
                                                                                    declared_type(c, name))
-    for name in LINEAGE:
+    for name in (*LINEAGE, *((DIGEST,) if schema.static else ())):
         data[name] = rows.column(name)
     units.append((False, pa.table(data)))
     if AGG + et in rows.column_names:

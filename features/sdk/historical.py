@@ -19,7 +19,14 @@ def as_of_times(c: CompiledSchema, ts: Any, column: str) -> Any:
     timestamps"): a naive time then reads as UTC too. Where the event time has a zone
     (or is a date) a naive time is refused, as the validator refuses a naive value for
     a zoned field: nothing says which zone it is in. Returns the times, naive ones
-    labelled UTC (the same instants); raises ConfigError."""
+    labelled UTC (the same instants); raises ConfigError. A static schema (``event_time:
+    none``) has no event time to compare with: any timestamp is taken (naive ones as UTC);
+    its read ignores them (``features.sdk.static``)."""
+    if c.schema.event_time is None:
+        if not pa.types.is_timestamp(ts.type):
+            raise ConfigError(f"entity_df column {column!r} is {ts.type}; expected a timestamp",
+                              key="entity_df")
+        return ts if ts.type.tz is not None else ts.cast(pa.timestamp(ts.type.unit, "UTC"))
     event_time = str(c.schema.event_time)
     declared = c.schema.field(event_time).type
     naive = declared.kind is TypeKind.TIMESTAMP and declared.tz is None

@@ -37,6 +37,7 @@ from features.compile.layout import reply_columns as _reply_columns
 from features.compile.layout import rows_to_table as _rows_to_table
 from features.compile.migration import mismatch_hint
 from features.errors import ConfigError, SchemaError, SinkError
+from features.lineage import DIGEST
 from features.observe.metrics import DEFAULT_HOST, MetricsServer, Registry, SdkMethod, SdkMetrics
 from features.schema.syntax import suggest
 from features.sdk.columns import (
@@ -52,6 +53,7 @@ from features.sdk.columns import (
     entity_list,
     entity_text,
     event_time_type,
+    time_column,
 )
 from features.sdk.fallback import Fallback
 from features.sdk.historical import as_of_times
@@ -688,10 +690,9 @@ class FeatureStore:
                 source[rows_at] = "redis"
         if got.rows is None:
             return
-        schema = c.schema
         # naive = UTC: a naive event time's microseconds are its UTC wall clock, as in Redis
         event_type = plan.result.field(EVENT_TIME).type
-        event = got.rows.column(str(schema.event_time)).combine_chunks().cast(event_type)
+        event = got.rows.column(time_column(c)).combine_chunks().cast(event_type)
         oldest = (None if max_age is None else
                   int((dt.datetime.now(dt.UTC) - max_age).timestamp() * 1_000_000))
         pick = np.array([got.at.get(ids[i], -1) for i in missing], dtype=np.int64)
@@ -754,9 +755,10 @@ class FeatureStore:
         from features.sdk.fallback import AGG, LINEAGE
 
         schema = c.schema
-        keys = [str(schema.entity), str(schema.event_time)]
+        keys = [str(schema.entity), time_column(c)]
         cold = set(_cold_columns(c))
-        names = [*keys, *[x for x in _hot_columns(c) if x in cold and x not in keys], *LINEAGE]
+        names = [*keys, *[x for x in _hot_columns(c) if x in cold and x not in keys],
+                 *[x for x in LINEAGE if x not in keys], *((DIGEST,) if schema.static else ())]
         ent, et = (quote_ident(k) for k in keys)
         query = (f"SELECT DISTINCT ON (h.{ent}) {', '.join('h.' + quote_ident(x) for x in names)} "
                  f"FROM {quote_ident(cold_table_name(schema))} h WHERE {where} ORDER BY h.{ent}, h.{et} DESC")
@@ -819,8 +821,7 @@ class FeatureStore:
         if not fillable(c):
             raise ConfigError(f"schema {schema!r} has no hot features: nothing to prewarm", key="schema")
         self.check_fingerprint(c, writing=True)  # it writes this version's layout
-        s = c.schema
-        et = quote_ident(str(s.event_time))
+        et = quote_ident(time_column(c))
         where: list[str] = ["true"]
         params: list[Any] = []
         if ids is not None:
@@ -910,6 +911,9 @@ class FeatureStore:
             raise ConfigError(f"entity_df already has column(s) {', '.join(clash)}, which the result adds; "
                               "rename them first", key="entity_df")
         ts = as_of_times(c, entity_df.column(timestamp_column), timestamp_column)
+        if c.schema.static and max_age is not None:
+            raise ConfigError(f"schema {c.name!r} is static (event_time: none): its one row per entity has "
+                              "no event time for max_age to measure; leave max_age out", key="max_age")
         from psycopg import errors
 
         try:

@@ -148,8 +148,11 @@ def _split(cv: CompiledView, c_of: dict[str, CompiledSchema],
 def _keys(c: CompiledSchema) -> dict[str, str]:
     """A source feature that is the schema's entity or event time is no stored value of
     its own: it is the row's key (the request key, where the row was found) or its event
-    time (``_event_time``)."""
-    return {str(c.schema.entity): "entity", str(c.schema.event_time): EVENT_TIME}
+    time (``_event_time``). A static schema has no event time."""
+    keys = {str(c.schema.entity): "entity"}
+    if c.schema.event_time is not None:
+        keys[c.schema.event_time] = EVENT_TIME
+    return keys
 
 
 def _keyed(c: CompiledSchema, f: str, got: pa.Table, key: pa.Array) -> pa.Array:
@@ -370,6 +373,8 @@ def _not_after(store: Store, source: ViewSource, table: pa.Table, got: pa.Table,
     again as ``historical`` reads it at ``now_s``: the newest Postgres row at or before
     it, or none (not found). Its ``_from`` is then ``postgres`` and its lineage null (the
     as-of read does not carry it). So online at instant T never serves a row newer than T."""
+    if store.schema(source.schema).schema.static:
+        return got  # one row per entity, served at any time (its _event_time is its load)
     now_us = int(now_s * 1_000_000)
     ahead = pc.fill_null(pc.greater(got.column(EVENT_TIME).combine_chunks().cast(pa.int64()),
                                     pa.scalar(now_us, pa.int64())), False)

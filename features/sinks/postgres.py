@@ -1,5 +1,9 @@
 """PostgreSQL (cold) sink: full history keyed by (entity, event time), rejects, ledger.
 
+A static schema (``event_time: none``) has one row per entity instead: a unit's rows
+are upserted, the greater version (``_ingested_at``, then ``_digest``) winning
+(``features.sinks.redis``, "a static schema's row version"); the rest of this contract holds as it is.
+
 Contract:
 
 - ``open()`` connects (an unreachable server raises SinkUnavailable naming the
@@ -55,6 +59,7 @@ from features.compile.migration import mismatch_hint
 from features.compile.postgres import (
     SCHEMAS_TABLE,
     aggregates_table_name,
+    cold_keys,
     cold_table_name,
     quote_ident,
     record_version,
@@ -62,10 +67,11 @@ from features.compile.postgres import (
     versions_table,
 )
 from features.errors import SinkError, SinkUnavailable
-from features.lineage import SOURCE
+from features.lineage import DIGEST, INGESTED_AT, SOURCE
 from features.sinks import pg
 from features.sinks.base import WriteResult, WriteUnit, retrying
 from features.sinks.pgbinary import copy_binary
+from features.sinks.redis import with_digest
 
 LEDGER_TABLE = "featureline_ledger"
 LEDGER_DDL = f"""
@@ -265,16 +271,20 @@ class PostgresSink:
         schema = compiled.schema
         self.table = cold_table_name(schema)
         self.rejects_table = rejects_table_name(schema)
-        keys = (schema.entity, schema.event_time)
+        keys = cold_keys(schema)
         stored = [name for name in stored_fields(schema, "cold") if name not in keys]
         features = list(schema.stored_features("cold"))
         from features.lineage import LINEAGE_COLUMNS
 
-        self.columns: tuple[str, ...] = (*keys, *stored, *features, *LINEAGE_COLUMNS)  # type: ignore[arg-type]
+        #: a static schema (``event_time: none``): one row per entity, newest version wins
+        #: (``features.sinks.redis``, "a static schema's row version")
+        self.static = schema.static
+        self.columns: tuple[str, ...] = (*keys, *stored, *features, *LINEAGE_COLUMNS,
+                                         *((DIGEST,) if self.static else ()))
         self.aggregates_table = aggregates_table_name(schema)
         self.aggregate_values = stored_aggregations(schema, "cold")
         self.aggregate_columns: tuple[str, ...] = (
-            *keys, *self.aggregate_values, *LINEAGE_COLUMNS)  # type: ignore[arg-type]
+            *keys, *self.aggregate_values, *LINEAGE_COLUMNS)
         self.reject_columns = ("_source", "row_index", "raw", "errors", "event_time", "_schema_name",
                                "_schema_version", "_schema_fingerprint", "_run_id", "_ingested_at")
         self._conn: Any = None
@@ -411,11 +421,14 @@ class PostgresSink:
                     (self.compiled.name, self.compiled.fingerprint, unit.unit)).fetchone()
                 if done:
                     return WriteResult(skipped=True)
-            rows = unit.rows.select(list(self.columns))
+            rows = with_digest(unit.rows, self.compiled) if self.static else unit.rows
+            rows = rows.select(list(self.columns))
             stored = 0
             superseded: pa.Table | None = None
             if rows.num_rows:
-                if unit.unit is not None:
+                if self.static:
+                    stored = self._upsert_static(conn, rows)
+                elif unit.unit is not None:
                     try:
                         with conn.transaction():  # savepoint: a key conflict falls back below
                             self._copy(conn, self.table, self.columns, rows)
@@ -697,6 +710,24 @@ class PostgresSink:
             return int(new.num_rows), superseded
         except psycopg.errors.UniqueViolation:
             return self._insert_new_rows(conn, rows)
+
+    def _upsert_static(self, conn: Any, rows: pa.Table) -> int:
+        """A static schema's rows (one per entity): staged, then per entity the row of the
+        greatest version (``_ingested_at``, ``_digest``; :mod:`features.sinks.static`) is
+        inserted, or replaces the stored row whose version is smaller. Returns how many rows
+        were inserted or replaced; the others (an entity's smaller versions in the unit, or
+        a version not above the stored one) are already present."""
+        stage = quote_ident(self._stage(conn, self.table, self.columns, rows))
+        table = quote_ident(self.table)
+        ent, at, dg = (quote_ident(c) for c in (self.columns[0], INGESTED_AT, DIGEST))
+        cols = ", ".join(quote_ident(c) for c in self.columns)
+        assign = ", ".join(f"{quote_ident(c)} = EXCLUDED.{quote_ident(c)}" for c in self.columns[1:])
+        cur = conn.execute(
+            f"INSERT INTO {table} AS t ({cols}) SELECT DISTINCT ON ({ent}) {cols} FROM {stage} "
+            f"ORDER BY {ent}, {at} DESC, {dg} COLLATE \"C\" DESC "
+            f"ON CONFLICT ({ent}) DO UPDATE SET {assign} "
+            f"WHERE (EXCLUDED.{at}, EXCLUDED.{dg} COLLATE \"C\") > (t.{at}, t.{dg} COLLATE \"C\")")
+        return int(cur.rowcount)
 
     def _stored_positions(self, conn: Any, table: str, rows: pa.Table, *, other_source: bool = False) -> Any:
         """Positions of ``rows`` whose (entity, event time) ``table`` already holds (with

@@ -51,7 +51,8 @@ from features.compile.layout import (
     stored_fields,
 )
 from features.errors import SinkError, SinkUnavailable
-from features.lineage import INGESTED_AT, RUN_ID, SCHEMA_FINGERPRINT, SCHEMA_VERSION, SOURCE
+from features.kernels.hashing import fnv1a64
+from features.lineage import DIGEST, INGESTED_AT, RUN_ID, SCHEMA_FINGERPRINT, SCHEMA_VERSION, SOURCE
 from features.schema.syntax import AGGREGATES_SUFFIX
 from features.sinks.base import WriteResult, WriteUnit, binary_rows, laid_end_to_end, retrying
 from features.sinks.redis_wire import Conn, RedisEndpoint, ReplyError, map_redis_errors
@@ -142,6 +143,23 @@ FILL = NEWEST_WINS.replace(
     redis.call('PEXPIREAT', KEYS[k], at)
   end""")
 FILL_SHA = hashlib.sha1(FILL.encode()).hexdigest()
+#: A static schema's rows (``event_time: none``): ``_event_time`` holds the load's time
+#: (``_ingested_at``), and of two rows of one time the greater ``_digest`` (text of 20
+#: digits) wins, as in Postgres (:func:`row_digest`): one load's rows of an entity leave
+#: the same hash whatever their order.
+STATIC_WINS = NEWEST_WINS.replace("for k = 1, #KEYS do\n", """\
+-- the _digest of the row at p (n field/value strings)
+local function digest(p, n)
+  for i = p + 2, p + n, 2 do
+    if t[i] == '_digest' then return t[i + 1] end
+  end
+  return ''
+end
+for k = 1, #KEYS do
+""", 1).replace("tonumber(cur) < tonumber(et)", "tonumber(cur) < tonumber(et)\n"
+                "      or (tonumber(cur) == tonumber(et)\n"
+                "          and (redis.call('HGET', KEYS[k], '_digest') or '') < digest(p, n))")
+STATIC_WINS_SHA = hashlib.sha1(STATIC_WINS.encode()).hexdigest()
 #: The field marking a hash written by the fill (value ``1``).
 FILLED = "_filled"
 #: ``features migrate`` and readers meeting a hash an earlier version of the schema wrote
@@ -188,6 +206,59 @@ for i = 1, #KEYS do
 end
 return n
 """
+
+
+# --- a static schema's row version ----------------------------------------------------
+#
+# The version of a static schema's row (``event_time: none``, docs/schema.md "Tables
+# without time"): which of two rows of one entity both stores keep.
+#
+# A static schema's stores hold one row per entity. A row replaces the stored one when its
+# version is greater, compared as the pair:
+#
+# 1. ``_ingested_at``: the load's time (one per batch run, one per stream micro-batch,
+#    one per ``FeatureStore.write``): a later load replaces an earlier one;
+# 2. ``_digest`` (:data:`features.lineage.DIGEST`): of two rows of one entity in one load,
+#    the one whose content digest is greater (compared as text, 20 decimal digits), so the
+#    outcome does not depend on the input's order, nor on how it was cut into batches.
+#
+# Equal versions mean equal content: the stored row stays (a replay changes nothing).
+
+#: Separates the values of one row in the digested text; a null value is written as
+#: :data:`_NULL` (no text encoding of a value starts with NUL).
+_SEPARATOR = "\x1f"
+_NULL = "\x00"
+
+
+def digest_columns(compiled: CompiledSchema) -> tuple[str, ...]:
+    """The columns whose values a row's digest covers: every field, then every stored
+    column of the derived features (hot or cold), in schema order."""
+    schema = compiled.schema
+    features = tuple(col for f in schema.features if f.store for col in schema.feature_columns(f))
+    return (*schema.field_names, *features)
+
+
+def row_digest(rows: pa.Table, compiled: CompiledSchema) -> pa.Array:
+    """Each row's content digest: FNV-1a 64 (:mod:`features.kernels.hashing`) of its
+    values' text (the Redis encoding, :func:`encode_column`) joined by
+    a separator, as 20 zero-padded decimal digits (text order is number order). The same
+    values give the same digest in every run and process; lineage is not covered. Vectorised
+    over Arrow (no per-row Python)."""
+    if rows.num_rows == 0:
+        return pa.array([], pa.string())
+    texts = [encode_column(rows.column(c).combine_chunks()) for c in digest_columns(compiled)]
+    joined = pc.binary_join_element_wise(*texts, _SEPARATOR, null_handling="replace",
+                                         null_replacement=_NULL)
+    digest = pa.array(np.asarray(fnv1a64(joined), dtype=np.uint64), pa.uint64())
+    return pc.utf8_lpad(pc.cast(digest, pa.string()), 20, "0")
+
+
+def with_digest(rows: pa.Table, compiled: CompiledSchema) -> pa.Table:
+    """``rows`` with their :data:`~features.lineage.DIGEST` column (kept when present:
+    rows read back from Postgres carry the one stored)."""
+    if DIGEST in rows.column_names:
+        return rows
+    return rows.append_column(DIGEST, row_digest(rows, compiled))
 
 
 def _bulk(values: pa.Array) -> pa.Array:
@@ -278,15 +349,20 @@ class RedisSink:
         self.timeout_s = timeout_s
         self.ttl = schema.hot.ttl_seconds or 0
         entity, event_time = schema.entity, schema.event_time
-        assert entity is not None and event_time is not None
+        assert entity is not None
         self.entity = entity
-        self.event_time = event_time
+        #: the column ordering writes: the event time, or for a static schema (``event_time:
+        #: none``) the load's time, ties broken by the content digest (:data:`STATIC_WINS`)
+        self.static = schema.static
+        self.event_time = INGESTED_AT if event_time is None else event_time
         self.fields = stored_fields(schema, "hot")
         self.features = schema.stored_features("hot")  # a one_hot feature: one column per value
         #: ``aggregates``: this sink writes the hot aggregations instead (their own hash per
         #: entity, see :func:`aggregates_key`; an equal event time replaces the values).
         self.hash_name = compiled.name
         self.script, self.script_sha = NEWEST_WINS, NEWEST_WINS_SHA
+        if self.static:
+            self.script, self.script_sha = STATIC_WINS, STATIC_WINS_SHA
         if aggregates:
             self.fields, self.features = (), stored_aggregations(schema, "hot")
             self.hash_name = compiled.name + AGGREGATES_SUFFIX
@@ -436,6 +512,8 @@ class RedisSink:
         row's key, and every row's MessagePack items (event time, count, field/value
         pairs of its non-null values, the run's constant lineage), with their offsets
         and per-row item counts."""
+        if self.static:
+            rows = with_digest(rows, self.compiled)
         keys = _bulk(self._keys(rows))
         micros = pc.cast(event_time_micros(rows.column(self.event_time).combine_chunks()), pa.string())
         present = np.zeros(rows.num_rows, dtype=np.int64)
@@ -448,6 +526,8 @@ class RedisSink:
             per_row = (SOURCE, RUN_ID, INGESTED_AT)
         elif self.restamp is not None:
             per_row = (SOURCE, RUN_ID, INGESTED_AT, FILLED)
+        if self.static:
+            per_row = (*per_row, DIGEST)
         for name in (*self.hot_columns, *per_row):
             v = encode_column(rows.column(name).combine_chunks())
             present += np.asarray(v.is_valid(), dtype=np.int64)

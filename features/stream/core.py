@@ -334,8 +334,8 @@ class StreamProcessor:
         for t, p, o in zip(keys.column("t").to_pylist(), keys.column("p").to_pylist(),
                            keys.column("o_max").to_pylist(), strict=True):
             stats.offsets[f"{t}/{p}"] = max(stats.offsets.get(f"{t}/{p}", 0), int(o) + 1)
-        if rows.num_rows:
-            et = rows.column(str(self.compiled.schema.event_time))
+        if rows.num_rows and self.compiled.schema.event_time is not None:  # a static schema has none
+            et = rows.column(self.compiled.schema.event_time)
             newest = pc.max(et).as_py()
             if newest is not None:
                 text = newest.isoformat() if hasattr(newest, "isoformat") else str(newest)

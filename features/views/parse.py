@@ -281,6 +281,11 @@ class ViewParser(SchemaParser):
             else:
                 aliases[alias] = line_of(node)
         max_age = self.parse_max_age(m)
+        if schema is not None and schema.static and max_age not in (None, False):
+            self.error(m.get("max_age"), m.at("max_age"),
+                       f"schema '{schema.name}' is static (event_time: none): its one row per entity "
+                       "has no event time for max_age to measure; leave max_age out")
+            max_age = False
         entity_key = self.parse_join(m, schema, keys)
         features = self.source_features(m, schema, prefix)
         if None in (schema, alias, prefix, entity_key, features) or max_age is False:
