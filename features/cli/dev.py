@@ -8,9 +8,10 @@ from typing import Any
 #: the exit codes of ``up`` and ``status`` (features.ops.dev.services.EXIT_CODES, kept here as
 #: text so that ``--help`` needs no import of the services module)
 _EXIT_HELP = ("exit codes (up, status): 0 every server healthy and the stream ready; 1 a server "
-              "(postgres, redis, kafka; redis-cluster when it runs) is down; 3 every server healthy but "
-              "the stream job cannot run here (the Flink Kafka connector jar, PyFlink or Java missing: the "
-              "stream: line says which); 4 only chromium or chromedriver (the report tests' browser) missing")
+              "(postgres, redis, kafka; redis-cluster, flink-cluster when they run) is down; 3 every "
+              "server healthy but the stream job cannot run here (the Flink Kafka connector jar, "
+              "PyFlink or Java missing: the stream: line says which); 4 only chromium or chromedriver "
+              "(the report tests' browser) missing")
 
 
 def add_parser(sub: Any) -> None:
@@ -35,7 +36,14 @@ def add_parser(sub: Any) -> None:
     up.add_argument("--redis-cluster", action="store_true",
                     help="also start a local Redis Cluster (3 primaries + 3 replicas, ports 7101-7106; "
                     "URL redis+cluster://127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103)")
-    verbs.add_parser("down", help="stop what `up` started (pid files under the project's .dev/pids)")
+    up.add_argument("--flink-cluster", action="store_true",
+                    help="also start this project's standalone Flink cluster (PyFlink's start-cluster.sh: "
+                    "one JobManager, one TaskManager of 2 slots) with its conf, logs and pid files under "
+                    ".dev/flink and free loopback ports chosen at start (recorded in "
+                    ".dev/flink/cluster.json); `features stream --cluster` and `features load --engine "
+                    "flink --cluster` submit to it; `status` shows its web UI address, `down` stops it")
+    verbs.add_parser("down", help="stop what `up` started (pid files under the project's .dev/pids; "
+                     "the Flink cluster's under .dev/flink/pids)")
     verbs.add_parser("status", help="print each service with address, version and health, then the "
                      "servers' and the stream's verdicts; exit 1 when a server is down, 3 when only "
                      "the stream is not ready, 4 when only chromium or chromedriver is missing",
@@ -55,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
     if args.verb == "down":
         services.down(settings)
         return 0
-    report = (services.up(settings, redis_cluster=args.redis_cluster) if args.verb == "up"
+    report = (services.up(settings, redis_cluster=args.redis_cluster,
+                                   flink_cluster=args.flink_cluster) if args.verb == "up"
               else services.status(settings))
     for line in report.lines():
         print(line)

@@ -33,18 +33,32 @@ def add_parser(sub: Any) -> None:
                    "one process; default 1). A re-run uses the same N to skip what is committed")
     p.add_argument("--engine", choices=("local", "flink"), default=None,
                    help="local: this process (or --workers processes); flink: a Flink job in BATCH mode "
-                   "with --parallelism tasks, one shard of the entities each, on a local mini-cluster or, "
+                   "with --parallelism tasks, one shard of the entities each, on a local mini-cluster, on a "
+                   "running cluster with --cluster or, "
                    "under `flink run -py \"$(features job-file batch)\"`, on that cluster (default: local; "
                    "flink under `flink run`)")
     p.add_argument("--parallelism", type=int, default=None, metavar="N",
                    help="with --engine flink: tasks (shards) of the job (default: Flink's default "
                    "parallelism: the cores of this machine locally, `flink run -p N` on a cluster; "
                    "`flink run` takes a --parallelism after the script as its own -p)")
+    add_cluster_argument(p, "with --engine flink: ")
     p.add_argument("--json", action="store_true", help="print the summary as one line of JSON on stdout")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress line even on a terminal (there is none with --log-format json)")
     add_metrics_arguments(p, "while the load runs", "after the load ends")
     p.set_defaults(func=run)
+
+
+def add_cluster_argument(p: argparse.ArgumentParser, prefix: str = "") -> None:
+    """``--cluster [ADDRESS]``: submit the Flink job to a running cluster (``features load
+    --engine flink``, ``features stream``)."""
+    p.add_argument("--cluster", nargs="?", const="project", default=None, metavar="ADDRESS",
+                   help=f"{prefix}submit the Flink job to a running Flink cluster instead of a mini-cluster "
+                   "in this process: alone, this project's (`features dev up --flink-cluster`, its address "
+                   "in .dev/flink/cluster.json); or the REST address HOST:PORT (the web UI's) of another, "
+                   "whose TaskManagers run this Python (python.executable) at the same path, with "
+                   "featureline installed; for a real cluster see `flink run` in docs/streaming.md. Not "
+                   "under `flink run` (its -m chooses)")
 
 
 def add_metrics_arguments(p: argparse.ArgumentParser, when: str, end: str) -> None:
@@ -57,6 +71,19 @@ def add_metrics_arguments(p: argparse.ArgumentParser, when: str, end: str) -> No
     p.add_argument("--metrics-linger-s", type=float, default=0.0, metavar="SECONDS",
                    help=f"keep serving the metrics this many seconds {end}, so a scraper sees the final "
                    "values (default 0)")
+
+
+def flink_cluster(arg: str | None) -> str | None:
+    """``--cluster``'s REST address (``features.flink.cluster.resolve``); refused under ``flink
+    run``, whose client already talks to a cluster."""
+    import os
+
+    from features.flink.cluster import resolve
+
+    if arg is not None and "PYFLINK_GATEWAY_PORT" in os.environ:
+        raise ConfigError("--cluster does not apply under `flink run` (its -m chooses the cluster)",
+                          key="cluster")
+    return resolve(arg)
 
 
 def _port(text: str) -> int:
@@ -88,6 +115,9 @@ def run(args: argparse.Namespace) -> int:
     if args.workers != 1 and engine == "flink":
         raise ConfigError("--workers is for the local engine (with --engine flink, use --parallelism)",
                           key="workers")
+    if args.cluster is not None and engine != "flink":
+        raise ConfigError("--cluster is for --engine flink", key="cluster")
+    cluster = flink_cluster(args.cluster)
     run_id = new_run_id()
     set_run_id(run_id)  # every log line of this process, the sinks' threads included
     settings = resolve_settings(schemas_dir=args.schemas_dir)
@@ -109,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
 
             with bind_run_id(run_id):
                 summary = load_flink(args.paths, compiled, settings, parallelism=args.parallelism,
-                                     batch_rows=batch_rows, run_id=run_id)
+                                     batch_rows=batch_rows, run_id=run_id, cluster=cluster)
         else:
             summary = load(args.paths, compiled, settings, batch_rows=batch_rows,
                            progress=not args.no_progress and not args.json and active_format() != "json",

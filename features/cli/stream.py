@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from features.cli.load import add_metrics_arguments
+from features.cli.load import add_cluster_argument, add_metrics_arguments, flink_cluster
 from features.flink.stream import StreamConfig
 from features.stream.summary import render
 
@@ -26,7 +26,9 @@ def add_parser(sub: Any) -> None:
         "to Postgres, in micro-batches. Undecodable records and rule violations go to the rejects table "
         "and to the dead-letter topic. Checkpointed: offsets advance only with checkpoints and writes are "
         "idempotent, so a restart from the last checkpoint changes nothing. Runs on Flink's local "
-        "mini-cluster, or on a cluster under `flink run -py jobs/stream_job.py`. Exit 0 when a bounded "
+        "mini-cluster, on a running cluster with --cluster (this project's: `features dev up "
+        "--flink-cluster`), or on a cluster under `flink run -py \"$(features job-file stream)\"`. "
+        "Exit 0 when a bounded "
         "run completed with counts that add up, 1 when they do not, 2 on usage, schema or store errors.",
     )
     p.add_argument("--schema", required=True, help="schema name (a file in the schemas folder)")
@@ -73,6 +75,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--run-id", default=None, help="run id for lineage (default: a fresh one)")
     p.add_argument("--key-prefix", default="",
                    help="text in front of every Redis key this job writes (namespacing; default none)")
+    add_cluster_argument(p)
     p.add_argument("--detach", action="store_true",
                    help="submit and return at once, printing the job id (for long-running jobs on a "
                    "cluster; stop them with `flink cancel` or `flink stop`)")
@@ -102,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         if checkpoint is None:
             user_message(f"features stream: no completed checkpoint under {state / 'checkpoints'}; "
                          "starting from the group offsets")
+    cluster = flink_cluster(args.cluster)
     _check_stores(compiled, settings)
     run_id = args.run_id or new_run_id()
     set_run_id(run_id)
@@ -120,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         startup=args.startup, run_id=run_id, summary_dir=str((state / "summaries").resolve()),
         restart_attempts=args.restart_attempts, log_every_s=args.log_every_s, key_prefix=args.key_prefix,
         metrics_port=args.metrics_port, metrics_host=args.metrics_host,
-        metrics_linger_s=args.metrics_linger_s, log_format=active_format())
+        metrics_linger_s=args.metrics_linger_s, log_format=active_format(), cluster=cluster)
     cfg.check()
     # The gateway JVM (started by run_job) and the Python workers it starts inherit this
     # process's fd 1: their console output (a Kafka admin client's stack trace at shutdown)

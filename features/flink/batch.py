@@ -35,7 +35,8 @@ from typing import Any
 from features.compile import CompiledSchema
 from features.config import Settings
 from features.errors import ConfigError
-from features.flink.env import python_executables, restart_strategy, scrub_environment
+from features.flink.cluster import slots
+from features.flink.env import environment, python_executables, restart_strategy, scrub_environment
 from features.runner import RunSummary
 
 log = logging.getLogger("features.load")
@@ -73,11 +74,14 @@ def _shard_load(compiled: CompiledSchema, paths: list[str], settings: Settings, 
 
 def load_flink(paths: Sequence[str | Path], compiled: CompiledSchema, settings: Settings, *,
                parallelism: int | None, batch_rows: int, search_path: str | None = None, key_prefix: str = "",
-               run_id: str, restart_attempts: int = 3) -> RunSummary:
+               run_id: str, restart_attempts: int = 3, cluster: str | None = None) -> RunSummary:
     """Run the load as a Flink BATCH job of ``parallelism`` shard tasks (module docstring)
-    and return the summary of all of them."""
+    and return the summary of all of them. ``cluster``: the REST address (``host:port``) of
+    a running Flink cluster to submit to (``features load --engine flink --cluster``; its
+    slots in all when ``parallelism`` is None); None: a mini-cluster in this process, or
+    the cluster ``flink run`` chose."""
     from pyflink.common import Configuration, Types
-    from pyflink.datastream import RuntimeExecutionMode, StreamExecutionEnvironment
+    from pyflink.datastream import RuntimeExecutionMode
 
     from features.load.stores import open_stores
     from features.runner import merge_summaries
@@ -91,8 +95,10 @@ def load_flink(paths: Sequence[str | Path], compiled: CompiledSchema, settings: 
     scrub_environment()  # the settings travel inside the pickled function, not the environment
     conf = Configuration()
     restart_strategy(conf, restart_attempts)
-    env = StreamExecutionEnvironment.get_execution_environment(conf)
+    env = environment(conf, cluster)
     python_executables(env)
+    if cluster is not None and parallelism is None:
+        parallelism = max(1, slots(cluster))
     env.set_runtime_mode(RuntimeExecutionMode.BATCH)
     if parallelism is None:  # `flink run -p N`, or the cores of this machine for a mini-cluster
         parallelism = int(env.get_parallelism())

@@ -55,3 +55,33 @@ def restart_strategy(conf: Any, attempts: int) -> None:
         conf.set_string("restart-strategy.fixed-delay.delay", "2 s")
     else:
         conf.set_string("restart-strategy.type", "none")
+
+
+
+def environment(conf: Any, cluster: str | None) -> Any:
+    """The PyFlink ``StreamExecutionEnvironment`` of ``conf`` (a PyFlink ``Configuration``):
+    with ``cluster`` (the REST address ``host:port`` of a running Flink cluster:
+    ``features.flink.cluster.resolve``), one that submits there (``execution.target:
+    remote``), with PyFlink's ``flink-python`` jar in ``pipeline.jars`` as ``flink run`` adds
+    it (a standalone cluster's ``lib/`` lacks the Python operators' Java side); without, the
+    context's: a mini-cluster in this process's JVM, or the cluster ``flink run`` chose.
+
+    Not ``get_execution_environment(conf)`` with ``execution.target: remote``: outside ``flink
+    run`` that makes a local environment, which forces the target back to local (measured
+    with PyFlink 2.2.1: the job started a mini-cluster on the remote's REST port)."""
+    from pyflink.datastream import StreamExecutionEnvironment
+
+    if cluster is None:
+        return StreamExecutionEnvironment.get_execution_environment(conf)
+    from pyflink.java_gateway import get_gateway
+
+    from features.flink.cluster import flink_python_jar, split_address
+
+    host, port = split_address(cluster)
+    conf.set_string("execution.target", "remote")
+    conf.set_string("rest.address", host)
+    conf.set_string("rest.port", str(port))
+    j_env_class = get_gateway().jvm.org.apache.flink.streaming.api.environment.StreamExecutionEnvironment
+    env = StreamExecutionEnvironment(j_env_class(conf._j_configuration))
+    env.add_jars(flink_python_jar().as_uri())
+    return env

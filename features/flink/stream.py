@@ -36,7 +36,7 @@ from typing import Any
 from features.config import Device, env_var, redact
 from features.errors import ConfigError
 from features.flink.connector import kafka_connector_jar
-from features.flink.env import python_executables, restart_strategy, scrub_environment
+from features.flink.env import environment, python_executables, restart_strategy, scrub_environment
 from features.stream.decode import SOURCE_HEADER, TopCounter
 
 log = logging.getLogger("features.stream")
@@ -89,6 +89,10 @@ class StreamConfig:
     metrics_linger_s: float = 0.0
     #: ``text``/``json`` for the workers' log lines; None: ``FEATURES_LOG_FORMAT``, else text
     log_format: str | None = None
+    #: the REST address (``host:port``) of a running Flink cluster to submit to
+    #: (``features stream --cluster``); None: a mini-cluster in this process, or the cluster
+    #: ``flink run`` chose
+    cluster: str | None = None
 
     @property
     def group(self) -> str:
@@ -355,7 +359,6 @@ def _metrics_endpoint(cfg: StreamConfig, schema: str) -> tuple[Any, Any]:
 def build(cfg: StreamConfig) -> tuple[Any, Any]:
     """The configured Flink environment and the job's statement set (not started)."""
     from pyflink.common import Configuration
-    from pyflink.datastream import StreamExecutionEnvironment
     from pyflink.table import EnvironmentSettings, StreamTableEnvironment
 
     cfg.check()
@@ -374,7 +377,7 @@ def build(cfg: StreamConfig) -> tuple[Any, Any]:
     if cfg.from_checkpoint:
         conf.set_string("execution.state-recovery.path", cfg.from_checkpoint)
     restart_strategy(conf, cfg.restart_attempts)
-    env = StreamExecutionEnvironment.get_execution_environment(conf)
+    env = environment(conf, cfg.cluster)
     python_executables(env)
     # Appended to pipeline.jars: under `flink run` that list already holds flink-python,
     # which replacing it would drop (ClassNotFoundException for the Python operator).

@@ -193,7 +193,7 @@ def test_backfill_on_a_standalone_cluster_survives_a_killed_taskmanager(
                 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert submit.poll() is None, "the job ended before a TaskManager could be killed"
-        pids = sorted(int(p) for f in (tmp_path / "flink-pid").glob("*taskexecutor*.pid")
+        pids = sorted(int(p) for f in cluster.pid_dir.glob("*taskexecutor*.pid")
                       for p in f.read_text().split())
         assert len(pids) == 2, pids
         victim = next(p for p in pids if _descendants(p))  # the one running a Python task

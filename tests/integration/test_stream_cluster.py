@@ -4,8 +4,9 @@ project: nothing of this checkout is on any Python's path.
 The cluster is the one that ships with PyFlink (``<pyflink>/bin/start-cluster.sh``) of
 ``deps_venv``, a fresh virtual environment outside the checkout with the locked
 dependencies and no featureline: one JobManager and one TaskManager with two slots, run
-from a private copy of its ``conf`` folder (free ports, logs and pid files under the
-test's tmp folder, small memory) and started from that tmp folder without PYTHONPATH, so
+from a private copy of its ``conf`` folder (free loopback ports, logs and pid files under
+the test's tmp folder, small memory: :mod:`features.flink.cluster`, the code ``features dev
+up --flink-cluster`` starts a project's cluster with) and started from that tmp folder without PYTHONPATH, so
 it never meets another cluster on this machine and its Python workers (``python -m``,
 started in the TaskManager's folder) cannot import the checkout.
 
@@ -31,20 +32,18 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from installed_env import site_packages, users_shell
 from test_stream import check_stores, expected
 
 from features.config import Settings
+from features.flink import cluster as local_flink
 from features.ops.examples import applicant_events, applicant_schema
 from features.stream.kafka import entity_keys, produce
 
@@ -60,52 +59,34 @@ STORES_TIMEOUT_S = 240
 def _pyflink_home(python: Path | None = None) -> Path:
     """The PyFlink distribution (``bin/``, ``conf/``, ``lib/``) of ``python``, else of this
     interpreter."""
-    if python is None:
-        import pyflink
-
-        return Path(pyflink.__file__).resolve().parent
-    out = subprocess.run([str(python), "-c", "import pyflink, os; print(os.path.dirname(pyflink.__file__))"],
-                         capture_output=True, text=True, check=True, timeout=120, cwd="/")
-    return Path(out.stdout.strip())
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return int(s.getsockname()[1])
-
-
-def _set(conf: dict[str, Any], key: str, value: Any) -> None:
-    """Set a dotted key in Flink's nested ("standard YAML") config.yaml."""
-    node = conf
-    *parents, leaf = key.split(".")
-    for part in parents:
-        node = node.setdefault(part, {})
-    node[leaf] = value
+    return local_flink.pyflink_home(python)
 
 
 class Cluster:
-    def __init__(self, home: Path, conf_dir: Path, log_dir: Path, rest_port: int, cwd: Path) -> None:
-        self.home = home
-        self.conf_dir = conf_dir
-        self.log_dir = log_dir
-        self.rest_port = rest_port
+    """A cluster of :mod:`features.flink.cluster` (the one way featureline starts one, as
+    ``features dev up --flink-cluster`` does) and the folder its daemons started in."""
+
+    def __init__(self, cluster: local_flink.Cluster, cwd: Path) -> None:
+        self.cluster = cluster
+        self.home = cluster.home
+        self.conf_dir = cluster.conf_dir
+        self.log_dir = cluster.log_dir
+        self.pid_dir = cluster.pid_dir
+        self.io_dir = cluster.io_dir
+        self.rest_port = cluster.rest_port
         self.cwd = cwd
-        self.env = {**os.environ, "FLINK_CONF_DIR": str(conf_dir)}
 
     def script(self, name: str, *args: str, env: dict[str, str] | None = None, timeout: float = 180,
                home: Path | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
         """``<home>/bin/<name> args`` (``home``: the cluster's PyFlink unless given) with this
         cluster's conf, from ``cwd`` (else the cluster's folder), without PYTHONPATH."""
-        run_env = {**(env or self.env), "FLINK_CONF_DIR": str(self.conf_dir)}
-        for k in ("FLINK_LOG_DIR", "FLINK_PID_DIR", "FLINK_HOME", "_FLINK_HOME_DETERMINED", "PYTHONPATH"):
-            run_env.pop(k, None)
+        run_env = self.cluster.env(env)
+        run_env.pop("PYTHONPATH", None)
         return subprocess.run(["bash", str((home or self.home) / "bin" / name), *args], env=run_env,
                               capture_output=True, text=True, timeout=timeout, cwd=cwd or self.cwd)
 
     def rest(self, path: str) -> Any:
-        with urllib.request.urlopen(f"http://localhost:{self.rest_port}{path}", timeout=10) as resp:
-            return json.loads(resp.read())
+        return self.cluster.rest(path)
 
     def job_state(self, job_id: str) -> str:
         for job in self.rest("/jobs/overview")["jobs"]:
@@ -119,12 +100,7 @@ class Cluster:
         return re.findall(r"\b([0-9a-f]{32})\b", proc.stdout)
 
     def logs(self, chars: int = 3000) -> str:
-        parts = []
-        for f in sorted(self.log_dir.glob("*")):
-            if f.suffix in (".log", ".out") and f.stat().st_size:
-                text = f.read_text(errors="replace")
-                parts.append(f"----- {f.name} (last {chars} chars) -----\n{text[-chars:]}")
-        return "\n".join(parts) or f"(no logs under {self.log_dir})"
+        return self.cluster.logs(chars)
 
 
 @pytest.fixture()
@@ -141,56 +117,23 @@ def cluster(tmp_path: Path, deps_venv: Path) -> Iterator[Cluster]:
 def standalone_cluster(tmp_path: Path, *, taskmanagers: int = 1, slots: int = 2,
                        extra: dict[str, Any] | None = None, home: Path | None = None,
                        cwd: Path = ROOT) -> Iterator[Cluster]:
-    """One JobManager and ``taskmanagers`` TaskManagers of ``slots`` slots on this machine
-    (``conf/workers`` lists localhost once per TaskManager), private to the caller.
+    """One JobManager and ``taskmanagers`` TaskManagers of ``slots`` slots on this machine,
+    private to the caller: :func:`features.flink.cluster.configure` in ``tmp_path/flink``
+    (free loopback ports; conf, logs, pid files and io.tmp.dirs in that folder), started
+    and stopped by :mod:`features.flink.cluster` without PYTHONPATH.
 
     ``home``: the PyFlink distribution (this interpreter's unless given). ``cwd``: the folder
     the daemons start in, which is also their Python workers' folder and first on those
     workers' ``sys.path`` (they run ``python -m``): the checkout unless given."""
-    home = home or _pyflink_home()
-    conf_dir, log_dir = tmp_path / "flink-conf", tmp_path / "flink-log"
-    shutil.copytree(home / "conf", conf_dir)
-    log_dir.mkdir()
-    config_file = conf_dir / "config.yaml"
-    conf = yaml.safe_load(config_file.read_text())
-    rest_port = _free_port()
-    keys = {
-        "rest.port": rest_port,                   # the REST client and server (no bind-port set)
-        "jobmanager.rpc.port": _free_port(),      # 6123 by default; the TaskManager's ports default to 0
-        "taskmanager.numberOfTaskSlots": slots,
-        "jobmanager.memory.process.size": "1000m",
-        "taskmanager.memory.process.size": "1500m",
-        "env.log.dir": str(log_dir),
-        "env.pid.dir": str(tmp_path / "flink-pid"),  # /tmp by default: stop-cluster.sh would see others'
-        "io.tmp.dirs": str(tmp_path / "flink-io"),
-    }
-    if "bind-port" in conf.get("rest", {}):
-        keys["rest.bind-port"] = rest_port
-    for key, value in {**keys, **(extra or {})}.items():
-        _set(conf, key, value)
-    config_file.write_text(yaml.safe_dump(conf, sort_keys=False))
-    (conf_dir / "workers").write_text("localhost\n" * taskmanagers)
-    c = Cluster(home, conf_dir, log_dir, rest_port, cwd)
+    c = local_flink.configure(tmp_path / "flink", home=home, taskmanagers=taskmanagers, slots=slots,
+                              extra=extra)
+    env = c.env()
+    env.pop("PYTHONPATH", None)
     try:
-        started = c.script("start-cluster.sh")
-        assert started.returncode == 0, started.stdout + started.stderr + c.logs()
-        deadline = time.time() + 180
-        overview: dict[str, Any] = {}
-        while time.time() < deadline:
-            try:
-                overview = c.rest("/overview")
-            except OSError:
-                overview = {}
-            if (overview.get("taskmanagers", 0) >= taskmanagers
-                    and overview.get("slots-total", 0) >= taskmanagers * slots):
-                break
-            time.sleep(1)
-        assert overview.get("slots-total", 0) >= taskmanagers * slots, \
-            f"cluster not up: {overview}\n{c.logs()}"
-        yield c
+        local_flink.start(c, cwd=cwd, env=env)
+        yield Cluster(c, cwd)
     finally:
-        stopped = c.script("stop-cluster.sh")
-        print(stopped.stdout, stopped.stderr)
+        local_flink.stop(c)
 
 
 def _stores(settings: Settings, pg_schema: str, redis_url: str) -> tuple[int, int, int]:
@@ -301,8 +244,7 @@ def test_unbounded_stream_job_from_a_users_project_on_a_standalone_cluster(
         assert paths, cluster.logs()
         for entries in paths:
             shipped = Path(entries)  # one entry: no os.pathsep
-            assert shipped.name == featureline_wheel.name and shipped.is_relative_to(tmp_path / "flink-io"), \
-                entries
+            assert shipped.name == featureline_wheel.name and shipped.is_relative_to(cluster.io_dir), entries
 
         cancel = cluster.script("flink", "cancel", job_id, timeout=180)
         assert cancel.returncode == 0, cancel.stdout[-2000:] + cancel.stderr[-2000:]

@@ -181,6 +181,7 @@ _FOREIGN_PRIVATE = {
     ("parser", "_actions"),             # an argparse parser's options, walked for the same reason
     ("action", "_choices_actions"),     # the subcommands' help lines (argparse)
     ("env", "_j_stream_execution_environment"),  # PyFlink's Java environment: the job's settings
+    ("conf", "_j_configuration"),  # PyFlink's Java Configuration: a remote environment is built from it
 }
 
 

@@ -11,7 +11,10 @@
   with ``mvn dependency:copy-dependencies`` (``features/ops/dev/maven/kafka/pom.xml``, package
   data, so it ships in the wheel) and started with ``java -cp``;
 - the Flink Kafka SQL connector jar matching the pinned PyFlink
-  (``features/ops/dev/maven/flink/pom.xml``).
+  (``features/ops/dev/maven/flink/pom.xml``);
+- with ``--flink-cluster``, the project's standalone Flink cluster (PyFlink's
+  ``start-cluster.sh`` with its state in ``.dev/flink`` and free loopback ports:
+  :mod:`features.flink.cluster`).
 
 A service whose ``FEATURES_*`` variable points somewhere other than the default is
 *external*: ``up`` does not start it, ``status`` only checks it. A server already
@@ -50,6 +53,7 @@ from features.config import (
     cache_home,
 )
 from features.errors import ServiceError
+from features.flink import cluster as local_flink
 from features.flink.connector import KAFKA_CONNECTOR_ARTIFACT, connector_jar, flink_jars
 from features.home import shown, state_home
 
@@ -842,6 +846,69 @@ class FlinkConnector:
         return f"{jar.stem.removeprefix(KAFKA_CONNECTOR_ARTIFACT + '-')} (PyFlink {flink})"
 
 
+class FlinkCluster:
+    """This project's standalone Flink cluster (``features dev up --flink-cluster``): PyFlink's
+    own ``start-cluster.sh`` with its state in ``.dev/flink`` and free loopback ports
+    (:mod:`features.flink.cluster`). Not part of a plain ``up``; ``status`` and ``down`` see
+    it whenever ``.dev/flink/cluster.json`` records one."""
+
+    name = "flink-cluster"
+    kind: PartKind = "server"
+    external = False
+
+    def __init__(self, settings: Settings) -> None:
+        self.folder = local_flink.project_folder()
+
+    def _cluster(self) -> local_flink.Cluster | None:
+        return local_flink.read(self.folder)
+
+    def recorded(self) -> bool:
+        return self._cluster() is not None
+
+    @property
+    def address(self) -> str:
+        cluster = self._cluster()
+        return cluster.web_ui if cluster else "-"
+
+    def install(self) -> None:
+        if _java() is None:
+            _apt_install("openjdk-17-jre-headless", service=self.name)
+
+    def running(self) -> bool:
+        cluster = self._cluster()
+        return cluster is not None and bool(cluster.pids())
+
+    def start(self) -> str:
+        cluster = self._cluster()
+        if cluster is not None and cluster.pids() and cluster.healthy():
+            return "already running"
+        if cluster is not None:
+            local_flink.stop(cluster)  # a broken one: start afresh
+        cluster = local_flink.configure(self.folder)
+        local_flink.start(cluster)
+        return f"started (web UI {cluster.web_ui}, logs {shown(cluster.log_dir)})"
+
+    def stop(self) -> str:
+        cluster = self._cluster()
+        if cluster is None:
+            return "not running"
+        stopped = local_flink.stop(cluster)
+        (self.folder / local_flink.STATE_FILE).unlink(missing_ok=True)
+        return "stopped" if stopped else "not running"
+
+    def healthy(self) -> bool:
+        cluster = self._cluster()
+        return cluster is not None and cluster.healthy()
+
+    def version(self) -> str:
+        cluster = self._cluster()
+        view = cluster.overview() if cluster else None
+        if cluster is None or view is None:
+            return "unknown"
+        return (f"Flink {view.get('flink-version', '?')} {view.get('taskmanagers', 0)} TM "
+                f"{view.get('slots-total', 0)} slots")
+
+
 class Chromium:
     """Not a process: Debian's headless-capable Chromium and its WebDriver
     (``chromium-driver``), which the report tests use to render ``report.html``
@@ -897,23 +964,28 @@ class Chromium:
         return out.strip().removeprefix("Chromium ").split()[0] if out.strip() else "unknown"
 
 
-Service = Postgres | Redis | Kafka | FlinkConnector | Chromium | RedisCluster
+Service = Postgres | Redis | Kafka | FlinkConnector | Chromium | RedisCluster | FlinkCluster
 
 
-def services(settings: Settings, *, redis_cluster: bool = False) -> list[Service]:
-    """The parts, in start order (with ``redis_cluster``: the local Redis Cluster too)."""
+def services(settings: Settings, *, redis_cluster: bool = False, flink: bool = False) -> list[Service]:
+    """The parts, in start order (with ``redis_cluster``: the local Redis Cluster too; with
+    ``flink``, or when ``.dev/flink`` records one: the project's Flink cluster, last)."""
     out: list[Service] = [Postgres(settings), Redis(settings), Kafka(settings), FlinkConnector(settings),
                           Chromium(settings)]
     if redis_cluster or RedisCluster().running():
         out.insert(2, RedisCluster())
+    cluster = FlinkCluster(settings)
+    if flink or cluster.recorded():
+        out.append(cluster)
     return out
 
 
-def up(settings: Settings, *, redis_cluster: bool = False) -> StatusReport:
+def up(settings: Settings, *, redis_cluster: bool = False, flink_cluster: bool = False) -> StatusReport:
     """Install what is missing and start every managed service; idempotent. A server that
     already answers at its address (this project's, or one ``start`` reuses) is not
-    installed again: nothing is downloaded for it (e.g. Kafka's jars for a reused broker)."""
-    for svc in services(settings, redis_cluster=redis_cluster):
+    installed again: nothing is downloaded for it (e.g. Kafka's jars for a reused broker).
+    ``flink_cluster``: also this project's standalone Flink cluster (:class:`FlinkCluster`)."""
+    for svc in services(settings, redis_cluster=redis_cluster, flink=flink_cluster):
         if svc.external:
             _say(f"{svc.name}: external ({svc.address}), not starting it")
             continue
@@ -947,7 +1019,8 @@ def status(settings: Settings) -> StatusReport:
         detail = ""
         if not healthy and not svc.external and not svc.running():
             verb = "not started" if svc.kind == "server" else "not installed"
-            detail = f"({verb}: run `features dev up`)"
+            flag = f" --{svc.name}" if svc.name in ("flink-cluster", "redis-cluster") else ""
+            detail = f"({verb}: run `features dev up{flag}`)"
         owner = "external" if svc.external else "managed" if svc.running() or not healthy else "reused"
         out.append(ServiceStatus(svc.name, svc.address, healthy,
                                  svc.version() if healthy else "-", owner, detail, svc.kind))
