@@ -65,7 +65,8 @@ def setup(settings: object, events: int, users: int, reuse: bool) -> None:
     t0 = time.perf_counter()
     s = load([path], clicks_schema(), settings, search_path=PG_SCHEMA,  # type: ignore[arg-type]
              key_prefix="bench:request_time:")
-    print(f"setup: loaded {s.stored:,} events of {users:,} users in {time.perf_counter() - t0:.1f}s", flush=True)
+    took = time.perf_counter() - t0
+    print(f"setup: loaded {s.stored:,} events of {users:,} users in {took:.1f}s", flush=True)
 
 
 def frame(settings: object, n: int, rng: np.random.Generator) -> pa.Table:
@@ -111,7 +112,8 @@ def main() -> int:
                     zero = pa.compute.sum(pa.compute.equal(out.column("clicks_24h"), 0)).as_py()
                     print(f"round {r + 1} {m:<13} {n:>9,} rows: {dt:.3f}s ({n / dt:,.0f} rows/s; "
                           f"clicks_24h == 0 in {zero:,} rows)", flush=True)
-    print(f"\n{'method':<14}{'frame':>10}{'median s':>10}{'min-max s':>14}{'rows/s (median)':>17}{'ratio':>8}")
+    print(f"\n{'method':<14}{'frame':>10}{'median s':>10}{'min-max s':>14}{'rows/s (median)':>17}"
+          f"{'ratio':>8}")
     for n in sizes:
         base = statistics.median(times[("event", n)])
         for m in ("event", "request_time"):
