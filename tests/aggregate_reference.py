@@ -45,40 +45,63 @@ def stream_late(schema: Schema, events: list[dict[str, Any]]) -> set[int]:
 def reference(schema: Schema, events: list[dict[str, Any]]) -> dict[tuple[Any, int], tuple[Any, ...]]:
     """``{(entity, event time us): (value per aggregation, declaration order)}`` for the
     history of ``events`` (dicts of field values plus :data:`T`, in input order)."""
-    assert schema.aggregations is not None and schema.entity is not None
+    out: dict[tuple[Any, int], tuple[Any, ...]] = {}
+    for key, evs in history_of(schema, events).items():
+        for e in evs:
+            out[(key, e[T])] = values_at(schema, evs, e[T])
+    return out
+
+
+def history_of(schema: Schema, events: list[dict[str, Any]]) -> dict[Any, list[dict[str, Any]]]:
+    """Per entity, its history events (the first of each (entity, event time) in input
+    order), oldest first."""
+    assert schema.entity is not None
     history: dict[tuple[Any, int], dict[str, Any]] = {}
     for e in events:
         history.setdefault((e[schema.entity], e[T]), e)
     per: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     for (key, _), e in history.items():
         per[key].append(e)
-    out: dict[tuple[Any, int], tuple[Any, ...]] = {}
-    for key, evs in per.items():
+    for evs in per.values():
         evs.sort(key=lambda e: e[T])
-        for e in evs:
-            t = e[T]
-            values: dict[str, Any] = {}
-            for agg in schema.aggregations.features:
-                if agg.function == "ratio":
-                    continue
-                assert agg.window is not None
-                size = agg.window.size_s * 1_000_000
-                if agg.window.kind == "sliding":
-                    window = [x for x in evs if t - size < x[T] <= t]
-                else:
-                    start = t // size * size
-                    window = [x for x in evs if start <= x[T] <= t]
-                window = [x for x in window if all(x[f] in allowed for f, allowed in agg.where)]
-                vs = ([x.get(agg.of) for x in window if x.get(agg.of) is not None] if agg.of
-                      else [1] * len(window))
-                values[agg.name] = (vs[::-1][:agg.k] if agg.function == "last_k"  # newest first
-                                    else _value(schema, agg, vs))
-            for agg in schema.aggregations.features:
-                if agg.function == "ratio":
-                    num, den = values[agg.numerator or ""], values[agg.denominator or ""]
-                    values[agg.name] = agg.on_zero if not den else (None if num is None else num / den)
-            out[(key, t)] = tuple(values[a.name] for a in schema.aggregations.features)
-    return out
+    return per
+
+
+def reference_at(schema: Schema, events: list[dict[str, Any]], requests: list[tuple[Any, int]]
+                 ) -> list[tuple[Any, ...]]:
+    """Request-time windows (docs/aggregations.md, "Windows at request time"): for each
+    request ``(entity, T us)``, the value per aggregation (declaration order) over the
+    entity's history events in its window at ``T``, by a plain scan per request."""
+    per = history_of(schema, events)
+    return [values_at(schema, per.get(key, []), t) for key, t in requests]
+
+
+def values_at(schema: Schema, evs: list[dict[str, Any]], t: int) -> tuple[Any, ...]:
+    """Every aggregation (declaration order) over the events ``evs`` of one entity in
+    their windows at time ``t`` (µs): sliding ``(t - size, t]``, tumbling
+    ``[t // size * size, t]``."""
+    assert schema.aggregations is not None
+    values: dict[str, Any] = {}
+    for agg in schema.aggregations.features:
+        if agg.function == "ratio":
+            continue
+        assert agg.window is not None
+        size = agg.window.size_s * 1_000_000
+        if agg.window.kind == "sliding":
+            window = [x for x in evs if t - size < x[T] <= t]
+        else:
+            start = t // size * size
+            window = [x for x in evs if start <= x[T] <= t]
+        window = [x for x in window if all(x[f] in allowed for f, allowed in agg.where)]
+        vs = ([x.get(agg.of) for x in window if x.get(agg.of) is not None] if agg.of
+              else [1] * len(window))
+        values[agg.name] = (vs[::-1][:agg.k] if agg.function == "last_k"  # newest first
+                            else _value(schema, agg, vs))
+    for agg in schema.aggregations.features:
+        if agg.function == "ratio":
+            num, den = values[agg.numerator or ""], values[agg.denominator or ""]
+            values[agg.name] = agg.on_zero if not den else (None if num is None else num / den)
+    return tuple(values[a.name] for a in schema.aggregations.features)
 
 
 def _value(schema: Schema, agg: Aggregation, vs: list[Any]) -> Any:
@@ -271,5 +294,6 @@ def check_hot(client: Any, key_prefix: str, schema: Schema, want: dict[tuple[Any
                 assert Decimal(stored[name.encode()].decode()) == Decimal(str(values[name])), (entity, name)
 
 
-__all__ = ["BASE_US", "EVENT", "MINUTE_US", "SCHEMA", "USERS", "T", "check_hot", "history_table",
-           "one_content_per_key", "random_history", "reference", "stream_late"]
+__all__ = ["BASE_US", "EVENT", "MINUTE_US", "SCHEMA", "USERS", "T", "check_hot", "history_of",
+           "history_table",
+           "one_content_per_key", "random_history", "reference", "reference_at", "stream_late", "values_at"]

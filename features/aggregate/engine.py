@@ -361,7 +361,16 @@ def compute(spec: AggSpec, inputs: Inputs) -> Computed:
     first = first_of_each_key(codes, t)
     acc = np.flatnonzero(first)
     order = acc[np.lexsort((t[acc], codes[acc]))]
-    c, ts = codes[order], t[order]
+    return Computed(order, np.flatnonzero(~first), window_raw(spec, inputs, order, codes[order], t[order]))
+
+
+def window_raw(spec: AggSpec, inputs: Inputs, order: I64, c: I64, ts: I64) -> dict[str, pa.Array]:
+    """Raw accumulators of every windowed aggregation for the rows ``order`` of
+    ``inputs``, sorted by (entity code ``c``, time ``ts``): row ``i``'s window is the rows
+    ``[lo[i], i]`` of that order whose time is in its window (sliding ``(ts[i] - size,
+    ts[i]]``, tumbling ``[floor(ts[i] / size) * size, ts[i]]``). A row that does not
+    contribute (``inputs.contrib`` false) still gets its window's value: the request-time
+    reads (``features.aggregate.request_time``) put their request times in as such rows."""
     pos = np.arange(len(order))
     raw: dict[str, pa.Array] = {}
     positions = _Positions(c, ts)
@@ -422,7 +431,7 @@ def compute(spec: AggSpec, inputs: Inputs) -> Computed:
                 fill = -np.inf if is_float else np.iinfo(np.int64).min
                 out = _range_extreme(np.where(mask, v, fill), lo, np.maximum, fill)
         raw[f"{agg.name}.v"] = pa.array(out, mask=empty)
-    return Computed(order, np.flatnonzero(~first), raw)
+    return raw
 
 
 def _raw_type(spec: AggSpec, name: str) -> pa.DataType:
@@ -523,4 +532,4 @@ def finalize(spec: AggSpec, raw: pa.Table) -> dict[str, pa.Array]:
 
 
 __all__ = ["LATE_RULE", "RAW_PARTS", "AggSpec", "Computed", "Inputs", "compute", "extract", "finalize",
-           "raw_schema"]
+           "raw_schema", "window_raw"]

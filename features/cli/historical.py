@@ -48,6 +48,10 @@ def add_parser(sub: Any) -> None:
                    help="the frame's as-of time column (default: timestamp)")
     p.add_argument("--max-age", default=None, metavar="DURATION",
                    help="ignore stored rows older than this before each row's time (7d, 12h, 30m, 45s)")
+    p.add_argument("--windows", choices=("event", "request-time"), default="event",
+                   help="what an aggregation column holds: its value as of the entity's newest event at or "
+                   "before the row's time (event, the default), or its window evaluated at the row's time "
+                   "over the history (request-time: a quiet entity's counts fall to 0; docs/aggregations.md)")
     p.add_argument("--chunk-rows", type=int, default=None, metavar="N",
                    help="frame rows per chunk: one history fetch and one output row group each "
                    "(default 1,000,000)")
@@ -154,6 +158,9 @@ def run(args: argparse.Namespace) -> int:
     if args.view is not None and (features is not None or max_age is not None):
         raise ConfigError("--features and --max-age are the view's own (its sources' features and max_age): "
                           "not given with --view", key="view")
+    if args.view is not None and args.windows != "event":
+        raise ConfigError("--windows request-time is not implemented for views yet (issue 49 step d): "
+                          "give --schema", key="windows")
     settings = resolve_settings(schemas_dir=args.schemas_dir, views_dir=args.views_dir)
     frames, total = _frame_chunks(args.entities, chunk_rows)
     show = not args.no_progress and not args.json and active_format() != "json"
@@ -168,8 +175,9 @@ def run(args: argparse.Namespace) -> int:
                                     for f in frames)
         else:
             fs.schema(args.schema)  # an unknown schema fails before the output is opened
+            windows = args.windows.replace("-", "_")
             parts = (fs.historical(args.schema, f, features, timestamp_column=args.timestamp_column,
-                                   max_age=max_age) for f in frames)
+                                   max_age=max_age, windows=windows) for f in frames)
         result = write_training_set(parts, args.out, progress)
     seconds = time.perf_counter() - t0
     summary = {("schema" if args.view is None else "view"): args.schema or args.view,

@@ -39,6 +39,7 @@ historical``) holds one chunk, whatever the frame's length.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import io
 from collections.abc import Callable, Iterator, Sequence
@@ -81,17 +82,23 @@ _YEAR_1 = -62_135_596_800_000_000
 
 
 def as_of(store: FeatureStore, c: CompiledSchema, entity_df: pa.Table, columns: list[str], ts: Any,
-          max_age: dt.timedelta | None, *, chunk_rows: int | None = None) -> pa.Table:
+          max_age: dt.timedelta | None, *, chunk_rows: int | None = None,
+          request_time: bool = False) -> pa.Table:
     """``entity_df`` (checked by the caller) with ``columns`` (cold features and cold
     aggregations of ``c``) and ``_event_time`` appended: for each row, the values of the
     entity's newest stored row at or before its time ``ts`` (zoned timestamps, one per
-    row), none older than ``max_age``; nulls where none qualifies."""
-    parts = list(as_of_chunks(store, c, entity_df, columns, ts, max_age, chunk_rows=chunk_rows))
+    row), none older than ``max_age``; nulls where none qualifies. With
+    ``request_time``, an aggregation column is instead its window evaluated at the row's
+    time (:mod:`features.aggregate.request_time`) over the history table's events
+    (``max_age`` does not apply to it; a row whose entity or time is null gets null)."""
+    parts = list(as_of_chunks(store, c, entity_df, columns, ts, max_age, chunk_rows=chunk_rows,
+                              request_time=request_time))
     return pa.concat_tables(parts)
 
 
 def as_of_chunks(store: FeatureStore, c: CompiledSchema, entity_df: pa.Table, columns: list[str], ts: Any,
-                 max_age: dt.timedelta | None, *, chunk_rows: int | None = None) -> Iterator[pa.Table]:
+                 max_age: dt.timedelta | None, *, chunk_rows: int | None = None,
+                 request_time: bool = False) -> Iterator[pa.Table]:
     """:func:`as_of`, one frame chunk of ``chunk_rows`` rows (default :data:`CHUNK_ROWS`,
     read at each call) at a time, in frame order (at least one, possibly empty, table)."""
     chunk_rows = CHUNK_ROWS if chunk_rows is None else chunk_rows
@@ -108,7 +115,7 @@ def as_of_chunks(store: FeatureStore, c: CompiledSchema, entity_df: pa.Table, co
     t_us = _micros(ts)
     for lo in range(0, max(n, 1), chunk_rows):
         yield _chunk(store, c, entity_df.slice(lo, chunk_rows), columns, ids.slice(lo, chunk_rows),
-                     t_us.slice(lo, chunk_rows), max_age)
+                     t_us.slice(lo, chunk_rows), max_age, request_time)
 
 
 def _unsliced(col: pa.ChunkedArray | pa.Array) -> pa.Array:
@@ -118,13 +125,16 @@ def _unsliced(col: pa.ChunkedArray | pa.Array) -> pa.Array:
 
 
 def _chunk(store: FeatureStore, c: CompiledSchema, frame: pa.Table, columns: list[str], ids: pa.Array,
-           t_us: pa.Array, max_age: dt.timedelta | None) -> pa.Table:
+           t_us: pa.Array, max_age: dt.timedelta | None, request_time: bool) -> pa.Table:
     from features.compile.postgres import aggregates_table_name, cold_table_name
 
     s = c.schema
     cold_aggs = set(aggregation_names(c, "cold"))
     names = [x for x in columns if x not in cold_aggs]
     aggs = [x for x in columns if x in cold_aggs]
+    windows = _Windows.of(c, aggs) if request_time and aggs else None
+    if windows is not None:
+        aggs = []
     enc = ids.dictionary_encode()
     ok = np.asarray(pc.and_(pc.is_valid(enc.indices), pc.is_valid(t_us)))
     codes = np.asarray(enc.indices.fill_null(0), dtype=np.int64)
@@ -138,6 +148,10 @@ def _chunk(store: FeatureStore, c: CompiledSchema, frame: pa.Table, columns: lis
     got: dict[str, pa.Array] = {}
     reads = [(table, cols, keep_time) for table, cols, keep_time in (
         (cold_table_name(s), names, True), (aggregates_table_name(s), aggs, False)) if cols or keep_time]
+    ages = [age] * len(reads)
+    if windows is not None:  # the events in the windows of the frame's times: the history table's
+        reads.append((cold_table_name(s), windows.fields, False))
+        ages.append(windows.longest_us)
     # the history and the aggregates tables read side by side, each in READ_PARTS parts
     # by entity (a connection each): Postgres runs one query on one core
     dictionary = enc.dictionary
@@ -148,11 +162,15 @@ def _chunk(store: FeatureStore, c: CompiledSchema, frame: pa.Table, columns: lis
     step = -(-n_ids // READ_PARTS) if split else max(n_ids, 1)
     parts = [(lo, min(lo + step, n_ids)) for lo in range(0, max(n_ids, 1), step)]
 
-    def reader(table: str, cols: list[str], part: tuple[int, int]) -> Callable[[], pa.Table]:
+    def reader(table: str, cols: list[str], part: tuple[int, int], age: int | None) -> Callable[[], pa.Table]:
         return lambda: _fetch(store, c, table, dictionary, cols, bounds, age, spans, part)
 
-    fetched = store.parallel([reader(table, cols, part) for table, cols, _ in reads for part in parts])
+    fetched = store.parallel([reader(table, cols, part, a)
+                              for (table, cols, _), a in zip(reads, ages, strict=True) for part in parts])
     hists = [_concat(fetched[i * len(parts):(i + 1) * len(parts)]) for i in range(len(reads))]
+    if windows is not None:
+        got.update(windows.at(hists.pop(), codes, t_q, ok))
+        reads.pop()
     for (_, cols, keep_time), hist in zip(reads, hists, strict=True):
         idx = _match(hist, codes, t_q, ok, age)
         take = pa.array(idx, mask=idx < 0)
@@ -164,6 +182,52 @@ def _chunk(store: FeatureStore, c: CompiledSchema, frame: pa.Table, columns: lis
     for name in columns:
         out = out.append_column(name, got[name])
     return out.append_column(EVENT_TIME, got[EVENT_TIME])
+
+
+@dataclass(frozen=True)
+class _Windows:
+    """Request-time windows for a frame chunk: the aggregations asked for, what they
+    need computed (:func:`features.aggregate.request_time.sub_spec`), the history fields
+    they read and how far back from a frame time their windows reach."""
+
+    c: CompiledSchema
+    names: list[str]
+    spec: Any  # features.aggregate.engine.AggSpec
+    fields: list[str]
+    longest_us: int
+
+    @classmethod
+    def of(cls, c: CompiledSchema, names: list[str]) -> _Windows:
+        from features.aggregate.engine import AggSpec
+        from features.aggregate.request_time import fields_read, sub_spec
+
+        full = AggSpec.of(c.schema)
+        assert full is not None  # names are aggregations of c
+        spec = sub_spec(full, names)
+        # a window (sliding or tumbling) at T holds events in (T - size, T]: read [T - longest, T]
+        return cls(c, names, spec, fields_read(spec), spec.longest_us)
+
+    def at(self, hist: pa.Table, codes: npt.NDArray[np.int64], t_q: npt.NDArray[np.int64],
+           ok: npt.NDArray[np.bool_]) -> dict[str, pa.Array]:
+        """The windows at each frame row's time ``t_q`` over ``hist`` (the history rows read
+        for the chunk's entities, ``__k`` their entity code): null where not ``ok``."""
+        from features.aggregate.engine import extract
+        from features.aggregate.request_time import at_times
+
+        s = self.c.schema
+        entity, event_time = str(s.entity), str(s.event_time)
+        k = hist.column("__k").combine_chunks().cast(pa.int64())
+        cols: dict[str, Any] = {name: hist.column(name) for name in self.fields}
+        cols.setdefault(entity, k)
+        cols[event_time] = hist.column("__t").combine_chunks().cast(pa.timestamp("us", "UTC"))
+        cols["_source"] = pa.nulls(hist.num_rows, pa.string())
+        events = dataclasses.replace(extract(self.spec, pa.table(cols)), entity=k)
+        sel = np.flatnonzero(ok)
+        values = at_times(self.spec, events, pa.array(codes[sel], pa.int64()), t_q[sel])
+        back = np.full(len(codes), -1, dtype=np.int64)
+        back[sel] = np.arange(len(sel), dtype=np.int64)
+        take = pa.array(back, mask=back < 0)
+        return {name: values[name].take(take).cast(declared_type(self.c, name)) for name in self.names}
 
 
 #: A chunk's history is read in this many parts by entity, side by side (a connection

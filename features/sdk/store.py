@@ -76,6 +76,8 @@ if TYPE_CHECKING:
     from features.sdk.write import WriteSummary
 
 _T = TypeVar("_T")
+#: ``historical``'s ``windows``: aggregations as of the newest event, or evaluated at the row's time
+WINDOWS = ("event", "request_time")
 
 
 class FeatureStore:
@@ -869,7 +871,8 @@ class FeatureStore:
     # --- historical -------------------------------------------------------------------------
 
     def historical(self, schema: str, entity_df: Any, features: Sequence[str] | None = None, *,
-                   timestamp_column: str = "timestamp", max_age: dt.timedelta | None = None) -> pa.Table:
+                   timestamp_column: str = "timestamp", max_age: dt.timedelta | None = None,
+                   windows: str = "event") -> pa.Table:
         """Point-in-time-correct training rows: for each row of ``entity_df`` (an Arrow
         table or a pandas DataFrame with the entity column and ``timestamp_column``, a
         zoned timestamp, or a naive one when the schema's event time is naive: then both
@@ -881,13 +884,20 @@ class FeatureStore:
         row's event time, typed as :func:`event_time_type` says; null where nothing
         qualifies). A naive time against a zoned or date event time raises ConfigError.
 
-        An aggregation column holds the ``<schema>__aggregates`` row of the entity's
-        newest aggregated event at or before the timestamp: the value the online store
-        served at that time (not the window re-evaluated at the timestamp).
+        ``windows`` says what an aggregation column holds: ``"event"`` (the default) the
+        ``<schema>__aggregates`` row of the entity's newest aggregated event at or before
+        the timestamp, the value the online store served at that time (not the window
+        re-evaluated at the timestamp); ``"request_time"`` the window evaluated at the
+        row's timestamp over the history table's events (docs/aggregations.md, "Windows
+        at request time": a quiet entity's count falls to 0), ``max_age`` not applied to it.
         """
+        if windows not in WINDOWS:
+            raise ConfigError(f"windows must be one of {', '.join(map(repr, WINDOWS))}, not {windows!r}",
+                              key="windows")
         t0 = time.perf_counter()
         try:
-            out = self._historical_checked(schema, entity_df, features, timestamp_column, max_age)
+            out = self._historical_checked(schema, entity_df, features, timestamp_column, max_age,
+                                           windows == "request_time")
         except Exception:  # counted, then raised as it is
             self._metrics.error(self._label(schema), "historical")
             raise
@@ -896,7 +906,8 @@ class FeatureStore:
         return out
 
     def _historical_checked(self, schema: str, entity_df: Any, features: Sequence[str] | None,
-                            timestamp_column: str, max_age: dt.timedelta | None) -> pa.Table:
+                            timestamp_column: str, max_age: dt.timedelta | None,
+                            request_time: bool = False) -> pa.Table:
         c = self.loadable_schema(schema)
         columns = self._features(c, features, "cold")
         entity = str(c.schema.entity)
@@ -918,15 +929,15 @@ class FeatureStore:
 
         try:
             self.check_fingerprint(c)
-            return self._historical(c, entity_df, columns, ts, max_age)
+            return self._historical(c, entity_df, columns, ts, max_age, request_time)
         except errors.UndefinedTable as exc:
             raise self._no_table(c, exc) from exc
 
     def _historical(self, c: CompiledSchema, entity_df: pa.Table, columns: list[str], ts: Any,
-                    max_age: dt.timedelta | None) -> pa.Table:
+                    max_age: dt.timedelta | None, request_time: bool = False) -> pa.Table:
         from features.sdk.asof import as_of  # the as-of join (copied out of Postgres, joined in NumPy)
 
-        return as_of(self, c, entity_df, columns, ts, max_age)
+        return as_of(self, c, entity_df, columns, ts, max_age, request_time=request_time)
 
     # --- views (docs/views.md) -----------------------------------------------------------------
 
