@@ -29,6 +29,12 @@ SCHEMA_FINGERPRINT = "_schema_fingerprint"
 RUN_ID = "_run_id"
 INGESTED_AT = "_ingested_at"
 
+#: Not lineage but stored beside it: the content digest of an event (16 hex digits,
+#: ``features.kernels.digest``), a column of the history table (part of its key) and a
+#: field of the entity's Redis hash; among events of one entity at one event time the
+#: greatest digest is the newest.
+DIGEST = "_digest"
+
 #: Lineage columns, in the order stores hold them.
 LINEAGE_COLUMNS = (SOURCE, SCHEMA_NAME, SCHEMA_VERSION, SCHEMA_FINGERPRINT, RUN_ID, INGESTED_AT)
 

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 #: The hash fields read besides a layout's columns, in this order.
 _META = ("_event_time", "_schema_fingerprint", "_source", "_schema_version", "_run_id", "_ingested_at",
-         "_filled")
+         "_filled", "_digest")
 #: What a breaking change needs instead (the refusal's last words, docs/evolution.md).
 BREAKING_PATH = ("features migrate moves the stores only across compatible changes: give the new major "
                  "version its own tables (another schema name, or another Postgres schema and Redis "
@@ -312,7 +312,7 @@ class Upgrader:
             else:
                 value = _default(c, name, target, n)
             data[name] = value
-        for name in ("_source", "_run_id", "_ingested_at", "_filled"):
+        for name in ("_digest", "_source", "_run_id", "_ingested_at", "_filled"):  # _digest: the tie-break
             data[name] = cols[name]
         sink = self._sink(aggregates, fp)
         from features.sinks.base import WriteUnit

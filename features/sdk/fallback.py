@@ -44,7 +44,7 @@ import pyarrow.compute as pc
 
 from features.compile import CompiledSchema
 from features.errors import SinkUnavailable
-from features.lineage import INGESTED_AT, RUN_ID, SCHEMA_FINGERPRINT, SCHEMA_VERSION, SOURCE
+from features.lineage import DIGEST, INGESTED_AT, RUN_ID, SCHEMA_FINGERPRINT, SCHEMA_VERSION, SOURCE
 
 
 class Host(Protocol):
@@ -439,6 +439,8 @@ def fill_rows(c: CompiledSchema, rows: pa.Table, sink_for: Any) -> int:
                                                                                    declared_type(c, name))
     for name in LINEAGE:
         data[name] = rows.column(name)
+    if DIGEST in rows.column_names:  # the event's content digest: Redis's tie-break
+        data[DIGEST] = rows.column(DIGEST)
     units.append((False, pa.table(data)))
     if AGG + et in rows.column_names:
         agg_sink = sink_for(True)
