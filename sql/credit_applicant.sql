@@ -11,7 +11,7 @@ CREATE TABLE IF NOT EXISTS "featureline_schemas" (
     "applied_at" timestamptz NOT NULL DEFAULT now()
 );
 
--- Cold store: full history keyed by (entity, event time), with lineage.
+-- Cold store: full history keyed by (entity, event time, content digest), with lineage.
 CREATE TABLE IF NOT EXISTS "credit_applicant" (
     "application_id" text NOT NULL,
     "submitted_at" timestamptz NOT NULL,

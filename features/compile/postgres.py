@@ -631,7 +631,7 @@ def render_ddl(compiled: CompiledSchema) -> str:
     if schema.loadable:
         parts += [
             _schemas_table(),
-            "-- Cold store: full history keyed by (entity, event time), with lineage.\n"
+            "-- Cold store: full history keyed by (entity, event time, content digest), with lineage.\n"
             + _cold_table(compiled),
             "-- Rejected rows: raw payload, every error, and lineage.\n" + _rejects_table(compiled),
         ]

@@ -2,8 +2,8 @@
 
 For an aggregation or a derived feature added to a schema (a compatible change,
 ``features migrate``): the rows already stored have no value for it, and loading the
-same files again stores nothing (the first row stored for an (entity, event time) key
-wins). This computes, from the history table alone (no source files), every value of
+same files again stores nothing (every event is already present). This computes, from
+the history table alone (no source files), every value of
 the schema's aggregations and derived features for the stored rows, with the engines
 the loader and the stream use, and writes those that differ:
 
