@@ -1,4 +1,4 @@
-"""PostgreSQL (cold) sink: full history keyed by (entity, event time), rejects, ledger.
+"""PostgreSQL (cold) sink: full history keyed by (entity, event time, digest), rejects, ledger.
 
 Contract:
 
