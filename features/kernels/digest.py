@@ -24,7 +24,7 @@ UTF-8 bytes. Each value becomes an unsigned 64-bit word ``v``:
   at positions ``i = 0, 1, ...`` of ``mix(v_i + (i + 1) * 0x9e3779b97f4a7c15)``.
 
 Then ``h = 0``, and for each field whose value is neither null nor the field's declared
-default ``h = mix(mix(h XOR fnv1a64(name)) + v)`` (a field added later, null or defaulted
+default ``h = mix(h XOR fnv1a64(name) XOR v)`` (a field added later, null or defaulted
 in the events stored before, changes no digest; so does widening an integer or float
 type; changing a decimal's scale does), where
 ``mix`` is the SplitMix64 finaliser (``z ^= z >> 30; z *= 0xbf58476d1ce4e5b9;
@@ -60,7 +60,8 @@ _GOLDEN: Final = np.uint64(0x9E3779B97F4A7C15)
 _M1: Final = np.uint64(0xBF58476D1CE4E5B9)
 _M2: Final = np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
-_HEX: Final = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+#: each byte's two lower-case hex digits, as one little-endian uint16 (its text in memory)
+_HEX2: Final = np.frombuffer(b"".join(f"{b:02x}".encode() for b in range(256)), dtype="<u2")
 
 
 def mix(z: U64) -> U64:
@@ -195,7 +196,7 @@ def digest_words(columns: dict[str, pa.Array | pa.ChunkedArray], num_rows: int,
     name_words = fnv1a64(pa.array(names, pa.string())) if names else np.zeros(0, np.uint64)
     for name, word in zip(names, name_words, strict=True):
         arr = columns[name]
-        step = mix(mix(h ^ word) + value_words(arr))
+        step = mix(h ^ word ^ value_words(arr))
         absent = _absent(arr, (defaults or {}).get(name))
         h = step if absent is None else np.where(absent, h, step)
     return h
@@ -204,9 +205,7 @@ def digest_words(columns: dict[str, pa.Array | pa.ChunkedArray], num_rows: int,
 def hex_digits(words: U64) -> pa.Array:
     """uint64 words as fixed-width lower-case hex strings (big-endian: text order is numeric)."""
     raw = np.ascontiguousarray(words.astype(">u8")).view(np.uint8).reshape(-1, 8)
-    chars = np.empty((len(words), DIGEST_CHARS), dtype=np.uint8)
-    chars[:, 0::2] = _HEX[raw >> 4]
-    chars[:, 1::2] = _HEX[raw & 0x0F]
+    chars = np.ascontiguousarray(_HEX2[raw])  # (n, 8) pairs of digits: 16 bytes per row
     fixed = pa.FixedSizeBinaryArray.from_buffers(pa.binary(DIGEST_CHARS), len(words),
                                                  [None, pa.py_buffer(chars)])
     return fixed.cast(pa.binary()).cast(pa.string())

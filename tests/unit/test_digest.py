@@ -73,7 +73,7 @@ def _reference(rows: pa.Table, defaults: dict[str, Any]) -> list[str]:
             v = row[name]
             if v is None or (name in defaults and v == defaults[name]):
                 continue
-            h = _mix((_mix(h ^ _fnv(name.encode())) + _word(v, rows.schema.field(name).type)) & MASK)
+            h = _mix(h ^ _fnv(name.encode()) ^ _word(v, rows.schema.field(name).type))
         out.append(f"{h:016x}")
     return out
 
