@@ -71,8 +71,8 @@ def test_a_static_schemas_cold_table_is_keyed_by_the_entity_alone() -> None:
     assert '"_ingested_at" timestamptz NOT NULL' in ddl
     assert "one row per entity" in ddl
     timed = compile_schema(parse_schema(text("registered"), "aircraft.yaml")).ddl
-    assert 'PRIMARY KEY ("tailnum", "registered")' in timed
-    assert "_digest" not in timed
+    assert 'PRIMARY KEY ("tailnum", "registered", "_digest")' in timed
+    assert '"_digest" text COLLATE "C" NOT NULL' in timed  # one digest column, the same type
 
 
 @pytest.mark.parametrize(("old", "new"), [("registered", "none"), ("none", "registered")])
