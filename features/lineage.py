@@ -29,10 +29,13 @@ SCHEMA_FINGERPRINT = "_schema_fingerprint"
 RUN_ID = "_run_id"
 INGESTED_AT = "_ingested_at"
 
-#: A static schema's row version beside ``_ingested_at`` (its load): the digest of the
-#: row's content (20 decimal digits of an FNV-1a 64), which orders two rows of one entity
-#: in one load whatever their input order (docs/schema.md, "Tables without time").
+#: Not lineage but stored beside it: the content digest of an event (16 hex digits,
+#: ``features.kernels.digest``), a column of the history table (part of its key) and a
+#: field of the entity's Redis hash; among events of one entity at one event time the
+#: greatest digest is the newest. A static schema's row (``event_time: none``) carries it
+#: too: of one load's rows of an entity, the greatest digest's is kept.
 DIGEST = "_digest"
+
 #: Lineage columns, in the order stores hold them.
 LINEAGE_COLUMNS = (SOURCE, SCHEMA_NAME, SCHEMA_VERSION, SCHEMA_FINGERPRINT, RUN_ID, INGESTED_AT)
 

@@ -37,7 +37,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from features.compile import CompiledSchema
-from features.lineage import LINEAGE_COLUMNS, RunContext
+from features.kernels.digest import content_digests, field_defaults
+from features.lineage import DIGEST, LINEAGE_COLUMNS, RunContext
 from features.observe.metrics import RunMetrics
 from features.observe.progress import Progress
 from features.sinks.base import REJECTED_ROWS_SCHEMA, Sink, WriteResult, WriteUnit
@@ -322,9 +323,17 @@ def process_batch(sb: SourceBatch, compiled: CompiledSchema, program: TransformP
             kept = out.kept_row_index
             columns = {name: arr.take(kept) for name, arr in columns.items()}
             kept_index = valid_index[kept.to_numpy()]
+    # every stored event's content digest (the history's key beside entity and event
+    # time, Redis's tie-break): over the declared fields, so every entry point agrees
+    digest = (content_digests({f.name: columns[f.name] for f in compiled.schema.fields}, len(kept_index),
+                              field_defaults(compiled.schema))
+              if compiled.schema.loadable else None)
+    if program is not None:
         for i, name in enumerate(out.features.schema.names):
             columns[name] = out.features.column(i)
     data = dict(columns)
+    if digest is not None:
+        data[DIGEST] = digest
     data.update(ctx.columns(sb.lineage.row_uris(pa.array(kept_index, pa.int64()))))
     rows = pa.table(data)
     rejects = pa.concat_tables(reject_parts) if len(reject_parts) > 1 else reject_parts[0]
@@ -390,11 +399,8 @@ def newest_event_time(rows: pa.Table, column: str | None) -> float | None:
 
 
 def _finish_unit(summary: RunSummary, pending: _Pending, primary: str, progress: Progress | None,
-                 metrics: RunMetrics | None = None, event_time: str | None = None,
-                 superseded: Callable[[pa.Table], None] | None = None) -> None:
-    """Wait for one unit's writes (in submission order) and account for them. Rows the
-    primary refused for another event of their (entity, event time) go to ``superseded``
-    once every store has written the unit (the other stores drop what they kept of them)."""
+                 metrics: RunMetrics | None = None, event_time: str | None = None) -> None:
+    """Wait for one unit's writes (in submission order) and account for them."""
     results: dict[str, Any] = {}
     for name, fut in pending.futures.items():
         res = fut.result()  # a sink's final error (after its retries) propagates here
@@ -411,16 +417,12 @@ def _finish_unit(summary: RunSummary, pending: _Pending, primary: str, progress:
     for name in pending.skipped:
         summary.sinks[name].skipped_units += 1
     held = results.get(primary)
-    if primary and (held is None or held.skipped or (
-            held.stored == 0 and (held.superseded is None or held.superseded.num_rows == 0))):
-        # the primary already held every row of the unit (none was another event's): what
-        # another store wrote of it, that store had lost (or never got)
+    if primary and (held is None or held.skipped or held.stored == 0):
+        # the primary already held every row of the unit: what another store wrote of it,
+        # that store had lost (or never got)
         for name, res in results.items():
             if name != primary and not res.skipped:
                 summary.sinks[name].restored += res.stored
-    refused = results[primary].superseded if primary in results else None
-    if superseded is not None and refused is not None and refused.num_rows:
-        superseded(refused)
     if primary and primary not in results:
         # the primary committed this unit in an earlier run; only other sinks caught up
         results[primary] = WriteResult(skipped=True)
@@ -519,7 +521,7 @@ class BatchWriter:
             prepared = process_batch(sb, self.compiled, self.program, ctx, reference_time or ctx.ingested_at)
         while len(self._queue) >= self.in_flight:
             _finish_unit(summary, self._queue.popleft(), self.primary, self.progress, self.metrics,
-                         self._event_time, self._drop_superseded)
+                         self._event_time)
         if self.guard is not None:
             self.guard.enter(self.drain)
         write = WriteUnit(prepared.rows, prepared.rejects, unit, n, sb.lineage.content)
@@ -528,21 +530,11 @@ class BatchWriter:
             futures[s.name] = self._pools[s.name].submit(s.write, write)
         self._queue.append(_Pending(prepared, n, futures, [s.name for s in self.sinks if s not in todo]))
 
-    def _drop_superseded(self, refused: pa.Table) -> None:
-        """Both stores agree on two events with one (entity, event time): the cold store
-        kept the first, so every other store drops what it holds of the refused ones
-        (Redis: a hash that expired and was re-created by the later event). Runs on each
-        store's own thread, after the writes already queued there."""
-        drops = [self._pools[s.name].submit(drop, refused) for s in self.sinks
-                 if s.name != self.primary and (drop := getattr(s, "drop_superseded", None)) is not None]
-        for fut in drops:
-            fut.result()
-
     def drain(self) -> None:
         """Wait for every submitted write and account for it."""
         while self._queue:
             _finish_unit(self.summary, self._queue.popleft(), self.primary, self.progress, self.metrics,
-                         self._event_time, self._drop_superseded)
+                         self._event_time)
 
     def close(self) -> None:
         """Let the writes already submitted finish (they commit or fail on their own)."""

@@ -11,7 +11,7 @@ CREATE TABLE IF NOT EXISTS "featureline_schemas" (
     "applied_at" timestamptz NOT NULL DEFAULT now()
 );
 
--- Cold store: full history keyed by (entity, event time), with lineage.
+-- Cold store: full history keyed by (entity, event time, content digest), with lineage.
 CREATE TABLE IF NOT EXISTS "clicks" (
     "user_id" text NOT NULL,
     "event_time" timestamptz NOT NULL,
@@ -22,6 +22,7 @@ CREATE TABLE IF NOT EXISTS "clicks" (
     "price" numeric(12,2),
     "session_id" text,
     "dwell_log" real,
+    "_digest" text COLLATE "C" NOT NULL,
     "_source" text NOT NULL,
     "_schema_name" text NOT NULL,
     "_schema_version" text NOT NULL,
@@ -35,7 +36,7 @@ CREATE TABLE IF NOT EXISTS "clicks" (
     CONSTRAINT "dwell_ms__min" CHECK ("dwell_ms" >= 0),
     CONSTRAINT "dwell_ms__max" CHECK ("dwell_ms" <= 3600000),
     CONSTRAINT "price__min" CHECK ("price" >= 0.00),
-    CONSTRAINT "clicks__pkey" PRIMARY KEY ("user_id", "event_time")
+    CONSTRAINT "clicks__pkey" PRIMARY KEY ("user_id", "event_time", "_digest")
 );
 
 -- Rejected rows: raw payload, every error, and lineage.

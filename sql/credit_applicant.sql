@@ -11,7 +11,7 @@ CREATE TABLE IF NOT EXISTS "featureline_schemas" (
     "applied_at" timestamptz NOT NULL DEFAULT now()
 );
 
--- Cold store: full history keyed by (entity, event time), with lineage.
+-- Cold store: full history keyed by (entity, event time, content digest), with lineage.
 CREATE TABLE IF NOT EXISTS "credit_applicant" (
     "application_id" text NOT NULL,
     "submitted_at" timestamptz NOT NULL,
@@ -27,6 +27,7 @@ CREATE TABLE IF NOT EXISTS "credit_applicant" (
     "debt_to_income" double precision,
     "score_bucket" integer,
     "customer_tenure_days" double precision,
+    "_digest" text COLLATE "C" NOT NULL,
     "_source" text NOT NULL,
     "_schema_name" text NOT NULL,
     "_schema_version" text NOT NULL,
@@ -48,7 +49,7 @@ CREATE TABLE IF NOT EXISTS "credit_applicant" (
     CONSTRAINT "requested_amount__max" CHECK ("requested_amount" <= 10000000.00),
     CONSTRAINT "region__min_length" CHECK (char_length("region") >= 2),
     CONSTRAINT "region__max_length" CHECK (char_length("region") <= 32),
-    CONSTRAINT "credit_applicant__pkey" PRIMARY KEY ("application_id", "submitted_at")
+    CONSTRAINT "credit_applicant__pkey" PRIMARY KEY ("application_id", "submitted_at", "_digest")
 );
 
 -- Rejected rows: raw payload, every error, and lineage.

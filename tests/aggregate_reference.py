@@ -2,10 +2,11 @@
 random histories the aggregation tests share.
 
 :func:`reference` reads ``docs/aggregations.md`` literally, one event at a time, with
-Python's own numbers: the history keeps the first event of each (entity, event time)
-in input order; each of its events gets, per aggregation, the value over the entity's
-history events in its window. No code of ``features.aggregate`` is used (only the
-parsed schema, for the declarations).
+Python's own numbers: the history keeps every distinct event (entity, event time,
+content digest) once; each instant gets, per aggregation, the value over the entity's
+history events in its window, every event at that instant included, events at one
+instant ordered by digest. No code of ``features.aggregate`` is used (only the parsed
+schema, for the declarations, and the digest of ``features.kernels.digest``).
 """
 
 from __future__ import annotations
@@ -53,17 +54,20 @@ def reference(schema: Schema, events: list[dict[str, Any]]) -> dict[tuple[Any, i
 
 
 def history_of(schema: Schema, events: list[dict[str, Any]]) -> dict[Any, list[dict[str, Any]]]:
-    """Per entity, its history events (the first of each (entity, event time) in input
-    order), oldest first."""
+    """Per entity, its history events (every distinct event: the first of each (entity,
+    event time, digest) in input order), oldest first, at one instant by digest (the tie
+    rule: the greater digest is the later event)."""
     assert schema.entity is not None
-    history: dict[tuple[Any, int], dict[str, Any]] = {}
-    for e in events:
-        history.setdefault((e[schema.entity], e[T]), e)
-    per: dict[Any, list[dict[str, Any]]] = defaultdict(list)
-    for (key, _), e in history.items():
-        per[key].append(e)
-    for evs in per.values():
-        evs.sort(key=lambda e: e[T])
+    history: dict[tuple[Any, int, str], dict[str, Any]] = {}
+    for e, d in zip(events, event_digests(schema, events), strict=True):
+        history.setdefault((e[schema.entity], e[T], d), e)
+    pairs: dict[Any, list[tuple[str, dict[str, Any]]]] = defaultdict(list)
+    for (key, _, d), e in history.items():
+        pairs[key].append((d, e))
+    per: dict[Any, list[dict[str, Any]]] = {}
+    for key, ps in pairs.items():
+        ps.sort(key=lambda p: (p[1][T], p[0]))
+        per[key] = [e for _, e in ps]
     return per
 
 
@@ -102,6 +106,36 @@ def values_at(schema: Schema, evs: list[dict[str, Any]], t: int) -> tuple[Any, .
             num, den = values[agg.numerator or ""], values[agg.denominator or ""]
             values[agg.name] = agg.on_zero if not den else (None if num is None else num / den)
     return tuple(values[a.name] for a in schema.aggregations.features)
+
+
+def event_digests(schema: Schema, events: list[dict[str, Any]]) -> list[str]:
+    """The content digest of each event (dicts of field values plus :data:`T`), as the
+    stores compute it from the same values in the schema's types."""
+    from features.compile.arrow import arrow_type
+    from features.kernels.digest import digests
+
+    cols: dict[str, pa.Array] = {}
+    for f in schema.fields:
+        t = arrow_type(f.type)
+        if f.name == schema.event_time:
+            us = [e[T] for e in events]
+            if pa.types.is_date(t):
+                cols[f.name] = pa.array([u // 86_400_000_000 for u in us], pa.int32()).cast(pa.date32())
+            else:
+                per = {"s": 1_000_000, "ms": 1000, "us": 1, "ns": 1}[t.unit]
+                cols[f.name] = pa.array([u // per * (1000 if t.unit == "ns" else 1) for u in us],
+                                        pa.int64()).cast(t)
+        else:
+            cols[f.name] = pa.array([e.get(f.name) for e in events], t)
+    return digests(pa.table(cols), schema).to_pylist()
+
+
+def with_digest(schema: Schema, table: pa.Table) -> pa.Table:
+    """A table of events (the schema's fields, as :func:`history_table` makes them) with
+    the ``_digest`` column the stores give every valid row."""
+    from features.kernels.digest import digests
+
+    return table.append_column("_digest", digests(table, schema))
 
 
 def _value(schema: Schema, agg: Aggregation, vs: list[Any]) -> Any:

@@ -9,6 +9,7 @@ in chunks (``AggregateWriter``).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -26,13 +27,14 @@ from features.aggregate.engine import (
     Computed,
     Inputs,
     compute,
+    digest_ranks,
     extract,
     finalize,
     group_codes,
     raw_schema,
 )
 from features.aggregate.writer import AggregateCounts, AggregateWriter
-from features.lineage import RunContext
+from features.lineage import DIGEST, RunContext
 
 #: rows per Postgres upsert / Redis round (bounds the size of one transaction)
 WRITE_CHUNK = 100_000
@@ -59,7 +61,8 @@ def _empty(spec: AggSpec) -> pa.Table:
     from features.compile.arrow import arrow_schema
 
     schema = arrow_schema(spec.schema)
-    return pa.table({**{f.name: pa.array([], f.type) for f in schema}, "_source": pa.array([], pa.string())})
+    return pa.table({**{f.name: pa.array([], f.type) for f in schema}, "_source": pa.array([], pa.string()),
+                     DIGEST: pa.array([], pa.string())})
 
 
 def backfill(spec: AggSpec, inputs: Inputs, writer: AggregateWriter, ctx: RunContext,
@@ -71,8 +74,8 @@ def backfill(spec: AggSpec, inputs: Inputs, writer: AggregateWriter, ctx: RunCon
     ``[lo, hi + longest window)`` are recomputed over its history in ``[lo - longest, hi +
     longest)``: the events earlier loads stored (read back) and this load's. So loading
     January then February gives the values of one load of both, in either order, and the
-    order of files and rows changes nothing. Of two events with one (entity, event time),
-    the history keeps the first: an earlier load's, else the first in input order.
+    order of files and rows changes nothing. Two different events at one (entity, event
+    time) are both kept and counted; an exact copy (same content digest) is one event.
 
     The events this run stored are not read back (``inputs`` holds them), unless
     ``read_own``: a run that stored other events before this load (``FeatureStore.write``
@@ -85,7 +88,7 @@ def backfill(spec: AggSpec, inputs: Inputs, writer: AggregateWriter, ctx: RunCon
     entity = inputs.entity
     if pa.types.is_dictionary(entity.type):
         entity = entity.cast(entity.type.value_type)
-        inputs = Inputs(entity, inputs.time_us, inputs.source, inputs.contrib, inputs.values)
+        inputs = dataclasses.replace(inputs, entity=entity)
     codes = group_codes(entity)
     k = int(codes.max()) + 1
     lo = np.full(k, np.iinfo(np.int64).max, dtype=np.int64)
@@ -163,13 +166,14 @@ def backfill(spec: AggSpec, inputs: Inputs, writer: AggregateWriter, ctx: RunCon
 
 def _duplicates_of_the_load(events: Inputs, result: Computed, of_load: npt.NDArray[np.bool_]) -> int:
     """How many of the load's events (``of_load``) the history holds another record for:
-    duplicates whose key's first event has another ``_source`` (the same record loaded
-    again, e.g. by a re-run, is not a duplicate)."""
+    exact copies (same entity, event time and digest) whose first record has another
+    ``_source`` (the same record loaded again, e.g. by a re-run, is not a duplicate)."""
     dup = result.duplicate[of_load[result.duplicate]]
     if len(dup) == 0:
         return 0
-    key = pd.DataFrame({"k": group_codes(events.entity), "t": events.time_us})
-    group = key.groupby(["k", "t"], sort=False).ngroup().to_numpy()
+    key = pd.DataFrame({"k": group_codes(events.entity), "t": events.time_us,
+                        "d": digest_ranks(events.digest)})
+    group = key.groupby(["k", "t", "d"], sort=False).ngroup().to_numpy()
     holder = np.zeros(int(group.max()) + 1, dtype=np.int64)
     holder[group[result.accepted]] = result.accepted
     same = pc.equal(events.source.take(pa.array(dup)), events.source.take(pa.array(holder[group[dup]])))

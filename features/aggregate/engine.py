@@ -2,11 +2,15 @@
 
 Semantics (``docs/aggregations.md`` has the long form). Per entity, on the event time:
 
-- the **history** holds one event per (entity, event time): the first one given;
-- every event of the history gets one value per aggregation *as of its own time*, over
-  the entity's events in its window (sliding ``(t - size, t]``; tumbling
-  ``[floor(t / size) * size, t]``), counting only the events that match ``where`` and
-  (with ``of``) have a non-null value. The order in which events arrive changes nothing.
+- the **history** holds every distinct event: one per (entity, event time, content
+  digest) (``features.kernels.digest``); an exact copy is a *duplicate*. Two different
+  events at one instant are both counted;
+- every instant of the history gets one value per aggregation *as of its own time*,
+  over the entity's events in its window (sliding ``(t - size, t]``; tumbling
+  ``[floor(t / size) * size, t]``), every event at ``t`` included, counting only the
+  events that match ``where`` and (with ``of``) have a non-null value. Among events at
+  one instant the one with the greater digest is the newer (``last``, ``first``,
+  ``last_k``). The order in which events arrive changes nothing.
 
 A batch backfill (:func:`compute`) computes exactly this over the whole history. The
 stream decides in **arrival order** (a Kafka partition, records keyed by entity): an
@@ -41,6 +45,7 @@ import pyarrow.compute as pc
 from features.aggregate.moments import PARTS as MOMENT_PARTS
 from features.aggregate.moments import fixed_point, variance, window_squares
 from features.compile.layout import MOMENT_FUNCTIONS, aggregation_type, event_time_micros
+from features.lineage import DIGEST
 from features.schema.model import FLOAT_KINDS, Aggregation, Aggregations, Schema, TypeKind
 
 I64 = npt.NDArray[np.int64]
@@ -121,6 +126,7 @@ class Inputs:
     entity: pa.Array                       # the entity key column
     time_us: I64                           # event time, microseconds since the epoch (UTC)
     source: pa.Array                       # lineage URI per event
+    digest: pa.Array                       # content digest per event (16 hex digits)
     contrib: dict[str, Mask]               # per windowed aggregation: does the event count?
     values: dict[str, Any]                 # per aggregation with a value: int64/float64 array,
     #                                        or an Arrow array (count_distinct)
@@ -131,7 +137,7 @@ class Inputs:
     def take(self, idx: I64) -> Inputs:
         """The events at ``idx``, in that order."""
         at = pa.array(idx, pa.int64())
-        return Inputs(self.entity.take(at), self.time_us[idx], self.source.take(at),
+        return Inputs(self.entity.take(at), self.time_us[idx], self.source.take(at), self.digest.take(at),
                       {k: v[idx] for k, v in self.contrib.items()},
                       {k: v.take(at) if isinstance(v, pa.Array) else v[idx] for k, v in self.values.items()})
 
@@ -150,6 +156,7 @@ class Inputs:
                             else np.concatenate(vs))
         return Inputs(pa.concat_arrays([x.entity.cast(entity_type) for x in parts]),
                       np.concatenate([x.time_us for x in parts]), pa.concat_arrays([x.source for x in parts]),
+                      pa.concat_arrays([x.digest for x in parts]),
                       {k: np.concatenate([x.contrib[k] for x in parts]) for k in parts[-1].contrib}, values)
 
 
@@ -201,8 +208,8 @@ def extract(spec: AggSpec, rows: pa.Table | pa.RecordBatch) -> Inputs:
             elif kind != "one":
                 values[agg.name] = _numeric(col, schema.field(agg.of).type.kind)
         contrib[agg.name] = mask
-    return Inputs(rows.column(schema.entity).combine_chunks(), t,
-                  rows.column("_source").combine_chunks(), contrib, values)
+    return Inputs(rows.column(schema.entity).combine_chunks(), t, rows.column("_source").combine_chunks(),
+                  rows.column(DIGEST).combine_chunks(), contrib, values)
 
 
 # --------------------------------------------------------------------------- batch engine
@@ -212,9 +219,11 @@ def extract(spec: AggSpec, rows: pa.Table | pa.RecordBatch) -> Inputs:
 class Computed:
     """The outcome for a batch of events (indices into the inputs, in input order)."""
 
-    accepted: I64           # input indices of the first event of each key, sorted by (entity, time)
-    duplicate: I64          # input indices of the other events of a key (input order)
-    raw: dict[str, pa.Array]  # "<aggregation>.<part>" -> one value per accepted event
+    accepted: I64           # input indices of the first of each distinct event (entity, time,
+    #                         digest), sorted by (entity, time, digest)
+    duplicate: I64          # input indices of its exact copies (input order)
+    raw: dict[str, pa.Array]  # "<aggregation>.<part>" -> one value per accepted event: its
+    #                           instant's (every event at one (entity, time) has the same)
 
 
 def group_codes(entity: pa.Array) -> I64:
@@ -223,15 +232,22 @@ def group_codes(entity: pa.Array) -> I64:
     return np.asarray(enc.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
-def first_of_each_key(codes: I64, t: I64) -> Mask:
-    """True for the first event (input order) of each (entity, event time): a history
-    holds one event per key, the first it was given (``ON CONFLICT DO NOTHING``)."""
-    dup: Mask = pd.DataFrame({"k": codes, "t": t}).duplicated(keep="first").to_numpy()
+def digest_ranks(digest: pa.Array) -> I64:
+    """Each digest's rank among the distinct ones in ``digest``, in digest order (fixed-width
+    lower-case hex: text order is numeric order)."""
+    return np.asarray(pc.rank(digest, sort_keys="ascending", tiebreaker="dense").to_numpy(
+        zero_copy_only=False), dtype=np.int64)
+
+
+def first_of_each_key(codes: I64, t: I64, digest: I64) -> Mask:
+    """True for the first event (input order) of each distinct event (entity, event time,
+    digest rank): the history holds each once, its exact copies are duplicates."""
+    dup: Mask = pd.DataFrame({"k": codes, "t": t, "d": digest}).duplicated(keep="first").to_numpy()
     return ~dup
 
 
 class _Positions:
-    """Events sorted by (entity, time), unique times per entity: each event's key as one
+    """Events sorted by (entity, time) (several at one time: ties): each event's key as one
     int64, ``code * span + (t - t0)``, so that a window's first position is one binary
     search (``span`` leaves a gap between entities; keys that would not fit in int64
     use time ranks instead)."""
@@ -358,9 +374,10 @@ def compute(spec: AggSpec, inputs: Inputs) -> Computed:
         return Computed(empty, empty, {k: pa.array([], _raw_type(spec, k)) for k in spec.raw_names()})
     codes = group_codes(inputs.entity)
     t = inputs.time_us
-    first = first_of_each_key(codes, t)
+    ranks = digest_ranks(inputs.digest)
+    first = first_of_each_key(codes, t, ranks)
     acc = np.flatnonzero(first)
-    order = acc[np.lexsort((t[acc], codes[acc]))]
+    order = acc[np.lexsort((ranks[acc], t[acc], codes[acc]))]
     return Computed(order, np.flatnonzero(~first), window_raw(spec, inputs, order, codes[order], t[order]))
 
 
@@ -368,10 +385,17 @@ def window_raw(spec: AggSpec, inputs: Inputs, order: I64, c: I64, ts: I64) -> di
     """Raw accumulators of every windowed aggregation for the rows ``order`` of
     ``inputs``, sorted by (entity code ``c``, time ``ts``): row ``i``'s window is the rows
     ``[lo[i], i]`` of that order whose time is in its window (sliding ``(ts[i] - size,
-    ts[i]]``, tumbling ``[floor(ts[i] / size) * size, ts[i]]``). A row that does not
-    contribute (``inputs.contrib`` false) still gets its window's value: the request-time
-    reads (``features.aggregate.request_time``) put their request times in as such rows."""
+    ts[i]]``, tumbling ``[floor(ts[i] / size) * size, ts[i]]``), and every row at one
+    (entity, time) takes the value of the last one there (its instant's: ties all count
+    and all agree). A row that does not contribute (``inputs.contrib`` false) still gets
+    its window's value: the request-time reads (``features.aggregate.request_time``) put
+    their request times in as such rows, after the events at their time."""
     pos = np.arange(len(order))
+    # each event's value is its instant's: the window up to the last event at its (entity,
+    # time) (the greatest digest), so events at one instant all count and all agree
+    same_next = np.r_[(c[1:] == c[:-1]) & (ts[1:] == ts[:-1]), False]
+    ends = np.flatnonzero(~same_next)
+    instant_end = ends[np.searchsorted(ends, pos)] if len(pos) else pos
     raw: dict[str, pa.Array] = {}
     positions = _Positions(c, ts)
     starts: dict[tuple[int, bool], I64] = {}
@@ -431,6 +455,9 @@ def window_raw(spec: AggSpec, inputs: Inputs, order: I64, c: I64, ts: I64) -> di
                 fill = -np.inf if is_float else np.iinfo(np.int64).min
                 out = _range_extreme(np.where(mask, v, fill), lo, np.maximum, fill)
         raw[f"{agg.name}.v"] = pa.array(out, mask=empty)
+    if len(ends) < len(pos):  # ties: every event takes its instant's value
+        at = pa.array(instant_end, pa.int64())
+        raw = {k: v.take(at) for k, v in raw.items()}
     return raw
 
 

@@ -35,7 +35,16 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
-from features.aggregate.engine import I64, AggSpec, Inputs, finalize, group_codes, raw_schema, window_raw
+from features.aggregate.engine import (
+    I64,
+    AggSpec,
+    Inputs,
+    digest_ranks,
+    finalize,
+    group_codes,
+    raw_schema,
+    window_raw,
+)
 from features.errors import ConfigError
 from features.schema.model import Aggregation
 
@@ -77,7 +86,7 @@ def fields_read(spec: AggSpec) -> list[str]:
 
 def at_times(spec: AggSpec, events: Inputs, entity: pa.Array, time_us: I64) -> dict[str, pa.Array]:
     """Every aggregation of ``spec`` at each request ``(entity[i], time_us[i])``, over the
-    history ``events`` (one per (entity, event time), any order; their entities of the
+    history ``events`` (one per (entity, event time, digest), any order; their entities of the
     type of ``entity``): ``{name: column}``, one value per request in request order,
     typed as stored (:meth:`AggSpec.output_type`). ``events`` must hold every history
     event of the requests' entities in their windows (more do no harm)."""
@@ -90,8 +99,11 @@ def at_times(spec: AggSpec, events: Inputs, entity: pa.Array, time_us: I64) -> d
     t = np.concatenate([events.time_us, np.asarray(time_us, dtype=np.int64)])
     is_request = np.concatenate([np.zeros(n, np.bool_), np.ones(m, np.bool_)])
     rows = Inputs.concat([events, _requests(events, entity, m)]) if n else _requests(events, entity, m)
-    # by entity, time, and at one time the events before the requests (an event at T counts)
-    order: I64 = np.lexsort((is_request, t, codes)).astype(np.int64)
+    # by entity, time, and at one time the events (by digest: the tie rule) before the
+    # requests (an event at T counts)
+    ranks = np.concatenate([digest_ranks(events.digest) if n else np.zeros(0, np.int64),
+                            np.zeros(m, np.int64)])
+    order: I64 = np.lexsort((ranks, is_request, t, codes)).astype(np.int64)
     raw = window_raw(spec, rows, order, codes[order], t[order])
     at = np.flatnonzero(is_request[order])          # the request rows, in sorted order
     back = np.empty(m, dtype=np.int64)
@@ -107,7 +119,7 @@ def _requests(events: Inputs, entity: pa.Array, m: int) -> Inputs:
     for name, v in events.values.items():
         values[name] = pa.nulls(m, v.type) if isinstance(v, pa.Array) else np.zeros(m, dtype=v.dtype)
     return Inputs(entity, np.zeros(m, dtype=np.int64), pa.nulls(m, events.source.type),
-                  {k: np.zeros(m, np.bool_) for k in events.contrib}, values)
+                  pa.nulls(m, events.digest.type), {k: np.zeros(m, np.bool_) for k in events.contrib}, values)
 
 
 __all__ = ["at_times", "fields_read", "needed", "sub_spec"]

@@ -15,7 +15,9 @@ batch's valid rows in arrival order while their history rows are written, and
 2. **classifies** each event in arrival order: a *replay* (the same record, by its
    ``_source``, already applied: after a restart its values are written again); *late*
    (more than ``allowed_lateness`` behind the newest event of its entity seen before
-   it); a *duplicate* (its (entity, event time) already accepted); else *accepted*;
+   it); a *duplicate* (an exact copy: its (entity, event time, content digest) already
+   accepted); else *accepted* (another event at an instant already accepted included:
+   the instant's values are computed again over both);
 3. **computes** with the batch engine (:func:`features.aggregate.engine.compute`) over
    the touched entities' held events and the accepted ones, and writes the values of
    every event from each entity's earliest new event on (Postgres upsert, Redis newest
@@ -144,7 +146,7 @@ class StreamAggregator:
         entity = inp.entity
         if pa.types.is_dictionary(entity.type):
             entity = entity.cast(entity.type.value_type)
-            inp = Inputs(entity, inp.time_us, inp.source, inp.contrib, inp.values)
+            inp = dataclasses.replace(inp, entity=entity)
         if self._known is None:
             self._known = entity.slice(0, 0)
             self._events = inp.take(np.zeros(0, np.int64))
@@ -163,10 +165,13 @@ class StreamAggregator:
         held_pos = self._event_pos[held_idx]
 
         # classify, in arrival order
+        # an event is held when its (entity, event time, digest) is: an exact copy
         stored = pd.DataFrame({"p": held_pos, "t": held.time_us,
+                               "d": held.digest.to_numpy(zero_copy_only=False),
                                "s": held.source.to_numpy(zero_copy_only=False)})
-        batch = pd.DataFrame({"p": pos, "t": t, "s": inp.source.to_numpy(zero_copy_only=False)})
-        found = batch.merge(stored, on=["p", "t"], how="left", suffixes=("", "_held"), indicator=True)
+        batch = pd.DataFrame({"p": pos, "t": t, "d": inp.digest.to_numpy(zero_copy_only=False),
+                              "s": inp.source.to_numpy(zero_copy_only=False)})
+        found = batch.merge(stored, on=["p", "t", "d"], how="left", suffixes=("", "_held"), indicator=True)
         in_state = (found["_merge"] == "both").to_numpy()
         replay = in_state & (found["s"].to_numpy() == found["s_held"].to_numpy())
         prior = _newest_before(held_pos, held.time_us, _offsets(held.source), pos, _offsets(inp.source))
@@ -177,7 +182,7 @@ class StreamAggregator:
         candidate = ~replay & ~late & ~in_state
         first = np.zeros(n, dtype=np.bool_)
         cand = np.flatnonzero(candidate)
-        first[cand] = ~batch.iloc[cand].duplicated(subset=["p", "t"], keep="first").to_numpy()
+        first[cand] = ~batch.iloc[cand].duplicated(subset=["p", "t", "d"], keep="first").to_numpy()
         accepted = np.flatnonzero(first)
         out.late = int(late.sum())
         out.accepted = len(accepted) + int(replay.sum())

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 
 from features.aggregate.engine import LATE_RULE, AggSpec, Inputs, extract, group_codes
 from features.compile import CompiledSchema
-from features.lineage import RunContext
+from features.lineage import DIGEST, RunContext
 from features.schema.model import TypeKind
 
 I64 = npt.NDArray[np.int64]
@@ -146,7 +146,8 @@ def _time_step_us(spec: AggSpec) -> int:
 
 
 def _read_fields(spec: AggSpec) -> tuple[list[str], dict[str, pa.DataType]]:
-    """The fields the aggregations read (besides the key), and how to read them back."""
+    """The fields the aggregations read (besides the key), and how to read them back; the
+    content digest too (what tells events at one instant apart, and orders them)."""
     from features.compile.arrow import arrow_type
 
     schema = spec.schema
@@ -155,7 +156,8 @@ def _read_fields(spec: AggSpec) -> tuple[list[str], dict[str, pa.DataType]]:
         for name in (*(w for w, _ in agg.where), *([agg.of] if agg.of else [])):
             if name not in names:
                 names.append(name)
-    return names, {name: _read_type(arrow_type(schema.field(name).type)) for name in names}
+    return names, {**{name: _read_type(arrow_type(schema.field(name).type)) for name in names},
+                   DIGEST: pa.string()}
 
 
 def _inputs(spec: AggSpec, names: list[str], read: tuple[pa.Array, pa.Array, dict[str, pa.Array], pa.Array]
@@ -166,7 +168,8 @@ def _inputs(spec: AggSpec, names: list[str], read: tuple[pa.Array, pa.Array, dic
     t = np.asarray(t_us.to_numpy(zero_copy_only=False), dtype=np.int64)
     rows = pa.table({
         **{name: values[name] for name in names if name not in (schema.entity, schema.event_time)},
-        schema.entity: ent, schema.event_time: event_time_array(spec, t), "_source": sources})
+        schema.entity: ent, schema.event_time: event_time_array(spec, t), "_source": sources,
+        DIGEST: values[DIGEST]})
     return extract(spec, rows)
 
 

@@ -17,6 +17,11 @@ hash is rewritten (and for hashes an old writer still writes afterwards), reader
 new version rewrite the old hashes they meet themselves (:class:`Upgrader`), so online
 reads, fills, prewarm and loads keep working during and after the change.
 
+A history table made before content digests (keyed by entity and event time alone, one
+event per instant) is moved to the key (entity, event time, ``_digest``) too: each row's
+digest computed, chunk by chunk, and the key replaced (docs/evolution.md, "Events at one
+instant"); this applies with the current schema file as well.
+
 A breaking change is refused (exit 1): it needs a new major version and a manual
 migration or a new table (docs/evolution.md). Exit 0 when done or nothing is to do, 2 on
 usage, schema or store errors.
@@ -32,6 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 from features.errors import ConfigError
+from features.ops.digests import migrate_digests, plan_digests
 from features.ops.migrate import (
     DEFAULT_CHUNK,
     Recorded,
@@ -90,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
     with FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn,
                       schemas=args.schema_file) as fs:
         p = plan(fs, c, args.old_file)
+        digest_plan = fs.run_postgres("the digest check", lambda conn: plan_digests(conn, c))
         out["stores_hold"] = {"version": p.recorded.version, "fingerprint": p.recorded.fingerprint}
         for note in p.notes:
             say(note)
@@ -112,6 +119,17 @@ def run(args: argparse.Namespace) -> int:
         elif p.recorded.fingerprint == c.fingerprint:
             say(f"postgres: already holds {schema.name} {schema.version_str} ({c.fingerprint[:12]})")
             out["postgres"] = {"from": schema.version_str, "statements": []}
+        if digest_plan.needed:
+            say(f"postgres: {digest_plan.table} predates content digests (one event per entity and event "
+                f"time): {digest_plan.rows:,} rows get a _digest and the key becomes (entity, event time, "
+                "_digest):")
+            for statement in digest_plan.statements():
+                say(f"  {statement}")
+            if digest_plan.hot_only:
+                say(f"  note: {', '.join(digest_plan.hot_only)} (store: hot only) are not in Postgres: the "
+                    "digests computed here leave them out")
+            out["digests"] = {"table": digest_plan.table, "rows": digest_plan.rows,
+                              "statements": digest_plan.statements(), "hot_only": list(digest_plan.hot_only)}
         if p.recorded.fingerprint is None:
             if args.json:
                 print(json.dumps(out, indent=2))
@@ -144,6 +162,15 @@ def run(args: argparse.Namespace) -> int:
         if p.migration is not None:
             apply_postgres(fs, p, waiting=say)
             say(f"postgres: migrated to {schema.version_str} ({time.perf_counter() - t0:.1f} s)")
+        if digest_plan.needed:
+            from features.sinks import pg
+
+            with pg.map_psycopg_errors(settings.postgres_dsn, "the digest migration"), \
+                    pg.connect(settings.postgres_dsn, autocommit=True, utc=True) as conn:
+                filled = migrate_digests(conn, c, progress=lambda n: say(f"postgres: {n:,} digests written"))
+            say(f"postgres: {digest_plan.table} keyed by (entity, event time, _digest), {filled:,} digests "
+                f"written ({time.perf_counter() - t0:.1f} s)")
+            out["digests"]["written"] = filled
         recorded = fs.run_postgres("the version read", lambda conn: read_recorded(conn, c.name))
         up = Upgrader(fs, c, recorded)
         totals: dict[str, dict[str, int]] = {}

@@ -34,6 +34,7 @@ from features.compile import CompiledSchema
 from features.compile.arrow import arrow_type
 from features.compile.listtext import JSON, list_text, parse_list_text
 from features.errors import SinkError
+from features.lineage import DIGEST
 from features.schema.model import FLOAT_KINDS, INTEGER_KINDS, Aggregation, Schema
 from features.schema.syntax import AGGREGATES_SUFFIX
 
@@ -75,7 +76,9 @@ def aggregation_names(c: CompiledSchema, store: str) -> list[str]:
 
 def declared_type(c: CompiledSchema, name: str) -> pa.DataType:
     """The declared Arrow type of stored column ``name``: a feature column's dtype, an
-    aggregation's output type, else the field's type."""
+    aggregation's output type, the content digest's text, else the field's type."""
+    if name == DIGEST:
+        return pa.string()
     for feature in c.schema.features:
         if name in c.schema.feature_columns(feature):
             return arrow_type(feature.dtype)
@@ -137,7 +140,7 @@ def reply_columns(replies: Sequence[Sequence[Any]], width: int) -> list[pa.Array
 
 #: Types of the lineage columns read back from Postgres.
 _LINEAGE_TYPES = {"_source": pa.string(), "_schema_version": pa.string(), "_schema_fingerprint": pa.string(),
-                  "_run_id": pa.string(), "_ingested_at": pa.timestamp("us", "UTC"), "_digest": pa.string()}
+                  "_run_id": pa.string(), "_ingested_at": pa.timestamp("us", "UTC"), DIGEST: pa.string()}
 
 
 def from_text(c: CompiledSchema, name: str, text: pa.Array, target: pa.DataType | None = None) -> pa.Array:

@@ -88,6 +88,10 @@ LINEAGE_COLUMNS: tuple[tuple[str, str], ...] = (
     (lineage.INGESTED_AT, "timestamptz"),
 )
 
+#: The history table's content digest column (``lineage.DIGEST``) and its type.
+DIGEST = lineage.DIGEST
+DIGEST_TYPE = 'text COLLATE "C"'
+
 _INT8_RANGE = (-128, 127)
 
 
@@ -145,6 +149,11 @@ def _bounded(base: str, suffix: str) -> str:
     room = PG_MAX_IDENTIFIER_BYTES - len(suffix.encode("utf-8")) - len(digest) - 1
     short = base.encode("utf-8")[:room].decode("utf-8", errors="ignore")
     return f"{short}_{digest}{suffix}"
+
+
+def primary_key_name(table: str) -> str:
+    """The name of ``table``'s primary key constraint (as the generated DDL names it)."""
+    return _bounded(table, PKEY_SUFFIX)
 
 
 def constraint_name(field: str, kind: ReasonCode | str) -> str:
@@ -479,16 +488,19 @@ def _cold_table(compiled: CompiledSchema) -> str:
         if "cold" in feature.store:
             typ = _feature_type(feature)
             lines.extend(f"{quote_ident(col)} {typ}" for col in schema.feature_columns(feature))
+    # the content digest (features.kernels.digest): every distinct event of one (entity,
+    # event time) is kept, an exact copy is one event; a static schema's row (one per
+    # entity) is the newest load's, of one load's rows the greatest digest's. COLLATE "C":
+    # its hex digits compare byte by byte (numeric order) whatever the database's collation
+    lines.append(f"{quote_ident(DIGEST)} {DIGEST_TYPE} NOT NULL")
     lines.extend(f"{quote_ident(name)} {typ} NOT NULL" for name, typ in LINEAGE_COLUMNS)
-    if schema.static:
-        # the row's content digest: with _ingested_at, the version a newer load must beat
-        lines.append(f"{quote_ident(lineage.DIGEST)} text NOT NULL")
     table = cold_table_name(schema)
     _check_width(table, len(lines))
     for f in columns:
         lines.extend(_field_checks(f, by_field.get(f.name, ())))
     pkey = quote_ident(_bounded(table, PKEY_SUFFIX))
-    lines.append(f"CONSTRAINT {pkey} PRIMARY KEY ({', '.join(quote_ident(k) for k in keys)})")
+    pkey_columns = keys if schema.static else (*keys, DIGEST)  # static: one row per entity
+    lines.append(f"CONSTRAINT {pkey} PRIMARY KEY ({', '.join(quote_ident(k) for k in pkey_columns)})")
     return _create_table(table, lines)
 
 
@@ -628,7 +640,7 @@ def render_ddl(compiled: CompiledSchema) -> str:
             _schemas_table(),
             ("-- Cold store of a static schema (event_time: none): one row per entity, the newest\n"
              "-- load's (_ingested_at, then _digest, the content's), with lineage.\n" if schema.static else
-             "-- Cold store: full history keyed by (entity, event time), with lineage.\n")
+             "-- Cold store: full history keyed by (entity, event time, content digest), with lineage.\n")
             + _cold_table(compiled),
             "-- Rejected rows: raw payload, every error, and lineage.\n" + _rejects_table(compiled),
         ]

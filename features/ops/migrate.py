@@ -299,8 +299,8 @@ class Upgrader:
         new_columns = aggregation_names(c, "hot") if aggregates else hot_columns(c)
         cold = set(aggregation_names(c, "cold") if aggregates else cold_columns(c))
         from_pg = [x for x in new_columns if x not in layout.sources and x in cold]
-        stored, found = ({}, None) if not from_pg else self._from_postgres(entity_text, micros, from_pg,
-                                                                             aggregates)
+        stored, found = ({}, None) if not from_pg else self._from_postgres(
+            entity_text, micros, cols["_digest"], from_pg, aggregates)
         for name in new_columns:
             target = declared_type(c, name)
             if name in layout.sources:
@@ -313,7 +313,8 @@ class Upgrader:
             else:
                 value = _default(c, name, target, n)
             data[name] = value
-        for name in ("_source", "_run_id", "_ingested_at", "_filled", *(("_digest",) if s.static else ())):
+        # _digest: the tie-break; a static schema's _ingested_at is already its ``et`` above
+        for name in ("_digest", "_source", "_run_id", "_ingested_at", "_filled"):
             data.setdefault(name, cols[name])
         sink = self._sink(aggregates, fp)
         from features.sinks.base import WriteUnit
@@ -323,16 +324,19 @@ class Upgrader:
             self.before_write(keys)
         return int(sink.write(WriteUnit(table, pa.table({}), None, n)).stored)
 
-    def _from_postgres(self, entity_text: pa.Array, micros: pa.Array, names: list[str],
+    def _from_postgres(self, entity_text: pa.Array, micros: pa.Array, digest: pa.Array, names: list[str],
                        aggregates: bool) -> tuple[dict[str, pa.Array], npt.NDArray[np.bool_]]:
         """``names`` of the stored rows at each (entity, event time), in order (null where
-        Postgres holds no such row), and whether Postgres holds each row."""
+        Postgres holds no such row), and whether Postgres holds each row. Of several
+        history rows at one time, the one with the hash's ``digest`` (a hash without one:
+        the greatest digest, the newest)."""
         import numpy as np
         import pyarrow as pa
         from psycopg import errors
 
         from features.compile.layout import entity_values, rows_to_table
         from features.compile.postgres import aggregates_table_name, cold_table_name, pg_type, quote_ident
+        from features.lineage import DIGEST
 
         c = self.c
         s = c.schema
@@ -342,12 +346,14 @@ class Upgrader:
               "timestamptz": "(timestamptz '1970-01-01 00:00:00+00' + k.us * interval '1 microsecond')"}.get(
             et_type, "(timestamp '1970-01-01 00:00:00' + k.us * interval '1 microsecond')")
         table = aggregates_table_name(s) if aggregates else cold_table_name(s)
-        query = (f"SELECT k.i, {', '.join('h.' + quote_ident(x) for x in names)} FROM "
-                 f"unnest(%s::{pg_type(ent_field.type)}[], %s::bigint[], %s::bigint[]) AS k(e, us, i) "
-                 f"JOIN {quote_ident(table)} h ON h.{quote_ident(str(s.entity))} = k.e "
-                 f"AND h.{quote_ident('_ingested_at' if s.static else str(s.event_time))} = {at}")
+        dg = quote_ident(DIGEST)
+        query = (f"SELECT DISTINCT ON (k.i) k.i, {', '.join('h.' + quote_ident(x) for x in names)} FROM "
+                 f"unnest(%s::{pg_type(ent_field.type)}[], %s::bigint[], %s::bigint[], %s::text[]) "
+                 f"AS k(e, us, i, d) JOIN {quote_ident(table)} h ON h.{quote_ident(str(s.entity))} = k.e "
+                 f"AND h.{quote_ident('_ingested_at' if s.static else str(s.event_time))} = {at}"
+                 + ("" if aggregates else f" AND (k.d IS NULL OR h.{dg} = k.d) ORDER BY k.i, h.{dg} DESC"))
         ids = entity_values(c, entity_text).to_pylist()
-        params = [ids, micros.to_pylist(), list(range(len(ids)))]
+        params = [ids, micros.to_pylist(), list(range(len(ids))), digest.cast(pa.string()).to_pylist()]
         try:
             rows = self.store.run_postgres("the migration's read of stored values",
                                       lambda conn: conn.execute(query, params).fetchall())

@@ -2,8 +2,8 @@
 
 For an aggregation or a derived feature added to a schema (a compatible change,
 ``features migrate``): the rows already stored have no value for it, and loading the
-same files again stores nothing (the first row stored for an (entity, event time) key
-wins). This computes, from the history table alone (no source files), every value of
+same files again stores nothing (every event is already present). This computes, from
+the history table alone (no source files), every value of
 the schema's aggregations and derived features for the stored rows, with the engines
 the loader and the stream use, and writes those that differ:
 
@@ -221,6 +221,7 @@ class _FeatureRecompute:
 
         from features.compile.layout import rows_to_table
         from features.compile.postgres import cold_table_name, quote_ident
+        from features.lineage import DIGEST
         from features.sdk.columns import entity_pg_type as _entity_pg_type
         from features.sinks.postgres import copy_csv
 
@@ -228,24 +229,29 @@ class _FeatureRecompute:
         ent, et = str(s.entity), str(s.event_time)
         table = quote_ident(cold_table_name(s))
         pg_type = _entity_pg_type(self.c)
-        read = (f"SELECT {', '.join('h.' + quote_ident(x) for x in self.inputs)} FROM {table} h "
+        # the digest too: it tells apart two events of one (entity, event time)
+        names = [*self.inputs, DIGEST]
+        read = (f"SELECT {', '.join('h.' + quote_ident(x) for x in names)} FROM {table} h "
                 f"WHERE h.{quote_ident(ent)} = ANY(%s::{pg_type}[])")
         rows = self.store.run_postgres("the history read", lambda conn: conn.execute(
             read, [entities.to_pylist()]).fetchall())
-        got = rows_to_table(self.c, self.inputs, rows)
+        got = rows_to_table(self.c, names, rows)
         assert self.program is not None
         result = self.program.run(pa.RecordBatch.from_arrays(
             [got.column(x).combine_chunks() for x in self.inputs], names=self.inputs))
         kept = result.kept_row_index
         new = pa.table({ent: got.column(ent).take(kept), et: got.column(et).take(kept),
+                        DIGEST: got.column(DIGEST).take(kept),
                         **{x: result.features.column(x) for x in self.columns}})
         stage = "_featureline_recompute"
-        cols = [ent, et, *self.columns]
+        cols = [ent, et, DIGEST, *self.columns]
+        dg = quote_ident(DIGEST)
         changed = " OR ".join(f"h.{quote_ident(x)} IS DISTINCT FROM s.{quote_ident(x)}" for x in self.columns)
         sets = ", ".join(f"{quote_ident(x)} = s.{quote_ident(x)}" for x in self.columns)
         update = (f"UPDATE {table} h SET {sets} "
                   f"FROM {quote_ident(stage)} s WHERE h.{quote_ident(ent)} = s.{quote_ident(ent)} AND "
-                  f"h.{quote_ident(et)} = s.{quote_ident(et)} AND ({changed}) RETURNING h.{quote_ident(ent)}")
+                  f"h.{quote_ident(et)} = s.{quote_ident(et)} AND h.{dg} = s.{dg} "
+                  f"AND ({changed}) RETURNING h.{quote_ident(ent)}")
 
         def write(conn: Any) -> list[Any]:
             with conn.transaction():

@@ -54,6 +54,7 @@ import pyarrow.compute as pc
 from features.compile import CompiledSchema
 from features.compile.layout import aggregation_names, declared_type, entity_values
 from features.compile.listtext import POSTGRES, parse_list_text
+from features.lineage import DIGEST
 from features.schema.model import TypeKind
 from features.sdk.static import static_rows
 
@@ -146,11 +147,13 @@ def _chunk(store: FeatureStore, c: CompiledSchema, frame: pa.Table, columns: lis
 
     spans = _spans(codes, t_q, ok, len(enc.dictionary))
     got: dict[str, pa.Array] = {}
+    # the history's digest too: of two events at one instant the greater is the newest
     reads = [(table, cols, keep_time) for table, cols, keep_time in (
-        (cold_table_name(s), names, True), (aggregates_table_name(s), aggs, False)) if cols or keep_time]
+        (cold_table_name(s), [*names, DIGEST], True), (aggregates_table_name(s), aggs, False))
+        if cols or keep_time]
     ages = [age] * len(reads)
     if windows is not None:  # the events in the windows of the frame's times: the history table's
-        reads.append((cold_table_name(s), windows.fields, False))
+        reads.append((cold_table_name(s), [*windows.fields, DIGEST], False))
         ages.append(windows.longest_us)
     # the history and the aggregates tables read side by side, each in READ_PARTS parts
     # by entity (a connection each): Postgres runs one query on one core
@@ -172,7 +175,7 @@ def _chunk(store: FeatureStore, c: CompiledSchema, frame: pa.Table, columns: lis
         got.update(windows.at(hists.pop(), codes, t_q, ok))
         reads.pop()
     for (_, cols, keep_time), hist in zip(reads, hists, strict=True):
-        idx = _match(hist, codes, t_q, ok, age)
+        idx = _match(hist, codes, t_q, ok, age, hist.column(DIGEST) if DIGEST in cols else None)
         take = pa.array(idx, mask=idx < 0)
         for name in cols:
             got[name] = hist.column(name).take(take)
@@ -221,6 +224,7 @@ class _Windows:
         cols.setdefault(entity, k)
         cols[event_time] = hist.column("__t").combine_chunks().cast(pa.timestamp("us", "UTC"))
         cols["_source"] = pa.nulls(hist.num_rows, pa.string())
+        cols[DIGEST] = hist.column(DIGEST)  # ties: the greater digest is the later event
         events = dataclasses.replace(extract(self.spec, pa.table(cols)), entity=k)
         sel = np.flatnonzero(ok)
         values = at_times(self.spec, events, pa.array(codes[sel], pa.int64()), t_q[sel])
@@ -269,9 +273,11 @@ def _result_time(c: CompiledSchema) -> pa.DataType:
 
 
 def _match(hist: pa.Table, codes: npt.NDArray[np.int64], t_q: npt.NDArray[np.int64],
-           ok: npt.NDArray[np.bool_], age: int | None) -> npt.NDArray[np.int64]:
+           ok: npt.NDArray[np.bool_], age: int | None, digest: pa.ChunkedArray | None = None
+           ) -> npt.NDArray[np.int64]:
     """For each frame row, the index in ``hist`` of its entity's newest row at or before
-    its time (not older than ``age`` µs), or -1."""
+    its time (not older than ``age`` µs), or -1; of history rows at one time, the one
+    with the greatest ``digest`` (docs/schema.md, "Events at one instant")."""
     n = hist.num_rows
     idx = np.full(len(codes), -1, dtype=np.int64)
     if n == 0 or not ok.any():
@@ -295,6 +301,17 @@ def _match(hist: pa.Table, codes: npt.NDArray[np.int64], t_q: npt.NDArray[np.int
         rank[by_time] = np.arange(n + m, dtype=np.int64)
         merged = np.argsort(code * (n + m) + rank)  # unique keys: any sort
     is_h = merged < n
+    if digest is not None:
+        hm = merged[is_h]
+        if bool(((code_h[hm][1:] == code_h[hm][:-1]) & (t_h[hm][1:] == t_h[hm][:-1])).any()):
+            # events at one instant: history rows by digest within their time (a sort only
+            # when there are such ties), still before the frame rows of that time
+            rank = np.zeros(n + m, dtype=np.int64)
+            rank[:n] = np.asarray(pc.rank(digest.combine_chunks() if isinstance(digest, pa.ChunkedArray)
+                                          else digest, tiebreaker="dense").to_numpy(zero_copy_only=False))
+            frame = np.r_[np.zeros(n, dtype=np.int64), np.ones(m, dtype=np.int64)]
+            merged = np.lexsort((rank, frame, np.concatenate([t_h, t_q]), code))
+            is_h = merged < n
     last_at = np.maximum.accumulate(np.where(is_h, np.arange(n + m, dtype=np.int64), -1))
     last = np.where(last_at >= 0, merged[np.maximum(last_at, 0)], -1)
     pos = np.empty(m, dtype=np.int64)

@@ -440,6 +440,8 @@ def fill_rows(c: CompiledSchema, rows: pa.Table, sink_for: Any) -> int:
                                                                                    declared_type(c, name))
     for name in (*LINEAGE, *((DIGEST,) if schema.static else ())):
         data[name] = rows.column(name)
+    if DIGEST in rows.column_names:  # the event's content digest: Redis's tie-break
+        data[DIGEST] = rows.column(DIGEST)
     units.append((False, pa.table(data)))
     if AGG + et in rows.column_names:
         agg_sink = sink_for(True)

@@ -37,7 +37,6 @@ from features.compile.layout import reply_columns as _reply_columns
 from features.compile.layout import rows_to_table as _rows_to_table
 from features.compile.migration import mismatch_hint
 from features.errors import ConfigError, SchemaError, SinkError
-from features.lineage import DIGEST
 from features.observe.metrics import DEFAULT_HOST, MetricsServer, Registry, SdkMethod, SdkMetrics
 from features.schema.syntax import suggest
 from features.sdk.columns import (
@@ -754,16 +753,19 @@ class FeatureStore:
         schema with aggregations the entity's newest aggregation row (hot aggregations
         Postgres holds, its event time and lineage, prefixed ``__agg``)."""
         from features.compile.postgres import aggregates_table_name, cold_table_name, quote_ident
+        from features.lineage import DIGEST
         from features.sdk.fallback import AGG, LINEAGE
 
         schema = c.schema
         keys = [str(schema.entity), time_column(c)]
         cold = set(_cold_columns(c))
         names = [*keys, *[x for x in _hot_columns(c) if x in cold and x not in keys],
-                 *[x for x in LINEAGE if x not in keys], *((DIGEST,) if schema.static else ())]
-        ent, et = (quote_ident(k) for k in keys)
+                 *[x for x in LINEAGE if x not in keys], DIGEST]
+        ent, et, dg = (quote_ident(k) for k in (*keys, DIGEST))
+        # of events at one instant, the newest is the one with the greatest content digest
         query = (f"SELECT DISTINCT ON (h.{ent}) {', '.join('h.' + quote_ident(x) for x in names)} "
-                 f"FROM {quote_ident(cold_table_name(schema))} h WHERE {where} ORDER BY h.{ent}, h.{et} DESC")
+                 f"FROM {quote_ident(cold_table_name(schema))} h WHERE {where} "
+                 f"ORDER BY h.{ent}, h.{et} DESC, h.{dg} DESC")
         aggs = [x for x in _aggregation_names(c, "hot") if x in set(_aggregation_names(c, "cold"))]
         if schema.aggregations is not None and _aggregation_names(c, "hot"):
             agg_cols = [str(schema.event_time), *aggs, *LINEAGE]

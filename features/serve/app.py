@@ -25,8 +25,8 @@
    202 (all accepted) or 422 (some rejected, the others accepted, the first
    ``--max-errors`` field errors listed), each with the request id; 503 when Postgres or
    Kafka could not take them for now (a :class:`~features.errors.Transient` error: nothing
-   is acknowledged; a retry is safe: the stream's stores keep the first write of an
-   (entity, event time), rejects are unique per ``http://<request id>#<index>``); 413
+   is acknowledged; a retry is safe: the stream's stores keep each event once (entity,
+   event time, content digest), rejects are unique per ``http://<request id>#<index>``); 413
    when Kafka refused a record as too large for the topic, 502 when it or Postgres refused
    the request for good otherwise (no Retry-After: the same request fails again).
 

@@ -20,7 +20,8 @@ resolve the request's future with ``loop.call_soon_threadsafe``.
 The producer is idempotent (``enable.idempotence``): librdkafka's own retries never write
 a message twice or out of order within a partition. A message that failed (delivery
 timeout) may still have been written; the caller answers "retry" and the stream job's
-stores make the retry harmless (first write of an (entity, event time) wins).
+stores make the retry harmless (an event is stored once: its entity, event time and
+content digest are the history's key).
 """
 
 from __future__ import annotations

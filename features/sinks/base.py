@@ -20,7 +20,17 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from features.errors import SinkUnavailable
-from features.lineage import INGESTED_AT, RUN_ID, SCHEMA_FINGERPRINT, SCHEMA_NAME, SCHEMA_VERSION, SOURCE
+from features.kernels.digest import digests
+from features.lineage import (
+    DIGEST,
+    INGESTED_AT,
+    RUN_ID,
+    SCHEMA_FINGERPRINT,
+    SCHEMA_NAME,
+    SCHEMA_VERSION,
+    SOURCE,
+)
+from features.schema.model import Schema
 
 #: What a sink receives for the rejects of a unit (``WriteUnit.rejects``) and the rejects
 #: table stores: one row per rejected input row, with its lineage. (The validator's own
@@ -86,10 +96,7 @@ class WriteUnit:
 class WriteResult:
     """``stored``: rows newly written; ``already_present``: rows the store already held
     (same key), left as they were; ``skipped``: True when the ledger said the unit was
-    already committed and nothing was written. ``superseded`` (the cold store only): the
-    entity and ``_source`` of rows it refused because *another* event (another
-    ``_source``) holds their (entity, event time); the other stores must not keep them
-    either (:meth:`features.sinks.redis.RedisSink.drop_superseded`). ``rejects_stored``:
+    already committed and nothing was written. ``rejects_stored``:
     rejects newly written; ``rejects_held`` (a store that keeps rejects): the positions in
     ``WriteUnit.rejects`` of those it already held (an earlier run read those input
     records), which the run counts as already present; None: none held."""
@@ -99,7 +106,6 @@ class WriteResult:
     rejects_stored: int = 0
     skipped: bool = False
     seconds: float = 0.0
-    superseded: pa.Table | None = None
     rejects_held: npt.NDArray[np.int64] | None = None
 
 
@@ -117,6 +123,16 @@ class Sink(Protocol):
     def write(self, unit: WriteUnit) -> WriteResult: ...
 
     def close(self) -> None: ...
+
+
+def with_digest(rows: pa.Table, schema: Schema) -> pa.Table:
+    """``rows`` with its ``_digest`` column (``features.kernels.digest``): as it is when
+    present (the pipeline's ``process_batch`` computes it), else computed from the rows'
+    declared fields (a unit written without the pipeline). Rows lacking a declared field
+    come back as they are."""
+    if DIGEST in rows.column_names or any(f.name not in rows.column_names for f in schema.fields):
+        return rows
+    return rows.append_column(DIGEST, digests(rows, schema))
 
 
 # --- Arrow helpers for the sinks' wire formats ---------------------------------------

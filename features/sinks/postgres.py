@@ -1,4 +1,4 @@
-"""PostgreSQL (cold) sink: full history keyed by (entity, event time), rejects, ledger.
+"""PostgreSQL (cold) sink: full history keyed by (entity, event time, digest), rejects, ledger.
 
 A static schema (``event_time: none``) has one row per entity instead: a unit's rows
 are upserted, the greater version (``_ingested_at``, then ``_digest``) winning
@@ -18,15 +18,16 @@ Contract:
 - Rows go in with ``COPY ... FROM STDIN (FORMAT binary)``, encoded from Arrow by
   :mod:`features.sinks.pgbinary` (no Python loop over rows); a table with a column that
   encoder cannot write exactly (e.g. ``jsonb``, ``numeric`` wider than 18 digits) gets
-  ``COPY ... (FORMAT csv)`` produced by Arrow instead. **Policy for rows whose (entity, event time) is already
-  stored: the stored row wins** (first write wins); the new row is counted as
-  ``already_present`` and not written. Only when COPY hits such a conflict does the
-  unit take the slower path: COPY into a temporary table, then ``INSERT ... SELECT ...
-  ORDER BY input order ON CONFLICT DO NOTHING``. Within one unit, the first of two
-  rows with the same key wins. A unit without a ledger key (a stream's micro-batch,
-  where replays and duplicate events are normal) first looks its keys up (COPY of the
-  keys into a temporary table, one index lookup each) and COPYs the rows with new keys
-  straight in; a key stored by another writer in between sends it the slower path.
+  ``COPY ... (FORMAT csv)`` produced by Arrow instead. **The history is keyed by (entity,
+  event time, content digest)** (``_digest``, :mod:`features.kernels.digest`): every
+  distinct event is stored, two different events at one instant included, and a row
+  whose exact copy is stored already (same key) is counted ``already_present`` and not
+  written. Only when COPY hits such a copy does the unit take the slower path: COPY into
+  a temporary table, then ``INSERT ... SELECT ... ON CONFLICT DO NOTHING``. A unit
+  without a ledger key (a stream's micro-batch, where replays and duplicate events are
+  normal) first looks its keys up (COPY of the keys into a temporary table, one index
+  lookup each) and COPYs the rows with new keys straight in; a key stored by another
+  writer in between sends it the slower path.
 - Rejects are unique per (``_source``, fingerprint): a replay inserts none twice, and
   ``write`` returns the positions of the rejects the table already held
   (``WriteResult.rejects_held``; the ledger row and the run count them already present).
@@ -69,9 +70,8 @@ from features.compile.postgres import (
 from features.errors import SinkError, SinkUnavailable
 from features.lineage import DIGEST, INGESTED_AT, SOURCE
 from features.sinks import pg
-from features.sinks.base import WriteResult, WriteUnit, retrying
+from features.sinks.base import WriteResult, WriteUnit, retrying, with_digest
 from features.sinks.pgbinary import copy_binary
-from features.sinks.redis import with_digest
 
 LEDGER_TABLE = "featureline_ledger"
 LEDGER_DDL = f"""
@@ -279,8 +279,10 @@ class PostgresSink:
         #: a static schema (``event_time: none``): one row per entity, newest version wins
         #: (``features.sinks.redis``, "a static schema's row version")
         self.static = schema.static
-        self.columns: tuple[str, ...] = (*keys, *stored, *features, *LINEAGE_COLUMNS,
-                                         *((DIGEST,) if self.static else ()))
+        self.columns: tuple[str, ...] = (*keys, *stored, *features, DIGEST, *LINEAGE_COLUMNS)
+        #: the history's key: every distinct event of one (entity, event time) is kept; a
+        #: static schema's table is keyed by the entity alone
+        self.keys: tuple[str, ...] = tuple(keys) if self.static else (*keys, DIGEST)
         self.aggregates_table = aggregates_table_name(schema)
         self.aggregate_values = stored_aggregations(schema, "cold")
         self.aggregate_columns: tuple[str, ...] = (
@@ -352,6 +354,16 @@ class PostgresSink:
                                   (quote_ident(self.table),)).fetchone()[0]
             if not exists:
                 conn.execute(self.compiled.ddl)
+            elif not conn.execute("SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = "
+                                  "to_regclass(%s) AND attname = %s AND attnotnull AND NOT attisdropped)",
+                                  (quote_ident(self.table), DIGEST)).fetchone()[0]:
+                raise SinkError(
+                    f"table {self.table!r} predates content digests (it is keyed by entity and event "
+                    f"time alone, so it keeps one event per instant, or its migration stopped half way): "
+                    f"its {DIGEST!r} column is missing or not filled; "
+                    "move it to the new key first: features migrate <its schema file> (a dry run, then "
+                    "--apply; docs/evolution.md, \"Events at one instant\")",
+                    store=self.name, address=self.address)
             conn.execute(LEDGER_DDL)
             # only when missing: an ALTER TABLE locks the ledger out of every load's unit
             if not conn.execute("SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s) "
@@ -421,10 +433,8 @@ class PostgresSink:
                     (self.compiled.name, self.compiled.fingerprint, unit.unit)).fetchone()
                 if done:
                     return WriteResult(skipped=True)
-            rows = with_digest(unit.rows, self.compiled) if self.static else unit.rows
-            rows = rows.select(list(self.columns))
+            rows = with_digest(unit.rows, self.compiled.schema).select(list(self.columns))
             stored = 0
-            superseded: pa.Table | None = None
             if rows.num_rows:
                 if self.static:
                     stored = self._upsert_static(conn, rows)
@@ -434,9 +444,9 @@ class PostgresSink:
                             self._copy(conn, self.table, self.columns, rows)
                         stored = rows.num_rows
                     except psycopg.errors.UniqueViolation:
-                        stored, superseded = self._insert_new_rows(conn, rows)
+                        stored = self._insert_new(conn, self.table, self.columns, rows)
                 else:
-                    stored, superseded = self._insert_probed(conn, rows)
+                    stored = self._insert_probed(conn, rows)
             rejects_stored, held = 0, None
             if unit.rejects.num_rows and self._content_committed(conn, unit):
                 held = np.arange(unit.rejects.num_rows, dtype=np.int64)  # stored with that unit
@@ -453,8 +463,7 @@ class PostgresSink:
                     (self.compiled.name, self.compiled.fingerprint, unit.unit,
                      _first(unit.rows, unit.rejects, "_run_id"), unit.read, stored,
                      rows.num_rows - stored + n_held, unit.rejects.num_rows - n_held, unit.content))
-        return WriteResult(stored, rows.num_rows - stored, rejects_stored, superseded=superseded,
-                           rejects_held=held)
+        return WriteResult(stored, rows.num_rows - stored, rejects_stored, rejects_held=held)
 
     def _content_committed(self, conn: Any, unit: WriteUnit) -> bool:
         """Whether the ledger holds a unit of ``unit.content`` (another run's write of the
@@ -546,7 +555,7 @@ class PostgresSink:
                         return int(data.num_rows)
                     except psycopg.errors.UniqueViolation:
                         pass
-                stored = self._stored_positions(conn, table, data)
+                stored = self._stored_positions(conn, table, data, keys)
                 if len(stored) * 2 > data.num_rows:
                     return upsert(conn, data)
                 old = np.zeros(data.num_rows, dtype=np.bool_)
@@ -674,47 +683,40 @@ class PostgresSink:
             for part in parts:
                 copy.write(part)
 
-    def _insert_probed(self, conn: Any, rows: pa.Table) -> tuple[int, pa.Table | None]:
-        """Rows of a unit without a ledger key (a stream's micro-batch), first write of
-        each (entity, event time) winning, like :meth:`_insert_new` but cheaper for the
-        usual unit that holds few stored keys: the unit's first row of each key is kept,
+    def _insert_probed(self, conn: Any, rows: pa.Table) -> int:
+        """Rows of a unit without a ledger key (a stream's micro-batch), each distinct event
+        (entity, event time, digest) once, like :meth:`_insert_new` but cheaper for the
+        usual unit that holds few stored events: the unit's first row of each key is kept,
         its keys are COPYed into a temporary table and looked up in the cold table, and
         the rows with new keys are COPYed straight in (a multi-row insert: about half the
         server time of ``INSERT ... SELECT ... ON CONFLICT``). When another writer stored
-        one of those keys in between, the COPY fails on the key and the unit takes
-        :meth:`_insert_new_rows` instead. Returns how many rows were inserted and the rows
-        kept out for another event at their key (entity, ``_source``), or None."""
+        one of those events in between, the COPY fails on the key and the unit takes
+        :meth:`_insert_new` instead. Returns how many rows were inserted."""
         import numpy as np
         import psycopg
 
-        keys = self.columns[:2]
         n = rows.num_rows
         pos = pa.array(np.arange(n, dtype=np.int64))
-        firsts = pa.table({"k0": rows.column(keys[0]), "k1": rows.column(keys[1]), "p": pos}).group_by(
-            ["k0", "k1"], use_threads=False).aggregate([("p", "min")]).column("p_min")
+        names = [f"k{i}" for i in range(len(self.keys))]
+        probe = pa.table({**{k: rows.column(c) for k, c in zip(names, self.keys, strict=True)}, "p": pos})
+        firsts = probe.group_by(names, use_threads=False).aggregate([("p", "min")]).column("p_min")
         keep = np.zeros(n, dtype=np.bool_)
         keep[firsts.to_numpy()] = True
-        stored = self._stored_positions(conn, self.table, rows)
-        keep[stored] = False
-        superseded = None
-        if len(stored):  # of the rows with a stored key (usually few): another event's there?
-            seen = rows.take(pa.array(stored))
-            other = self._stored_positions(conn, self.table, seen, other_source=True)
-            superseded = seen.select([self.columns[0], SOURCE]).take(pa.array(other))
+        keep[self._stored_positions(conn, self.table, rows, self.keys)] = False
         new = rows if keep.all() else rows.filter(pa.array(keep))
         if new.num_rows == 0:
-            return 0, superseded
+            return 0
         try:
             with conn.transaction():  # savepoint: a key stored meanwhile falls back below
                 self._copy(conn, self.table, self.columns, new)
-            return int(new.num_rows), superseded
+            return int(new.num_rows)
         except psycopg.errors.UniqueViolation:
-            return self._insert_new_rows(conn, rows)
+            return self._insert_new(conn, self.table, self.columns, rows)
 
     def _upsert_static(self, conn: Any, rows: pa.Table) -> int:
         """A static schema's rows (one per entity): staged, then per entity the row of the
-        greatest version (``_ingested_at``, ``_digest``; :mod:`features.sinks.static`) is
-        inserted, or replaces the stored row whose version is smaller. Returns how many rows
+        greatest version (``_ingested_at``, then ``_digest``, :mod:`features.kernels.digest`)
+        is inserted, or replaces the stored row whose version is smaller. Returns how many rows
         were inserted or replaced; the others (an entity's smaller versions in the unit, or
         a version not above the stored one) are already present."""
         stage = quote_ident(self._stage(conn, self.table, self.columns, rows))
@@ -729,26 +731,22 @@ class PostgresSink:
             f"WHERE (EXCLUDED.{at}, EXCLUDED.{dg} COLLATE \"C\") > (t.{at}, t.{dg} COLLATE \"C\")")
         return int(cur.rowcount)
 
-    def _stored_positions(self, conn: Any, table: str, rows: pa.Table, *, other_source: bool = False) -> Any:
-        """Positions of ``rows`` whose (entity, event time) ``table`` already holds (with
-        ``other_source``: holds from another event, another ``_source``): the keys are
-        COPYed into a temporary table and each looked up in the table's primary key."""
+    def _stored_positions(self, conn: Any, table: str, rows: pa.Table, keys: tuple[str, ...]) -> Any:
+        """Positions of ``rows`` whose key (the columns ``keys``) ``table`` already holds:
+        the keys are COPYed into a temporary table and each looked up in the table's
+        primary key."""
         import numpy as np
 
-        keys = self.columns[:2]
-        probed = (*keys, SOURCE) if other_source else keys
-        stage = f"_{'keysrc' if other_source else 'keys'}_{table}"[:63]
+        stage = f"_keys{len(keys)}_{table}"[:63]
         if stage not in self._staged:  # see _insert_new
-            names = ", ".join(quote_ident(k) for k in probed)
+            names = ", ".join(quote_ident(k) for k in keys)
             conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {quote_ident(stage)} ON COMMIT DELETE ROWS AS "
                          f"SELECT {names}, 0::bigint AS \"_pos\" FROM {quote_ident(table)} WITH NO DATA")
             self._staged.add(stage)
         pos = pa.array(np.arange(rows.num_rows, dtype=np.int64))
-        probe = pa.table({**{k: rows.column(k) for k in probed}, "_pos": pos})
-        self._copy(conn, stage, (*probed, "_pos"), probe)
+        probe = pa.table({**{k: rows.column(k) for k in keys}, "_pos": pos})
+        self._copy(conn, stage, (*keys, "_pos"), probe)
         on = " AND ".join(f"t.{quote_ident(k)} = s.{quote_ident(k)}" for k in keys)
-        if other_source:
-            on += f" AND t.{quote_ident(SOURCE)} IS DISTINCT FROM s.{quote_ident(SOURCE)}"
         # a nested loop over the keys, each an index lookup (LATERAL ... LIMIT 1): the
         # temporary table has no statistics, and a hash join would read the whole table
         lookup = f"(SELECT 1 FROM {quote_ident(table)} t WHERE {on} LIMIT 1) hit"
@@ -767,33 +765,6 @@ class PostgresSink:
             f"INSERT INTO {quote_ident(table)} ({cols}) SELECT {cols} FROM {quote_ident(stage)} "
             f"ORDER BY \"_ord\" ON CONFLICT DO NOTHING")
         return int(cur.rowcount)
-
-    def _insert_new_rows(self, conn: Any, rows: pa.Table) -> tuple[int, pa.Table | None]:
-        """:meth:`_insert_new` for the cold table's rows, in one statement that also says
-        which rows it kept out for another event at their key: the rows the INSERT did not
-        return whose key the table held before it with another ``_source`` (an index
-        lookup each for those rows only; a row kept out by an earlier row of the unit
-        itself is not one: Redis keeps the first of a unit too). Returns (inserted, those
-        rows' entity and ``_source`` or None)."""
-        import numpy as np
-
-        stage = quote_ident(self._stage(conn, self.table, self.columns, rows))
-        cols = ", ".join(quote_ident(c) for c in self.columns)
-        k0, k1, src = (quote_ident(c) for c in (*self.columns[:2], SOURCE))
-        table = quote_ident(self.table)
-        # the statement sees the table as it was before its INSERT: a key found is an older row
-        found = conn.execute(
-            f"WITH ins AS (INSERT INTO {table} ({cols}) SELECT {cols} FROM {stage} ORDER BY \"_ord\" "
-            f"ON CONFLICT DO NOTHING RETURNING {k0}, {k1}) "
-            f"SELECT 0 AS kind, count(*) AS n, (SELECT min(\"_ord\") FROM {stage}) AS first FROM ins "
-            f"UNION ALL SELECT 1, s.\"_ord\", NULL FROM {stage} s "
-            f"WHERE NOT EXISTS (SELECT 1 FROM ins i WHERE i.{k0} = s.{k0} AND i.{k1} = s.{k1}) "
-            f"AND EXISTS (SELECT 1 FROM {table} t WHERE t.{k0} = s.{k0} AND t.{k1} = s.{k1} "
-            f"AND t.{src} IS DISTINCT FROM s.{src})").fetchall()
-        head = next(r for r in found if r[0] == 0)
-        lost = np.fromiter((r[1] - head[2] for r in found if r[0] == 1), np.int64)
-        kept_out = rows.select([self.columns[0], SOURCE]).take(pa.array(lost)) if len(lost) else None
-        return int(head[1]), kept_out
 
     def _stage(self, conn: Any, table: str, columns: tuple[str, ...], data: pa.Table) -> str:
         """COPY ``data`` into ``table``'s temporary staging table (with ``_ord``, the input

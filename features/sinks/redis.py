@@ -12,9 +12,11 @@ Layout (encoding version 1, documented in ``docs/redis.md``):
 - a TTL of ``hot.ttl`` seconds from the write (none when the schema sets no TTL).
 
 Every write runs the Lua script :data:`NEWEST_WINS` for one key: it replaces the hash
-only when the stored ``_event_time`` is absent or strictly older. **Equal event
-times: the stored value stays** (first write wins, as in Postgres), so replays and
-re-runs are no-ops and the order of arrival of duplicates cannot change the result.
+only when the stored (``_event_time``, ``_digest``) is absent or smaller, times compared
+first. ``_digest`` is the event's content digest (:mod:`features.kernels.digest`), so of
+two different events at one instant the one with the greater digest is the newest,
+whatever order they arrive in (Postgres keeps both); an exact copy (same time, same
+digest) leaves the hash as it is, so replays and re-runs are no-ops.
 
 Writes are built with Arrow string kernels (no Python loop over rows): the keys as
 Redis protocol bulks, the values as one MessagePack array per script call, which the
@@ -51,10 +53,9 @@ from features.compile.layout import (
     stored_fields,
 )
 from features.errors import SinkError, SinkUnavailable
-from features.kernels.hashing import fnv1a64
 from features.lineage import DIGEST, INGESTED_AT, RUN_ID, SCHEMA_FINGERPRINT, SCHEMA_VERSION, SOURCE
 from features.schema.syntax import AGGREGATES_SUFFIX
-from features.sinks.base import WriteResult, WriteUnit, binary_rows, laid_end_to_end, retrying
+from features.sinks.base import WriteResult, WriteUnit, binary_rows, laid_end_to_end, retrying, with_digest
 from features.sinks.redis_wire import Conn, RedisEndpoint, ReplyError, map_redis_errors
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ if TYPE_CHECKING:
 NEWEST_WINS = """
 -- KEYS: entity hashes. ARGV[1]: TTL in seconds (0: none). ARGV[2]: a MessagePack array
 -- holding, per key in order: its event time, a count n, then n field/value strings
--- (null values are absent).
+-- (null values are absent; the event's _digest, when it has one, is the first pair).
 local ttl = tonumber(ARGV[1]); local t = cmsgpack.unpack(ARGV[2])
 local p = 1; local written = 0
 -- the TTL as one absolute time per call: PEXPIREAT of a string costs the server less
@@ -82,12 +83,26 @@ local function same_source(key, p, n)
   end
   return false
 end
+-- whether digest a (16 hex digits, or '' for none) is smaller than b: in two 32-bit
+-- halves, numbers a double holds exactly (string order would follow the server's locale)
+local function dg_less(a, b)
+  if a == b or b == '' then return false end
+  if a == '' then return true end
+  local ah, bh = tonumber(string.sub(a, 1, 8), 16), tonumber(string.sub(b, 1, 8), 16)
+  if ah ~= bh then return ah < bh end
+  return tonumber(string.sub(a, 9), 16) < tonumber(string.sub(b, 9), 16)
+end
 for k = 1, #KEYS do
   local et = t[p]; local n = t[p + 1]
-  local cur = redis.call('HGET', KEYS[k], '_event_time')
+  local dg = ''
+  if n > 0 and t[p + 2] == '_digest' then dg = t[p + 3] end
+  local held = redis.call('HMGET', KEYS[k], '_event_time', '_digest')
+  local cur = held[1]; local curdg = held[2] or ''
+  -- of two events at one instant, the greater digest is the newest (Postgres keeps both);
   -- a hash the SDK filled from Postgres (_filled) yields to the pipeline's write of its
-  -- event (the same _source), never to another event of its time: Postgres kept the first
+  -- event (the same _source)
   if (not cur) or tonumber(cur) < tonumber(et)
+      or (tonumber(cur) == tonumber(et) and dg_less(curdg, dg))
       or (tonumber(cur) == tonumber(et) and redis.call('HEXISTS', KEYS[k], '_filled') == 1
           and same_source(KEYS[k], p, n)) then
     if cur then redis.call('DEL', KEYS[k]) end
@@ -132,34 +147,17 @@ NEWEST_OR_EQUAL_WINS_SHA = hashlib.sha1(NEWEST_OR_EQUAL_WINS.encode()).hexdigest
 #: expired value, ``hot.refresh_after``). A fill never replaces a hash of the same event.
 FILL = NEWEST_WINS.replace(
     "  -- a hash the SDK filled from Postgres (_filled) yields to the pipeline's write of its\n"
-    "  -- event (the same _source), never to another event of its time: Postgres kept the first\n",
+    "  -- event (the same _source)\n",
     "").replace(
     """
       or (tonumber(cur) == tonumber(et) and redis.call('HEXISTS', KEYS[k], '_filled') == 1
           and same_source(KEYS[k], p, n))""", "").replace(
     """    written = written + 1
   end""", """    written = written + 1
-  elseif ttl > 0 and tonumber(cur) == tonumber(et) then
+  elseif ttl > 0 and tonumber(cur) == tonumber(et) and curdg == dg then
     redis.call('PEXPIREAT', KEYS[k], at)
   end""")
 FILL_SHA = hashlib.sha1(FILL.encode()).hexdigest()
-#: A static schema's rows (``event_time: none``): ``_event_time`` holds the load's time
-#: (``_ingested_at``), and of two rows of one time the greater ``_digest`` (text of 20
-#: digits) wins, as in Postgres (:func:`row_digest`): one load's rows of an entity leave
-#: the same hash whatever their order.
-STATIC_WINS = NEWEST_WINS.replace("for k = 1, #KEYS do\n", """\
--- the _digest of the row at p (n field/value strings)
-local function digest(p, n)
-  for i = p + 2, p + n, 2 do
-    if t[i] == '_digest' then return t[i + 1] end
-  end
-  return ''
-end
-for k = 1, #KEYS do
-""", 1).replace("tonumber(cur) < tonumber(et)", "tonumber(cur) < tonumber(et)\n"
-                "      or (tonumber(cur) == tonumber(et)\n"
-                "          and (redis.call('HGET', KEYS[k], '_digest') or '') < digest(p, n))")
-STATIC_WINS_SHA = hashlib.sha1(STATIC_WINS.encode()).hexdigest()
 #: The field marking a hash written by the fill (value ``1``).
 FILLED = "_filled"
 #: ``features migrate`` and readers meeting a hash an earlier version of the schema wrote
@@ -199,13 +197,6 @@ _CHUNKS_IN_FLIGHT = 3     # chunks at the server before the oldest one's replies
 _CLUSTER_ROWS_PER_CHUNK = 131_072
 
 
-#: Delete each KEYS[i] whose ``_source`` is ARGV[i] (see RedisSink.drop_superseded).
-DROP_IF_SOURCE = """local n = 0
-for i = 1, #KEYS do
-  if redis.call('HGET', KEYS[i], '_source') == ARGV[i] then n = n + redis.call('DEL', KEYS[i]) end
-end
-return n
-"""
 
 
 # --- a static schema's row version ----------------------------------------------------
@@ -218,47 +209,14 @@ return n
 #
 # 1. ``_ingested_at``: the load's time (one per batch run, one per stream micro-batch,
 #    one per ``FeatureStore.write``): a later load replaces an earlier one;
-# 2. ``_digest`` (:data:`features.lineage.DIGEST`): of two rows of one entity in one load,
-#    the one whose content digest is greater (compared as text, 20 decimal digits), so the
+# 2. ``_digest`` (:data:`features.lineage.DIGEST`, :mod:`features.kernels.digest`): of
+#    two rows of one entity in one load, the one whose content digest is greater, so the
 #    outcome does not depend on the input's order, nor on how it was cut into batches.
 #
-# Equal versions mean equal content: the stored row stays (a replay changes nothing).
-
-#: Separates the values of one row in the digested text; a null value is written as
-#: :data:`_NULL` (no text encoding of a value starts with NUL).
-_SEPARATOR = "\x1f"
-_NULL = "\x00"
-
-
-def digest_columns(compiled: CompiledSchema) -> tuple[str, ...]:
-    """The columns whose values a row's digest covers: every field, then every stored
-    column of the derived features (hot or cold), in schema order."""
-    schema = compiled.schema
-    features = tuple(col for f in schema.features if f.store for col in schema.feature_columns(f))
-    return (*schema.field_names, *features)
-
-
-def row_digest(rows: pa.Table, compiled: CompiledSchema) -> pa.Array:
-    """Each row's content digest: FNV-1a 64 (:mod:`features.kernels.hashing`) of its
-    values' text (the Redis encoding, :func:`encode_column`) joined by
-    a separator, as 20 zero-padded decimal digits (text order is number order). The same
-    values give the same digest in every run and process; lineage is not covered. Vectorised
-    over Arrow (no per-row Python)."""
-    if rows.num_rows == 0:
-        return pa.array([], pa.string())
-    texts = [encode_column(rows.column(c).combine_chunks()) for c in digest_columns(compiled)]
-    joined = pc.binary_join_element_wise(*texts, _SEPARATOR, null_handling="replace",
-                                         null_replacement=_NULL)
-    digest = pa.array(np.asarray(fnv1a64(joined), dtype=np.uint64), pa.uint64())
-    return pc.utf8_lpad(pc.cast(digest, pa.string()), 20, "0")
-
-
-def with_digest(rows: pa.Table, compiled: CompiledSchema) -> pa.Table:
-    """``rows`` with their :data:`~features.lineage.DIGEST` column (kept when present:
-    rows read back from Postgres carry the one stored)."""
-    if DIGEST in rows.column_names:
-        return rows
-    return rows.append_column(DIGEST, row_digest(rows, compiled))
+# In Redis ``_event_time`` holds the load's time, and :data:`NEWEST_WINS`'s tie-break of
+# equal event times (the greater ``_digest``) is this rule; Postgres upserts by the same
+# pair (``features.sinks.postgres``). Equal versions mean equal content: the stored row
+# stays (a replay changes nothing).
 
 
 def _bulk(values: pa.Array) -> pa.Array:
@@ -352,7 +310,7 @@ class RedisSink:
         assert entity is not None
         self.entity = entity
         #: the column ordering writes: the event time, or for a static schema (``event_time:
-        #: none``) the load's time, ties broken by the content digest (:data:`STATIC_WINS`)
+        #: none``) the load's time, ties broken by the content digest as for any schema
         self.static = schema.static
         self.event_time = INGESTED_AT if event_time is None else event_time
         self.fields = stored_fields(schema, "hot")
@@ -361,8 +319,6 @@ class RedisSink:
         #: entity, see :func:`aggregates_key`; an equal event time replaces the values).
         self.hash_name = compiled.name
         self.script, self.script_sha = NEWEST_WINS, NEWEST_WINS_SHA
-        if self.static:
-            self.script, self.script_sha = STATIC_WINS, STATIC_WINS_SHA
         if aggregates:
             self.fields, self.features = (), stored_aggregations(schema, "hot")
             self.hash_name = compiled.name + AGGREGATES_SUFFIX
@@ -512,8 +468,6 @@ class RedisSink:
         row's key, and every row's MessagePack items (event time, count, field/value
         pairs of its non-null values, the run's constant lineage), with their offsets
         and per-row item counts."""
-        if self.static:
-            rows = with_digest(rows, self.compiled)
         keys = _bulk(self._keys(rows))
         micros = pc.cast(event_time_micros(rows.column(self.event_time).combine_chunks()), pa.string())
         present = np.zeros(rows.num_rows, dtype=np.int64)
@@ -526,9 +480,8 @@ class RedisSink:
             per_row = (SOURCE, RUN_ID, INGESTED_AT)
         elif self.restamp is not None:
             per_row = (SOURCE, RUN_ID, INGESTED_AT, FILLED)
-        if self.static:
-            per_row = (*per_row, DIGEST)
-        for name in (*self.hot_columns, *per_row):
+        digest = (DIGEST,) if DIGEST in rows.column_names and self.hash_name == self.compiled.name else ()
+        for name in (*digest, *self.hot_columns, *per_row):
             v = encode_column(rows.column(name).combine_chunks())
             present += np.asarray(v.is_valid(), dtype=np.int64)
             pair = pc.binary_join_element_wise(_msgpack_str(name), _msgpack_strs(v), b"")
@@ -549,7 +502,10 @@ class RedisSink:
         count = np.empty((rows.num_rows, 3), dtype=np.uint8)
         count[:, 0] = 0xCD
         count[:, 1:] = (2 * present).astype(">u2").view(np.uint8).reshape(-1, 2)
-        per_row = pc.binary_join_element_wise(_msgpack_strs(micros), binary_rows(count), const, *pairs, b"")
+        # the digest's pair first (the script reads it there), then the constants
+        head, rest = pairs[:len(digest)], pairs[len(digest):]
+        per_row = pc.binary_join_element_wise(_msgpack_strs(micros), binary_rows(count), *head, const, *rest,
+                                              b"")
         return _concat_bytes(keys), _offsets(keys), _concat_bytes(per_row), _offsets(per_row), 2 + 2 * present
 
     def calls(self, rows: pa.Table, bounds: Sequence[int] | None = None) -> list[bytes]:
@@ -578,6 +534,8 @@ class RedisSink:
     def write(self, unit: WriteUnit) -> WriteResult:
         t0 = time.perf_counter()
         rows = unit.rows
+        if self.hash_name == self.compiled.name and not self.fill and self.restamp is None:
+            rows = with_digest(rows, self.compiled.schema)  # the tie-break of equal event times
         written = 0
         member = None if unit.unit is None else f"{self.compiled.fingerprint[:16]} {unit.unit}"
 
@@ -600,35 +558,6 @@ class RedisSink:
                 raise
         return WriteResult(stored=written, already_present=rows.num_rows - written,
                            seconds=time.perf_counter() - t0)
-
-    def drop_superseded(self, superseded: pa.Table) -> int:
-        """Delete the hashes that hold a row the cold store refused (``superseded``: entity,
-        ``_source``, from :class:`~features.sinks.base.WriteResult`): another event of
-        the same (entity, event time) was stored there first, so Redis must not serve this
-        one. Only a hash whose ``_source`` is still that row's goes (an expired hash that
-        the row re-created); a hash holding anything else stays. The next read falls back
-        to Postgres, which fills the first event in. Returns how many hashes went."""
-        if self.hash_name != self.compiled.name or superseded.num_rows == 0:
-            return 0
-        keys = self._keys(superseded).to_pylist()
-        sources = superseded.column(SOURCE).to_pylist()
-
-        def send() -> int:
-            if self._cluster is not None:
-                from features.sinks.redis_wire import command
-
-                calls = [command(["EVAL", DROP_IF_SOURCE, "1", k, v])
-                         for k, v in zip(keys, sources, strict=True)]
-                replies = self._cluster.send_calls(calls, key_slots(pa.array(keys)))
-                return sum(int(r[1:]) for r in replies if isinstance(r, bytes) and r.startswith(b":"))
-            dropped = 0
-            for at in range(0, len(keys), self.keys_per_call):
-                part = slice(at, at + self.keys_per_call)
-                dropped += int(self._call(["EVAL", DROP_IF_SOURCE, str(len(keys[part])), *keys[part],
-                                           *sources[part]], what="EVAL drop superseded"))
-            return dropped
-
-        return int(self._retrying("drop superseded", send))
 
     def cluster_calls(self, rows: pa.Table) -> tuple[list[bytes], npt.NDArray[np.int64]]:
         """For a cluster: the EVALSHA calls writing ``rows`` and the slot of each. A call's

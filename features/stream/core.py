@@ -8,8 +8,8 @@ stream-specific, everything after it is the batch loader's code
 ``process(...)`` returns only after every row of the micro-batch is written to both
 stores and every reject is in the rejects table and acknowledged by the dead-letter
 topic, so a Flink checkpoint taken after it never covers a row that is not stored.
-Writes are idempotent (Postgres: first write of an (entity, event time) wins; Redis:
-newest event wins; rejects: unique per source record), so a replay after a failure
+Writes are idempotent (Postgres: one row per event, keyed by entity, event time and
+content digest; Redis: newest event wins; rejects: unique per source record), so a replay after a failure
 changes nothing.
 """
 

@@ -229,20 +229,32 @@ def test_older_event_never_replaces_newer(sink_factory: Any, compiled: CompiledS
         sink.close()
 
 
-def test_equal_event_time_first_write_wins(sink_factory: Any, compiled: CompiledSchema) -> None:
+def test_equal_event_times_keep_every_event_and_the_greater_digest_is_newest(
+        sink_factory: Any, compiled: CompiledSchema) -> None:
+    """Two different events at one (entity, event time): Postgres keeps both, Redis the one
+    with the greater content digest, in either order; an exact copy is one event."""
+    from features.kernels.digest import digests
+
     kind, make, snapshot = sink_factory
     sink = make()
     sink.open()
     try:
-        res = sink.write(WriteUnit(rows(compiled, [("a", 5, "1.00", "first"), ("a", 5, "2.00", "second")]),
-                                   rejects(compiled, 0), None, 2))
-        assert (res.stored, res.already_present) == (1, 1)
+        two = rows(compiled, [("a", 5, "1.00", "first"), ("a", 5, "2.00", "second")])
+        d = digests(two, compiled.schema).to_pylist()
+        newest = "1.00" if d[0] > d[1] else "2.00"
+        res = sink.write(WriteUnit(two.slice(1), rejects(compiled, 0), None, 1))
+        assert (res.stored, res.already_present) == (1, 0)
+        copy = rows(compiled, [("a", 5, "1.00", "first"), ("a", 5, "1.00", "first")], run_id="run-2")
+        res = sink.write(WriteUnit(copy, rejects(compiled, 0), None, 2))
+        stored = 1 if kind == "postgres" else int(newest == "1.00")  # Redis: only a newer event
+        assert (res.stored, res.already_present) == (stored, 2 - stored)
         state = snapshot()
         if kind == "postgres":
-            assert [r[2] for r in state[0]] == ["1.00"]
+            assert sorted(r[2] for r in state[0]) == ["1.00", "2.00"]
         else:
             (hot,) = state.values()
-            assert hot[b"price"] == b"1.00"
+            assert hot[b"price"] == newest.encode()
+            assert hot[b"_digest"] == max(d).encode()
     finally:
         sink.close()
 
@@ -324,21 +336,25 @@ def _cold(settings: Settings, pg_schema: str) -> list[tuple[Any, ...]]:
 
 def test_stream_unit_skips_stored_keys_and_keeps_the_first_of_a_unit(
         settings: Settings, compiled: CompiledSchema, pg_schema: str) -> None:
-    """A unit without a ledger key (a stream micro-batch) looks its keys up and COPYs only
-    the new rows: stored keys keep their row, the first of two equal keys in the unit wins."""
+    """A unit without a ledger key (a stream micro-batch) looks its events up and COPYs
+    only the new ones: a stored event (an exact copy) keeps its row, the first of two
+    copies in the unit is stored, and another event at a stored (entity, time) is new."""
     sink = _pg_sink(settings, compiled, pg_schema)
     sink.open()
     try:
         sink.write(WriteUnit(rows(compiled, [("a", 1, "1.00", None), ("b", 2, "2.00", None)]),
                              rejects(compiled, 0), None, 2))
-        unit = rows(compiled, [("b", 2, "9.99", None), ("c", 3, "3.00", None), ("c", 3, "3.33", None),
-                               ("a", 1, "8.88", None), ("d", 4, None, None)], run_id="run-2")
-        res = sink.write(WriteUnit(unit, rejects(compiled, 2), None, 7))
-        assert (res.stored, res.already_present, res.rejects_stored) == (2, 3, 2)
+        unit = rows(compiled, [("b", 2, "2.00", None), ("c", 3, "3.00", None), ("c", 3, "3.00", None),
+                               ("c", 3, "3.33", None), ("a", 1, "8.88", None), ("d", 4, None, None)],
+                    run_id="run-2")
+        res = sink.write(WriteUnit(unit, rejects(compiled, 2), None, 8))
+        assert (res.stored, res.already_present, res.rejects_stored) == (4, 2, 2)
         cold = _cold(settings, pg_schema)
-        assert [(r[0], r[2]) for r in cold] == [("a", "1.00"), ("b", "2.00"), ("c", "3.00"), ("d", None)]
-        again = sink.write(WriteUnit(unit, rejects(compiled, 2), None, 7))  # a replay: nothing new
-        assert (again.stored, again.already_present, again.rejects_stored) == (0, 5, 0)
+        assert sorted((r[0], r[2]) for r in cold) == [
+            ("a", "1.00"), ("a", "8.88"), ("b", "2.00"), ("c", "3.00"), ("c", "3.33"), ("d", None)]
+        assert [r[3] for r in cold if r[0] == "b"] == ["file:///contract.parquet#1"]  # the stored copy stays
+        again = sink.write(WriteUnit(unit, rejects(compiled, 2), None, 8))  # a replay: nothing new
+        assert (again.stored, again.already_present, again.rejects_stored) == (0, 6, 0)
         assert _cold(settings, pg_schema) == cold
     finally:
         sink.close()
@@ -346,11 +362,12 @@ def test_stream_unit_skips_stored_keys_and_keeps_the_first_of_a_unit(
 
 def test_stream_unit_whose_key_another_writer_stored_meanwhile_falls_back_exactly(
         settings: Settings, compiled: CompiledSchema, pg_schema: str) -> None:
-    """Between the key lookup and the COPY another writer stores one of the unit's keys:
+    """Between the key lookup and the COPY another writer stores one of the unit's events:
     the COPY fails on the key (inside a savepoint) and the unit is inserted row by row with
     ON CONFLICT, so the other writer's row stays and every other row is stored once."""
     import psycopg
 
+    from features.kernels.digest import digests
     from features.sinks.postgres import PostgresSink
 
     class Racing(PostgresSink):
@@ -359,14 +376,15 @@ def test_stream_unit_whose_key_another_writer_stored_meanwhile_falls_back_exactl
         def _copy(self, conn: Any, table: str, columns: tuple[str, ...], data: pa.Table) -> None:
             if table == self.table and not self.raced:
                 self.raced += 1
-                other = rows(compiled, [("y", 2, "7.77", None)], run_id="other-writer")
+                other = rows(compiled, [("y", 2, "2.00", None)], run_id="other-writer")
                 with psycopg.connect(settings.postgres_dsn, options=f"-c search_path={pg_schema}",
                                      autocommit=True) as c:
-                    with c.cursor().copy("COPY contract_items (item_id, seen_at, price, _source, "
+                    with c.cursor().copy("COPY contract_items (item_id, seen_at, price, _digest, _source, "
                                          "_schema_name, _schema_version, _schema_fingerprint, _run_id, "
                                          "_ingested_at) FROM STDIN") as copy:
                         r = other.to_pylist()[0]
-                        copy.write_row([r["item_id"], r["seen_at"], r["price"], "file:///other#0",
+                        copy.write_row([r["item_id"], r["seen_at"], r["price"],
+                                        digests(other, compiled.schema)[0].as_py(), "file:///other#0",
                                         r["_schema_name"], r["_schema_version"], r["_schema_fingerprint"],
                                         r["_run_id"], r["_ingested_at"]])
             super()._copy(conn, table, columns, data)
@@ -379,7 +397,7 @@ def test_stream_unit_whose_key_another_writer_stored_meanwhile_falls_back_exactl
         assert sink.raced == 1
         assert (res.stored, res.already_present) == (2, 1)
         assert [(r[0], r[2], r[3]) for r in _cold(settings, pg_schema)] == [
-            ("x", "1.00", "file:///contract.parquet#0"), ("y", "7.77", "file:///other#0"),
+            ("x", "1.00", "file:///contract.parquet#0"), ("y", "2.00", "file:///other#0"),
             ("z", "3.00", "file:///contract.parquet#2")]
     finally:
         sink.close()

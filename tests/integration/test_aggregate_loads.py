@@ -9,7 +9,9 @@ before January included) into real Postgres and Redis. Afterwards:
 - ``<schema>__aggregates`` holds exactly the brute-force reference's values
   (``tests/aggregate_reference.py``, independent of the engines) for every event of the
   history, each row with the lineage ``_source`` of its own history row;
-- Redis holds, per entity, the reference's hot values of its newest event.
+- Redis holds, per entity, the reference's hot values of its newest event;
+- with ties (several different events of one entity at one instant, and exact copies
+  spread over the loads): the history holds every distinct event once.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from aggregate_reference import (
     SCHEMA,
     T,
     check_hot,
+    event_digests,
     history_table,
     one_content_per_key,
     reference,
@@ -52,11 +55,17 @@ AGGS = [a.name for a in COMPILED.schema.aggregations.features]  # type: ignore[u
 
 
 @st.composite
-def cases(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[list[list[dict[str, Any]]]]]:
-    """A history (every event of one key an exact copy of the first, so that the
-    history's content cannot depend on order) and the loads it is cut into, in the
-    order they run, each load's rows shuffled and cut into files given in any order."""
-    events = one_content_per_key(draw(st.lists(EVENT, min_size=1, max_size=40)))
+def cases(draw: st.DrawFn, ties: bool = False
+          ) -> tuple[list[dict[str, Any]], list[list[list[dict[str, Any]]]]]:
+    """A history and the loads it is cut into, in the order they run, each load's rows
+    shuffled and cut into files given in any order. Without ``ties`` every event of one
+    key is an exact copy of the first; with them, events of one key differ (both are
+    kept) and some events come again as exact copies."""
+    events = draw(st.lists(EVENT, min_size=1, max_size=40))
+    if ties:
+        events += draw(st.lists(st.sampled_from(events), max_size=10))  # exact copies
+    else:
+        events = one_content_per_key(events)
     k = draw(st.integers(1, 3))
     if draw(st.booleans()):  # consecutive time ranges: the daily/monthly backfill
         cuts = sorted(draw(st.lists(st.integers(0, 540), min_size=k - 1, max_size=k - 1)))
@@ -83,6 +92,20 @@ def cases(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[list[list[dict[st
 def test_loads_in_any_order_and_split_give_the_values_of_the_whole_history(
         case: tuple[list[dict[str, Any]], list[list[list[dict[str, Any]]]]], settings: Settings,
         tmp_path_factory: pytest.TempPathFactory) -> None:
+    _check_loads(case, settings, tmp_path_factory)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                 HealthCheck.too_slow])
+@given(case=cases(ties=True))
+def test_events_at_one_instant_in_any_order_and_split_give_the_values_of_the_whole_history(
+        case: tuple[list[dict[str, Any]], list[list[list[dict[str, Any]]]]], settings: Settings,
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    _check_loads(case, settings, tmp_path_factory)
+
+
+def _check_loads(case: tuple[list[dict[str, Any]], list[list[list[dict[str, Any]]]]], settings: Settings,
+                 tmp_path_factory: pytest.TempPathFactory) -> None:
     events, loads = case
     tmp = tmp_path_factory.mktemp("loads")
     ns = f"t_loads_{uuid.uuid4().hex[:12]}"
@@ -116,6 +139,12 @@ def test_loads_in_any_order_and_split_give_the_values_of_the_whole_history(
             "ON h.uid = a.uid AND h.ts = a.ts AND h._source = a._source WHERE h.uid IS NULL").format(
             ns=sql.Identifier(ns))).fetchone()
         assert stray is not None and stray[0] == 0
+        # the history: every distinct event once
+        history = admin.execute(sql.SQL("SELECT uid, ts, _digest FROM {}.agg_props").format(
+            sql.Identifier(ns))).fetchall()
+        assert sorted((u, int(ts.timestamp()) * 1_000_000 + ts.microsecond, d) for u, ts, d in history) == \
+            sorted({(e["uid"], e[T], d) for e, d in zip(events, event_digests(COMPILED.schema, events),
+                                                        strict=True)})
         check_hot(r, prefix, COMPILED.schema, want)  # Redis: each entity's newest event's hot values
     finally:
         admin.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(ns)))

@@ -63,8 +63,9 @@ def test_cold_and_rejects_tables_accept_rows_and_keep_keys(pg_conn: psycopg.Conn
         "_schema_fingerprint": compiled.fingerprint, "_run_id": "r1",
         "_ingested_at": dt.datetime(2024, 1, 1, tzinfo=dt.UTC),
     }
+    # the key is (entity, event time, content digest): the same digest twice is refused
     row = {"application_id": "APP-000000000001", "submitted_at": dt.datetime(2024, 1, 1, tzinfo=dt.UTC),
-           "income_monthly": Decimal("0.01"), **lineage}
+           "income_monthly": Decimal("0.01"), "_digest": "00000000000000ff", **lineage}
     insert = sql.SQL("INSERT INTO credit_applicant ({}) VALUES ({})").format(
         sql.SQL(", ").join(map(sql.Identifier, row)), sql.SQL(", ").join(sql.Placeholder() * len(row))
     )

@@ -119,10 +119,10 @@ def test_a_migrated_table_equals_a_fresh_one(case: str, settings: Settings, pg_s
     migrated, fresh = pg_schema, second_pg_schema
     with psycopg.connect(settings.postgres_dsn, options=f"-c search_path={migrated}") as conn:
         conn.execute(old.ddl)
-        conn.execute("INSERT INTO mig (uid, ts, qty, price, kind, code, _source, _schema_name, "
+        conn.execute("INSERT INTO mig (uid, ts, qty, price, kind, code, _digest, _source, _schema_name, "
                      "_schema_version, _schema_fingerprint, _run_id, _ingested_at) "
-                     "VALUES ('u1', now(), 7, 1.25, 'a', 'ABC', 'file:///x#0', 'mig', '1.0.0', %s, 'run-1', "
-                     "now())", (old.fingerprint,))
+                     "VALUES ('u1', now(), 7, 1.25, 'a', 'ABC', '00000000000000aa', 'file:///x#0', 'mig', "
+                     "'1.0.0', %s, 'run-1', now())", (old.fingerprint,))
         conn.commit()
         with conn.transaction():
             for statement in migration.statements:

@@ -14,6 +14,7 @@ import redis
 
 from features.compile import CompiledSchema, compile_schema
 from features.config import Settings
+from features.kernels.digest import digests
 from features.lineage import RunContext
 from features.schema.parse import parse_schema
 from features.sinks import redis as redis_sink
@@ -135,8 +136,9 @@ def test_script_lost_mid_unit_is_reloaded_and_the_rest_replayed_in_order(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """SCRIPT FLUSH after the first chunk went out (what a restart does to a persistent
     server): later calls answer NOSCRIPT; the sink loads the script and sends every call
-    from the first refused one again. Equal event times keep the first write: an entity
-    written in chunk 1 and again, same time, in chunk 3 keeps chunk 1's value."""
+    from the first refused one again. Equal event times keep the greater content digest:
+    an entity written in chunk 1 and again, same time, another label, in chunk 3 keeps the
+    label whose digest is greater (replayed in order, each call decided once)."""
     chunk = redis_sink._ROWS_PER_CHUNK
     n = 3 * chunk
     items = [(f"e{k}", 10, f"first{k}") for k in range(chunk)]                   # chunk 1
@@ -160,10 +162,15 @@ def test_script_lost_mid_unit_is_reloaded_and_the_rest_replayed_in_order(
     finally:
         sink.close()
     assert flushed, "the script was never flushed: the test did not test anything"
-    assert result.stored == 2 * chunk + chunk // 2 and result.already_present == n - result.stored
+    rows = _unit(compiled, items).rows
+    digest = digests(rows, compiled.schema).to_pylist()
+    second_wins = [digest[2 * chunk + k] > digest[k] for k in range(chunk // 2)]
+    assert 0 < sum(second_wins) < chunk // 2
+    assert result.stored == 2 * chunk + chunk // 2 + sum(second_wins)
+    assert result.already_present == n - result.stored
     got = _labels(client, redis_prefix, 2 * chunk)
     for k in range(chunk):
-        want = f"first{k}" if k < chunk // 2 else f"newer{k}"
+        want = (f"second{k}" if second_wins[k] else f"first{k}") if k < chunk // 2 else f"newer{k}"
         assert got[f"e{k}"] == want.encode()
         assert got[f"f{k}"] == f"only{k}".encode()
 

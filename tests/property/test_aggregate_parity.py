@@ -1,8 +1,9 @@
 """The aggregation engine (``features.aggregate.engine.compute`` + ``finalize``) against
 a brute-force reference (``tests/aggregate_reference.py``, independent of the engine),
-for any input order: the reference's values for every event of the history, and the
-same values for every permutation of the input (of two events with one key the history
-keeps the first: exact copies here, so the order cannot matter). Every function is in
+for any input order: the reference's values for every instant of the history, and the
+same values for every permutation of the input and every split of it into loads (two
+different events at one (entity, event time) are both counted, ordered by content digest;
+an exact copy is one event). Every function is in
 the shared schema: variance/stddev over integers (squares past int64: the wide path) and
 decimals, a float field's fixed-point sum, mean and stddev at scales 0, 1, 3 and 6 (exact
 halves and products that round to a half), first. The stream's use of
@@ -22,9 +23,11 @@ from aggregate_reference import (
     MINUTE_US,
     SCHEMA,
     T,
+    event_digests,
     history_table,
     one_content_per_key,
     reference,
+    with_digest,
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -38,7 +41,8 @@ SPEC = AggSpec.of(parse_schema(SCHEMA))
 def batch(events: list[dict[str, Any]]) -> dict[Any, Any]:
     """The engine's values: {(uid, time us): values in declaration order}."""
     assert SPEC is not None
-    table = history_table(events)
+    assert SPEC is not None
+    table = with_digest(SPEC.schema, history_table(events))
     table = table.append_column("_source", pa.array([f"file:///x#{i}" for i in range(len(events))]))
     inputs = extract(SPEC, table)
     result = compute(SPEC, inputs)
@@ -55,8 +59,10 @@ def batch(events: list[dict[str, Any]]) -> dict[Any, Any]:
 def test_batch_equals_the_reference_in_any_order(case: tuple[list[Any], list[Any]]) -> None:
     assert SPEC is not None
     events, shuffled = case
-    # with keys that collide on different contents, the first in input order is the history's
-    assert batch(shuffled) == reference(SPEC.schema, shuffled)
+    # keys that collide on different contents: both events count, in any order
+    want_all = reference(SPEC.schema, events)
+    assert batch(shuffled) == want_all == batch(events)
+    assert batch(shuffled + shuffled[: len(shuffled) // 2]) == want_all  # exact copies: one event
     copies = one_content_per_key(events)
     first = {(e["uid"], e[T]): e for e in reversed(copies)}
     want = reference(SPEC.schema, copies)
@@ -73,26 +79,31 @@ def test_window_edges_and_duplicates_by_hand() -> None:
         {**e, T: BASE_US + hour, "kind": "a", "qty": 2, "score": 2.0, "item": "x"},  # on the edge
         {**e, T: BASE_US + 2 * hour - 1000, "kind": "b", "qty": 4, "score": 0.5, "item": "y"},
         {**e, T: BASE_US + 2 * hour, "kind": "a", "qty": 1, "score": 1.0, "item": "x"},
-        # a duplicate (same user and time), then an event older than the others (a backfill
-        # has no lateness: it counts)
+        # another event at that instant (both count; its digest is the greater: it is the
+        # newer of the two), then an event older than the others (a backfill has no
+        # lateness: it counts), then an exact copy (one event)
         {**e, T: BASE_US + 2 * hour, "kind": "c", "qty": 8, "score": 9.0, "item": "z"},
         {**e, T: BASE_US, "kind": "a", "qty": 16, "score": 0.0, "item": "x"},
+        {**e, T: BASE_US + 2 * hour, "kind": "a", "qty": 1, "score": 1.0, "item": "x"},
     ]
+    digest = event_digests(SPEC.schema, ev)
+    assert digest[3] > digest[2] and digest[5] == digest[2]
     b = batch(ev)
     assert b == reference(SPEC.schema, ev) and len(b) == 4
     names = [a.name for a in SPEC.aggregations.features]
     at_2h = dict(zip(names, b[("u", BASE_US + 2 * hour)], strict=True))
-    # (2h - 1h, 2h]: the event at exactly 1h is outside the sliding 1h window; the
-    # duplicate at 2h is not the history's event (the first one is)
-    assert at_2h["n_1h"] == 2 and at_2h["a_1h"] == 1 and at_2h["ratio_a"] == 0.5
-    assert at_2h["qty_sum_2h"] == 7 and at_2h["score_min"] == 0.5 and at_2h["score_last"] == 1.0
-    assert at_2h["items_2h"] == 2 and at_2h["score_max"] == 2.0
+    # (2h - 1h, 2h]: the event at exactly 1h is outside the sliding 1h window; both
+    # events at 2h are inside
+    assert at_2h["n_1h"] == 3 and at_2h["a_1h"] == 1 and at_2h["ratio_a"] == 1 / 3
+    assert at_2h["qty_sum_2h"] == 15 and at_2h["score_min"] == 0.5 and at_2h["score_last"] == 9.0
+    assert at_2h["items_2h"] == 3 and at_2h["score_max"] == 9.0
+    assert at_2h["score_last3"] == [9.0, 1.0, 0.5] and at_2h["score_first"] == 2.0
     # the event at 0, arriving last, counts in the 2h window of the event at 1h
     assert dict(zip(names, b[("u", BASE_US + hour)], strict=True))["qty_sum_2h"] == 18
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 3), st.integers(-2**40, 2**40)), max_size=80, unique=True),
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(-2**40, 2**40)), max_size=80),  # ties too
        st.sampled_from([(1, "sliding"), (3600, "sliding"), (86_400, "tumbling"), (7, "tumbling")]))
 def test_window_starts_by_time_offsets_and_by_ranks_agree_with_a_scan(
         events: list[tuple[int, int]], window: tuple[int, str]) -> None:
@@ -176,7 +187,8 @@ aggregations:
         times = pa.array([BASE_US // 1000 + m * 60_000 for m in minutes], pa.timestamp("ms", "UTC"))
         table = pa.table({"k": ["a"] * len(minutes), "ts": times,
                           "v": pa.array([2**61] * len(minutes), pa.int64()),
-                          "_source": pa.array(["file:///x"] * len(minutes))})
+                          "_source": pa.array(["file:///x"] * len(minutes)),
+                          "_digest": pa.array([f"{m:016x}" for m in minutes])})
         result = compute(spec, extract(spec, table))
         fin = finalize(spec, pa.table(result.raw, schema=raw_schema(spec)))
         return list(zip(fin["v_sum"].to_pylist(), fin["v_var"].to_pylist(), strict=True))

@@ -3,9 +3,10 @@ brute-force Python reference on random histories, against the real Postgres.
 
 Reference, for each query row ``(entity, ts)``: among the stored rows of that entity
 with ``event_time <= ts`` (and ``>= ts - max_age`` when given), the one with the greatest
-event time; none -> nulls. Histories have ties (query times equal to event times and to
-each other), gaps, entities without history, and are written in a shuffled order over
-several write units.
+event time, of several at that time the one with the greatest content digest; none ->
+nulls. Histories have ties (query times equal to event times and to each other, several
+different events of one entity at one time), gaps, entities without history, and are
+written in a shuffled order over several write units.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from hypothesis import strategies as st
 
 from features.compile import CompiledSchema, compile_schema
 from features.config import Settings
+from features.kernels.digest import digests
 from features.lineage import RunContext
 from features.schema.parse import parse_schema
 from features.sdk.store import FeatureStore
@@ -128,16 +130,17 @@ def write_history(sink: PostgresSink, compiled: CompiledSchema, rows: list[Row],
 
 
 def reference(history: list[Row], queries: list[tuple[str, dt.datetime]],
-              max_age: dt.timedelta | None) -> list[Row | None]:
+              max_age: dt.timedelta | None, digest: list[str]) -> list[Row | None]:
+    """``digest``: each history row's content digest (the tie-break at one event time)."""
     out: list[Row | None] = []
     for entity, ts in queries:
-        best: Row | None = None
-        for r in history:
+        best: tuple[dt.datetime, str, Row] | None = None
+        for r, d in zip(history, digest, strict=True):
             if r.entity != entity or r.t > ts or (max_age is not None and r.t < ts - max_age):
                 continue
-            if best is None or r.t > best.t:
-                best = r
-        out.append(best)
+            if best is None or (r.t, d) > best[:2]:
+                best = (r.t, d, r)
+        out.append(None if best is None else best[2])
     return out
 
 
@@ -176,10 +179,11 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
     with_history = draw(st.lists(st.sampled_from(ENTITIES), unique=True, max_size=len(ENTITIES) - 1))
     history: list[Row] = []
     for e in with_history:
-        offsets = draw(st.lists(_micros, min_size=1, max_size=8, unique=True))
+        offsets = draw(st.lists(_micros, min_size=1, max_size=8))  # repeats: events at one time
         for off in offsets:
-            history.append(Row(e, BASE + dt.timedelta(microseconds=off), draw(_price), draw(_score),
-                               draw(_label)))
+            row = Row(e, BASE + dt.timedelta(microseconds=off), draw(_price), draw(_score), draw(_label))
+            if row not in history:  # an exact copy is one event
+                history.append(row)
     event_times = [r.t for r in history]
     when = st.one_of(
         st.sampled_from(event_times) if event_times else st.nothing(),           # tie with an event
@@ -239,7 +243,8 @@ def test_historical_equals_brute_force_reference(store: tuple[FeatureStore, Post
         got = fs.historical("pit_items", given_df, max_age=case["max_age"])
         if case["input"] == "pandas":  # pandas carries times in ns: compare what the pandas input became
             entity_df = pa.Table.from_pandas(given_df, preserve_index=False)
-        check(got, entity_df, reference(case["history"], queries, case["max_age"]))
+        digest = digests(_table(compiled, case["history"], "d"), compiled.schema).to_pylist()
+        check(got, entity_df, reference(case["history"], queries, case["max_age"], digest))
 
     run()
 

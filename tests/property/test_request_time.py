@@ -19,9 +19,11 @@ from aggregate_reference import (
     SCHEMA,
     USERS,
     T,
+    event_digests,
     history_table,
     reference,
     reference_at,
+    with_digest,
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -39,13 +41,14 @@ def engine_at(events: list[dict[str, Any]], requests: list[tuple[str, int]],
               spec: AggSpec | None = SPEC) -> list[tuple[Any, ...]]:
     assert spec is not None
     sources = pa.array([f"file:///x#{i}" for i in range(len(events))])
-    table = history_table(events).append_column("_source", sources)
-    # the history: one event per (uid, time), the first given (as the history table keeps)
-    seen: set[tuple[str, int]] = set()
+    assert SPEC is not None
+    table = with_digest(SPEC.schema, history_table(events)).append_column("_source", sources)
+    # the history: every distinct event, once per (uid, time, digest) (as the history table keeps)
+    seen: set[tuple[str, int, str]] = set()
     keep = []
-    for i, e in enumerate(events):
-        if (e["uid"], e[T]) not in seen:
-            seen.add((e["uid"], e[T]))
+    for i, (e, d) in enumerate(zip(events, event_digests(SPEC.schema, events), strict=True)):
+        if (e["uid"], e[T], d) not in seen:
+            seen.add((e["uid"], e[T], d))
             keep.append(i)
     inputs = extract(spec, table.take(pa.array(keep, pa.int64())))
     out = at_times(spec, inputs, pa.array([u for u, _ in requests], pa.string()),
@@ -73,9 +76,8 @@ def test_at_times_equals_the_reference(case: tuple[list[Any], list[Any], list[tu
     events, shuffled, requests = case
     want = reference_at(SPEC.schema, events, requests)
     assert engine_at(events, requests) == want
-    # the history keeps the first of a key: the same history in another order
-    first = {(e["uid"], e[T]): e for e in reversed(events)}
-    assert engine_at([first[(e["uid"], e[T])] for e in shuffled], requests) == want
+    # every distinct event is kept (the tie rule): any order gives the same values
+    assert engine_at(shuffled, requests) == want
     assert engine_at(events, requests[::-1]) == want[::-1]
 
 

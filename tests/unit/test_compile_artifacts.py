@@ -81,7 +81,7 @@ def test_ddl_of_loadable_schema_has_tables_constraints_and_fingerprint() -> None
     assert 'CREATE TABLE IF NOT EXISTS "featureline_schemas"' in ddl
     assert 'CREATE TABLE IF NOT EXISTS "credit_applicant" (' in ddl
     assert 'CREATE TABLE IF NOT EXISTS "credit_applicant__rejects" (' in ddl
-    assert 'PRIMARY KEY ("application_id", "submitted_at")' in ddl
+    assert 'PRIMARY KEY ("application_id", "submitted_at", "_digest")' in ddl
     assert 'CONSTRAINT "income_monthly__min" CHECK ("income_monthly" >= 0.01)' in ddl
     assert 'CONSTRAINT "income_monthly__max" CHECK ("income_monthly" <= 99999999.99)' in ddl
     assert '"income_monthly" numeric(18,2) NOT NULL' in ddl

@@ -11,9 +11,9 @@ from features.compile import compile_schema
 from features.compile.fingerprint import fingerprint
 from features.compile.migration import plan_migration
 from features.errors import SchemaErrors
+from features.kernels.digest import digests
 from features.schema.diff import ChangeKind
 from features.schema.parse import parse_schema
-from features.sinks.redis import row_digest
 from features.views.parse import parse_view
 
 FIELDS = """\
@@ -67,12 +67,12 @@ def test_aggregations_on_a_static_schema_are_refused_at_parse_time() -> None:
 def test_a_static_schemas_cold_table_is_keyed_by_the_entity_alone() -> None:
     ddl = compile_schema(parse_schema(text(), "aircraft.yaml")).ddl
     assert 'CONSTRAINT "aircraft__pkey" PRIMARY KEY ("tailnum")' in ddl
-    assert '"_digest" text NOT NULL' in ddl
+    assert '"_digest" text COLLATE "C" NOT NULL' in ddl
     assert '"_ingested_at" timestamptz NOT NULL' in ddl
     assert "one row per entity" in ddl
     timed = compile_schema(parse_schema(text("registered"), "aircraft.yaml")).ddl
-    assert 'PRIMARY KEY ("tailnum", "registered")' in timed
-    assert "_digest" not in timed
+    assert 'PRIMARY KEY ("tailnum", "registered", "_digest")' in timed
+    assert '"_digest" text COLLATE "C" NOT NULL' in timed  # one digest column, the same type
 
 
 @pytest.mark.parametrize(("old", "new"), [("registered", "none"), ("none", "registered")])
@@ -110,9 +110,9 @@ def test_the_row_digest_depends_on_the_content_alone() -> None:
     t = pa.table({"tailnum": ["N1", "N1", "N2", "N1"],
                   "registered": pa.array([0, 0, 0, 0], pa.timestamp("us", "UTC")),
                   "seats": pa.array([100, 120, 100, None], pa.int32())})
-    d = row_digest(t, c).to_pylist()
-    assert all(len(x) == 20 and x.isdigit() for x in d)
+    d = digests(t, c.schema).to_pylist()  # the digest of every stored event (issue 48)
+    assert all(len(x) == 16 and int(x, 16) >= 0 and x == x.lower() for x in d)
     assert len(set(d)) == 4  # a null differs from every value
-    assert row_digest(t.take([3, 2, 1, 0]), c).to_pylist() == d[::-1]  # row order plays no part
+    assert digests(t.take([3, 2, 1, 0]), c.schema).to_pylist() == d[::-1]  # row order plays no part
     # lineage is not content: the same values from another source have the same digest
-    assert row_digest(t.append_column("_source", pa.array(["a", "b", "c", "d"])), c).to_pylist() == d
+    assert digests(t.append_column("_source", pa.array(["a", "b", "c", "d"])), c.schema).to_pylist() == d
