@@ -19,7 +19,7 @@ from features.kernels import transform_program
 from features.lineage import RunContext
 from features.observe.metrics import RunMetrics
 from features.observe.progress import LineProgress, Progress
-from features.runner import RunSummary, run
+from features.pipeline.run import RunSummary, run
 from features.sinks.base import Sink
 from features.sources.base import Source
 from features.sources.parquet import DEFAULT_BATCH_ROWS, ParquetSource

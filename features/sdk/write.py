@@ -50,7 +50,7 @@ from features.sources.base import SourceBatch
 from features.sources.parquet import DEFAULT_BATCH_ROWS, ExtraColumnsWarning, refusal
 
 if TYPE_CHECKING:
-    from features.runner import RunSummary
+    from features.pipeline.run import RunSummary
 
 
 class FeatureStore(Protocol):
