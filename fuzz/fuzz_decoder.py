@@ -49,7 +49,7 @@ from features.aggregate.engine import AggSpec, compute, extract, finalize, raw_s
 from features.compile import CompiledSchema, compile_schema
 from features.kernels import compile_transforms
 from features.lineage import BatchLineage, RunContext
-from features.pipeline.run import group_rejects, process_batch, raw_json_rows
+from features.pipeline.prepare import group_rejects, process_batch, raw_json_rows
 from features.schema import load_schema
 from features.sources.base import SourceBatch
 from features.stream.columnar import ColumnarDecoder

@@ -41,7 +41,7 @@ from features.compile import compile_schema
 from features.errors import CompileError, SchemaError, SchemaErrors
 from features.kernels import compile_transforms
 from features.lineage import BatchLineage, RunContext
-from features.pipeline.run import process_batch, raw_json_rows
+from features.pipeline.prepare import process_batch, raw_json_rows
 from features.schema import load_schema, parse_schema
 from features.schema.model import Schema, TypeKind
 from features.sources.base import SourceBatch

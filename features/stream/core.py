@@ -3,7 +3,7 @@
 :class:`StreamProcessor` is what the PyFlink job runs inside its Python operator, and
 what the benchmark's plain confluent-kafka consumer loop calls: the decode step is
 stream-specific, everything after it is the batch loader's code
-(:func:`features.pipeline.run.process_batch` and :class:`features.pipeline.run.BatchWriter`).
+(:func:`features.pipeline.prepare.process_batch` and :class:`features.pipeline.write.BatchWriter`).
 
 ``process(...)`` returns only after every row of the micro-batch is written to both
 stores and every reject is in the rejects table and acknowledged by the dead-letter
@@ -39,14 +39,9 @@ from features.errors import SinkError
 from features.lineage import BatchLineage, RunContext
 from features.observe.logs import fields
 from features.observe.metrics import RunMetrics
-from features.pipeline.run import (
-    BatchWriter,
-    Prepared,
-    RunSummary,
-    group_rejects,
-    process_batch,
-    raw_json_rows,
-)
+from features.pipeline.prepare import Prepared, group_rejects, process_batch, raw_json_rows
+from features.pipeline.summary import RunSummary
+from features.pipeline.write import BatchWriter
 from features.sources.base import SourceBatch
 from features.sources.names import as_fields
 from features.stream.columnar import ColumnarDecoder

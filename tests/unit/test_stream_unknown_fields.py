@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from features.compile import compile_schema
 from features.lineage import RunContext
-from features.pipeline.run import RunSummary
+from features.pipeline.summary import RunSummary
 from features.schema import load_schema
 from features.stream.core import StreamStats, prepare_records
 from features.stream.decode import record_uris

@@ -1,0 +1,241 @@
+"""One source batch -> validate -> transform -> rows for the stores + rejects (pure).
+
+:func:`process_batch` validates a batch with the compiled rules, runs the transform
+program on the valid rows, computes each stored event's content digest, attaches
+lineage, and groups the rejects (one per failed rule) into one row per rejected input
+row, with its raw values as JSON (:func:`group_rejects`). It writes nothing: the
+writer (:mod:`features.pipeline.write`) hands the result to the sinks.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import re
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from features.compile import CompiledSchema
+from features.kernels.digest import content_digests, field_defaults
+from features.lineage import DIGEST, RunContext
+from features.pipeline.summary import MAX_EXAMPLES
+from features.sinks.base import REJECTED_ROWS_SCHEMA
+from features.sources.base import SourceBatch
+from features.sources.names import as_fields
+from features.validation import validate
+from features.validation.result import ValidationResult
+
+if TYPE_CHECKING:
+    from features.kernels import TransformProgram
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One source batch after validation and transforms: what the sinks receive."""
+
+    rows: pa.Table
+    rejects: pa.Table
+    rejected_rows: int
+    reject_rules: Counter[str]
+    examples: dict[str, list[str]]
+    #: for each row of ``rows``, its row in the source batch (None: not tracked)
+    index: npt.NDArray[np.int64] | None = None
+    #: one row per failed rule of ``rejects`` (``group``: its row in ``rejects``, ``rule``,
+    #: ``message``), in the order ``reject_rules`` and ``examples`` were counted from
+    entries: pa.Table | None = None
+
+    def reasons(self, held: npt.NDArray[np.int64] | None) -> tuple[Counter[str], dict[str, list[str]]]:
+        """``reject_rules`` and ``examples`` of the rejects other than the rows ``held``
+        (positions in ``rejects``: the ones the store already held, counted already
+        present); all of them when ``held`` is None or empty."""
+        if held is None or len(held) == 0 or self.entries is None:
+            return self.reject_rules, self.examples
+        kept = self.entries.filter(pc.invert(pc.is_in(self.entries.column("group"),
+                                                      value_set=pa.array(held, pa.int64()))))
+        return reject_reasons(kept)
+
+
+def reject_reasons(entries: pa.Table) -> tuple[Counter[str], dict[str, list[str]]]:
+    """Per rule, how many of ``entries`` (one row per failed rule: ``rule``, ``message``)
+    are of it, and up to three example messages from the first 200 entries."""
+    rule_counts: Counter[str] = Counter()
+    examples: dict[str, list[str]] = {}
+    if entries.num_rows == 0:
+        return rule_counts, examples
+    for entry in pc.value_counts(entries.column("rule").combine_chunks()).to_pylist():
+        rule_counts[str(entry["values"])] = int(entry["counts"])
+    head = entries.slice(0, 200)
+    for rule, message in zip(head.column("rule").to_pylist(), head.column("message").to_pylist(),
+                             strict=True):
+        ex = examples.setdefault(rule, [])
+        if len(ex) < MAX_EXAMPLES:
+            ex.append(message)
+    return rule_counts, examples
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return str(value)
+
+
+# jsonb refuses the escape \u0000 (a NUL character): keep it as the six characters
+# \u0000 instead. Only an escape, i.e. one preceded by an even run of backslashes.
+_NUL_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\u0000")
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN and ±inf are not JSON (and Postgres jsonb refuses them): keep them as text,
+    also inside lists and objects (a decoded record's ``[NaN]``). Nested values are
+    copied without recursion: a record may nest as deep as ``json.loads`` allows."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # 'nan', 'inf', '-inf'
+    if not isinstance(value, list | dict):
+        return value
+    root: list[Any] | dict[Any, Any] = [] if isinstance(value, list) else {}
+    todo: list[tuple[Any, list[Any] | dict[Any, Any]]] = [(value, root)]
+    while todo:
+        source, target = todo.pop()
+        for key, item in (source.items() if isinstance(source, dict) else enumerate(source)):
+            if isinstance(item, list | dict):
+                copied: Any = [] if isinstance(item, list) else {}
+                todo.append((item, copied))
+            else:
+                copied = _json_safe(item)
+            if isinstance(target, list):
+                target.append(copied)
+            else:
+                target[key] = copied
+    return root
+
+
+def _raw_json(batch: pa.RecordBatch, rows: npt.NDArray[np.int64]) -> list[str]:
+    """The input values of ``rows`` as JSON objects (only rejected rows come here).
+
+    Always valid JSON that Postgres jsonb accepts: decimals, dates and times become
+    strings, NaN/inf become the strings ``nan``/``inf``/``-inf``, bytes are decoded as
+    UTF-8 with replacement, a NUL character becomes the text ``\\u0000``.
+    """
+    taken = batch.take(pa.array(rows, pa.int64())).to_pylist()
+    return [_dumps({k: _json_safe(v) for k, v in r.items()}) for r in taken]
+
+
+def raw_json_rows(rows: Sequence[dict[str, Any]], index: npt.NDArray[np.int64]) -> list[str]:
+    """Like :func:`_raw_json` for decoded JSON objects (a stream's rows)."""
+    return [_dumps({k: _json_safe(v) for k, v in rows[int(i)].items()}) for i in index]
+
+
+def _dumps(obj: Any) -> str:
+    """JSON text that Postgres jsonb accepts (see :func:`_raw_json`)."""
+    text = json.dumps(obj, default=_json_default, ensure_ascii=False, allow_nan=False)
+    return _NUL_ESCAPE.sub(r"\1\\\\u0000", text)
+
+
+RowsToJson = Callable[[npt.NDArray[np.int64]], list[str]]
+
+
+def group_rejects(rejects: pa.Table, batch: Any, row_uris: Callable[[pa.Array], pa.Array],
+                   ctx: RunContext, raw: RowsToJson | None = None, row_offset: int = 0,
+                   row_numbers: Callable[[pa.Array], pa.Array] | None = None) -> pa.Table:
+    """Reject entries (one per failed rule) -> one row per rejected input row.
+    ``row_index`` is the row in the source: ``row_numbers(rows)`` when given, else the
+    batch's first row (``row_offset``) + its row in the batch."""
+    if rejects.num_rows == 0:
+        return REJECTED_ROWS_SCHEMA.empty_table()
+    rejects = rejects.sort_by([("row", "ascending")])
+    rows = rejects.column("row").to_numpy()
+    uniq, starts = np.unique(rows, return_index=True)
+    entries = rejects.select(["field", "rule", "reason", "message", "value"]).to_pylist()
+    bounds = [*starts.tolist(), len(entries)]
+    errors = [_dumps(entries[bounds[i]:bounds[i + 1]])
+              for i in range(len(uniq))]  # loop over rejected rows only: the exception path
+    raws = raw(uniq) if raw is not None else _raw_json(batch, uniq)
+    idx = pa.array(uniq, pa.int64())
+    lineage = ctx.columns(row_uris(idx))
+    n = len(uniq)
+    return pa.table({
+        "_source": lineage["_source"],
+        "row_index": (row_numbers(idx) if row_numbers is not None
+                      else pc.add(idx, row_offset) if row_offset else idx),
+        "raw": pa.array(raws, pa.string()),
+        "errors": pa.array(errors, pa.string()),
+        "event_time": pa.nulls(n, pa.timestamp("us", "UTC")),
+        **{k: v for k, v in lineage.items() if k != "_source"},
+    }, schema=REJECTED_ROWS_SCHEMA)
+
+
+def process_batch(sb: SourceBatch, compiled: CompiledSchema, program: TransformProgram | None,
+                  ctx: RunContext,
+                  reference_time: dt.datetime,
+                  raw: RowsToJson | None = None,
+                  extra_rejects: pa.Table | None = None,
+                  validated: ValidationResult | None = None) -> Prepared:
+    """Validate, transform and attach lineage to one source batch.
+
+    ``program`` is a compiled transform program (``features.kernels``) or None. Its
+    rejects (a transform producing NaN/inf under ``on_invalid: reject``) join the
+    validator's. ``extra_rejects`` (same columns as validator rejects) lets a stream
+    add decode failures for rows it could not even parse. ``validated``: the batch's
+    validation result when the caller already has it. The batch has the input's names
+    (a field's ``source:``, :mod:`features.sources.names`): it is renamed to field
+    names for validation, and the rejects' ``raw`` keeps the input's names. Pure:
+    writes nothing.
+    """
+    batch = sb.batch
+    # validated with field names; rejects' raw is rendered from ``batch`` (input names)
+    result = validated if validated is not None else validate(as_fields(batch, compiled.schema), compiled)
+    valid = result.valid
+    valid_index = result.valid_row_index.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    reject_parts = [result.rejects]
+    if extra_rejects is not None and extra_rejects.num_rows:
+        reject_parts.append(extra_rejects.select(result.rejects.column_names).cast(result.rejects.schema))
+    columns: dict[str, pa.Array] = {name: valid.column(i) for i, name in enumerate(valid.schema.names)}
+    kept_index = valid_index
+    if program is not None:
+        out = program.run(valid, reference_time=reference_time)
+        if out.rejects.num_rows:
+            # transform rejects index rows of ``valid``: map them back to input rows
+            bad = out.rejects.column("row").to_numpy()
+            mapped = out.rejects.set_column(out.rejects.schema.get_field_index("row"), "row",
+                                            pa.array(valid_index[bad], pa.int64()))
+            reject_parts.append(mapped.select(result.rejects.column_names).cast(result.rejects.schema))
+            kept = out.kept_row_index
+            columns = {name: arr.take(kept) for name, arr in columns.items()}
+            kept_index = valid_index[kept.to_numpy()]
+    # every stored event's content digest (the history's key beside entity and event
+    # time, Redis's tie-break): over the declared fields, so every entry point agrees
+    digest = (content_digests({f.name: columns[f.name] for f in compiled.schema.fields}, len(kept_index),
+                              field_defaults(compiled.schema))
+              if compiled.schema.loadable else None)
+    if program is not None:
+        for i, name in enumerate(out.features.schema.names):
+            columns[name] = out.features.column(i)
+    data = dict(columns)
+    if digest is not None:
+        data[DIGEST] = digest
+    data.update(ctx.columns(sb.lineage.row_uris(pa.array(kept_index, pa.int64()))))
+    rows = pa.table(data)
+    rejects = pa.concat_tables(reject_parts) if len(reject_parts) > 1 else reject_parts[0]
+    grouped = group_rejects(rejects, batch, sb.lineage.row_uris, ctx, raw, row_numbers=sb.lineage.row_numbers)
+    entries = None
+    if rejects.num_rows:
+        # each entry's row in ``grouped`` (one row per rejected input row, by input row)
+        row = rejects.column("row").to_numpy()
+        group = np.searchsorted(np.unique(row), row)
+        entries = pa.table({"group": pa.array(group, pa.int64()), "rule": rejects.column("rule"),
+                            "message": rejects.column("message")})
+    rule_counts, examples = reject_reasons(entries) if entries is not None else (Counter(), {})
+    return Prepared(rows, grouped, grouped.num_rows, rule_counts, examples, kept_index, entries)
