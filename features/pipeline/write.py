@@ -172,19 +172,29 @@ class BatchWriter:
                        for s in self.sinks}
         self._queue: deque[_Pending] = deque()
 
-    def submit(self, sb: SourceBatch, *, ctx: RunContext, reference_time: dt.datetime | None = None,
-               prepared: Prepared | None = None, read: int | None = None) -> None:
-        """Prepare ``sb`` (unless ``prepared`` is given) and start its writes. ``read``
-        overrides the unit's input row count (a stream's micro-batch also holds records
-        that never decoded into rows; ``prepared`` then carries their rejects)."""
-        summary = self.summary
+    def submit(self, sb: SourceBatch, *, ctx: RunContext, reference_time: dt.datetime | None = None) -> None:
+        """Prepare ``sb`` (:func:`~features.pipeline.prepare.process_batch`) and start its
+        writes to every sink whose ledger does not hold its unit yet."""
         unit = sb.lineage.unit
-        n = read if read is not None else (len(sb.batch) if isinstance(sb.batch, list) else sb.batch.num_rows)
         todo = [s for s in self.sinks if unit is None or unit not in self.committed[s.name]]
+        prepared = (process_batch(sb, self.compiled, self.program, ctx, reference_time or ctx.ingested_at)
+                    if todo or self.observer is not None else None)
+        self._start(prepared, sb.batch.num_rows if isinstance(sb.batch, pa.RecordBatch) else len(sb.batch),
+                    todo, unit, sb.lineage.content)
+
+    def write(self, prepared: Prepared, *, read: int) -> None:
+        """Start the writes of rows prepared by the caller, outside any ledger unit (a
+        stream's micro-batch: ``read`` counts its records, those that never decoded into a
+        row too, whose rejects ``prepared`` carries)."""
+        self._start(prepared, read, list(self.sinks), None, None)
+
+    def _start(self, prepared: Prepared | None, n: int, todo: list[Sink], unit: str | None,
+               content: str | None) -> None:
+        """Hand one unit to the sinks in ``todo`` (``prepared`` is None only when none
+        is left and nothing observes the rows: the unit is counted already present)."""
+        summary = self.summary
         if self.observer is not None:
-            if prepared is None:
-                prepared = process_batch(sb, self.compiled, self.program, ctx,
-                                         reference_time or ctx.ingested_at)
+            assert prepared is not None
             self.observer(prepared.rows)
         if not todo:
             summary.read += n
@@ -198,14 +208,13 @@ class BatchWriter:
             if self.progress:
                 self.progress.update(summary)
             return
-        if prepared is None:
-            prepared = process_batch(sb, self.compiled, self.program, ctx, reference_time or ctx.ingested_at)
+        assert prepared is not None
         while len(self._queue) >= self.in_flight:
             _finish_unit(summary, self._queue.popleft(), self.primary, self.progress, self.metrics,
                          self._event_time)
         if self.guard is not None:
             self.guard.enter(self.drain)
-        write = WriteUnit(prepared.rows, prepared.rejects, unit, n, sb.lineage.content)
+        write = WriteUnit(prepared.rows, prepared.rejects, unit, n, content)
         futures = {}
         for s in todo:
             futures[s.name] = self._pools[s.name].submit(s.write, write)

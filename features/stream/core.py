@@ -62,8 +62,6 @@ log = logging.getLogger("features.stream")
 COLUMNAR_MIN_RECORDS = 256
 #: Records per chunk of a micro-batch (``StreamProcessor.chunk_records``); see bench/RESULTS.md.
 DEFAULT_CHUNK_RECORDS = 8000
-#: A micro-batch with no rows of its own (the stream hands the writer prepared rows).
-_NO_BATCH = SourceBatch([], BatchLineage("kafka://", 0, 0, unit=None))
 #: Latency histogram: 1 ms buckets up to 10 minutes (the last bucket holds the rest).
 _LATENCY_BUCKETS = 600_000
 #: With metrics on, the consumer lag is refreshed at least this often (seconds).
@@ -258,7 +256,7 @@ class StreamProcessor:
             part = prepare_records(chunk, uris.slice(start, stop - start), offs[start:stop], self.compiled,
                                    self.program, ctx, now, decoder=self.decoder)
             prepared = part.prepared
-            self._writer.submit(_NO_BATCH, ctx=ctx, prepared=prepared, read=stop - start)
+            self._writer.write(prepared, read=stop - start)
             sent += self._produce_dead_letters(prepared.rejects)
             self.stats.unknown_fields.update(part.unknown_fields)
             self.stats.slow_records += part.slow
