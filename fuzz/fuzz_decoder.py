@@ -18,7 +18,7 @@ through ``decode`` with a 64-byte limit. The promise checked:
 - rows have the schema's Arrow types;
 - a dead-letter message is JSON and fits the producer's ``message.max.bytes``.
 
-- the stream's columnar decode (``features.stream.columnar``) gives exactly the rows,
+- the stream's columnar decode (``features.sources.columnar``) gives exactly the rows,
   rejects and counts of the per-record path.
 
 Anything else (an exception, a hang, memory) is a crash.
@@ -52,9 +52,9 @@ from features.lineage import BatchLineage, RunContext
 from features.pipeline.prepare import group_rejects, process_batch, raw_json_rows
 from features.schema import load_schema
 from features.sources.base import SourceBatch
-from features.stream.columnar import ColumnarDecoder
+from features.sources.columnar import ColumnarDecoder
+from features.sources.records import decode, payload_json, record_uris
 from features.stream.core import prepare_records
-from features.stream.decode import decode, payload_json, record_uris
 
 SCHEMAS = ("clicks", "credit_applicant")
 _NOW = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.UTC)

@@ -122,7 +122,7 @@ class SchemaIngest:
                  max_errors: int = MAX_ERRORS, max_queued_bytes: int = MAX_QUEUED_BYTES) -> None:
         from features.kernels import transform_program
         from features.sinks.postgres import PostgresSink
-        from features.stream.columnar import ColumnarDecoder
+        from features.sources.columnar import ColumnarDecoder
 
         schema = compiled.schema
         assert schema.entity is not None, "only loadable schemas are served"

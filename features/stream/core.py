@@ -43,9 +43,9 @@ from features.pipeline.prepare import Prepared, group_rejects, process_batch, ra
 from features.pipeline.summary import RunSummary
 from features.pipeline.write import BatchWriter
 from features.sources.base import SourceBatch
+from features.sources.columnar import ColumnarDecoder
 from features.sources.names import as_fields
-from features.stream.columnar import ColumnarDecoder
-from features.stream.decode import TopCounter, decode, payload_json, record_uris
+from features.sources.records import TopCounter, decode, payload_json, record_uris
 from features.stream.kafka import BROKER_DEFAULT_MAX_MESSAGE_BYTES, topic_max_message_bytes
 from features.validation import validate
 from features.validation.result import ValidationResult
@@ -522,9 +522,9 @@ def prepare_records(values: Sequence[bytes | None], uris: pa.Array, offsets: npt
 
     With ``decoder`` (the stream's default) and at least ``columnar_min`` records (default
     ``COLUMNAR_MIN_RECORDS``), the records it can read columnar are read by
-    Arrow (:mod:`features.stream.columnar`) and validated as one table; the others, and the
+    Arrow (:mod:`features.sources.columnar`) and validated as one table; the others, and the
     records whose ``type`` reject there shows a float64-read value (:func:`_reread_rows`),
-    take the per-record path (:func:`features.stream.decode.decode`, a dict per record), so
+    take the per-record path (:func:`features.sources.records.decode`, a dict per record), so
     rows, rejects and counts are those of the per-record path alone, which ``decoder=None``
     runs for the whole micro-batch (``tests/property/test_stream_columnar.py`` holds the two
     equal).

@@ -175,7 +175,7 @@ def _reference_errors(values: list[bytes], request_id: str) -> list[tuple[int, s
     from features.config import resolve_settings
     from features.kernels import transform_program
     from features.lineage import RunContext
-    from features.stream.columnar import ColumnarDecoder
+    from features.sources.columnar import ColumnarDecoder
     from features.stream.core import prepare_records
 
     compiled = applicant_schema()

@@ -20,9 +20,9 @@ from features.errors import SchemaError
 from features.lineage import RunContext
 from features.schema import parse_schema
 from features.schema.syntax import parse_type
-from features.stream.columnar import ColumnarDecoder
+from features.sources.columnar import ColumnarDecoder
+from features.sources.records import record_uris
 from features.stream.core import prepare_records
-from features.stream.decode import record_uris
 from features.validation import validate
 
 SCHEMA = """\

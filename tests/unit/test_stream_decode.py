@@ -13,9 +13,9 @@ import pytest
 from features.compile import compile_schema
 from features.lineage import RunContext
 from features.schema import parse_schema
-from features.stream.columnar import ColumnarDecoder
+from features.sources.columnar import ColumnarDecoder
+from features.sources.records import decode, payload_json, record_uris
 from features.stream.core import prepare_records
-from features.stream.decode import decode, payload_json, record_uris
 
 KNOWN = frozenset({"id", "x"})
 
