@@ -49,7 +49,7 @@ from features.aggregate.engine import AggSpec, compute, extract, finalize, raw_s
 from features.compile import CompiledSchema, compile_schema
 from features.kernels import compile_transforms
 from features.lineage import BatchLineage, RunContext
-from features.pipeline.prepare import group_rejects, process_batch, raw_json_rows
+from features.pipeline.prepare import group_rejects, process_batch
 from features.schema import load_schema
 from features.sources.base import SourceBatch
 from features.sources.columnar import ColumnarDecoder
@@ -296,7 +296,7 @@ class DecoderTarget:
         rows = dec.rows
         sb = SourceBatch(rows, BatchLineage("kafka://", 0, len(rows), unit=None,
                                             explicit=uris.take(pa.array(dec.index, pa.int64()))))
-        prepared = process_batch(sb, compiled, program, ctx, _NOW, raw=lambda idx: raw_json_rows(rows, idx))
+        prepared = process_batch(sb, compiled, program, ctx, _NOW)
         decode_rejects = group_rejects(dec.rejects, None, lambda idx: uris.take(idx), ctx,
                                        raw=lambda idx: [payload_json(values[int(i)], max_bytes) for i in idx])
         rejects = pa.concat_tables([decode_rejects, prepared.rejects])

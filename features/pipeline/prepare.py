@@ -29,10 +29,9 @@ from features.kernels.digest import content_digests, field_defaults
 from features.lineage import DIGEST, RunContext
 from features.pipeline.summary import MAX_EXAMPLES
 from features.sinks.base import REJECTED_ROWS_SCHEMA
-from features.sources.base import SourceBatch
+from features.sources.base import RawRows, SourceBatch
 from features.sources.names import as_fields
 from features.validation import validate
-from features.validation.result import ValidationResult
 
 if TYPE_CHECKING:
     from features.kernels import TransformProgram
@@ -49,8 +48,10 @@ class Prepared:
     examples: dict[str, list[str]]
     #: for each row of ``rows``, its row in the source batch (None: not tracked)
     index: npt.NDArray[np.int64] | None = None
-    #: one row per failed rule of ``rejects`` (``group``: its row in ``rejects``, ``rule``,
-    #: ``message``), in the order ``reject_rules`` and ``examples`` were counted from
+    #: one row per failed rule of ``rejects`` (``group``: its row in ``rejects``, ``row``:
+    #: its row in the source batch, ``field``, ``rule``, ``reason``, ``message``,
+    #: ``value``: the structured form of the JSON ``errors`` of ``rejects``), in the order
+    #: ``reject_rules`` and ``examples`` were counted from
     entries: pa.Table | None = None
 
     def reasons(self, held: npt.NDArray[np.int64] | None) -> tuple[Counter[str], dict[str, list[str]]]:
@@ -62,6 +63,31 @@ class Prepared:
         kept = self.entries.filter(pc.invert(pc.is_in(self.entries.column("group"),
                                                       value_set=pa.array(held, pa.int64()))))
         return reject_reasons(kept)
+
+
+    def without_rows(self, rows: npt.NDArray[np.int64]) -> Prepared:
+        """This batch without the rejects of source rows ``rows`` (rejected rows that
+        another decode renders: the stream's records read columnar whose ``type`` reject
+        shows a float64-read value). ``rows``, ``index``: unchanged (a rejected row is
+        not among them)."""
+        if len(rows) == 0 or self.entries is None:
+            return self
+        entries = self.entries
+        drop = pc.is_in(entries.column("row"), value_set=pa.array(rows, pa.int64()))
+        gone = np.unique(entries.column("group").filter(drop).to_numpy())
+        keep = np.ones(self.rejects.num_rows, dtype=np.bool_)
+        keep[gone] = False
+        kept = entries.filter(pc.invert(drop))
+        regroup = np.searchsorted(np.flatnonzero(keep), kept.column("group").to_numpy())
+        kept = kept.set_column(0, "group", pa.array(regroup, pa.int64()))
+        rejects = self.rejects.filter(pa.array(keep))
+        rule_counts, examples = reject_reasons(kept)
+        return Prepared(self.rows, rejects, rejects.num_rows, rule_counts, examples, self.index,
+                        kept if kept.num_rows else None)
+
+
+#: the columns of a reject entry (the validator's, the transforms') that ``Prepared.entries`` keeps
+_ENTRY_COLUMNS = ("field", "rule", "reason", "message", "value")
 
 
 def reject_reasons(entries: pa.Table) -> tuple[Counter[str], dict[str, list[str]]]:
@@ -122,13 +148,15 @@ def _json_safe(value: Any) -> Any:
     return root
 
 
-def _raw_json(batch: pa.RecordBatch, rows: npt.NDArray[np.int64]) -> list[str]:
+def _raw_json(batch: pa.RecordBatch | list[dict[str, Any]], rows: npt.NDArray[np.int64]) -> list[str]:
     """The input values of ``rows`` as JSON objects (only rejected rows come here).
 
     Always valid JSON that Postgres jsonb accepts: decimals, dates and times become
     strings, NaN/inf become the strings ``nan``/``inf``/``-inf``, bytes are decoded as
     UTF-8 with replacement, a NUL character becomes the text ``\\u0000``.
     """
+    if isinstance(batch, list):
+        return raw_json_rows(batch, rows)
     taken = batch.take(pa.array(rows, pa.int64())).to_pylist()
     return [_dumps({k: _json_safe(v) for k, v in r.items()}) for r in taken]
 
@@ -144,11 +172,8 @@ def _dumps(obj: Any) -> str:
     return _NUL_ESCAPE.sub(r"\1\\\\u0000", text)
 
 
-RowsToJson = Callable[[npt.NDArray[np.int64]], list[str]]
-
-
 def group_rejects(rejects: pa.Table, batch: Any, row_uris: Callable[[pa.Array], pa.Array],
-                   ctx: RunContext, raw: RowsToJson | None = None, row_offset: int = 0,
+                   ctx: RunContext, raw: RawRows | None = None, row_offset: int = 0,
                    row_numbers: Callable[[pa.Array], pa.Array] | None = None) -> pa.Table:
     """Reject entries (one per failed rule) -> one row per rejected input row.
     ``row_index`` is the row in the source: ``row_numbers(rows)`` when given, else the
@@ -178,30 +203,22 @@ def group_rejects(rejects: pa.Table, batch: Any, row_uris: Callable[[pa.Array], 
 
 
 def process_batch(sb: SourceBatch, compiled: CompiledSchema, program: TransformProgram | None,
-                  ctx: RunContext,
-                  reference_time: dt.datetime,
-                  raw: RowsToJson | None = None,
-                  extra_rejects: pa.Table | None = None,
-                  validated: ValidationResult | None = None) -> Prepared:
+                  ctx: RunContext, reference_time: dt.datetime) -> Prepared:
     """Validate, transform and attach lineage to one source batch.
 
     ``program`` is a compiled transform program (``features.kernels``) or None. Its
     rejects (a transform producing NaN/inf under ``on_invalid: reject``) join the
-    validator's. ``extra_rejects`` (same columns as validator rejects) lets a stream
-    add decode failures for rows it could not even parse. ``validated``: the batch's
-    validation result when the caller already has it. The batch has the input's names
-    (a field's ``source:``, :mod:`features.sources.names`): it is renamed to field
-    names for validation, and the rejects' ``raw`` keeps the input's names. Pure:
-    writes nothing.
+    validator's. The batch has the input's names (a field's ``source:``,
+    :mod:`features.sources.names`): it is renamed to field names for validation, and the
+    rejects' ``raw`` keeps the input's names (``sb.raw`` renders it when the source
+    gives its own rendering). Pure: writes nothing.
     """
     batch = sb.batch
     # validated with field names; rejects' raw is rendered from ``batch`` (input names)
-    result = validated if validated is not None else validate(as_fields(batch, compiled.schema), compiled)
+    result = validate(as_fields(batch, compiled.schema), compiled, json_text=sb.json_text)
     valid = result.valid
     valid_index = result.valid_row_index.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
     reject_parts = [result.rejects]
-    if extra_rejects is not None and extra_rejects.num_rows:
-        reject_parts.append(extra_rejects.select(result.rejects.column_names).cast(result.rejects.schema))
     columns: dict[str, pa.Array] = {name: valid.column(i) for i, name in enumerate(valid.schema.names)}
     kept_index = valid_index
     if program is not None:
@@ -229,13 +246,14 @@ def process_batch(sb: SourceBatch, compiled: CompiledSchema, program: TransformP
     data.update(ctx.columns(sb.lineage.row_uris(pa.array(kept_index, pa.int64()))))
     rows = pa.table(data)
     rejects = pa.concat_tables(reject_parts) if len(reject_parts) > 1 else reject_parts[0]
-    grouped = group_rejects(rejects, batch, sb.lineage.row_uris, ctx, raw, row_numbers=sb.lineage.row_numbers)
+    grouped = group_rejects(rejects, batch, sb.lineage.row_uris, ctx, sb.raw,
+                            row_numbers=sb.lineage.row_numbers)
     entries = None
     if rejects.num_rows:
         # each entry's row in ``grouped`` (one row per rejected input row, by input row)
         row = rejects.column("row").to_numpy()
         group = np.searchsorted(np.unique(row), row)
-        entries = pa.table({"group": pa.array(group, pa.int64()), "rule": rejects.column("rule"),
-                            "message": rejects.column("message")})
+        entries = pa.table({"group": pa.array(group, pa.int64()), "row": rejects.column("row"),
+                            **{name: rejects.column(name) for name in _ENTRY_COLUMNS}})
     rule_counts, examples = reject_reasons(entries) if entries is not None else (Counter(), {})
     return Prepared(rows, grouped, grouped.num_rows, rule_counts, examples, kept_index, entries)

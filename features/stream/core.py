@@ -44,11 +44,8 @@ from features.pipeline.summary import RunSummary
 from features.pipeline.write import BatchWriter
 from features.sources.base import SourceBatch
 from features.sources.columnar import ColumnarDecoder
-from features.sources.names import as_fields
 from features.sources.records import TopCounter, decode, payload_json, record_uris
 from features.stream.kafka import BROKER_DEFAULT_MAX_MESSAGE_BYTES, topic_max_message_bytes
-from features.validation import validate
-from features.validation.result import ValidationResult
 
 if TYPE_CHECKING:
     from features.kernels import TransformProgram
@@ -540,20 +537,19 @@ def prepare_records(values: Sequence[bytes | None], uris: pa.Array, offsets: npt
         col = decoder.decode(values)
         slow = col.slow
         if col.table.num_rows:
-            result = validate(as_fields(col.table, schema), compiled, json_text=True)
-            rerun = _reread_rows(result.rejects, decoder)
-            if len(rerun):  # rejects only the per-record path renders exactly
-                slow = np.union1d(slow, col.index[rerun])
-                result = _without_rows(result, rerun)
             pos = col.index
 
             def fast_raw(idx: npt.NDArray[np.int64], pos: npt.NDArray[np.int64] = pos) -> list[str]:
                 return _raw_records(values, pos[idx], max_bytes)
 
             sb = SourceBatch(col.table, BatchLineage("kafka://", 0, col.table.num_rows, unit=None,
-                                                     explicit=uris.take(pa.array(pos))))
-            prepared = process_batch(sb, compiled, program, ctx, now, validated=result, raw=fast_raw)
-            if len(rerun):
+                                                     explicit=uris.take(pa.array(pos))),
+                             raw=fast_raw, json_text=True)
+            prepared = process_batch(sb, compiled, program, ctx, now)
+            rerun = _reread_rows(prepared, decoder)
+            if len(rerun):  # rejects only the per-record path renders exactly
+                slow = np.union1d(slow, col.index[rerun])
+                prepared = prepared.without_rows(rerun)
                 keep = np.ones(col.table.num_rows, dtype=np.bool_)
                 keep[rerun] = False
                 unknown.update(col.unknown_fields(np.flatnonzero(keep)))
@@ -568,7 +564,7 @@ def prepare_records(values: Sequence[bytes | None], uris: pa.Array, offsets: npt
         pos = slow[dec.index]
         sb = SourceBatch(rows, BatchLineage("kafka://", 0, len(rows), unit=None,
                                             explicit=uris.take(pa.array(pos))))
-        prepared = process_batch(sb, compiled, program, ctx, now, raw=lambda idx: raw_json_rows(rows, idx))
+        prepared = process_batch(sb, compiled, program, ctx, now)
         parts.append((prepared, pos))
     failed = slow[dec.failed]
     decode_rejects = _with_offsets(
@@ -605,29 +601,21 @@ def prepare_records(values: Sequence[bytes | None], uris: pa.Array, offsets: npt
     return PreparedRecords(merged, unknown, len(slow), dec.rejects.num_rows)
 
 
-def _reread_rows(rejects: pa.Table, decoder: ColumnarDecoder) -> npt.NDArray[np.int64]:
+def _reread_rows(prepared: Prepared, decoder: ColumnarDecoder) -> npt.NDArray[np.int64]:
     """Rows of the fast table whose rejects the per-record path must make: a ``type`` reject
     of a field read as float64 shows the value as read (``100.0``), while ``json.loads``
     may have read the integer ``100``. Every other reject shows the converted value or
     none, which both paths hold equal."""
-    if rejects.num_rows == 0:
+    entries = prepared.entries
+    if entries is None or entries.num_rows == 0:
         return np.zeros(0, dtype=np.int64)
     floats = decoder.float_read()
     if not floats:
         return np.zeros(0, dtype=np.int64)
-    hit = pc.and_(pc.equal(rejects.column("reason"), "type"),
-                  pc.is_in(rejects.column("field"), value_set=pa.array(sorted(floats), pa.string())))
-    rows: npt.NDArray[np.int64] = np.unique(rejects.column("row").filter(hit).to_numpy()).astype(np.int64)
+    hit = pc.and_(pc.equal(entries.column("reason"), "type"),
+                  pc.is_in(entries.column("field"), value_set=pa.array(sorted(floats), pa.string())))
+    rows: npt.NDArray[np.int64] = np.unique(entries.column("row").filter(hit).to_numpy()).astype(np.int64)
     return rows
-
-
-def _without_rows(result: ValidationResult, rows: npt.NDArray[np.int64]) -> ValidationResult:
-    """``result`` without ``rows`` (rejected rows that the per-record path takes over)."""
-    gone = pc.is_in(result.rejects.column("row"), value_set=pa.array(rows, pa.int64()))
-    rejects = result.rejects.filter(pc.invert(gone))
-    rejected = len(np.unique(rejects.column("row").to_numpy())) if rejects.num_rows else 0
-    return ValidationResult(result.valid, rejects, result.valid_row_index,
-                            result.valid.num_rows + rejected)
 
 
 def _in_record_order(tables: list[pa.Table], positions: list[npt.NDArray[np.int64]]
@@ -647,7 +635,8 @@ def _in_record_order(tables: list[pa.Table], positions: list[npt.NDArray[np.int6
 def _empty_rows(compiled: CompiledSchema, program: TransformProgram | None, ctx: RunContext,
                 now: dt.datetime) -> pa.Table:
     """The rows table of a micro-batch without a valid row (the columns the stores expect)."""
-    sb = SourceBatch([], BatchLineage("kafka://", 0, 0, unit=None, explicit=pa.array([], pa.string())))
+    sb = SourceBatch(pa.record_batch([], schema=pa.schema([])),
+                     BatchLineage("kafka://", 0, 0, unit=None, explicit=pa.array([], pa.string())))
     return process_batch(sb, compiled, program, ctx, now).rows
 
 
