@@ -49,12 +49,11 @@ from features.aggregate.engine import AggSpec, compute, extract, finalize, raw_s
 from features.compile import CompiledSchema, compile_schema
 from features.kernels import compile_transforms
 from features.lineage import BatchLineage, RunContext
-from features.pipeline.prepare import group_rejects, process_batch
+from features.pipeline.prepare import group_rejects, prepare_records, process_batch
 from features.schema import load_schema
 from features.sources.base import SourceBatch
 from features.sources.columnar import ColumnarDecoder
 from features.sources.records import decode, payload_json, record_uris
-from features.stream.core import prepare_records
 
 SCHEMAS = ("clicks", "credit_applicant")
 _NOW = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.UTC)

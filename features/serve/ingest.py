@@ -1,7 +1,7 @@
 """One schema's side of an ingest request: records -> (messages to produce, rejects).
 
 :meth:`SchemaIngest.check` runs the stream job's own micro-batch step,
-:func:`features.stream.core.prepare_records`, on the records of one request (so a
+:func:`features.pipeline.prepare.prepare_records`, on the records of one request (so a
 record is decoded, validated and transformed exactly as the stream job will, with the
 same reject rules and messages), and turns the outcome into what the service sends:
 
@@ -235,7 +235,8 @@ class SchemaIngest:
         """:meth:`check` for several requests at once: one ``prepare_records`` call over all
         their records (its fixed cost, a few milliseconds, paid once), the outcome split
         back per request. Each record keeps its own request's URI and index."""
-        from features.stream.core import dead_letter_messages, prepare_records
+        from features.pipeline.prepare import prepare_records
+        from features.stream.core import dead_letter_messages
 
         values: list[bytes] = []
         uris: list[str] = []

@@ -27,9 +27,9 @@ from features.config import Settings
 from features.kernels import transform_program
 from features.lineage import RunContext
 from features.load import load
+from features.pipeline.prepare import prepare_records
 from features.sources.columnar import ColumnarDecoder
 from features.sources.records import record_uris
-from features.stream.core import prepare_records
 
 pytestmark = pytest.mark.services
 NAME = "sqlwords"

@@ -50,11 +50,11 @@ from features.config import resolve_settings  # noqa: E402
 from features.kernels import transform_program  # noqa: E402
 from features.lineage import RunContext  # noqa: E402
 from features.ops.examples import UNDECODABLE, applicant_events, click_history, click_records  # noqa: E402
+from features.pipeline.prepare import PreparedRecords, prepare_records  # noqa: E402
 from features.schema import load_schema  # noqa: E402
 from features.schema.model import INTEGER_KINDS, TypeKind  # noqa: E402
 from features.sources.columnar import ColumnarDecoder  # noqa: E402
 from features.sources.records import record_uris  # noqa: E402
-from features.stream.core import PreparedRecords, prepare_records  # noqa: E402
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 SCHEMAS = ("credit_applicant", "clicks")

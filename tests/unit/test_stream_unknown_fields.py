@@ -17,10 +17,11 @@ import pyarrow.compute as pc
 
 from features.compile import compile_schema
 from features.lineage import RunContext
+from features.pipeline.prepare import prepare_records
 from features.pipeline.summary import RunSummary
 from features.schema import load_schema
 from features.sources.records import record_uris
-from features.stream.core import StreamStats, prepare_records
+from features.stream.core import StreamStats
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,7 +44,7 @@ _CHILD = textwrap.dedent("""
     from features.lineage import RunContext
     from features.schema import load_schema
     from features.sources.columnar import ColumnarDecoder
-    from features.stream.core import prepare_records
+    from features.pipeline.prepare import prepare_records
     from features.sources.records import record_uris
 
     compiled = compile_schema(load_schema(sys.argv[1] + "/schemas/clicks.yaml"))
