@@ -283,6 +283,11 @@ class PreparedRecords:
     unknown_fields: TopCounter
     slow: int
     decode_rejects: int
+    #: the rejects' errors in their structured form, one row per failed rule: ``group``
+    #: (its row in ``prepared.rejects``), ``row`` (its record's position), ``field``,
+    #: ``rule``, ``reason``, ``message``, ``value``; by ``group``, a record's errors in
+    #: the order of its ``errors`` JSON (what the HTTP answer lists)
+    entries: pa.Table
 
 
 def prepare_records(values: Sequence[bytes | None], uris: pa.Array, offsets: npt.NDArray[np.int64],
@@ -351,7 +356,13 @@ def prepare_records(values: Sequence[bytes | None], uris: pa.Array, offsets: npt
     if dec.rejects.num_rows:
         rule_counts["_payload.decode"] += dec.rejects.num_rows
         examples["_payload.decode"] = dec.rejects.column("message").to_pylist()[:3]
-    row_tables, row_pos, reject_tables, reject_pos = [], [], [], []
+    row_tables: list[pa.Table] = []
+    reject_tables: list[pa.Table] = []
+    row_pos: list[npt.NDArray[np.int64]] = []
+    reject_pos: list[npt.NDArray[np.int64]] = []
+    decoded = dec.rejects.num_rows
+    entry_parts = [_entries(dec.rejects, np.arange(decoded, dtype=np.int64), failed)]
+    part_entries: list[tuple[pa.Table, npt.NDArray[np.int64], int]] = []
     for prepared, pos in parts:
         rule_counts.update(prepared.reject_rules)
         for rule, ex in prepared.examples.items():
@@ -362,18 +373,34 @@ def prepare_records(values: Sequence[bytes | None], uris: pa.Array, offsets: npt
         row_pos.append(pos[prepared.index])
         if prepared.rejects.num_rows:
             at = pos[prepared.rejects.column("row_index").to_numpy()]
+            if prepared.entries is not None:
+                part_entries.append((prepared.entries, pos, sum(len(p) for p in reject_pos)))
             reject_tables.append(_with_offsets(prepared.rejects, offsets, at))
             reject_pos.append(at)
     rows_table, rows_pos = _in_record_order(row_tables, row_pos)
     if reject_tables:
         valid_rejects, _ = _in_record_order(reject_tables, reject_pos)
         rejects = pa.concat_tables([decode_rejects, valid_rejects])
+        # each part's reject rows, by their place in ``valid_rejects`` (in record order)
+        rank = np.empty(sum(len(p) for p in reject_pos), dtype=np.int64)
+        rank[np.argsort(np.concatenate(reject_pos), kind="stable")] = np.arange(len(rank), dtype=np.int64)
+        for entries, pos, base in part_entries:
+            group = decoded + rank[base + entries.column("group").to_numpy()]
+            entry_parts.append(_entries(entries, group, pos[entries.column("row").to_numpy()]))
     else:
         rejects = decode_rejects
     if rows_table is None:
         rows_table = _empty_rows(compiled, program, ctx, now)
     merged = Prepared(rows_table, rejects, rejects.num_rows, rule_counts, examples, rows_pos)
-    return PreparedRecords(merged, unknown, len(slow), dec.rejects.num_rows)
+    entries = pa.concat_tables(entry_parts).sort_by([("group", "ascending")])
+    return PreparedRecords(merged, unknown, len(slow), decoded, entries)
+
+
+def _entries(rejects: pa.Table, group: npt.NDArray[np.int64], records: npt.NDArray[np.int64]) -> pa.Table:
+    """Reject entries (one per failed rule) as :attr:`PreparedRecords.entries` holds them:
+    ``group`` their reject row, ``row`` their record."""
+    return pa.table({"group": pa.array(group, pa.int64()), "row": pa.array(records, pa.int64()),
+                     **{name: rejects.column(name) for name in _ENTRY_COLUMNS}})
 
 
 def _reread_rows(prepared: Prepared, decoder: ColumnarDecoder) -> npt.NDArray[np.int64]:
