@@ -64,7 +64,7 @@ def prepared_rows(path: Path, compiled: Any, settings: Any) -> pa.Table:
 
     from features.kernels import transform_program
     from features.lineage import RunContext
-    from features.runner import process_batch
+    from features.pipeline.prepare import process_batch
     from features.sources.parquet import ParquetSource
 
     program = transform_program(compiled, settings)

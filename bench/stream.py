@@ -21,7 +21,7 @@ The **baseline** is one Python process: a confluent-kafka ``Consumer`` loop that
 (a JVM mini-cluster plus Python workers), at each ``--parallelism`` (default 1 and 2).
 The **batch loader** is ``features load --schema credit_applicant --json FILE`` as a
 subprocess, on the same records as one Parquet file (written once, in the scratch
-folder): the records ``features.stream.decode.decode`` turns into rows (JSON objects;
+folder): the records ``features.sources.records.decode`` turns into rows (JSON objects;
 the undecodable payloads are left out, so it reads fewer records than the others), the
 values as they are in the JSON (decimals stay decimal text, which the schema's
 ``accept_strings`` takes), except the ISO 8601 timestamps and dates, which Arrow parses
@@ -390,7 +390,7 @@ def write_parquet(bench: Bench, values: list[bytes | None], compiled: Any) -> tu
     text for those, so Arrow parses them into the declared type, as a Parquet writer would."""
     import pyarrow.parquet as pq
 
-    from features.stream.decode import decode
+    from features.sources.records import decode
 
     schema = compiled.schema
     known = frozenset(f.name for f in schema.fields)

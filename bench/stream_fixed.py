@@ -34,9 +34,9 @@ import pyarrow as pa
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from features import runner  # noqa: E402
 from features.config import resolve_settings  # noqa: E402
 from features.ops.examples import applicant_events, applicant_schema  # noqa: E402
+from features.pipeline import write as runner  # noqa: E402
 from features.stream import core  # noqa: E402
 from features.stream.kafka import ensure_topic  # noqa: E402
 

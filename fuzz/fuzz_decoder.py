@@ -18,7 +18,7 @@ through ``decode`` with a 64-byte limit. The promise checked:
 - rows have the schema's Arrow types;
 - a dead-letter message is JSON and fits the producer's ``message.max.bytes``.
 
-- the stream's columnar decode (``features.stream.columnar``) gives exactly the rows,
+- the stream's columnar decode (``features.sources.columnar``) gives exactly the rows,
   rejects and counts of the per-record path.
 
 Anything else (an exception, a hang, memory) is a crash.
@@ -49,12 +49,11 @@ from features.aggregate.engine import AggSpec, compute, extract, finalize, raw_s
 from features.compile import CompiledSchema, compile_schema
 from features.kernels import compile_transforms
 from features.lineage import BatchLineage, RunContext
-from features.runner import group_rejects, process_batch, raw_json_rows
+from features.pipeline.prepare import group_rejects, prepare_records, process_batch
 from features.schema import load_schema
 from features.sources.base import SourceBatch
-from features.stream.columnar import ColumnarDecoder
-from features.stream.core import prepare_records
-from features.stream.decode import decode, payload_json, record_uris
+from features.sources.columnar import ColumnarDecoder
+from features.sources.records import decode, payload_json, record_uris
 
 SCHEMAS = ("clicks", "credit_applicant")
 _NOW = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.UTC)
@@ -296,7 +295,7 @@ class DecoderTarget:
         rows = dec.rows
         sb = SourceBatch(rows, BatchLineage("kafka://", 0, len(rows), unit=None,
                                             explicit=uris.take(pa.array(dec.index, pa.int64()))))
-        prepared = process_batch(sb, compiled, program, ctx, _NOW, raw=lambda idx: raw_json_rows(rows, idx))
+        prepared = process_batch(sb, compiled, program, ctx, _NOW)
         decode_rejects = group_rejects(dec.rejects, None, lambda idx: uris.take(idx), ctx,
                                        raw=lambda idx: [payload_json(values[int(i)], max_bytes) for i in idx])
         rejects = pa.concat_tables([decode_rejects, prepared.rejects])

@@ -41,7 +41,7 @@ from features.compile import compile_schema
 from features.errors import CompileError, SchemaError, SchemaErrors
 from features.kernels import compile_transforms
 from features.lineage import BatchLineage, RunContext
-from features.runner import process_batch, raw_json_rows
+from features.pipeline.prepare import process_batch
 from features.schema import load_schema, parse_schema
 from features.schema.model import Schema, TypeKind
 from features.sources.base import SourceBatch
@@ -564,7 +564,7 @@ class SchemaTarget:
         rows = sample_rows(schema, rng)
         ctx = RunContext(schema.name, schema.version_str, compiled.fingerprint, "fuzz", _NOW)
         sb = SourceBatch(rows, BatchLineage("fuzz://rows", 0, len(rows)))
-        prepared = process_batch(sb, compiled, program, ctx, _NOW, raw=lambda idx: raw_json_rows(rows, idx))
+        prepared = process_batch(sb, compiled, program, ctx, _NOW)
         if prepared.rows.num_rows + prepared.rejected_rows != len(rows):
             raise FuzzFailure(f"{prepared.rows.num_rows} valid + {prepared.rejected_rows} rejected "
                               f"!= {len(rows)} rows")

@@ -1,6 +1,6 @@
-"""An in-memory ``Sink`` for testing the runner's wiring (``from memory_sink import MemorySink``).
+"""An in-memory ``Sink`` for testing the pipeline's wiring (``from memory_sink import MemorySink``).
 
-STYLE: a tiny in-memory sink may test ``runner.py``, the way httpx's ``MockTransport``
+STYLE: a tiny in-memory sink may test ``features/pipeline``, the way httpx's ``MockTransport``
 tests a client; it never stands in for a store (the contract suite runs the real ones).
 """
 

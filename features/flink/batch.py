@@ -37,7 +37,7 @@ from features.config import Settings
 from features.errors import ConfigError
 from features.flink.cluster import slots
 from features.flink.env import environment, python_executables, restart_strategy, scrub_environment
-from features.runner import RunSummary
+from features.pipeline.summary import RunSummary
 
 log = logging.getLogger("features.load")
 
@@ -84,7 +84,7 @@ def load_flink(paths: Sequence[str | Path], compiled: CompiledSchema, settings: 
     from pyflink.datastream import RuntimeExecutionMode
 
     from features.load.stores import open_stores
-    from features.runner import merge_summaries
+    from features.pipeline.summary import merge_summaries
     from features.sources.parquet import ParquetSource
 
     if parallelism is not None and parallelism < 1:

@@ -37,7 +37,7 @@ from features.config import Device, env_var, redact
 from features.errors import ConfigError
 from features.flink.connector import kafka_connector_jar
 from features.flink.env import environment, python_executables, restart_strategy, scrub_environment
-from features.stream.decode import SOURCE_HEADER, TopCounter
+from features.sources.records import SOURCE_HEADER, TopCounter
 
 log = logging.getLogger("features.stream")
 

@@ -16,7 +16,7 @@ from features.load.local import load_local
 from features.load.stores import open_stores
 from features.observe.logs import bind_run_id
 from features.observe.metrics import RunMetrics
-from features.runner import RunSummary
+from features.pipeline.summary import RunSummary
 from features.sources.parquet import DEFAULT_BATCH_ROWS, ParquetSource
 
 log = logging.getLogger("features.load")
@@ -82,7 +82,7 @@ def load_workers(paths: Sequence[str | Path], compiled: CompiledSchema, settings
     import multiprocessing
     import time
 
-    from features.runner import merge_summaries
+    from features.pipeline.summary import merge_summaries
 
     run_id = run_id or new_run_id()
     source = ParquetSource(paths, compiled, batch_rows=batch_rows)  # checks every file first

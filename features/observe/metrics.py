@@ -454,7 +454,7 @@ class RunMetrics:
 
     def unit(self, *, read: int, stored: int, rejected: int, already_present: int,
              by_rule: Mapping[str, int]) -> None:
-        """One batch accounted (``features.runner.account``); ``by_rule``: rule id -> count."""
+        """One batch accounted (``features.pipeline.write.account``); ``by_rule``: rule id -> count."""
         self._read.inc(read)
         self._stored.inc(stored)
         self._rejected.inc(rejected)

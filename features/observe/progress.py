@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 class RunSummary(Protocol):
     """What a run's progress line reads of the loader's summary
-    (``features.runner.RunSummary``; a Protocol: this bottom layer imports no stage)."""
+    (``features.pipeline.summary.RunSummary``; a Protocol: this bottom layer imports no stage)."""
 
     @property
     def schema(self) -> str: ...

@@ -1,7 +1,7 @@
 """Writing from Python: a pandas DataFrame or an Arrow table into both stores.
 
 ``FeatureStore.write(schema, data, run_id=..., source=...)`` runs the batch loader's own
-core (:func:`features.load.local.load_source`) over the table: the same column checks
+core (:func:`features.pipeline.run.load_source`) over the table: the same column checks
 as a Parquet file (a column that could never convert refuses the whole table), the
 compiled rules, the transform program, Postgres (history, rejects with every
 field-level error, the commit ledger) and Redis (newest event per entity), then the
@@ -50,7 +50,7 @@ from features.sources.base import SourceBatch
 from features.sources.parquet import DEFAULT_BATCH_ROWS, ExtraColumnsWarning, refusal
 
 if TYPE_CHECKING:
-    from features.runner import RunSummary
+    from features.pipeline.summary import RunSummary
 
 
 class FeatureStore(Protocol):
@@ -278,7 +278,7 @@ def write(fs: FeatureStore, schema: str, data: Any, *, run_id: str | None = None
     """
     from features.compile.postgres import rejects_table_name
     from features.config import resolve_settings
-    from features.load.local import load_source
+    from features.pipeline.run import load_source
 
     t0 = time.perf_counter()
     compiled = fs.loadable_schema(schema)

@@ -2,7 +2,7 @@
 
 ``POST /v1/schemas/{name}/events`` takes one JSON object, a JSON array of objects or
 NDJSON; each record's bytes go through the stream job's own decode + validate +
-transform (:func:`features.stream.core.prepare_records`), so a record the stream would
+transform (:func:`features.pipeline.prepare.prepare_records`), so a record the stream would
 reject is refused here with the same rule and message. Rejects go to the rejects table
 and the dead-letter topic first; then the valid records, byte for byte as sent, are
 produced to the schema's Kafka topic (keyed by entity, idempotent producer,

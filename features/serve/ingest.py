@@ -1,7 +1,7 @@
 """One schema's side of an ingest request: records -> (messages to produce, rejects).
 
 :meth:`SchemaIngest.check` runs the stream job's own micro-batch step,
-:func:`features.stream.core.prepare_records`, on the records of one request (so a
+:func:`features.pipeline.prepare.prepare_records`, on the records of one request (so a
 record is decoded, validated and transformed exactly as the stream job will, with the
 same reject rules and messages), and turns the outcome into what the service sends:
 
@@ -27,7 +27,6 @@ per schema and worker, used by one thread at a time).
 from __future__ import annotations
 
 import datetime as dt
-import json
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -122,7 +121,7 @@ class SchemaIngest:
                  max_errors: int = MAX_ERRORS, max_queued_bytes: int = MAX_QUEUED_BYTES) -> None:
         from features.kernels import transform_program
         from features.sinks.postgres import PostgresSink
-        from features.stream.columnar import ColumnarDecoder
+        from features.sources.columnar import ColumnarDecoder
 
         schema = compiled.schema
         assert schema.entity is not None, "only loadable schemas are served"
@@ -235,7 +234,8 @@ class SchemaIngest:
         """:meth:`check` for several requests at once: one ``prepare_records`` call over all
         their records (its fixed cost, a few milliseconds, paid once), the outcome split
         back per request. Each record keeps its own request's URI and index."""
-        from features.stream.core import dead_letter_messages, prepare_records
+        from features.pipeline.prepare import prepare_records
+        from features.stream.core import dead_letter_messages
 
         values: list[bytes] = []
         uris: list[str] = []
@@ -267,35 +267,42 @@ class SchemaIngest:
             jobs = np.searchsorted(first, at, side="right") - 1
             local = rejects.set_column(rejects.schema.get_field_index("row_index"), "row_index",
                                        pa.array(at - first[jobs], pa.int64()))
+            entries = part.entries
+            entry_at = entries.column("row").to_numpy()
+            entry_jobs = np.searchsorted(first, entry_at, side="right") - 1
+            entries = entries.set_column(entries.schema.get_field_index("row"), "row",
+                                         pa.array(entry_at - first[entry_jobs], pa.int64()))
             for job in np.unique(jobs).tolist():
                 mine = local.filter(pa.array(jobs == job))
-                errors, total = self._errors(mine)
+                errors, total = self._errors(entries.filter(pa.array(entry_jobs == job)))
                 dead = (dead_letter_messages(mine, c, self.run_id,
                                              max_message_bytes=self.dead_letter_max_bytes)
                         if self.dead_letter_topic else [])
                 out[job] = Checked(out[job].records, out[job].messages, mine, dead, errors, total)
         return out
 
-    def _errors(self, rejects: pa.Table) -> tuple[list[dict[str, Any]], int]:
-        """(the first ``max_errors`` field errors of one request's reject rows, by record
+    def _errors(self, entries: pa.Table) -> tuple[list[dict[str, Any]], int]:
+        """(the first ``max_errors`` field errors of one request's reject entries
+        (``PreparedRecords.entries``, ``row`` the record's index in the request), by record
         index, a record's errors in their order; how many there are in all). Only those
-        listed become dicts; the others are counted from their JSON."""
-        order = pc.sort_indices(rejects.column("row_index"))  # stable: ties keep their order
-        indices = rejects.column("row_index").take(order).to_pylist()
-        texts = rejects.column("errors").take(order).to_pylist()
-        errors: list[dict[str, Any]] = []
-        total = 0
-        for i, text in zip(indices, texts, strict=True):
-            listed = json.loads(text)
-            total += len(listed)
-            room = self.max_errors - len(errors)
-            if room > 0:
-                errors.extend({"index": i, "field": e.get("field"), "rule": e.get("rule"),
-                               "message": e.get("message")} for e in listed[:room])
-        return errors, total
+        listed become dicts. Texts read as the rejects table's ``errors`` JSON gives them
+        back (a NUL character as the text ``\\u0000``)."""
+        order = pc.sort_indices(entries.column("row"))  # stable: a record's errors keep their order
+        head = entries.take(order.slice(0, self.max_errors))
+        listed = {name: _as_stored(head.column(name)).to_pylist() for name in ("field", "rule", "message")}
+        errors = [{"index": i, "field": f, "rule": r, "message": m}
+                  for i, f, r, m in zip(head.column("row").to_pylist(), listed["field"], listed["rule"],
+                                        listed["message"], strict=True)]
+        return errors, entries.num_rows
 
     def write_rejects(self, rejects: pa.Table) -> int:
         """Insert reject rows into the rejects table (a retried request inserts none twice:
         rejects are unique per source URI). SinkUnavailable when Postgres is unreachable."""
         with self._pg_lock:
             return self.pg.insert_rejects(rejects)
+
+
+def _as_stored(texts: pa.ChunkedArray) -> pa.ChunkedArray:
+    """``texts`` as the rejects table's ``errors`` JSON holds them: a NUL character is the
+    six characters ``\\u0000`` there (jsonb refuses the escape)."""
+    return pc.replace_substring(texts, "\x00", "\\u0000")

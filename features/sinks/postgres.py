@@ -455,7 +455,7 @@ class PostgresSink:
                 rejects_stored, held = self._insert_rejects(conn, rejects)
             if unit.unit is not None:
                 n_held = len(held) if held is not None else 0
-                # the run's counts (runner.account): a reject held already is already present
+                # the run's counts (pipeline.write.account): a reject held already is already present
                 conn.execute(
                     f"INSERT INTO {quote_ident(LEDGER_TABLE)} (schema_name, fingerprint, unit, run_id, "
                     "read, stored, already_present, rejected, content) "

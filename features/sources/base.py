@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from features.lineage import BatchLineage
+
+#: rows of a batch (positions) -> their input as JSON text, one per row
+RawRows = Callable[[npt.NDArray[np.int64]], list[str]]
 
 
 @dataclass(frozen=True)
@@ -23,6 +28,13 @@ class SourceBatch:
 
     batch: pa.RecordBatch | list[dict[str, Any]]
     lineage: BatchLineage
+    #: how a rejected row's input is kept (the rejects' ``raw``): None renders the
+    #: batch's own values; a batch read from other bytes (JSON records, read columnar
+    #: into read types) renders those bytes
+    raw: RawRows | None = None
+    #: the columns were read from JSON text (:mod:`features.sources.columnar`): ISO text
+    #: is what a date or timestamp is there, as in decoded JSON objects
+    json_text: bool = False
 
 
 @runtime_checkable

@@ -1,9 +1,11 @@
 """One micro-batch of Kafka records -> validate -> transform -> Redis + Postgres + dead letters.
 
 :class:`StreamProcessor` is what the PyFlink job runs inside its Python operator, and
-what the benchmark's plain confluent-kafka consumer loop calls: the decode step is
-stream-specific, everything after it is the batch loader's code
-(:func:`features.runner.process_batch` and :class:`features.runner.BatchWriter`).
+what the benchmark's plain confluent-kafka consumer loop calls: its records are prepared
+by the pipeline's own step (:func:`features.pipeline.prepare.prepare_records`: decoded by
+:mod:`features.sources.records`, then the batch loader's
+:func:`~features.pipeline.prepare.process_batch`) and written by the batch loader's
+:class:`features.pipeline.write.BatchWriter`.
 
 ``process(...)`` returns only after every row of the micro-batch is written to both
 stores and every reject is in the rejects table and acknowledged by the dead-letter
@@ -20,7 +22,6 @@ import hashlib
 import json
 import logging
 import time
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -36,32 +37,23 @@ from features.aggregate.writer import AggregateCounts, AggregateWriter
 from features.compile import CompiledSchema
 from features.config import Settings
 from features.errors import SinkError
-from features.lineage import BatchLineage, RunContext
+from features.lineage import RunContext
 from features.observe.logs import fields
 from features.observe.metrics import RunMetrics
-from features.runner import BatchWriter, Prepared, RunSummary, group_rejects, process_batch, raw_json_rows
-from features.sources.base import SourceBatch
-from features.sources.names import as_fields
-from features.stream.columnar import ColumnarDecoder
-from features.stream.decode import TopCounter, decode, payload_json, record_uris
+from features.pipeline.prepare import prepare_records
+from features.pipeline.summary import RunSummary
+from features.pipeline.write import BatchWriter
+from features.sources.columnar import ColumnarDecoder
+from features.sources.records import TopCounter, record_uris
 from features.stream.kafka import BROKER_DEFAULT_MAX_MESSAGE_BYTES, topic_max_message_bytes
-from features.validation import validate
-from features.validation.result import ValidationResult
 
 if TYPE_CHECKING:
-    from features.kernels import TransformProgram
+    pass
 
 log = logging.getLogger("features.stream")
 
-#: Fewer records than this take the per-record path even with a columnar decoder: Arrow's
-#: JSON reader costs ~1 ms a call, more than ``json.loads`` of a few hundred records
-#: (measured with the applicant records: equal at ~800, per-record 15% faster at 256; the
-#: HTTP ingest's small requests, a stream's small micro-batches).
-COLUMNAR_MIN_RECORDS = 256
 #: Records per chunk of a micro-batch (``StreamProcessor.chunk_records``); see bench/RESULTS.md.
 DEFAULT_CHUNK_RECORDS = 8000
-#: A micro-batch with no rows of its own (the stream hands the writer prepared rows).
-_NO_BATCH = SourceBatch([], BatchLineage("kafka://", 0, 0, unit=None))
 #: Latency histogram: 1 ms buckets up to 10 minutes (the last bucket holds the rest).
 _LATENCY_BUCKETS = 600_000
 #: With metrics on, the consumer lag is refreshed at least this often (seconds).
@@ -256,7 +248,7 @@ class StreamProcessor:
             part = prepare_records(chunk, uris.slice(start, stop - start), offs[start:stop], self.compiled,
                                    self.program, ctx, now, decoder=self.decoder)
             prepared = part.prepared
-            self._writer.submit(_NO_BATCH, ctx=ctx, prepared=prepared, read=stop - start)
+            self._writer.write(prepared, read=stop - start)
             sent += self._produce_dead_letters(prepared.rejects)
             self.stats.unknown_fields.update(part.unknown_fields)
             self.stats.slow_records += part.slow
@@ -499,179 +491,3 @@ def _json_prefix(text: str, room: int) -> str:
         if size <= room:
             return literal
         k = min(k - 1, k * room // size)  # escapes and multi-byte characters: shrink in proportion
-
-
-@dataclass
-class PreparedRecords:
-    """One micro-batch of records, prepared for the stores: ``prepared`` (rows in record
-    order; rejects, decode rejects first, with ``row_index`` = Kafka offset), the
-    ``unknown_fields`` count, and how many records took the per-record path (``slow``)."""
-
-    prepared: Prepared
-    unknown_fields: TopCounter
-    slow: int
-    decode_rejects: int
-
-
-def prepare_records(values: Sequence[bytes | None], uris: pa.Array, offsets: npt.NDArray[np.int64],
-                    compiled: CompiledSchema, program: TransformProgram | None, ctx: RunContext,
-                    now: dt.datetime, *,
-                    decoder: ColumnarDecoder | None = None,
-                    columnar_min: int = COLUMNAR_MIN_RECORDS) -> PreparedRecords:
-    """Decode, validate and transform one micro-batch of record values (pure: writes nothing).
-
-    With ``decoder`` (the stream's default) and at least ``columnar_min`` records (default
-    ``COLUMNAR_MIN_RECORDS``), the records it can read columnar are read by
-    Arrow (:mod:`features.stream.columnar`) and validated as one table; the others, and the
-    records whose ``type`` reject there shows a float64-read value (:func:`_reread_rows`),
-    take the per-record path (:func:`features.stream.decode.decode`, a dict per record), so
-    rows, rejects and counts are those of the per-record path alone, which ``decoder=None``
-    runs for the whole micro-batch (``tests/property/test_stream_columnar.py`` holds the two
-    equal).
-    """
-    schema = compiled.schema
-    known = frozenset(schema.input_names)  # JSON keys: a field's source:, else its name
-    max_bytes = schema.payload.max_bytes
-    n = len(values)
-    parts: list[tuple[Prepared, npt.NDArray[np.int64]]] = []
-    unknown = TopCounter()
-    slow = np.arange(n, dtype=np.int64)
-    if decoder is not None and n >= max(columnar_min, 1):
-        col = decoder.decode(values)
-        slow = col.slow
-        if col.table.num_rows:
-            result = validate(as_fields(col.table, schema), compiled, json_text=True)
-            rerun = _reread_rows(result.rejects, decoder)
-            if len(rerun):  # rejects only the per-record path renders exactly
-                slow = np.union1d(slow, col.index[rerun])
-                result = _without_rows(result, rerun)
-            pos = col.index
-
-            def fast_raw(idx: npt.NDArray[np.int64], pos: npt.NDArray[np.int64] = pos) -> list[str]:
-                return _raw_records(values, pos[idx], max_bytes)
-
-            sb = SourceBatch(col.table, BatchLineage("kafka://", 0, col.table.num_rows, unit=None,
-                                                     explicit=uris.take(pa.array(pos))))
-            prepared = process_batch(sb, compiled, program, ctx, now, validated=result, raw=fast_raw)
-            if len(rerun):
-                keep = np.ones(col.table.num_rows, dtype=np.bool_)
-                keep[rerun] = False
-                unknown.update(col.unknown_fields(np.flatnonzero(keep)))
-            else:
-                unknown.update(col.unknown_fields())
-            parts.append((prepared, pos))
-    slow_values = [values[int(i)] for i in slow]
-    dec = decode(slow_values, max_bytes=max_bytes, known=known)
-    unknown.update(dec.unknown_fields)
-    rows = dec.rows
-    if rows:
-        pos = slow[dec.index]
-        sb = SourceBatch(rows, BatchLineage("kafka://", 0, len(rows), unit=None,
-                                            explicit=uris.take(pa.array(pos))))
-        prepared = process_batch(sb, compiled, program, ctx, now, raw=lambda idx: raw_json_rows(rows, idx))
-        parts.append((prepared, pos))
-    failed = slow[dec.failed]
-    decode_rejects = _with_offsets(
-        group_rejects(dec.rejects.set_column(0, "row", pa.array(failed, pa.int64())), None,
-                      lambda idx: uris.take(idx), ctx,
-                      raw=lambda idx: [payload_json(values[int(i)], max_bytes) for i in idx]), offsets)
-    rule_counts: Counter[str] = Counter()
-    examples: dict[str, list[str]] = {}
-    if dec.rejects.num_rows:
-        rule_counts["_payload.decode"] += dec.rejects.num_rows
-        examples["_payload.decode"] = dec.rejects.column("message").to_pylist()[:3]
-    row_tables, row_pos, reject_tables, reject_pos = [], [], [], []
-    for prepared, pos in parts:
-        rule_counts.update(prepared.reject_rules)
-        for rule, ex in prepared.examples.items():
-            have = examples.setdefault(rule, [])
-            have.extend(ex[: 3 - len(have)])
-        assert prepared.index is not None
-        row_tables.append(prepared.rows)
-        row_pos.append(pos[prepared.index])
-        if prepared.rejects.num_rows:
-            at = pos[prepared.rejects.column("row_index").to_numpy()]
-            reject_tables.append(_with_offsets(prepared.rejects, offsets, at))
-            reject_pos.append(at)
-    rows_table, rows_pos = _in_record_order(row_tables, row_pos)
-    if reject_tables:
-        valid_rejects, _ = _in_record_order(reject_tables, reject_pos)
-        rejects = pa.concat_tables([decode_rejects, valid_rejects])
-    else:
-        rejects = decode_rejects
-    if rows_table is None:
-        rows_table = _empty_rows(compiled, program, ctx, now)
-    merged = Prepared(rows_table, rejects, rejects.num_rows, rule_counts, examples, rows_pos)
-    return PreparedRecords(merged, unknown, len(slow), dec.rejects.num_rows)
-
-
-def _reread_rows(rejects: pa.Table, decoder: ColumnarDecoder) -> npt.NDArray[np.int64]:
-    """Rows of the fast table whose rejects the per-record path must make: a ``type`` reject
-    of a field read as float64 shows the value as read (``100.0``), while ``json.loads``
-    may have read the integer ``100``. Every other reject shows the converted value or
-    none, which both paths hold equal."""
-    if rejects.num_rows == 0:
-        return np.zeros(0, dtype=np.int64)
-    floats = decoder.float_read()
-    if not floats:
-        return np.zeros(0, dtype=np.int64)
-    hit = pc.and_(pc.equal(rejects.column("reason"), "type"),
-                  pc.is_in(rejects.column("field"), value_set=pa.array(sorted(floats), pa.string())))
-    rows: npt.NDArray[np.int64] = np.unique(rejects.column("row").filter(hit).to_numpy()).astype(np.int64)
-    return rows
-
-
-def _without_rows(result: ValidationResult, rows: npt.NDArray[np.int64]) -> ValidationResult:
-    """``result`` without ``rows`` (rejected rows that the per-record path takes over)."""
-    gone = pc.is_in(result.rejects.column("row"), value_set=pa.array(rows, pa.int64()))
-    rejects = result.rejects.filter(pc.invert(gone))
-    rejected = len(np.unique(rejects.column("row").to_numpy())) if rejects.num_rows else 0
-    return ValidationResult(result.valid, rejects, result.valid_row_index,
-                            result.valid.num_rows + rejected)
-
-
-def _in_record_order(tables: list[pa.Table], positions: list[npt.NDArray[np.int64]]
-                     ) -> tuple[pa.Table | None, npt.NDArray[np.int64]]:
-    """Tables of the two paths as one, in record order (each is in order already)."""
-    tables = [t for t in tables if t.num_rows] or tables[:1]
-    positions = [p for p in positions if len(p)] or positions[:1]
-    if not tables:
-        return None, np.zeros(0, dtype=np.int64)
-    if len(tables) == 1:
-        return tables[0], positions[0]
-    pos = np.concatenate(positions)
-    order = np.argsort(pos, kind="stable")
-    return pa.concat_tables(tables).take(pa.array(order)), pos[order]
-
-
-def _empty_rows(compiled: CompiledSchema, program: TransformProgram | None, ctx: RunContext,
-                now: dt.datetime) -> pa.Table:
-    """The rows table of a micro-batch without a valid row (the columns the stores expect)."""
-    sb = SourceBatch([], BatchLineage("kafka://", 0, 0, unit=None, explicit=pa.array([], pa.string())))
-    return process_batch(sb, compiled, program, ctx, now).rows
-
-
-def _raw_records(values: Sequence[bytes | None], positions: npt.NDArray[np.int64],
-                 max_bytes: int) -> list[str]:
-    """The raw payload of rejected fast-path records (by the validator or the transforms),
-    as the per-record path renders it (from ``json.loads``)."""
-    out = []
-    for p in positions.tolist():  # rejected rows only: the exception path
-        value = values[p]
-        try:
-            obj = json.loads(value.decode("utf-8")) if value is not None else None
-        except (UnicodeDecodeError, ValueError, RecursionError):
-            obj = None
-        out.append(raw_json_rows([obj], np.zeros(1, np.int64))[0] if isinstance(obj, dict)
-                   else payload_json(value, max_bytes))
-    return out
-
-
-def _with_offsets(rejects: pa.Table, offsets: npt.NDArray[np.int64],
-                  positions: npt.NDArray[np.int64] | None = None) -> pa.Table:
-    """Rejects of Kafka records: ``row_index`` is the record's offset in its partition."""
-    if rejects.num_rows == 0:
-        return rejects
-    pos = rejects.column("row_index").to_numpy() if positions is None else positions
-    i = rejects.schema.get_field_index("row_index")
-    return rejects.set_column(i, "row_index", pa.array(offsets[pos], pa.int64()))

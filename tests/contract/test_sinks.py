@@ -285,7 +285,7 @@ def test_rejected_nan_inf_and_nul_inputs_are_stored_with_valid_json(settings: Se
     import psycopg
 
     from features.lineage import BatchLineage
-    from features.runner import process_batch
+    from features.pipeline.prepare import process_batch
     from features.sinks.postgres import PostgresSink
     from features.sources.base import SourceBatch
 

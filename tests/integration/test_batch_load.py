@@ -249,7 +249,7 @@ def test_redis_lost_mid_run_fails_after_retries_then_rerun_completes_exactly(
     port, state, start = own_redis
     paths = write_files(tmp_path, 6_000, files=1, row_group=1_000)
     hot_settings = dataclasses.replace(settings, redis_url=f"redis://127.0.0.1:{port}/0")
-    from features import runner
+    from features.pipeline import write as runner
 
     killed = {"done": False}
     real = runner.process_batch
@@ -356,7 +356,7 @@ def test_postgres_lost_mid_run_fails_after_retries_then_rerun_completes_exactly(
     pg = own_postgres
     paths = write_files(tmp_path, 6_000, files=1, row_group=1_000)
     cold = dataclasses.replace(settings, postgres_dsn=pg.dsn)
-    from features import runner
+    from features.pipeline import write as runner
 
     killed = {"done": False}
     real = runner.process_batch

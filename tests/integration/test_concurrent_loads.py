@@ -16,7 +16,7 @@ from features.compile import CompiledSchema
 from features.config import Settings
 from features.load import load
 from features.ops.examples import applicant_schema, applicants
-from features.runner import RunSummary
+from features.pipeline.summary import RunSummary
 
 pytestmark = pytest.mark.services
 

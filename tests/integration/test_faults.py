@@ -407,7 +407,7 @@ def test_redis_still_loading_its_data_after_a_restart_is_waited_for_not_an_error
         import datetime as dt
 
         from features.lineage import RunContext
-        from features.runner import process_batch
+        from features.pipeline.prepare import process_batch
         from features.sinks.base import WriteUnit
         from features.sources.parquet import ParquetSource
 

@@ -31,7 +31,7 @@ from features.compile import compile_schema
 from features.config import Settings
 from features.errors import SinkError
 from features.lineage import BatchLineage
-from features.load.local import load_source
+from features.pipeline.run import load_source
 from features.schema.parse import parse_schema
 from features.sdk.write import slices
 from features.sources.base import SourceBatch

@@ -24,7 +24,7 @@ from features.compile import compile_schema
 from features.compile.postgres import rejects_table_name
 from features.config import Settings
 from features.load import load, render_summary
-from features.runner import RunSummary
+from features.pipeline.summary import RunSummary
 from features.schema import parse_schema
 
 pytestmark = pytest.mark.services

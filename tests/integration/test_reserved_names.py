@@ -27,9 +27,9 @@ from features.config import Settings
 from features.kernels import transform_program
 from features.lineage import RunContext
 from features.load import load
-from features.stream.columnar import ColumnarDecoder
-from features.stream.core import prepare_records
-from features.stream.decode import record_uris
+from features.pipeline.prepare import prepare_records
+from features.sources.columnar import ColumnarDecoder
+from features.sources.records import record_uris
 
 pytestmark = pytest.mark.services
 NAME = "sqlwords"

@@ -175,8 +175,8 @@ def _reference_errors(values: list[bytes], request_id: str) -> list[tuple[int, s
     from features.config import resolve_settings
     from features.kernels import transform_program
     from features.lineage import RunContext
-    from features.stream.columnar import ColumnarDecoder
-    from features.stream.core import prepare_records
+    from features.pipeline.prepare import prepare_records
+    from features.sources.columnar import ColumnarDecoder
 
     compiled = applicant_schema()
     now = dt.datetime.now(dt.UTC)

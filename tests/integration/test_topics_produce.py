@@ -74,8 +74,8 @@ def test_produce_parquet_reads_back_as_the_file(tmp_path: Path, topic: str, sett
     from features.config import resolve_settings
     from features.kernels import transform_program
     from features.lineage import RunContext
-    from features.stream.columnar import ColumnarDecoder
-    from features.stream.core import prepare_records
+    from features.pipeline.prepare import prepare_records
+    from features.sources.columnar import ColumnarDecoder
     from features.validation import validate
 
     assert features_cli("topics", "create", "--schema", SCHEMA, "--topic", topic).returncode == 0

@@ -1,9 +1,9 @@
 """The stream's two decode paths agree on any micro-batch of Kafka record values.
 
 ``prepare_records(..., decoder=ColumnarDecoder(...))`` reads what it can with Arrow's
-JSON reader (``features/stream/columnar.py``) and hands the rest to the per-record path;
+JSON reader (``features/sources/columnar.py``) and hands the rest to the per-record path;
 ``prepare_records(..., decoder=None)`` is the per-record path alone (``json.loads`` per
-record, ``features/stream/decode.py``). The promise: for any input both give the same
+record, ``features/sources/records.py``). The promise: for any input both give the same
 rows, the same rejects (same order, same raw payload and errors JSON), the same
 reject-rule and unknown-field counts, and every record read is one row or one reject.
 
@@ -50,11 +50,11 @@ from features.config import resolve_settings  # noqa: E402
 from features.kernels import transform_program  # noqa: E402
 from features.lineage import RunContext  # noqa: E402
 from features.ops.examples import UNDECODABLE, applicant_events, click_history, click_records  # noqa: E402
+from features.pipeline.prepare import PreparedRecords, prepare_records  # noqa: E402
 from features.schema import load_schema  # noqa: E402
 from features.schema.model import INTEGER_KINDS, TypeKind  # noqa: E402
-from features.stream.columnar import ColumnarDecoder  # noqa: E402
-from features.stream.core import PreparedRecords, prepare_records  # noqa: E402
-from features.stream.decode import record_uris  # noqa: E402
+from features.sources.columnar import ColumnarDecoder  # noqa: E402
+from features.sources.records import record_uris  # noqa: E402
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 SCHEMAS = ("credit_applicant", "clicks")

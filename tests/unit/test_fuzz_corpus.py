@@ -27,7 +27,7 @@ import fuzz_decoder  # noqa: E402
 import fuzz_schema  # noqa: E402
 import fuzzkit  # noqa: E402
 
-from features.stream.decode import TRUNCATED_PREFIX_BYTES, decode, payload_json  # noqa: E402
+from features.sources.records import TRUNCATED_PREFIX_BYTES, decode, payload_json  # noqa: E402
 
 SCHEMA_CORPUS = FUZZ / "corpus" / "schema"
 DECODER_CORPUS = FUZZ / "corpus" / "decoder"

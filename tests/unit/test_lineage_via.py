@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from features.aggregate.stream import _lanes, _offsets
 from features.report.core import origin
-from features.stream.decode import record_uris
+from features.sources.records import record_uris
 
 
 def test_record_uris_keep_a_valid_header_and_refuse_the_others() -> None:

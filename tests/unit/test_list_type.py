@@ -18,11 +18,11 @@ from features.compile.listtext import JSON, POSTGRES, list_text, parse_list_text
 from features.compile.postgres import pg_type
 from features.errors import SchemaError
 from features.lineage import RunContext
+from features.pipeline.prepare import prepare_records
 from features.schema import parse_schema
 from features.schema.syntax import parse_type
-from features.stream.columnar import ColumnarDecoder
-from features.stream.core import prepare_records
-from features.stream.decode import record_uris
+from features.sources.columnar import ColumnarDecoder
+from features.sources.records import record_uris
 from features.validation import validate
 
 SCHEMA = """\

@@ -389,7 +389,7 @@ def test_runner_accounting_and_metrics_agree(tmp_path: Path) -> None:
     from features.kernels import transform_program
     from features.lineage import RunContext
     from features.ops.examples import applicant_schema, applicants
-    from features.runner import run
+    from features.pipeline.run import run
     from features.sources.parquet import ParquetSource
 
     compiled = applicant_schema()

@@ -24,12 +24,12 @@ from features.compile.expectations import run_suite
 from features.compile.fingerprint import fingerprint
 from features.errors import SchemaErrors, SourceError
 from features.lineage import RunContext
+from features.pipeline.prepare import prepare_records
 from features.schema import parse_schema
 from features.schema.parse import _FIELD_KEYS
+from features.sources.columnar import ColumnarDecoder
 from features.sources.parquet import ParquetSource
-from features.stream.columnar import ColumnarDecoder
-from features.stream.core import prepare_records
-from features.stream.decode import record_uris
+from features.sources.records import record_uris
 from features.validation import validate
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""features.runner: the loop the batch loader and the stream share, with in-memory sinks.
+"""features.pipeline.run: the loop the batch loader and the stream share, with in-memory sinks.
 
 The sinks here are test doubles of the ``Sink`` protocol (wiring only, STYLE's
 ``MockTransport`` case); the stores themselves run the contract suite in
@@ -34,7 +34,8 @@ from features.kernels import TransformProgram, transform_program
 from features.lineage import LINEAGE_COLUMNS, BatchLineage, RunContext
 from features.observe.progress import Progress
 from features.ops.examples import applicant_schema, applicants
-from features.runner import RunSummary, run
+from features.pipeline.run import run
+from features.pipeline.summary import RunSummary
 from features.sinks.base import REJECTED_ROWS_SCHEMA
 from features.sources.base import SourceBatch
 from features.sources.parquet import ParquetSource

@@ -24,13 +24,13 @@ from features.config import resolve_settings
 from features.errors import SchemaErrors, SourceError
 from features.kernels import transform_program
 from features.lineage import RunContext
+from features.pipeline.prepare import prepare_records
 from features.schema import parse_schema
 from features.schema.diff import ChangeKind
+from features.sources.columnar import ColumnarDecoder
 from features.sources.names import as_fields
 from features.sources.parquet import ExtraColumnsWarning, ParquetSource
-from features.stream.columnar import ColumnarDecoder
-from features.stream.core import prepare_records
-from features.stream.decode import decode, record_uris
+from features.sources.records import decode, record_uris
 
 ROOT = Path(__file__).resolve().parents[2]
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)

@@ -12,10 +12,10 @@ import pytest
 
 from features.compile import compile_schema
 from features.lineage import RunContext
+from features.pipeline.prepare import prepare_records
 from features.schema import parse_schema
-from features.stream.columnar import ColumnarDecoder
-from features.stream.core import prepare_records
-from features.stream.decode import decode, payload_json, record_uris
+from features.sources.columnar import ColumnarDecoder
+from features.sources.records import decode, payload_json, record_uris
 
 KNOWN = frozenset({"id", "x"})
 

@@ -17,10 +17,11 @@ import pyarrow.compute as pc
 
 from features.compile import compile_schema
 from features.lineage import RunContext
-from features.runner import RunSummary
+from features.pipeline.prepare import prepare_records
+from features.pipeline.summary import RunSummary
 from features.schema import load_schema
-from features.stream.core import StreamStats, prepare_records
-from features.stream.decode import record_uris
+from features.sources.records import record_uris
+from features.stream.core import StreamStats
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,9 +43,9 @@ _CHILD = textwrap.dedent("""
     from features.ops.examples import click_history, click_records
     from features.lineage import RunContext
     from features.schema import load_schema
-    from features.stream.columnar import ColumnarDecoder
-    from features.stream.core import prepare_records
-    from features.stream.decode import record_uris
+    from features.sources.columnar import ColumnarDecoder
+    from features.pipeline.prepare import prepare_records
+    from features.sources.records import record_uris
 
     compiled = compile_schema(load_schema(sys.argv[1] + "/schemas/clicks.yaml"))
     records, keys = int(sys.argv[2]), int(sys.argv[3])
@@ -111,7 +112,7 @@ def test_unknown_fields_stay_bounded_over_many_micro_batches() -> None:
         stats.unknown_fields.update(part.unknown_fields)
         shown = stats.as_dict()
         assert len(shown["unknown_fields"]) <= 100, f"batch {b}: {len(shown['unknown_fields'])} keys kept"
-    from features.stream.decode import UNKNOWN_FIELDS_TOP
+    from features.sources.records import UNKNOWN_FIELDS_TOP
 
     assert UNKNOWN_FIELDS_TOP == 100  # docs/streaming.md says so
     shown = stats.as_dict()
@@ -123,7 +124,7 @@ def test_unknown_fields_stay_bounded_over_many_micro_batches() -> None:
 def test_top_counter_keeps_the_top_keys_and_counts_the_rest() -> None:
     """At most ``2 * top`` keys are held whatever arrives; ``shown()`` names ``top`` keys,
     largest first, and the held counts plus ``other`` are every count added."""
-    from features.stream.decode import TopCounter
+    from features.sources.records import TopCounter
 
     c = TopCounter(top=3)
     total = 0
@@ -140,7 +141,7 @@ def test_top_counter_keeps_the_top_keys_and_counts_the_rest() -> None:
 def test_top_counter_merges_copies_and_pickles_with_its_other_count() -> None:
     """Merging two counters (the job adds each micro-batch's, the summary each
     subtask's) keeps both ``other`` counts; ``+=``, a copy and a pickle keep the bound."""
-    from features.stream.decode import TopCounter
+    from features.sources.records import TopCounter
 
     a, b = TopCounter(top=2), TopCounter(top=2)
     a.update(["x", "x", "y", "z", "w", "v"])  # 6 keys > 2 * 2: pruned to x and one other
@@ -159,7 +160,7 @@ def test_the_unknown_key_pattern_finds_every_record_with_an_unknown_key() -> Non
     """``other_key`` (one regex pass for the records the columnar decoder re-reads for
     their keys) matches any key that is not the schema's, at any place, and no record
     whose keys are all known: it may over-find (escapes, nested keys), never under-find."""
-    from features.stream.columnar import other_key
+    from features.sources.columnar import other_key
 
     pattern = other_key(frozenset({"user_id", "user", "ab"}))
     cases = {b'{"user_id":1}': False, b'{"user":1,"ab":2}': False, b'{ "ab" : 1 , "user" :2}': False,

@@ -1,6 +1,6 @@
 """Kafka record values -> one Arrow table per micro-batch, in C++ (the stream's fast path).
 
-:func:`features.stream.decode.decode` reads one record at a time (``json.loads``, a
+:func:`features.sources.records.decode` reads one record at a time (``json.loads``, a
 dict per record); the validator then reads those dicts field by field. That costs
 about 20 µs per record. :class:`ColumnarDecoder` instead joins a micro-batch's values
 into newline-delimited JSON and reads them with Arrow's JSON reader, with an explicit
@@ -33,7 +33,7 @@ per-record path (``slow``), which then decides as it always did:
   may have been an integer that float64 cannot hold exactly) and, for float fields,
   a negative zero (the token may have been the integer ``-0``).
 
-And the caller (``features.stream.core.prepare_records``) sends through the per-record
+And the caller (``features.pipeline.prepare.prepare_records``) sends through the per-record
 path the records whose ``type`` reject on the fast path shows a value as read in a field
 read as float64 (``100.0``, where ``json.loads`` may have read the integer ``100``).
 Every other reject's message shows the converted value, which both paths hold equal, and
@@ -59,7 +59,7 @@ value (not null), as the per-record path does: one Arrow regex match over the re
 text (:func:`other_key`: a key token whose name is none of the schema's; a key of a
 nested object or one written with escapes matches too, so this may over-find, never
 under-find) finds the records that may hold one; only those are read again with
-``json.loads`` for their keys, into a bounded :class:`~features.stream.decode.TopCounter`.
+``json.loads`` for their keys, into a bounded :class:`~features.sources.records.TopCounter`.
 
 Keys are the input's: a field with ``source: depDelay`` is read from the key
 ``depDelay`` and the table's column keeps that name (the caller renames it with
@@ -85,7 +85,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
 from features.schema.model import INTEGER_KINDS, Schema, TypeKind
-from features.stream.decode import TopCounter
+from features.sources.records import TopCounter
 from features.validation.masks import valid_mask
 
 Index = npt.NDArray[np.int64]
@@ -132,7 +132,7 @@ class Columnar:
 
     def unknown_fields(self, rows: Index | None = None) -> TopCounter:
         """Per unknown key, how many of ``rows`` (rows of ``table``; all when None) hold a
-        value (bounded: :class:`~features.stream.decode.TopCounter`). One ``json.loads``
+        value (bounded: :class:`~features.sources.records.TopCounter`). One ``json.loads``
         per record that may hold one (``unknown_rows``), none for the others."""
         out = TopCounter()
         pick = (np.ones(len(self.unknown_rows), dtype=np.bool_) if rows is None
