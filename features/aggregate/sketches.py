@@ -21,7 +21,12 @@ and by bucket count sums).
   reached with probability ``2^-(62-p)`` per value). A window's register ``M[j]`` is the
   largest rho of its values in register j (0: none): registers merge by maximum.
 - The registers reduce to two exact integers (the raw parts): ``nz`` (registers above 0)
-  and ``w = sum over them of 2^(63 - p - M[j])`` (below 2^62).
+  and ``w = sum over them of 2^(63 - p - M[j])`` (below 2^62); a third, ``d``, is the
+  number of distinct hashes in the window.
+- **Exact while small** (as DataSketches' list/set modes, HyperLogLog++'s sparse one): a
+  window with ``d <= 2^p / 8`` distinct hashes (512 at p = 12; its state is at most that
+  many 8-byte hashes, no more than the registers' bytes) is stored ``d``: exact but for
+  64-bit hash collisions. Beyond, the registers' estimate:
 - Estimate (Ertl 2017, "New cardinality estimation algorithms for HyperLogLog sketches",
   the *improved raw estimator*; no empirical bias tables, no thresholds): with ``x = (m -
   nz) / m``, ``sigma(x) = x + sum_k>=1 x^(2^k) 2^(k-1)`` (iterated until the sum stops
@@ -43,7 +48,8 @@ a = 0.01):
 - The value for ``q`` is the bucket value of the element of 0-based rank ``r = floor(q
   (n - 1))`` (double precision) of the ``n`` contributing values in ascending order
   (numpy's ``quantile(..., method="lower")``): ``sign 2^e 2(B + j)(B + j + 1) / (B (2B +
-  2j + 1))`` (the bucket's harmonic mean), 0 for zero; null when ``n = 0``.
+  2j + 1))`` (the bucket's harmonic mean; clamped to ±DBL_MAX in the top buckets), 0 for
+  zero; null when ``n = 0``.
 - Guarantee: buckets are monotone in ``x``, so the rank-r bucket holds the exact order
   statistic ``x_(r)``, and ``|value - x_(r)| <= |x_(r)| / (2B + 2j + 1) <= a |x_(r)|`` (plus
   one rounding of the division, 2^-53 relative).
@@ -66,24 +72,25 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from features.kernels.digest import mix, value_words
+from features.schema.aggregations import (  # the bounds the schema checks
+    ACCURACY_DEFAULT,
+    ACCURACY_MAX,
+    ACCURACY_MIN,
+    PRECISION_DEFAULT,
+    PRECISION_MAX,
+    PRECISION_MIN,
+)
 
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]
 F64 = npt.NDArray[np.float64]
 Mask = npt.NDArray[np.bool_]
 
-#: HyperLogLog precision: default and bounds
-PRECISION_DEFAULT: Final = 12
-PRECISION_MIN: Final = 4
-PRECISION_MAX: Final = 18
-#: approx_percentile relative accuracy: default and bounds
-ACCURACY_DEFAULT: Final = 0.01
-ACCURACY_MIN: Final = 0.001
-ACCURACY_MAX: Final = 0.25
 #: the fixed hash seed (added to each value's word before the SplitMix64 finaliser)
 HASH_SEED: Final = 0x9E3779B97F4A7C15
 #: bucket keys: sign * (k + KEY_OFFSET), so that keys order as bucket values do
 KEY_OFFSET: Final = 2**32
+_DBL_MAX: Final = float(np.finfo(np.float64).max)
 _FRACTION_BITS: Final = 52
 _FRACTION_MASK: Final = (1 << 52) - 1
 
@@ -138,8 +145,19 @@ def _sigma(x: F64) -> F64:
     return z
 
 
-def hll_estimate(nz: I64, w: I64, p: int) -> I64:
-    """The stored estimate from the raw parts ``nz``, ``w`` (see the module docstring)."""
+def sparse_max(p: int) -> int:
+    """The most distinct hashes a window counts exactly: ``2^p / 8``."""
+    return (1 << p) // 8
+
+
+def hll_estimate(d: I64, nz: I64, w: I64, p: int) -> I64:
+    """The stored value from the raw parts (see the module docstring): ``d`` where ``d <=
+    2^p / 8``, else the registers' estimate from ``nz`` and ``w``."""
+    return np.where(d <= sparse_max(p), d, register_estimate(nz, w, p))
+
+
+def register_estimate(nz: I64, w: I64, p: int) -> I64:
+    """Ertl's improved raw estimate from the registers' raw parts ``nz``, ``w``."""
     m = 1 << p
     empty = nz == 0
     x = np.where(empty, 0.0, (m - nz).astype(np.float64) / np.float64(m))
@@ -155,9 +173,11 @@ def relative_standard_error(p: int) -> float:
     return 1.04 / math.sqrt(1 << p)
 
 
-def hll_windows(codes: I64, values: pa.Array, mask: Mask, lo: I64, p: int) -> tuple[I64, I64]:
-    """Raw parts (nz, w) for every window ``[lo[i], i]`` of events sorted by (entity
-    ``codes``, time); ``lo`` never decreases and stays within the entity.
+def hll_windows(codes: I64, h: U64, mask: Mask, lo: I64, p: int) -> tuple[I64, I64]:
+    """Register raw parts (nz, w) for every window ``[lo[i], i]`` of events sorted by
+    (entity ``codes``, time), ``h`` their hashes (:func:`hash64`); ``lo`` never decreases
+    and stays within the entity. (``d``, the distinct hashes, is the engine's exact
+    distinct count of ``h``.)
 
     Event ``j`` (contributing) is *the* maximum of its register in window ``i`` (the
     newest of the largest rho there) exactly when ``lo[i] <= j <= i``, no event of its
@@ -172,7 +192,7 @@ def hll_windows(codes: I64, values: pa.Array, mask: Mask, lo: I64, p: int) -> tu
     m = np.flatnonzero(mask)
     if len(m) == 0:
         return nz[:n], ww[:n]
-    reg, rho = registers(hash64(values.take(pa.array(m))), p)
+    reg, rho = registers(h[m], p)
     group = codes[m] * (1 << p) + reg
     order = np.argsort(group, kind="stable")      # by group, then position (m ascends)
     sg, sp, sr = group[order], m[order], rho[order]
@@ -198,35 +218,55 @@ def hll_windows(codes: I64, values: pa.Array, mask: Mask, lo: I64, p: int) -> tu
     a, b = a[run], b[run] + 1
     weight = np.left_shift(np.int64(1), (63 - p - sr[run]).astype(np.int64))
     nz += np.bincount(a, minlength=n + 1) - np.bincount(b, minlength=n + 1)
-    np.add.at(ww, a, weight)
-    np.subtract.at(ww, b, weight)
+    # the weights' difference array, exactly: two 31-bit halves summed as doubles (at one
+    # index at most one run per register starts or ends: sums below 2^31 * 2^18 < 2^53),
+    # then joined as integers
+    for shift, part in ((31, weight >> 31), (0, weight & 0x7FFFFFFF)):
+        add = np.bincount(a, weights=part, minlength=n + 1) - np.bincount(b, weights=part, minlength=n + 1)
+        ww += add.astype(np.int64) << shift
     return np.cumsum(nz[:n]), np.cumsum(ww[:n])
 
 
-def hll_state(values: pa.Array, p: int) -> npt.NDArray[np.uint8]:
-    """The ``2^p`` registers (one byte each) of the non-null values: a tile's state."""
+#: a tile's HyperLogLog state: its distinct hashes (sorted; None once more than
+#: ``2^p / 8``) and its ``2^p`` one-byte registers
+HllState = tuple[U64 | None, npt.NDArray[np.uint8]]
+
+
+def hll_state(values: pa.Array | pa.ChunkedArray, p: int) -> HllState:
+    """The state of the non-null ``values``."""
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks()
     values = values.filter(values.is_valid())
     regs = np.zeros(1 << p, dtype=np.uint8)
-    if len(values):
-        reg, rho = registers(hash64(values), p)
+    h = hash64(values) if len(values) else np.zeros(0, np.uint64)
+    if len(h):
+        reg, rho = registers(h, p)
         np.maximum.at(regs, reg, rho.astype(np.uint8))
-    return regs
+    uniq = np.unique(h)
+    return (uniq if len(uniq) <= sparse_max(p) else None), regs
 
 
-def hll_merge(states: list[npt.NDArray[np.uint8]]) -> npt.NDArray[np.uint8]:
-    """Registers merge by maximum (any order, any grouping: the same registers)."""
-    out: npt.NDArray[np.uint8] = np.maximum.reduce(states)
-    return out
+def hll_merge(states: list[HllState], p: int) -> HllState:
+    """States merge by register maximum and hash union (any order, any grouping: the same
+    state)."""
+    regs: npt.NDArray[np.uint8] = np.maximum.reduce([s[1] for s in states])
+    hashes = [s[0] for s in states]
+    if any(x is None for x in hashes):
+        return None, regs
+    uniq = np.unique(np.concatenate([x for x in hashes if x is not None]))
+    return (uniq if len(uniq) <= sparse_max(p) else None), regs
 
 
-def hll_state_estimate(regs: npt.NDArray[np.uint8], p: int) -> int:
-    """The stored estimate of a state: reads only its registers."""
+def hll_state_estimate(state: HllState, p: int) -> int:
+    """The stored value of a state: its distinct hashes while few, else the estimate from
+    its registers alone."""
+    hashes, regs = state
+    if hashes is not None:
+        return len(hashes)
     r = regs.astype(np.int64)
     nzr = r[r > 0]
     w = int(np.sum(np.left_shift(np.int64(1), 63 - p - nzr))) if len(nzr) else 0
-    return int(hll_estimate(np.array([len(nzr)], np.int64), np.array([w], np.int64), p)[0])
+    return int(register_estimate(np.array([len(nzr)], np.int64), np.array([w], np.int64), p)[0])
 
 
 # --------------------------------------------------------------------------- percentile
@@ -279,8 +319,8 @@ def bucket_values(keys: I64, a: float) -> F64:
     j = k - e * b
     num = 2.0 * (b + j).astype(np.float64) * (b + j + 1).astype(np.float64)   # exact integers
     den = np.float64(b) * (2 * b + 2 * j + 1).astype(np.float64)
-    with np.errstate(over="ignore"):
-        mag = np.ldexp(num / den, np.where(keys == 0, 0, e).astype(np.int32))
+    with np.errstate(over="ignore"):  # the top buckets' mean may pass DBL_MAX: clamped (still closer)
+        mag = np.minimum(np.ldexp(num / den, np.where(keys == 0, 0, e).astype(np.int32)), _DBL_MAX)
     out: F64 = np.where(keys == 0, 0.0, np.where(keys < 0, -mag, mag))
     return out
 
@@ -389,9 +429,9 @@ def percentile_state_values(state: tuple[I64, I64], qs: tuple[float, ...], a: fl
 
 
 __all__ = ["ACCURACY_DEFAULT", "ACCURACY_MAX", "ACCURACY_MIN", "HASH_SEED", "KEY_OFFSET",
-           "PRECISION_DEFAULT", "PRECISION_MAX", "PRECISION_MIN", "as_float64", "bucket_keys",
-           "bucket_values",
-           "buckets_per_octave", "clz64", "hash64", "hll_estimate", "hll_merge", "hll_state",
-           "hll_state_estimate", "hll_windows", "kth_smallest", "percentile_merge", "percentile_state",
-           "percentile_state_values", "percentile_values", "percentile_windows", "rank_of", "registers",
-           "relative_standard_error"]
+           "PRECISION_DEFAULT", "PRECISION_MAX", "PRECISION_MIN", "HllState", "as_float64",
+           "bucket_keys", "bucket_values", "buckets_per_octave", "clz64", "hash64", "hll_estimate",
+           "hll_merge", "hll_state", "hll_state_estimate", "hll_windows", "kth_smallest",
+           "percentile_merge", "percentile_state", "percentile_state_values", "percentile_values",
+           "percentile_windows", "rank_of", "register_estimate", "registers", "relative_standard_error",
+           "sparse_max"]

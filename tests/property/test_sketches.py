@@ -12,20 +12,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+from aggregate_reference import splitmix64
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from features.aggregate import sketches as sk
+from features.aggregate.engine import _distinct_counts
 
 M64 = (1 << 64) - 1
-
-
-def _splitmix(word: int) -> int:
-    """SplitMix64 in plain Python (an independent reading of the docstring's spec)."""
-    z = (word + 0x9E3779B97F4A7C15) & M64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
-    return z ^ (z >> 31)
 
 
 def _fnv(s: str) -> int:
@@ -38,14 +32,14 @@ def _fnv(s: str) -> int:
 def test_the_hash_is_the_documented_one() -> None:
     ints = [0, 1, -1, 7, 2**62, -(2**63)]
     got = sk.hash64(pa.array(ints, pa.int64())).tolist()
-    assert got == [_splitmix(i & M64) for i in ints]
+    assert got == [splitmix64(i & M64) for i in ints]
     assert sk.hash64(pa.array([7], pa.int32())).tolist() == got[3:4]  # widening changes nothing
     words = ["", "a", "foobar", "é"]
-    assert sk.hash64(pa.array(words)).tolist() == [_splitmix(_fnv(s)) for s in words]
-    assert sk.hash64(pa.array(words).dictionary_encode()).tolist() == [_splitmix(_fnv(s)) for s in words]
+    assert sk.hash64(pa.array(words)).tolist() == [splitmix64(_fnv(s)) for s in words]
+    assert sk.hash64(pa.array(words).dictionary_encode()).tolist() == [splitmix64(_fnv(s)) for s in words]
     f = sk.hash64(pa.array([1.5, -0.0, 0.0])).tolist()
     assert f[1] == f[2]
-    assert f[0] == _splitmix(int(np.array([1.5]).view(np.uint64)[0]))
+    assert f[0] == splitmix64(int(np.array([1.5]).view(np.uint64)[0]))
 
 
 def test_nan_is_refused() -> None:
@@ -72,14 +66,19 @@ def test_hll_windows_equal_the_registers_of_each_window(seed: int) -> None:
     codes, _, lo = _windows(rng, n, 4, 800, 120)
     values = pa.array(rng.integers(0, 200, n), mask=rng.random(n) < 0.1)
     mask = np.asarray(values.is_valid()) & (rng.random(n) < 0.9)
-    nz, w = sk.hll_windows(codes, values, mask, lo, p)
+    h = sk.hash64(values)
+    nz, w = sk.hll_windows(codes, h, mask, lo, p)
+    d = _distinct_counts(codes, h.view(np.int64), mask, lo)
+    estimates = sk.hll_estimate(d, nz, w, p)
     for i in range(n):
         window = values.take(pa.array([j for j in range(lo[i], i + 1) if mask[j]], pa.int64()))
-        regs = sk.hll_state(window, p).astype(np.int64)
+        state = sk.hll_state(window, p)
+        regs = state[1].astype(np.int64)
         nzr = regs[regs > 0]
         assert (nz[i], w[i]) == (len(nzr), sum(1 << (63 - p - int(r)) for r in nzr))
-        expect = sk.hll_state_estimate(sk.hll_state(window, p), p)
-        assert sk.hll_estimate(nz[i:i + 1], w[i:i + 1], p)[0] == expect
+        assert d[i] == len(set(sk.hash64(window).tolist()))
+        assert estimates[i] == sk.hll_state_estimate(state, p)
+        assert (state[0] is None) == (d[i] > sk.sparse_max(p))
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -133,19 +132,22 @@ def test_every_permutation_and_split_gives_the_same_bits(kind: str, n: int, seed
         cuts = np.sort(rng.integers(0, len(vals) + 1, parts - 1))
         chunks = np.split(np.arange(len(vals)), cuts)
         arr = pa.array(vals, pa.float64())
-        regs = sk.hll_merge([sk.hll_state(arr.take(pa.array(c, pa.int64())), p) for c in chunks])
+        state = sk.hll_merge([sk.hll_state(arr.take(pa.array(c, pa.int64())), p) for c in chunks][::-1], p)
         present = [v for v in vals if v is not None]
         states = [sk.percentile_state(np.array([vals[i] for i in c if vals[i] is not None], np.float64), a)
                   for c in chunks]
         merged = sk.percentile_merge(states[::-1])
         mask = np.asarray(arr.is_valid(), dtype=np.bool_)
         lo = np.zeros(len(vals), dtype=np.int64)
-        nz, w = sk.hll_windows(np.zeros(len(vals), np.int64), arr, mask, lo, p)
+        zeros, h = np.zeros(len(vals), np.int64), sk.hash64(arr)
+        nz, w = sk.hll_windows(zeros, h, mask, lo, p)
+        d = _distinct_counts(zeros, h.view(np.int64), mask, lo)
         x = np.nan_to_num(np.asarray(arr.to_numpy(zero_copy_only=False), dtype=np.float64))
         pw = sk.percentile_values(sk.percentile_windows(x, mask, lo, qs, a), a, listed=True).to_pylist()
         assert len(present) == int(merged[1].sum())
-        return (sk.hll_state_estimate(regs, p), sk.percentile_state_values(merged, qs, a),
-                sk.hll_estimate(nz, w, p)[-1:].tolist(), pw[-1] if pw[-1] is not None else [None] * len(qs))
+        windowed = sk.hll_estimate(d, nz, w, p)[-1:].tolist()
+        return (sk.hll_state_estimate(state, p), sk.percentile_state_values(merged, qs, a), windowed,
+                pw[-1] if pw[-1] is not None else [None] * len(qs))
 
     first = run(values)
     assert first[0] == first[2][0]
@@ -166,18 +168,25 @@ def test_distinct_counts_within_3_standard_errors_in_99_percent_of_1000_trials(p
     # distinct values per trial: a random start plus 0..card-1, disjoint across trials
     start = rng.integers(0, 2**40, trials) * 2**20
     values = start[trial] + (np.arange(len(trial)) - np.repeat(np.cumsum(card) - card, card))
-    reg, rho = sk.registers(sk.hash64(pa.array(values, pa.int64())), p)
+    hashes = sk.hash64(pa.array(values, pa.int64()))
+    assert len(np.unique(hashes)) == len(hashes)  # distinct values, distinct hashes: d is the cardinality
+    reg, rho = sk.registers(hashes, p)
     m = 1 << p
     regs = np.zeros(trials * m, dtype=np.int64)
     np.maximum.at(regs, trial * m + reg, rho)
     regs = regs.reshape(trials, m)
     nz = (regs > 0).sum(axis=1)
     w = np.where(regs > 0, np.left_shift(np.int64(1), np.maximum(63 - p - regs, 0)), 0).sum(axis=1)
-    est = sk.hll_estimate(nz, w, p)
     se = sk.relative_standard_error(p)
+    # the registers' estimate alone (what windows beyond 2^p / 8 distinct values store)
+    raw = sk.register_estimate(nz, w, p)
+    within = np.abs(raw - card) <= 3 * se * card
+    assert within.mean() >= 0.99, (within.mean(), card[~within], raw[~within])
+    # the stored value: exact (distinct hashes) up to 2^p / 8, the registers' beyond
+    est = sk.hll_estimate(card, nz, w, p)  # d: every hash distinct (asserted above)
+    assert np.all(est[card <= sk.sparse_max(p)] == card[card <= sk.sparse_max(p)])
     within = np.abs(est - card) <= 3 * se * card
     assert within.mean() >= 0.99, (within.mean(), card[~within], est[~within])
-    assert np.all(est[card == 1] == 1)
 
 
 @settings(max_examples=200, deadline=None)
@@ -197,8 +206,11 @@ def test_bucket_keys_are_exact_and_ordered() -> None:
     a = 0.01
     b = sk.buckets_per_octave(a)
     assert b == 50 and 1 / (2 * b + 1) <= a
-    x = np.array([-1e300, -3.0, -5e-324, 0.0, -0.0, 5e-324, 1.0, 1.0 + 1 / 50, 2.0, 1.7e308])
+    x = np.array([-1e300, -3.0, -5e-324, 0.0, -0.0, 5e-324, 1.0, 1.0 + 1 / 50, 2.0, 1.7e308,
+                  np.finfo(np.float64).max])
     k = sk.bucket_keys(x, a)
     assert list(k[[3, 4]]) == [0, 0]
     assert np.all(np.diff(k[[0, 1, 2, 3, 5, 6, 7, 8, 9]]) > 0)
     assert k[7] - k[6] == 1 and k[8] - k[6] == b  # 1, 1 + 1/B, 2: one bucket, one octave apart
+    v = sk.bucket_values(k, a)
+    assert np.all(np.isfinite(v)) and np.all(np.abs(v - x) <= a * np.abs(x))  # the top bucket clamped
