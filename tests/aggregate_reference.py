@@ -6,7 +6,9 @@ Python's own numbers: the history keeps every distinct event (entity, event time
 content digest) once; each instant gets, per aggregation, the value over the entity's
 history events in its window, every event at that instant included, events at one
 instant ordered by digest. No code of ``features.aggregate`` is used (only the parsed
-schema, for the declarations, and the digest of ``features.kernels.digest``).
+schema, for the declarations, and the digest of ``features.kernels.digest``, whose
+per-value words the sketches hash too). The sketches (``approx_count_distinct``,
+``approx_percentile``) are the docs' definitions in plain Python integers and floats.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import sys
 from collections import defaultdict
 from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any
@@ -140,6 +143,13 @@ def with_digest(schema: Schema, table: pa.Table) -> pa.Table:
 
 def _value(schema: Schema, agg: Aggregation, vs: list[Any]) -> Any:
     function, of = agg.function, agg.of
+    if function == "approx_count_distinct":
+        assert of is not None and agg.precision is not None
+        return hll_reference(schema, of, vs, agg.precision)
+    if function == "approx_percentile":
+        assert of is not None and agg.relative_accuracy is not None
+        got = percentile_reference(schema, of, vs, agg.quantiles, agg.relative_accuracy)
+        return got if isinstance(agg.q, tuple) or got is None else got[0]
     if function == "count":
         return len(vs)
     if function == "count_distinct":
@@ -173,6 +183,77 @@ def _value(schema: Schema, agg: Aggregation, vs: list[Any]) -> Any:
 
 
 _MOMENTS = ("variance", "stddev", "variance_sample", "stddev_sample")
+_M64 = (1 << 64) - 1
+
+
+def splitmix64(word: int) -> int:
+    """SplitMix64 of ``word`` (the sketches' hash, docs/aggregations.md), in Python integers."""
+    z = (word + 0x9E3779B97F4A7C15) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def hll_reference(schema: Schema, of: str, vs: list[Any], p: int) -> int:
+    """approx_count_distinct by docs/aggregations.md: the distinct hashes while at most
+    2^p / 8, else registers and Ertl's estimator."""
+    from features.compile.arrow import arrow_type
+    from features.kernels.digest import value_words
+
+    if not vs:
+        return 0
+    hashes = {splitmix64(int(word)) for word in value_words(pa.array(vs, arrow_type(schema.field(of).type)))}
+    if len(hashes) <= (1 << p) // 8:  # exact while small
+        return len(hashes)
+    m = 1 << p
+    regs = [0] * m
+    for h in hashes:
+        rest = (h << p) & _M64
+        rho = min(64 - rest.bit_length() + 1, 63 - p)
+        regs[h >> (64 - p)] = max(regs[h >> (64 - p)], rho)
+    x = regs.count(0) / m
+    z, y, xx = x, 1.0, x
+    while x > 0:  # sigma(x), the paper's loop
+        xx = xx * xx
+        z_new = z + xx * y
+        y = y + y
+        if z_new == z:
+            break
+        z = z_new
+    w = sum(1 << (63 - p - r) for r in regs if r)
+    est = (m * m / (2.0 * math.log(2.0))) / (m * z + float(w) * 2.0 ** -(63 - p))
+    return round(est)
+
+
+def percentile_reference(schema: Schema, of: str, vs: list[Any], qs: tuple[float, ...], a: float
+                         ) -> list[float] | None:
+    """approx_percentile by docs/aggregations.md: each value's bucket from its exponent
+    and fraction bits, the bucket of rank floor(q (n - 1)), its harmonic mean."""
+    if not vs:
+        return None
+    ft = schema.field(of).type
+    scale = int(ft.scale or 0) if ft.kind is TypeKind.DECIMAL else 0
+    xs = sorted(float(int(v.scaleb(scale))) / float(10 ** scale) if isinstance(v, Decimal) else float(v)
+                for v in vs)
+    b = math.ceil((1 - a) / (2 * a))
+    while 1 / (2 * b + 1) > a:
+        b += 1
+    out = []
+    for q in qs:
+        x = xs[math.floor(q * float(len(xs) - 1))]
+        if x == 0:
+            out.append(0.0)
+            continue
+        mant, e = math.frexp(abs(x))           # |x| = mant 2^e, mant in [0.5, 1)
+        f = int(mant * 2 ** 53) - 2 ** 52      # the fraction bits of (2 mant) 2^(e - 1)
+        k = (e - 1) * b + (f * b >> 52)
+        e2, j = divmod(k, b)
+        try:
+            mag = math.ldexp(2.0 * (b + j) * (b + j + 1) / (b * (2 * b + 2 * j + 1)), e2)
+        except OverflowError:  # the top buckets: clamped to the largest double
+            mag = sys.float_info.max
+        out.append(mag if x > 0 else -mag)
+    return out
 
 
 def _unscaled_float(v: float, scale: int) -> int:
@@ -247,6 +328,14 @@ aggregations:
     - {name: score_last3, function: last_k, of: score, k: 3, window: 1h, store: [hot, cold]}
     - {name: qty_last2_day, function: last_k, of: qty, k: 2, where: {kind: [a, b]},
        window: {size: 1d, type: tumbling}, store: cold}
+    # sketches (issue 50)
+    - {name: items_approx_2h, function: approx_count_distinct, of: item, precision: 4, window: 2h,
+       store: [hot, cold]}
+    - {name: qty_approx_day, function: approx_count_distinct, of: qty, where: {kind: [a, b]},
+       window: {size: 1d, type: tumbling}, store: cold}
+    - {name: score_p90, function: approx_percentile, of: score, q: 0.9, window: 1h, store: [hot, cold]}
+    - {name: amount_pcts, function: approx_percentile, of: amount, q: [0, 0.5, 0.99], relative_accuracy: 0.05,
+       window: 2h, store: [hot, cold]}
 """
 #: 22:00 UTC: the 9 hours of a history cross a UTC midnight (the tumbling day)
 BASE_US = int(dt.datetime(2026, 3, 1, 22, 0, tzinfo=dt.UTC).timestamp()) * 1_000_000
@@ -330,4 +419,5 @@ def check_hot(client: Any, key_prefix: str, schema: Schema, want: dict[tuple[Any
 
 __all__ = ["BASE_US", "EVENT", "MINUTE_US", "SCHEMA", "USERS", "T", "check_hot", "history_of",
            "history_table",
-           "one_content_per_key", "random_history", "reference", "reference_at", "stream_late", "values_at"]
+           "one_content_per_key", "random_history", "reference", "reference_at", "splitmix64", "stream_late",
+           "values_at"]

@@ -42,6 +42,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from features.aggregate import sketches
 from features.aggregate.moments import PARTS as MOMENT_PARTS
 from features.aggregate.moments import fixed_point, variance, window_squares
 from features.compile.layout import MOMENT_FUNCTIONS, aggregation_type, event_time_micros
@@ -59,6 +60,11 @@ RAW_PARTS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("variance", "stddev", "variance_sample", "stddev_sample"), MOMENT_PARTS),
     "first": ("v",),
     "last_k": ("v",),  # a list<int64> / list<float64> column: the window's k newest values, newest first
+    # sketches (features.aggregate.sketches): the window's distinct hashes d and its HyperLogLog
+    # registers as two exact integers (nz registers above 0, w = sum of 2^(63-p-M)); the
+    # bucket key per quantile
+    "approx_count_distinct": ("d", "nz", "w"),
+    "approx_percentile": ("b",),  # a list<int64> column, one bucket key per quantile; null: empty
 }
 _MOMENTS = MOMENT_FUNCTIONS
 LATE_RULE = "aggregation.lateness"
@@ -97,7 +103,7 @@ class AggSpec:
         ``key`` (count_distinct: the value itself) or ``one`` (count of events)."""
         if agg.of is None:
             return "one"
-        if agg.function == "count_distinct":
+        if agg.function in ("count_distinct", "approx_count_distinct"):
             return "key"
         kind = self.schema.field(agg.of).type.kind
         if agg.function == "count":
@@ -416,7 +422,26 @@ def window_raw(spec: AggSpec, inputs: Inputs, order: I64, c: I64, ts: I64) -> di
             vcodes = group_codes(inputs.values[agg.name].take(pa.array(order)))
             raw[f"{agg.name}.d"] = pa.array(_distinct_counts(c, vcodes, mask, lo), pa.int64())
             continue
+        if f == "approx_count_distinct":
+            assert agg.precision is not None
+            h = sketches.hash64(inputs.values[agg.name].take(pa.array(order)))
+            d = _distinct_counts(c, h.view(np.int64), mask, lo)
+            raw[f"{agg.name}.d"] = pa.array(d, pa.int64())
+            if len(d) and int(d.max()) > sketches.sparse_max(agg.precision):
+                nz, w = sketches.hll_windows(c, h, mask, lo, agg.precision)
+            else:  # every window is counted exactly (d): the registers are not read
+                nz = w = np.zeros(len(d), dtype=np.int64)
+            raw[f"{agg.name}.nz"] = pa.array(nz, pa.int64())
+            raw[f"{agg.name}.w"] = pa.array(w, pa.int64())
+            continue
         v = inputs.values[agg.name][order]
+        if f == "approx_percentile":
+            assert agg.relative_accuracy is not None and agg.of is not None
+            ft = spec.schema.field(agg.of).type
+            x = sketches.as_float64(v, int(ft.scale or 0) if ft.kind is TypeKind.DECIMAL else None)
+            raw[f"{agg.name}.b"] = sketches.percentile_windows(x, mask, lo, agg.quantiles,
+                                                               agg.relative_accuracy)
+            continue
         if f == "last_k":
             assert agg.k is not None
             raw[f"{agg.name}.v"] = _last_k(v, mask, lo, agg.k)
@@ -466,6 +491,8 @@ def _raw_type(spec: AggSpec, name: str) -> pa.DataType:
     agg = next(a for a in spec.windowed if a.name == agg_name)
     if agg.function == "last_k":
         return pa.list_(pa.float64() if spec.value_kind(agg) == "float" else pa.int64())
+    if agg.function == "approx_percentile":
+        return pa.list_(pa.int64())
     if part == "v" and spec.value_kind(agg) == "float":
         return pa.float64()
     return pa.int64()
@@ -504,6 +531,16 @@ def finalize(spec: AggSpec, raw: pa.Table) -> dict[str, pa.Array]:
             continue
         if f in ("count", "count_distinct"):
             out[agg.name] = raw.column(f"{agg.name}.{RAW_PARTS[f][0]}").combine_chunks().cast(pa.int64())
+            continue
+        if f == "approx_count_distinct":
+            assert agg.precision is not None
+            d, nz, w = (_np(raw.column(f"{agg.name}.{part}"), np.int64, 0)[0] for part in ("d", "nz", "w"))
+            out[agg.name] = pa.array(sketches.hll_estimate(d, nz, w, agg.precision), pa.int64())
+            continue
+        if f == "approx_percentile":
+            assert agg.relative_accuracy is not None
+            out[agg.name] = sketches.percentile_values(raw.column(f"{agg.name}.b"), agg.relative_accuracy,
+                                                       listed=isinstance(agg.q, tuple))
             continue
         assert agg.of is not None
         ft = spec.schema.field(agg.of).type

@@ -13,18 +13,19 @@ counting, as the per-event values do, only events that match ``where`` and (with
 ``features.aggregate.engine`` with ``t`` replaced by ``T``, so a request at exactly an
 event's time reads that event's ``<schema>__aggregates`` value, and a request between
 events reads a window that has decayed: events that left it no longer count. An empty
-window is the same empty value the engine gives: ``count``, ``count_distinct`` and
-``sum`` 0, ``last_k`` ``[]``, every other function null, a ratio its ``on_zero`` where
-its denominator is 0 or null.
+window is the same empty value the engine gives: ``count``, ``count_distinct``,
+``approx_count_distinct`` and ``sum`` 0, ``last_k`` ``[]``, every other function null, a
+ratio its ``on_zero`` where its denominator is 0 or null.
 
 How (vectorised, no loop per request): each request time becomes one extra row of its
 entity's events that counts for nothing, sorted after the events at the same time; the
 engine's window machinery (:func:`features.aggregate.engine.window_raw`: window starts
 by binary search, prefix sums for counts, sums and moments, a sparse table for min/max,
 fills for first/last, a gather for ``last_k``, the linked-list count for
-``count_distinct``) gives every row the value of its window, and the request rows'
-values go through the engine's :func:`~features.aggregate.engine.finalize`. Cost: one
-sort of events plus requests, O((n + m) log(n + m)).
+``count_distinct``, the sketches' register runs and wavelet matrix) gives every row the
+value of its window, and the request rows' values go through the engine's
+:func:`~features.aggregate.engine.finalize`. Cost: one sort of events plus requests,
+O((n + m) log(n + m)).
 """
 
 from __future__ import annotations

@@ -46,7 +46,8 @@ _OMIT_WHEN_EMPTY: Final = frozenset({"null_values"})
 #: the same for flags added later, left out while False (``Schema.static``)
 _OMIT_WHEN_FALSE: Final = frozenset({"static"})
 #: the same, on one model class only (``FieldType.scale`` has always counted)
-_OMIT_WHEN_NONE_ON: Final[dict[type, frozenset[str]]] = {Aggregation: frozenset({"scale"})}
+_OMIT_WHEN_NONE_ON: Final[dict[type, frozenset[str]]] = {Aggregation: frozenset({"scale", "precision", "q",
+                                                                                    "relative_accuracy"})}
 
 
 def _unset(name: str, value: Any, owner: type | None = None) -> bool:

@@ -179,8 +179,10 @@ def rows_to_table(c: CompiledSchema, names: list[str], rows: Sequence[Sequence[A
 def aggregation_type(schema: Schema, agg: Aggregation) -> pa.DataType:
     """The Arrow type of a stored aggregation column."""
     f = agg.function
-    if f in ("count", "count_distinct"):
+    if f in ("count", "count_distinct", "approx_count_distinct"):
         return pa.int64()
+    if f == "approx_percentile":  # one quantile: a double; a list of them: a list
+        return pa.list_(pa.float64()) if isinstance(agg.q, tuple) else pa.float64()
     if f in ("mean", "ratio") or f in MOMENT_FUNCTIONS:
         return pa.float64()
     assert agg.of is not None

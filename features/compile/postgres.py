@@ -509,8 +509,10 @@ def aggregation_pg_type(schema: Schema | CompiledSchema, agg: Aggregation) -> st
     if not isinstance(schema, Schema):
         schema = schema.schema
     f = agg.function
-    if f in ("count", "count_distinct"):
+    if f in ("count", "count_distinct", "approx_count_distinct"):
         return "bigint"
+    if f == "approx_percentile":  # one quantile, or the listed ones in their order
+        return "double precision[]" if isinstance(agg.q, tuple) else "double precision"
     if f in ("mean", "ratio", "variance", "stddev", "variance_sample", "stddev_sample"):
         return "double precision"
     assert agg.of is not None

@@ -20,6 +20,12 @@ variance,       a numeric field                   window, where, scale (float
 stddev (and                                       fields)
 their _sample)
 last_k          an integer or float field         window, where, k (1..64)
+approx_count_   any scalar field (NaN refused)    window, where, precision
+distinct                                          (4..18, default 12)
+approx_         a numeric field                   window, where, q (one
+percentile                                        quantile or a list, each in
+                                                  [0, 1]), relative_accuracy
+                                                  (0.001..0.25, default 0.01)
 ratio           -                                 numerator, denominator (two
                                                   windowed aggregations), on_zero
 ==============  ================================  ==============================
@@ -58,15 +64,29 @@ from features.schema.syntax import MAX_DURATION_S
 
 _AGG_SECTION_KEYS: Final = ("allowed_lateness", "features")
 _AGG_KEYS: Final = ("name", "function", "of", "window", "where", "numerator", "denominator", "on_zero",
-                    "scale", "store", "description", "k")
+                    "scale", "store", "description", "k", "precision", "q", "relative_accuracy")
 _AGG_FUNCTIONS: Final = ("count", "sum", "mean", "min", "max", "last", "count_distinct", "ratio",
-                         "variance", "stddev", "variance_sample", "stddev_sample", "first", "last_k")
+                         "variance", "stddev", "variance_sample", "stddev_sample", "first", "last_k",
+                         "approx_count_distinct", "approx_percentile")
 #: functions that add values: over a float field they take ``scale`` (fixed point)
 _SCALED: Final = ("sum", "mean", "variance", "stddev", "variance_sample", "stddev_sample")
 DEFAULT_SCALE: Final = 6
 MAX_SCALE: Final = 18
 #: the largest ``k`` of ``last_k``
 LAST_K_MAX: Final = 64
+#: approx_count_distinct's HyperLogLog precision (2^p registers): default and bounds
+PRECISION_DEFAULT: Final = 12
+PRECISION_MIN: Final = 4
+PRECISION_MAX: Final = 18
+#: approx_percentile's relative accuracy: default and bounds
+ACCURACY_DEFAULT: Final = 0.01
+ACCURACY_MIN: Final = 0.001
+ACCURACY_MAX: Final = 0.25
+#: the most quantiles one ``approx_percentile`` lists
+QUANTILES_MAX: Final = 16
+#: the keys that belong to one function only (key -> function)
+_OWN_KEYS: Final = {"precision": "approx_count_distinct", "q": "approx_percentile",
+                    "relative_accuracy": "approx_percentile"}
 #: the field types each function accepts for ``of`` (why, in the error, for the others)
 _AGG_OF_KINDS: Final = {
     "count": None,  # any type: counts non-null values
@@ -85,6 +105,10 @@ _AGG_OF_KINDS: Final = {
     "first": (NUMERIC_KINDS, "a numeric field"),
     # last_k: a list of the field's type (list elements: integers and floats)
     "last_k": (INTEGER_KINDS | FLOAT_KINDS, "an integer or float field (its values make a list)"),
+    # sketches (issue 50): any scalar value hashes; percentiles bucket numbers
+    "approx_count_distinct": (NUMERIC_KINDS | {TypeKind.STRING, TypeKind.ENUM, TypeKind.BOOL, TypeKind.DATE,
+                                               TypeKind.TIMESTAMP}, "a scalar field (not a list)"),
+    "approx_percentile": (NUMERIC_KINDS, "a numeric field"),
 }
 _WHERE_KINDS: Final = INTEGER_KINDS | {TypeKind.STRING, TypeKind.ENUM, TypeKind.BOOL}
 
@@ -405,10 +429,76 @@ class AggregationReader(NodeReader):
             where = parsed_where or ()
         k = self.parse_k(m, function)
         ok = ok and (k is not None or function != "last_k")
-        if not ok or name is None or store is None:
+        sketch = self.parse_sketch(m, function)
+        ok = ok and sketch is not None
+        if not ok or name is None or store is None or sketch is None:
             return None
+        precision, q, accuracy = sketch
         return Aggregation(name=name, function=cast(AggFunction, function), store=store, of=of, window=window,
-                           where=where, scale=scale, description=description, line=line_of(node), k=k)
+                           where=where, scale=scale, description=description, line=line_of(node), k=k,
+                           precision=precision, q=q, relative_accuracy=accuracy)
+
+    def parse_sketch(self, m: YamlMap, function: str | None
+                     ) -> tuple[int | None, float | tuple[float, ...] | None, float | None] | None:
+        """``precision`` (approx_count_distinct), ``q`` and ``relative_accuracy``
+        (approx_percentile), with their defaults; refused on the other functions. None
+        after an error."""
+        ok = True
+        for key, owner in _OWN_KEYS.items():
+            node = m.get(key)
+            if node is not None and function is not None and function != owner:
+                self.error(node, m.at(key),
+                           f"{key} does not apply to function {function}: it belongs to {owner}")
+                ok = False
+        precision: int | None = None
+        if function == "approx_count_distinct":
+            precision = PRECISION_DEFAULT
+            if (node := m.get("precision")) is not None:
+                precision = self.integer(node, m.at("precision"),
+                                         f"precision (HyperLogLog: 2^precision registers, "
+                                         f"{PRECISION_MIN}..{PRECISION_MAX})", PRECISION_MIN, PRECISION_MAX)
+                ok = ok and precision is not None
+        q: float | tuple[float, ...] | None = None
+        accuracy: float | None = None
+        if function == "approx_percentile":
+            accuracy = ACCURACY_DEFAULT
+            if (node := m.get("relative_accuracy")) is not None:
+                accuracy = self._fraction(node, m.at("relative_accuracy"), "relative_accuracy",
+                                          ACCURACY_MIN, ACCURACY_MAX)
+                ok = ok and accuracy is not None
+            q = self._quantiles(m)
+            ok = ok and q is not None
+        return (precision, q, accuracy) if ok else None
+
+    def _fraction(self, node: Node, kp: str, what: str, lo: float, hi: float) -> float | None:
+        value = self.plain_number(node, kp, what)
+        if value is None:
+            return None
+        if not lo <= value <= hi:
+            self.error(node, kp, f"{what} {value} is out of range: {lo}..{hi}")
+            return None
+        return float(value)
+
+    def _quantiles(self, m: YamlMap) -> float | tuple[float, ...] | None:
+        """``q``: one quantile (a number) or a list of 1..QUANTILES_MAX, each in [0, 1]."""
+        node = m.get("q")
+        if node is None:
+            self.error(m.node, m.at("q"), "approx_percentile needs q: the quantile (e.g. 0.9) or a list "
+                                          "of them (e.g. [0.5, 0.9, 0.99])")
+            return None
+        if not isinstance(node, SequenceNode):
+            return self._fraction(node, m.at("q"), "q (a quantile)", 0.0, 1.0)
+        items = self.nonempty_sequence(node, m.at("q"), "a list of quantiles", "q lists no quantile")
+        if items is None:
+            return None
+        if len(items) > QUANTILES_MAX:
+            self.error(node, m.at("q"), f"q lists {len(items)} quantiles: at most {QUANTILES_MAX}")
+            return None
+        values = [self._fraction(item, join_path(m.at("q"), i), "q (a quantile)", 0.0, 1.0)
+                  for i, item in enumerate(items)]
+        if any(v is None for v in values):
+            return None
+        return tuple(float(v) for v in values if v is not None)
 
     def parse_k(self, m: YamlMap, function: str | None) -> int | None:
         """``k`` of ``last_k`` (1..LAST_K_MAX): required there, refused elsewhere."""

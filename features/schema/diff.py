@@ -369,7 +369,9 @@ def _agg_redefined(old: Aggregation, new: Aggregation) -> list[str]:
         what.append(f"scale {old.scale} -> {new.scale}")
     for key, a, b in (("numerator", old.numerator, new.numerator),
                       ("denominator", old.denominator, new.denominator),
-                      ("on_zero", old.on_zero, new.on_zero), ("k", old.k, new.k)):
+                      ("on_zero", old.on_zero, new.on_zero), ("k", old.k, new.k),
+                      ("precision", old.precision, new.precision), ("q", old.q, new.q),
+                      ("relative_accuracy", old.relative_accuracy, new.relative_accuracy)):
         if a != b:
             what.append(f"{key} {a} -> {b}")
     return what

@@ -243,7 +243,9 @@ class Payload:
 
 AggFunction = Literal["count", "sum", "mean", "min", "max", "last", "count_distinct", "ratio",
                       # moments, first, last_k (issue 32)
-                      "variance", "stddev", "variance_sample", "stddev_sample", "first", "last_k"]
+                      "variance", "stddev", "variance_sample", "stddev_sample", "first", "last_k",
+                      # sketches (issue 50)
+                      "approx_count_distinct", "approx_percentile"]
 WindowKind = Literal["sliding", "tumbling"]
 
 
@@ -269,7 +271,10 @@ class Aggregation:
     allowed values; all must match). ``ratio`` divides two other aggregations
     (``numerator`` / ``denominator``, no window of its own) and is ``on_zero`` where the
     denominator is 0 or null. ``k``: how many values ``last_k`` keeps (None for the
-    others). See ``docs/aggregations.md`` for the exact semantics.
+    others). ``precision``: ``approx_count_distinct``'s HyperLogLog precision (2^p
+    registers); ``q`` and ``relative_accuracy``: ``approx_percentile``'s quantile (a
+    float: one value) or quantiles (a tuple: a list of values) and bucket accuracy (None
+    for the others). See ``docs/aggregations.md`` for the exact semantics.
     """
 
     name: str
@@ -287,6 +292,16 @@ class Aggregation:
     description: str = ""
     line: int | None = None
     k: int | None = None
+    precision: int | None = None
+    q: float | tuple[float, ...] | None = None
+    relative_accuracy: float | None = None
+
+    @property
+    def quantiles(self) -> tuple[float, ...]:
+        """``q`` as a tuple (empty for every function but ``approx_percentile``)."""
+        if self.q is None:
+            return ()
+        return self.q if isinstance(self.q, tuple) else (self.q,)
 
 
 @dataclass(frozen=True)

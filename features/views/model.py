@@ -111,11 +111,17 @@ def aggregation_type(schema: Schema, name: str) -> FieldType:
     """The declared type of aggregation ``name`` of ``schema`` (as ``AggSpec.output_type``
     stores it): count/count_distinct int64, mean/ratio/variance/stddev float64, sum int64,
     decimal(38, scale) or (a float field's) float64, min/max/last/first the field's type,
-    last_k list(type, max=k)."""
+    last_k list(type, max=k), approx_count_distinct int64, approx_percentile float64 (one
+    quantile) or list(float64, max=len(q))."""
     assert schema.aggregations is not None
     agg = next(a for a in schema.aggregations.features if a.name == name)
-    if agg.function in ("count", "count_distinct"):
+    if agg.function in ("count", "count_distinct", "approx_count_distinct"):
         return FieldType(TypeKind.INT64)
+    if agg.function == "approx_percentile":
+        if isinstance(agg.q, tuple):
+            element = FieldType(TypeKind.FLOAT64)
+            return FieldType(TypeKind.LIST, items=ListItems(element, max_length=len(agg.q)))
+        return FieldType(TypeKind.FLOAT64)
     if agg.function in ("mean", "ratio", "variance", "stddev", "variance_sample", "stddev_sample") \
             or (agg.function == "sum" and agg.scale is not None):
         return FieldType(TypeKind.FLOAT64)

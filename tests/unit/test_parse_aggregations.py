@@ -161,6 +161,9 @@ def test_allowed_lateness_defaults_to_0_and_takes_seconds_or_durations() -> None
     ("min", "score"), ("max", "amount"), ("last", "qty"),
     ("count_distinct", "item"), ("count_distinct", "kind"), ("count_distinct", "flag"),
     ("count_distinct", "qty"),
+    # issue 50: sketches
+    ("approx_count_distinct", "item"), ("approx_count_distinct", "score"), ("approx_count_distinct", "day"),
+    ("approx_count_distinct", "amount"), ("approx_count_distinct", "flag"),
     # issue 32: float sums in fixed point, moments, first
     ("sum", "score"), ("mean", "score"), ("variance", "qty"), ("stddev", "amount"),
     ("variance_sample", "score"), ("stddev_sample", "qty"), ("first", "score"), ("first", "amount"),
@@ -169,6 +172,24 @@ def test_each_function_accepts_its_field_types(function: str, of: str) -> None:
     aggs = parse(f"  features:\n    - name: a\n      function: {function}\n      of: {of}\n"
                  "      window: 1h\n      store: cold\n").aggregations
     assert aggs is not None and (aggs.features[0].function, aggs.features[0].of) == (function, of)
+
+
+def test_sketches_take_their_keys_with_documented_defaults() -> None:
+    aggs = parse("  features:\n"
+                 "    - {name: a, function: approx_count_distinct, of: item, window: 1h, store: cold}\n"
+                 "    - {name: b, function: approx_count_distinct, of: day, precision: 16, window: 1h,\n"
+                 "       store: cold}\n"
+                 "    - {name: c, function: approx_percentile, of: amount, q: 0.9, window: 1h, store: cold}\n"
+                 "    - {name: d, function: approx_percentile, of: qty, q: [0.5, 1],\n"
+                 "       relative_accuracy: 0.001, window: 1h, store: cold}\n").aggregations
+    assert aggs is not None
+    assert [(a.precision, a.q, a.relative_accuracy) for a in aggs.features] == [
+        (12, None, None), (16, None, None), (None, 0.9, 0.01), (None, (0.5, 1.0), 0.001)]
+    implicit, explicit, other = (
+        fingerprint(parse(f"  features:\n    - {{name: a, function: approx_count_distinct, of: item{extra}, "
+                          "window: 1h, store: cold}\n"))
+        for extra in ("", ", precision: 12", ", precision: 8"))
+    assert implicit == explicit != other
 
 
 def test_a_float_fields_sums_and_moments_get_a_scale_default_6() -> None:
@@ -329,6 +350,29 @@ BAD: list[tuple[str, str, str, str, tuple[str, ...]]] = [
      "name: lonely", ("missing required key 'store' in an aggregation",)),
     ("store_none", one("function: count", W, "store: none"), "features[0].store", "store: none",
      ("must be stored: hot, cold or [hot, cold]",)),
+    # sketches (issue 50)
+    ("precision_out_of_range", one("function: approx_count_distinct", "of: item", "precision: 3", W, S),
+     "features[0].precision", "precision: 3", ("precision (HyperLogLog", "4..18")),
+    ("precision_on_another_function", one("function: count_distinct", "of: item", "precision: 12", W, S),
+     "features[0].precision", "precision: 12",
+     ("precision does not apply to function count_distinct: it belongs to approx_count_distinct",)),
+    ("approx_count_distinct_of_nothing", one("function: approx_count_distinct", W, S, name="lonely"),
+     "features[0].of", "name: lonely", ("approx_count_distinct needs of",)),
+    ("percentile_without_q", one("function: approx_percentile", "of: score", W, S, name="lonely"),
+     "features[0].q", "name: lonely", ("approx_percentile needs q",)),
+    ("percentile_q_above_1", one("function: approx_percentile", "of: score", "q: 1.5", W, S),
+     "features[0].q", "q: 1.5", ("q (a quantile) 1.5 is out of range: 0.0..1.0",)),
+    ("percentile_q_list_bad_item", one("function: approx_percentile", "of: score", "q: [0.5, -0.1]", W, S),
+     "features[0].q[1]", "q: [0.5, -0.1]", ("q (a quantile) -0.1 is out of range",)),
+    ("percentile_q_empty_list", one("function: approx_percentile", "of: score", "q: []", W, S),
+     "features[0].q", "q: []", ("q lists no quantile",)),
+    ("percentile_of_a_string", one("function: approx_percentile", "of: item", "q: 0.5", W, S),
+     "features[0].of", "of: item", ("approx_percentile needs a numeric field",)),
+    ("relative_accuracy_out_of_range",
+     one("function: approx_percentile", "of: score", "q: 0.5", "relative_accuracy: 0.5", W, S),
+     "features[0].relative_accuracy", "relative_accuracy: 0.5", ("relative_accuracy 0.5 is out of range",)),
+    ("q_on_another_function", one("function: max", "of: score", "q: 0.5", W, S), "features[0].q", "q: 0.5",
+     ("q does not apply to function max: it belongs to approx_percentile",)),
 ]
 
 
