@@ -234,12 +234,16 @@ def deps_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def installed_venv(tmp_path_factory: pytest.TempPathFactory, featureline_wheel: Path) -> Path:
+def installed_venv(tmp_path_factory: pytest.TempPathFactory, featureline_wheel: Path,
+                   deps_venv: Path) -> Path:
     """The Python of a fresh virtual environment outside the checkout with the locked
-    dependencies and featureline installed from its wheel: a user's project environment."""
+    dependencies and featureline installed from its wheel: a user's project environment.
+    Its dependencies are a copy of ``deps_venv``'s (pip installs the lock once:
+    ``installed_env.make_venv``), then pip installs the wheel."""
     from installed_env import make_venv
 
-    return make_venv(tmp_path_factory.mktemp("installed-venv") / "venv", wheel=featureline_wheel)
+    return make_venv(tmp_path_factory.mktemp("installed-venv") / "venv", wheel=featureline_wheel,
+                     deps_from=deps_venv)
 
 
 @pytest.fixture()
