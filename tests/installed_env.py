@@ -3,8 +3,11 @@ environments outside it (issue 22). Used by the session fixtures ``featureline_w
 ``deps_venv`` and ``installed_venv`` in conftest.py.
 
 The wheel is built from a copy of the sources (pyproject.toml, README.md, features/) in a
-temporary folder, so nothing is written into the checkout. The environments get the
-locked dependencies (requirements.lock) from pip's cache or PyPI, about a minute each.
+temporary folder, so nothing is written into the checkout. The first environment gets the
+locked dependencies (requirements.lock) from pip's cache or PyPI, about a minute; a second
+one made with ``deps_from`` gets a hard-linked copy of that environment's freshly installed
+packages (the same files pip wrote, each script's ``#!`` line pointing at its own Python, as
+pip writes it) in a few seconds, then the wheel from pip like the first.
 """
 
 from __future__ import annotations
@@ -42,18 +45,58 @@ def build_wheel(out: Path) -> Path:
     return wheels[0]
 
 
-def make_venv(path: Path, *, wheel: Path | None) -> Path:
+def make_venv(path: Path, *, wheel: Path | None, deps_from: Path | None = None) -> Path:
     """A fresh virtual environment at ``path`` with the locked dependencies and, when
     ``wheel`` is given, featureline installed from it (``--no-deps``: the lock decides).
-    Returns its Python."""
-    _run([sys.executable, "-m", "venv", str(path)], "creating a virtual environment")
-    python = path / "bin" / "python"
-    _run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "-r",
-          str(ROOT / "requirements.lock")], "installing the locked dependencies")
+    The dependencies are pip's install of requirements.lock, or, with ``deps_from`` (the
+    Python of an environment ``make_venv`` made without a wheel), a copy of
+    that one's (:func:`_copy_packages`). Returns its Python."""
+    if deps_from is None:
+        _run([sys.executable, "-m", "venv", str(path)], "creating a virtual environment")
+        python = path / "bin" / "python"
+        _run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "-r",
+              str(ROOT / "requirements.lock")], "installing the locked dependencies")
+    else:
+        _run([sys.executable, "-m", "venv", "--without-pip", str(path)], "creating a virtual environment")
+        python = path / "bin" / "python"
+        _copy_packages(deps_from, python)
     if wheel is not None:
         _run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
               str(wheel)], "installing the featureline wheel")
     return python
+
+
+def _copy_packages(source: Path, python: Path) -> None:
+    """Every package of the environment of ``source`` (pip included) into the new, empty
+    environment of ``python``: ``site-packages`` and the data folders beside ``bin/``
+    hard-linked (pip and Python write a file anew, never in place, so a change in one
+    environment is never seen in the other), the scripts of ``bin/`` copied with
+    their ``#!`` line naming this environment's ``bin/`` as pip would have written them
+    there (only the hashes of those scripts in the packages' ``RECORD`` files stay the
+    source's)."""
+    src_site, dst_site = site_packages(source), site_packages(python)
+    if dst_site.exists() and any(dst_site.iterdir()):
+        raise RuntimeError(f"{dst_site} is not empty")
+    if dst_site.exists():
+        dst_site.rmdir()
+    _run(["cp", "-a", "--link", str(src_site), str(dst_site)], "copying the locked dependencies")
+    for data in source.parents[1].iterdir():  # a package's data files (py4j's share/py4j/*.jar)
+        if not (python.parents[1] / data.name).exists():
+            _run(["cp", "-a", "--link", str(data), str(python.parents[1] / data.name)],
+                 "copying the packages' data files")
+    old, new = f"#!{source.parent}/".encode(), f"#!{python.parent}/".encode()
+    for script in source.parent.iterdir():
+        target = python.parent / script.name
+        if target.exists() or target.is_symlink():
+            continue  # the new environment's own python and activate scripts
+        if script.is_dir():
+            _run(["cp", "-a", "--link", str(script), str(target)], "copying the scripts' bytecode")
+            continue
+        body = script.read_bytes()
+        if body.startswith(old):
+            body = new + body[len(old):]
+        target.write_bytes(body)
+        target.chmod(script.stat().st_mode)
 
 
 def users_shell(env: Mapping[str, str], python: Path) -> dict[str, str]:

@@ -44,8 +44,8 @@ def main() -> int:
           'properties.group.id' = 'smoke-{args.topic}',
           'scan.startup.mode' = 'earliest-offset',
           'scan.bounded.mode' = 'latest-offset',
-          'properties.request.timeout.ms' = '10000',
-          'properties.default.api.timeout.ms' = '15000',
+          'properties.request.timeout.ms' = '4000',
+          'properties.default.api.timeout.ms' = '5000',
           'format' = 'raw'
         )""")
     rows = t_env.to_data_stream(t_env.from_path("src"))

@@ -365,6 +365,7 @@ def test_redis_still_loading_its_data_after_a_restart_is_waited_for_not_an_error
     """A restarted Redis answers ``-LOADING`` until its dataset is back in memory. The sink
     treats that as "not ready yet" (retried with backoff), not as a refused write: the
     load completes once the server is ready, and the rows land exactly."""
+    filler = 3_000_000  # keys: a second or two to load again on this machine
     folder = tmp_path / "loading"
     folder.mkdir()
     port = free_port()
@@ -382,7 +383,7 @@ def test_redis_still_loading_its_data_after_a_restart_is_waited_for_not_an_error
             except redis.ConnectionError:
                 assert time.monotonic() < deadline, f"private redis did not start: {folder / 'redis.log'}"
                 time.sleep(0.05)
-        client.execute_command("DEBUG", "POPULATE", 6_000_000, "filler", 64)  # seconds to load again
+        client.execute_command("DEBUG", "POPULATE", filler, "filler", 64)  # seconds to load again
         client.save()
         proc.terminate()
         proc.wait(30)
@@ -430,7 +431,7 @@ def test_redis_still_loading_its_data_after_a_restart_is_waited_for_not_an_error
         assert len(keys) == prepared.rows.num_rows
         assert client.sismember(f"loading:features:{compiled.name}:__ledger__",
                                 f"{compiled.fingerprint[:16]} rows.parquet#0")
-        assert client.dbsize() == 6_000_000 + prepared.rows.num_rows + 1, "the restart kept the dataset"
+        assert client.dbsize() == filler + prepared.rows.num_rows + 1, "the restart kept the dataset"
     finally:
         client.close()
         proc.terminate()

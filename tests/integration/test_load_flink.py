@@ -26,7 +26,7 @@ import pytest
 import redis
 from installed_env import users_shell
 from test_batch_load import _env, _ledger_count, pg_snapshot, redis_snapshot
-from test_stream_cluster import _pyflink_home, standalone_cluster
+from test_stream_cluster import _process_tree, _pyflink_home, standalone_cluster
 
 from features.config import Settings
 from features.ops.examples import applicants
@@ -92,13 +92,6 @@ def test_flink_engine_on_the_mini_cluster_equals_one_process(
     assert '"units": 16' in proc.stdout, proc.stdout[-2000:]  # 8 units x 2 shards: two tasks ran
     assert pg_snapshot(settings, second_pg_schema) == pg_snapshot(settings, pg_schema)
     assert redis_snapshot(flink, "") == redis_snapshot(reference, "")
-
-
-def _descendants(pid: int) -> list[int]:
-    out = []
-    for child in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split():
-        out += [int(child), *_descendants(int(child))]
-    return out
 
 
 VOLATILE = ("_run_id", "_ingested_at")  # differ between runs by design
@@ -196,8 +189,8 @@ def test_backfill_on_a_standalone_cluster_survives_a_killed_taskmanager(
         pids = sorted(int(p) for f in cluster.pid_dir.glob("*taskexecutor*.pid")
                       for p in f.read_text().split())
         assert len(pids) == 2, pids
-        victim = next(p for p in pids if _descendants(p))  # the one running a Python task
-        for pid in [victim, *_descendants(victim)]:
+        victim = next(p for p in pids if len(_process_tree(p)) > 1)  # the one running a Python task
+        for pid in _process_tree(victim):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

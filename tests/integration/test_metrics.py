@@ -321,7 +321,7 @@ def test_bounded_stream_serves_its_metrics(settings: Settings, stream_topic: str
     cmd = [sys.executable, str(ROOT / "jobs" / "stream_job.py"), "--schema", NAME, "--topic", stream_topic,
            "--bounded", "--restart-attempts", "0", "--state-dir", str(tmp_path / "state"), "--json",
            "--batch-size", "100", "--parallelism", "2", "--metrics-port", str(port),
-           "--metrics-linger-s", "15", "--log-format", "json", "--log-every-s", "0"]
+           "--metrics-linger-s", "5", "--log-format", "json", "--log-every-s", "0"]
     proc = subprocess.Popen(cmd, env=cli_env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     scrapes: list[list[Sample]] = []

@@ -32,6 +32,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -120,7 +121,8 @@ def standalone_cluster(tmp_path: Path, *, taskmanagers: int = 1, slots: int = 2,
     """One JobManager and ``taskmanagers`` TaskManagers of ``slots`` slots on this machine,
     private to the caller: :func:`features.flink.cluster.configure` in ``tmp_path/flink``
     (free loopback ports; conf, logs, pid files and io.tmp.dirs in that folder), started
-    and stopped by :mod:`features.flink.cluster` without PYTHONPATH.
+    by :mod:`features.flink.cluster` without PYTHONPATH, killed at the end
+    (:func:`_kill_at_once`).
 
     ``home``: the PyFlink distribution (this interpreter's unless given). ``cwd``: the folder
     the daemons start in, which is also their Python workers' folder and first on those
@@ -133,7 +135,31 @@ def standalone_cluster(tmp_path: Path, *, taskmanagers: int = 1, slots: int = 2,
         local_flink.start(c, cwd=cwd, env=env)
         yield Cluster(c, cwd)
     finally:
-        local_flink.stop(c)
+        _kill_at_once(c)
+        local_flink.stop(c)  # whatever outlived that (normally nothing): stop-cluster.sh, then SIGKILL
+
+
+def _kill_at_once(c: local_flink.Cluster, timeout: float = 30) -> None:
+    """SIGKILL to every daemon of this test's own cluster and the processes under them (its
+    Python workers) at once, and wait until they are gone (up to ``timeout`` s): the test
+    has read what it checks, nothing of the cluster is kept. ``stop-cluster.sh`` stops the
+    daemons one after another, each given seconds to shut down gracefully; ``features dev
+    down`` still goes that way (``test_dev_flink_cluster.py``)."""
+    pids = c.pids()
+    for pid in [p for daemon in pids for p in _process_tree(daemon)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while c.pids() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (``pgrep -P``), parents first."""
+    out = [pid]
+    for child in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split():
+        out += _process_tree(int(child))
+    return out
 
 
 def _stores(settings: Settings, pg_schema: str, redis_url: str) -> tuple[int, int, int]:
