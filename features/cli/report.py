@@ -173,6 +173,9 @@ def summary_line(r: dict[str, Any]) -> str:
     gx = r["gx"]
     line = (f"{head}: {n:,} rows, {c['rejected_rows']:,} rejected{share}; "
             f"GX {gx['passed']}/{gx['expectations']} expectations passed")
+    if "exact_copies" in c:
+        line += (f"; {c['exact_copies']:,} exact copies, {c['tied_events']:,} distinct events at "
+                 f"{c['tied_instants']:,} shared instants")
     kept = r.get("rejects_kept")
     if kept and kept["rows"]:
         line += f"; {kept['rows']:,} rejected rows kept in {kept['table']}"

@@ -11,6 +11,10 @@ required column, a column of an incompatible type, e.g. text for a number withou
 is read batch by batch (only the declared columns) and validated with the compiled
 rules. Printed: the row counts, then the rules that rejected rows, most frequent
 first, each with its count and up to 3 example messages (``file#row: message``).
+For a loadable schema the valid rows of all the files are also counted as a load would
+store them (issue 48, :mod:`features.validation.ties`): ``valid = events + exact copies``
+(an exact copy has the entity, event time and content of another row: stored once), and
+the distinct events that share their entity and event time with another (all stored).
 ``--json`` prints one JSON document instead.
 
 Exit codes: 0 every row is valid; 1 some rows were rejected; 2 usage errors (unknown
@@ -28,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from features.compile import CompiledSchema
+    from features.validation.ties import TieCounter, TieCounts
 
 #: Rows per batch read from a Parquet file.
 BATCH_ROWS = 1 << 20
@@ -66,6 +71,7 @@ class Summary:
     rejected_rows: int = 0
     by_rule: Counter[str] = field(default_factory=Counter)
     examples: dict[str, list[str]] = field(default_factory=dict)
+    ties: TieCounts | None = None
 
     def as_json(self, top: int) -> dict[str, Any]:
         return {
@@ -76,6 +82,7 @@ class Summary:
             "input_rows": self.input_rows,
             "valid_rows": self.valid_rows,
             "rejected_rows": self.rejected_rows,
+            **(self.ties.as_json() if self.ties is not None else {}),
             "by_rule": dict(self.by_rule.most_common()),
             "top": [
                 {"rule": rule, "count": count, "examples": self.examples.get(rule, [])}
@@ -113,10 +120,15 @@ def run_validate(args: argparse.Namespace) -> int:
         if error is not None:
             return _usage(error)
         opened.append((path, pf))
+    from features.validation.ties import TieCounter
+
+    ties = TieCounter(compiled)
     for path, pf in opened:
-        error = _validate_file(path, pf, compiled, summary)
+        error = _validate_file(path, pf, compiled, summary, ties)
         if error:
             return _usage(error)
+    if ties.active:
+        summary.ties = ties.counts()
     if args.json:
         print(json.dumps(summary.as_json(args.top), indent=2))
     else:
@@ -145,7 +157,8 @@ def _open_file(path: str, compiled: CompiledSchema) -> tuple[Any, str | None]:
     return (None, str(refused)) if refused is not None else (pf, None)
 
 
-def _validate_file(path: str, pf: Any, compiled: CompiledSchema, summary: Summary) -> str | None:
+def _validate_file(path: str, pf: Any, compiled: CompiledSchema, summary: Summary,
+                   ties: TieCounter) -> str | None:
     """Validate one opened file into ``summary``; returns an error message, or None."""
     import pyarrow as pa
 
@@ -165,6 +178,7 @@ def _validate_file(path: str, pf: Any, compiled: CompiledSchema, summary: Summar
             summary.valid_rows += counts.valid_rows
             summary.rejected_rows += counts.rejected_rows
             summary.by_rule.update(counts.by_rule)
+            ties.add(result.valid)
             if result.rejects.num_rows:
                 _collect_examples(result.rejects, path, offset, summary)
             offset += batch.num_rows
@@ -193,6 +207,10 @@ def _print_text(s: Summary, top: int) -> None:
         f"{s.schema} {s.version} ({s.fingerprint[:12]}): {files}, {s.input_rows:,} rows: "
         f"{s.valid_rows:,} valid, {s.rejected_rows:,} rejected{share}"
     )
+    if s.ties is not None:
+        from features.validation.ties import tie_line
+
+        print(tie_line(s.ties))
     if not s.by_rule:
         return
     shown = s.by_rule.most_common(top)

@@ -33,8 +33,11 @@ z ^= z >> 27; z *= 0x94d049bb133111eb; z ^= z >> 31``, all mod 2**64). The diges
 ``COLLATE "C"``, Redis's Lua byte by byte).
 
 Everything is NumPy over whole columns: no Python loop over rows (strings are hashed
-once per distinct value). Two distinct events of one (entity, event time) share a digest
-with probability about 2**-64.
+once per distinct value, or row by row 8 bytes at a time when they are mostly distinct,
+:mod:`features.kernels.hashing`; mixing runs in cache-sized blocks, in place). The values
+are frozen: ``tests/unit/test_digest_golden.py`` holds those of the first implementation.
+Two distinct events of one (entity, event time) share a digest with probability about
+2**-64.
 """
 
 from __future__ import annotations
@@ -60,18 +63,30 @@ _GOLDEN: Final = np.uint64(0x9E3779B97F4A7C15)
 _M1: Final = np.uint64(0xBF58476D1CE4E5B9)
 _M2: Final = np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+#: rows mixed together (32 KiB of words per pass)
+_BLOCK: Final = 4096
 #: each byte's two lower-case hex digits, as one little-endian uint16 (its text in memory)
 _HEX2: Final = np.frombuffer(b"".join(f"{b:02x}".encode() for b in range(256)), dtype="<u2")
 
 
 def mix(z: U64) -> U64:
     """The SplitMix64 finaliser of every word (a new array; uint64 arithmetic wraps)."""
-    z = z ^ (z >> _S30)
-    z = z * _M1
-    z = z ^ (z >> _S27)
-    z = z * _M2
-    out: U64 = z ^ (z >> _S31)
+    out: U64 = z.astype(np.uint64, copy=True)
+    _mix_in_place(out, np.empty_like(out))
     return out
+
+
+def _mix_in_place(z: U64, scratch: U64) -> None:
+    """:func:`mix` of ``z`` in ``z`` itself (``scratch``: a buffer of its size), a block
+    of rows at a time so that the eight passes stay in the CPU's cache."""
+    for at in range(0, len(z), _BLOCK):
+        block, tmp = z[at:at + _BLOCK], scratch[at:at + _BLOCK]
+        for shift, factor in ((_S30, _M1), (_S27, _M2)):
+            np.right_shift(block, shift, out=tmp)
+            np.bitwise_xor(block, tmp, out=block)
+            np.multiply(block, factor, out=block)
+        np.right_shift(block, _S31, out=tmp)
+        np.bitwise_xor(block, tmp, out=block)
 
 
 def _words(values: npt.NDArray[Any]) -> U64:
@@ -106,8 +121,7 @@ def value_words(arr: pa.Array | pa.ChunkedArray) -> U64:
         f = _numpy(arr.cast(pa.float64()), 0.0).astype(np.float64) + 0.0  # -0.0 + 0.0 is 0.0
         words = np.ascontiguousarray(f).view(np.uint64).copy()
     elif pa.types.is_decimal(t):
-        halves = _decimal_halves(arr)
-        words = mix(halves[:, 0]) ^ mix(halves[:, 1] + np.uint64(1))
+        words = _decimal_words(_decimal_halves(arr))
     elif pa.types.is_date32(t):
         words = _words(_numpy(arr.cast(pa.int32()), 0))
     elif pa.types.is_date64(t):
@@ -134,6 +148,20 @@ def _decimal_halves(arr: pa.Array) -> U64:
     if arr.null_count:
         halves[np.asarray(arr.is_null())] = 0
     return halves
+
+
+def _decimal_words(halves: U64) -> U64:
+    """``mix(low) XOR mix(high + 1)`` of (n, 2) decimal words. When every high word is
+    the low word's sign (precision up to 18, the common case), ``high + 1`` is 1 or 0 and
+    its mix one of two constants (``mix(0) == 0``): one mix per row instead of two."""
+    low, high = halves[:, 0], halves[:, 1]
+    sign = (low.view(np.int64) >> np.int64(63)).view(np.uint64)
+    words = mix(low)
+    if np.array_equal(high, sign):
+        words[sign == 0] ^= mix(np.ones(1, np.uint64))[0]
+        return words
+    words ^= mix(high + np.uint64(1))
+    return words
 
 
 def _list_words(arr: pa.ListArray) -> U64:
@@ -192,13 +220,19 @@ def digest_words(columns: dict[str, pa.Array | pa.ChunkedArray], num_rows: int,
     null value, or one equal to its field's entry in ``defaults``, is left out (so a field
     added later, null or defaulted in the events stored before, changes no digest)."""
     h = np.zeros(num_rows, dtype=np.uint64)
+    scratch = np.empty(num_rows, dtype=np.uint64)
     names = digest_fields(list(columns))
     name_words = fnv1a64(pa.array(names, pa.string())) if names else np.zeros(0, np.uint64)
     for name, word in zip(names, name_words, strict=True):
         arr = columns[name]
-        step = mix(h ^ word ^ value_words(arr))
+        step = np.bitwise_xor(value_words(arr), word)  # a new array: mixed in place below
+        np.bitwise_xor(step, h, out=step)
+        _mix_in_place(step, scratch)
         absent = _absent(arr, (defaults or {}).get(name))
-        h = step if absent is None else np.where(absent, h, step)
+        if absent is None:
+            h = step
+        else:
+            np.copyto(h, step, where=~absent)
     return h
 
 
@@ -206,8 +240,11 @@ def hex_digits(words: U64) -> pa.Array:
     """uint64 words as fixed-width lower-case hex strings (big-endian: text order is numeric)."""
     raw = np.ascontiguousarray(words.astype(">u8")).view(np.uint8).reshape(-1, 8)
     chars = np.ascontiguousarray(_HEX2[raw])  # (n, 8) pairs of digits: 16 bytes per row
-    fixed = pa.FixedSizeBinaryArray.from_buffers(pa.binary(DIGEST_CHARS), len(words),
-                                                 [None, pa.py_buffer(chars)])
+    n = len(words)
+    if DIGEST_CHARS * n < 2**31:  # the string array straight from its buffers
+        offsets = np.arange(0, DIGEST_CHARS * (n + 1), DIGEST_CHARS, dtype=np.int32)
+        return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(chars)])
+    fixed = pa.FixedSizeBinaryArray.from_buffers(pa.binary(DIGEST_CHARS), n, [None, pa.py_buffer(chars)])
     return fixed.cast(pa.binary()).cast(pa.string())
 
 

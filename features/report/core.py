@@ -43,6 +43,7 @@ from features.observe.progress import LineProgress as Progress
 from features.report.stats import ColumnStats, FieldStats, jsonable
 from features.validation import validate
 from features.validation.convert import convert
+from features.validation.ties import TieCounter
 
 if TYPE_CHECKING:
     from features.report.drift import Side
@@ -147,6 +148,8 @@ class DataTally:
         self.rejected_rows = 0
         self.batches = 0
         self.fields = {f.name: FieldStats(f) for f in compiled.schema.fields}
+        #: exact copies and distinct events at one instant among the valid rows (issue 48)
+        self.ties = TieCounter(compiled)
         self.derived = derived
         self.program: TransformProgram | None = None
         schema = compiled.schema
@@ -196,6 +199,7 @@ class DataTally:
         self.valid_rows += counts.valid_rows
         self.rejected_rows += counts.rejected_rows
         self.by_rule.update(counts.by_rule)
+        self.ties.add(result.valid)
         rejects = result.rejects
         if not rejects.num_rows:
             return result.valid
@@ -340,6 +344,7 @@ class DataTally:
             "valid_rows": self.valid_rows,
             "rejected_rows": self.rejected_rows,
             "reject_count": sum(self.by_rule.values()),
+            **(self.ties.counts().as_json() if self.ties.active else {}),
             "by_rule": {r.id: int(self.by_rule.get(r.id, 0)) for r in self.rules}
             | {k: int(v) for k, v in self.by_rule.items()},
         }
