@@ -203,7 +203,15 @@ def build(tspec: TileSpec, events: Inputs, fresh: npt.NDArray[np.bool_]) -> Tile
     spec = tspec.spec
     h = tspec.size_us
     codes = group_codes(events.entity)
+    k = int(codes.max()) + 1 if len(codes) else 0
+    newest = np.full(k, np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(newest, codes, events.time_us)
+    firsts = np.unique(codes, return_index=True)[1]
+    newest_entity, newest_us = events.entity.take(pa.array(firsts)), newest[codes[firsts]]
+    # only the events within the retention before their entity's newest event
     tile = np.floor_divide(events.time_us, h)
+    within = np.flatnonzero(tile >= np.floor_divide(newest - tspec.retention_us, h)[codes])
+    events, codes, tile, fresh = events.take(within), codes[within], tile[within], fresh[within]
     # (entity, tile) pairs holding a fresh event (a copy of a stored one too: a reload rewrites)
     pair = pd.DataFrame({"c": codes, "t": tile}).groupby(["c", "t"], sort=True).ngroup().to_numpy()
     pair = pair.astype(np.int64)
@@ -211,18 +219,11 @@ def build(tspec: TileSpec, events: Inputs, fresh: npt.NDArray[np.bool_]) -> Tile
     touched[pair[fresh]] = True
     keep = np.flatnonzero(first_of_each_key(codes, events.time_us, digest_ranks(events.digest)))
     events, codes, tile, pair = events.take(keep), codes[keep], tile[keep], pair[keep]
-    k = int(codes.max()) + 1 if len(codes) else 0
-    newest = np.full(k, np.iinfo(np.int64).min, dtype=np.int64)
-    np.maximum.at(newest, codes, events.time_us)
-    cutoff = np.floor_divide(newest - tspec.retention_us, h)
-    # ... within the retention before the entity's newest event
-    sel = np.flatnonzero(touched[pair] & (tile >= cutoff[codes]))
-    firsts = np.unique(codes, return_index=True)[1]
-    newest_entity = events.entity.take(pa.array(firsts))
+    sel = np.flatnonzero(touched[pair])
     if len(sel) == 0:
         empty = pa.array([], pa.string())
         return TileRows(events.entity.slice(0, 0), np.zeros(0, np.int64), empty, empty, newest_entity,
-                        newest[codes[firsts]])
+                        newest_us)
     ev = events.take(sel)
     ids, table = group_raw(tspec, ev, pair[sel])
     # one event per (entity, time, digest), sorted as the engine sorts them
@@ -235,7 +236,7 @@ def build(tspec: TileSpec, events: Inputs, fresh: npt.NDArray[np.bool_]) -> Tile
     texts = pc.binary_join(pa.ListArray.from_arrays(pa.array(offsets), lines), EVENT_SEP)
     heads = np.searchsorted(p, ids)
     return TileRows(ev.entity.take(pa.array(heads)), tile[sel][order][heads] * h, summary, texts,
-                    newest_entity, newest[codes[firsts]])
+                    newest_entity, newest_us)
 
 
 def _summary_text(tspec: TileSpec, table: pa.Table) -> pa.Array:
