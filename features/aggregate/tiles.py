@@ -67,6 +67,8 @@ _US = 1_000_000
 LADDER_S = (1, 5, 15, 60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400)
 TILES_PER_WINDOW = 64
 FIELD_SEP, EVENT_SEP, ITEM_SEP = "\x1f", "\x1e", "\x1d"
+#: functions the tiles do not hold yet (their mergeable states exist: features.aggregate.sketches)
+SKETCHES = ("approx_count_distinct", "approx_percentile")
 #: a window no event escapes: a group's raw parts are the window of its last event
 _UNBOUNDED_S = 10**12
 
@@ -97,7 +99,14 @@ class TileSpec:
     def of(cls, spec: AggSpec | None) -> TileSpec | None:
         if spec is None:
             return None
-        hot = [a.name for a in spec.stored("hot")]
+        by_name = {a.name: a for a in spec.aggregations.features}
+
+        def held(a: Any) -> bool:  # the sketches' tile states are not held yet
+            inputs = [by_name[x] for x in (a.numerator, a.denominator) if x] if a.function == "ratio" \
+                else [a]
+            return all(x.function not in SKETCHES for x in inputs)
+
+        hot = [a.name for a in spec.stored("hot") if held(a)]
         if not hot:
             return None
         sub = sub_spec(spec, hot)

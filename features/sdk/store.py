@@ -549,6 +549,12 @@ class FeatureStore:
             tspec = self._tile_specs.get(c.name)
             if tspec is None:
                 tspec = self._tile_specs[c.name] = tile_spec(c)
+            held = {a.name for a in tspec.spec.aggregations.features}
+            if any(x not in held for x in aggs):
+                missing = ", ".join(x for x in aggs if x not in held)
+                raise ConfigError(f"windows='request_time' does not serve {missing} online yet "
+                                  "(approx_count_distinct/approx_percentile are not in the tiles); "
+                                  "name the other aggregations in features=", key="features")
             read = tile_read(tspec, c, req.ids, request_micros(c, at, self.now()), self.key_prefix)
             replies = self._pool.hmget_many([*req.reads, (read.keys, read.fields)])
             k = len(replies) - len(read.keys)
