@@ -4,7 +4,8 @@ While the loader validates and writes the history, :class:`Collector` keeps, fro
 batch's valid rows (input order), only what the aggregations read. After the last
 batch, :func:`backfill` reads back the events earlier loads stored in the windows these
 events touch, computes every changed value with the vectorised engine and writes them
-in chunks (``AggregateWriter``).
+in chunks (``AggregateWriter``), then rewrites the Redis tiles of request-time windows
+that hold one of the load's events (``features.aggregate.tiles``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from features.aggregate.engine import (
     group_codes,
     raw_schema,
 )
+from features.aggregate.tiles import build as build_tiles
 from features.aggregate.writer import AggregateCounts, AggregateWriter
 from features.lineage import DIGEST, RunContext
 
@@ -123,6 +125,14 @@ def backfill(spec: AggSpec, inputs: Inputs, writer: AggregateWriter, ctx: RunCon
         writers[1].open()
     pending: deque[Future[AggregateCounts]] = deque()
     written = submitted = 0
+    # the online state of request-time windows: the Redis tiles this load changed, built and
+    # written in a thread of their own while the values are computed and upserted
+    tspec = writer.tile_spec
+    tiles_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aggregates-tiles") if tspec else None
+    tiles: Future[int] | None = None
+    if tiles_pool is not None and tspec is not None:
+        fresh = np.arange(len(merged)) >= m
+        tiles = tiles_pool.submit(lambda: writer.write_tiles(build_tiles(tspec, merged, fresh)))
 
     def account(done: AggregateCounts) -> None:
         counts.rows_written += done.rows_written
@@ -156,7 +166,11 @@ def backfill(spec: AggSpec, inputs: Inputs, writer: AggregateWriter, ctx: RunCon
                                            merged.source.take(part), values, new=m == 0))
             while pending:
                 account(pending.popleft().result())
+        if tiles is not None:
+            counts.tiles_written = tiles.result()
     finally:
+        if tiles_pool is not None:
+            tiles_pool.shutdown(wait=True)
         for w in writers[1:]:
             w.close()
     counts.accepted = counts.events - counts.duplicates

@@ -11,6 +11,7 @@ source record.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from features.aggregate.engine import LATE_RULE, AggSpec, Inputs, extract, group_codes
+from features.aggregate.tiles import TileRows, TileSpec
 from features.compile import CompiledSchema
 from features.lineage import DIGEST, RunContext
 from features.schema.model import TypeKind
@@ -44,6 +46,7 @@ class AggregateCounts:
     #: row written or changed): Redis had lost them (a FLUSHDB) and got them back
     hot_restored: int = 0
     late_rejects_stored: int = 0
+    tiles_written: int = 0      # request-time window tiles written to Redis (features.aggregate.tiles)
     from_history: int = 0       # a backfill: events earlier loads stored, read back for the windows
     seconds: float = 0.0
 
@@ -194,6 +197,7 @@ class AggregateWriter:
     _pg: Any = field(default=None, init=False)
     _hot: Any = field(default=None, init=False)
     _pool: Any = field(default=None, init=False)
+    _tiles: Any = field(default=None, init=False)
 
     def clone(self) -> AggregateWriter:
         """Another writer to the same stores (its own connections; not yet open)."""
@@ -208,12 +212,35 @@ class AggregateWriter:
         self._pg = PostgresSink(self.postgres_dsn, self.compiled, search_path=self.search_path)
         for sink in (self._hot, self._pg):
             sink.open()
+        tspec = self.tile_spec
+        if tspec is not None:
+            from features.sinks.redis_tiles import TileWriter
+
+            self._tiles = TileWriter(self.redis_url, self.compiled.name,
+                                     ttl_s=self.compiled.schema.hot.ttl_seconds or 0,
+                                     signature=tspec.signature,
+                                     retention_us=tspec.retention_us, size_us=tspec.size_us,
+                                     key_prefix=self.key_prefix)
+            self._tiles.open()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aggregates-redis")
+
+    @functools.cached_property
+    def tile_spec(self) -> TileSpec | None:
+        """What the schema's request-time window tiles hold (None: no hot aggregation)."""
+        return TileSpec.of(AggSpec.of(self.compiled.schema))
+
+    def write_tiles(self, rows: TileRows) -> int:
+        """Write the tiles a load rewrote (``features.aggregate.tiles.build``) to Redis."""
+        assert self._tiles is not None, "open() first (a schema with hot aggregations)"
+        return int(self._tiles.write(rows))
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+        if self._tiles is not None:
+            self._tiles.close()
+            self._tiles = None
         for sink in (self._hot, self._pg):
             if sink is not None:
                 sink.close()

@@ -7,8 +7,9 @@ their values are written there, one place for the sinks that write and the reade
   Arrow type of each (:func:`declared_type`, :func:`aggregation_type`).
 - **Redis keys** (encoding version :data:`ENCODING_VERSION`, ``docs/redis.md``):
   ``features:<schema>:{<entity>}`` per entity (:func:`entity_key`), its aggregations'
-  hash (:func:`aggregates_key`), the load ledger (:func:`ledger_key`), and the Redis
-  Cluster slot of a key (:func:`key_slot`, :func:`key_slots`: CRC16 of the hash tag).
+  hash (:func:`aggregates_key`), its request-time window tiles (:func:`tiles_key`), the
+  load ledger (:func:`ledger_key`), and the Redis Cluster slot of a key (:func:`key_slot`,
+  :func:`key_slots`: CRC16 of the hash tag).
 - **Values**: Arrow -> the text Redis stores (:func:`encode_column`, event times as
   microseconds :func:`event_time_micros`) and back (:func:`from_text`); Postgres rows and
   HMGET replies -> Arrow in the declared types (:func:`rows_to_table`,
@@ -36,7 +37,7 @@ from features.compile.listtext import JSON, list_text, parse_list_text
 from features.errors import SinkError
 from features.lineage import DIGEST
 from features.schema.model import FLOAT_KINDS, INTEGER_KINDS, Aggregation, Schema
-from features.schema.syntax import AGGREGATES_SUFFIX
+from features.schema.syntax import AGGREGATES_SUFFIX, TILES_SUFFIX
 
 #: The version of the Redis value encoding this code writes and reads (the ``_enc`` field).
 ENCODING_VERSION = "1"
@@ -209,6 +210,12 @@ def aggregates_key(schema_name: str, entity: str) -> str:
     return entity_key(schema_name + AGGREGATES_SUFFIX, entity)
 
 
+def tiles_key(schema_name: str, entity: str) -> str:
+    """The hash of one entity's request-time window tiles (``features.aggregate.tiles``):
+    ``features:<schema>__tiles:{<entity>}``."""
+    return entity_key(schema_name + TILES_SUFFIX, entity)
+
+
 def ledger_key(schema_name: str) -> str:
     return f"{KEY_PREFIX}:{schema_name}:__ledger__"
 
@@ -368,5 +375,5 @@ __all__ = [
     "ENCODING_VERSION", "KEY_PREFIX", "MOMENT_FUNCTIONS", "SLOTS", "aggregates_key", "aggregation_names",
     "aggregation_type", "cold_columns", "declared_type", "encode_column", "entity_key", "entity_values",
     "event_time_micros", "from_text", "hot_columns", "key_slot", "key_slots", "ledger_key", "reply_columns",
-    "rows_to_table", "stored_aggregations", "stored_fields",
+    "rows_to_table", "stored_aggregations", "stored_fields", "tiles_key",
 ]

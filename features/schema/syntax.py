@@ -21,8 +21,8 @@ from features.schema.model import LIST_ELEMENT_KINDS, LIST_MAX_LENGTH, FieldType
 __all__ = [
     "AGGREGATES_SUFFIX", "CHECK_SUFFIX", "IDENTIFIER_RE", "MAX_DURATION_S", "MAX_IDENTIFIER",
     "MAX_SCHEMA_NAME", "PKEY_SUFFIX", "POSIX_CLASSES", "REJECTS_SUFFIX", "RESERVED_PREFIXES",
-    "RESERVED_SUFFIXES", "RESERVED_WORDS", "SOURCE_KEY_SUFFIX", "duration_seconds", "full_match",
-    "identifier_problem", "parse_type", "regex_problem", "reserved_name_problem", "suggest",
+    "RESERVED_SUFFIXES", "RESERVED_WORDS", "SOURCE_KEY_SUFFIX", "TILES_SUFFIX", "duration_seconds",
+    "full_match", "identifier_problem", "parse_type", "regex_problem", "reserved_name_problem", "suggest",
 ]
 
 IDENTIFIER_RE: Final = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -36,13 +36,16 @@ MAX_IDENTIFIER: Final = 63
 REJECTS_SUFFIX: Final = "__rejects"
 #: the aggregates table and the Redis hashes ``features:<schema>__aggregates:{<entity>}``
 AGGREGATES_SUFFIX: Final = "__aggregates"
+#: the request-time window tiles' Redis hashes ``features:<schema>__tiles:{<entity>}``
+TILES_SUFFIX: Final = "__tiles"
 #: the all-fields check table of a validation-only schema
 CHECK_SUFFIX: Final = "__check"
 #: a table's primary-key index (a relation of the namespace)
 PKEY_SUFFIX: Final = "__pkey"
 #: the rejects table's unique index on (``_source``, fingerprint)
 SOURCE_KEY_SUFFIX: Final = "__source_key"
-RESERVED_SUFFIXES: Final = (REJECTS_SUFFIX, AGGREGATES_SUFFIX, CHECK_SUFFIX, PKEY_SUFFIX, SOURCE_KEY_SUFFIX)
+RESERVED_SUFFIXES: Final = (REJECTS_SUFFIX, AGGREGATES_SUFFIX, TILES_SUFFIX, CHECK_SUFFIX, PKEY_SUFFIX,
+                             SOURCE_KEY_SUFFIX)
 #: featureline's own tables (``featureline_schemas``, ``featureline_ledger``) and any
 #: it may add
 RESERVED_PREFIXES: Final = ("featureline_",)

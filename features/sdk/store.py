@@ -135,6 +135,7 @@ class FeatureStore:
         self._aredis: Any = None
         self._pool = RawPool(redis_url, timeout_s)
         self._plans: dict[tuple[str, tuple[str, ...] | None], Plan] = {}
+        self._tile_specs: dict[str, Any] = {}  # schema -> features.aggregate.tiles.TileSpec
         self._fallback = Fallback(self)
         self._pg: Any = None
         #: per thread of :meth:`parallel`: ``own`` (use ``conn``, not ``_pg``) and ``conn``
@@ -481,7 +482,8 @@ class FeatureStore:
         return OnlineRequest(plan, ids, reads, lineage)
 
     def online(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None = None, *,
-               fallback: bool | None = None, max_age: dt.timedelta | None = None) -> pa.Table:
+               fallback: bool | None = None, max_age: dt.timedelta | None = None, windows: str = "event",
+               at: dt.datetime | None = None) -> pa.Table:
         """The latest features of ``entity_ids``: one row per id, in request order.
 
         Columns: the entity, the requested features and aggregations (default: every hot
@@ -497,7 +499,22 @@ class FeatureStore:
         shared with concurrent callers and written back to Redis (docs/sdk.md, "Under
         load"). Ids found nowhere come back as nulls with ``_found`` false; this never
         raises for a missing id.
+
+        ``windows`` says what an aggregation column holds, as for :meth:`historical`:
+        ``"event"`` (the default) the value as of the entity's newest event;
+        ``"request_time"`` its window evaluated at ``at`` (default: now, :meth:`now`), read
+        from the entity's tiles (docs/aggregations.md, "Windows at request time"; the same
+        values as ``historical(..., windows="request_time")`` at that time; filled by batch
+        loads only for now). ``at`` must not be more than the schema's allowed lateness
+        before the entity's newest event (ConfigError: read such times with ``historical``).
         """
+        if windows not in WINDOWS:
+            raise ConfigError(f"windows must be one of {', '.join(map(repr, WINDOWS))}, not {windows!r}",
+                              key="windows")
+        if windows == "request_time":
+            return self._online_request_time(schema, entity_ids, features, fallback, max_age, at)
+        if at is not None:
+            raise ConfigError("at= is the request time of windows='request_time'", key="at")
         t0 = time.perf_counter()
         since = time.monotonic()
         try:
@@ -513,6 +530,52 @@ class FeatureStore:
             raise
         self._observe(schema, "online", t0, len(req.ids), from_pg, missed)
         return table
+
+    def _online_request_time(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None,
+                             fallback: bool | None, max_age: dt.timedelta | None, at: dt.datetime | None
+                             ) -> pa.Table:
+        """:meth:`online` with ``windows="request_time"``: the features as ``online`` reads
+        them and the aggregations from the tiles, in one round trip."""
+        from features.sdk.request_time import request_micros, tile_read, tile_spec, window_values
+
+        t0 = time.perf_counter()
+        since = time.monotonic()
+        try:
+            c = self.loadable_schema(schema)
+            columns = self._features(c, features, "hot")
+            hot_aggs = set(_aggregation_names(c, "hot"))
+            aggs = [x for x in columns if x in hot_aggs]
+            req = self.online_request(schema, entity_ids, [x for x in columns if x not in hot_aggs])
+            tspec = self._tile_specs.get(c.name)
+            if tspec is None:
+                tspec = self._tile_specs[c.name] = tile_spec(c)
+            held = {a.name for a in tspec.spec.aggregations.features}
+            if any(x not in held for x in aggs):
+                missing = ", ".join(x for x in aggs if x not in held)
+                raise ConfigError(f"windows='request_time' does not serve {missing} online yet "
+                                  "(approx_count_distinct/approx_percentile are not in the tiles); "
+                                  "name the other aggregations in features=", key="features")
+            read = tile_read(tspec, c, req.ids, request_micros(c, at, self.now()), self.key_prefix)
+            replies = self._pool.hmget_many([*req.reads, (read.keys, read.fields)])
+            k = len(replies) - len(read.keys)
+            base = replies[:k]
+            rows = small_rows(req, base) if len(req.ids) <= SMALL_CALL else None
+            if rows is not None:
+                table, from_pg, missed = pa.Table.from_pylist(rows, req.plan.result), 0, 0
+            else:
+                table, from_pg, missed = self.finish_online(req, base, fallback, max_age, since)
+            values = window_values(read, replies[k:], c) if aggs else {}
+            out = {str(c.schema.entity): table.column(0)}
+            for x in columns:
+                out[x] = values[x] if x in hot_aggs else table.column(x)
+            for x in table.column_names[1 + len(req.plan.names):]:
+                out[x] = table.column(x)
+            result = pa.table(out)
+        except Exception:  # counted, then raised as it is
+            self._metrics.error(self._label(schema), "online")
+            raise
+        self._observe(schema, "online", t0, len(req.ids), from_pg, missed)
+        return result
 
     def online_dicts(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None = None,
                      *, fallback: bool | None = None, max_age: dt.timedelta | None = None

@@ -55,7 +55,7 @@ def lose_everything(client: redis.Redis, prefix: str) -> int:
 
 
 def hashes(client: redis.Redis, prefix: str) -> dict[bytes, dict[bytes, bytes]]:
-    """Every hash the load wrote (entity and aggregates hashes), field by field."""
+    """Every hash the load wrote (entity, aggregates and request-time tiles hashes), field by field."""
     return {k: client.hgetall(k) for k in client.scan_iter(match=f"{prefix}features:*", count=1000)
             if client.type(k) == b"hash"}
 
@@ -80,8 +80,9 @@ def _first_load(tmp_path: Path, settings: Settings, ns: str, prefix: str, client
     first = load(paths, COMPILED, settings, search_path=ns, key_prefix=prefix)
     assert first.adds_up and first.stored == len(events)
     written = hashes(client, prefix)
-    assert len([k for k in written if b"__aggregates:" in k]) == 4 and len(written) == 8
-    assert {h[b"_run_id"] for h in written.values()} == {first.run_id.encode()}
+    assert len([k for k in written if b"__aggregates:" in k]) == 4
+    assert len([k for k in written if b"__tiles:" in k]) == 4 and len(written) == 12
+    assert {h[b"_run_id"] for k, h in written.items() if b"__tiles:" not in k} == {first.run_id.encode()}
     check_hot(client, prefix, COMPILED.schema, reference(COMPILED.schema, events))
     return events, paths, written
 
@@ -110,8 +111,8 @@ def test_a_reload_rewrites_no_hash_and_a_change_is_the_changing_runs(
     assert later.aggregations is not None and later.aggregations["hot_written"] == 1
     now = hashes(client, prefix)
     changed = {k for k in now if now[k] != written[k]}
-    assert changed == {k for k in now if b"{user-0}" in k} and len(changed) == 2
-    assert {now[k][b"_run_id"] for k in changed} == {later.run_id.encode()}
+    assert changed == {k for k in now if b"{user-0}" in k} and len(changed) == 3  # tiles too
+    assert {now[k][b"_run_id"] for k in changed if b"__tiles:" not in k} == {later.run_id.encode()}
     check_hot(client, prefix, COMPILED.schema, reference(COMPILED.schema, [*events, late]))
 
 
@@ -145,8 +146,8 @@ def test_after_a_redis_loss_the_reload_says_what_it_restored(
     assert any(line.startswith(redis_line) for line in lines)
     assert any("redis entities 4 (4 restored)," in line for line in lines)
     restored = hashes(client, prefix)
-    assert without_run(restored) == without_run(written)  # the same values and lineage
-    assert {h[b"_run_id"] for h in restored.values()} == {restore.run_id.encode()}
+    assert without_run(restored) == without_run(written)  # the same values and lineage (and tiles)
+    assert {h[b"_run_id"] for k, h in restored.items() if b"__tiles:" not in k} == {restore.run_id.encode()}
     check_hot(client, prefix, COMPILED.schema, reference(COMPILED.schema, events))
     # and once restored, the next re-load restores nothing again
     after = load(paths, COMPILED, settings, search_path=ns, key_prefix=prefix)

@@ -1,0 +1,200 @@
+"""Redis hashes of request-time window tiles (``features.aggregate.tiles``): one per entity.
+
+Layout: key ``features:<schema>__tiles:{<entity>}`` (:func:`features.compile.layout.
+tiles_key`: the entity's hash tag, as its other hashes, so one slot in Redis Cluster);
+fields ``s:<tile start us>`` (the tile's summary), ``e:<tile start us>`` (its events),
+``n`` (the newest event time written, us) and ``v`` (the tiles' layout signature: a hash
+written with another layout is dropped and written anew).
+
+A tile is always written COMPLETE (every event of its time range, never a delta), so a
+write is idempotent and the order of two writes of one tile changes nothing.
+:data:`TILES_WRITE` writes one entity's tiles, keeps the newest event time, drops the
+tiles that start before ``floor((newest - retention) / tile) * tile`` (Redis 7.0 has no
+per-field expiry: the trim is what bounds the hash) and sets the schema's hot TTL.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from features.compile.layout import KEY_PREFIX, encode_column, key_slots
+from features.errors import SinkError, SinkUnavailable
+from features.schema.syntax import TILES_SUFFIX
+from features.sinks.base import retrying
+from features.sinks.redis_wire import Conn, RedisEndpoint, ReplyError, command
+
+TILES_WRITE = """
+-- KEYS[1]: one entity's tiles hash. ARGV: TTL s (0: none), layout signature, newest event
+-- time of the write (us), retention (us), tile size (us), then pairs field, text
+local key = KEYS[1]; local ttl = tonumber(ARGV[1]); local sig = ARGV[2]
+local cur = redis.call('HGET', key, 'v')
+if cur and cur ~= sig then redis.call('DEL', key) end
+local newest = tonumber(ARGV[3])
+local old = redis.call('HGET', key, 'n')
+if old and cur == sig and tonumber(old) > newest then newest = tonumber(old) end
+local h = tonumber(ARGV[5])
+local cutoff = math.floor((newest - tonumber(ARGV[4])) / h) * h
+redis.call('HSET', key, 'v', sig, 'n', string.format('%.0f', newest))
+local written = 0
+for i = 6, #ARGV, 2 do
+  if tonumber(string.sub(ARGV[i], 3)) >= cutoff then
+    redis.call('HSET', key, ARGV[i], ARGV[i + 1]); written = written + 1
+  end
+end
+for _, f in ipairs(redis.call('HKEYS', key)) do
+  local p = string.sub(f, 1, 2)
+  if (p == 's:' or p == 'e:') and tonumber(string.sub(f, 3)) < cutoff then redis.call('HDEL', key, f) end
+end
+if ttl > 0 then redis.call('EXPIRE', key, ttl) end
+return written
+"""
+TILES_WRITE_SHA = hashlib.sha1(TILES_WRITE.encode()).hexdigest()
+#: entities per pipelined round (one EVALSHA each)
+_CALLS_PER_ROUND = 1024
+
+
+def tiles_keys(schema_name: str, entity: pa.Array, key_prefix: str = "") -> list[str]:
+    """The tiles hash of each entity (as :func:`features.compile.layout.tiles_key`, vectorised)."""
+    text = pc.cast(encode_column(entity), pa.string())
+    keys: list[str] = pc.binary_join_element_wise(
+        f"{key_prefix}{KEY_PREFIX}:{schema_name}{TILES_SUFFIX}:{{", text, "}", "").to_pylist()
+    return keys
+
+
+class TileWriter:
+    """Writes tiles with :data:`TILES_WRITE`, pipelined (a single server) or routed by slot
+    (Redis Cluster, ``features.sinks.redis_cluster``)."""
+
+    name = "redis"
+
+    def __init__(self, url: str, schema_name: str, *, ttl_s: int, signature: str, retention_us: int,
+                 size_us: int, key_prefix: str = "", timeout_s: float = 30.0, retries: int = 5,
+                 backoff_s: float = 0.5) -> None:
+        self.endpoint = RedisEndpoint.from_url(url)
+        self.address = self.endpoint.address
+        self.schema_name = schema_name
+        self.head = [str(ttl_s), signature, "", str(retention_us), str(size_us)]
+        self.key_prefix = key_prefix
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self._conn: Conn | None = None
+        self._cluster: Any = None
+
+    def open(self) -> None:
+        self._retrying("script load", self._connect)
+
+    def _connect(self) -> None:
+        if self._cluster is not None or self._conn is not None:
+            return
+        if self.endpoint.cluster:
+            self._use_cluster()
+            return
+        self._conn = Conn(self.endpoint.connect(self.timeout_s, store=self.name), self.address)
+        reply = self._conn.call(["SCRIPT", "LOAD", TILES_WRITE])
+        if isinstance(reply, ReplyError) and reply.code == "MOVED":
+            self._use_cluster()  # a plain URL naming a node of a cluster
+        elif isinstance(reply, ReplyError):
+            raise SinkError(f"Redis at {self.address} refused SCRIPT LOAD: -{reply.text}", store=self.name,
+                            address=self.address)
+        else:
+            info = self._conn.call(["INFO", "cluster"])
+            if isinstance(info, bytes) and b"cluster_enabled:1" in info:
+                self._use_cluster()
+
+    def _use_cluster(self) -> None:
+        from features.sinks.redis_cluster import Cluster
+
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        self._cluster = Cluster(self.endpoint, timeout_s=self.timeout_s, store=self.name)
+        self._cluster.load_script(TILES_WRITE, TILES_WRITE_SHA)
+        self.address = self._cluster.address
+
+    def close(self) -> None:
+        if self._cluster is not None:
+            self._cluster.invalidate()
+            self._cluster = None
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            finally:
+                self._conn = None
+
+    def _retrying(self, what: str, fn: Any) -> Any:
+        def give_up(exc: BaseException, attempts: int) -> SinkUnavailable:
+            return SinkUnavailable(f"Redis at {self.address}: {what} failed after {attempts} attempts: {exc}",
+                                   store=self.name, address=self.address)
+
+        return retrying(fn, attempts=self.retries, backoff_s=self.backoff_s,
+                        transient=(OSError, ConnectionError, SinkUnavailable), reset=self.close,
+                        give_up=give_up)
+
+    def calls(self, rows: Any) -> tuple[list[bytes], list[str]]:
+        """One EVALSHA per entity of ``rows`` (a ``features.aggregate.tiles.TileRows``)
+        and its key: a loop over the rewritten tiles (grouped by entity), not over events."""
+        n_ent = len(rows.newest_us)
+        if n_ent == 0:
+            return [], []
+        ent_keys = tiles_keys(self.schema_name, rows.newest_entity, self.key_prefix)
+        index = {k: i for i, k in enumerate(ent_keys)}
+        args: list[list[str]] = [[] for _ in range(n_ent)]
+        if len(rows):
+            tile_keys = tiles_keys(self.schema_name, rows.entity, self.key_prefix)
+            starts = pc.cast(pa.array(rows.start_us), pa.string()).to_pylist()
+            for k, s, summary, events in zip(tile_keys, starts, rows.summary.to_pylist(),
+                                             rows.events.to_pylist(), strict=True):
+                args[index[k]].extend((f"s:{s}", summary, f"e:{s}", events))
+        head = self.head
+        newest = np.asarray(rows.newest_us).tolist()
+        out = [command(["EVALSHA", TILES_WRITE_SHA, "1", k, head[0], head[1], str(t), head[3], head[4], *a])
+               for k, t, a in zip(ent_keys, newest, args, strict=True)]
+        return out, ent_keys
+
+    def write(self, rows: Any) -> int:
+        """Write every tile of ``rows``; returns how many tiles were kept (written)."""
+        calls, keys = self.calls(rows)
+        if not calls:
+            return 0
+        return int(self._retrying("tiles write", lambda: self._send(calls, keys)))
+
+    def _send(self, calls: Sequence[bytes], keys: Sequence[str]) -> int:
+        self._connect()
+        if self._cluster is not None:
+            replies = self._cluster.send_calls(list(calls), key_slots(pa.array(keys, pa.string())),
+                                               script_sha=TILES_WRITE_SHA)
+            return sum(self._count(r) for r in replies)
+        conn = self._conn
+        assert conn is not None
+        written = 0
+        for at in range(0, len(calls), _CALLS_PER_ROUND):
+            part = calls[at:at + _CALLS_PER_ROUND]
+            conn.send(b"".join(part))
+            lines = conn.read_lines(len(part))
+            if any(line.startswith(b"-NOSCRIPT") for line in lines):  # the server lost the script
+                conn.call(["SCRIPT", "LOAD", TILES_WRITE])
+                conn.send(b"".join(part))  # idempotent: complete tiles
+                lines = conn.read_lines(len(part))
+            written += sum(self._count(line) for line in lines)
+        return written
+
+    def _count(self, reply: Any) -> int:
+        if isinstance(reply, bytes) and reply.startswith(b":"):
+            return int(reply[1:])
+        text = getattr(reply, "text", reply)
+        if isinstance(text, bytes):
+            text = text.decode(errors="replace")
+        if isinstance(text, str) and text.lstrip("-").startswith(("LOADING", "BUSY", "TRYAGAIN")):
+            raise ConnectionError(f"Redis is not ready: {text}")
+        raise SinkError(f"Redis at {self.address} rejected a tiles write: {text}", store=self.name,
+                        address=self.address)
+
+
+__all__ = ["TILES_WRITE", "TileWriter", "tiles_keys"]

@@ -1,0 +1,209 @@
+"""``FeatureStore.online(..., windows="request_time", at=T)``: the window values at ``T``
+read from the per-entity tiles the batch backfill writes to real Redis
+(``features.aggregate.tiles``), equal to ``historical(..., windows="request_time")`` at
+``T`` (real Postgres) and to the brute-force reference (``reference_at`` in
+``tests/aggregate_reference.py``):
+
+- random histories of the shared schema with every aggregation stored hot (every
+  function, both window kinds, ``where``), ties at one instant with different contents
+  included, cut into loads run in any order, each load's rows shuffled, and request
+  times inside bursts, exactly on an event, 1 µs either side, on tile boundaries, between
+  events, long after the last, before the first, and an entity with no history;
+- a quiet entity decays to the empty window (count 0, sum 0, mean/min/max null, last_k
+  empty); the tiles hash is trimmed to the retention and carries the schema's TTL; a
+  request time before the retained range is refused.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import redis
+import yaml
+from aggregate_reference import BASE_US, EVENT, MINUTE_US, SCHEMA, USERS, T, history_table, reference_at
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from psycopg import sql
+
+from features import FeatureStore
+from features.aggregate.engine import AggSpec
+from features.aggregate.tiles import TileSpec
+from features.compile import compile_schema
+from features.compile.layout import tiles_key
+from features.config import Settings
+from features.errors import ConfigError
+from features.load import load
+from features.schema import parse_schema
+
+pytestmark = pytest.mark.services
+
+def _hot_schema() -> str:
+    """The shared schema with every aggregation but the sketches (not in the tiles yet)
+    served online, and a lateness that keeps the whole test history in the tiles."""
+    doc = yaml.safe_load(SCHEMA)
+    doc["aggregations"]["allowed_lateness"] = "2d"
+    aggs = doc["aggregations"]["features"]
+    doc["aggregations"]["features"] = [{**a, "store": ["hot", "cold"]} for a in aggs
+                                       if not a["function"].startswith("approx_")]
+    return str(yaml.safe_dump(doc, sort_keys=False))
+
+
+HOT_SCHEMA = _hot_schema()
+COMPILED = compile_schema(parse_schema(HOT_SCHEMA))
+AGGS = [a.name for a in COMPILED.schema.aggregations.features]  # type: ignore[union-attr]
+TSPEC = TileSpec.of(AggSpec.of(COMPILED.schema))
+assert TSPEC is not None
+TILE = TSPEC.size_us
+HOUR = 60 * MINUTE_US
+DAY = 24 * HOUR
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def at(us: int) -> dt.datetime:
+    return EPOCH + dt.timedelta(microseconds=us)
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[list[dict[str, Any]]], list[int]]:
+    """A history (ties with different contents included), the loads it is cut into (any
+    split, any order, rows shuffled) and request times around it."""
+    events = draw(st.lists(EVENT, min_size=1, max_size=40))
+    k = draw(st.integers(1, 3))
+    which = draw(st.lists(st.integers(0, k - 1), min_size=len(events), max_size=len(events)))
+    parts = [[e for e, w in zip(events, which, strict=True) if w == i] for i in range(k)]
+    loads = [draw(st.permutations(p)) for p in draw(st.permutations(parts)) if p]
+    near = [e[T] + d for e in events for d in (0, -1, 1, HOUR, HOUR + 1, 2 * HOUR, 90 * MINUTE_US)]
+    edges = [BASE_US + i * TILE + d for i in range(-1, 20) for d in (-1, 0, 1)]
+    fixed = [BASE_US - DAY, BASE_US - 1, BASE_US + 2 * HOUR, BASE_US + 7 * DAY, BASE_US + DAY + 1]
+    t = st.one_of(st.sampled_from(near + fixed), st.sampled_from(edges),
+                  st.integers(BASE_US - HOUR, BASE_US + 12 * HOUR))
+    return events, loads, draw(st.lists(t, min_size=1, max_size=6, unique=True))
+
+
+def rows_of(table: pa.Table) -> list[tuple[Any, ...]]:
+    cols = [table.column(a).to_pylist() for a in AGGS]
+    return [tuple(c[i] for c in cols) for i in range(table.num_rows)]
+
+
+def drop_keys(client: redis.Redis, prefix: str) -> None:
+    keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+    if keys:
+        client.delete(*keys)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                 HealthCheck.too_slow])
+@given(case=cases())
+def test_online_at_request_time_equals_historical_and_the_reference(
+        case: tuple[list[dict[str, Any]], list[list[dict[str, Any]]], list[int]],
+        settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> None:
+    events, loads, times = case
+    tmp = tmp_path_factory.mktemp("ort")
+    (tmp / "schemas").mkdir()
+    (tmp / "schemas" / "agg_props.yaml").write_text(HOT_SCHEMA)
+    ns = f"t_online_rt_{uuid.uuid4().hex[:12]}"
+    prefix = f"test:{ns}:"
+    admin = psycopg.connect(settings.postgres_dsn, autocommit=True)
+    admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(ns)))
+    client = redis.Redis.from_url(settings.redis_url)
+    fs = FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn,
+                      schemas=tmp / "schemas", search_path=ns, key_prefix=prefix)
+    ids = [*USERS, "nobody"]
+    try:
+        for i, rows in enumerate(loads):
+            path = tmp / f"load{i}.parquet"
+            pq.write_table(history_table(rows), path)
+            summary = load([path], COMPILED, settings, search_path=ns, key_prefix=prefix)
+            assert summary.adds_up and summary.rejected == 0
+        for t in times:
+            want = reference_at(COMPILED.schema, events, [(u, t) for u in ids])
+            got = fs.online("agg_props", ids, AGGS, windows="request_time", at=at(t))
+            assert got.column("uid").to_pylist() == ids
+            assert rows_of(got) == want, t
+            frame = pa.table({"uid": pa.array(ids), "timestamp": pa.array([t] * len(ids), pa.int64()).cast(
+                pa.timestamp("us", "UTC"))})
+            assert rows_of(fs.historical("agg_props", frame, AGGS, windows="request_time")) == want
+    finally:
+        fs.close()
+        drop_keys(client, prefix)
+        client.close()
+        admin.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(ns)))
+        admin.close()
+
+
+QUIET = """
+name: quiet
+version: 1.0.0
+entity: card
+event_time: ts
+hot: {ttl: 30d}
+fields:
+  - {name: card, type: string, constraints: {required: true}}
+  - {name: ts, type: "timestamp(us, UTC)", constraints: {required: true}}
+  - {name: amount, type: float64, constraints: {nullable: true}}
+aggregations:
+  allowed_lateness: 1h
+  features:
+    - {name: txn_24h, function: count, window: 24h, store: [hot, cold]}
+    - {name: amount_sum_24h, function: sum, of: amount, scale: 2, window: 24h, store: [hot, cold]}
+    - {name: amount_mean_24h, function: mean, of: amount, window: 24h, store: [hot, cold]}
+    - {name: amount_max_24h, function: max, of: amount, window: 24h, store: [hot, cold]}
+    - {name: last3, function: last_k, of: amount, k: 3, window: 24h, store: [hot, cold]}
+"""
+
+
+def test_a_quiet_entity_decays_and_the_tiles_stay_bounded(settings: Settings, tmp_path: Path, pg_schema: str,
+                                                          redis_prefix: str) -> None:
+    c = compile_schema(parse_schema(QUIET))
+    tspec = TileSpec.of(AggSpec.of(c.schema))
+    assert tspec is not None
+    day0 = int(dt.datetime(2026, 3, 1, tzinfo=dt.UTC).timestamp()) * 1_000_000
+    # 10 days of one event every 20 minutes, then nothing
+    ts = [day0 + i * 20 * MINUTE_US for i in range(10 * 72)]
+    table = pa.table({"card": pa.array(["c1"] * len(ts)), "ts": pa.array(ts, pa.timestamp("us", "UTC")),
+                      "amount": pa.array([float(i % 7) for i in range(len(ts))])})
+    pq.write_table(table, tmp_path / "h.parquet")
+    assert load([tmp_path / "h.parquet"], c, settings, search_path=pg_schema, key_prefix=redis_prefix).adds_up
+    (tmp_path / "schemas").mkdir()
+    (tmp_path / "schemas" / "quiet.yaml").write_text(QUIET)
+    last = ts[-1]
+    client = redis.Redis.from_url(settings.redis_url)
+    key = redis_prefix + tiles_key("quiet", "c1")
+    fields = [f.decode() for f in client.hkeys(key)]
+    # only the tiles of the last window + lateness (a summary and the events of each)
+    starts = sorted({int(f[2:]) for f in fields if f[:2] in ("s:", "e:")})
+    assert starts[0] >= (last - tspec.retention_us) // tspec.size_us * tspec.size_us
+    assert len(starts) <= tspec.retention_us // tspec.size_us + 1
+    assert 29 * 86400 < client.ttl(key) <= 30 * 86400
+    client.close()
+    with FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn,
+                      schemas=tmp_path / "schemas", search_path=pg_schema, key_prefix=redis_prefix,
+                      clock=lambda: (last + 2 * DAY) / 1e6) as fs:
+        names = ["txn_24h", "amount_sum_24h", "amount_mean_24h", "amount_max_24h", "last3"]
+        busy = fs.online("quiet", ["c1"], names, windows="request_time", at=at(last))
+        assert busy.to_pylist()[0] | {} == busy.to_pylist()[0]
+        assert busy.column("txn_24h").to_pylist() == [72]
+        assert busy.column("last3").to_pylist() == [[float((len(ts) - 1 - j) % 7) for j in range(3)]]
+        stale = fs.online("quiet", ["c1"], names)  # as of the newest event: frozen
+        assert stale.column("txn_24h").to_pylist() == [72]
+        now = fs.online("quiet", ["c1", "nobody"], names, windows="request_time")  # the clock: 2 days later
+        assert now.column("txn_24h").to_pylist() == [0, 0]
+        assert now.column("amount_sum_24h").to_pylist() == [0.0, 0.0]
+        assert now.column("amount_mean_24h").to_pylist() == [None, None]
+        assert now.column("amount_max_24h").to_pylist() == [None, None]
+        assert now.column("last3").to_pylist() == [[], []]
+        half = fs.online("quiet", ["c1"], names, windows="request_time", at=at(last + 12 * HOUR))
+        assert half.column("txn_24h").to_pylist() == [36]
+        with pytest.raises(ConfigError, match="allowed lateness"):
+            fs.online("quiet", ["c1"], names, windows="request_time", at=at(last - 2 * HOUR))
+        with pytest.raises(ConfigError, match="windows must be one of"):
+            fs.online("quiet", ["c1"], names, windows="request-time")
+        with pytest.raises(ConfigError, match="at= is the request time"):
+            fs.online("quiet", ["c1"], names, at=at(last))
