@@ -335,7 +335,7 @@ def serve_worker(index: int, sock: socket.socket, options: ServeOptions, *, on_r
     from features.serve.app import IngestApp
     from features.serve.ingest import SchemaIngest
     from features.serve.producer import AsyncProducer
-    from features.stream.core import producer_max_bytes
+    from features.sinks.dead_letter import producer_max_bytes
 
     settings = resolve_settings(schemas_dir=options.schemas_dir)
     from features.compile import compile_schema

@@ -160,11 +160,7 @@ def run(args: argparse.Namespace) -> int:
 def _check_stores(compiled: Any, settings: Any) -> None:
     """Both stores reachable and the cold table's fingerprint right, before Flink starts
     (a clear error naming the store, instead of a failing Flink job)."""
-    from features.sinks.postgres import PostgresSink
-    from features.sinks.redis import RedisSink
+    from features.sinks.stores import check_stores, store_sinks
 
-    for sink in (RedisSink(settings.redis_url, compiled), PostgresSink(settings.postgres_dsn, compiled)):
-        try:
-            sink.open()
-        finally:
-            sink.close()
+    cold, hot = store_sinks(compiled, settings)
+    check_stores((hot, cold))

@@ -29,6 +29,10 @@ Raises CompileError for what PostgreSQL cannot hold faithfully: an identifier lo
 than 63 bytes (Postgres would silently truncate it), a NUL character, a pattern that
 cannot be made to agree with RE2 (:mod:`features.compile.patterns`), a bound that is
 not a valid value of the field's type.
+
+Why one module of this size: every statement of a schema's DDL and every SQL literal and
+CHECK expression it holds is generated here, so the bytes of ``sql/<schema>.sql``
+(compared by ``features compile --check``) depend on one module.
 """
 
 from __future__ import annotations

@@ -37,6 +37,10 @@ reference is the row's ``event_time`` when the schema declares one, otherwise th
 ``reference_time`` given to ``TransformProgram.run``; naive timestamps count as UTC,
 dates as midnight UTC. Inputs: ints, floats and bools become float64 (ints beyond
 2**53 round to the nearest float64), decimals the nearest float64.
+
+Why one module of this size: the ops' semantics and the builder that lowers a schema's
+features to a :class:`ProgramPlan` are the one contract both backends implement bit for
+bit, kept side by side so a change to one is read with the other.
 """
 
 from __future__ import annotations

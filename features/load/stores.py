@@ -16,11 +16,10 @@ def open_stores(compiled: CompiledSchema, settings: Settings, *, search_path: st
     (concurrent ``CREATE TABLE IF NOT EXISTS`` can fail in Postgres)."""
     from features.aggregate.engine import AggSpec
     from features.aggregate.writer import AggregateWriter
-    from features.sinks.postgres import PostgresSink
-    from features.sinks.redis import RedisSink
+    from features.sinks.stores import store_sinks
 
-    stores: list[Any] = [RedisSink(settings.redis_url, compiled, key_prefix=key_prefix),
-                         PostgresSink(settings.postgres_dsn, compiled, search_path=search_path)]
+    cold, hot = store_sinks(compiled, settings, search_path=search_path, key_prefix=key_prefix)
+    stores: list[Any] = [hot, cold]
     if AggSpec.of(compiled.schema) is not None:
         stores.append(AggregateWriter(compiled, settings.postgres_dsn, settings.redis_url,
                                       search_path=search_path, key_prefix=key_prefix))

@@ -10,6 +10,11 @@ one atomic script call that changes it only while it still holds the event and t
 fingerprint it was read with. ``features migrate --apply`` runs it over every hash; the
 SDK runs it on the hashes a read meets (``FeatureStore.online``), so reads keep working
 during and after a migration, and for hashes an old writer still writes.
+
+Why one module of this size: reading what earlier versions wrote (:class:`Upgrader`) and
+moving the stores to a new version (:func:`plan`, :func:`apply_postgres`) share the
+recorded versions; the Upgrader is the seam (issue 46 step f moves it below the SDK,
+which reads through it).
 """
 
 from __future__ import annotations

@@ -93,15 +93,14 @@ def load_source(source: Source, compiled: CompiledSchema, settings: Settings, *,
     from features.aggregate.backfill import Collector, backfill
     from features.aggregate.engine import AggSpec
     from features.aggregate.writer import AggregateWriter
-    from features.sinks.postgres import PostgresSink, WriterGuard
-    from features.sinks.redis import RedisSink
+    from features.sinks.postgres import WriterGuard
+    from features.sinks.stores import store_sinks
 
     program = transform_program(compiled, settings)
-    pg = PostgresSink(settings.postgres_dsn, compiled, search_path=search_path)
+    pg, hot = store_sinks(compiled, settings, search_path=search_path, key_prefix=key_prefix)
     # a migration of the schema waits for the unit in flight, then stops this load
     # between units (docs/evolution.md, "Writers during a migration")
     guard = WriterGuard(settings.postgres_dsn, compiled, search_path=search_path)
-    hot = RedisSink(settings.redis_url, compiled, key_prefix=key_prefix)
     sinks: list[Sink] = [pg, hot]  # the first is the primary: its commit decides "stored"
     spec = AggSpec.of(compiled.schema)
     aggs = None if spec is None else AggregateWriter(compiled, settings.postgres_dsn, settings.redis_url,

@@ -81,6 +81,10 @@ either name): ``breaking_change: false`` makes every change to it compatible (th
 detail says so), ``breaking_change: true`` makes every change to it breaking.
 Schema-level changes (``name``, ``entity``, ``event_time``, ``hot_ttl``,
 ``payload``, ``allowed_lateness``) are not field changes and no rule overrides them.
+
+Why one module of this size: one ``_Differ`` compares every part of a schema with the
+classification rules beside it, and the evolution-rule overrides and the version gate
+work over its whole list of changes.
 """
 
 from __future__ import annotations

@@ -40,6 +40,11 @@ bool                 ``bool`` (``default`` only; bool has no order)
 Nothing here touches Postgres or Redis, nor Arrow but for RE2 (``pyarrow.compute``): a
 pattern must compile in RE2, and a string default is matched with it, as the validator
 matches values (linear time: no pattern can hang the parser).
+
+Why one module of this size: one :class:`SchemaParser` walks the YAML node tree, keeping
+each node's line for its errors, and the checks between parts (aggregation inputs,
+feature sources, evolution rules) need the whole parsed document and its collected
+errors at hand.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ same reject rules and messages), and turns the outcome into what the service sen
   partition) with a ``featureline-source`` header naming the request and the position;
 - the rejects, as the rejects table holds them (``_source`` =
   ``http://<request id>#<index>``, ``row_index`` = index) and as dead-letter messages
-  (:func:`features.stream.core.dead_letter_messages`, the stream's format);
+  (:func:`features.sinks.dead_letter.dead_letter_messages`, the stream's format);
 - the field errors, for the response: the first ``max_errors`` of them (by record index)
   and how many there are in all (a body of many bad records answers a bounded list).
 
@@ -152,9 +152,10 @@ class SchemaIngest:
 
     def open(self) -> None:
         """Connect to Postgres, read the dead-letter topic's size limit (a dead letter
-        must fit it, or the broker refuses it: :func:`features.stream.core.dead_letter_limit`)
+        must fit it, or the broker refuses it: :func:`features.stream.kafka.dead_letter_limit`)
         and start the thread that checks the requests' bodies."""
-        from features.stream.core import dead_letter_limit, producer_max_bytes
+        from features.sinks.dead_letter import producer_max_bytes
+        from features.stream.kafka import dead_letter_limit
 
         self.pg.open()
         if self.dead_letter_topic:
@@ -235,7 +236,7 @@ class SchemaIngest:
         their records (its fixed cost, a few milliseconds, paid once), the outcome split
         back per request. Each record keeps its own request's URI and index."""
         from features.pipeline.prepare import prepare_records
-        from features.stream.core import dead_letter_messages
+        from features.sinks.dead_letter import dead_letter_messages
 
         values: list[bytes] = []
         uris: list[str] = []

@@ -38,6 +38,11 @@ Contract:
 - Connection losses during a write are retried with exponential backoff (the
   transaction was rolled back, so a retry is exact); after ``retries`` attempts the
   write raises SinkUnavailable.
+
+Why one module of this size: :class:`PostgresSink` is one connection and one transaction
+protocol (ledger, COPY, upserts, rejects, history reads) that its methods share; the
+wire-level parts already live apart (``features.sinks.pg``,
+``features.sinks.pgbinary``).
 """
 
 from __future__ import annotations

@@ -24,6 +24,12 @@ script decodes with Redis's built-in ``cmsgpack``. The writer thread encodes a u
 16,384 rows at a time and keeps up to three such chunks at the server over one connection,
 ``redis-cli --pipe`` style, so Redis works while the next chunk is encoded; replies
 are counted in bulk.
+
+Why one module of this size: :class:`RedisSink`'s vectorised encoding, its Lua scripts
+and its pipelined writes and reads share one connection and one key layout; the wire
+protocol (``features.sinks.redis_wire``), the cluster routing
+(``features.sinks.redis_cluster``) and the layout itself (``features.compile.layout``)
+already live apart.
 """
 
 from __future__ import annotations

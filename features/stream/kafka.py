@@ -1,4 +1,5 @@
-"""Small Kafka helpers for the demo, the tests and the benchmark (confluent-kafka).
+"""Small Kafka helpers for the demo, the tests and the benchmark, and the dead-letter
+topic's size limit (confluent-kafka).
 
 Every confluent-kafka client featureline creates gets its configuration from
 :func:`client_config`: the bootstrap servers, the user's extra librdkafka properties
@@ -14,7 +15,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from features.errors import ServiceError
+from features.config import Settings
+from features.errors import ServiceError, SinkError
+from features.sinks.dead_letter import BROKER_DEFAULT_MAX_MESSAGE_BYTES, DEAD_LETTER_MIN_BYTES
 
 log = logging.getLogger("features.kafka")
 
@@ -124,12 +127,6 @@ def create_topic(bootstrap: str, topic: str, *, partitions: int, timeout_s: floa
     return ("exists" if have == partitions else "exists-other-partitions"), have
 
 
-#: The broker's default ``max.message.bytes`` of a topic (Kafka's ``message.max.bytes``):
-#: what a topic created without configs accepts, and the assumption when the broker
-#: does not say.
-BROKER_DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
-
-
 def topic_max_message_bytes(bootstrap: str, topic: str, *, timeout_s: float = 15.0,
                             properties: Mapping[str, str] | None = None) -> int:
     """The largest record batch (bytes) the broker accepts on ``topic``: the topic's
@@ -164,6 +161,23 @@ def topic_max_message_bytes(bootstrap: str, topic: str, *, timeout_s: float = 15
     log.warning("Kafka at %s: cannot read the max.message.bytes of %r (%s); assuming %d", bootstrap,
                 topic, "; ".join(reasons), BROKER_DEFAULT_MAX_MESSAGE_BYTES)
     return BROKER_DEFAULT_MAX_MESSAGE_BYTES
+
+
+def dead_letter_limit(settings: Settings, topic: str, producer_max: int, *, timeout_s: float = 15.0) -> int:
+    """The size every dead letter for ``topic`` must stay under: the smaller of the topic's
+    effective ``max.message.bytes`` (asked of the broker) and ``producer_max`` (the
+    producer's ``message.max.bytes``). SinkError when that leaves no room for a letter
+    (:data:`DEAD_LETTER_MIN_BYTES`). The stream job and ``features serve`` both ask it
+    once at start (a broker that does not answer within ``timeout_s``: the broker default
+    is assumed, with a warning)."""
+    topic_max = topic_max_message_bytes(settings.kafka_bootstrap, topic, properties=settings.kafka_properties,
+                                        timeout_s=timeout_s)
+    limit = min(topic_max, producer_max)
+    if limit < DEAD_LETTER_MIN_BYTES:
+        raise SinkError(f"dead-letter topic {topic!r} accepts records of at most {topic_max} bytes "
+                        f"(max.message.bytes): at least {DEAD_LETTER_MIN_BYTES} needed",
+                        store="kafka", address=settings.kafka_bootstrap)
+    return limit
 
 
 def produce(bootstrap: str, topic: str, values: Sequence[bytes | None], *,

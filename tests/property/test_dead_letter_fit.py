@@ -1,4 +1,4 @@
-"""Every dead letter fits the size it is given (``features.stream.core.dead_letter_messages``).
+"""Every dead letter fits the size it is given (``features.sinks.dead_letter.dead_letter_messages``).
 
 For any reject (a raw record and errors holding any text: quotes, backslashes, control
 and multi-byte characters, many errors) and any limit from ``DEAD_LETTER_MIN_BYTES`` up,
@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from features.ops.examples import applicant_schema
-from features.stream.core import DEAD_LETTER_MIN_BYTES, canonical_json, dead_letter_messages
+from features.sinks.dead_letter import DEAD_LETTER_MIN_BYTES, canonical_json, dead_letter_messages
 
 COMPILED = applicant_schema()
 #: What a Kafka record batch of one record adds to its key and value (as the code assumes).

@@ -26,6 +26,11 @@ here). ``down`` stops only processes whose pid files ``up`` wrote.
 is missing (:data:`EXIT_CODES`): ``servers:`` (Postgres, Redis, Kafka, the Redis Cluster
 when it runs) and ``stream:`` (what the PyFlink job needs beside the servers: the Flink
 Kafka connector jar, PyFlink, a Java runtime).
+
+Why one module of this size: each local service is one class (Postgres, Redis,
+RedisCluster, Kafka, the Flink connector and cluster, Chromium) over the process, port
+and file helpers at the top that all of them use; a module per class is the seam when
+one of them grows.
 """
 
 from __future__ import annotations
