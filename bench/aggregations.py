@@ -16,8 +16,11 @@ duplicates, late events, ~0.4% invalid), ``--users`` users (default 20,000).
      finalize, upsert Postgres, write Redis), as rows/s of the events it aggregated;
    - with ``--batch sketches`` (issue 50) also the 8 aggregations with two of them sketches:
      ``max_price_24h`` becomes ``price_p90_24h`` (``approx_percentile``, q 0.9) and
-     ``last_dwell_1h`` becomes ``items_approx_7d`` (``approx_count_distinct``, precision 12),
-     and its aggregation stage.
+     ``last_dwell_1h`` becomes ``items_approx_7d`` (``approx_count_distinct``, precision 12
+     or ``--precision``), and its aggregation stage. Its windows with more than
+     2^p/8 distinct items take the register path: ``--users 20 --precision 12`` puts
+     thousands of distinct items in a user's 7 days, ``--precision 4`` sends nearly every
+     window with over 2 distinct items there.
 2. **Stream** (``jobs/stream_job.py --bounded``, parallelism 1, 2-partition topic keyed
    by user, the records produced before the job starts):
    - baseline: the clicks schema without aggregations;
@@ -86,15 +89,18 @@ SKETCHES = (("""    - name: max_price_24h
 """))
 
 
-def variants(tmp: Path) -> dict[str, Path]:
+def variants(tmp: Path, precision: int = 12) -> dict[str, Path]:
     """Schema folders: clicks as shipped (8 aggregations), without, with three, and with
-    8 of which two are sketches."""
+    8 of which two are sketches (``items_approx_7d`` with ``precision``)."""
     text = (ROOT / "schemas" / "clicks.yaml").read_text()
     start, end = text.index("aggregations:"), text.index("evolution_rules:")
     sketched = text
     for old, new in SKETCHES:
         assert old in sketched
         sketched = sketched.replace(old, new)
+    acd = "      function: approx_count_distinct\n      of: item_id\n"
+    assert sketched.count(acd) == 1
+    sketched = sketched.replace(acd, f"{acd}      precision: {precision}\n")
     out = {}
     for name, body in (("all", text), ("none", text[:start] + text[end:]),
                        ("three", text[:start] + THREE + text[end:]), ("sketches", sketched)):
@@ -127,13 +133,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--users", type=int, default=20_000)
     ap.add_argument("--batch", default="none,all",
                     help="batch contenders, comma-separated: none, all, sketches (default none,all)")
+    ap.add_argument("--precision", type=int, default=12,
+                    help="items_approx_7d's precision in the sketches contender (default 12); "
+                         "its windows with more than 2^p/8 distinct items take the register path")
     ap.add_argument("--repeat", type=int, default=1,
                     help="rounds; the contenders run interleaved within each round (default 1)")
     args = ap.parse_args(argv)
     base = resolve_settings(root=ROOT)
     tag = uuid.uuid4().hex[:8]
     tmp = Path(tempfile.mkdtemp(prefix="bench_agg_"))
-    dirs = variants(tmp)
+    dirs = variants(tmp, args.precision)
     url = base.redis_url.rsplit("/", 1)[0] + f"/{REDIS_DB}"
     settings = dataclasses.replace(base, redis_url=url)
     r = redis.Redis.from_url(url)

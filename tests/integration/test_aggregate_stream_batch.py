@@ -1,6 +1,6 @@
 """Windowed aggregations: the stream job and the batch backfill agree (docs/aggregations.md).
 
-One random event history for ``schemas/clicks.yaml`` (100k events, 4,000 users;
+One random event history for ``schemas/clicks.yaml`` with two sketches added (100k events, 4,000 users;
 out-of-order arrivals within the allowed lateness, duplicates, late events, quiet
 gaps, events exactly on window edges, invalid rows) goes
 
@@ -32,8 +32,10 @@ import pyarrow as pa
 import pytest
 from aggregate_reference import T, stream_late
 
+from features.compile import CompiledSchema, compile_schema
 from features.config import Settings
-from features.ops.examples import click_history, click_records, clicks_schema
+from features.ops.examples import click_history, click_records
+from features.schema import load_schema
 from features.stream.kafka import produce
 from features.validation import validate
 
@@ -46,12 +48,34 @@ USERS = 4_000
 #: the first run is killed once the stream has written this many aggregation rows (a fifth)
 KILL_AFTER = EVENTS // 5
 AGGS = ("clicks_24h", "views_24h", "click_ratio_24h", "dwell_mean_1h", "items_7d", "spend_today",
-        "max_price_24h", "last_dwell_1h")
+        "max_price_24h", "last_dwell_1h", "items_approx_7d", "price_pcts_24h")
+#: the two sketches (issue 50) added to the shipped clicks schema for these tests: precision
+#: 4 keeps the exact distinct hashes only while <= 2 of them, so most users' windows take the
+#: register path; a list of quantiles of a decimal field
+SKETCHES = """    - {name: items_approx_7d, function: approx_count_distinct, of: item_id, precision: 4,
+       window: 7d, store: cold}
+    - {name: price_pcts_24h, function: approx_percentile, of: price, q: [0.1, 0.5, 0.9],
+       relative_accuracy: 0.02, window: 24h, store: cold}
+"""
 HOT = ("clicks_24h", "click_ratio_24h", "dwell_mean_1h", "spend_today")
 
 
+def _sketched(tmp: Path) -> CompiledSchema:
+    """``schemas/clicks.yaml`` with the two sketches appended to its aggregations, written to
+    ``tmp/schemas`` (the folder the stream job reads) and compiled (what the backfill uses)."""
+    text = (ROOT / "schemas" / "clicks.yaml").read_text()
+    anchor = "evolution_rules:"
+    assert text.count(anchor) == 1
+    folder = tmp / "schemas"
+    folder.mkdir(exist_ok=True)
+    path = folder / "clicks.yaml"
+    path.write_text(text.replace(anchor, SKETCHES + anchor))
+    return compile_schema(load_schema(path))
+
+
 def _job(args: list[str], tmp: Path, prefix: str) -> list[str]:
-    return [sys.executable, str(JOB), "--schema", "clicks", "--state-dir", str(tmp / "state"), "--json",
+    return [sys.executable, str(JOB), "--schema", "clicks", "--schemas-dir", str(tmp / "schemas"),
+            "--state-dir", str(tmp / "state"), "--json",
             "--key-prefix", f"{prefix}stream:",
             "--checkpoint-interval-ms", "2000", "--batch-size", "2000", "--restart-attempts", "0", *args]
 
@@ -97,6 +121,7 @@ def test_stream_with_sigkill_and_batch_backfill_compute_identical_aggregations(
     from features.flink.stream import latest_checkpoint, merged_summary
     from features.load import load
 
+    schema = _sketched(tmp_path)
     history = click_history(EVENTS, seed=5, users=USERS)
     assert history.num_rows >= EVENTS
     path = tmp_path / "clicks.parquet"
@@ -110,18 +135,18 @@ def test_stream_with_sigkill_and_batch_backfill_compute_identical_aggregations(
     admin.execute(f'CREATE SCHEMA "{batch_schema}"')
     try:
         # ---- the batch backfill
-        summary = load([path], clicks_schema(), settings, search_path=batch_schema,
+        summary = load([path], schema, settings, search_path=batch_schema,
                        key_prefix=f"{redis_prefix}batch:")
         assert summary.adds_up and summary.aggregations is not None
         agg = summary.aggregations
         assert agg["accepted"] > 0.95 * EVENTS and agg["late"] == 0 and agg["duplicates"] > 500, agg
         # what the stream must call late: the valid events (duplicates included), in arrival
         # order (the topic is keyed by user, so each user's order is the file's)
-        valid = validate(history, clicks_schema()).valid
+        valid = validate(history, schema).valid
         times = valid.column("event_time").cast(pa.int64()).to_pylist()  # ms
         arrival = [{"user_id": u, T: t * 1000} for u, t in zip(valid.column("user_id").to_pylist(), times,
                                                                 strict=True)]
-        late_idx = stream_late(clicks_schema().schema, arrival)
+        late_idx = stream_late(schema.schema, arrival)
         want_late = len(late_idx)
         late_users = {arrival[i]["user_id"] for i in late_idx}
         assert want_late > 50 and len(late_users) < 0.5 * USERS
@@ -164,6 +189,11 @@ def test_stream_with_sigkill_and_batch_backfill_compute_identical_aggregations(
         instants = len(set(zip(valid.column("user_id").to_pylist(), times, strict=True)))
         assert len(batch_rows) == instants < agg["accepted"]
         on_time_batch = [r for r in batch_rows if r[0] not in late_users]
+        # the sketches hold values, most distinct counts from the registers (> 2 distinct)
+        sketch = AGGS.index("items_approx_7d") + 2
+        assert sum(r[sketch] > 2 for r in batch_rows) > 0.5 * len(batch_rows)
+        pcts = [r[sketch + 1] for r in batch_rows if r[sketch + 1] is not None]
+        assert len(pcts) > 0.5 * len(batch_rows) and all(len(p) == 3 and p[0] <= p[1] <= p[2] for p in pcts)
         stream_rows: list[tuple[Any, ...]] = []
         try:
             deadline = time.time() + 900
@@ -195,7 +225,7 @@ def test_stream_with_sigkill_and_batch_backfill_compute_identical_aggregations(
         assert len(stream_rows) < len(batch_rows)  # the late events' rows are missing
 
         # ---- a backfill of the same history into the stream's stores repairs the rest
-        repair = load([path], clicks_schema(), settings, search_path=pg_schema,
+        repair = load([path], schema, settings, search_path=pg_schema,
                       key_prefix=f"{redis_prefix}stream:")
         assert repair.stored == 0 and repair.aggregations is not None and repair.aggregations["adds_up"]
         with psycopg.connect(settings.postgres_dsn) as conn:
@@ -224,6 +254,7 @@ def test_a_stream_continuing_a_backfill_gives_the_values_of_a_backfill_of_everyt
 
     from features.load import load
 
+    schema = _sketched(tmp_path)
     history = click_history(20_000, seed=11, users=400)
     half = history.num_rows // 2
     pq.write_table(history.slice(0, half), tmp_path / "first.parquet")
@@ -232,9 +263,9 @@ def test_a_stream_continuing_a_backfill_gives_the_values_of_a_backfill_of_everyt
     admin = psycopg.connect(settings.postgres_dsn, autocommit=True)
     admin.execute(f'CREATE SCHEMA "{everything}"')
     try:
-        whole = load([tmp_path / "all.parquet"], clicks_schema(), settings, search_path=everything,
+        whole = load([tmp_path / "all.parquet"], schema, settings, search_path=everything,
                      key_prefix=f"{redis_prefix}all:")
-        first = load([tmp_path / "first.parquet"], clicks_schema(), settings, search_path=pg_schema,
+        first = load([tmp_path / "first.parquet"], schema, settings, search_path=pg_schema,
                      key_prefix=f"{redis_prefix}stream:")
         assert whole.adds_up and first.adds_up
         records = click_records(history.slice(half))
@@ -252,7 +283,7 @@ def test_a_stream_continuing_a_backfill_gives_the_values_of_a_backfill_of_everyt
         assert summary["adds_up"] and agg["adds_up"] and agg["from_history"] > 0, summary
 
         # the stream's lateness: the backfilled events count as accepted first
-        result = validate(history, clicks_schema())
+        result = validate(history, schema)
         rows = result.valid_row_index.to_numpy()
         valid = result.valid
         times = valid.column("event_time").cast(pa.int64()).to_numpy()
@@ -260,7 +291,7 @@ def test_a_stream_continuing_a_backfill_gives_the_values_of_a_backfill_of_everyt
         events = [({"user_id": u, T: int(t) * 1000}, r) for u, t, r in zip(users, times, rows, strict=True)]
         backfilled = sorted((e for e, r in events if r < half), key=lambda e: e[T])
         streamed = [e for e, r in events if r >= half]
-        late = stream_late(clicks_schema().schema, backfilled + streamed)
+        late = stream_late(schema.schema, backfilled + streamed)
         late_users = {(backfilled + streamed)[i]["user_id"] for i in late}
         assert agg["late"] == len(late) and len(late_users) < 0.5 * len(set(users))
         with psycopg.connect(settings.postgres_dsn) as conn:
