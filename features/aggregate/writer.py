@@ -15,7 +15,7 @@ import functools
 import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 from features.aggregate.engine import LATE_RULE, AggSpec, Inputs, extract, group_codes
 from features.aggregate.tiles import TileRows, TileSpec
 from features.compile import CompiledSchema
+from features.compile.rejects import REJECTED_ROWS_SCHEMA
 from features.lineage import DIGEST, RunContext
 from features.schema.model import TypeKind
 
@@ -88,8 +89,6 @@ def event_time_text(spec: AggSpec, us: int) -> str:
 def late_rejects(spec: AggSpec, ctx: RunContext, entity: pa.Array, time_us: I64, sources: pa.Array,
                  newest_us: I64, released: npt.NDArray[np.bool_] | None = None) -> pa.Table:
     """One reject row per late event. A loop over late events only: the exception path."""
-    from features.sinks.base import REJECTED_ROWS_SCHEMA
-
     n = len(time_us)
     if n == 0:
         return REJECTED_ROWS_SCHEMA.empty_table()
@@ -185,15 +184,29 @@ def _read_type(t: pa.DataType) -> pa.DataType:
     return pa.string()
 
 
+class AggregateStores(Protocol):
+    """The stores the aggregation stage writes through, given by whoever runs it (the
+    pipeline: ``features.sinks.stores.aggregate_stores``), so the stage imports no sink."""
+
+    def open(self) -> tuple[Any, Any]:
+        """(hot, cold): the Redis sink of the aggregations and the Postgres sink, opened."""
+        ...
+
+    def unit(self, rows: pa.Table) -> Any:
+        """What the hot sink's ``write`` takes for ``rows`` (no rejects, no ledger key)."""
+        ...
+
+    def tiles(self, *, signature: str, retention_us: int, size_us: int) -> Any:
+        """The Redis writer of the request-time window tiles (``features.aggregate.tiles``), opened."""
+        ...
+
+
 @dataclass
 class AggregateWriter:
     """Writes aggregation rows and late rejects for one schema (both paths use it)."""
 
     compiled: CompiledSchema
-    postgres_dsn: str = field(repr=False)  # credentials: never in a repr
-    redis_url: str = field(repr=False)
-    search_path: str | None = None
-    key_prefix: str = ""
+    stores: AggregateStores
     _pg: Any = field(default=None, init=False)
     _hot: Any = field(default=None, init=False)
     _pool: Any = field(default=None, init=False)
@@ -201,27 +214,14 @@ class AggregateWriter:
 
     def clone(self) -> AggregateWriter:
         """Another writer to the same stores (its own connections; not yet open)."""
-        return AggregateWriter(self.compiled, self.postgres_dsn, self.redis_url, search_path=self.search_path,
-                               key_prefix=self.key_prefix)
+        return AggregateWriter(self.compiled, self.stores)
 
     def open(self) -> None:
-        from features.sinks.postgres import PostgresSink
-        from features.sinks.redis import RedisSink
-
-        self._hot = RedisSink(self.redis_url, self.compiled, key_prefix=self.key_prefix, aggregates=True)
-        self._pg = PostgresSink(self.postgres_dsn, self.compiled, search_path=self.search_path)
-        for sink in (self._hot, self._pg):
-            sink.open()
+        self._hot, self._pg = self.stores.open()
         tspec = self.tile_spec
         if tspec is not None:
-            from features.sinks.redis_tiles import TileWriter
-
-            self._tiles = TileWriter(self.redis_url, self.compiled.name,
-                                     ttl_s=self.compiled.schema.hot.ttl_seconds or 0,
-                                     signature=tspec.signature,
-                                     retention_us=tspec.retention_us, size_us=tspec.size_us,
-                                     key_prefix=self.key_prefix)
-            self._tiles.open()
+            self._tiles = self.stores.tiles(signature=tspec.signature, retention_us=tspec.retention_us,
+                                            size_us=tspec.size_us)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aggregates-redis")
 
     @functools.cached_property
@@ -273,8 +273,6 @@ class AggregateWriter:
         """Upsert aggregation ``values`` (one row per emitted event, in emission order:
         for a key emitted twice the last one wins) and store ``late`` rejects. ``new``:
         the keys are expected to be new (``PostgresSink.upsert_aggregates``)."""
-        from features.sinks.base import WriteUnit
-
         assert self._pg is not None and self._hot is not None, "open() first"
         schema = spec.schema
         assert schema.entity is not None and schema.event_time is not None
@@ -299,8 +297,7 @@ class AggregateWriter:
                 order = np.lexsort((np.arange(len(keep)), kt, kc))
                 last = order[np.r_[kc[order][1:] != kc[order][:-1], True]]
                 newest = rows.take(pa.array(last))
-                hot = self._pool.submit(self._hot.write, WriteUnit(newest, newest.slice(0, 0), None,
-                                                                   newest.num_rows))
+                hot = self._pool.submit(self._hot.write, self.stores.unit(newest))
             try:
                 counts.rows_written = self._pg.upsert_aggregates(rows, new=new)
             finally:
@@ -313,4 +310,4 @@ class AggregateWriter:
         return counts
 
 
-__all__ = ["AggregateCounts", "AggregateWriter", "event_time_array", "late_rejects"]
+__all__ = ["AggregateCounts", "AggregateStores", "AggregateWriter", "event_time_array", "late_rejects"]

@@ -16,13 +16,13 @@ def open_stores(compiled: CompiledSchema, settings: Settings, *, search_path: st
     (concurrent ``CREATE TABLE IF NOT EXISTS`` can fail in Postgres)."""
     from features.aggregate.engine import AggSpec
     from features.aggregate.writer import AggregateWriter
-    from features.sinks.stores import store_sinks
+    from features.sinks.stores import aggregate_stores, store_sinks
 
     cold, hot = store_sinks(compiled, settings, search_path=search_path, key_prefix=key_prefix)
     stores: list[Any] = [hot, cold]
     if AggSpec.of(compiled.schema) is not None:
-        stores.append(AggregateWriter(compiled, settings.postgres_dsn, settings.redis_url,
-                                      search_path=search_path, key_prefix=key_prefix))
+        stores.append(AggregateWriter(compiled, aggregate_stores(compiled, settings, search_path=search_path,
+                                                                 key_prefix=key_prefix)))
     try:
         for store in stores:
             store.open()

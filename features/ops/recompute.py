@@ -138,6 +138,7 @@ def recompute(c: CompiledSchema, settings: Settings, *, search_path: str | None 
     from features.lineage import RunContext
     from features.sdk.store import FeatureStore
     from features.sinks import pg
+    from features.sinks.stores import aggregate_stores
 
     s = c.schema
     if not s.loadable:
@@ -154,8 +155,8 @@ def recompute(c: CompiledSchema, settings: Settings, *, search_path: str | None 
                      dt.datetime.now(dt.UTC))
     writer = None
     if spec is not None:
-        writer = AggregateWriter(c, settings.postgres_dsn, settings.redis_url, search_path=search_path,
-                                 key_prefix=key_prefix)
+        writer = AggregateWriter(c, aggregate_stores(c, settings, search_path=search_path,
+                                                     key_prefix=key_prefix))
         writer.open()  # checks the stores hold this version (the fingerprint), as a load does
     entity_type = c.arrow_schema.field(str(s.entity)).type
     store = FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn,

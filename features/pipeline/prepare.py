@@ -30,10 +30,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from features.compile import CompiledSchema
+from features.compile.rejects import REJECTED_ROWS_SCHEMA
 from features.kernels.digest import content_digests, field_defaults
 from features.lineage import DIGEST, BatchLineage, RunContext
 from features.pipeline.summary import MAX_EXAMPLES
-from features.sinks.base import REJECTED_ROWS_SCHEMA
 from features.sources.base import RawRows, SourceBatch
 from features.sources.columnar import ColumnarDecoder
 from features.sources.names import as_fields

@@ -94,7 +94,7 @@ def load_source(source: Source, compiled: CompiledSchema, settings: Settings, *,
     from features.aggregate.engine import AggSpec
     from features.aggregate.writer import AggregateWriter
     from features.sinks.postgres import WriterGuard
-    from features.sinks.stores import store_sinks
+    from features.sinks.stores import aggregate_stores, store_sinks
 
     program = transform_program(compiled, settings)
     pg, hot = store_sinks(compiled, settings, search_path=search_path, key_prefix=key_prefix)
@@ -103,8 +103,8 @@ def load_source(source: Source, compiled: CompiledSchema, settings: Settings, *,
     guard = WriterGuard(settings.postgres_dsn, compiled, search_path=search_path)
     sinks: list[Sink] = [pg, hot]  # the first is the primary: its commit decides "stored"
     spec = AggSpec.of(compiled.schema)
-    aggs = None if spec is None else AggregateWriter(compiled, settings.postgres_dsn, settings.redis_url,
-                                                     search_path=search_path, key_prefix=key_prefix)
+    aggs = None if spec is None else AggregateWriter(compiled, aggregate_stores(
+        compiled, settings, search_path=search_path, key_prefix=key_prefix))
     collector = None if spec is None else Collector(spec)
     try:
         # Redis first: its open() writes no data, so a store that is down stops the

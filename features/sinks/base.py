@@ -19,34 +19,12 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+# the rejects table's rows (compile/rejects.py): imported from here too
+from features.compile.rejects import REJECTED_ROWS_SCHEMA as REJECTED_ROWS_SCHEMA
 from features.errors import SinkUnavailable
 from features.kernels.digest import digests
-from features.lineage import (
-    DIGEST,
-    INGESTED_AT,
-    RUN_ID,
-    SCHEMA_FINGERPRINT,
-    SCHEMA_NAME,
-    SCHEMA_VERSION,
-    SOURCE,
-)
+from features.lineage import DIGEST
 from features.schema.model import Schema
-
-#: What a sink receives for the rejects of a unit (``WriteUnit.rejects``) and the rejects
-#: table stores: one row per rejected input row, with its lineage. (The validator's own
-#: ``REJECT_SCHEMA`` in ``features.compile.rejects`` is one row per failed rule.)
-REJECTED_ROWS_SCHEMA = pa.schema([
-    pa.field(SOURCE, pa.string(), nullable=False),
-    pa.field("row_index", pa.int64()),
-    pa.field("raw", pa.string()),        # JSON object of the input values
-    pa.field("errors", pa.string()),     # JSON array of {field, rule, reason, message, value}
-    pa.field("event_time", pa.timestamp("us", "UTC")),
-    pa.field(SCHEMA_NAME, pa.string()),
-    pa.field(SCHEMA_VERSION, pa.string()),
-    pa.field(SCHEMA_FINGERPRINT, pa.string()),
-    pa.field(RUN_ID, pa.string()),
-    pa.field(INGESTED_AT, pa.timestamp("us", "UTC")),
-])
 
 T = TypeVar("T")
 

@@ -122,7 +122,7 @@ class StreamProcessor:
                  chunk_records: int = DEFAULT_CHUNK_RECORDS) -> None:
         from features.kernels import transform_program
         from features.sinks.postgres import WriterGuard
-        from features.sinks.stores import store_sinks
+        from features.sinks.stores import aggregate_stores, store_sinks
 
         self.compiled = compiled
         self.settings = settings
@@ -150,9 +150,8 @@ class StreamProcessor:
         self.aggregator: StreamAggregator | None = None
         spec = AggSpec.of(schema)
         if spec is not None:
-            self.aggregator = StreamAggregator(spec, AggregateWriter(
-                compiled, settings.postgres_dsn, settings.redis_url, search_path=search_path,
-                key_prefix=key_prefix))
+            stores = aggregate_stores(compiled, settings, search_path=search_path, key_prefix=key_prefix)
+            self.aggregator = StreamAggregator(spec, AggregateWriter(compiled, stores))
             self.stats.aggregations = self.aggregator.counts
         self._producer: Any = None
         #: the largest dead letter the topic takes (bytes; read from the broker in ``open``)
