@@ -91,6 +91,12 @@ class Settings:
     ``featureline.toml`` is relative to the project folder (``features.home.cache_home``)."""
     secrets_file: str | None = None
     """The secrets file these settings were read with, if any (a path, not a secret)."""
+    store_retries: int = 5
+    """How many times a batch load or stream job tries a store write (or read) before it
+    gives up with SinkUnavailable when Redis or Postgres cannot be reached (at least 1)."""
+    store_backoff_s: float = 0.5
+    """The wait before the second try, in seconds, doubling for each try after it (5 tries
+    at 0.5 s wait 0.5 + 1 + 2 + 4 = 7.5 s in all)."""
     ingest_tokens: tuple[str, ...] = field(default=(), hash=False)
     """Bearer tokens the HTTP ingest service (``features serve``, ``docs/ingest.md``)
     accepts. Secrets: from ``FEATURES_INGEST_TOKENS`` (comma separated) or the secrets
@@ -388,6 +394,23 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
     return values
 
 
+def _number(raw: object, kind: type[int] | type[float], least: float, name: str,
+            origin: str) -> int | float:
+    """``raw`` (a string from the environment or a file, or a number) as ``kind``, at
+    least ``least``; ConfigError naming the setting and where it came from otherwise."""
+    try:
+        if isinstance(raw, bool):
+            raise ValueError
+        value = kind(str(raw))
+    except (TypeError, ValueError):
+        value = None
+    if value is None or value != value or value < least:
+        what = "an integer" if kind is int else "a number"
+        raise ConfigError(f"{name} must be {what} >= {least:g}, got {raw!r} (from {origin})",
+                          key=name, looked_in=[origin])
+    return value
+
+
 def _check_dsn(dsn: str, origin: str) -> None:
     """A DSN libpq cannot parse is refused here, without psycopg's message: it quotes
     the offending part, which may be the password (``invalid percent-encoded token``)."""
@@ -456,6 +479,9 @@ def resolve_settings(
             f"invalid device {device!r}: expected one of {', '.join(_DEVICES)}",
             key="device", looked_in=["arguments", env_var("device"), CONFIG_FILE],
         )
+    for key, kind, least in (("store_retries", int, 1), ("store_backoff_s", float, 0.0)):
+        if key in values:
+            values[key] = _number(values[key], kind, least, key, origin[key])
     if "postgres_dsn" in values:
         _check_dsn(str(values["postgres_dsn"]), origin["postgres_dsn"])
     for key in ("schemas_dir", "views_dir"):

@@ -100,7 +100,8 @@ def load_source(source: Source, compiled: CompiledSchema, settings: Settings, *,
     pg, hot = store_sinks(compiled, settings, search_path=search_path, key_prefix=key_prefix)
     # a migration of the schema waits for the unit in flight, then stops this load
     # between units (docs/evolution.md, "Writers during a migration")
-    guard = WriterGuard(settings.postgres_dsn, compiled, search_path=search_path)
+    guard = WriterGuard(settings.postgres_dsn, compiled, search_path=search_path,
+                        retries=settings.store_retries, backoff_s=settings.store_backoff_s)
     sinks: list[Sink] = [pg, hot]  # the first is the primary: its commit decides "stored"
     spec = AggSpec.of(compiled.schema)
     aggs = None if spec is None else AggregateWriter(compiled, aggregate_stores(

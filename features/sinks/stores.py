@@ -24,9 +24,12 @@ from features.sinks.redis_tiles import TileWriter
 def store_sinks(compiled: CompiledSchema, settings: Settings, *, search_path: str | None = None,
                 key_prefix: str = "") -> tuple[PostgresSink, RedisSink]:
     """(cold, hot): ``compiled``'s Postgres sink (tables under ``search_path``) and its
-    Redis sink (keys under ``key_prefix``), neither opened yet."""
-    return (PostgresSink(settings.postgres_dsn, compiled, search_path=search_path),
-            RedisSink(settings.redis_url, compiled, key_prefix=key_prefix))
+    Redis sink (keys under ``key_prefix``), neither opened yet; both try a lost store
+    ``settings.store_retries`` times, ``settings.store_backoff_s`` apart, doubling."""
+    return (PostgresSink(settings.postgres_dsn, compiled, search_path=search_path,
+                         retries=settings.store_retries, backoff_s=settings.store_backoff_s),
+            RedisSink(settings.redis_url, compiled, key_prefix=key_prefix,
+                      retries=settings.store_retries, backoff_s=settings.store_backoff_s))
 
 
 def check_stores(sinks: Iterable[Sink]) -> None:

@@ -141,7 +141,8 @@ class StreamProcessor:
         self.pg, self.hot = store_sinks(compiled, settings, search_path=search_path, key_prefix=key_prefix)
         #: held through each micro-batch: a migration of the schema waits for the one in
         #: flight, then stops the stream before its next (docs/evolution.md)
-        self.guard = WriterGuard(settings.postgres_dsn, compiled, search_path=search_path, what="stream")
+        self.guard = WriterGuard(settings.postgres_dsn, compiled, search_path=search_path, what="stream",
+                                 retries=settings.store_retries, backoff_s=settings.store_backoff_s)
         self.stats = StreamStats(RunSummary(run_id=run_id, schema=compiled.name))
         #: counts what ``stats`` counts, plus lag and latency (``features.observe.metrics``)
         self.metrics = metrics

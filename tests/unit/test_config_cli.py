@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from features.cli import COMMANDS, main
-from features.config import DEFAULT_REDIS_URL, resolve_settings
+from features.config import DEFAULT_REDIS_URL, Settings, resolve_settings
 from features.errors import ConfigError
 
 
@@ -42,6 +42,24 @@ def test_invalid_device_lists_where_it_looked(tmp_path: Path) -> None:
         resolve_settings(environ={"FEATURES_DEVICE": "tpu"}, root=tmp_path)
     assert info.value.key == "device"
     assert "FEATURES_DEVICE" in info.value.looked_in
+
+
+def test_store_retry_settings_from_file_environment_and_refused_when_invalid(tmp_path: Path) -> None:
+    assert (Settings().store_retries, Settings().store_backoff_s) == (5, 0.5)
+    (tmp_path / "featureline.toml").write_text("[settings]\nstore_retries = 8\nstore_backoff_s = 2\n")
+    s = resolve_settings(environ={}, root=tmp_path)
+    assert (s.store_retries, s.store_backoff_s) == (8, 2.0)
+    assert isinstance(s.store_retries, int) and isinstance(s.store_backoff_s, float)
+    s = resolve_settings(environ={"FEATURES_STORE_RETRIES": "2", "FEATURES_STORE_BACKOFF_S": "0.05"},
+                         root=tmp_path)
+    assert (s.store_retries, s.store_backoff_s) == (2, 0.05)
+    for env, key in [({"FEATURES_STORE_RETRIES": "0"}, "store_retries"),
+                     ({"FEATURES_STORE_RETRIES": "2.5"}, "store_retries"),
+                     ({"FEATURES_STORE_BACKOFF_S": "-1"}, "store_backoff_s"),
+                     ({"FEATURES_STORE_BACKOFF_S": "nan"}, "store_backoff_s")]:
+        with pytest.raises(ConfigError, match=key) as info:
+            resolve_settings(environ=env, root=tmp_path)
+        assert info.value.key == key and info.value.looked_in == [next(iter(env))]
 
 
 def test_help_lists_every_subcommand() -> None:
