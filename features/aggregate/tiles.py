@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -123,12 +124,22 @@ class TileSpec:
                                                   for a in sub.windowed])).encode()).hexdigest()[:16]
         return cls(sub, unbounded, size, sub.longest_us + sub.lateness_us, parts, sig)
 
+    @cached_property
+    def raw(self) -> pa.Schema:
+        """The raw parts' schema (:func:`~features.aggregate.engine.raw_schema`), made once."""
+        return raw_schema(self.spec)
+
+    @cached_property
+    def kinds(self) -> tuple[str, ...]:
+        """:meth:`part_kind` of each of :attr:`parts`, made once (a read parses with them)."""
+        return tuple(self.part_kind(p) for p in self.parts)
+
     def part_kind(self, part: str) -> str:
         """How a summary field is written: ``int``, ``float``, ``list_int``, ``list_float``,
         ``set`` (escaped texts)."""
         if part.endswith(".set"):
             return "set"
-        t = raw_schema(self.spec).field(part).type
+        t = self.raw.field(part).type
         if pa.types.is_list(t):
             return "list_float" if pa.types.is_floating(t.value_type) else "list_int"
         return "float" if pa.types.is_floating(t) else "int"
@@ -313,8 +324,7 @@ def _parse_num(text: str, kind: str) -> Any:
 
 def _parse_summary(tspec: TileSpec, text: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for part, value in zip(tspec.parts, text.split(FIELD_SEP), strict=True):
-        kind = tspec.part_kind(part)
+    for part, kind, value in zip(tspec.parts, tspec.kinds, text.split(FIELD_SEP), strict=True):
         if kind == "set":
             out[part] = set(value.split(ITEM_SEP)) if value else set()
         elif kind.startswith("list_"):
@@ -410,7 +420,7 @@ def values_at(tspec: TileSpec, entities: list[EntityTiles], t_us: int) -> dict[s
                     states.append(partial[ref])
             row.update(_merge(tspec, agg, states))
         rows.append(row)
-    schema = raw_schema(tspec.spec)
+    schema = tspec.raw
     table = pa.table({f.name: pa.array([r[f.name] for r in rows], f.type) for f in schema}, schema=schema)
     return finalize(tspec.spec, table)
 
