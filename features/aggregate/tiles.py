@@ -308,12 +308,25 @@ def fields_to_read(tspec: TileSpec, t_us: int) -> tuple[list[int], list[int]]:
     ranges = window_ranges(tspec, t_us)
     lo = min(a for a, _ in ranges)
     starts = list(range(lo // h * h, t_us // h * h + h, h))
-    edges: set[int] = set()
-    for a, b in ranges:
-        for s in range(a // h * h, b // h * h + h, h):
-            if max(a, s) != s or min(b, s + h - 1) != s + h - 1:  # the window holds part of it
-                edges.add(s)
+    edges = {s for a, b in ranges for s, _, _ in _edge_pieces(h, a, b)}
     return starts, sorted(edges)
+
+
+def _edge_pieces(h: int, a: int, b: int) -> list[tuple[int, int, int]]:
+    """The tiles of size ``h`` that the range ``[a, b]`` holds only part of, as ``(tile
+    start, lo, hi)`` (the part ``[lo, hi]``), ascending: at most two."""
+    ta, tb = a // h * h, b // h * h
+    out = []
+    if a != ta or b < ta + h - 1:
+        out.append((ta, a, min(b, ta + h - 1)))
+    if tb != ta and b != tb + h - 1:
+        out.append((tb, tb, b))
+    return out
+
+
+def _full_tiles(h: int, a: int, b: int) -> range:
+    """The starts of the tiles of size ``h`` wholly inside ``[a, b]``, ascending."""
+    return range(-(-a // h) * h, (b + 1) // h * h, h)
 
 
 def _parse_num(text: str, kind: str) -> Any:
@@ -385,22 +398,21 @@ def values_at(tspec: TileSpec, entities: list[EntityTiles], t_us: int) -> dict[s
     for e, et in enumerate(entities):
         per_agg = []
         for a, b in ranges:
-            pieces: list[tuple[str, Any]] = []
-            ta, tb = a // h * h, b // h * h
-            for s in range(ta, tb + h, h):
-                lo, hi = max(a, s), min(b, s + h - 1)
-                if lo == s and hi == s + h - 1:
-                    if s in et.summaries:
-                        pieces.append(("tile", s))
-                    continue
-                if s not in et.events:
-                    continue
-                key = (e, s, lo, hi)
-                if key not in partial_ids:
-                    partial_ids[key] = len(partial_ids)
-                    if (e, s) not in parsed:
-                        parsed[(e, s)] = _parse_events(tspec, s, et.events[s])
-                pieces.append(("part", partial_ids[key]))
+            edges = _edge_pieces(h, a, b)
+            full = [("tile", x) for x in _full_tiles(h, a, b) if x in et.summaries]
+            pieces: list[tuple[str, Any]] = []  # ascending: edge tile of a, full tiles, edge tile of b
+            for s, lo, hi in edges:
+                if s > a:  # the edge tile holding b: after the full tiles
+                    pieces.extend(full)
+                if s in et.events:
+                    key = (e, s, lo, hi)
+                    if key not in partial_ids:
+                        partial_ids[key] = len(partial_ids)
+                        if (e, s) not in parsed:
+                            parsed[(e, s)] = _parse_events(tspec, s, et.events[s])
+                    pieces.append(("part", partial_ids[key]))
+            if not edges or edges[-1][0] <= a:
+                pieces.extend(full)
             per_agg.append(pieces)
         plans.append(per_agg)
     partial = _partials(tspec, partial_ids, parsed)
