@@ -89,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--days", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--reads", type=int, default=300)
+    ap.add_argument("--profile", action="store_true",
+                    help="print a cProfile of --reads request-time reads per rate instead of timing rounds")
     args = ap.parse_args(argv)
 
     import psycopg
@@ -146,6 +148,17 @@ def main(argv: list[str] | None = None) -> int:
                 b = fs.online(name, ["card-0"], AGGS).to_pylist()[0]
                 print(f"  values at the clock: {[a[x] for x in AGGS]}; as of the newest event: "
                       f"{[b[x] for x in AGGS]}", flush=True)
+                if args.profile:
+                    import cProfile
+                    import pstats
+
+                    prof = cProfile.Profile()
+                    prof.enable()
+                    for i in range(args.reads):
+                        fs.online(name, [f"card-{i % args.entities}"], AGGS, windows="request_time")
+                    prof.disable()
+                    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+                    continue
                 p50s: dict[str, list[float]] = {"stored": [], "request_time": []}
                 for r in range(args.rounds):
                     order = ["stored", "request_time"] if r % 2 == 0 else ["request_time", "stored"]

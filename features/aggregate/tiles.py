@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -123,12 +124,22 @@ class TileSpec:
                                                   for a in sub.windowed])).encode()).hexdigest()[:16]
         return cls(sub, unbounded, size, sub.longest_us + sub.lateness_us, parts, sig)
 
+    @cached_property
+    def raw(self) -> pa.Schema:
+        """The raw parts' schema (:func:`~features.aggregate.engine.raw_schema`), made once."""
+        return raw_schema(self.spec)
+
+    @cached_property
+    def kinds(self) -> tuple[str, ...]:
+        """:meth:`part_kind` of each of :attr:`parts`, made once (a read parses with them)."""
+        return tuple(self.part_kind(p) for p in self.parts)
+
     def part_kind(self, part: str) -> str:
         """How a summary field is written: ``int``, ``float``, ``list_int``, ``list_float``,
         ``set`` (escaped texts)."""
         if part.endswith(".set"):
             return "set"
-        t = raw_schema(self.spec).field(part).type
+        t = self.raw.field(part).type
         if pa.types.is_list(t):
             return "list_float" if pa.types.is_floating(t.value_type) else "list_int"
         return "float" if pa.types.is_floating(t) else "int"
@@ -297,12 +308,25 @@ def fields_to_read(tspec: TileSpec, t_us: int) -> tuple[list[int], list[int]]:
     ranges = window_ranges(tspec, t_us)
     lo = min(a for a, _ in ranges)
     starts = list(range(lo // h * h, t_us // h * h + h, h))
-    edges: set[int] = set()
-    for a, b in ranges:
-        for s in range(a // h * h, b // h * h + h, h):
-            if max(a, s) != s or min(b, s + h - 1) != s + h - 1:  # the window holds part of it
-                edges.add(s)
+    edges = {s for a, b in ranges for s, _, _ in _edge_pieces(h, a, b)}
     return starts, sorted(edges)
+
+
+def _edge_pieces(h: int, a: int, b: int) -> list[tuple[int, int, int]]:
+    """The tiles of size ``h`` that the range ``[a, b]`` holds only part of, as ``(tile
+    start, lo, hi)`` (the part ``[lo, hi]``), ascending: at most two."""
+    ta, tb = a // h * h, b // h * h
+    out = []
+    if a != ta or b < ta + h - 1:
+        out.append((ta, a, min(b, ta + h - 1)))
+    if tb != ta and b != tb + h - 1:
+        out.append((tb, tb, b))
+    return out
+
+
+def _full_tiles(h: int, a: int, b: int) -> range:
+    """The starts of the tiles of size ``h`` wholly inside ``[a, b]``, ascending."""
+    return range(-(-a // h) * h, (b + 1) // h * h, h)
 
 
 def _parse_num(text: str, kind: str) -> Any:
@@ -313,8 +337,7 @@ def _parse_num(text: str, kind: str) -> Any:
 
 def _parse_summary(tspec: TileSpec, text: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for part, value in zip(tspec.parts, text.split(FIELD_SEP), strict=True):
-        kind = tspec.part_kind(part)
+    for part, kind, value in zip(tspec.parts, tspec.kinds, text.split(FIELD_SEP), strict=True):
         if kind == "set":
             out[part] = set(value.split(ITEM_SEP)) if value else set()
         elif kind.startswith("list_"):
@@ -375,22 +398,21 @@ def values_at(tspec: TileSpec, entities: list[EntityTiles], t_us: int) -> dict[s
     for e, et in enumerate(entities):
         per_agg = []
         for a, b in ranges:
-            pieces: list[tuple[str, Any]] = []
-            ta, tb = a // h * h, b // h * h
-            for s in range(ta, tb + h, h):
-                lo, hi = max(a, s), min(b, s + h - 1)
-                if lo == s and hi == s + h - 1:
-                    if s in et.summaries:
-                        pieces.append(("tile", s))
-                    continue
-                if s not in et.events:
-                    continue
-                key = (e, s, lo, hi)
-                if key not in partial_ids:
-                    partial_ids[key] = len(partial_ids)
-                    if (e, s) not in parsed:
-                        parsed[(e, s)] = _parse_events(tspec, s, et.events[s])
-                pieces.append(("part", partial_ids[key]))
+            edges = _edge_pieces(h, a, b)
+            full = [("tile", x) for x in _full_tiles(h, a, b) if x in et.summaries]
+            pieces: list[tuple[str, Any]] = []  # ascending: edge tile of a, full tiles, edge tile of b
+            for s, lo, hi in edges:
+                if s > a:  # the edge tile holding b: after the full tiles
+                    pieces.extend(full)
+                if s in et.events:
+                    key = (e, s, lo, hi)
+                    if key not in partial_ids:
+                        partial_ids[key] = len(partial_ids)
+                        if (e, s) not in parsed:
+                            parsed[(e, s)] = _parse_events(tspec, s, et.events[s])
+                    pieces.append(("part", partial_ids[key]))
+            if not edges or edges[-1][0] <= a:
+                pieces.extend(full)
             per_agg.append(pieces)
         plans.append(per_agg)
     partial = _partials(tspec, partial_ids, parsed)
@@ -410,7 +432,7 @@ def values_at(tspec: TileSpec, entities: list[EntityTiles], t_us: int) -> dict[s
                     states.append(partial[ref])
             row.update(_merge(tspec, agg, states))
         rows.append(row)
-    schema = raw_schema(tspec.spec)
+    schema = tspec.raw
     table = pa.table({f.name: pa.array([r[f.name] for r in rows], f.type) for f in schema}, schema=schema)
     return finalize(tspec.spec, table)
 
