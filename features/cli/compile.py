@@ -1,4 +1,6 @@
-"""``features compile``: schemas/*.yaml -> sql/<name>.sql and expectations/<name>.json.
+"""``features compile``: schemas/*.yaml -> sql/<name>.sql and expectations/<name>.json
+(and expectations/<name>__aggregates.json, the suite of the stored aggregates, for a
+schema with aggregations).
 
 ``features compile [PATH...] [--check] [--schemas-dir DIR] [--sql-dir DIR]
 [--expectations-dir DIR] [--views-dir DIR]``
@@ -57,7 +59,8 @@ def add_parser(subparsers: Any) -> None:
         "compile",
         help="generate sql/*.sql and expectations/*.json from the schemas (or --check them)",
         description="Compile schema files into Postgres DDL (sql/<name>.sql) and Great Expectations "
-        "suites (expectations/<name>.json). Without PATH, every schema in the schemas folder is "
+        "suites (expectations/<name>.json, and <name>__aggregates.json for a schema with "
+        "aggregations: its stored aggregates table). Without PATH, every schema in the schemas folder is "
         "compiled and generated files of removed schemas are deleted. --check writes nothing and "
         "exits 1 when a generated file is stale, missing or extra.",
     )
@@ -95,12 +98,17 @@ class Artefact:
         return "unchanged" if current == self.text.encode("utf-8") else "stale"
 
 
-def artefacts(compiled: CompiledSchema, sql_dir: Path, expectations_dir: Path) -> tuple[Artefact, Artefact]:
-    """The two generated files of one compiled schema."""
-    return (
+def artefacts(compiled: CompiledSchema, sql_dir: Path, expectations_dir: Path) -> tuple[Artefact, ...]:
+    """The generated files of one compiled schema: its DDL and GX suite, and for a schema
+    with aggregations the suite of its stored aggregates (``<name>__aggregates.json``)."""
+    files = [
         Artefact(sql_dir / f"{compiled.name}.sql", compiled.ddl),
         Artefact(expectations_dir / f"{compiled.name}.json", suite_json(compiled.expectations)),
-    )
+    ]
+    aggregates = compiled.aggregates_expectations
+    if aggregates is not None:
+        files.append(Artefact(expectations_dir / f"{aggregates['name']}.json", suite_json(aggregates)))
+    return tuple(files)
 
 
 def _is_generated(path: Path) -> bool:
@@ -260,7 +268,11 @@ def run(args: argparse.Namespace) -> int:
     if args.views_dir or (whole_folder and not args.schemas_dir):
         failed = _views(args, schemas_compiled, problems) or failed
     if whole_folder and not failed:
-        for path in extra_files(set(schemas), sql_dir, exp_dir):
+        names = set(schemas) | {
+            str(c.aggregates_expectations["name"]) for c in schemas_compiled.values()
+            if c.aggregates_expectations is not None
+        }
+        for path in extra_files(names, sql_dir, exp_dir):
             if args.check:
                 problems.append(f"extra: {path} (no schema named {path.stem!r})")
             else:

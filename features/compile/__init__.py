@@ -54,6 +54,14 @@ class CompiledSchema:
 
         return render_suite(self)
 
+    @cached_property
+    def aggregates_expectations(self) -> dict[str, Any] | None:
+        """The GX suite of the stored aggregates (``expectations/<name>__aggregates.json``)
+        as a dict; None for a schema without aggregations."""
+        from features.compile.expectations import render_aggregates_suite
+
+        return render_aggregates_suite(self)
+
 
 def compile_schema(schema: Schema) -> CompiledSchema:
     """Compile ``schema``. Raises CompileError when an artefact cannot be built."""

@@ -62,6 +62,11 @@ Date and timestamp bounds are ISO strings in the JSON; :func:`run_suite` passes 
 to GX as ``date`` / timezone-aware ``datetime`` objects, compared exactly.
 
 Raises CompileError where a rule cannot be translated at all (a min/max on a string).
+
+The stored aggregates. :func:`render_aggregates_suite` is a second suite, of the
+``<schema>__aggregates`` table (``expectations/<schema>__aggregates.json``), and
+:func:`run_aggregates_suite` runs it over rows read from that table; see
+``docs/aggregations.md`` ("Where the values go").
 """
 
 from __future__ import annotations
@@ -234,6 +239,17 @@ def _list_expectation(f: Field, rule: Rule) -> tuple[str, dict[str, Any]]:
     raise _NotExpressible("a NaN element of a list: GX compares whole lists")
 
 
+def _provenance(compiled: CompiledSchema) -> dict[str, str]:
+    """The ``meta.featureline`` entries naming the schema a suite was generated from."""
+    schema = compiled.schema
+    return {
+        "schema": schema.name,
+        "version": schema.version_str,
+        "fingerprint": compiled.fingerprint,
+        "generated_by": "features compile; do not edit",
+    }
+
+
 def render_suite(compiled: CompiledSchema) -> dict[str, Any]:
     """The GX 1.x ExpectationSuite of ``compiled`` as a JSON-able dict (the shape of
     ``ExpectationSuite.to_json_dict()``, loadable with ``ExpectationSuite(**suite)``).
@@ -260,10 +276,7 @@ def render_suite(compiled: CompiledSchema) -> dict[str, Any]:
         "expectations": expectations,
         "meta": {
             META_KEY: {
-                "schema": schema.name,
-                "version": schema.version_str,
-                "fingerprint": compiled.fingerprint,
-                "generated_by": "features compile; do not edit",
+                **_provenance(compiled),
                 "not_expressible": not_expressible,
                 "data_preparation": (
                     "run with features.compile.expectations.run_suite: columns converted to the "
@@ -536,6 +549,132 @@ def run_suite(compiled: CompiledSchema, data: pa.Table | pa.RecordBatch | pd.Dat
     return dict(run_suite_detailed(compiled, data).counts)
 
 
+# --- the stored aggregates (``<schema>__aggregates``) ------------------------------
+
+#: aggregation functions whose stored value is a count: an integer >= 0, never null
+_COUNT_FUNCTIONS = frozenset({"count", "count_distinct", "approx_count_distinct"})
+
+
+def _aggregate_expectations(compiled: CompiledSchema) -> list[dict[str, Any]]:
+    """The expectations on the rows of ``<schema>__aggregates`` (see
+    :func:`render_aggregates_suite`), each tagged ``meta.rule = "<column>.<check>"``."""
+    schema = compiled.schema
+    assert schema.aggregations is not None and schema.entity is not None and schema.event_time is not None
+    out: list[dict[str, Any]] = []
+
+    def add(rule: str, etype: str, **kwargs: Any) -> None:
+        out.append({"type": etype, "kwargs": kwargs, "meta": {"rule": rule}})
+
+    for key in (schema.entity, schema.event_time):
+        add(f"{key}.missing", "expect_column_to_exist", column=key)
+        add(f"{key}.not_null", "expect_column_values_to_not_be_null", column=key)
+    for agg in schema.aggregations.features:
+        if "cold" not in agg.store:
+            continue
+        add(f"{agg.name}.missing", "expect_column_to_exist", column=agg.name)
+        if agg.function in _COUNT_FUNCTIONS:
+            add(f"{agg.name}.not_null", "expect_column_values_to_not_be_null", column=agg.name)
+            add(f"{agg.name}.min", "expect_column_values_to_be_between", column=agg.name, min_value=0)
+        elif agg.function == "approx_percentile" and isinstance(agg.q, tuple):
+            n = len(agg.q)
+            add(f"{agg.name}.length", "expect_column_values_to_be_between",
+                column=length_column(agg.name), min_value=n, max_value=n)
+    return out
+
+
+def render_aggregates_suite(compiled: CompiledSchema) -> dict[str, Any] | None:
+    """The GX 1.x suite of the stored aggregates table (``expectations/<schema>__aggregates.json``)
+    as a JSON-able dict, or None for a schema without aggregations (no such table).
+
+    From the compiled model alone: the entity and event time exist and are not null;
+    every cold aggregation column exists; a ``count``, ``count_distinct`` or
+    ``approx_count_distinct`` value is not null and >= 0 (the column is ``bigint``, so
+    an integer); a list ``approx_percentile`` (``q: [..]``) holds ``len(q)`` values (its
+    lengths, added by :func:`run_aggregates_suite` as ``<name>__length``; a null list,
+    an empty window, is skipped). The other values (a scalar percentile, sums, means,
+    ratios, ...) are only checked to exist: a null is an empty window and a NaN is a
+    value the functions can give. Deterministic.
+    """
+    schema = compiled.schema
+    if schema.aggregations is None or schema.entity is None or schema.event_time is None:
+        return None
+    lists = [a.name for a in schema.aggregations.features
+             if "cold" in a.store and a.function == "approx_percentile" and isinstance(a.q, tuple)]
+    from features.schema.syntax import AGGREGATES_SUFFIX
+
+    return {
+        "name": schema.name + AGGREGATES_SUFFIX,
+        "expectations": _aggregate_expectations(compiled),
+        "meta": {
+            META_KEY: {
+                **_provenance(compiled),
+                "table": "the stored aggregates table (<schema>__aggregates)",
+                "data_preparation": (
+                    "run with features.compile.expectations.run_aggregates_suite: the table's rows"
+                    + (", a list approx_percentile's lengths added as <name>__length" if lists else "")
+                ),
+            }
+        },
+    }
+
+
+def run_aggregates_suite(compiled: CompiledSchema, data: pa.Table | pd.DataFrame) -> dict[str, int]:
+    """Run the aggregates suite of ``compiled`` over rows of its ``<schema>__aggregates``
+    table (an Arrow table or DataFrame of the table's columns, as read from Postgres);
+    returns the unexpected count per check id (``<column>.<check>``; an absent column's
+    ``missing`` counts every row and its other checks are skipped). Raises CompileError
+    for a schema without aggregations, or when GX itself fails on an expectation.
+    """
+    import great_expectations as gx
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    suite_dict = render_aggregates_suite(compiled)
+    if suite_dict is None:
+        raise CompileError(f"schema {compiled.name} has no aggregations", schema_name=compiled.name)
+    table = pa.Table.from_pandas(data, preserve_index=False) if isinstance(data, pd.DataFrame) else data
+    n = table.num_rows
+    mapper = {pa.int64(): pd.Int64Dtype(), pa.int32(): pd.Int32Dtype(), pa.float64(): pd.Float64Dtype()}
+    frame = table.to_pandas(types_mapper=mapper.get)
+    for name in table.column_names:
+        col = table.column(name)
+        if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
+            lengths = pc.list_value_length(col.combine_chunks())
+            frame[length_column(name)] = pd.Series(lengths.to_numpy(zero_copy_only=False), dtype="Int64")
+    runnable: list[dict[str, Any]] = []
+    counts: dict[str, int] = {}
+    for exp in suite_dict["expectations"]:
+        column = exp["kwargs"]["column"]
+        if exp["type"] != "expect_column_to_exist" and column not in frame:
+            counts[exp["meta"]["rule"]] = 0  # the column's `missing` check counts the rows
+            continue
+        runnable.append(exp)
+    context = _context()
+    batch = (
+        context.data_sources.add_pandas("featureline")
+        .add_dataframe_asset(str(suite_dict["name"]))
+        .add_batch_definition_whole_dataframe("batch")
+        .get_batch(batch_parameters={"dataframe": frame})
+    )
+    result = batch.validate(gx.ExpectationSuite(name=suite_dict["name"], expectations=runnable),
+                            result_format={"result_format": "SUMMARY"})
+    for r in result.results:
+        rule = r.expectation_config.meta["rule"]
+        failure = _gx_failure(r.exception_info)
+        res = r.result or {}
+        if failure is not None:
+            raise CompileError(f"the GX aggregates suite of {compiled.name} could not run {rule}: {failure}",
+                               schema_name=compiled.name)
+        if r.expectation_config.type == "expect_column_to_exist":
+            counts[rule] = 0 if r.success else n
+        else:
+            counts[rule] = int(res.get("unexpected_count") or 0)
+    order = {e["meta"]["rule"]: i for i, e in enumerate(suite_dict["expectations"])}
+    return dict(sorted(counts.items(), key=lambda kv: order[kv[0]]))
+
+
 __all__ = [
-    "META_KEY", "ExpectationOutcome", "SuiteRun", "render_suite", "run_suite", "run_suite_detailed",
+    "META_KEY", "ExpectationOutcome", "SuiteRun", "render_aggregates_suite", "render_suite",
+    "run_aggregates_suite", "run_suite", "run_suite_detailed",
 ]

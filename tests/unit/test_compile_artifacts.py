@@ -495,3 +495,44 @@ def test_checked_in_generated_files_are_up_to_date(capsys: pytest.CaptureFixture
         "--expectations-dir", str(ROOT / "expectations"),
     ])
     assert code == 0, capsys.readouterr().err
+
+
+def test_aggregates_suite_is_written_checked_and_removed_with_the_aggregations(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A schema with aggregations gets ``expectations/<name>__aggregates.json`` (its
+    counts >= 0 and not null, a list percentile's length, every cold column present);
+    ``--check`` reports it stale or missing, and it goes when the aggregations go."""
+    shutil.copy(SCHEMAS / "clicks.yaml", project / "schemas" / "clicks.yaml")
+    assert _compile(project) == 0
+    path = project / "expectations" / "clicks__aggregates.json"
+    suite = json.loads(path.read_text())
+    compiled = compile_schema(load_schema(project / "schemas" / "clicks.yaml"))
+    assert suite == compiled.aggregates_expectations
+    assert suite["name"] == "clicks__aggregates"
+    rules = {e["meta"]["rule"]: e for e in suite["expectations"]}
+    cold = [a.name for a in compiled.schema.aggregations.features if "cold" in a.store]  # type: ignore[union-attr]
+    assert {f"{a}.missing" for a in cold} | {"user_id.not_null", "event_time.not_null"} <= set(rules)
+    assert "views_24h.missing" in rules and rules["views_24h.min"]["kwargs"] == {"column": "views_24h",
+                                                                                  "min_value": 0}
+    assert "items_7d.not_null" in rules and "dwell_mean_1h.min" not in rules
+    credit = compile_schema(load_schema(project / "schemas" / "credit_applicant.yaml"))
+    assert credit.aggregates_expectations is None
+    assert not (project / "expectations" / "credit_applicant__aggregates.json").exists()
+
+    path.write_text(path.read_text().replace('"min_value": 0', '"min_value": 1', 1))
+    capsys.readouterr()
+    assert _compile(project, "--check") == 1
+    assert f"stale: {path}" in capsys.readouterr().err
+    path.unlink()
+    assert _compile(project, "--check") == 1
+    assert f"missing: {path}" in capsys.readouterr().err
+    assert _compile(project) == 0 and _compile(project, "--check") == 0
+
+    yaml_path = project / "schemas" / "clicks.yaml"
+    text = yaml_path.read_text()
+    yaml_path.write_text(text[:text.index("aggregations:")] + text[text.index("evolution_rules:"):])
+    assert _compile(project, "--check") == 1
+    assert f"extra: {path}" in capsys.readouterr().err
+    assert _compile(project) == 0
+    assert not path.exists() and (project / "expectations" / "clicks.json").exists()
