@@ -15,7 +15,7 @@ the loader and the stream use, and writes those that differ:
 - derived features (stored in Postgres, whose input field is stored in Postgres):
   the transform kernels run over the stored rows, the history table's column is
   updated where it differs, and the Redis hash of an entity whose newest event changed
-  is rewritten with the values from Postgres (``features.ops.migrate.Upgrader``, the same
+  is rewritten with the values from Postgres (``features.sinks.versions.Upgrader``, the same
   atomic rewrite a migration uses). A feature whose input is not stored cold cannot be
   recomputed from Postgres and is reported as skipped.
 
@@ -269,7 +269,7 @@ class _FeatureRecompute:
         rewritten = 0
         if updated and self.hot_columns:
             from features.compile.layout import entity_key
-            from features.ops.migrate import Upgrader, read_recorded
+            from features.sinks.versions import Upgrader, read_recorded
 
             recorded = self.store.run_postgres(
                 "the versions read", lambda conn: read_recorded(conn, self.c.name))

@@ -62,7 +62,7 @@ LINEAGE_FIELDS = ("_source", "_run_id")
 
 class Outdated(Exception):
     """Hashes an earlier version of the schema wrote, which the stores were migrated from:
-    rewritten in the current layout (``features.ops.migrate.Upgrader``), then read again."""
+    rewritten in the current layout (``features.sinks.versions.Upgrader``), then read again."""
 
 
 #: reads of a request rewritten and repeated at most this often (a writer of the old

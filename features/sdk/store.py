@@ -141,10 +141,10 @@ class FeatureStore:
         #: per thread of :meth:`parallel`: ``own`` (use ``conn``, not ``_pg``) and ``conn``
         self._pg_local = threading.local()
         self._checked: set[str] = set()
-        #: schema name -> the features.ops.migrate.Upgrader of hashes older versions wrote
+        #: schema name -> the features.sinks.versions.Upgrader of hashes older versions wrote
         self._upgraders: dict[str, Any] = {}
         self._upgraders_lock = threading.Lock()
-        #: schema name -> the features.ops.migrate.Newer the stores hold (a compatible newer
+        #: schema name -> the features.sinks.versions.Newer the stores hold (a compatible newer
         #: version this reader reads in its own layout), kept until a fingerprint it does
         #: not know is met
         self._newer: dict[str, Any] = {}
@@ -287,12 +287,12 @@ class FeatureStore:
         self._checked.add(c.name)
 
     def _newer_version(self, c: CompiledSchema, others: set[str], *, read: bool = True) -> Any:
-        """The :class:`features.ops.migrate.Newer` the stores hold when every fingerprint of
+        """The :class:`features.sinks.versions.Newer` the stores hold when every fingerprint of
         ``others`` is a compatible version migrated (transitively) from ``c``'s that a reader
         of ``c`` reads in ``c``'s layout (docs/evolution.md, "Readers of an earlier version");
         else None. Read from Postgres again when one of ``others`` is not known yet
         (``read=False``: only what is known)."""
-        from features.ops.migrate import newer_readable, read_recorded
+        from features.sinks.versions import newer_readable, read_recorded
 
         with self._upgraders_lock:
             newer = self._newer.get(c.name)
@@ -309,10 +309,10 @@ class FeatureStore:
         return newer
 
     def _upgrader(self, c: CompiledSchema, others: set[str]) -> Any:
-        """The :class:`features.ops.migrate.Upgrader` of ``c`` when every fingerprint of ``others``
+        """The :class:`features.sinks.versions.Upgrader` of ``c`` when every fingerprint of ``others``
         is an earlier version the stores were migrated from (read from Postgres again when
         one is not known yet: a migration may have run since), else None."""
-        from features.ops.migrate import Upgrader, read_recorded
+        from features.sinks.versions import Upgrader, read_recorded
 
         with self._upgraders_lock:
             up = self._upgraders.get(c.name)
@@ -778,7 +778,7 @@ class FeatureStore:
         """Every hash found must be encoding v1 of this schema's fingerprint (docs/redis.md),
         or of an earlier version the stores were migrated from (then :class:`Outdated`), or
         of a compatible newer version this reader reads in its layout (then that
-        :class:`features.ops.migrate.Newer` is returned; else None).
+        :class:`features.sinks.versions.Newer` is returned; else None).
         ``encodings``, ``fingerprints``: the ``_enc`` and ``_schema_fingerprint`` of the
         hashes; ``what`` names the hashes in the message (``hashes``, ``aggregates hashes``)."""
         from features.compile.layout import ENCODING_VERSION
@@ -1164,7 +1164,7 @@ class FeatureStore:
 def _from_newer(c: CompiledSchema, newer: Any, name: str, text: pa.Array, fingerprints: pa.Array,
                 target: pa.DataType) -> pa.Array:
     """Column ``name`` of hashes of ``c`` and of the compatible newer versions of ``newer``
-    (a :class:`features.ops.migrate.Newer`), in ``c``'s declared type ``target``: a newer hash's
+    (a :class:`features.sinks.versions.Newer`), in ``c``'s declared type ``target``: a newer hash's
     text is read in the newest type (a compatible change only widens), then cast to
     ``target``; a value that does not fit it raises SinkError naming the newer version."""
     wide = _declared_type(newer.c, name)
