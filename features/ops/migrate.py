@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from features.compile import CompiledSchema
     from features.compile.migration import Migration
     from features.schema import Schema
-    from features.sdk.store import FeatureStore
+    from features.sdk.connections import Connections
 
 #: What a breaking change needs instead (the refusal's last words, docs/evolution.md).
 BREAKING_PATH = ("features migrate moves the stores only across compatible changes: give the new major "
@@ -38,7 +38,7 @@ BREAKING_PATH = ("features migrate moves the stores only across compatible chang
 DEFAULT_CHUNK = 10_000
 
 
-def scan_keys(store: FeatureStore, name: str, aggregates: bool, count: int) -> Any:
+def scan_keys(store: Connections, name: str, aggregates: bool, count: int) -> Any:
     """Every entity (or aggregates) hash key of schema ``name``, ``count`` at a time (SCAN
     on every primary of a cluster)."""
     from features.compile.layout import aggregates_key, entity_key
@@ -64,7 +64,7 @@ def glob_escape(text: str) -> str:
     return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
 
 
-def count_versions(store: FeatureStore, c: CompiledSchema, chunk: int) -> dict[str, dict[str, int]]:
+def count_versions(store: Connections, c: CompiledSchema, chunk: int) -> dict[str, dict[str, int]]:
     """Per hash kind (``entity``, ``aggregates``): how many hashes hold each fingerprint."""
     import pyarrow.compute as pc
 
@@ -98,7 +98,7 @@ class Plan:
     notes: list[str] = field(default_factory=list)
 
 
-def plan(store: FeatureStore, c: CompiledSchema, old_file: str | None) -> Plan:
+def plan(store: Connections, c: CompiledSchema, old_file: str | None) -> Plan:
     """Compare the version the stores hold with ``c``'s; never changes anything."""
     from features.compile.migration import plan_migration
     from features.schema.parse import load_schema
@@ -147,7 +147,7 @@ def plan(store: FeatureStore, c: CompiledSchema, old_file: str | None) -> Plan:
     return Plan(schema, recorded, old, migration, refusal)
 
 
-def apply_postgres(store: FeatureStore, p: Plan, waiting: Callable[[str], None] | None = None) -> None:
+def apply_postgres(store: Connections, p: Plan, waiting: Callable[[str], None] | None = None) -> None:
     """The migration DDL, the recorded version and both versions' text, in one
     transaction that first checks the stores still hold the planned version.
 

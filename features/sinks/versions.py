@@ -155,11 +155,8 @@ class Stores(Protocol):
     :class:`features.sdk.connections.Connections`): the Redis URL and key prefix its sink
     writes with, a pool of Redis reads, Postgres with driver errors mapped."""
 
-    @property
-    def redis_url(self) -> str: ...
-
-    @property
-    def key_prefix(self) -> str: ...
+    redis_url: str
+    key_prefix: str
 
     @property
     def redis_pool(self) -> ReadPool: ...
