@@ -115,9 +115,10 @@ def frame(ids: np.ndarray, times: np.ndarray, n: int, rng: np.random.Generator) 
 
 def cold_select(fs: Any) -> tuple[list[str], str]:
     from features.compile.postgres import quote_ident
+    from features.sdk.columns import requested_columns
 
     c = fs.schema(SCHEMA)
-    cols = fs._features(c, None, "cold")[:FEATURES]
+    cols = requested_columns(c, None, "cold")[:FEATURES]
     names = [str(c.schema.entity), str(c.schema.event_time), *cols]
     return cols, ", ".join(quote_ident(x) for x in names)
 

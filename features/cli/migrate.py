@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     from features.compile import compile_schema
     from features.config import resolve_settings
     from features.schema.parse import load_schema
-    from features.sdk.store import FeatureStore
+    from features.sdk.connections import Connections
 
     if args.chunk < 1:
         raise ConfigError("--chunk must be at least 1", key="chunk")
@@ -93,8 +93,7 @@ def run(args: argparse.Namespace) -> int:
     out: dict[str, Any] = {"schema": schema.name, "version": schema.version_str,
                            "fingerprint": c.fingerprint, "apply": bool(args.apply)}
     say: Callable[[str], None] = (lambda _: None) if args.json else (lambda line: print(line, flush=True))
-    with FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn,
-                      schemas=args.schema_file) as fs:
+    with Connections(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn) as fs:
         p = plan(fs, c, args.old_file)
         digest_plan = fs.run_postgres("the digest check", lambda conn: plan_digests(conn, c))
         out["stores_hold"] = {"version": p.recorded.version, "fingerprint": p.recorded.fingerprint}

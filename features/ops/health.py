@@ -115,9 +115,9 @@ def check_all(settings: Any, *, timeout_s: float = 5.0, schema: str | None = Non
 def _schema_checks(settings: Any, timeout_s: float, only: str | None = None) -> list[Check]:
     from features.compile import compile_schema
     from features.errors import ConfigError
-    from features.ops.migrate import Recorded, read_recorded
     from features.schema import load_schemas
     from features.sinks import pg
+    from features.sinks.versions import Recorded, read_recorded
 
     out: list[Check] = []
     schemas = load_schemas(settings.schemas_dir)
@@ -166,7 +166,7 @@ def _mismatch_fix(schema: Any, fp: str, got: Any) -> str:
     verdict = ""
     if old is not None and old.text is not None:
         from features.compile.migration import plan_migration
-        from features.ops.migrate import compiled_version
+        from features.sinks.versions import compiled_version
 
         try:
             diff = plan_migration(compiled_version(old, schema.name).schema, schema).diff

@@ -15,7 +15,7 @@ the loader and the stream use, and writes those that differ:
 - derived features (stored in Postgres, whose input field is stored in Postgres):
   the transform kernels run over the stored rows, the history table's column is
   updated where it differs, and the Redis hash of an entity whose newest event changed
-  is rewritten with the values from Postgres (``features.ops.migrate.Upgrader``, the same
+  is rewritten with the values from Postgres (``features.sinks.versions.Upgrader``, the same
   atomic rewrite a migration uses). A feature whose input is not stored cold cannot be
   recomputed from Postgres and is reported as skipped.
 
@@ -31,6 +31,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from features.errors import ConfigError
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 
     from features.compile import CompiledSchema
     from features.config import Settings
+    from features.sdk.connections import Connections
 
 #: history rows read and computed at a time (whole entities)
 DEFAULT_CHUNK_EVENTS = 100_000
@@ -136,7 +138,8 @@ def recompute(c: CompiledSchema, settings: Settings, *, search_path: str | None 
     from features.aggregate.engine import AggSpec, compute, finalize, raw_schema
     from features.aggregate.writer import AggregateWriter
     from features.lineage import RunContext
-    from features.sdk.store import FeatureStore
+    from features.sdk.connections import Connections
+    from features.sdk.upgrade import Versions
     from features.sinks import pg
     from features.sinks.stores import aggregate_stores
 
@@ -159,11 +162,10 @@ def recompute(c: CompiledSchema, settings: Settings, *, search_path: str | None 
                                                      key_prefix=key_prefix))
         writer.open()  # checks the stores hold this version (the fingerprint), as a load does
     entity_type = c.arrow_schema.field(str(s.entity)).type
-    store = FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn,
-                         schemas=s.path or ".", search_path=search_path, key_prefix=key_prefix)
-    store.use_schema(c)
+    store = Connections(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn,
+                        search_path=search_path, key_prefix=key_prefix)
     try:
-        store.check_fingerprint(c, writing=True)
+        Versions(store, Path(s.path or ".")).check_fingerprint(c, writing=True)
         features = _FeatureRecompute(store, c, out.features) if out.features else None
         with pg.map_psycopg_errors(settings.postgres_dsn, "the history read"), \
                 pg.connect(settings.postgres_dsn, utc=True, search_path=search_path) as conn:
@@ -198,7 +200,7 @@ def recompute(c: CompiledSchema, settings: Settings, *, search_path: str | None 
 class _FeatureRecompute:
     """The derived features of the stored rows of some entities, computed again."""
 
-    def __init__(self, store: Any, c: CompiledSchema, names: list[str]) -> None:
+    def __init__(self, store: Connections, c: CompiledSchema, names: list[str]) -> None:
         from features.compile import compile_schema
         from features.compile.layout import hot_columns
         from features.config import Settings
@@ -269,7 +271,7 @@ class _FeatureRecompute:
         rewritten = 0
         if updated and self.hot_columns:
             from features.compile.layout import entity_key
-            from features.ops.migrate import Upgrader, read_recorded
+            from features.sinks.versions import Upgrader, read_recorded
 
             recorded = self.store.run_postgres(
                 "the versions read", lambda conn: read_recorded(conn, self.c.name))

@@ -17,7 +17,7 @@ Per frame chunk (``chunk_rows`` entity rows, default :data:`CHUNK_ROWS`):
    ...) TO STDOUT (FORMAT binary)`` reads the rows of their history the join can pick
    (at or before the entity's latest frame time, not older than its bound): the cold
    table, and the ``<schema>__aggregates`` table too when aggregation columns are asked
-   for, side by side on connections of their own (``FeatureStore.parallel``; a large
+   for, side by side on connections of their own (``Connections.parallel``; a large
    chunk in :data:`READ_PARTS` parts by entity). Postgres packs each row's fixed-width
    values into one record (``int8send``/``float8send``/... ``||``; decimals as unscaled
    int8, text as a length plus one concatenated string) and aggregates the records of
@@ -35,6 +35,10 @@ distinct entities within its time range, and a few int64 arrays of those lengths
 result of :func:`as_of` is the frame plus the columns asked for. :func:`as_of_chunks`
 yields one chunk's result at a time, so a caller that writes them out (``features
 historical``) holds one chunk, whatever the frame's length.
+
+Why one module of this size: the three steps share the chunk's codes, bounds and column
+plans, and the binary record layout written in SQL (step 2) is the one parsed here; split
+apart, each half would have to name the other's private layout.
 """
 
 from __future__ import annotations
@@ -61,9 +65,9 @@ from features.sdk.static import static_rows
 _T = TypeVar("_T")
 
 
-class FeatureStore(Protocol):
-    """What the join needs of :class:`features.sdk.store.FeatureStore`: its Postgres
-    connection, errors mapped (a protocol: this part does not import the facade)."""
+class Postgres(Protocol):
+    """What the join needs: Postgres with errors mapped and parallel reads
+    (:class:`features.sdk.connections.Connections`, or the ``FeatureStore`` that holds one)."""
 
     def run_postgres(self, what: str, fn: Callable[[Any], _T]) -> _T: ...
 
@@ -82,7 +86,7 @@ _US = dt.timedelta(microseconds=1)
 _YEAR_1 = -62_135_596_800_000_000
 
 
-def as_of(store: FeatureStore, c: CompiledSchema, entity_df: pa.Table, columns: list[str], ts: Any,
+def as_of(store: Postgres, c: CompiledSchema, entity_df: pa.Table, columns: list[str], ts: Any,
           max_age: dt.timedelta | None, *, chunk_rows: int | None = None,
           request_time: bool = False) -> pa.Table:
     """``entity_df`` (checked by the caller) with ``columns`` (cold features and cold
@@ -97,7 +101,7 @@ def as_of(store: FeatureStore, c: CompiledSchema, entity_df: pa.Table, columns: 
     return pa.concat_tables(parts)
 
 
-def as_of_chunks(store: FeatureStore, c: CompiledSchema, entity_df: pa.Table, columns: list[str], ts: Any,
+def as_of_chunks(store: Postgres, c: CompiledSchema, entity_df: pa.Table, columns: list[str], ts: Any,
                  max_age: dt.timedelta | None, *, chunk_rows: int | None = None,
                  request_time: bool = False) -> Iterator[pa.Table]:
     """:func:`as_of`, one frame chunk of ``chunk_rows`` rows (default :data:`CHUNK_ROWS`,
@@ -125,7 +129,7 @@ def _unsliced(col: pa.ChunkedArray | pa.Array) -> pa.Array:
     return arr.take(pa.array(np.arange(len(arr), dtype=np.int64))) if arr.offset else arr
 
 
-def _chunk(store: FeatureStore, c: CompiledSchema, frame: pa.Table, columns: list[str], ids: pa.Array,
+def _chunk(store: Postgres, c: CompiledSchema, frame: pa.Table, columns: list[str], ids: pa.Array,
            t_us: pa.Array, max_age: dt.timedelta | None, request_time: bool) -> pa.Table:
     from features.compile.postgres import aggregates_table_name, cold_table_name
 
@@ -325,7 +329,7 @@ def _match(hist: pa.Table, codes: npt.NDArray[np.int64], t_q: npt.NDArray[np.int
     return idx
 
 
-def _fetch(store: FeatureStore, c: CompiledSchema, table: str, ids: pa.Array, cols: list[str],
+def _fetch(store: Postgres, c: CompiledSchema, table: str, ids: pa.Array, cols: list[str],
            bounds: tuple[int, int] | None, age: int | None,
            spans: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None = None,
            part: tuple[int, int] | None = None) -> pa.Table:

@@ -53,6 +53,34 @@ def time_column(c: CompiledSchema) -> str:
     return INGESTED_AT if c.schema.event_time is None else c.schema.event_time
 
 
+def requested_columns(c: CompiledSchema, features: Sequence[str] | None, store: str) -> list[str]:
+    """The stored columns a call asks for (default: all of the ``store``'s features, then
+    its aggregations, in schema order; ``store`` ``hot`` or ``cold``), checked by name:
+    ConfigError naming the unknown ones (and the store that has a name this one lacks)."""
+    from features.compile.layout import aggregation_names, cold_columns, hot_columns
+    from features.errors import ConfigError
+    from features.schema.syntax import suggest
+
+    schema = c.schema
+    keys = {schema.entity, schema.event_time}
+    columns = hot_columns(c) if store == "hot" else cold_columns(c)
+    have = [n for n in columns if n not in keys] + aggregation_names(c, store)
+    if features is None:
+        return have
+    unknown = [f for f in features if f not in have]
+    if unknown:
+        where = "the hot store (Redis)" if store == "hot" else "the cold store (Postgres)"
+        other, reader = (("cold", "FeatureStore.historical") if store == "hot"
+                         else ("hot", "FeatureStore.online"))
+        elsewhere = set(hot_columns(c) if other == "hot" else cold_columns(c)) - keys | set(
+            aggregation_names(c, other))
+        named = ", ".join(f"{f!r} (only in the {other} store: {reader} reads it)" if f in elsewhere
+                          else f"{f!r}{suggest(f, have)}" for f in unknown)
+        raise ConfigError(f"schema {c.name!r} has no feature(s) {named} in {where}; it has: "
+                          f"{', '.join(have)}", key="features")
+    return list(features)
+
+
 def entity_pg_type(c: CompiledSchema) -> str:
     """The entity column's Postgres type (``text``, ``smallint``, ``integer``, ``bigint``)."""
     from features.compile.postgres import pg_type

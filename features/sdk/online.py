@@ -62,7 +62,7 @@ LINEAGE_FIELDS = ("_source", "_run_id")
 
 class Outdated(Exception):
     """Hashes an earlier version of the schema wrote, which the stores were migrated from:
-    rewritten in the current layout (``features.ops.migrate.Upgrader``), then read again."""
+    rewritten in the current layout (``features.sinks.versions.Upgrader``), then read again."""
 
 
 #: reads of a request rewritten and repeated at most this often (a writer of the old
@@ -102,7 +102,7 @@ def small_rows(req: OnlineRequest, replies: list[Any]) -> list[dict[str, Any]] |
     """The result rows decoded in Python, when every id's hash is in Redis, written by
     this schema (encoding v1, its fingerprint) and not stale; None otherwise (and when a
     column's type has no Python decoder, or a value does not decode): then the Arrow path
-    (:meth:`FeatureStore._finish_online`) decides, with its fallback and its errors. The
+    (:meth:`features.sdk.hot.HotReader.finish`) decides, with its fallback and its errors. The
     values are those of ``online(...).to_pylist()`` (``tests/integration/test_sdk.py``
     holds the two paths equal).
 

@@ -4,11 +4,15 @@ connections (one per concurrent caller), routed by slot on a Redis Cluster."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from features.errors import SinkError, SinkUnavailable
+from features.sinks.redis_cluster import ConnOrCluster
+
+if TYPE_CHECKING:
+    from features.sinks.redis_wire import Conn
 
 
 class RawPool:
@@ -40,7 +44,7 @@ class RawPool:
             conn.close()
 
 
-class RawRedis:
+class RawRedis(ConnOrCluster):
     """One Redis connection that pipelines HMGETs as protocol bytes (``features.sinks.
     redis_wire``: the replies read by hiredis's C reader). Reconnects once on a lost
     connection; an unreachable server raises SinkUnavailable."""
@@ -51,10 +55,10 @@ class RawRedis:
         self.endpoint = RedisEndpoint.from_url(url)
         self.address = self.endpoint.address
         self.timeout_s = timeout_s
-        self._conn: Any = None  # a features.sinks.redis_wire.Conn
+        self._conn = None  # a features.sinks.redis_wire.Conn
         #: a Redis Cluster (a ``redis+cluster://`` URL, or a node that answered -MOVED):
         #: each HMGET goes to its slot's primary (features.sinks.redis_cluster)
-        self._cluster: Any = None
+        self._cluster = None
         if self.endpoint.cluster:
             self._use_cluster()
 
@@ -65,19 +69,11 @@ class RawRedis:
         self._cluster = Cluster(self.endpoint, timeout_s=self.timeout_s)
         self.address = self._cluster.address
 
-    def _connect(self) -> None:
+    def _connect(self) -> Conn:
         from features.sinks.redis_wire import Conn
 
         self._conn = Conn(self.endpoint.connect(self.timeout_s), self.address)
-
-    def close(self) -> None:
-        if self._cluster is not None:
-            self._cluster.invalidate()
-        if self._conn is not None:
-            try:
-                self._conn.close()
-            finally:
-                self._conn = None
+        return self._conn
 
     def hmget_many(self, reads: Sequence[tuple[Sequence[str], Sequence[str] | None]]) -> list[Any]:
         """One ``HMGET key *fields`` per key of each ``(keys, fields)`` group (``PTTL key``
@@ -91,10 +87,9 @@ class RawRedis:
         n = sum(len(keys) for keys, _ in reads)
         for attempt in (1, 2):
             try:
-                if self._conn is None:
-                    self._connect()
-                self._conn.send(request)
-                replies: list[Any] = self._conn.read_replies(n)
+                conn = self._conn if self._conn is not None else self._connect()
+                conn.send(request)
+                replies: list[Any] = conn.read_replies(n)
                 for reply in replies:
                     if isinstance(reply, ReplyError):
                         if reply.code == "MOVED":
@@ -124,12 +119,14 @@ class RawRedis:
         keys = [k for ks, _ in reads for k in ks]
         calls = [hmget_request([k], fields) for ks, fields in reads for k in ks]
         slots = key_slots(pa.array(keys, pa.string()))
+        cluster = self._cluster
+        assert cluster is not None
         for attempt in (1, 2):
             try:
-                replies = self._cluster.send_calls(calls, slots, replies=True)
+                replies = cluster.send_calls(calls, slots, replies=True)
                 break
             except (OSError, ConnectionError, SinkUnavailable) as exc:
-                self._cluster.invalidate()
+                cluster.invalidate()
                 if attempt == 2:
                     raise SinkUnavailable(f"Redis Cluster unreachable at {self.address}: {exc}",
                                           store="redis", address=self.address) from exc
@@ -137,7 +134,7 @@ class RawRedis:
             if isinstance(reply, ReplyError):
                 raise SinkError(f"Redis Cluster at {self.address} refused HMGET: {reply.text}",
                                 store="redis", address=self.address)
-        return replies  # type: ignore[no-any-return]  # lists of bytes/None
+        return replies  # lists of bytes/None
 
 
 class _Moved(Exception):

@@ -62,6 +62,7 @@ from features.errors import SinkError, SinkUnavailable
 from features.lineage import DIGEST, INGESTED_AT, RUN_ID, SCHEMA_FINGERPRINT, SCHEMA_VERSION, SOURCE
 from features.schema.syntax import AGGREGATES_SUFFIX
 from features.sinks.base import WriteResult, WriteUnit, binary_rows, laid_end_to_end, retrying, with_digest
+from features.sinks.redis_cluster import ConnOrCluster
 from features.sinks.redis_wire import Conn, RedisEndpoint, ReplyError, map_redis_errors
 
 if TYPE_CHECKING:
@@ -167,7 +168,7 @@ FILL_SHA = hashlib.sha1(FILL.encode()).hexdigest()
 #: The field marking a hash written by the fill (value ``1``).
 FILLED = "_filled"
 #: ``features migrate`` and readers meeting a hash an earlier version of the schema wrote
-#: (``features.ops.migrate.Upgrader``): the hash is rewritten in the new layout only while it
+#: (``features.sinks.versions.Upgrader``): the hash is rewritten in the new layout only while it
 #: still holds the event and the fingerprint it was read with (a write meanwhile wins),
 #: keeping its remaining TTL.
 RESTAMP = """
@@ -290,7 +291,7 @@ def _offsets(arr: pa.Array) -> Offsets:
     return out
 
 
-class RedisSink:
+class RedisSink(ConnOrCluster):
     """Hot features, newest event per entity. See the module docstring for the layout."""
 
     name = "redis"
@@ -335,7 +336,7 @@ class RedisSink:
         if fill:
             self.script, self.script_sha = FILL, FILL_SHA
         #: ``restamp``: hashes of an earlier version (this fingerprint) rewritten in this
-        #: schema's layout (``features.ops.migrate``): the :data:`RESTAMP` script, every row's
+        #: schema's layout (``features.sinks.versions``): the :data:`RESTAMP` script, every row's
         #: own lineage and ``_filled`` mark
         self.restamp = restamp
         if restamp is not None:
@@ -425,15 +426,6 @@ class RedisSink:
         reply = self._call(["SCRIPT", "LOAD", self.script], what="SCRIPT LOAD")
         if reply != self.script_sha.encode():
             raise SinkError(f"unexpected SCRIPT LOAD reply {reply[:80]!r}", store=self.name)
-
-    def close(self) -> None:
-        if self._cluster is not None:
-            self._cluster.invalidate()
-        if self._conn is not None:
-            try:
-                self._conn.close()
-            finally:
-                self._conn = None
 
     # --- ledger -------------------------------------------------------------------
 

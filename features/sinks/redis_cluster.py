@@ -287,4 +287,24 @@ def _one_line(c: Conn) -> bytes | ReplyError:
     return line
 
 
-__all__ = ["Cluster", "Conn", "ReplyError", "command"]
+class ConnOrCluster:
+    """A client of one server or of a cluster (:class:`features.sinks.redis.RedisSink`,
+    :class:`features.sdk.redis_read.RawRedis`): ``_conn`` the connection to a standalone
+    server, ``_cluster`` the router of a cluster; :meth:`close` drops either."""
+
+    _conn: Conn | None
+    _cluster: Cluster | None
+
+    def close(self) -> None:
+        """Close the standalone connection (reopened on the next call) and forget the
+        cluster's map and connections (read again on the next call)."""
+        if self._cluster is not None:
+            self._cluster.invalidate()
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            finally:
+                self._conn = None
+
+
+__all__ = ["Cluster", "Conn", "ConnOrCluster", "ReplyError", "command"]

@@ -170,11 +170,11 @@ def test_small_calls_and_online_dicts_give_the_arrow_paths_rows(
     """Calls of at most SMALL_CALL ids found in Redis decode in Python (no Arrow); the
     rows, types and values are those of the Arrow path (a larger call), for the table and
     for ``online_dicts``; a miss, a null id or a foreign hash takes the Arrow path."""
-    import features.sdk.store as store
+    from features.sdk.online import SMALL_CALL
 
     stored = sorted(loaded)
     big = stored[:40]  # > SMALL_CALL: the Arrow path
-    assert len(big) > store.SMALL_CALL
+    assert len(big) > SMALL_CALL
     reference = fs.online(NAME, big)
     for features in (None, ["debt_to_income", "income_monthly"], ["employment_status_hash"]):
         ref = fs.online(NAME, big, features)
@@ -220,17 +220,18 @@ def test_a_lost_postgres_connection_is_reopened_and_driver_errors_are_translated
         for call in (lambda: store.online(NAME, [second]).column("_from").to_pylist() == ["postgres"],
                      lambda: store.historical(NAME, entity_df, ["income_monthly"]).column(
                          "income_monthly").to_pylist() == [loaded[first][1]]):
-            pid = store._pg.info.backend_pid
+            pid = store.connections.postgres().info.backend_pid
             with psycopg.connect(settings.postgres_dsn, autocommit=True) as admin:
                 assert admin.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone() == (True,)
             assert call()
-            assert store._pg.info.backend_pid != pid
+            assert store.connections.postgres().info.backend_pid != pid
         # a max_age longer than any time span is no limit (the lateral join of issue 30 let
         # Postgres refuse q.t - max_age before 4713 BC; the NumPy join clamps it)
         forever = store.historical(NAME, entity_df, ["income_monthly"],
                                    max_age=dt.timedelta(days=999_999_999))
         assert forever.to_pylist() == store.historical(NAME, entity_df, ["income_monthly"]).to_pylist()
-        store._pg.execute("SET default_transaction_read_only = on")  # the staging table is refused
+        # the staging table is refused
+        store.connections.postgres().execute("SET default_transaction_read_only = on")
         with pytest.raises(SinkError, match="Postgres refused the as-of query"):
             store.historical(NAME, entity_df, ["income_monthly"])
 

@@ -381,10 +381,10 @@ def test_hot_only_aggregation_is_null_in_the_fallback(
 def test_small_calls_read_aggregations_as_the_arrow_path(fs: FeatureStore, stored: Stored) -> None:
     """At most SMALL_CALL ids, all in Redis: decoded in Python (features and the
     aggregates hash), the same rows as the Arrow path of a larger call."""
-    import features.sdk.store as store
+    from features.sdk.online import SMALL_CALL
 
     users = sorted(stored.aggs)[:30]
-    assert len(users) > store.SMALL_CALL
+    assert len(users) > SMALL_CALL
 
     def rows(table_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [{k: v for k, v in r.items() if k != "_age_seconds"} for r in table_rows]

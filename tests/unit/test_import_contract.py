@@ -38,3 +38,12 @@ def test_a_forbidden_import_breaks_it(tmp_path: Path) -> None:
     out = _lint(tmp_path)
     assert out.returncode == 1, out.stdout[-3000:]
     assert "BROKEN" in out.stdout and "features.sources is not allowed to import features.sdk" in out.stdout
+
+
+def test_no_arrow_against_the_flow_is_ignored() -> None:
+    """Issue 46 step f removed the last ``ignore_imports`` line (the SDK borrowing the
+    migration's Upgrader): every import points down."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    assert all(not c.get("ignore_imports") for c in config["contracts"])

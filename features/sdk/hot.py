@@ -1,0 +1,370 @@
+"""The SDK's hot reader (:class:`HotReader`): ``FeatureStore.online`` and its kin read
+Redis here. One pipelined round trip of ``HMGET`` per call (the entity hashes, the
+aggregates hashes, PTTL for ``hot.refresh_after``, the lineage); the replies decoded into
+the declared Arrow types (or, for a small call found whole, straight into dicts); hashes
+an earlier version wrote rewritten and read again (:class:`features.sdk.upgrade.Versions`);
+ids missing from Redis read from Postgres through the shared fallback
+(:class:`features.sdk.fallback.Fallback`). Metrics are counted by the facade."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from features.compile import CompiledSchema
+from features.compile.layout import aggregation_names, cold_columns, declared_type, from_text, reply_columns
+from features.errors import ConfigError, SinkError
+from features.sdk.columns import (
+    AGE,
+    CHECKED,
+    EVENT_TIME,
+    FOUND,
+    FROM,
+    NULL_ID,
+    STALE,
+    entity_text,
+    event_time_type,
+    requested_columns,
+    time_column,
+)
+from features.sdk.online import (
+    LINEAGE_FIELDS,
+    SMALL_CALL,
+    UPGRADE_ATTEMPTS,
+    OnlineRequest,
+    Outdated,
+    Plan,
+    python_decoders,
+    scatter,
+    small_rows,
+    still_outdated,
+)
+
+if TYPE_CHECKING:
+    from features.sdk.catalog import Catalog
+    from features.sdk.connections import Connections
+    from features.sdk.fallback import Fallback
+    from features.sdk.upgrade import Versions
+    from features.sinks.versions import Newer
+
+
+class Read(NamedTuple):
+    """What one online read gave: the result, how many ids it read, how many the Postgres
+    fallback served and how many were found nowhere (the facade's metrics)."""
+
+    value: Any  # a pyarrow.Table, or a list of dicts
+    ids: int
+    from_pg: int
+    missed: int
+
+
+class HotReader:
+    """Online reads of the schemas of ``catalog`` through ``connections``. ``fallback``
+    (the default of a call's ``fallback=``) and ``max_age`` (the default of its
+    ``max_age=``) as ``FeatureStore`` takes them; ``clock``: the time of a request-time
+    read's default ``at``."""
+
+    def __init__(self, connections: Connections, catalog: Catalog, versions: Versions, fallback: Fallback,
+                 *, use_fallback: bool, max_age: dt.timedelta | None, clock: Callable[[], float]) -> None:
+        self.connections = connections
+        self.catalog = catalog
+        self.versions = versions
+        self.fallback = fallback
+        self.use_fallback = use_fallback
+        self.max_age = max_age
+        self.clock = clock
+        self._plans: dict[tuple[str, tuple[str, ...] | None], Plan] = {}
+        self._tile_specs: dict[str, Any] = {}  # schema -> features.aggregate.tiles.TileSpec
+
+    def plan(self, schema: str, features: Sequence[str] | None) -> Plan:
+        """What an online call for ``features`` of ``schema`` reads, computed once per
+        (schema, features) and kept: the small-call path costs little more than Redis."""
+        key = (schema, tuple(features) if features is not None else None)
+        plan = self._plans.get(key)
+        if plan is None:
+            c = self.catalog.loadable(schema)
+            columns = requested_columns(c, features, "hot")
+            hot_aggs = set(aggregation_names(c, "hot"))
+            names = [x for x in columns if x not in hot_aggs]
+            aggs = [x for x in columns if x in hot_aggs]
+            cold = set(cold_columns(c))
+            cold_aggs = set(aggregation_names(c, "cold"))
+            hot = c.schema.hot
+            refresh_ms = (hot.refresh_after_seconds * 1000 if hot.refresh_after_seconds and hot.ttl_seconds
+                          else None)
+            types = {name: declared_type(c, name) for name in [*names, *aggs]}
+            plan = Plan(c, columns, names, aggs, [*names, *CHECKED, EVENT_TIME],
+                        [*aggs, *CHECKED, EVENT_TIME], [x for x in names if x in cold],
+                        [x for x in aggs if x in cold_aggs],
+                        (hot.ttl_seconds or 0) * 1000, refresh_ms, types,
+                        pa.schema([(str(c.schema.entity), pa.string()), *[(x, types[x]) for x in columns],
+                                   (EVENT_TIME, event_time_type(c)), (AGE, pa.float64()),
+                                   (FROM, pa.string()), (FOUND, pa.bool_()), (STALE, pa.bool_())]),
+                        python_decoders([types[x] for x in [*names, *aggs]]))
+            if len(self._plans) > 1024:
+                self._plans.clear()
+            self._plans[key] = plan
+        return plan
+
+    def request(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None,
+                lineage: bool = False) -> OnlineRequest:
+        """What one online call reads, for the sync and the async path alike: the entity
+        hashes, then (when hot aggregations are requested) the aggregates hashes, then
+        (for a schema with ``hot.refresh_after``) the entity hashes' PTTL, then (with
+        ``lineage``) the entity hashes' ``_source`` and ``_run_id``."""
+        from features.compile.layout import aggregates_key, entity_key
+
+        plan = self.plan(schema, features)
+        name = plan.c.name
+        prefix = self.connections.key_prefix
+        ids = [entity_text(i) for i in entity_ids]
+        keys = [prefix + entity_key(name, i) for i in ids]
+        reads: list[tuple[list[str], list[str] | None]] = [(keys, plan.fields)]
+        if plan.aggs:
+            reads.append(([prefix + aggregates_key(name, i) for i in ids], plan.agg_fields))
+        if plan.refresh_ms is not None:
+            reads.append((keys, None))
+        if lineage:
+            reads.append((keys, list(LINEAGE_FIELDS)))
+        return OnlineRequest(plan, ids, reads, lineage)
+
+    def online(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None,
+               fallback: bool | None, max_age: dt.timedelta | None) -> Read:
+        """``FeatureStore.online`` with ``windows="event"``: a table."""
+        since = time.monotonic()
+        req = self.request(schema, entity_ids, features)
+        replies = self.connections.redis_replies(req.reads)
+        rows = small_rows(req, replies) if len(req.ids) <= SMALL_CALL else None
+        if rows is not None:  # every id in Redis, fresh: no Arrow decoding
+            return Read(pa.Table.from_pylist(rows, req.plan.result), len(req.ids), 0, 0)
+        table, from_pg, missed = self.finish(req, replies, fallback, max_age, since)
+        return Read(table, len(req.ids), from_pg, missed)
+
+    def online_dicts(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None,
+                     fallback: bool | None, max_age: dt.timedelta | None) -> Read:
+        """``FeatureStore.online_dicts``: one dict per id, no Arrow object when every id is
+        in Redis (and fresh)."""
+        since = time.monotonic()
+        req = self.request(schema, entity_ids, features)
+        replies = self.connections.redis_replies(req.reads)
+        rows = small_rows(req, replies)  # any size: the dicts are made in Python either way
+        if rows is not None:
+            return Read(rows, len(req.ids), 0, 0)
+        table, from_pg, missed = self.finish(req, replies, fallback, max_age, since)
+        return Read(table.to_pylist(), len(req.ids), from_pg, missed)
+
+    async def online_async(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None,
+                           fallback: bool | None, max_age: dt.timedelta | None) -> Read:
+        """``FeatureStore.online_async``: redis.asyncio; decoding and the fallback in a
+        worker thread."""
+        import asyncio
+
+        since = time.monotonic()
+        req = self.request(schema, entity_ids, features)
+        for _ in range(UPGRADE_ATTEMPTS):
+            replies = await self.connections.redis_replies_async(req.reads)
+            try:
+                table, from_pg, missed = await asyncio.to_thread(
+                    self._finish, req, replies, fallback, max_age, since)
+                return Read(table, len(req.ids), from_pg, missed)
+            except Outdated:  # hashes an earlier version wrote: rewritten, then read again
+                await asyncio.to_thread(self.versions.upgrade, req)
+        raise still_outdated(req)
+
+    def online_request_time(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None,
+                            fallback: bool | None, max_age: dt.timedelta | None, at: dt.datetime | None
+                            ) -> Read:
+        """``FeatureStore.online`` with ``windows="request_time"``: the features as
+        :meth:`online` reads them and the aggregations from the tiles, in one round trip."""
+        from features.sdk.request_time import request_micros, tile_read, tile_spec, window_values
+
+        since = time.monotonic()
+        c = self.catalog.loadable(schema)
+        columns = requested_columns(c, features, "hot")
+        hot_aggs = set(aggregation_names(c, "hot"))
+        aggs = [x for x in columns if x in hot_aggs]
+        req = self.request(schema, entity_ids, [x for x in columns if x not in hot_aggs])
+        tspec = self._tile_specs.get(c.name)
+        if tspec is None:
+            tspec = self._tile_specs[c.name] = tile_spec(c)
+        held = {a.name for a in tspec.spec.aggregations.features}
+        if any(x not in held for x in aggs):
+            missing = ", ".join(x for x in aggs if x not in held)
+            raise ConfigError(f"windows='request_time' does not serve {missing} online yet "
+                              "(approx_count_distinct/approx_percentile are not in the tiles); "
+                              "name the other aggregations in features=", key="features")
+        read = tile_read(tspec, c, req.ids, request_micros(c, at, self.clock()), self.connections.key_prefix)
+        replies = self.connections.redis_replies([*req.reads, (read.keys, read.fields)])
+        k = len(replies) - len(read.keys)
+        base = replies[:k]
+        rows = small_rows(req, base) if len(req.ids) <= SMALL_CALL else None
+        if rows is not None:
+            table, from_pg, missed = pa.Table.from_pylist(rows, req.plan.result), 0, 0
+        else:
+            table, from_pg, missed = self.finish(req, base, fallback, max_age, since)
+        values = window_values(read, replies[k:], c) if aggs else {}
+        out = {str(c.schema.entity): table.column(0)}
+        for x in columns:
+            out[x] = values[x] if x in hot_aggs else table.column(x)
+        for x in table.column_names[1 + len(req.plan.names):]:
+            out[x] = table.column(x)
+        return Read(pa.table(out), len(req.ids), from_pg, missed)
+
+    def finish(self, req: OnlineRequest, replies: list[Any], fallback: bool | None,
+               max_age: dt.timedelta | None, since: float) -> tuple[pa.Table, int, int]:
+        """The result table of ``req`` from its ``replies`` (the Postgres fallback for the
+        ids Redis lacks), how many ids the fallback served, how many were found nowhere;
+        the hashes an earlier version of the schema wrote rewritten and read again first."""
+        for _ in range(UPGRADE_ATTEMPTS):
+            try:
+                return self._finish(req, replies, fallback, max_age, since)
+            except Outdated:
+                self.versions.upgrade(req)
+                replies = self.connections.redis_replies(req.reads)
+        raise still_outdated(req)
+
+    def _decode_hashes(self, plan: Plan, names: list[str], replies: Sequence[Any],
+                       what: str) -> tuple[dict[str, pa.Array], pa.Array]:
+        """HMGET replies (the ``names``, then ``_enc``, ``_schema_fingerprint`` and
+        ``_event_time``) -> the columns in their declared types and the event times (int64
+        microseconds, null where the hash is absent). Checks every hash found first."""
+        c = plan.c
+        cols = reply_columns(replies, len(names) + len(CHECKED) + 1)
+        newer = self.versions.check_hashes(c, cols[len(names)], cols[len(names) + 1], what)
+        columns = {name: from_text(c, name, cols[j], plan.types[name]) if newer is None
+                   else _from_newer(c, newer, name, cols[j], cols[len(names) + 1], plan.types[name])
+                   for j, name in enumerate(names)}
+        return columns, cols[-1].cast(pa.int64())
+
+    def _finish(self, req: OnlineRequest, replies: list[Any], fallback: bool | None,
+                max_age: dt.timedelta | None, since: float) -> tuple[pa.Table, int, int]:
+        """The result table, how many ids the Postgres fallback served, how many were found nowhere."""
+        plan, ids = req.plan, req.ids
+        c = plan.c
+        schema = c.schema
+        n = len(ids)
+        columns, micros = self._decode_hashes(plan, plan.names, replies[:n], "hashes")
+        found = np.asarray(micros.is_valid().to_numpy(zero_copy_only=False), dtype=np.bool_)
+        k = n
+        if plan.aggs:
+            aggs, _ = self._decode_hashes(plan, plan.aggs, replies[n:2 * n], "aggregates hashes")
+            k += n
+            # A row's values come from one place: the aggregates of an id without an entity
+            # hash are dropped (the Postgres fallback, or nulls, give that row).
+            if not found.all():
+                keep = pa.array(np.arange(n, dtype=np.int64), mask=~found)
+                aggs = {name: arr.take(keep) for name, arr in aggs.items()}
+            columns.update(aggs)
+        stale = np.zeros(n, dtype=np.bool_)
+        if plan.refresh_ms is not None:
+            pttl = np.array(replies[k:k + n], dtype=np.int64)
+            # written longer ago than refresh_after: ttl - remaining
+            stale = found & (pttl >= 0) & (plan.ttl_ms - pttl > plan.refresh_ms)
+        if req.lineage:  # the last read: the entity hashes' _source, _run_id
+            lineage = reply_columns(replies[-n:], len(LINEAGE_FIELDS)) if n else [
+                pa.array([], pa.string()) for _ in LINEAGE_FIELDS]
+            columns.update(zip(LINEAGE_FIELDS, lineage, strict=True))
+        data: dict[str, pa.Array] = {str(schema.entity): pa.array([None if i == NULL_ID else i for i in ids],
+                                                                  pa.string()),
+                                     **{name: columns[name] for name in plan.columns},
+                                     EVENT_TIME: micros.cast(plan.result.field(EVENT_TIME).type)}
+        if req.lineage:
+            data.update({name: columns[name] for name in LINEAGE_FIELDS})
+        in_redis = int(found.sum())
+        source = np.array(["redis" if f else None for f in found.tolist()], dtype=object)
+        use_fallback = self.use_fallback if fallback is None else fallback
+        if use_fallback and in_redis < n:
+            valid = np.array([i != NULL_ID for i in ids], dtype=np.bool_)
+            missing = np.flatnonzero(~found & valid)
+            if len(missing):
+                self._fill_from_fallback(req, data, found, source, missing,
+                                         max_age if max_age is not None else self.max_age, since)
+        if use_fallback and stale.any():
+            self.fallback.refresh(c, sorted({ids[i] for i in np.flatnonzero(stale)}))
+        now_us = time.time_ns() // 1000
+        ev = data[EVENT_TIME]
+        age = pc.divide(pc.subtract(pa.scalar(now_us, pa.int64()), ev.cast(pa.int64())), 1_000_000.0)
+        data[AGE] = age
+        data[FROM] = pa.array(source.tolist(), pa.string())
+        data[FOUND] = pa.array(found)
+        data[STALE] = pa.array(stale)
+        hits = int(found.sum())
+        return pa.table(data), hits - in_redis, n - hits
+
+    def _fill_from_fallback(self, req: OnlineRequest, data: dict[str, pa.Array],
+                            found: npt.NDArray[np.bool_], source: npt.NDArray[Any],
+                            missing: npt.NDArray[np.int64], max_age: dt.timedelta | None,
+                            since: float) -> None:
+        """Rows ``missing`` from Redis, from the shared Postgres read (``features.fallback``):
+        their columns in ``data``, ``found`` and ``source`` updated in place. Ids another
+        process filled meanwhile are read from Redis again."""
+        plan, ids = req.plan, req.ids
+        c = plan.c
+        got = self.fallback.fetch(c, sorted({ids[i] for i in missing}), since)
+        if got.again:
+            again = missing[np.array([ids[i] in got.again for i in missing], dtype=np.bool_)]
+            sub_ids = [ids[i] for i in again]
+            sub = self.request(c.name, sub_ids, plan.columns if plan.columns else None, req.lineage)
+            sub_table, _, _ = self._finish(sub, self.connections.redis_replies(sub.reads), False, None, since)
+            hit = np.asarray(sub_table.column(FOUND).to_numpy(zero_copy_only=False), dtype=np.bool_)
+            if hit.any():
+                rows_at = again[hit]
+                take = pa.array(np.flatnonzero(hit))
+                for name in [*plan.columns, EVENT_TIME, *(LINEAGE_FIELDS if req.lineage else ())]:
+                    value = sub_table.column(name).combine_chunks().take(take)
+                    data[name] = scatter(data[name], rows_at, value)
+                found[rows_at] = True
+                source[rows_at] = "redis"
+        if got.rows is None:
+            return
+        # naive = UTC: a naive event time's microseconds are its UTC wall clock, as in Redis
+        event_type = plan.result.field(EVENT_TIME).type
+        event = got.rows.column(time_column(c)).combine_chunks().cast(event_type)
+        oldest = (None if max_age is None else
+                  int((dt.datetime.now(dt.UTC) - max_age).timestamp() * 1_000_000))
+        pick = np.array([got.at.get(ids[i], -1) for i in missing], dtype=np.int64)
+        if oldest is not None and (pick >= 0).any():
+            ev_us = np.asarray(event.cast(pa.int64()).to_numpy(zero_copy_only=False))
+            pick[(pick >= 0) & (ev_us[np.maximum(pick, 0)] < oldest)] = -1
+        rows_at = missing[pick >= 0]
+        if not len(rows_at):
+            return
+        take = pa.array(pick[pick >= 0])
+        for name in [*plan.cold_names, *plan.cold_aggs, EVENT_TIME, *(LINEAGE_FIELDS if req.lineage else ())]:
+            src = event if name == EVENT_TIME else got.rows.column(name).combine_chunks()
+            data[name] = scatter(data[name], rows_at, src.take(take))
+        found[rows_at] = True
+        source[rows_at] = "postgres"
+
+
+def _from_newer(c: CompiledSchema, newer: Newer, name: str, text: pa.Array, fingerprints: pa.Array,
+                target: pa.DataType) -> pa.Array:
+    """Column ``name`` of hashes of ``c`` and of the compatible newer versions of ``newer``,
+    in ``c``'s declared type ``target``: a newer hash's text is read in the newest type (a
+    compatible change only widens), then cast to ``target``; a value that does not fit it
+    raises SinkError naming the newer version."""
+    wide = declared_type(newer.c, name)
+    if wide == target:
+        return from_text(c, name, text, target)
+    is_newer = pc.fill_null(pc.is_in(fingerprints, pa.array(sorted(newer.fingerprints), pa.string())), False)
+    none = pa.nulls(len(text), text.type)
+    mine = from_text(c, name, pc.if_else(is_newer, none, text), target)
+    read = from_text(newer.c, name, pc.if_else(is_newer, text, none), wide)
+    try:
+        theirs = read.cast(target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise SinkError(f"Redis holds a {c.name}.{name} value written by {c.name} "
+                        f"{newer.c.schema.version_str} that does not fit this reader's {target} "
+                        f"({c.schema.version_str}): {exc}; use the "
+                        "schema file of that version", store="redis") from exc
+    return pc.if_else(is_newer, theirs, mine)
+
+
+__all__ = ["HotReader", "Read"]
