@@ -234,11 +234,16 @@ def featureline_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def deps_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The Python of a fresh virtual environment with the locked dependencies and no
-    featureline: a cluster's Python, to which a job ships the package."""
-    from installed_env import make_venv
+    """The Python of a virtual environment outside the checkout with the locked dependencies
+    and no featureline: a cluster's Python, to which a job ships the package. Kept between
+    sessions while requirements.lock is unchanged (``installed_env.cached_deps_venv``;
+    ``FEATURES_TEST_VENV_CACHE=off``: a fresh one in this session's temporary folder)."""
+    from installed_env import cached_deps_venv, deps_cache_root, make_venv
 
-    return make_venv(tmp_path_factory.mktemp("deps-venv") / "venv", wheel=None)
+    root = deps_cache_root()
+    if root is None:
+        return make_venv(tmp_path_factory.mktemp("deps-venv") / "venv", wheel=None)
+    return cached_deps_venv(root)
 
 
 @pytest.fixture(scope="session")

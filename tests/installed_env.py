@@ -8,14 +8,27 @@ locked dependencies (requirements.lock) from pip's cache or PyPI, about a minute
 one made with ``deps_from`` gets a hard-linked copy of that environment's freshly installed
 packages (the same files pip wrote, each script's ``#!`` line pointing at its own Python, as
 pip writes it) in a few seconds, then the wheel from pip like the first.
+
+The first environment (``deps_venv``: the locked dependencies, no featureline) is kept
+between test sessions (:func:`cached_deps_venv`): pip's install of requirements.lock takes
+about a minute on 2 cores and gives the same files each time the lock, the interpreter and
+this module are unchanged. The cache is ``$FEATURES_TEST_VENV_CACHE`` (default
+``featureline-test-venvs-<uid>`` in the temporary folder, outside any checkout, on the same
+file system as pytest's temporary folders so that the second environment's hard links
+work); ``FEATURES_TEST_VENV_CACHE=off`` makes a fresh one in every session. The second
+environment (the wheel installed) is always made fresh.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -64,6 +77,59 @@ def make_venv(path: Path, *, wheel: Path | None, deps_from: Path | None = None) 
         _run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
               str(wheel)], "installing the featureline wheel")
     return python
+
+
+#: The file :func:`cached_deps_venv` writes last into a finished environment: its key.
+DONE = "featureline-deps-done"
+#: Another key's cached environment unused for this long (seconds) is removed.
+STALE_S = 2 * 24 * 3600
+
+
+def deps_cache_root() -> Path | None:
+    """The folder of the cached dependency environments (``FEATURES_TEST_VENV_CACHE``,
+    default ``<tmp>/featureline-test-venvs-<uid>``); None when that variable is ``off``."""
+    value = os.environ.get("FEATURES_TEST_VENV_CACHE", "")
+    if value.lower() in ("off", "0", "no", "false"):
+        return None
+    return Path(value) if value else Path(tempfile.gettempdir()) / f"featureline-test-venvs-{os.getuid()}"
+
+
+def deps_key() -> str:
+    """What the cached environment depends on: requirements.lock, the interpreter that makes
+    it (its version and path) and this module's code (how it is made)."""
+    digest = hashlib.sha256()
+    for part in ((ROOT / "requirements.lock").read_bytes(), sys.version.encode(),
+                 os.path.realpath(sys.executable).encode(), Path(__file__).read_bytes()):
+        digest.update(hashlib.sha256(part).digest())
+    return digest.hexdigest()[:20]
+
+
+def cached_deps_venv(root: Path) -> Path:
+    """The Python of ``root/deps-<deps_key()>/venv``, :func:`make_venv` without a wheel,
+    made there once (under a lock file: one session makes it while the others wait) and
+    reused while its key holds. Under that lock no environment is being made, so one without
+    its :data:`DONE` file (a session killed while making it) is removed and made again;
+    other keys' environments (another checkout's lock) are removed when unused for
+    ``STALE_S``."""
+    key = deps_key()
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    folder = root / f"deps-{key}"
+    python = folder / "venv" / "bin" / "python"
+    with (root / "lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for other in root.glob("deps-*"):
+            done = other / DONE
+            if other != folder and (not done.is_file() or time.time() - done.stat().st_mtime > STALE_S):
+                shutil.rmtree(other)
+        if (folder / DONE).is_file() and (folder / DONE).read_text() == key and python.exists():
+            (folder / DONE).touch()  # in use: not stale for another checkout's session
+            return python
+        if folder.exists():
+            shutil.rmtree(folder)
+        folder.mkdir()
+        make_venv(folder / "venv", wheel=None)
+        (folder / DONE).write_text(key)
+        return python
 
 
 def _copy_packages(source: Path, python: Path) -> None:

@@ -35,6 +35,7 @@ from typing import Any
 
 from features.cli.load import _port
 from features.serve.limits import LIMIT_CONCURRENCY, MAX_ERRORS, MAX_QUEUED_BYTES, MAX_RECORDS, MAX_VIEW_ROWS
+from features.serve.producer import DELIVERY_TIMEOUT_MS
 
 log = logging.getLogger("features.serve")
 
@@ -93,6 +94,15 @@ def _seconds(text: str) -> float:
     return s
 
 
+def _delivery_seconds(text: str) -> float:
+    """``--delivery-timeout``: seconds, at least 0.1 (librdkafka's ``delivery.timeout.ms``
+    must exceed the producer's ``linger.ms``)."""
+    s = _seconds(text)
+    if s < 0.1:
+        raise argparse.ArgumentTypeError(f"must be at least 0.1, got {text}")
+    return s
+
+
 def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "serve", help="HTTP ingest service: validate posted events and produce them to the schema's topic",
@@ -146,6 +156,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--limit-concurrency", type=_positive, default=LIMIT_CONCURRENCY, metavar="N",
                    help=f"most connections and requests one worker takes at once (default "
                    f"{LIMIT_CONCURRENCY}; past it uvicorn answers 503)")
+    p.add_argument("--delivery-timeout", type=_delivery_seconds, default=DELIVERY_TIMEOUT_MS / 1000,
+                   metavar="SECONDS",
+                   help=f"Kafka's producer gives up on a record after this long (delivery.timeout.ms) and "
+                   f"the request answers 503 (default {DELIVERY_TIMEOUT_MS / 1000:g}; at least 0.1)")
     p.add_argument("--restart-limit", type=_positive, default=RESTART_LIMIT, metavar="N",
                    help=f"a worker that exits is restarted after a backoff (0.5 s doubling, at most 30 s); "
                    f"after N restarts of one worker within --restart-window the service stops with exit "
@@ -184,6 +198,7 @@ class ServeOptions:
     limit_concurrency: int = LIMIT_CONCURRENCY
     restart_limit: int = RESTART_LIMIT
     restart_window_s: float = RESTART_WINDOW_S
+    delivery_timeout_s: float = DELIVERY_TIMEOUT_MS / 1000
     views_dir: str = "views"
     views: tuple[str, ...] = ()
     ingest: bool = True
@@ -271,6 +286,7 @@ def run(args: argparse.Namespace) -> int:
                            max_view_rows=args.max_view_rows,
                            max_queued_bytes=args.max_queued_bytes, limit_concurrency=args.limit_concurrency,
                            restart_limit=args.restart_limit, restart_window_s=args.restart_window,
+                           delivery_timeout_s=args.delivery_timeout,
                            views_dir=views_dir, views=tuple(views), ingest=not args.no_ingest)
     sock = _bind(args.host, args.port)
     host, port = sock.getsockname()[:2]
@@ -351,7 +367,8 @@ def serve_worker(index: int, sock: socket.socket, options: ServeOptions, *, on_r
 
     def producer() -> AsyncProducer:
         return AsyncProducer(settings.kafka_bootstrap, settings.kafka_properties,
-                             max_message_bytes=max_message)
+                             max_message_bytes=max_message,
+                             delivery_timeout_ms=round(options.delivery_timeout_s * 1000))
 
     def store() -> Any:
         from features.sdk import FeatureStore

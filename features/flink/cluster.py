@@ -15,8 +15,8 @@ project's ``.dev/flink``; tests use their own)::
 Every port is a free loopback port chosen at start (``rest.port``, ``jobmanager.rpc.port``;
 the blob server's and the TaskManagers' ports are Flink's ``0``, the kernel's choice) and
 every listener is bound to 127.0.0.1, so two projects on one machine each get their own
-cluster. :func:`stop` runs ``stop-cluster.sh`` and then ends, by pid, whatever of that
-cluster is still alive.
+cluster. :func:`stop` sends SIGTERM to all of that cluster's daemons at once (by pid) and
+SIGKILL to any still alive after its timeout.
 """
 
 from __future__ import annotations
@@ -77,6 +77,15 @@ def _pid_alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+
+
+def _runs_conf(pid: int, conf_dir: Path) -> bool:
+    """Whether process ``pid``'s command line names ``conf_dir`` (a daemon of that cluster)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+    return str(conf_dir) in cmdline
 
 
 def _set(conf: dict[str, Any], key: str, value: Any) -> None:
@@ -264,22 +273,42 @@ def start(cluster: Cluster, *, timeout: float = 180, cwd: Path | None = None,
                        f"{timeout:.0f}s\n{logs}", service="flink-cluster", log=str(cluster.log_dir))
 
 
+#: How long :func:`stop` waits for its stopped daemons to be reaped (seconds).
+REAP_WAIT_S = 10.0
+
+
 def stop(cluster: Cluster, *, timeout: float = 60) -> bool:
-    """``stop-cluster.sh``, then SIGTERM (and after ``timeout`` s SIGKILL) to each process a
-    pid file of this cluster still names. Returns whether anything was running."""
-    were = cluster.pids()
+    """SIGTERM to every daemon a pid file of this cluster names, all at once, then SIGKILL to
+    those still running after ``timeout`` s. What ``stop-cluster.sh`` does, without its
+    wait: it stops the daemons one after another, each after a JVM that parses the conf
+    (seconds each). A SIGTERM is a daemon's graceful shutdown either way (Flink's own hook
+    halts the JVM 5 s after it at the latest). Only processes whose command line names this
+    cluster's conf folder are signalled (a pid file's stale pid may be another process's
+    now). Returns whether anything was running."""
+    were = [pid for pid in cluster.pids() if _runs_conf(pid, cluster.conf_dir)]
     if not were:
+        for f in cluster.pid_dir.glob("*.pid"):
+            f.unlink(missing_ok=True)
         return False
-    cluster.script("stop-cluster.sh", timeout=timeout)
+    for pid in were:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and any(_pid_alive(p) for p in were):
-        time.sleep(0.25)
+        time.sleep(0.1)
     for pid in were:
         if _pid_alive(pid):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+    # the daemons run detached: each exited one stays a zombie until init reaps it (about a
+    # second here); wait for that (a little), so that none is listed when this returns
+    reaped = time.monotonic() + REAP_WAIT_S
+    while time.monotonic() < reaped and any(Path(f"/proc/{p}").exists() for p in were):
+        time.sleep(0.1)
     for f in cluster.pid_dir.glob("*.pid"):
         f.unlink(missing_ok=True)
     return True

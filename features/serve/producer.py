@@ -33,8 +33,9 @@ from typing import Any
 
 from features.errors import SinkError, SinkUnavailable
 
-#: librdkafka gives up on a message after this long (``delivery.timeout.ms``); the
-#: request then answers 503 (a broker that is down is not waited for forever).
+#: librdkafka gives up on a message after this long (``delivery.timeout.ms``) by default
+#: (``features serve --delivery-timeout``); the request then answers 503 (a broker that is
+#: down is not waited for forever).
 DELIVERY_TIMEOUT_MS = 15_000
 #: librdkafka's queue of messages not yet acknowledged holds at most this many KiB
 #: (``queue.buffering.max.kbytes``; librdkafka's own default is 1 GiB): past it ``produce``
@@ -144,16 +145,18 @@ class AsyncProducer:
 
     def __init__(self, bootstrap: str, properties: Mapping[str, str] | None = None, *,
                  max_message_bytes: int = 1_048_576, linger_ms: int = 5,
-                 queue_timeout_s: float = QUEUE_TIMEOUT_S) -> None:
+                 queue_timeout_s: float = QUEUE_TIMEOUT_S,
+                 delivery_timeout_ms: int = DELIVERY_TIMEOUT_MS) -> None:
         from confluent_kafka import Producer
 
         from features.stream.kafka import client_config
 
         self.bootstrap = bootstrap
         self.queue_timeout_s = queue_timeout_s
+        self.delivery_timeout_ms = delivery_timeout_ms
         self._producer = Producer(client_config(bootstrap, properties, **{
             "enable.idempotence": True, "acks": "all", "linger.ms": linger_ms,
-            "delivery.timeout.ms": DELIVERY_TIMEOUT_MS,
+            "delivery.timeout.ms": delivery_timeout_ms,
             "message.max.bytes": max(max_message_bytes, 1_048_576),
             # the queue holds at least a few of the largest messages
             # librdkafka's own lines: client_config's logger (features.kafka, their levels)
@@ -205,7 +208,7 @@ class AsyncProducer:
                     pending.delivered(exc.args[0], None)  # never handed over: no callback will come for it
                     break
         try:
-            await asyncio.wait_for(asyncio.shield(future), DELIVERY_TIMEOUT_MS / 1000 + 5)
+            await asyncio.wait_for(asyncio.shield(future), self.delivery_timeout_ms / 1000 + 5)
         except TimeoutError:
             raise SinkUnavailable(f"Kafka at {self.bootstrap}: records not acknowledged in time",
                                   store="kafka", address=self.bootstrap) from None

@@ -206,7 +206,7 @@ def test_stream_with_sigkill_and_batch_backfill_compute_identical_aggregations(
                         stream_rows = _pg_rows(conn, pg_schema, AGG_QUERY)
                         if [r for r in stream_rows if r[0] not in late_users] == on_time_batch:
                             break
-                time.sleep(2)
+                time.sleep(0.5)
         finally:
             os.killpg(second.pid, signal.SIGKILL)
             second.wait(30)

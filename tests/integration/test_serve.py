@@ -426,9 +426,13 @@ def test_sigterm_under_load_loses_nothing_acknowledged(tmp_path: Path, env: dict
         threads = [threading.Thread(target=client, args=(k, server)) for k in range(6)]
         for t in threads:
             t.start()
-        time.sleep(4)
-        with lock:
-            before = answered[202]
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # under load: more than 20 requests acknowledged
+            with lock:
+                before = answered[202]
+            if before > 20:
+                break
+            time.sleep(0.1)
         server.proc.send_signal(signal.SIGTERM)
         code = server.proc.wait(90)
         time.sleep(0.5)
@@ -604,12 +608,16 @@ def test_a_dead_letter_fits_a_dead_letter_topic_with_a_low_limit(
 def test_a_broker_that_is_down_is_still_503_retry_after(tmp_path: Path, env: dict[str, str],
                                                        schemas_dir: Path) -> None:
     """A transient Kafka failure (no broker: the record times out) stays 503 with
-    Retry-After: only errors no retry can cure leave the 503."""
+    Retry-After: only errors no retry can cure leave the 503. The record times out after
+    ``--delivery-timeout`` (2 s here, 15 s by default), not later."""
     with socket_closed_port() as port:
         down = {**env, "FEATURES_KAFKA_BOOTSTRAP": f"127.0.0.1:{port}"}
-        with serve(tmp_path, down, "--schemas", str(schemas_dir)) as server:
+        with serve(tmp_path, down, "--schemas", str(schemas_dir), "--delivery-timeout", "2") as server:
+            began = time.monotonic()
             status, headers, body = server.post(_valid_events(1, seed=6)[0])
+            took = time.monotonic() - began
     assert status == 503 and headers.get("retry-after") == "1", (status, body)
+    assert 1.5 <= took < 10, f"the 503 came after {took:.1f} s, not after the 2 s --delivery-timeout"
     assert "kafka_error" not in body and "retry the request" in body["error"], body
 
 
@@ -680,7 +688,7 @@ def test_record_limit_capped_errors_and_concurrency_limit(tmp_path: Path, env: d
             assert status == 503
     help_text = subprocess.run(_command("--help"), env=env, capture_output=True, text=True, timeout=60).stdout
     for flag in ("--max-records", "--max-errors", "--max-queued-bytes", "--limit-concurrency",
-                 "--restart-limit", "--restart-window"):
+                 "--restart-limit", "--restart-window", "--delivery-timeout"):
         assert flag in help_text, flag
 
 
