@@ -48,10 +48,9 @@ from fuzzkit import FuzzFailure, json_dumps_any
 from features.aggregate.engine import AggSpec, compute, extract, finalize, raw_schema
 from features.compile import CompiledSchema, compile_schema
 from features.kernels import compile_transforms
-from features.lineage import BatchLineage, RunContext
-from features.pipeline.prepare import group_rejects, prepare_records, process_batch
+from features.lineage import RunContext
+from features.pipeline.prepare import group_rejects, prepare_records, process_batch, records_source_batch
 from features.schema import load_schema
-from features.sources.base import SourceBatch
 from features.sources.columnar import ColumnarDecoder
 from features.sources.records import decode, payload_json, record_uris
 
@@ -292,12 +291,11 @@ class DecoderTarget:
         uris = record_uris(topics, partitions, pa.array(range(n), pa.int64()))
         ctx = RunContext(schema.name, schema.version_str, compiled.fingerprint, "fuzz", _NOW)
         dec = decode(values, max_bytes=max_bytes, known=frozenset(f.name for f in schema.fields))
-        rows = dec.rows
-        sb = SourceBatch(rows, BatchLineage("kafka://", 0, len(rows), unit=None,
-                                            explicit=uris.take(pa.array(dec.index, pa.int64()))))
+        sb = records_source_batch(dec.batch, values, dec.index, uris, max_bytes)
         prepared = process_batch(sb, compiled, program, ctx, _NOW)
-        decode_rejects = group_rejects(dec.rejects, None, lambda idx: uris.take(idx), ctx,
-                                       raw=lambda idx: [payload_json(values[int(i)], max_bytes) for i in idx])
+        decode_rejects = group_rejects(dec.rejects,
+                                       lambda idx: [payload_json(values[int(i)], max_bytes) for i in idx],
+                                       lambda idx: uris.take(idx), ctx)
         rejects = pa.concat_tables([decode_rejects, prepared.rejects])
         # every record: one row or one reject
         stored = prepared.rows.column("_source").to_pylist()

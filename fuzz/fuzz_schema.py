@@ -45,6 +45,7 @@ from features.pipeline.prepare import process_batch
 from features.schema import load_schema, parse_schema
 from features.schema.model import Schema, TypeKind
 from features.sources.base import SourceBatch
+from features.validation.values import objects_batch
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
@@ -563,7 +564,8 @@ class SchemaTarget:
             raise FuzzFailure("empty DDL or suite, or a NUL in the DDL")
         rows = sample_rows(schema, rng)
         ctx = RunContext(schema.name, schema.version_str, compiled.fingerprint, "fuzz", _NOW)
-        sb = SourceBatch(rows, BatchLineage("fuzz://rows", 0, len(rows)))
+        sb = SourceBatch(objects_batch(rows, [f.name for f in schema.fields]),
+                         BatchLineage("fuzz://rows", 0, len(rows)), json_text=True)
         prepared = process_batch(sb, compiled, program, ctx, _NOW)
         if prepared.rows.num_rows + prepared.rejected_rows != len(rows):
             raise FuzzFailure(f"{prepared.rows.num_rows} valid + {prepared.rejected_rows} rejected "

@@ -22,6 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -39,6 +40,7 @@ from features.sources.columnar import ColumnarDecoder
 from features.sources.names import as_fields
 from features.sources.records import TopCounter, decode, payload_json
 from features.validation import validate
+from features.validation.values import is_json_values, json_values
 
 if TYPE_CHECKING:
     from features.kernels import TransformProgram
@@ -155,22 +157,28 @@ def _json_safe(value: Any) -> Any:
     return root
 
 
-def _raw_json(batch: pa.RecordBatch | list[dict[str, Any]], rows: npt.NDArray[np.int64]) -> list[str]:
+def _raw_json(batch: pa.RecordBatch, rows: npt.NDArray[np.int64]) -> list[str]:
     """The input values of ``rows`` as JSON objects (only rejected rows come here).
 
     Always valid JSON that Postgres jsonb accepts: decimals, dates and times become
     strings, NaN/inf become the strings ``nan``/``inf``/``-inf``, bytes are decoded as
     UTF-8 with replacement, a NUL character becomes the text ``\\u0000``.
     """
-    if isinstance(batch, list):
-        return raw_json_rows(batch, rows)
-    taken = batch.take(pa.array(rows, pa.int64())).to_pylist()
-    return [_dumps({k: _json_safe(v) for k, v in r.items()}) for r in taken]
+    taken = batch.take(pa.array(rows, pa.int64()))
+    objects = taken.to_pylist()
+    for i, f in enumerate(taken.schema):
+        if is_json_values(f):  # decoded JSON objects (features.validation.values): their values
+            values, absent = json_values(taken.column(i))
+            for obj, value in zip(objects, values, strict=True):
+                obj[f.name] = value
+            for r in absent.tolist():
+                del objects[r][f.name]
+    return [_raw_object(r) for r in objects]
 
 
-def raw_json_rows(rows: Sequence[dict[str, Any]], index: npt.NDArray[np.int64]) -> list[str]:
-    """Like :func:`_raw_json` for decoded JSON objects (a stream's rows)."""
-    return [_dumps({k: _json_safe(v) for k, v in rows[int(i)].items()}) for i in index]
+def _raw_object(row: dict[str, Any]) -> str:
+    """One input row (an Arrow row, a decoded JSON object) as :func:`_raw_json` renders it."""
+    return _dumps({k: _json_safe(v) for k, v in row.items()})
 
 
 def _dumps(obj: Any) -> str:
@@ -179,11 +187,11 @@ def _dumps(obj: Any) -> str:
     return _NUL_ESCAPE.sub(r"\1\\\\u0000", text)
 
 
-def group_rejects(rejects: pa.Table, batch: Any, row_uris: Callable[[pa.Array], pa.Array],
-                   ctx: RunContext, raw: RawRows | None = None, row_offset: int = 0,
+def group_rejects(rejects: pa.Table, raw: RawRows, row_uris: Callable[[pa.Array], pa.Array],
+                   ctx: RunContext, row_offset: int = 0,
                    row_numbers: Callable[[pa.Array], pa.Array] | None = None) -> pa.Table:
-    """Reject entries (one per failed rule) -> one row per rejected input row.
-    ``row_index`` is the row in the source: ``row_numbers(rows)`` when given, else the
+    """Reject entries (one per failed rule) -> one row per rejected input row, its input
+    rendered by ``raw``. ``row_index`` is the row in the source: ``row_numbers(rows)`` when given, else the
     batch's first row (``row_offset``) + its row in the batch."""
     if rejects.num_rows == 0:
         return REJECTED_ROWS_SCHEMA.empty_table()
@@ -194,7 +202,7 @@ def group_rejects(rejects: pa.Table, batch: Any, row_uris: Callable[[pa.Array], 
     bounds = [*starts.tolist(), len(entries)]
     errors = [_dumps(entries[bounds[i]:bounds[i + 1]])
               for i in range(len(uniq))]  # loop over rejected rows only: the exception path
-    raws = raw(uniq) if raw is not None else _raw_json(batch, uniq)
+    raws = raw(uniq)
     idx = pa.array(uniq, pa.int64())
     lineage = ctx.columns(row_uris(idx))
     n = len(uniq)
@@ -253,7 +261,7 @@ def process_batch(sb: SourceBatch, compiled: CompiledSchema, program: TransformP
     data.update(ctx.columns(sb.lineage.row_uris(pa.array(kept_index, pa.int64()))))
     rows = pa.table(data)
     rejects = pa.concat_tables(reject_parts) if len(reject_parts) > 1 else reject_parts[0]
-    grouped = group_rejects(rejects, batch, sb.lineage.row_uris, ctx, sb.raw,
+    grouped = group_rejects(rejects, sb.raw or partial(_raw_json, batch), sb.lineage.row_uris, ctx,
                             row_numbers=sb.lineage.row_numbers)
     entries = None
     if rejects.num_rows:
@@ -301,7 +309,8 @@ def prepare_records(values: Sequence[bytes | None], uris: pa.Array, offsets: npt
     ``COLUMNAR_MIN_RECORDS``), the records it can read columnar are read by
     Arrow (:mod:`features.sources.columnar`) and validated as one table; the others, and the
     records whose ``type`` reject there shows a float64-read value (:func:`_reread_rows`),
-    take the per-record path (:func:`features.sources.records.decode`, a dict per record), so
+    take the per-record path (:func:`features.sources.records.decode`, ``json.loads`` per
+    record into one batch), so
     rows, rejects and counts are those of the per-record path alone, which ``decoder=None``
     runs for the whole micro-batch (``tests/property/test_stream_columnar.py`` holds the two
     equal).
@@ -318,14 +327,8 @@ def prepare_records(values: Sequence[bytes | None], uris: pa.Array, offsets: npt
         slow = col.slow
         if col.table.num_rows:
             pos = col.index
-
-            def fast_raw(idx: npt.NDArray[np.int64], pos: npt.NDArray[np.int64] = pos) -> list[str]:
-                return _raw_records(values, pos[idx], max_bytes)
-
-            sb = SourceBatch(col.table, BatchLineage("kafka://", 0, col.table.num_rows, unit=None,
-                                                     explicit=uris.take(pa.array(pos))),
-                             raw=fast_raw, json_text=True)
-            prepared = process_batch(sb, compiled, program, ctx, now)
+            prepared = process_batch(records_source_batch(col.table, values, pos, uris, max_bytes),
+                                     compiled, program, ctx, now)
             rerun = _reread_rows(prepared, decoder)
             if len(rerun):  # rejects only the per-record path renders exactly
                 slow = np.union1d(slow, col.index[rerun])
@@ -339,18 +342,16 @@ def prepare_records(values: Sequence[bytes | None], uris: pa.Array, offsets: npt
     slow_values = [values[int(i)] for i in slow]
     dec = decode(slow_values, max_bytes=max_bytes, known=known)
     unknown.update(dec.unknown_fields)
-    rows = dec.rows
-    if rows:
+    if dec.batch.num_rows:
         pos = slow[dec.index]
-        sb = SourceBatch(rows, BatchLineage("kafka://", 0, len(rows), unit=None,
-                                            explicit=uris.take(pa.array(pos))))
-        prepared = process_batch(sb, compiled, program, ctx, now)
+        prepared = process_batch(records_source_batch(dec.batch, values, pos, uris, max_bytes),
+                                 compiled, program, ctx, now)
         parts.append((prepared, pos))
     failed = slow[dec.failed]
     decode_rejects = _with_offsets(
-        group_rejects(dec.rejects.set_column(0, "row", pa.array(failed, pa.int64())), None,
-                      lambda idx: uris.take(idx), ctx,
-                      raw=lambda idx: [payload_json(values[int(i)], max_bytes) for i in idx]), offsets)
+        group_rejects(dec.rejects.set_column(0, "row", pa.array(failed, pa.int64())),
+                      lambda idx: [payload_json(values[int(i)], max_bytes) for i in idx],
+                      lambda idx: uris.take(idx), ctx), offsets)
     rule_counts: Counter[str] = Counter()
     examples: dict[str, list[str]] = {}
     if dec.rejects.num_rows:
@@ -442,10 +443,26 @@ def _empty_rows(compiled: CompiledSchema, program: TransformProgram | None, ctx:
     return process_batch(sb, compiled, program, ctx, now).rows
 
 
+def records_source_batch(batch: pa.Table | pa.RecordBatch, values: Sequence[bytes | None],
+                   positions: npt.NDArray[np.int64], uris: pa.Array, max_bytes: int) -> SourceBatch:
+    """Decoded records (``batch``: the records of ``positions`` in ``values``, read columnar
+    or one at a time; ``uris``: every record's lineage) as a source batch whose rejects'
+    raw is each record's own JSON object, all its keys (the payload when not one)."""
+    if isinstance(batch, pa.Table):
+        batch = batch.combine_chunks().to_batches()[0] if batch.num_rows else \
+            pa.RecordBatch.from_pylist([], schema=batch.schema)
+
+    def raw(idx: npt.NDArray[np.int64]) -> list[str]:
+        return _raw_records(values, positions[idx], max_bytes)
+
+    lineage = BatchLineage("kafka://", 0, batch.num_rows, unit=None, explicit=uris.take(pa.array(positions)))
+    return SourceBatch(batch, lineage, raw=raw, json_text=True)
+
+
 def _raw_records(values: Sequence[bytes | None], positions: npt.NDArray[np.int64],
                  max_bytes: int) -> list[str]:
-    """The raw payload of rejected fast-path records (by the validator or the transforms),
-    as the per-record path renders it (from ``json.loads``)."""
+    """The raw payload of rejected records (by the validator or the transforms): the
+    record's JSON object (from ``json.loads``) as :func:`_raw_json` renders a row."""
     out = []
     for p in positions.tolist():  # rejected rows only: the exception path
         value = values[p]
@@ -453,8 +470,7 @@ def _raw_records(values: Sequence[bytes | None], positions: npt.NDArray[np.int64
             obj = json.loads(value.decode("utf-8")) if value is not None else None
         except (UnicodeDecodeError, ValueError, RecursionError):
             obj = None
-        out.append(raw_json_rows([obj], np.zeros(1, np.int64))[0] if isinstance(obj, dict)
-                   else payload_json(value, max_bytes))
+        out.append(_raw_object(obj) if isinstance(obj, dict) else payload_json(value, max_bytes))
     return out
 
 

@@ -288,12 +288,7 @@ class FieldStats:
             present = present.filter(pc.invert(nan))
         if len(present) == 0:
             return
-        mm = pc.min_max(present)
-        lo, hi = mm["min"].as_py(), mm["max"].as_py()
-        if lo is not None and (self.min is None or lo < self.min):
-            self.min = lo
-        if hi is not None and (self.max is None or hi > self.max):
-            self.max = hi
+        self._widen(present)
         self.distinct.add(present)
         if self.numbers is not None:
             self.numbers.add(as_floats(present))
@@ -311,13 +306,17 @@ class FieldStats:
             self.nan_count += len(pc.unique(rows))
             elements = elements.filter(pc.invert(nan))
         if len(elements.drop_null()):
-            mm = pc.min_max(elements)
-            lo, hi = mm["min"].as_py(), mm["max"].as_py()
-            if lo is not None and (self.min is None or lo < self.min):
-                self.min = lo
-            if hi is not None and (self.max is None or hi > self.max):
-                self.max = hi
+            self._widen(elements)
         self.distinct.add(list_text(present))
+
+    def _widen(self, values: pa.Array) -> None:
+        """``min``/``max`` widened to hold ``values`` (not all null)."""
+        mm = pc.min_max(values)
+        lo, hi = mm["min"].as_py(), mm["max"].as_py()
+        if lo is not None and (self.min is None or lo < self.min):
+            self.min = lo
+        if hi is not None and (self.max is None or hi > self.max):
+            self.max = hi
 
     def as_json(self) -> dict[str, Any]:
         return {

@@ -326,23 +326,17 @@ class IngestApp:
 
     async def _events(self, method: str, path: str, headers: dict[bytes, bytes], receive: Receive,
                       request_id: str) -> Response:
-        if (denied := self._authorize(headers)) is not None:
+        if (denied := self._authorized_post(method, headers)) is not None:
             return denied
-        if method != "POST":
-            return Response(405, {"error": f"{method} not allowed here; use POST"},
-                            headers=((b"allow", b"POST"),))
         m = _EVENTS_PATH.match(path)
         assert m is not None
         ingest = self.schemas.get(m.group(1))
         if ingest is None:
             return Response(404, {"error": f"unknown schema {m.group(1)!r}",
                                   "schemas": sorted(self.schemas)})
-        try:
-            body = await self._read_body(headers, receive)
-        except _BodyTooLarge:
-            return Response(413, {"error": f"the body is over the limit of {self.max_body_bytes:,} bytes"})
-        except ValueError:
-            return Response(400, {"error": "invalid Content-Length"})
+        body = await self._body(headers, receive)
+        if isinstance(body, Response):
+            return body
         ctype = headers.get(b"content-type", b"").decode("latin-1")
         try:
             checked = await asyncio.wrap_future(ingest.submit(body, ctype, request_id))
@@ -382,11 +376,8 @@ class IngestApp:
         ``--max-errors`` field errors), 503 a store down (retry). Everything past reading the
         body (parsing it, the read, encoding the answer) runs in a worker thread: the event
         loop keeps answering other requests (``/healthz``) meanwhile."""
-        if (denied := self._authorize(headers)) is not None:
+        if (denied := self._authorized_post(method, headers)) is not None:
             return denied
-        if method != "POST":
-            return Response(405, {"error": f"{method} not allowed here; use POST"},
-                            headers=((b"allow", b"POST"),))
         m = _VIEWS_PATH.match(path)
         assert m is not None
         name = m.group(1)
@@ -395,12 +386,9 @@ class IngestApp:
         ctype = headers.get(b"content-type", b"").decode("latin-1")
         if not is_json(ctype):
             return Response(415, {"error": f"Content-Type {ctype!r} is not JSON; send application/json"})
-        try:
-            raw = await self._read_body(headers, receive)
-        except _BodyTooLarge:
-            return Response(413, {"error": f"the body is over the limit of {self.max_body_bytes:,} bytes"})
-        except ValueError:
-            return Response(400, {"error": "invalid Content-Length"})
+        raw = await self._body(headers, receive)
+        if isinstance(raw, Response):
+            return raw
         return await asyncio.to_thread(self._answer_view, name, raw, ctype, request_id)
 
     def _answer_view(self, name: str, raw: bytes, ctype: str, request_id: str) -> Response:
@@ -429,6 +417,15 @@ class IngestApp:
         body = {"request_id": request_id, "view": name, "version": cv.version_str, "rows": out}
         return Response(200, json.dumps(body, default=_json_value).encode(), records=n, accepted=n)
 
+    def _authorized_post(self, method: str, headers: dict[bytes, bytes]) -> Response | None:
+        """None for an authorized POST, else the answer (401/403 as :meth:`_authorize`, 405)."""
+        if (denied := self._authorize(headers)) is not None:
+            return denied
+        if method != "POST":
+            return Response(405, {"error": f"{method} not allowed here; use POST"},
+                            headers=((b"allow", b"POST"),))
+        return None
+
     def _authorize(self, headers: dict[bytes, bytes]) -> Response | None:
         """None when the request may go on; else the 401/403 response. Every configured
         token is compared (constant time each), whichever matches."""
@@ -447,6 +444,16 @@ class IngestApp:
         for known in self.tokens:
             ok |= hmac.compare_digest(token, known)
         return None if ok else Response(403, {"error": "token not accepted"})
+
+    async def _body(self, headers: dict[bytes, bytes], receive: Receive) -> bytes | Response:
+        """The request's body, or the answer when it is over the limit (413) or its
+        Content-Length is invalid (400)."""
+        try:
+            return await self._read_body(headers, receive)
+        except _BodyTooLarge:
+            return Response(413, {"error": f"the body is over the limit of {self.max_body_bytes:,} bytes"})
+        except ValueError:
+            return Response(400, {"error": "invalid Content-Length"})
 
     async def _read_body(self, headers: dict[bytes, bytes], receive: Receive) -> bytes:
         declared = headers.get(b"content-length")

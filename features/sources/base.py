@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -22,18 +22,20 @@ class SourceBatch:
     renamed to the field's by :func:`features.sources.names.as_fields` before validation)
     and where it came from.
 
-    ``batch`` is an Arrow record batch (files), or decoded JSON objects (streams: each
-    record keeps its own Python types, so a wrong type is a per-row reject).
+    ``batch`` is an Arrow record batch: read from files, or decoded from JSON records
+    (:mod:`features.sources.records`, :mod:`features.sources.columnar`; a value of the
+    wrong JSON kind is that row's field-level reject, never a batch failure).
     """
 
-    batch: pa.RecordBatch | list[dict[str, Any]]
+    batch: pa.RecordBatch
     lineage: BatchLineage
     #: how a rejected row's input is kept (the rejects' ``raw``): None renders the
     #: batch's own values; a batch read from other bytes (JSON records, read columnar
     #: into read types) renders those bytes
     raw: RawRows | None = None
-    #: the columns were read from JSON text (:mod:`features.sources.columnar`): ISO text
-    #: is what a date or timestamp is there, as in decoded JSON objects
+    #: the rows are JSON records (:mod:`features.sources.records`,
+    #: :mod:`features.sources.columnar`): ISO text is what a date or timestamp is there,
+    #: and a field's absent input is a key, not a column
     json_text: bool = False
 
 

@@ -1,7 +1,9 @@
 """Kafka record values -> one Arrow table per micro-batch, in C++ (the stream's fast path).
 
-:func:`features.sources.records.decode` reads one record at a time (``json.loads``, a
-dict per record); the validator then reads those dicts field by field. That costs
+:func:`features.sources.records.decode` reads one record at a time (``json.loads``) into
+a batch that keeps each value's JSON kind (a column of JSON texts where kinds mix or a
+key is absent, :mod:`features.validation.values`), which the validator converts value by
+value by Python type. That costs
 about 20 µs per record. :class:`ColumnarDecoder` instead joins a micro-batch's values
 into newline-delimited JSON and reads them with Arrow's JSON reader, with an explicit
 type per declared field (its *read type*), into one table the validator checks like a

@@ -16,41 +16,35 @@ the decoders count such keys in ``unknown_fields``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TypeVar, cast
+from typing import TypeVar
 
 import pyarrow as pa
 
 from features.errors import SourceError
 from features.schema.model import Schema
 
-#: a ``pa.RecordBatch``, a ``pa.Table`` or a sequence of decoded JSON objects (dicts)
-Data = TypeVar("Data")
+#: a ``pa.RecordBatch`` or a ``pa.Table``
+Data = TypeVar("Data", pa.RecordBatch, pa.Table)
 
 
 def as_fields(data: Data, schema: Schema) -> Data:
-    """``data`` (an Arrow batch or table, or decoded JSON objects) with its columns or keys
-    renamed from input names to field names (see the module docstring). The row count
-    never changes; a row that is not a mapping is kept as it is (the validator refuses
-    it). Raises SourceError when the input holds several columns of one field's input
-    name (Arrow data; a JSON object cannot)."""
+    """``data`` (an Arrow batch or table; decoded JSON objects are one too, a column per
+    key) with its columns renamed from input names to field names (see the module
+    docstring). The row count never changes. Raises SourceError when the input holds
+    several columns of one field's input name."""
     if not schema.renames_input:
         return data
-    if isinstance(data, pa.RecordBatch | pa.Table):
-        indices: list[int] = []
-        names: list[str] = []
-        for f in schema.fields:
-            found = data.schema.get_all_field_indices(f.input_name)
-            if len(found) > 1:
-                raise SourceError(f"input has several columns named {f.input_name!r} (the input of field "
-                                  f"{f.name!r})", field=f.name)
-            if found:
-                indices.append(found[0])
-                names.append(f.name)
-        return cast(Data, data.select(indices).rename_columns(names))
-    pairs = tuple((f.input_name, f.name) for f in schema.fields)
-    return cast(Data, [{name: row[key] for key, name in pairs if key in row} if isinstance(row, Mapping)
-                       else row for row in data])  # type: ignore[attr-defined]
+    indices: list[int] = []
+    names: list[str] = []
+    for f in schema.fields:
+        found = data.schema.get_all_field_indices(f.input_name)
+        if len(found) > 1:
+            raise SourceError(f"input has several columns named {f.input_name!r} (the input of field "
+                              f"{f.name!r})", field=f.name)
+        if found:
+            indices.append(found[0])
+            names.append(f.name)
+    return data.select(indices).rename_columns(names)
 
 
 __all__ = ["as_fields"]

@@ -1,4 +1,5 @@
-"""Kafka records -> rows for the validator, and a reject for every record that is not one.
+"""Kafka records -> one Arrow batch of rows for the validator, and a reject for every
+record that is not a row.
 
 A record becomes a row when its value is at most ``payload.max_bytes`` bytes, is UTF-8,
 parses as JSON (``json.loads``, C speed; ``NaN``/``Infinity`` tokens are read as floats
@@ -10,8 +11,10 @@ Keys the schema does not read are ignored; ``unknown_fields`` counts, per unknow
 the records in which it holds a value (not null), in a :class:`TopCounter` (the
 ``UNKNOWN_FIELDS_TOP`` most frequent keys and an ``other`` count). The keys read (``known``) are the
 fields' input names: a field's ``source:`` (``"Dep Delay"``), else its name, so with a
-source the field's own name is an unknown key. The rows keep the record's keys (the
-rejects' raw shows them); :func:`features.sources.names.as_fields` renames them.
+source the field's own name is an unknown key. The rows are one record batch with a
+column per known key (:func:`features.validation.values.objects_batch`: each value keeps
+its JSON kind, so a wrong type in one field of one record is that field's reject), named
+by the record's keys; :func:`features.sources.names.as_fields` renames them.
 
 Lineage of a record: ``kafka://<topic>/<partition>/<offset>``.
 """
@@ -32,6 +35,7 @@ import pyarrow.compute as pc
 
 from features.compile.rejects import REJECT_SCHEMA
 from features.compile.rules import ReasonCode
+from features.validation.values import objects_batch
 
 PAYLOAD_FIELD = "_payload"
 #: how many unknown keys a summary names (the most frequent); the rest are counted in ``other``
@@ -120,11 +124,12 @@ def record_uris(topics: pa.Array, partitions: pa.Array, offsets: pa.Array,
 
 @dataclass
 class Decoded:
-    """``rows``: the decoded JSON objects; ``index``: their record positions;
-    ``rejects``: validator-shaped rejects (``row`` = record position) for the others;
-    ``raw``: per record, its payload as a JSON text for the rejects table."""
+    """``batch``: the decoded JSON objects, one row each (a column per known key,
+    :func:`~features.validation.values.objects_batch`); ``index``: their record
+    positions; ``rejects``: validator-shaped rejects (``row`` = record position) for the
+    others; ``failed``: their record positions."""
 
-    rows: list[dict[str, Any]]
+    batch: pa.RecordBatch
     index: npt.NDArray[np.int64]
     rejects: pa.Table
     failed: npt.NDArray[np.int64]
@@ -231,5 +236,5 @@ def decode(values: Sequence[bytes | None], *, max_bytes: int, known: frozenset[s
         "message": pa.array(messages, pa.string()),
         "value": pa.nulls(n, pa.string()),
     }, schema=REJECT_SCHEMA)
-    return Decoded(rows, np.asarray(index, dtype=np.int64), rejects, np.asarray(bad_rows, dtype=np.int64),
-                   unknown)
+    return Decoded(objects_batch(rows, sorted(known)), np.asarray(index, dtype=np.int64), rejects,
+                   np.asarray(bad_rows, dtype=np.int64), unknown)

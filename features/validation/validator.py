@@ -5,7 +5,8 @@ over a whole batch at once: every rule yields a failing mask, computed with
 ``pyarrow.compute`` or, for the commonest rules, with NumPy on the Arrow buffers
 (``features.validation.masks``, held equal to the Arrow expressions by the tests); only
 the failing rows (a few percent) are rendered into messages. No Python code runs per
-row, except to read a list of dicts (which is Python objects already). Large batches
+row, except to read a list of dicts (which is Python objects already) or a column of
+decoded JSON values of mixed kinds (:mod:`features.validation.values`). Large batches
 are checked field by field on a small thread pool (Arrow and NumPy release the GIL).
 
 Per field, in order:
@@ -69,6 +70,7 @@ from features.validation.masks import (
     valid_mask,
 )
 from features.validation.result import ValidationResult
+from features.validation.values import is_json_values, json_values
 
 Index = npt.NDArray[np.int64]
 BoolMask = npt.NDArray[np.bool_]
@@ -455,6 +457,9 @@ class _Input:
         #: columns read from JSON (``validate(..., json_text=True)``): ISO text is what a
         #: date or timestamp is there, as in a list of dicts
         self.json_text = json_text
+        #: decoded JSON objects (a list of dicts, or a batch of them read from JSON): a
+        #: field's absent input is a key, not a column
+        self.records = json_text or not isinstance(data, pa.RecordBatch | pa.Table)
         self.table: pa.RecordBatch | pa.Table | None = None
         self.rows: Sequence[Mapping[str, Any]] | None = None
         if isinstance(data, pa.RecordBatch | pa.Table):
@@ -489,6 +494,9 @@ class _Input:
             if isinstance(col, pa.ChunkedArray):
                 col = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
             text_ok = True if self.json_text and fp.field.type.kind in _TEMPORAL_KINDS else None
+            if is_json_values(self.table.schema.field(i)):  # decoded JSON values of mixed kinds
+                values, absent = json_values(col)
+                return convert_pylist(values, fp.field, fp.target, accept_strings=text_ok), absent
             return convert(col, fp.field, fp.target, accept_strings=text_ok), None
         assert self.rows is not None
         values = [row.get(name, ABSENT) for row in self.rows]
@@ -532,9 +540,12 @@ def validate(data: Data, compiled: CompiledSchema, *, json_text: bool = False) -
     """Validate ``data`` against ``compiled``; never raises for bad rows.
 
     ``data``: a ``pa.RecordBatch``, a ``pa.Table`` or a list of dicts (decoded JSON).
-    Columns are matched by name; extra columns are ignored. ``json_text``: the table's
-    columns were read from JSON (the stream's columnar decode), so ISO text is taken for
-    date and timestamp fields whatever their ``accept_strings``, as for a list of dicts. Returns a
+    Columns are matched by name; extra columns are ignored; a column of JSON texts
+    (:mod:`features.validation.values`) is converted like a list of dicts' values.
+    ``json_text``: the table's rows are JSON records (the stream's and HTTP ingest's
+    decodes), so ISO text is taken for date and timestamp fields whatever their
+    ``accept_strings`` and a field's absent input is a key (``got no key``), as for a list
+    of dicts. Returns a
     :class:`ValidationResult` whose ``valid`` batch has exactly
     ``compiled.arrow_schema``. Raises TypeError for another kind of ``data`` and
     SourceError when two input columns share a declared field's name.
@@ -588,7 +599,7 @@ def _validate_field(fp: _FieldPlan, source: _Input, n: int) -> tuple[pa.Array, l
         if fp.default is not None:
             values = fp.default.take(pa.array(np.zeros(n, dtype=np.int64)))
         elif fp.missing is not None:
-            chunks.append(_missing_chunk(fp, np.arange(n, dtype=np.int64), records=source.rows is not None))
+            chunks.append(_missing_chunk(fp, np.arange(n, dtype=np.int64), records=source.records))
             return pa.nulls(n, fp.target), chunks
         else:
             values = pa.nulls(n, fp.target)

@@ -31,6 +31,7 @@ from features.sources.columnar import ColumnarDecoder
 from features.sources.names import as_fields
 from features.sources.parquet import ExtraColumnsWarning, ParquetSource
 from features.sources.records import decode, record_uris
+from features.validation.values import is_json_values, json_values, objects_batch
 
 ROOT = Path(__file__).resolve().parents[2]
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -193,10 +194,15 @@ def test_as_fields_renames_arrow_input_and_ignores_the_shadowed_name() -> None:
 
 def test_as_fields_renames_json_objects_and_swaps() -> None:
     schema = parse_schema(BASE.replace('"A col"', "b") + "    source: a\n", "x.yaml")
-    rows: list[Any] = [{"a": "text", "b": 7, "z": 1}, {"b": 8}, "not an object"]
-    assert as_fields(rows, schema) == [{"a": 7, "b": "text"}, {"a": 8}, "not an object"]
+    rows: list[dict[str, Any]] = [{"a": "text", "b": 7, "z": 1}, {"b": 8}]
+    batch = objects_batch(rows, ["a", "b"])  # decoded JSON objects, as the stream decodes them
+    renamed = as_fields(batch, schema)
+    assert sorted(renamed.schema.names) == ["a", "b"]
+    assert renamed.column("a").to_pylist() == [7, 8]
+    assert json_values(renamed.column("b"))[0] == ["text", None]  # absent from the second object
+    assert is_json_values(renamed.schema.field("b"))  # the column keeps what it is through the rename
     plain = parse_schema(BASE.replace('    source: "A col"\n', ""), "x.yaml")
-    assert as_fields(rows, plain) is rows  # no source: no copy
+    assert as_fields(batch, plain) is batch  # no source: no copy
 
 
 # --------------------------------------------------------------------------- Parquet
@@ -245,7 +251,9 @@ def test_entity_shards_read_the_entity_from_its_source_column() -> None:
 def test_decode_counts_the_field_name_of_a_mapped_field_as_unknown() -> None:
     known = frozenset(_compiled().schema.input_names)
     d = decode([b'{"Dep Delay": 1, "dep_delay": 2, "carrier": "AA", "x": null}'], max_bytes=1000, known=known)
-    assert d.rows == [{"Dep Delay": 1, "dep_delay": 2, "carrier": "AA", "x": None}]  # the record's own keys
+    # a column per known key, by the record's own keys; the unknown ones are not read
+    assert d.batch.column("Dep Delay").to_pylist() == [1] and d.batch.column("carrier").to_pylist() == ["AA"]
+    assert "dep_delay" not in d.batch.schema.names and "x" not in d.batch.schema.names
     assert d.unknown_fields == {"dep_delay": 1}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -16,8 +17,25 @@ from features.pipeline.prepare import prepare_records
 from features.schema import parse_schema
 from features.sources.columnar import ColumnarDecoder
 from features.sources.records import decode, payload_json, record_uris
+from features.validation.values import is_json_values, json_values
 
 KNOWN = frozenset({"id", "x"})
+
+
+def _objects(batch: pa.RecordBatch) -> list[dict[str, Any]]:
+    """The decoded objects a batch of :func:`decode` holds (a key absent: not in the dict)."""
+    rows: list[dict[str, Any]] = [{} for _ in range(batch.num_rows)]
+    for i, name in enumerate(batch.schema.names):
+        col = batch.column(i)
+        if is_json_values(batch.schema.field(i)):
+            values, absent = json_values(col)
+            gone = set(absent.tolist())
+        else:
+            values, gone = col.to_pylist(), set()
+        for r, v in enumerate(values):
+            if r not in gone:
+                rows[r][name] = v
+    return rows
 
 
 def test_each_kind_of_bad_record_is_a_decode_reject_with_its_reason() -> None:
@@ -35,8 +53,9 @@ def test_each_kind_of_bad_record_is_a_decode_reject_with_its_reason() -> None:
     ]
     d = decode(values, max_bytes=100, known=KNOWN)
     assert d.index.tolist() == [0, 8, 9]
-    assert d.rows[0] == {"id": "a", "x": 1} and d.rows[2] == {}
-    assert math.isnan(d.rows[1]["x"])  # NaN token: read, so the field's nan rule rejects it
+    rows = _objects(d.batch)
+    assert rows[0] == {"id": "a", "x": 1} and rows[2] == {}
+    assert math.isnan(rows[1]["x"])  # NaN token: read, so the field's nan rule rejects it
     assert d.unknown_fields == {"extra": 1}
     messages = dict(zip(d.rejects.column("row").to_pylist(), d.rejects.column("message").to_pylist(),
                         strict=True))
@@ -55,13 +74,13 @@ def test_each_kind_of_bad_record_is_a_decode_reject_with_its_reason() -> None:
 def test_deep_nesting_is_rejected_not_a_crash() -> None:
     deep = b'{"a": ' * 5000 + b"1" + b"}" * 5000
     d = decode([deep], max_bytes=1 << 20, known=KNOWN)
-    assert d.rows == [] and d.failed.tolist() == [0]
+    assert d.batch.num_rows == 0 and d.failed.tolist() == [0]
     assert "nested too deeply" in d.rejects.column("message")[0].as_py()
 
 
 def test_numbers_beyond_the_int_digit_limit_are_rejected_not_a_crash() -> None:
     d = decode([b'{"x": ' + b"9" * 5000 + b"}"], max_bytes=1 << 20, known=KNOWN)
-    assert d.rows == [] and "not valid JSON" in d.rejects.column("message")[0].as_py()
+    assert d.batch.num_rows == 0 and "not valid JSON" in d.rejects.column("message")[0].as_py()
 
 
 def test_payload_json_is_always_valid_json_for_jsonb() -> None:
