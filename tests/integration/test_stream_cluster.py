@@ -136,15 +136,14 @@ def standalone_cluster(tmp_path: Path, *, taskmanagers: int = 1, slots: int = 2,
         yield Cluster(c, cwd)
     finally:
         _kill_at_once(c)
-        local_flink.stop(c)  # whatever outlived that (normally nothing): stop-cluster.sh, then SIGKILL
+        local_flink.stop(c)  # whatever outlived that (normally nothing): SIGTERM, then SIGKILL
 
 
 def _kill_at_once(c: local_flink.Cluster, timeout: float = 30) -> None:
     """SIGKILL to every daemon of this test's own cluster and the processes under them (its
     Python workers) at once, and wait until they are gone (up to ``timeout`` s): the test
-    has read what it checks, nothing of the cluster is kept. ``stop-cluster.sh`` stops the
-    daemons one after another, each given seconds to shut down gracefully; ``features dev
-    down`` still goes that way (``test_dev_flink_cluster.py``)."""
+    has read what it checks, nothing of the cluster is kept. ``features dev down`` (its
+    graceful SIGTERM, ``local_flink.stop``) is ``test_dev_flink_cluster.py``'s."""
     pids = c.pids()
     for pid in [p for daemon in pids for p in _process_tree(daemon)]:
         with contextlib.suppress(ProcessLookupError):
@@ -257,7 +256,7 @@ def test_unbounded_stream_job_from_a_users_project_on_a_standalone_cluster(
             now = _stores(settings, pg_schema, redis_url)
             if now == goal:
                 break
-            time.sleep(2)
+            time.sleep(0.5)
         assert now == goal, f"job {state}: stores (cold, rejects, hot) = {now}, expected {goal}"
         assert cluster.job_state(job_id) == "RUNNING", "an unbounded job keeps running"
         check_stores(settings, pg_schema, topic, want, redis_db=REDIS_DB)
@@ -274,10 +273,10 @@ def test_unbounded_stream_job_from_a_users_project_on_a_standalone_cluster(
 
         cancel = cluster.script("flink", "cancel", job_id, timeout=180)
         assert cancel.returncode == 0, cancel.stdout[-2000:] + cancel.stderr[-2000:]
-        for _ in range(30):
+        for _ in range(150):
             if cluster.job_state(job_id) == "CANCELED":
                 break
-            time.sleep(1)
+            time.sleep(0.2)
         assert cluster.job_state(job_id) == "CANCELED"
         assert job_id not in cluster.running_ids(), "`flink list -r` still shows the cancelled job"
     except (AssertionError, subprocess.TimeoutExpired) as exc:

@@ -4,7 +4,12 @@ errors when nothing answers."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -35,6 +40,42 @@ def test_configure_puts_everything_under_its_folder_with_free_loopback_ports(tmp
     assert local_flink.read(tmp_path / "flink") == c
     assert c.pids() == [] and not c.healthy() and local_flink.local_cluster(tmp_path / "flink") is None
     assert local_flink.stop(c) is False  # nothing runs: nothing to stop
+
+
+def _detached(*args: str) -> int:
+    """The pid of ``python -c 'sleep 60' ARGS`` started detached, as the daemons are (init
+    reaps it)."""
+    code = "import time; time.sleep(60)"
+    out = subprocess.run(["bash", "-c", f'nohup "$0" -c "{code}" "$@" >/dev/null 2>&1 & echo $!',
+                          sys.executable, *args], capture_output=True, text=True, check=True, timeout=30)
+    return int(out.stdout)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_stop_signals_only_processes_of_its_own_conf(tmp_path: Path) -> None:
+    """``stop`` ends (SIGTERM), by pid file, a process whose command line names the
+    cluster's conf folder, as a daemon's does, and leaves one a stale pid file names."""
+    c = local_flink.configure(tmp_path / "flink")
+    c.pid_dir.mkdir(parents=True, exist_ok=True)
+    daemon, stranger = _detached(str(c.conf_dir)), _detached()
+    try:
+        (c.pid_dir / "flink-standalonesession.pid").write_text(f"{stranger}\n")
+        assert local_flink.stop(c) is False and _running(stranger)  # a stale pid: not ours
+        assert not list(c.pid_dir.glob("*.pid"))
+        (c.pid_dir / "flink-taskexecutor.pid").write_text(f"{daemon}\n")
+        assert local_flink.stop(c, timeout=30) is True
+        assert not Path(f"/proc/{daemon}").exists() and _running(stranger)
+        assert not list(c.pid_dir.glob("*.pid"))
+    finally:
+        for pid in (daemon, stranger):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("text, want", [("127.0.0.1:8082", ("127.0.0.1", 8082)),
