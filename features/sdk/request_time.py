@@ -82,9 +82,9 @@ def window_values(read: TileRead, replies: Sequence[Any], c: CompiledSchema) -> 
                 "before "
                 f"the newest event of {key}: the online state keeps the windows from there on; read earlier "
                 "times with historical(..., windows='request_time')", key="at")
-        summaries = {s: v.decode() for s, v in zip(read.starts, reply[2:2 + ns], strict=True)
+        summaries = {s: v for s, v in zip(read.starts, reply[2:2 + ns], strict=True)
                      if v is not None}
-        events = {s: v.decode() for s, v in zip(read.edges, reply[2 + ns:2 + ns + ne], strict=True)
+        events = {s: v for s, v in zip(read.edges, reply[2 + ns:2 + ns + ne], strict=True)
                   if v is not None}
         entities.append(EntityTiles(newest_us, summaries, events))
     return values_at(tspec, entities, read.t_us)
