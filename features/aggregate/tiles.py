@@ -8,27 +8,26 @@ window + allowed lateness``; what keeps a read cheap is how they are kept:
 
 - time is cut into epoch-aligned **tiles** ``[s, s + h)`` (:func:`tile_size_us`: about
   64 tiles over the longest window, a size from a fixed ladder);
-- per (entity, tile) two texts: the tile's **summary** (the engine's raw accumulators of
-  every aggregation over the tile's events, plus ``count_distinct``'s distinct values) and
-  its **events** (time after the tile's start, digest, each aggregation's value where the
-  event counts);
-- a window at ``T`` is the tiles wholly inside it (their summaries) plus at most two
-  edge tiles (the one holding its start, the one holding ``T``), whose events inside the
-  window are summarised at read time. A read costs ``O(tiles + events of the edge
-  tiles)``, never the window's events.
+- per (entity, tile) two packed values (:mod:`features.aggregate.tilepack`): the tile's
+  **summary** (the engine's raw accumulators of every aggregation over the tile's
+  events, plus ``count_distinct``'s distinct values) and its **events** (sorted; time
+  after the tile's start, each field's value, each contribution mask);
+- a window at ``T`` is the tiles wholly inside it (their summaries, one NumPy matrix)
+  plus at most two edge tiles (the one holding its start, the one holding ``T``), whose
+  events inside the window are found by binary search and summarised with NumPy
+  reductions at read time. A read costs ``O(tiles)`` plus the slices of the edge tiles,
+  never the window's events.
 
 Summaries are the raw parts of :func:`features.aggregate.engine.window_raw` over a group
-of events (:func:`group_raw`), merged exactly (integer sums, min/max, the oldest/newest
-non-empty tile for first/last, the newest tiles' values for ``last_k``, the union of
-distinct values) into the raw parts of the whole window, which the engine's
-:func:`~features.aggregate.engine.finalize` turns into values: the same functions as the
-backfill, the stream and ``historical(..., windows="request_time")``.
+of events (:func:`group_raw`, when tiles are built), merged exactly per entity with
+``ufunc.at`` (integer sums, min/max, the oldest/newest non-empty piece for first/last,
+the newest pieces' values for ``last_k``, the union of distinct values) into the raw
+parts of the whole window, which the engine's :func:`~features.aggregate.engine.finalize`
+turns into values: the same function as the backfill, the stream and
+``historical(..., windows="request_time")``.
 
-Texts (Redis hash fields, ``features.sinks.redis_tiles``): fields joined by ``\\x1f``,
-events by ``\\x1e``, list items by ``\\x1d``; numbers as their shortest round-trip text
-(exact), a null as the empty text; distinct values and ``count_distinct`` values as
-their Redis text (``features.compile.layout.encode_column``) with ``\\``, ``\\x1d``,
-``\\x1e`` and ``\\x1f`` escaped.
+Distinct values travel as their Redis text (``features.compile.layout.encode_column``)
+with ``\\``, ``\\x1d``, ``\\x1e`` and ``\\x1f`` escaped.
 """
 
 from __future__ import annotations
@@ -141,11 +140,6 @@ class TileSpec:
         return raw_schema(self.spec)
 
     @cached_property
-    def kinds(self) -> tuple[str, ...]:
-        """:meth:`part_kind` of each of :attr:`parts`, made once (a read parses with them)."""
-        return tuple(self.part_kind(p) for p in self.parts)
-
-    @cached_property
     def layout(self) -> Layout:
         """Where each part and event column sits in the packed values (made once)."""
         return Layout.of(self.spec, self.parts, self.raw)
@@ -154,16 +148,6 @@ class TileSpec:
     def fixed_index(self) -> dict[str, int]:
         """Each fixed summary part's column in :attr:`layout`."""
         return {p: i for i, p in enumerate(self.layout.fixed)}
-
-    def part_kind(self, part: str) -> str:
-        """How a summary field is written: ``int``, ``float``, ``list_int``, ``list_float``,
-        ``set`` (escaped texts)."""
-        if part.endswith(".set"):
-            return "set"
-        t = self.raw.field(part).type
-        if pa.types.is_list(t):
-            return "list_float" if pa.types.is_floating(t.value_type) else "list_int"
-        return "float" if pa.types.is_floating(t) else "int"
 
 
 # --------------------------------------------------------------------------- text helpers
@@ -403,17 +387,22 @@ def values_at(tspec: TileSpec, entities: list[EntityTiles], t_us: int) -> dict[s
                  np.concatenate([summ.valid, np.asarray(p_valid, np.bool_).reshape(len(p_valid), -1)])
                  if p_valid else summ.valid,
                  len(blobs), summ.tails, p_var)
-    order = np.lexsort((rows.start, rows.entity))
+    order = np.lexsort((rows.start, rows.entity)) if n_ent > 1 else np.argsort(rows.start, kind="stable")
     is_summary = order < rows.summaries
+    starts = rows.start[order]
     cols: dict[str, Any] = {}
+    chosen: dict[tuple[int, int], I64] = {}  # per window range: its rows (aggregations share them)
     for agg, (a, b), pieces in zip(tspec.spec.windowed, ranges, agg_rows, strict=True):
-        full = _full_tiles(h, a, b)
-        sel = is_summary & (rows.start[order] >= full.start) & (rows.start[order] < full.stop)
-        if pieces:
-            hit = np.zeros(len(order), np.bool_)
-            hit[pieces] = True
-            sel |= hit[order]
-        cols.update(_reduce(tspec, agg, rows, order[sel], n_ent))
+        idx = chosen.get((a, b))
+        if idx is None:
+            full = _full_tiles(h, a, b)
+            sel = is_summary & (starts >= full.start) & (starts < full.stop)
+            if pieces:
+                hit = np.zeros(len(order), np.bool_)
+                hit[pieces] = True
+                sel |= hit[order]
+            idx = chosen[(a, b)] = order[sel]
+        cols.update(_reduce(tspec, agg, rows, idx, n_ent))
     return finalize(tspec.spec, cols)
 
 
@@ -431,11 +420,15 @@ def _piece(tspec: TileSpec, ev: Events, lo: int, hi: int
     valid = np.ones(len(layout.fixed), np.bool_)
     var: dict[str, Any] = {}
     every = np.ones(j - i, np.bool_)
+    counts: dict[int, int] = {}    # per mask column: events that count
+    sums: dict[tuple[int, int, int | None], I64] = {}  # per (value, mask, scale): the summed integers
     for agg in spec.windowed:
         name, f = agg.name, agg.function
         mi = layout.mask_of[name]
         m = ev.masks[mi][i:j] if mi >= 0 else every
-        n = int(np.count_nonzero(m))
+        if mi not in counts:
+            counts[mi] = int(np.count_nonzero(m))
+        n = counts[mi]
         if f == "count":
             ints[index[f"{name}.n"]] = n
             continue
@@ -445,13 +438,17 @@ def _piece(tspec: TileSpec, ev: Events, lo: int, hi: int
             ints[index[f"{name}.d"]] = len(got)
             var[f"{name}.set"] = got
             continue
-        v = ev.values[layout.value_of[name]][i:j]
+        vi = layout.value_of[name]
+        v = ev.values[vi][i:j]
         if f in ("sum", "mean") or f in MOMENT_FUNCTIONS:
-            if agg.scale is not None:  # a float field: fixed point, as the engine
-                what = f"aggregation {name} ({f} of {agg.of})"
-                vv = fixed_point(np.asarray(v, np.float64), m, agg.scale, what)
-            else:
-                vv = np.where(m, v, 0).astype(np.int64)
+            vv = sums.get((vi, mi, agg.scale))
+            if vv is None:
+                if agg.scale is not None:  # a float field: fixed point, as the engine
+                    what = f"aggregation {name} ({f} of {agg.of})"
+                    vv = fixed_point(np.asarray(v, np.float64), m, agg.scale, what)
+                else:
+                    vv = np.where(m, v, 0).astype(np.int64)
+                sums[(vi, mi, agg.scale)] = vv
             ints[index[f"{name}.s"]] = vv.sum()
             if f != "sum":
                 ints[index[f"{name}.n"]] = n
@@ -483,8 +480,11 @@ def _reduce(tspec: TileSpec, agg: Any, rows: _Rows, idx: I64, n_ent: int) -> dic
     raw = tspec.raw
 
     def total(part: str) -> I64:
+        vals = rows.ints[idx, index[f"{name}.{part}"]]
+        if n_ent == 1:  # one entity: a plain sum (int64, exact as the engine's)
+            return np.asarray([vals.sum()], np.int64)
         out = np.zeros(n_ent, np.int64)
-        np.add.at(out, e, rows.ints[idx, index[f"{name}.{part}"]])
+        np.add.at(out, e, vals)
         return out
 
     if f == "count_distinct":
