@@ -145,6 +145,11 @@ class TileSpec:
         return Layout.of(self.spec, self.parts, self.raw)
 
     @cached_property
+    def read_cache(self) -> dict[tuple[Any, ...], tuple[list[int], list[int], list[str]]]:
+        """:func:`read_fields` by the shape of the windows (bounded: cleared at 64)."""
+        return {}
+
+    @cached_property
     def fixed_index(self) -> dict[str, int]:
         """Each fixed summary part's column in :attr:`layout`."""
         return {p: i for i, p in enumerate(self.layout.fixed)}
@@ -271,13 +276,33 @@ def window_ranges(tspec: TileSpec, t_us: int) -> list[tuple[int, int]]:
 def fields_to_read(tspec: TileSpec, t_us: int) -> tuple[list[int], list[int]]:
     """The tile starts whose summaries a read at ``t_us`` needs (ascending: the tiles
     wholly inside a window) and the edge tiles whose events it needs."""
+    return _fields_to_read(tspec, t_us)[:2]
+
+
+def read_fields(tspec: TileSpec, t_us: int) -> tuple[list[int], list[int], list[str]]:
+    """:func:`fields_to_read` and the hash fields to HMGET (``n``, ``v``, ``s:<start>``
+    of each summary, ``e:<start>`` of each edge tile), made once per shape of the
+    windows at ``t_us`` (their tiles move only when ``t_us`` crosses a tile boundary)."""
+    return _fields_to_read(tspec, t_us)
+
+
+def _fields_to_read(tspec: TileSpec, t_us: int) -> tuple[list[int], list[int], list[str]]:
     h = tspec.size_us
     ranges = window_ranges(tspec, t_us)
+    key = tuple((a // h, a % h == 0, b // h, (b + 1) % h == 0) for a, b in ranges)
+    cache = tspec.read_cache
+    got = cache.get(key)
+    if got is not None:
+        return got
+    if len(cache) >= 64:
+        cache.clear()
     full: set[int] = set()
     for a, b in ranges:
         full.update(_full_tiles(h, a, b))
-    edges = {s for a, b in ranges for s, _, _ in _edge_pieces(h, a, b)}
-    return sorted(full), sorted(edges)
+    edges = sorted({s for a, b in ranges for s, _, _ in _edge_pieces(h, a, b)})
+    starts = sorted(full)
+    got = cache[key] = (starts, edges, ["n", "v", *(f"s:{s}" for s in starts), *(f"e:{s}" for s in edges)])
+    return got
 
 
 def _edge_pieces(h: int, a: int, b: int) -> list[tuple[int, int, int]]:
@@ -521,6 +546,11 @@ def _reduce(tspec: TileSpec, agg: Any, rows: _Rows, idx: I64, n_ent: int) -> dic
         if pa.types.is_floating(typ):
             vals = vals.view(np.float64)
         ev, vals = e[ok], vals[ok]
+        if n_ent == 1:  # one entity: plain reductions
+            one = len(vals) > 0
+            pick = (vals[0] if f == "first" else vals[-1] if f == "last" else
+                    np.minimum.reduce(vals) if f == "min" else np.maximum.reduce(vals)) if one else 0
+            return {f"{name}.v": (np.asarray([pick], vals.dtype), np.asarray([one]))}
         has = np.bincount(ev, minlength=n_ent).astype(np.bool_)
         if f in ("first", "last"):
             pos = np.arange(len(ev))
@@ -540,5 +570,6 @@ def _reduce(tspec: TileSpec, agg: Any, rows: _Rows, idx: I64, n_ent: int) -> dic
 _MASK31 = (1 << 31) - 1
 
 
-__all__ = ["EntityTiles", "TileRows", "TileSpec", "build", "fields_to_read", "group_raw", "tile_size_us",
+__all__ = ["EntityTiles", "TileRows", "TileSpec", "build", "fields_to_read", "group_raw", "read_fields",
+           "tile_size_us",
            "values_at", "window_ranges"]
