@@ -530,6 +530,10 @@ def _arrow(col: Any) -> pa.Array:
     return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
 
 
+def _cast(arr: pa.Array, target: pa.DataType) -> pa.Array:
+    return arr if arr.type == target else arr.cast(target)
+
+
 def _np(arr: Any, dtype: Any, fill: Any) -> tuple[npt.NDArray[Any], Mask]:
     if isinstance(arr, tuple):
         v, ok = arr
@@ -554,7 +558,7 @@ def finalize(spec: AggSpec, raw: RawParts) -> dict[str, pa.Array]:
         if f == "ratio":
             continue
         if f in ("count", "count_distinct"):
-            out[agg.name] = _arrow(_column(raw, f"{agg.name}.{RAW_PARTS[f][0]}")).cast(pa.int64())
+            out[agg.name] = _cast(_arrow(_column(raw, f"{agg.name}.{RAW_PARTS[f][0]}")), pa.int64())
             continue
         if f == "approx_count_distinct":
             assert agg.precision is not None
@@ -594,7 +598,7 @@ def finalize(spec: AggSpec, raw: RawParts) -> dict[str, pa.Array]:
         col = _column(raw, f"{agg.name}.{RAW_PARTS[f][0]}")
         target = spec.output_type(agg)
         if f == "last_k":  # the field's own type (float64 -> float32 and int64 -> int32 are exact here)
-            out[agg.name] = _arrow(col).cast(target)
+            out[agg.name] = _cast(_arrow(col), target)
             continue
         if ft.kind is TypeKind.DECIMAL:
             v, valid = _np(col, np.int64, 0)
@@ -605,7 +609,7 @@ def finalize(spec: AggSpec, raw: RawParts) -> dict[str, pa.Array]:
         elif f == "sum":
             out[agg.name] = pc.fill_null(_arrow(col), 0).cast(pa.int64())
         else:
-            out[agg.name] = _arrow(col).cast(target)
+            out[agg.name] = _cast(_arrow(col), target)
     for agg in spec.aggregations.features:
         if agg.function != "ratio":
             continue

@@ -145,6 +145,13 @@ class TileSpec:
         return Layout.of(self.spec, self.parts, self.raw)
 
     @cached_property
+    def simple(self) -> bool:
+        """Every aggregation is a count, sum, mean, min, max, first or last: a one-entity
+        read takes :func:`_one`'s contiguous sums."""
+        return all(a.function in ("count", "sum", "mean", "min", "max", "first", "last")
+                   for a in self.spec.windowed)
+
+    @cached_property
     def read_cache(self) -> dict[tuple[Any, ...], tuple[list[int], list[int], list[str]]]:
         """:func:`read_fields` by the shape of the windows (bounded: cleared at 64)."""
         return {}
@@ -367,6 +374,8 @@ def values_at(tspec: TileSpec, entities: list[EntityTiles], t_us: int) -> dict[s
     h = tspec.size_us
     n_ent = len(entities)
     ranges = window_ranges(tspec, t_us)
+    if n_ent == 1 and tspec.simple:
+        return finalize(tspec.spec, _one(tspec, entities[0], ranges))
     ent: list[int] = []
     start: list[int] = []
     blobs: list[bytes] = []
@@ -429,6 +438,63 @@ def values_at(tspec: TileSpec, entities: list[EntityTiles], t_us: int) -> dict[s
             idx = chosen[(a, b)] = order[sel]
         cols.update(_reduce(tspec, agg, rows, idx, n_ent))
     return finalize(tspec.spec, cols)
+
+
+def _one(tspec: TileSpec, et: EntityTiles, ranges: list[tuple[int, int]]) -> dict[str, Any]:
+    """:func:`values_at`'s raw parts for one entity whose aggregations are all
+    :attr:`TileSpec.simple`: per distinct window range, its full tiles are a contiguous
+    run of the summaries (sorted by start), summed in one NumPy call over every part, and
+    its at most two edge pieces are added; min/max/first/last read their columns."""
+    layout, h, index = tspec.layout, tspec.size_us, tspec.fixed_index
+    starts = np.fromiter(et.summaries, np.int64, len(et.summaries))
+    summ = unpack_summaries(layout, list(et.summaries.values()))
+    if len(starts) > 1 and bool((np.diff(starts) < 0).any()):
+        order = np.argsort(starts, kind="stable")
+        starts, summ.ints, summ.valid = starts[order], summ.ints[order], summ.valid[order]
+    unpacked: dict[int, Events] = {}
+    merged: dict[tuple[int, int], tuple[I64, I64, npt.NDArray[np.bool_]]] = {}
+    out: dict[str, Any] = {}
+    ok1 = np.ones(1, np.bool_)
+    for agg, (a, b) in zip(tspec.spec.windowed, ranges, strict=True):
+        got = merged.get((a, b))
+        if got is None:
+            full = _full_tiles(h, a, b)
+            i0, i1 = np.searchsorted(starts, (full.start, full.stop)).tolist()
+            block, valid = summ.ints[i0:i1], summ.valid[i0:i1]
+            pre: list[tuple[I64, npt.NDArray[np.bool_]]] = []   # edge pieces before the full tiles
+            post: list[tuple[I64, npt.NDArray[np.bool_]]] = []  # and after them
+            for s, lo, hi in _edge_pieces(h, a, b):
+                blob = et.events.get(s)
+                if blob is None:
+                    continue
+                ev = unpacked.get(s)
+                if ev is None:
+                    ev = unpacked[s] = unpack_events(layout, s, blob)
+                piece = _piece(tspec, ev, lo, hi)
+                if piece is not None:
+                    (post if s > a else pre).append((piece[0], piece[1]))
+            if pre or post:
+                block = np.concatenate([*[p[0][None] for p in pre], block, *[p[0][None] for p in post]])
+                valid = np.concatenate([*[p[1][None] for p in pre], valid, *[p[1][None] for p in post]])
+            got = merged[(a, b)] = (block.sum(axis=0), block, valid)
+        sums, block, valid = got
+        name, f = agg.name, agg.function
+        if f in ("min", "max", "first", "last"):
+            k = index[f"{name}.v"]
+            vals = block[valid[:, k], k]
+            if layout.floats[k]:
+                vals = vals.view(np.float64)
+            if len(vals) == 0:
+                out[f"{name}.v"] = (np.zeros(1, vals.dtype), ~ok1)
+                continue
+            op = np.minimum if f == "min" else np.maximum
+            pick = vals[:1] if f == "first" else vals[-1:] if f == "last" else op.reduce(vals, keepdims=True)
+            out[f"{name}.v"] = (pick, ok1)
+            continue
+        for part in RAW_PARTS[f]:  # count, sum, mean: exact int64 sums
+            k = index[f"{name}.{part}"]
+            out[f"{name}.{part}"] = (sums[k:k + 1], ok1)
+    return out
 
 
 def _piece(tspec: TileSpec, ev: Events, lo: int, hi: int
