@@ -34,7 +34,7 @@ over the loaded events and the windows around them, the stream
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -514,32 +514,62 @@ def _decimal_from_scaled(v: I64, valid: Mask, scale: int, precision: int = 38) -
                                  [validity, pa.py_buffer(words.tobytes())])
 
 
-def _np(arr: pa.Array, dtype: Any, fill: Any) -> tuple[npt.NDArray[Any], Mask]:
+#: raw parts as ``finalize`` reads them: a table, or per part an Arrow array or NumPy
+#: ``(values, valid)`` (a one-row read skips building Arrow arrays only to convert them back)
+RawParts: TypeAlias = "pa.Table | dict[str, Any]"
+
+
+def _column(raw: RawParts, name: str) -> Any:
+    return raw.column(name) if isinstance(raw, pa.Table) else raw[name]
+
+
+def _arrow(col: Any) -> pa.Array:
+    if isinstance(col, tuple):
+        v, valid = col
+        return pa.array(v, mask=None if valid.all() else ~valid)
+    return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+
+
+def _cast(arr: pa.Array, target: pa.DataType) -> pa.Array:
+    return arr if arr.type == target else arr.cast(target)
+
+
+def _np(arr: Any, dtype: Any, fill: Any) -> tuple[npt.NDArray[Any], Mask]:
+    if isinstance(arr, tuple):
+        v, ok = arr
+        return np.asarray(v if ok.all() else np.where(ok, v, fill), dtype=dtype), ok
     arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
     valid = np.asarray(arr.is_valid(), dtype=np.bool_)
     return np.asarray(pc.fill_null(arr, fill).to_numpy(zero_copy_only=False), dtype=dtype), valid
 
 
-def finalize(spec: AggSpec, raw: pa.Table) -> dict[str, pa.Array]:
+def finalize(spec: AggSpec, raw: RawParts) -> dict[str, pa.Array]:
     """Raw accumulators -> every aggregation column, typed as stored. Vectorised; the
-    one place where floating-point arithmetic happens, shared by both engines."""
+    one place where floating-point arithmetic happens, shared by both engines (``raw``:
+    :data:`RawParts`)."""
     out: dict[str, pa.Array] = {}
-    n = raw.num_rows
+    if isinstance(raw, pa.Table):
+        n = raw.num_rows
+    else:
+        first = next(iter(raw.values()), None)
+        n = 0 if first is None else len(first[0]) if isinstance(first, tuple) else len(first)
     for agg in spec.aggregations.features:
         f = agg.function
         if f == "ratio":
             continue
         if f in ("count", "count_distinct"):
-            out[agg.name] = raw.column(f"{agg.name}.{RAW_PARTS[f][0]}").combine_chunks().cast(pa.int64())
+            out[agg.name] = _cast(_arrow(_column(raw, f"{agg.name}.{RAW_PARTS[f][0]}")), pa.int64())
             continue
         if f == "approx_count_distinct":
             assert agg.precision is not None
-            d, nz, w = (_np(raw.column(f"{agg.name}.{part}"), np.int64, 0)[0] for part in ("d", "nz", "w"))
+            d, nz, w = (_np(_column(raw, f"{agg.name}.{part}"), np.int64, 0)[0]
+                        for part in ("d", "nz", "w"))
             out[agg.name] = pa.array(sketches.hll_estimate(d, nz, w, agg.precision), pa.int64())
             continue
         if f == "approx_percentile":
             assert agg.relative_accuracy is not None
-            out[agg.name] = sketches.percentile_values(raw.column(f"{agg.name}.b"), agg.relative_accuracy,
+            buckets = _arrow(_column(raw, f"{agg.name}.b"))
+            out[agg.name] = sketches.percentile_values(buckets, agg.relative_accuracy,
                                                        listed=isinstance(agg.q, tuple))
             continue
         assert agg.of is not None
@@ -548,28 +578,27 @@ def finalize(spec: AggSpec, raw: pa.Table) -> dict[str, pa.Array]:
         if agg.scale is not None:  # a float field's fixed point
             scale = agg.scale
         if f in _MOMENTS:
-            n_, s_, hi, lo = (_np(raw.column(f"{agg.name}.{p}"), np.int64, 0)[0] for p in MOMENT_PARTS)
+            n_, s_, hi, lo = (_np(_column(raw, f"{agg.name}.{p}"), np.int64, 0)[0] for p in MOMENT_PARTS)
             var, null = variance(n_, s_, hi, lo, scale, sample=f.endswith("_sample"))
             out[agg.name] = pa.array(np.sqrt(var) if f.startswith("stddev") else var, pa.float64(), mask=null)
             continue
         if f == "sum" and agg.scale is not None:
-            s, _ = _np(raw.column(f"{agg.name}.s"), np.int64, 0)
+            s, _ = _np(_column(raw, f"{agg.name}.s"), np.int64, 0)
             out[agg.name] = pa.array(s.astype(np.float64) / np.float64(10 ** scale), pa.float64())
             continue
         if f == "mean":
-            s, _ = _np(raw.column(f"{agg.name}.s"), np.int64, 0)
-            c, _ = _np(raw.column(f"{agg.name}.n"), np.int64, 0)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                mean = s.astype(np.float64) / c.astype(np.float64)
-                if scale:
-                    mean = mean / np.float64(10 ** scale)
-            out[agg.name] = pa.array(mean, pa.float64(), mask=c == 0)
+            s, _ = _np(_column(raw, f"{agg.name}.s"), np.int64, 0)
+            c, _ = _np(_column(raw, f"{agg.name}.n"), np.int64, 0)
+            empty = c == 0  # null; divided nowhere (no errstate: it costs more than a one-row read)
+            mean = np.divide(s.astype(np.float64), c.astype(np.float64), out=np.zeros(len(c)), where=~empty)
+            if scale:
+                mean = mean / np.float64(10 ** scale)
+            out[agg.name] = pa.array(mean, pa.float64(), mask=empty)
             continue
-        col = raw.column(f"{agg.name}.{RAW_PARTS[f][0]}")
+        col = _column(raw, f"{agg.name}.{RAW_PARTS[f][0]}")
         target = spec.output_type(agg)
         if f == "last_k":  # the field's own type (float64 -> float32 and int64 -> int32 are exact here)
-            out[agg.name] = col.combine_chunks().cast(target) if isinstance(col, pa.ChunkedArray) \
-                else col.cast(target)
+            out[agg.name] = _cast(_arrow(col), target)
             continue
         if ft.kind is TypeKind.DECIMAL:
             v, valid = _np(col, np.int64, 0)
@@ -578,10 +607,9 @@ def finalize(spec: AggSpec, raw: pa.Table) -> dict[str, pa.Array]:
             precision = 38 if f == "sum" else int(ft.precision or 38)
             out[agg.name] = _decimal_from_scaled(v, valid, scale, precision)
         elif f == "sum":
-            out[agg.name] = pc.fill_null(col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col,
-                                         0).cast(pa.int64())
+            out[agg.name] = pc.fill_null(_arrow(col), 0).cast(pa.int64())
         else:
-            out[agg.name] = col.cast(target)
+            out[agg.name] = _cast(_arrow(col), target)
     for agg in spec.aggregations.features:
         if agg.function != "ratio":
             continue
@@ -595,5 +623,16 @@ def finalize(spec: AggSpec, raw: pa.Table) -> dict[str, pa.Array]:
     return {a.name: out[a.name] for a in spec.aggregations.features}
 
 
-__all__ = ["LATE_RULE", "RAW_PARTS", "AggSpec", "Computed", "Inputs", "compute", "extract", "finalize",
-           "raw_schema", "window_raw"]
+__all__ = [
+    "LATE_RULE",
+    "RAW_PARTS",
+    "AggSpec",
+    "Computed",
+    "Inputs",
+    "RawParts",
+    "compute",
+    "extract",
+    "finalize",
+    "raw_schema",
+    "window_raw",
+]

@@ -8,27 +8,26 @@ window + allowed lateness``; what keeps a read cheap is how they are kept:
 
 - time is cut into epoch-aligned **tiles** ``[s, s + h)`` (:func:`tile_size_us`: about
   64 tiles over the longest window, a size from a fixed ladder);
-- per (entity, tile) two texts: the tile's **summary** (the engine's raw accumulators of
-  every aggregation over the tile's events, plus ``count_distinct``'s distinct values) and
-  its **events** (time after the tile's start, digest, each aggregation's value where the
-  event counts);
-- a window at ``T`` is the tiles wholly inside it (their summaries) plus at most two
-  edge tiles (the one holding its start, the one holding ``T``), whose events inside the
-  window are summarised at read time. A read costs ``O(tiles + events of the edge
-  tiles)``, never the window's events.
+- per (entity, tile) two packed values (:mod:`features.aggregate.tilepack`): the tile's
+  **summary** (the engine's raw accumulators of every aggregation over the tile's
+  events, plus ``count_distinct``'s distinct values) and its **events** (sorted; time
+  after the tile's start, each field's value, each contribution mask);
+- a window at ``T`` is the tiles wholly inside it (their summaries, one NumPy matrix)
+  plus at most two edge tiles (the one holding its start, the one holding ``T``), whose
+  events inside the window are found by binary search and summarised with NumPy
+  reductions at read time. A read costs ``O(tiles)`` plus the slices of the edge tiles,
+  never the window's events.
 
 Summaries are the raw parts of :func:`features.aggregate.engine.window_raw` over a group
-of events (:func:`group_raw`), merged exactly (integer sums, min/max, the oldest/newest
-non-empty tile for first/last, the newest tiles' values for ``last_k``, the union of
-distinct values) into the raw parts of the whole window, which the engine's
-:func:`~features.aggregate.engine.finalize` turns into values: the same functions as the
-backfill, the stream and ``historical(..., windows="request_time")``.
+of events (:func:`group_raw`, when tiles are built), merged exactly per entity with
+``ufunc.at`` (integer sums, min/max, the oldest/newest non-empty piece for first/last,
+the newest pieces' values for ``last_k``, the union of distinct values) into the raw
+parts of the whole window, which the engine's :func:`~features.aggregate.engine.finalize`
+turns into values: the same function as the backfill, the stream and
+``historical(..., windows="request_time")``.
 
-Texts (Redis hash fields, ``features.sinks.redis_tiles``): fields joined by ``\\x1f``,
-events by ``\\x1e``, list items by ``\\x1d``; numbers as their shortest round-trip text
-(exact), a null as the empty text; distinct values and ``count_distinct`` values as
-their Redis text (``features.compile.layout.encode_column``) with ``\\``, ``\\x1d``,
-``\\x1e`` and ``\\x1f`` escaped.
+Distinct values travel as their Redis text (``features.compile.layout.encode_column``)
+with ``\\``, ``\\x1d``, ``\\x1e`` and ``\\x1f`` escaped.
 """
 
 from __future__ import annotations
@@ -37,6 +36,7 @@ import dataclasses
 import hashlib
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import compress
 from typing import Any
 
 import numpy as np
@@ -56,9 +56,19 @@ from features.aggregate.engine import (
     raw_schema,
     window_raw,
 )
-from features.aggregate.moments import SS_SHIFT
+from features.aggregate.moments import fixed_point, window_squares
 from features.aggregate.request_time import sub_spec
-from features.compile.layout import encode_column
+from features.aggregate.tilepack import (
+    VERSION,
+    Events,
+    Layout,
+    pack_events,
+    pack_summaries,
+    unpack_events,
+    unpack_summaries,
+    variable_parts,
+)
+from features.compile.layout import MOMENT_FUNCTIONS, encode_column
 from features.schema.model import Window
 
 I64 = npt.NDArray[np.int64]
@@ -120,7 +130,7 @@ class TileSpec:
         assert unbounded is not None
         size = tile_size_us(sub.longest_us)
         parts = (*sub.raw_names(), *(f"{a.name}.set" for a in sub.windowed if a.function == "count_distinct"))
-        sig = hashlib.sha256(repr((parts, size, [(a.name, a.function, a.of, a.where, a.k, a.scale)
+        sig = hashlib.sha256(repr((VERSION, parts, size, [(a.name, a.function, a.of, a.where, a.k, a.scale)
                                                   for a in sub.windowed])).encode()).hexdigest()[:16]
         return cls(sub, unbounded, size, sub.longest_us + sub.lateness_us, parts, sig)
 
@@ -130,19 +140,26 @@ class TileSpec:
         return raw_schema(self.spec)
 
     @cached_property
-    def kinds(self) -> tuple[str, ...]:
-        """:meth:`part_kind` of each of :attr:`parts`, made once (a read parses with them)."""
-        return tuple(self.part_kind(p) for p in self.parts)
+    def layout(self) -> Layout:
+        """Where each part and event column sits in the packed values (made once)."""
+        return Layout.of(self.spec, self.parts, self.raw)
 
-    def part_kind(self, part: str) -> str:
-        """How a summary field is written: ``int``, ``float``, ``list_int``, ``list_float``,
-        ``set`` (escaped texts)."""
-        if part.endswith(".set"):
-            return "set"
-        t = self.raw.field(part).type
-        if pa.types.is_list(t):
-            return "list_float" if pa.types.is_floating(t.value_type) else "list_int"
-        return "float" if pa.types.is_floating(t) else "int"
+    @cached_property
+    def simple(self) -> bool:
+        """Every aggregation is a count, sum, mean, min, max, first or last: a one-entity
+        read takes :func:`_one`'s contiguous sums."""
+        return all(a.function in ("count", "sum", "mean", "min", "max", "first", "last")
+                   for a in self.spec.windowed)
+
+    @cached_property
+    def read_cache(self) -> dict[tuple[Any, ...], tuple[list[int], list[int], list[str]]]:
+        """:func:`read_fields` by the shape of the windows (bounded: cleared at 64)."""
+        return {}
+
+    @cached_property
+    def fixed_index(self) -> dict[str, int]:
+        """Each fixed summary part's column in :attr:`layout`."""
+        return {p: i for i, p in enumerate(self.layout.fixed)}
 
 
 # --------------------------------------------------------------------------- text helpers
@@ -158,16 +175,6 @@ def escape(text: pa.Array) -> pa.Array:
 def key_text(arr: pa.Array) -> pa.Array:
     """``count_distinct`` values as escaped text (equal values, equal texts; distinct, distinct)."""
     return escape(pc.cast(encode_column(arr), pa.string()))
-
-
-def _num_text(arr: pa.Array) -> pa.Array:
-    return pc.fill_null(pc.cast(arr, pa.string()), "")
-
-
-def _list_text(arr: pa.Array) -> pa.Array:
-    if not pa.types.is_string(arr.type.value_type):
-        arr = arr.cast(pa.list_(pa.string()))
-    return pc.fill_null(pc.binary_join(arr, ITEM_SEP), "")
 
 
 # --------------------------------------------------------------------------- building
@@ -220,7 +227,6 @@ def build(tspec: TileSpec, events: Inputs, fresh: npt.NDArray[np.bool_]) -> Tile
     """The complete tiles holding a ``fresh`` event of ``events`` (the load's events and
     the history around them: every event of those tiles, exact copies allowed), within
     the retention before each entity's newest event. Vectorised over events and tiles."""
-    spec = tspec.spec
     h = tspec.size_us
     codes = group_codes(events.entity)
     k = int(codes.max()) + 1 if len(codes) else 0
@@ -250,41 +256,14 @@ def build(tspec: TileSpec, events: Inputs, fresh: npt.NDArray[np.bool_]) -> Tile
     order = np.lexsort((digest_ranks(ev.digest), ev.time_us, pair[sel])).astype(np.int64)
     ev = ev.take(order)
     p = pair[sel][order]
-    summary = _summary_text(tspec, table)
-    lines = _event_text(spec, ev, tile[sel][order] * h)
-    offsets = np.searchsorted(p, np.r_[ids, np.iinfo(np.int64).max]).astype(np.int32)
-    texts = pc.binary_join(pa.ListArray.from_arrays(pa.array(offsets), lines), EVENT_SEP)
     heads = np.searchsorted(p, ids)
-    return TileRows(ev.entity.take(pa.array(heads)), tile[sel][order][heads] * h, summary, texts,
+    offsets = np.r_[heads, len(p)].astype(np.int64)
+    starts = tile[sel][order] * h
+    layout = tspec.layout
+    keys = {name: key_text(ev.values[name]) for name in layout.keys}
+    blobs = pack_events(layout, offsets, ev.time_us - starts, ev.contrib, ev.values, keys)
+    return TileRows(ev.entity.take(pa.array(heads)), starts[heads], pack_summaries(layout, table), blobs,
                     newest_entity, newest_us)
-
-
-def _summary_text(tspec: TileSpec, table: pa.Table) -> pa.Array:
-    cols = []
-    for part in tspec.parts:
-        col = table.column(part).combine_chunks()
-        cols.append(_list_text(col) if pa.types.is_list(col.type) else _num_text(col))
-    if len(cols) == 1:
-        return cols[0]
-    return pc.binary_join_element_wise(*cols, FIELD_SEP)
-
-
-def _event_text(spec: AggSpec, ev: Inputs, start_us: I64) -> pa.Array:
-    """One text per event: its time after its tile's start (us), its digest, then per
-    windowed aggregation its value where the event counts (``1`` for a count), else empty."""
-    cols: list[Any] = [_num_text(pa.array(ev.time_us - start_us)),
-                       pc.fill_null(ev.digest.cast(pa.string()), "")]
-    for agg in spec.windowed:
-        mask = pa.array(ev.contrib[agg.name])
-        kind = spec.value_kind(agg)
-        if kind == "one":
-            text = pa.array(np.where(ev.contrib[agg.name], "1", ""), pa.string())
-        elif kind == "key":
-            text = pc.if_else(mask, pc.fill_null(key_text(ev.values[agg.name]), ""), "")
-        else:
-            text = pc.if_else(mask, _num_text(pa.array(ev.values[agg.name])), "")
-        cols.append(text)
-    return pc.binary_join_element_wise(*cols, FIELD_SEP)
 
 
 # --------------------------------------------------------------------------- reading
@@ -302,14 +281,35 @@ def window_ranges(tspec: TileSpec, t_us: int) -> list[tuple[int, int]]:
 
 
 def fields_to_read(tspec: TileSpec, t_us: int) -> tuple[list[int], list[int]]:
-    """The tile starts whose summaries a read at ``t_us`` needs (ascending) and the edge
-    tiles whose events it needs."""
+    """The tile starts whose summaries a read at ``t_us`` needs (ascending: the tiles
+    wholly inside a window) and the edge tiles whose events it needs."""
+    return _fields_to_read(tspec, t_us)[:2]
+
+
+def read_fields(tspec: TileSpec, t_us: int) -> tuple[list[int], list[int], list[str]]:
+    """:func:`fields_to_read` and the hash fields to HMGET (``n``, ``v``, ``s:<start>``
+    of each summary, ``e:<start>`` of each edge tile), made once per shape of the
+    windows at ``t_us`` (their tiles move only when ``t_us`` crosses a tile boundary)."""
+    return _fields_to_read(tspec, t_us)
+
+
+def _fields_to_read(tspec: TileSpec, t_us: int) -> tuple[list[int], list[int], list[str]]:
     h = tspec.size_us
     ranges = window_ranges(tspec, t_us)
-    lo = min(a for a, _ in ranges)
-    starts = list(range(lo // h * h, t_us // h * h + h, h))
-    edges = {s for a, b in ranges for s, _, _ in _edge_pieces(h, a, b)}
-    return starts, sorted(edges)
+    key = tuple((a // h, a % h == 0, b // h, (b + 1) % h == 0) for a, b in ranges)
+    cache = tspec.read_cache
+    got = cache.get(key)
+    if got is not None:
+        return got
+    if len(cache) >= 64:
+        cache.clear()
+    full: set[int] = set()
+    for a, b in ranges:
+        full.update(_full_tiles(h, a, b))
+    edges = sorted({s for a, b in ranges for s, _, _ in _edge_pieces(h, a, b)})
+    starts = sorted(full)
+    got = cache[key] = (starts, edges, ["n", "v", *(f"s:{s}" for s in starts), *(f"e:{s}" for s in edges)])
+    return got
 
 
 def _edge_pieces(h: int, a: int, b: int) -> list[tuple[int, int, int]]:
@@ -329,171 +329,313 @@ def _full_tiles(h: int, a: int, b: int) -> range:
     return range(-(-a // h) * h, (b + 1) // h * h, h)
 
 
-def _parse_num(text: str, kind: str) -> Any:
-    if text == "":
-        return None
-    return float(text) if kind == "float" else int(text)
+@dataclass
+class EntityTiles:
+    """One entity's tiles as read back: packed summaries and edge tiles' events by tile start."""
 
-
-def _parse_summary(tspec: TileSpec, text: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for part, kind, value in zip(tspec.parts, tspec.kinds, text.split(FIELD_SEP), strict=True):
-        if kind == "set":
-            out[part] = set(value.split(ITEM_SEP)) if value else set()
-        elif kind.startswith("list_"):
-            conv = float if kind == "list_float" else int
-            out[part] = [conv(x) for x in value.split(ITEM_SEP)] if value else []
-        else:
-            out[part] = _parse_num(value, kind)
-    return out
-
-
-def _parse_events(tspec: TileSpec, start_us: int, text: str) -> tuple[I64, pa.Array, list[pa.Array]]:
-    """An edge tile's events (vectorised: Arrow string kernels): times, digests, and per
-    windowed aggregation its value texts (empty: the event does not count)."""
-    width = 2 + len(tspec.spec.windowed)
-    lines = pc.split_pattern(pa.array([text], pa.string()), EVENT_SEP).flatten()
-    parts = pc.split_pattern(lines, FIELD_SEP).flatten()
-    n = len(parts) // width
-    cols = [parts.take(pa.array(np.arange(i, n * width, width, dtype=np.int64))) for i in range(width)]
-    t = np.asarray(pc.cast(cols[0], pa.int64()).to_numpy(zero_copy_only=False), dtype=np.int64) + start_us
-    return t, cols[1], cols[2:]
-
-
-def _inputs_of(tspec: TileSpec, t: I64, digests: pa.Array, cols: list[pa.Array]) -> Inputs:
-    spec = tspec.spec
-    n = len(t)
-    contrib, values = {}, {}
-    for agg, col in zip(spec.windowed, cols, strict=True):
-        counts = pc.not_equal(col, "")
-        contrib[agg.name] = np.asarray(counts.to_numpy(zero_copy_only=False), dtype=np.bool_)
-        kind = spec.value_kind(agg)
-        if kind == "key":
-            values[agg.name] = col
-        elif kind in ("float", "int"):
-            num = pc.cast(pc.if_else(counts, col, "0"), pa.float64() if kind == "float" else pa.int64())
-            values[agg.name] = np.asarray(num.to_numpy(zero_copy_only=False),
-                                          dtype=np.float64 if kind == "float" else np.int64)
-    return Inputs(pa.nulls(n, pa.string()), t, pa.nulls(n, pa.string()), digests, contrib, values)
+    newest_us: int | None
+    summaries: dict[int, bytes]
+    events: dict[int, bytes]
 
 
 @dataclass
-class EntityTiles:
-    """One entity's tiles as read back: summaries by tile start, edge tiles' events."""
+class _Rows:
+    """The pieces a read merges, one row each: every entity's full-tile summaries, then
+    the edge pieces (an edge tile's events within a range, summarised at read time)."""
 
-    newest_us: int | None
-    summaries: dict[int, str]
-    events: dict[int, str]
+    entity: I64
+    start: I64                      # the tile's start (orders an entity's pieces)
+    ints: I64                       # (rows, W) the fixed parts (a float part: its bits)
+    valid: npt.NDArray[np.bool_]    # (rows, W)
+    summaries: int                  # rows before this are summaries (their variable parts: tails)
+    tails: list[bytes]
+    pieces: list[dict[str, Any]]    # per edge piece, its variable parts
+
+    def variable(self, layout: Layout, row: int, part: str) -> Any:
+        """A variable part of ``row``: last_k's list of values, count_distinct's set."""
+        if row >= self.summaries:
+            return self.pieces[row - self.summaries][part]
+        texts = variable_parts(layout, self.tails[row])[part]
+        if part.endswith(".set"):
+            d = int(self.ints[row, layout.fixed.index(part[:-4] + ".d")])
+            return set(texts) if d == len(texts) else {""}  # one empty text: d 1, no items
+        return texts
 
 
 def values_at(tspec: TileSpec, entities: list[EntityTiles], t_us: int) -> dict[str, pa.Array]:
     """Every aggregation of ``tspec.spec`` at ``t_us`` for each entity (no state: the
-    empty window's values), finalized: ``{name: column}``, one value per entity."""
+    empty window's values), finalized: ``{name: column}``, one value per entity.
+
+    The full tiles of every entity are one matrix (:func:`~features.aggregate.tilepack.
+    unpack_summaries`); each window's edge pieces are summarised from the edge tiles'
+    events by binary search and NumPy reductions over the slice; each aggregation then
+    reduces its rows per entity with ``ufunc.at`` (sums, min/max; first/last by position)."""
+    layout = tspec.layout
     h = tspec.size_us
+    n_ent = len(entities)
     ranges = window_ranges(tspec, t_us)
-    # the partial pieces: (entity, tile, a, b) -> events of that tile within [a, b]
-    partial_ids: dict[tuple[int, int, int, int], int] = {}
-    parsed: _Parsed = {}
-    plans: list[list[list[tuple[str, Any]]]] = []  # per entity, per aggregation: pieces
+    if n_ent == 1 and tspec.simple:
+        return finalize(tspec.spec, _one(tspec, entities[0], ranges))
+    ent: list[int] = []
+    start: list[int] = []
+    blobs: list[bytes] = []
     for e, et in enumerate(entities):
-        per_agg = []
-        for a, b in ranges:
-            edges = _edge_pieces(h, a, b)
-            full = [("tile", x) for x in _full_tiles(h, a, b) if x in et.summaries]
-            pieces: list[tuple[str, Any]] = []  # ascending: edge tile of a, full tiles, edge tile of b
-            for s, lo, hi in edges:
-                if s > a:  # the edge tile holding b: after the full tiles
-                    pieces.extend(full)
-                if s in et.events:
-                    key = (e, s, lo, hi)
-                    if key not in partial_ids:
-                        partial_ids[key] = len(partial_ids)
-                        if (e, s) not in parsed:
-                            parsed[(e, s)] = _parse_events(tspec, s, et.events[s])
-                    pieces.append(("part", partial_ids[key]))
-            if not edges or edges[-1][0] <= a:
-                pieces.extend(full)
-            per_agg.append(pieces)
-        plans.append(per_agg)
-    partial = _partials(tspec, partial_ids, parsed)
-    summaries: dict[tuple[int, int], dict[str, Any]] = {}
-    rows: list[dict[str, Any]] = []
-    for e, per_agg in enumerate(plans):
-        row: dict[str, Any] = {}
-        for agg, pieces in zip(tspec.spec.windowed, per_agg, strict=True):
-            states = []
-            for what, ref in pieces:
-                if what == "tile":
-                    got = summaries.get((e, ref))
-                    if got is None:
-                        got = summaries[(e, ref)] = _parse_summary(tspec, entities[e].summaries[ref])
-                    states.append(got)
-                elif ref in partial:
-                    states.append(partial[ref])
-            row.update(_merge(tspec, agg, states))
-        rows.append(row)
-    schema = tspec.raw
-    table = pa.table({f.name: pa.array([r[f.name] for r in rows], f.type) for f in schema}, schema=schema)
-    return finalize(tspec.spec, table)
+        ent.extend([e] * len(et.summaries))
+        start.extend(et.summaries)
+        blobs.extend(et.summaries.values())
+    summ = unpack_summaries(layout, blobs)
+    # the edge pieces: (entity, tile, lo, hi) -> row; per aggregation, its pieces' rows
+    piece_of: dict[tuple[int, int, int, int], int] = {}
+    p_ints: list[I64] = []
+    p_valid: list[npt.NDArray[np.bool_]] = []
+    p_var: list[dict[str, Any]] = []
+    agg_rows: list[list[int]] = []
+    unpacked: dict[tuple[int, int], Events] = {}
+    for a, b in ranges:
+        mine = []
+        for s, lo, hi in _edge_pieces(h, a, b):
+            for e, et in enumerate(entities):
+                blob = et.events.get(s)
+                if blob is None:
+                    continue
+                key = (e, s, lo, hi)
+                if key not in piece_of:
+                    ev = unpacked.get((e, s))
+                    if ev is None:
+                        ev = unpacked[(e, s)] = unpack_events(layout, s, blob)
+                    got = _piece(tspec, ev, lo, hi)
+                    piece_of[key] = -1
+                    if got is not None:
+                        piece_of[key] = len(blobs) + len(p_var)
+                        p_ints.append(got[0])
+                        p_valid.append(got[1])
+                        p_var.append(got[2])
+                        ent.append(e)
+                        start.append(s)
+                if piece_of[key] >= 0:
+                    mine.append(piece_of[key])
+        agg_rows.append(mine)
+    rows = _Rows(np.asarray(ent, np.int64), np.asarray(start, np.int64),
+                 np.concatenate([summ.ints, np.asarray(p_ints, np.int64).reshape(len(p_ints), -1)])
+                 if p_ints else summ.ints,
+                 np.concatenate([summ.valid, np.asarray(p_valid, np.bool_).reshape(len(p_valid), -1)])
+                 if p_valid else summ.valid,
+                 len(blobs), summ.tails, p_var)
+    order = np.lexsort((rows.start, rows.entity)) if n_ent > 1 else np.argsort(rows.start, kind="stable")
+    is_summary = order < rows.summaries
+    starts = rows.start[order]
+    cols: dict[str, Any] = {}
+    chosen: dict[tuple[int, int], I64] = {}  # per window range: its rows (aggregations share them)
+    for agg, (a, b), pieces in zip(tspec.spec.windowed, ranges, agg_rows, strict=True):
+        idx = chosen.get((a, b))
+        if idx is None:
+            full = _full_tiles(h, a, b)
+            sel = is_summary & (starts >= full.start) & (starts < full.stop)
+            if pieces:
+                hit = np.zeros(len(order), np.bool_)
+                hit[pieces] = True
+                sel |= hit[order]
+            idx = chosen[(a, b)] = order[sel]
+        cols.update(_reduce(tspec, agg, rows, idx, n_ent))
+    return finalize(tspec.spec, cols)
 
 
-_Parsed = dict[tuple[int, int], tuple[I64, pa.Array, list[pa.Array]]]
-
-
-def _partials(tspec: TileSpec, ids: dict[tuple[int, int, int, int], int], parsed: _Parsed
-              ) -> dict[int, dict[str, Any]]:
-    """The summaries of the partial pieces (events of one tile within a range), one
-    vectorised :func:`group_raw` over all of them."""
-    parts: list[Inputs] = []
-    groups: list[I64] = []
-    for (e, s, a, b), pid in ids.items():
-        t, digests, cols = parsed[(e, s)]
-        inside = np.flatnonzero((t >= a) & (t <= b))
-        if len(inside) == 0:
+def _one(tspec: TileSpec, et: EntityTiles, ranges: list[tuple[int, int]]) -> dict[str, Any]:
+    """:func:`values_at`'s raw parts for one entity whose aggregations are all
+    :attr:`TileSpec.simple`: per distinct window range, its full tiles are a contiguous
+    run of the summaries (sorted by start), summed in one NumPy call over every part, and
+    its at most two edge pieces are added; min/max/first/last read their columns."""
+    layout, h, index = tspec.layout, tspec.size_us, tspec.fixed_index
+    starts = np.fromiter(et.summaries, np.int64, len(et.summaries))
+    summ = unpack_summaries(layout, list(et.summaries.values()))
+    if len(starts) > 1 and bool((np.diff(starts) < 0).any()):
+        order = np.argsort(starts, kind="stable")
+        starts, summ.ints, summ.valid = starts[order], summ.ints[order], summ.valid[order]
+    unpacked: dict[int, Events] = {}
+    merged: dict[tuple[int, int], tuple[I64, I64, npt.NDArray[np.bool_]]] = {}
+    out: dict[str, Any] = {}
+    ok1 = np.ones(1, np.bool_)
+    for agg, (a, b) in zip(tspec.spec.windowed, ranges, strict=True):
+        got = merged.get((a, b))
+        if got is None:
+            full = _full_tiles(h, a, b)
+            i0, i1 = np.searchsorted(starts, (full.start, full.stop)).tolist()
+            block, valid = summ.ints[i0:i1], summ.valid[i0:i1]
+            pre: list[tuple[I64, npt.NDArray[np.bool_]]] = []   # edge pieces before the full tiles
+            post: list[tuple[I64, npt.NDArray[np.bool_]]] = []  # and after them
+            for s, lo, hi in _edge_pieces(h, a, b):
+                blob = et.events.get(s)
+                if blob is None:
+                    continue
+                ev = unpacked.get(s)
+                if ev is None:
+                    ev = unpacked[s] = unpack_events(layout, s, blob)
+                piece = _piece(tspec, ev, lo, hi)
+                if piece is not None:
+                    (post if s > a else pre).append((piece[0], piece[1]))
+            if pre or post:
+                block = np.concatenate([*[p[0][None] for p in pre], block, *[p[0][None] for p in post]])
+                valid = np.concatenate([*[p[1][None] for p in pre], valid, *[p[1][None] for p in post]])
+            got = merged[(a, b)] = (block.sum(axis=0), block, valid)
+        sums, block, valid = got
+        name, f = agg.name, agg.function
+        if f in ("min", "max", "first", "last"):
+            k = index[f"{name}.v"]
+            vals = block[valid[:, k], k]
+            if layout.floats[k]:
+                vals = vals.view(np.float64)
+            if len(vals) == 0:
+                out[f"{name}.v"] = (np.zeros(1, vals.dtype), ~ok1)
+                continue
+            op = np.minimum if f == "min" else np.maximum
+            pick = vals[:1] if f == "first" else vals[-1:] if f == "last" else op.reduce(vals, keepdims=True)
+            out[f"{name}.v"] = (pick, ok1)
             continue
-        at = pa.array(inside)
-        parts.append(_inputs_of(tspec, t[inside], digests.take(at), [c.take(at) for c in cols]))
-        groups.append(np.full(len(inside), pid, dtype=np.int64))
-    if not parts:
-        return {}
-    ids_out, table = group_raw(tspec, Inputs.concat(parts), np.concatenate(groups), keys_are_text=True)
-    out: dict[int, dict[str, Any]] = {}
-    got = {name: table.column(name).to_pylist() for name in tspec.parts}
-    for i, pid in enumerate(ids_out.tolist()):
-        out[pid] = {name: set(got[name][i]) if name.endswith(".set") else got[name][i]
-                    for name in tspec.parts}
+        for part in RAW_PARTS[f]:  # count, sum, mean: exact int64 sums
+            k = index[f"{name}.{part}"]
+            out[f"{name}.{part}"] = (sums[k:k + 1], ok1)
     return out
 
 
-def _merge(tspec: TileSpec, agg: Any, states: list[dict[str, Any]]) -> dict[str, Any]:
-    """The raw parts of ``agg`` over the union of ``states`` (disjoint, oldest first)."""
+def _piece(tspec: TileSpec, ev: Events, lo: int, hi: int
+           ) -> tuple[I64, npt.NDArray[np.bool_], dict[str, Any]] | None:
+    """The raw parts of every aggregation over the events of ``ev`` in ``[lo, hi]``
+    (None: no event there): the fixed parts, their validity, the variable parts."""
+    i = int(np.searchsorted(ev.time_us, lo, side="left"))
+    j = int(np.searchsorted(ev.time_us, hi, side="right"))
+    if i == j:
+        return None
+    layout, spec = tspec.layout, tspec.spec
+    index = tspec.fixed_index
+    ints = np.zeros(len(layout.fixed), np.int64)
+    valid = np.ones(len(layout.fixed), np.bool_)
+    var: dict[str, Any] = {}
+    every = np.ones(j - i, np.bool_)
+    counts: dict[int, int] = {}    # per mask column: events that count
+    sums: dict[tuple[int, int, int | None], I64] = {}  # per (value, mask, scale): the summed integers
+    for agg in spec.windowed:
+        name, f = agg.name, agg.function
+        mi = layout.mask_of[name]
+        m = ev.masks[mi][i:j] if mi >= 0 else every
+        if mi not in counts:
+            counts[mi] = int(np.count_nonzero(m))
+        n = counts[mi]
+        if f == "count":
+            ints[index[f"{name}.n"]] = n
+            continue
+        if f == "count_distinct":
+            texts = ev.keys[layout.key_of[name]][i:j]
+            got = set(compress(texts, m.tolist()))
+            ints[index[f"{name}.d"]] = len(got)
+            var[f"{name}.set"] = got
+            continue
+        vi = layout.value_of[name]
+        v = ev.values[vi][i:j]
+        if f in ("sum", "mean") or f in MOMENT_FUNCTIONS:
+            vv = sums.get((vi, mi, agg.scale))
+            if vv is None:
+                if agg.scale is not None:  # a float field: fixed point, as the engine
+                    what = f"aggregation {name} ({f} of {agg.of})"
+                    vv = fixed_point(np.asarray(v, np.float64), m, agg.scale, what)
+                else:
+                    vv = np.where(m, v, 0).astype(np.int64)
+                sums[(vi, mi, agg.scale)] = vv
+            ints[index[f"{name}.s"]] = vv.sum()
+            if f != "sum":
+                ints[index[f"{name}.n"]] = n
+            if f in MOMENT_FUNCTIONS:
+                ss_hi, ss_lo = window_squares(vv, np.zeros(len(vv), np.int64), n)
+                ints[index[f"{name}.ss_hi"]] = ss_hi[-1]
+                ints[index[f"{name}.ss_lo"]] = ss_lo[-1]
+            continue
+        x = v[m]
+        if f == "last_k":
+            assert agg.k is not None
+            var[f"{name}.v"] = x[::-1][:agg.k].tolist()
+            continue
+        k = index[f"{name}.v"]
+        if len(x) == 0:
+            valid[k] = False
+            continue
+        got_v = x[0] if f == "first" else x[-1] if f == "last" else \
+            np.minimum.reduce(x) if f == "min" else np.maximum.reduce(x)
+        ints[k] = np.asarray([got_v], x.dtype).view(np.int64)[0]
+    return ints, valid, var
+
+
+def _reduce(tspec: TileSpec, agg: Any, rows: _Rows, idx: I64, n_ent: int) -> dict[str, Any]:
+    """The raw parts of ``agg`` per entity over the rows ``idx`` (in (entity, start) order)."""
     f, name = agg.function, agg.name
-    parts = RAW_PARTS[f]
+    layout, index = tspec.layout, tspec.fixed_index
+    e = rows.entity[idx]
+    raw = tspec.raw
+
+    def total(part: str) -> I64:
+        vals = rows.ints[idx, index[f"{name}.{part}"]]
+        if n_ent == 1:  # one entity: a plain sum (int64, exact as the engine's)
+            return np.asarray([vals.sum()], np.int64)
+        out = np.zeros(n_ent, np.int64)
+        np.add.at(out, e, vals)
+        return out
+
     if f == "count_distinct":
-        union: set[str] = set()
-        for st in states:
-            union |= st[f"{name}.set"]
-        return {f"{name}.d": len(union)}
+        sets: list[set[Any]] = [set() for _ in range(n_ent)]
+        for r, ee in zip(idx.tolist(), e.tolist(), strict=True):
+            sets[ee] |= rows.variable(layout, r, f"{name}.set")
+        return {f"{name}.d": (np.asarray([len(x) for x in sets], np.int64), np.ones(n_ent, np.bool_))}
     if f == "last_k":
-        out: list[Any] = []
-        for st in reversed(states):
-            out.extend(st[f"{name}.v"])
-            if len(out) >= agg.k:
-                break
-        return {f"{name}.v": out[:agg.k]}
+        assert agg.k is not None
+        typ = raw.field(f"{name}.v").type
+        conv = float if pa.types.is_floating(typ.value_type) else int
+        lists: list[list[Any]] = [[] for _ in range(n_ent)]
+        for r, ee in zip(idx[::-1].tolist(), e[::-1].tolist(), strict=True):
+            if len(lists[ee]) < agg.k:
+                lists[ee].extend(conv(x) for x in rows.variable(layout, r, f"{name}.v"))
+        return {f"{name}.v": pa.array([x[:agg.k] for x in lists], typ)}
+    parts = RAW_PARTS[f]
+    if "ss_hi" in parts:  # ss = Σ ss_hi * 2^62 + Σ ss_lo, carried in 31-bit limbs (exact)
+        lo = rows.ints[idx, index[f"{name}.ss_lo"]]
+        s_lo, s_mid = np.zeros(n_ent, np.int64), np.zeros(n_ent, np.int64)
+        np.add.at(s_lo, e, lo & _MASK31)
+        np.add.at(s_mid, e, lo >> 31)
+        s_mid += s_lo >> 31
+        hi = total("ss_hi") + (s_mid >> 31)
+        ss_lo = ((s_mid & _MASK31) << 31) | (s_lo & _MASK31)
+        every = np.ones(n_ent, np.bool_)
+        return {f"{name}.n": (total("n"), every), f"{name}.s": (total("s"), every),
+                f"{name}.ss_hi": (hi, every), f"{name}.ss_lo": (ss_lo, every)}
     if f in ("min", "max", "first", "last"):
-        vals = [st[f"{name}.v"] for st in states if st[f"{name}.v"] is not None]
-        if not vals:
-            return {f"{name}.v": None}
-        ends = {"first": vals[0], "last": vals[-1]}
-        return {f"{name}.v": min(vals) if f == "min" else max(vals) if f == "max" else ends[f]}
-    if "ss_hi" in parts:
-        ss = sum((int(st[f"{name}.ss_hi"] or 0) << SS_SHIFT) + int(st[f"{name}.ss_lo"] or 0) for st in states)
-        return {f"{name}.n": sum(int(st[f"{name}.n"] or 0) for st in states),
-                f"{name}.s": sum(int(st[f"{name}.s"] or 0) for st in states),
-                f"{name}.ss_hi": ss >> SS_SHIFT, f"{name}.ss_lo": ss & ((1 << SS_SHIFT) - 1)}
-    return {f"{name}.{p}": sum(int(st[f"{name}.{p}"] or 0) for st in states) for p in parts}
+        k = index[f"{name}.v"]
+        ok = rows.valid[idx, k]
+        typ = raw.field(f"{name}.v").type
+        vals = rows.ints[idx, k]
+        if pa.types.is_floating(typ):
+            vals = vals.view(np.float64)
+        ev, vals = e[ok], vals[ok]
+        if n_ent == 1:  # one entity: plain reductions
+            one = len(vals) > 0
+            pick = (vals[0] if f == "first" else vals[-1] if f == "last" else
+                    np.minimum.reduce(vals) if f == "min" else np.maximum.reduce(vals)) if one else 0
+            return {f"{name}.v": (np.asarray([pick], vals.dtype), np.asarray([one]))}
+        has = np.bincount(ev, minlength=n_ent).astype(np.bool_)
+        if f in ("first", "last"):
+            pos = np.arange(len(ev))
+            at = np.full(n_ent, len(ev) if f == "first" else -1, np.int64)
+            (np.minimum if f == "first" else np.maximum).at(at, ev, pos)
+            out = vals[np.clip(at, 0, max(len(ev) - 1, 0))] if len(ev) else np.zeros(n_ent, vals.dtype)
+        else:
+            op = np.minimum if f == "min" else np.maximum
+            fill = (np.inf if f == "min" else -np.inf) if vals.dtype.kind == "f" else \
+                (np.iinfo(np.int64).max if f == "min" else np.iinfo(np.int64).min)
+            out = np.full(n_ent, fill, vals.dtype)
+            op.at(out, ev, vals)
+        return {f"{name}.v": (out, has)}
+    return {f"{name}.{p}": (total(p), np.ones(n_ent, np.bool_)) for p in parts}
 
 
-__all__ = ["EntityTiles", "TileRows", "TileSpec", "build", "fields_to_read", "group_raw", "tile_size_us",
+_MASK31 = (1 << 31) - 1
+
+
+__all__ = ["EntityTiles", "TileRows", "TileSpec", "build", "fields_to_read", "group_raw", "read_fields",
+           "tile_size_us",
            "values_at", "window_ranges"]

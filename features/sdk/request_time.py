@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow as pa
 
 from features.aggregate.engine import AggSpec
-from features.aggregate.tiles import EntityTiles, TileSpec, fields_to_read, values_at
+from features.aggregate.tiles import EntityTiles, TileSpec, read_fields, values_at
 from features.compile import CompiledSchema
 from features.compile.layout import tiles_key
 from features.errors import ConfigError, SinkError
@@ -60,8 +60,7 @@ def request_micros(c: CompiledSchema, at: Any, now_s: float) -> int:
 
 
 def tile_read(tspec: TileSpec, c: CompiledSchema, ids: Sequence[str], t_us: int, key_prefix: str) -> TileRead:
-    starts, edges = fields_to_read(tspec, t_us)
-    fields = ["n", "v", *(f"s:{s}" for s in starts), *(f"e:{s}" for s in edges)]
+    starts, edges, fields = read_fields(tspec, t_us)
     return TileRead(tspec, [key_prefix + tiles_key(c.name, i) for i in ids], fields, starts, edges, t_us)
 
 
@@ -82,9 +81,9 @@ def window_values(read: TileRead, replies: Sequence[Any], c: CompiledSchema) -> 
                 "before "
                 f"the newest event of {key}: the online state keeps the windows from there on; read earlier "
                 "times with historical(..., windows='request_time')", key="at")
-        summaries = {s: v.decode() for s, v in zip(read.starts, reply[2:2 + ns], strict=True)
+        summaries = {s: v for s, v in zip(read.starts, reply[2:2 + ns], strict=True)
                      if v is not None}
-        events = {s: v.decode() for s, v in zip(read.edges, reply[2 + ns:2 + ns + ne], strict=True)
+        events = {s: v for s, v in zip(read.edges, reply[2 + ns:2 + ns + ne], strict=True)
                   if v is not None}
         entities.append(EntityTiles(newest_us, summaries, events))
     return values_at(tspec, entities, read.t_us)

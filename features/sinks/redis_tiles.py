@@ -145,7 +145,7 @@ class TileWriter:
             return [], []
         ent_keys = tiles_keys(self.schema_name, rows.newest_entity, self.key_prefix)
         index = {k: i for i, k in enumerate(ent_keys)}
-        args: list[list[str]] = [[] for _ in range(n_ent)]
+        args: list[list[str | bytes]] = [[] for _ in range(n_ent)]
         if len(rows):
             tile_keys = tiles_keys(self.schema_name, rows.entity, self.key_prefix)
             starts = pc.cast(pa.array(rows.start_us), pa.string()).to_pylist()

@@ -10,6 +10,7 @@ as the raw connections' are.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import socket
 import ssl
 from collections.abc import Iterator, Sequence
@@ -207,15 +208,22 @@ def command(args: Sequence[str | bytes]) -> bytes:
     return b"".join(parts)
 
 
+def _bulk(text: str) -> str:
+    return f"${len(text.encode())}\r\n{text}\r\n"
+
+
+@functools.lru_cache(maxsize=256)
+def _bulks(texts: tuple[str, ...]) -> str:
+    """Texts as bulk strings, joined (the SDK reads the same fields call after call)."""
+    return "".join(_bulk(t) for t in texts)
+
+
 def repeated_commands(head: Sequence[str], keys: Sequence[str], tail: Sequence[str]) -> bytes:
     """``head key *tail`` for every key, as protocol bytes: one pipeline of the same command
     over many keys (the SDK's HMGETs), the head and tail encoded once."""
-    def bulk(text: str) -> str:
-        return f"${len(text.encode())}\r\n{text}\r\n"
-
-    start = f"*{len(head) + 1 + len(tail)}\r\n" + "".join(bulk(h) for h in head)
-    end = "".join(bulk(t) for t in tail)
-    return "".join(f"{start}{bulk(k)}{end}" for k in keys).encode()
+    start = f"*{len(head) + 1 + len(tail)}\r\n" + _bulks(tuple(head))
+    end = _bulks(tuple(tail))
+    return "".join(f"{start}{_bulk(k)}{end}" for k in keys).encode()
 
 
 class Conn:

@@ -1,0 +1,230 @@
+"""The binary layout of request-time window tiles (``features.aggregate.tiles``): how a
+tile's summary and its events are packed into Redis hash values, and unpacked with one
+``numpy.frombuffer`` each (no text parsing on the read path).
+
+Both are little-endian, described by a :class:`Layout` made once per tile spec:
+
+- a **summary** (one tile's raw parts): the ``W`` fixed parts (every part but
+  ``last_k``'s list and ``count_distinct``'s distinct values) as 8-byte numbers (int64,
+  or float64 for a float field's min/max/first/last), then ``W`` validity bytes (1: a
+  value, 0: null), then the variable parts as text (``last_k``'s values joined by
+  ``\\x1d``, ``count_distinct``'s escaped distinct texts joined by ``\\x1d``; parts joined
+  by ``\\x1f``; absent when there is none). The fixed block of many tiles is one
+  ``(tiles, W)`` int64 matrix after one ``frombuffer``;
+- the **events** of a tile, sorted as the engine sorts them (time, then digest: the
+  newer of two events at one instant last): one ``R``-byte header row (the event count
+  in its first 8 bytes), then one ``R``-byte row per event (row-major, so the rows of all
+  tiles are one matrix sliced per tile when written): the time after the tile's start
+  (int64), one 8-byte value per distinct numeric field read (the field's int64 /
+  unscaled decimal / float64 value, 0 for null), one byte per distinct contribution mask
+  (``of`` not null and ``where`` matched; an aggregation that counts every event has
+  none); then, when ``count_distinct`` is held, per distinct field read its events'
+  escaped texts joined by ``\\x1d`` (``\\x1f`` between fields). A read takes strided
+  NumPy views of the columns without copying and binary-searches the times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from features.aggregate.engine import AggSpec
+
+I64 = npt.NDArray[np.int64]
+U8 = npt.NDArray[np.uint8]
+FIELD_SEP, ITEM_SEP = "\x1f", "\x1d"
+#: the layout's version: part of the tiles' signature (a hash in an older layout is rewritten)
+VERSION = 2
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each part and each event column sits (see the module docstring)."""
+
+    fixed: tuple[str, ...]             # summary parts held as 8-byte numbers, in order
+    floats: tuple[bool, ...]           # per fixed part: float64 (else int64)
+    variable: tuple[str, ...]          # list / set parts, as text after the numbers
+    values: tuple[str, ...]            # per 8-byte event value column: the aggregation it comes from
+    value_floats: tuple[bool, ...]
+    masks: tuple[str, ...]             # per event mask column: the aggregation it comes from
+    keys: tuple[str, ...]              # per key text column: the count_distinct it comes from
+    value_of: dict[str, int]           # aggregation -> its value column
+    mask_of: dict[str, int]            # aggregation -> its mask column (-1: every event counts)
+    key_of: dict[str, int]             # count_distinct -> its key column
+
+    @property
+    def fixed_bytes(self) -> int:
+        return 9 * len(self.fixed)
+
+    @property
+    def row_bytes(self) -> int:
+        return 8 * (1 + len(self.values)) + len(self.masks)
+
+    @classmethod
+    def of(cls, spec: AggSpec, parts: tuple[str, ...], raw: pa.Schema) -> Layout:
+        fixed = tuple(p for p in parts if not p.endswith(".set") and not pa.types.is_list(raw.field(p).type))
+        floats = tuple(pa.types.is_floating(raw.field(p).type) for p in fixed)
+        variable = tuple(p for p in parts if p not in fixed)
+        values: dict[tuple[Any, ...], str] = {}
+        masks: dict[tuple[Any, ...], str] = {}
+        keys: dict[tuple[Any, ...], str] = {}
+        value_of, mask_of, key_of = {}, {}, {}
+        value_floats = []
+        for agg in spec.windowed:
+            kind = spec.value_kind(agg)
+            mkey = (agg.of, repr(agg.where))
+            if agg.of is None and not agg.where:
+                mask_of[agg.name] = -1
+            else:
+                mask_of[agg.name] = list(masks).index(mkey) if mkey in masks else len(masks)
+                masks.setdefault(mkey, agg.name)
+            if kind in ("int", "float"):
+                vkey = (agg.of, kind)
+                if vkey not in values:
+                    values[vkey] = agg.name
+                    value_floats.append(kind == "float")
+                value_of[agg.name] = list(values).index(vkey)
+            elif kind == "key":
+                kkey = (agg.of,)
+                key_of[agg.name] = list(keys).index(kkey) if kkey in keys else len(keys)
+                keys.setdefault(kkey, agg.name)
+        return cls(fixed, floats, variable, tuple(values.values()), tuple(value_floats),
+                   tuple(masks.values()), tuple(keys.values()), value_of, mask_of, key_of)
+
+
+def _text(arr: pa.Array) -> pa.Array:
+    """Numbers or lists of numbers/texts as text (lists joined by ``\\x1d``; null: empty)."""
+    if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
+        if not pa.types.is_string(arr.type.value_type):
+            arr = arr.cast(pa.list_(pa.string()))
+        return pc.fill_null(pc.binary_join(arr, ITEM_SEP), "")
+    return pc.fill_null(pc.cast(arr, pa.string()), "")
+
+
+def _join(fixed: U8, tails: list[pa.Array]) -> pa.Array:
+    """One binary value per row of ``fixed`` (bytes), followed by the ``tails`` (texts,
+    joined by ``\\x1f``)."""
+    n, w = fixed.shape
+    block = pa.FixedSizeBinaryArray.from_buffers(pa.binary(w), n, [None, pa.py_buffer(fixed.tobytes())]) \
+        if w else pa.array([b""] * n, pa.binary())
+    out = block.cast(pa.large_binary())
+    if not tails:
+        return out
+    tail = tails[0] if len(tails) == 1 else pc.binary_join_element_wise(*tails, FIELD_SEP)
+    return pc.binary_join_element_wise(out, tail.cast(pa.large_binary()), pa.scalar(b"", pa.large_binary()))
+
+
+def _le_bytes(col: npt.NDArray[Any], dtype: str) -> U8:
+    return np.ascontiguousarray(col, dtype=dtype).view(np.uint8).reshape(len(col), 8)
+
+
+def pack_summaries(layout: Layout, table: pa.Table) -> pa.Array:
+    """The summary of each row of ``table`` (one row per tile: the raw parts of
+    :func:`features.aggregate.tiles.group_raw`)."""
+    n = table.num_rows
+    cols: list[U8] = []
+    valid: list[U8] = []
+    for part, is_float in zip(layout.fixed, layout.floats, strict=True):
+        col = table.column(part).combine_chunks()
+        valid.append(np.asarray(col.is_valid(), dtype=np.uint8).reshape(n, 1))
+        filled = np.asarray(pc.fill_null(col, 0.0 if is_float else 0).to_numpy(zero_copy_only=False))
+        cols.append(_le_bytes(filled, "<f8" if is_float else "<i8"))
+    fixed = np.concatenate([*cols, *valid], axis=1) if cols else np.zeros((n, 0), np.uint8)
+    return _join(fixed, [_text(table.column(p).combine_chunks()) for p in layout.variable])
+
+
+def pack_events(layout: Layout, offsets: I64, dt_us: I64, contrib: dict[str, npt.NDArray[np.bool_]],
+                values: dict[str, Any], key_texts: dict[str, pa.Array]) -> pa.Array:
+    """The events of each tile: tile ``i`` holds the events ``offsets[i]:offsets[i + 1]``
+    (sorted), ``dt_us`` their times after their tile's start, ``contrib``/``values`` the
+    engine's inputs per aggregation, ``key_texts`` per count_distinct its escaped texts."""
+    n = len(dt_us)
+    tiles = len(offsets) - 1
+    cols = [_le_bytes(dt_us, "<i8")]
+    for name, is_float in zip(layout.values, layout.value_floats, strict=True):
+        cols.append(_le_bytes(values[name], "<f8" if is_float else "<i8"))
+    cols += [np.asarray(contrib[name], dtype=np.uint8).reshape(n, 1) for name in layout.masks]
+    rows = np.concatenate(cols, axis=1)
+    counts = np.diff(offsets)
+    head = np.zeros((tiles, layout.row_bytes), np.uint8)
+    head[:, :8] = _le_bytes(counts, "<i8")
+    rows = np.insert(rows, offsets[:-1], head, axis=0)
+    width = (counts + 1) * layout.row_bytes
+    starts = np.r_[0, np.cumsum(width)].astype(np.int64)
+    out = pa.Array.from_buffers(pa.large_binary(), tiles, [None, pa.py_buffer(starts.tobytes()),
+                                                           pa.py_buffer(rows.tobytes())])
+    if not layout.keys:
+        return out
+    tails = []
+    for name in layout.keys:
+        texts = pc.fill_null(key_texts[name], "")
+        lists = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), texts)
+        tails.append(pc.binary_join(lists, ITEM_SEP))
+    tail = tails[0] if len(tails) == 1 else pc.binary_join_element_wise(*tails, FIELD_SEP)
+    return pc.binary_join_element_wise(out, tail.cast(pa.large_binary()), pa.scalar(b"", pa.large_binary()))
+
+
+@dataclass
+class Summaries:
+    """Summaries unpacked: the fixed parts of every tile as one matrix."""
+
+    ints: I64                       # (tiles, W) the 8-byte parts as int64 (a float part: its bits)
+    valid: npt.NDArray[np.bool_]    # (tiles, W)
+    tails: list[bytes]              # per tile, the variable parts' text (empty without any)
+
+
+def unpack_summaries(layout: Layout, blobs: list[bytes]) -> Summaries:
+    """The summaries ``blobs``, one ``frombuffer``."""
+    w, f = len(layout.fixed), layout.fixed_bytes
+    if layout.variable:
+        fixed = b"".join(b[:f] for b in blobs)
+        tails = [b[f:] for b in blobs]
+    else:
+        fixed, tails = b"".join(blobs), []
+    block = np.frombuffer(fixed, np.uint8).reshape(len(blobs), f)
+    ints = block[:, :8 * w].copy().view("<i8").astype(np.int64, copy=False)
+    return Summaries(ints, block[:, 8 * w:] != 0, tails)
+
+
+def variable_parts(layout: Layout, tail: bytes) -> dict[str, list[str]]:
+    """A summary's variable parts as lists of texts (a ``.set``'s one empty text and an
+    empty set are told apart by the caller, from its ``.d``)."""
+    texts = tail.decode().split(FIELD_SEP)
+    return {p: t.split(ITEM_SEP) if t else [] for p, t in zip(layout.variable, texts, strict=True)}
+
+
+@dataclass
+class Events:
+    """One tile's events unpacked: NumPy views into its packed value (no copy)."""
+
+    time_us: I64                          # absolute times, sorted
+    values: list[npt.NDArray[Any]]        # per value column
+    masks: list[npt.NDArray[np.bool_]]    # per mask column
+    keys: list[list[str]]                 # per key column: its texts
+
+
+def unpack_events(layout: Layout, start_us: int, blob: bytes) -> Events:
+    r = layout.row_bytes
+    n = int(np.frombuffer(blob, "<i8", 1)[0])
+
+    def col(offset: int, dtype: str) -> npt.NDArray[Any]:
+        return np.ndarray((n,), dtype=dtype, buffer=blob, offset=r + offset, strides=(r,))
+
+    t = col(0, "<i8").astype(np.int64) + start_us
+    values = [col(8 * (1 + i), "<f8" if fl else "<i8") for i, fl in enumerate(layout.value_floats)]
+    base = 8 * (1 + len(layout.values))
+    masks = [col(base + i, "u1").view(np.bool_) for i in range(len(layout.masks))]
+    keys: list[list[str]] = []
+    if layout.keys:
+        texts = blob[(n + 1) * r:].decode().split(FIELD_SEP)
+        keys = [t.split(ITEM_SEP) for t in texts]
+    return Events(t, values, masks, keys)
+
+
+__all__ = ["VERSION", "Events", "Layout", "Summaries", "pack_events", "pack_summaries", "unpack_events",
+           "unpack_summaries", "variable_parts"]
