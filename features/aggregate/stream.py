@@ -22,12 +22,22 @@ batch's valid rows in arrival order while their history rows are written, and
    the touched entities' held events and the accepted ones, and writes the values of
    every event from each entity's earliest new event on (Postgres upsert, Redis newest
    wins) and a reject per late event, in the micro-batch;
-4. **forgets** events older than their entity's horizon, and whole entities quiet for a
+4. **rewrites the request-time window tiles** (:func:`features.aggregate.tiles.build`,
+   the backfill's code) holding an accepted or replayed event, complete, from the held
+   events: a tile it rewrites holds only events at or after ``newest - lateness - tile
+   size`` (an accepted event is at most the lateness behind its entity's newest), and
+   the state holds every accepted event of the last ``horizon = lateness + longest
+   window`` (the tile size is below the longest window), so nothing is read back for
+   them. A replayed event older than that is in a tile the state may hold only part
+   of: that tile is not rewritten (the first pass wrote it complete; no window a read
+   may ask for, at most the lateness before the newest event, reaches it);
+5. **forgets** events older than their entity's horizon, and whole entities quiet for a
    horizon of event time (they are read back if they return: exactness does not depend
    on what is held).
 
 Replays are idempotent: a micro-batch applied twice writes the same rows (upserts that
-change nothing) and the same rejects (unique per source record). Every entity's records
+change nothing), the same rejects (unique per source record) and the same tiles
+(complete, never deltas). Every entity's records
 must come from one Kafka partition (producers key records by entity): an entity seen on
 two partitions would be aggregated by two processes at once, and is refused with an
 error that says so.
@@ -46,6 +56,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from features.aggregate.engine import AggSpec, Inputs, compute, extract, finalize, raw_schema
+from features.aggregate.tiles import TileRows, TileSpec
+from features.aggregate.tiles import build as build_tiles
 from features.aggregate.writer import AggregateCounts, AggregateWriter, late_rejects
 from features.errors import ConfigError
 from features.lineage import RunContext
@@ -108,6 +120,7 @@ class Plan:
     rejects: pa.Table | None = None         # one per late event
     new: Inputs | None = None               # the accepted events, for the state
     new_pos: I64 | None = None
+    tiles: TileRows | None = None           # the request-time window tiles to rewrite
 
 
 @dataclass
@@ -208,9 +221,26 @@ class StreamAggregator:
             rejects = late_rejects(spec, ctx, entity.take(at), t[late_idx], inp.source.take(at),
                                    prev[late_idx])
         part = pa.array(idx, pa.int64())
+        tspec = self.writer.tile_spec
+        tiles = None
+        if tspec is not None:
+            replayed = np.flatnonzero(replay)
+            tiles = self._tiles(tspec, held, new, inp.take(replayed), pos[replayed])
         out.seconds = time.perf_counter() - t0
         return Plan(out, ctx, merged.entity.take(part), merged.time_us[idx], merged.source.take(part), values,
-                    rejects, new, pos[accepted])
+                    rejects, new, pos[accepted], tiles)
+
+    def _tiles(self, tspec: TileSpec, held: Inputs, new: Inputs, replayed: Inputs, replayed_pos: I64
+               ) -> TileRows:
+        """The tiles holding an accepted (``new``) or a replayed event, complete, built
+        from the touched entities' ``held`` events and the new ones (see the module doc,
+        4.): a replayed event's tile is left out where it starts before the horizon the
+        state holds whole."""
+        h = tspec.size_us
+        newest = self._newest[replayed_pos]
+        whole = (newest == NONE) | (replayed.time_us // h * h >= newest - self.spec.horizon_us)
+        events = Inputs.concat([held, new, replayed.take(np.flatnonzero(whole))])
+        return build_tiles(tspec, events, np.arange(len(events)) >= len(held))
 
     def commit(self, plan: Plan) -> AggregateCounts:
         """Write what :meth:`plan` computed, then take its events into the state."""
@@ -220,8 +250,9 @@ class StreamAggregator:
             return out
         assert plan.entity is not None and plan.time_us is not None and plan.sources is not None
         done = self.writer.write(self.spec, plan.ctx, plan.entity, plan.time_us, plan.sources, plan.values,
-                                 late=plan.rejects)
+                                 late=plan.rejects, tiles=plan.tiles)
         out.rows_written, out.hot_written = done.rows_written, done.hot_written
+        out.tiles_written = done.tiles_written
         out.late_rejects_stored = done.late_rejects_stored
         if len(plan.new):
             assert self._events is not None and plan.new_pos is not None

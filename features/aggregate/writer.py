@@ -268,45 +268,51 @@ class AggregateWriter:
         return _inputs(spec, names, self._pg.read_accepted(entity, fields, spec.horizon_us))
 
     def write(self, spec: AggSpec, ctx: RunContext, entity: pa.Array, time_us: I64, sources: pa.Array,
-              values: dict[str, pa.Array], late: pa.Table | None = None, *, new: bool = False
-              ) -> AggregateCounts:
+              values: dict[str, pa.Array], late: pa.Table | None = None, *, new: bool = False,
+              tiles: TileRows | None = None) -> AggregateCounts:
         """Upsert aggregation ``values`` (one row per emitted event, in emission order:
         for a key emitted twice the last one wins) and store ``late`` rejects. ``new``:
-        the keys are expected to be new (``PostgresSink.upsert_aggregates``)."""
+        the keys are expected to be new (``PostgresSink.upsert_aggregates``). ``tiles``:
+        request-time window tiles to write too (:meth:`write_tiles`, while Postgres upserts)."""
         assert self._pg is not None and self._hot is not None, "open() first"
         schema = spec.schema
         assert schema.entity is not None and schema.event_time is not None
         counts = AggregateCounts()
         n = len(time_us)
-        if n:
-            codes = group_codes(entity)
-            frame = pd.DataFrame({"k": codes, "t": time_us})
-            keep = np.flatnonzero(~frame.duplicated(keep="last").to_numpy())
-            take = pa.array(keep)
-            rows = pa.table({
-                schema.entity: entity.take(take),
-                schema.event_time: event_time_array(spec, time_us[keep]),
-                **{name: _narrow(arr.take(take)) for name, arr in values.items()},
-                **ctx.columns(sources.take(take)),
-            })
-            hot = None
-            if self._hot.features:
-                # only each entity's newest event can be the hot value; Redis is written
-                # while Postgres upserts
-                kc, kt = codes[keep], time_us[keep]
-                order = np.lexsort((np.arange(len(keep)), kt, kc))
-                last = order[np.r_[kc[order][1:] != kc[order][:-1], True]]
-                newest = rows.take(pa.array(last))
-                hot = self._pool.submit(self._hot.write, self.stores.unit(newest))
-            try:
-                counts.rows_written = self._pg.upsert_aggregates(rows, new=new)
-            finally:
-                if hot is not None:
-                    counts.hot_written = hot.result().stored
-            if counts.rows_written == 0:
-                counts.hot_restored = counts.hot_written
-        if late is not None and late.num_rows:
-            counts.late_rejects_stored = self._pg.insert_rejects(late)
+        written = self._pool.submit(self.write_tiles, tiles) if tiles is not None and len(tiles) else None
+        try:
+            if n:
+                codes = group_codes(entity)
+                frame = pd.DataFrame({"k": codes, "t": time_us})
+                keep = np.flatnonzero(~frame.duplicated(keep="last").to_numpy())
+                take = pa.array(keep)
+                rows = pa.table({
+                    schema.entity: entity.take(take),
+                    schema.event_time: event_time_array(spec, time_us[keep]),
+                    **{name: _narrow(arr.take(take)) for name, arr in values.items()},
+                    **ctx.columns(sources.take(take)),
+                })
+                hot = None
+                if self._hot.features:
+                    # only each entity's newest event can be the hot value; Redis is written
+                    # while Postgres upserts
+                    kc, kt = codes[keep], time_us[keep]
+                    order = np.lexsort((np.arange(len(keep)), kt, kc))
+                    last = order[np.r_[kc[order][1:] != kc[order][:-1], True]]
+                    newest = rows.take(pa.array(last))
+                    hot = self._pool.submit(self._hot.write, self.stores.unit(newest))
+                try:
+                    counts.rows_written = self._pg.upsert_aggregates(rows, new=new)
+                finally:
+                    if hot is not None:
+                        counts.hot_written = hot.result().stored
+                if counts.rows_written == 0:
+                    counts.hot_restored = counts.hot_written
+            if late is not None and late.num_rows:
+                counts.late_rejects_stored = self._pg.insert_rejects(late)
+        finally:  # the tiles' write is waited for (and its error raised) whatever happened
+            if written is not None:
+                counts.tiles_written = written.result()
         return counts
 
 

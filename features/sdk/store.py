@@ -293,8 +293,8 @@ class FeatureStore:
         ``"event"`` (the default) the value as of the entity's newest event;
         ``"request_time"`` its window evaluated at ``at`` (default: now, :meth:`now`), read
         from the entity's tiles (docs/aggregations.md, "Windows at request time"; the same
-        values as ``historical(..., windows="request_time")`` at that time; filled by batch
-        loads only for now). ``at`` must not be more than the schema's allowed lateness
+        values as ``historical(..., windows="request_time")`` at that time; written by batch
+        loads and the stream job). ``at`` must not be more than the schema's allowed lateness
         before the entity's newest event (ConfigError: read such times with ``historical``).
         """
         if windows not in WINDOWS:

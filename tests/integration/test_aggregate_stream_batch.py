@@ -11,14 +11,18 @@ gaps, events exactly on window edges, invalid rows) goes
 
 The stream calls late exactly the events more than the allowed lateness behind their
 user's newest earlier event (arrival order, computed here independently); for every
-user without such an event its aggregation rows equal the backfill's exactly; both
-hold the same history. Then a backfill of the same file into the stream's stores
-repairs the rest: afterwards every aggregation row and every hot value in Redis
-equals the batch backfill's.
+user without such an event its aggregation rows equal the backfill's exactly, and so do
+its request-time window tiles in Redis (issue 49: byte for byte, so the kill and the
+restore lost and counted twice nothing), read at request times around its newest event
+as ``historical(..., windows="request_time")`` computes them; both hold the same
+history. Then a backfill of the same file into the stream's stores repairs the rest:
+afterwards every aggregation row, every hot value and every tile in Redis equals the
+batch backfill's.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import signal
@@ -32,6 +36,8 @@ import pyarrow as pa
 import pytest
 from aggregate_reference import T, stream_late
 
+from features.aggregate.engine import AggSpec
+from features.aggregate.tiles import TileSpec
 from features.compile import CompiledSchema, compile_schema
 from features.config import Settings
 from features.ops.examples import click_history, click_records
@@ -102,6 +108,53 @@ def _hot(url: str, prefix: str) -> dict[str, dict[bytes, bytes]]:
         out[key.decode()[len(prefix):]] = {k: v for k, v in h.items()
                                            if k.decode() in (*HOT, "_event_time")}
     return out
+
+
+def _tiles(url: str, prefix: str) -> dict[str, dict[bytes, bytes]]:
+    """Every user's request-time window tiles hash (features.aggregate.tiles), whole."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        return {key.decode()[len(prefix):]: dict(client.hgetall(key))  # type: ignore[arg-type]
+                for key in client.scan_iter(match=f"{prefix}features:clicks__tiles:*", count=10_000)}
+    finally:
+        client.close()
+
+
+def _user(key: str) -> str:
+    return key.rsplit("{", 1)[1].rstrip("}")
+
+
+def _request_time_reads(settings: Settings, tmp: Path, pg_schema: str, prefix: str, schema: CompiledSchema,
+                        newest: dict[str, int]) -> int:
+    """``online(..., windows="request_time", at=T)`` from the tiles under ``prefix`` equals
+    ``historical(..., windows="request_time")`` over ``pg_schema``'s history for ~300 of the
+    users of ``newest`` (user -> newest event, us) at times within the allowed lateness
+    before it, on it, 1 µs after, on the next tile boundaries and hours later. Returns how
+    many reads had a click in their 24-hour window (the check is not vacuous)."""
+    from features import FeatureStore
+
+    tspec = TileSpec.of(AggSpec.of(schema.schema))
+    assert tspec is not None
+    h, minute = tspec.size_us, 60_000_000
+    users = sorted(newest)[::max(1, len(newest) // 300)]
+    reqs = [(u, t) for u in users for t in (newest[u] - 50 * minute, newest[u] - 1, newest[u], newest[u] + 1,
+                                            newest[u] // h * h + h, newest[u] // h * h + h - 1,
+                                            newest[u] + 20 * h + 7, newest[u] + 30 * 60 * minute)]
+    epoch = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+    names = list(HOT)
+    with FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn,
+                      schemas=tmp / "schemas", search_path=pg_schema, key_prefix=prefix) as fs:
+        online = [fs.online("clicks", [u], names, windows="request_time",
+                            at=epoch + dt.timedelta(microseconds=t)).select(names).to_pylist()[0]
+                  for u, t in reqs]
+        stamps = pa.array([t for _, t in reqs], pa.int64()).cast(pa.timestamp("us", "UTC"))
+        frame = pa.table({"user_id": [u for u, _ in reqs], "timestamp": stamps})
+        historical = fs.historical("clicks", frame, names, windows="request_time").select(names).to_pylist()
+    diff = [(r, o, w) for r, o, w in zip(reqs, online, historical, strict=True) if o != w]
+    assert not diff, f"{len(diff)} of {len(reqs)} request-time reads differ, e.g. {diff[:3]}"
+    return sum(1 for o in online if o["clicks_24h"])
 
 
 AGG_QUERY = f"SELECT user_id, event_time, {', '.join(AGGS)} FROM clicks__aggregates ORDER BY 1, 2"
@@ -224,6 +277,19 @@ def test_stream_with_sigkill_and_batch_backfill_compute_identical_aggregations(
             assert _pg_rows(conn, pg_schema, HISTORY_QUERY) == _pg_rows(conn, batch_schema, HISTORY_QUERY)
         assert len(stream_rows) < len(batch_rows)  # the late events' rows are missing
 
+        # ---- request-time windows: the tiles the stream wrote through the kill and the restore
+        stream_tiles = _tiles(url, f"{redis_prefix}stream:")
+        batch_tiles = _tiles(url, f"{redis_prefix}batch:")
+        on_time_keys = {k for k in batch_tiles if _user(k) not in late_users}
+        assert len(batch_tiles) > 0.9 * USERS and len(on_time_keys) > 0.5 * USERS
+        assert {k: stream_tiles.get(k) for k in on_time_keys} == {k: batch_tiles[k] for k in on_time_keys}
+        newest: dict[str, int] = {}
+        for e in arrival:
+            if e["user_id"] not in late_users:
+                newest[e["user_id"]] = max(newest.get(e["user_id"], e[T]), e[T])
+        clicked = _request_time_reads(settings, tmp_path, pg_schema, f"{redis_prefix}stream:", schema, newest)
+        assert clicked > 300
+
         # ---- a backfill of the same history into the stream's stores repairs the rest
         repair = load([path], schema, settings, search_path=pg_schema,
                       key_prefix=f"{redis_prefix}stream:")
@@ -237,6 +303,7 @@ def test_stream_with_sigkill_and_batch_backfill_compute_identical_aggregations(
         assert len(batch_hot) > 0.9 * USERS
         assert stream_hot == batch_hot
         assert all(b"_event_time" in v for v in batch_hot.values())
+        assert _tiles(url, f"{redis_prefix}stream:") == _tiles(url, f"{redis_prefix}batch:")
     finally:
         admin.execute(f'DROP SCHEMA "{batch_schema}" CASCADE')
         admin.close()

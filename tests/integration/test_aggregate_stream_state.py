@@ -49,7 +49,7 @@ from hypothesis import strategies as st
 from psycopg import sql
 
 from features.aggregate.stream import KeyingError
-from features.compile import compile_schema
+from features.compile import CompiledSchema, compile_schema
 from features.compile.layout import aggregates_key
 from features.config import Settings
 from features.load import load
@@ -93,8 +93,9 @@ def cases(draw: st.DrawFn) -> dict[str, Any]:
             "replay": replay}
 
 
-def _processor(settings: Settings, ns: str, prefix: str, run: str) -> StreamProcessor:
-    proc = StreamProcessor(COMPILED, settings, run_id=run, dead_letter_topic=None, search_path=ns,
+def _processor(settings: Settings, ns: str, prefix: str, run: str, compiled: CompiledSchema = COMPILED
+               ) -> StreamProcessor:
+    proc = StreamProcessor(compiled, settings, run_id=run, dead_letter_topic=None, search_path=ns,
                            key_prefix=prefix)
     proc.open()
     return proc

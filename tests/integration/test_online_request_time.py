@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +100,43 @@ def drop_keys(client: redis.Redis, prefix: str) -> None:
         client.delete(*keys)
 
 
+@contextmanager
+def hot_stores(settings: Settings, tmp: Path, tag: str) -> Iterator[tuple[str, str, FeatureStore]]:
+    """A Postgres schema and a Redis key prefix of their own for :data:`HOT_SCHEMA`, and a
+    FeatureStore on them: ``(search path, key prefix, store)``; all dropped afterwards."""
+    (tmp / "schemas").mkdir()
+    (tmp / "schemas" / "agg_props.yaml").write_text(HOT_SCHEMA)
+    ns = f"t_{tag}_{uuid.uuid4().hex[:12]}"
+    prefix = f"test:{ns}:"
+    admin = psycopg.connect(settings.postgres_dsn, autocommit=True)
+    admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(ns)))
+    client = redis.Redis.from_url(settings.redis_url)
+    fs = FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn,
+                      schemas=tmp / "schemas", search_path=ns, key_prefix=prefix)
+    try:
+        yield ns, prefix, fs
+    finally:
+        fs.close()
+        drop_keys(client, prefix)
+        client.close()
+        admin.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(ns)))
+        admin.close()
+
+
+def check_request_times(fs: FeatureStore, events: list[dict[str, Any]], times: list[int]) -> None:
+    """At each of ``times``, for every user and one unknown: ``online(T) == historical(T) ==
+    reference_at(T)`` over the history ``events``."""
+    ids = [*USERS, "nobody"]
+    for t in times:
+        want = reference_at(COMPILED.schema, events, [(u, t) for u in ids])
+        got = fs.online("agg_props", ids, AGGS, windows="request_time", at=at(t))
+        assert got.column("uid").to_pylist() == ids
+        assert rows_of(got) == want, t
+        frame = pa.table({"uid": pa.array(ids), "timestamp": pa.array([t] * len(ids), pa.int64()).cast(
+            pa.timestamp("us", "UTC"))})
+        assert rows_of(fs.historical("agg_props", frame, AGGS, windows="request_time")) == want, t
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.too_slow])
 @given(case=cases())
@@ -106,36 +145,13 @@ def test_online_at_request_time_equals_historical_and_the_reference(
         settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> None:
     events, loads, times = case
     tmp = tmp_path_factory.mktemp("ort")
-    (tmp / "schemas").mkdir()
-    (tmp / "schemas" / "agg_props.yaml").write_text(HOT_SCHEMA)
-    ns = f"t_online_rt_{uuid.uuid4().hex[:12]}"
-    prefix = f"test:{ns}:"
-    admin = psycopg.connect(settings.postgres_dsn, autocommit=True)
-    admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(ns)))
-    client = redis.Redis.from_url(settings.redis_url)
-    fs = FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn,
-                      schemas=tmp / "schemas", search_path=ns, key_prefix=prefix)
-    ids = [*USERS, "nobody"]
-    try:
+    with hot_stores(settings, tmp, "online_rt") as (ns, prefix, fs):
         for i, rows in enumerate(loads):
             path = tmp / f"load{i}.parquet"
             pq.write_table(history_table(rows), path)
             summary = load([path], COMPILED, settings, search_path=ns, key_prefix=prefix)
             assert summary.adds_up and summary.rejected == 0
-        for t in times:
-            want = reference_at(COMPILED.schema, events, [(u, t) for u in ids])
-            got = fs.online("agg_props", ids, AGGS, windows="request_time", at=at(t))
-            assert got.column("uid").to_pylist() == ids
-            assert rows_of(got) == want, t
-            frame = pa.table({"uid": pa.array(ids), "timestamp": pa.array([t] * len(ids), pa.int64()).cast(
-                pa.timestamp("us", "UTC"))})
-            assert rows_of(fs.historical("agg_props", frame, AGGS, windows="request_time")) == want
-    finally:
-        fs.close()
-        drop_keys(client, prefix)
-        client.close()
-        admin.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(ns)))
-        admin.close()
+        check_request_times(fs, events, times)
 
 
 QUIET = """
