@@ -26,9 +26,10 @@ import pytest
 import redis
 from installed_env import users_shell
 from test_batch_load import _env, _ledger_count, pg_snapshot, redis_snapshot
-from test_stream_cluster import _process_tree, _pyflink_home, standalone_cluster
+from test_stream_cluster import Cluster, _process_tree, _pyflink_home, standalone_cluster
 
 from features.config import Settings
+from features.flink.cluster import _pid_alive
 from features.ops.examples import applicants
 
 pytestmark = [pytest.mark.services, pytest.mark.flink, pytest.mark.slow]
@@ -139,13 +140,79 @@ def agg_files(tmp: Path, events: int, files: int, seed: int = 44) -> list[str]:
     return paths
 
 
-@pytest.mark.parametrize("schema", ["credit_applicant", "agg_props"])
-def test_backfill_on_a_standalone_cluster_survives_a_killed_taskmanager(
+@pytest.fixture(scope="class")
+def killable_cluster(tmp_path_factory: pytest.TempPathFactory, deps_venv: Path) -> Iterator[Cluster]:
+    """One standalone cluster of two 1-slot TaskManagers, shared by the killed-TaskManager
+    cases (one JVM start of the cluster, not one per case): each case kills one of its
+    TaskManagers, and the next case first starts one in its place (:func:`_two_taskmanagers`)."""
+    tmp = tmp_path_factory.mktemp("killed-taskmanager")
+    (tmp / "cluster").mkdir()
+    with standalone_cluster(tmp, taskmanagers=2, slots=1, home=_pyflink_home(deps_venv), cwd=tmp / "cluster",
+                            extra={"heartbeat.timeout": 10_000, "heartbeat.interval": 2_000}) as cluster:
+        yield cluster
+
+
+def _taskexecutors(cluster: Cluster) -> list[int]:
+    """The TaskManagers' pids that are running now (a killed one's pid stays in the pid file)."""
+    return sorted(int(p) for f in cluster.pid_dir.glob("*taskexecutor*.pid") for p in f.read_text().split()
+                  if p.isdigit() and _pid_alive(int(p)))
+
+
+def _two_taskmanagers(cluster: Cluster, timeout: float = 180) -> None:
+    """Start TaskManagers (``taskmanager.sh start``, as ``start-cluster.sh`` does) until two
+    run, then wait until the JobManager lists exactly those two, both slots free (a killed
+    one is dropped after the heartbeat timeout)."""
+    for _ in range(2 - len(_taskexecutors(cluster))):
+        started = cluster.script("taskmanager.sh", "start")
+        assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
+    deadline = time.monotonic() + timeout
+    view: dict[str, object] | None = None
+    while time.monotonic() < deadline:
+        view = cluster.cluster.overview()
+        if view and view.get("taskmanagers") == 2 and view.get("slots-available") == 2:
+            break
+        time.sleep(0.5)
+    else:
+        pytest.fail(f"the cluster did not get back to two free TaskManagers: {view}\n{cluster.logs()}")
+    assert len(_taskexecutors(cluster)) == 2
+
+
+def _log_sizes(cluster: Cluster) -> dict[Path, int]:
+    return {f: f.stat().st_size for f in cluster.log_dir.glob("*") if f.suffix in (".log", ".out")}
+
+
+def _logs_since(cluster: Cluster, sizes: dict[Path, int]) -> str:
+    """What the cluster's log files gained since ``sizes`` (new files whole): this case's
+    lines only, not an earlier case's on the same cluster."""
+    parts = []
+    for f in sorted(cluster.log_dir.glob("*")):
+        if f.suffix in (".log", ".out"):
+            with f.open("rb") as fh:
+                fh.seek(sizes.get(f, 0))
+                parts.append(fh.read().decode(errors="replace"))
+    return "\n".join(parts)
+
+
+class TestKilledTaskManager:
+    """The two cases share one standalone cluster (``killable_cluster``); each kills one of
+    its TaskManagers mid-run and checks the job's recovery in its own log lines."""
+
+    @pytest.mark.parametrize("schema", ["credit_applicant", "agg_props"])
+    def test_backfill_on_a_standalone_cluster_survives_a_killed_taskmanager(
+            self, schema: str, tmp_path: Path, settings: Settings, pg_schema: str, second_pg_schema: str,
+            two_dbs: tuple[redis.Redis, redis.Redis], featureline_wheel: Path, installed_venv: Path,
+            deps_venv: Path, killable_cluster: Cluster) -> None:
+        """Also with windowed aggregations: the restarted task recomputes its entities' values
+        from its whole shard (rows the failed attempt committed included)."""
+        _backfill_survives_a_killed_taskmanager(schema, tmp_path, settings, pg_schema, second_pg_schema,
+                                                two_dbs, featureline_wheel, installed_venv, deps_venv,
+                                                killable_cluster)
+
+
+def _backfill_survives_a_killed_taskmanager(
         schema: str, tmp_path: Path, settings: Settings, pg_schema: str, second_pg_schema: str,
         two_dbs: tuple[redis.Redis, redis.Redis], featureline_wheel: Path, installed_venv: Path,
-        deps_venv: Path) -> None:
-    """Also with windowed aggregations: the restarted task recomputes its entities' values
-    from its whole shard (rows the failed attempt committed included)."""
+        deps_venv: Path, cluster: Cluster) -> None:
     from aggregate_reference import SCHEMA
 
     schemas = tmp_path / "schemas"
@@ -172,22 +239,20 @@ def test_backfill_on_a_standalone_cluster_survives_a_killed_taskmanager(
     # `flink run`) takes as its number of shard tasks
     args = ["run", "-p", "2", "-py", job, "-pyfs", f"dist/{featureline_wheel.name}",
             "-pyexec", str(deps_venv), "-pyclientexec", str(installed_venv), *common, "--json", *paths]
-    (tmp_path / "cluster").mkdir()
-    with standalone_cluster(tmp_path, taskmanagers=2, slots=1, home=_pyflink_home(deps_venv),
-                            cwd=tmp_path / "cluster",
-                            extra={"heartbeat.timeout": 10_000, "heartbeat.interval": 2_000}) as cluster:
-        client_flink = _pyflink_home(installed_venv) / "bin" / "flink"
-        submit = subprocess.Popen(["bash", str(client_flink), *args],
-                                  env={**env, "FLINK_CONF_DIR": str(cluster.conf_dir)}, cwd=project,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _two_taskmanagers(cluster)  # an earlier case on this cluster killed one
+    sizes = _log_sizes(cluster)
+    client_flink = _pyflink_home(installed_venv) / "bin" / "flink"
+    submit = subprocess.Popen(["bash", str(client_flink), *args],
+                              env={**env, "FLINK_CONF_DIR": str(cluster.conf_dir)}, cwd=project,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
         # kill one TaskManager (and its Python worker: a lost machine) once units are committed
         deadline = time.monotonic() + 300
         while _ledger_count(settings, second_pg_schema) < 6 and submit.poll() is None \
                 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert submit.poll() is None, "the job ended before a TaskManager could be killed"
-        pids = sorted(int(p) for f in cluster.pid_dir.glob("*taskexecutor*.pid")
-                      for p in f.read_text().split())
+        pids = _taskexecutors(cluster)
         assert len(pids) == 2, pids
         victim = next(p for p in pids if len(_process_tree(p)) > 1)  # the one running a Python task
         for pid in _process_tree(victim):
@@ -199,14 +264,20 @@ def test_backfill_on_a_standalone_cluster_survives_a_killed_taskmanager(
         out, err = submit.communicate(timeout=900)
         assert submit.returncode == 0, (f"flink run exited {submit.returncode}\n{err[-3000:]}\n"
                                         f"{cluster.logs()}")
-        assert '"adds_up": true' in out, out[-2000:]
-        logs = cluster.logs(1_000_000)
-        assert "Map (2/2)" in logs, "the job did not run two shard tasks"
-        assert "switched from state RUNNING to RESTARTING" in logs, "no task was restarted"
-        # the workers ran the cluster's Python with the shipped wheel as their PYTHONPATH
-        assert f"Python interpreter path: {deps_venv}\n" in logs, logs[-3000:]
-        assert all(Path(p).name == featureline_wheel.name
-                   for p in re.findall(r"PYTHONPATH of python worker: (\S+)", logs)), logs[-3000:]
+    finally:  # a failed case leaves no job on the shared cluster
+        if submit.poll() is None:
+            submit.kill()
+            submit.communicate()
+            for job_id in cluster.running_ids():
+                cluster.script("flink", "cancel", job_id)
+    assert '"adds_up": true' in out, out[-2000:]
+    logs = _logs_since(cluster, sizes)  # this case's lines only
+    assert "Map (2/2)" in logs, "the job did not run two shard tasks"
+    assert "switched from state RUNNING to RESTARTING" in logs, "no task was restarted"
+    # the workers ran the cluster's Python with the shipped wheel as their PYTHONPATH
+    assert f"Python interpreter path: {deps_venv}\n" in logs, logs[-3000:]
+    assert all(Path(p).name == featureline_wheel.name
+               for p in re.findall(r"PYTHONPATH of python worker: (\S+)", logs)), logs[-3000:]
     assert 0 < killed_at, killed_at
     assert tables_snapshot(settings, second_pg_schema, schema) == tables_snapshot(settings, pg_schema, schema)
     assert hashes(flink) == hashes(reference)
