@@ -22,6 +22,7 @@ import datetime as dt
 import uuid
 from collections.abc import Iterator
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -32,6 +33,7 @@ import redis
 from psycopg import sql
 from test_views import (
     DAY_US,
+    EXAMPLE,
     FETCHED,
     SOURCES,
     T0,
@@ -203,3 +205,47 @@ def test_every_online_call_of_the_schema(loaded: Loaded, settings: Settings) -> 
             await store.aclose()
 
     assert without_age(asyncio.run(read()).to_pylist()) == without_age(table.to_pylist())
+
+
+def test_features_historical_view_windows_request_time(loaded: Loaded, settings: Settings,
+                                                       tmp_path: Path) -> None:
+    """``features historical --view --windows request-time``: the training set's windows
+    are evaluated at each row's timestamp (the reference's counts and sums), the file equal
+    to ``historical_view(..., windows="request_time")``; without the flag they are not."""
+    import json
+    import subprocess
+    import sys
+
+    import pyarrow.parquet as pq
+    from conftest import cli_environment
+
+    h = loaded.h
+    rows = requests(h, 11)[:6]
+    frame = pa.concat_tables([frame_at(rows, at) for at in instants(h)])
+    out = tmp_path
+    pq.write_table(frame, out / "frame.parquet")
+    with make_store(settings, loaded.pg_schema, loaded.prefix) as fs:
+        want = fs.historical_view(VIEW, frame, windows="request_time")
+    folders = ["--views-dir", str(EXAMPLE / "views"), "--schemas-dir", str(EXAMPLE / "schemas"),
+               "--entities", str(out / "frame.parquet"), "--json"]
+    cli = [sys.executable, "-m", "features.cli", "historical", "--view", VIEW, *folders]
+    with cli_environment(settings, loaded.pg_schema, 6) as env:  # Redis db 6: unused by historical
+        done = subprocess.run([*cli, "--out", str(out / "rt.parquet"), "--windows", "request-time"],
+                              env=env, capture_output=True, text=True, timeout=300)
+        event = subprocess.run([*cli, "--out", str(out / "ev.parquet")], env=env, capture_output=True,
+                               text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert event.returncode == 0, event.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1])["rows"] == frame.num_rows
+    got = pq.read_table(out / "rt.parquet")
+    assert got.to_pylist() == want.to_pylist()
+    counts: list[int] = []
+    sums: list[Decimal] = []
+    for at in instants(h):
+        c, s = reference(h, [r["card_id"] for r in rows], at)
+        counts += c
+        sums += s
+    assert got.column("card_txn_count_24h").to_pylist() == counts
+    assert got.column("card_amount_sum_24h").to_pylist() == sums
+    assert 0 in counts and max(counts) >= 1, counts
+    assert pq.read_table(out / "ev.parquet").column("card_txn_count_24h").to_pylist() != counts
