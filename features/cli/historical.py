@@ -158,9 +158,6 @@ def run(args: argparse.Namespace) -> int:
     if args.view is not None and (features is not None or max_age is not None):
         raise ConfigError("--features and --max-age are the view's own (its sources' features and max_age): "
                           "not given with --view", key="view")
-    if args.view is not None and args.windows != "event":
-        raise ConfigError("--windows request-time is not implemented for views yet (issue 49 step d): "
-                          "give --schema", key="windows")
     settings = resolve_settings(schemas_dir=args.schemas_dir, views_dir=args.views_dir)
     frames, total = _frame_chunks(args.entities, chunk_rows)
     show = not args.no_progress and not args.json and active_format() != "json"
@@ -171,13 +168,13 @@ def run(args: argparse.Namespace) -> int:
                       schemas=settings.schemas_dir, views=settings.views_dir) as fs:
         if args.view is not None:
             fs.view(args.view)  # an unknown view fails before the output is opened
-            parts: Iterator[Any] = (fs.historical_view(args.view, f, timestamp_column=args.timestamp_column)
+            parts: Iterator[Any] = (fs.historical_view(args.view, f, timestamp_column=args.timestamp_column,
+                                                       windows=args.windows.replace("-", "_"))
                                     for f in frames)
         else:
             fs.schema(args.schema)  # an unknown schema fails before the output is opened
-            windows = args.windows.replace("-", "_")
             parts = (fs.historical(args.schema, f, features, timestamp_column=args.timestamp_column,
-                                   max_age=max_age, windows=windows) for f in frames)
+                                   max_age=max_age, windows=args.windows.replace("-", "_")) for f in frames)
         result = write_training_set(parts, args.out, progress)
     seconds = time.perf_counter() - t0
     summary = {("schema" if args.view is None else "view"): args.schema or args.view,

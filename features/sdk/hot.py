@@ -46,6 +46,14 @@ from features.sdk.online import (
     small_rows,
     still_outdated,
 )
+from features.sdk.request_time import (
+    WindowedRequest,
+    request_micros,
+    request_time_windows,
+    tile_read,
+    tile_spec,
+    windowed_values,
+)
 
 if TYPE_CHECKING:
     from features.sdk.catalog import Catalog
@@ -136,8 +144,13 @@ class HotReader:
         return OnlineRequest(plan, ids, reads, lineage)
 
     def online(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None,
-               fallback: bool | None, max_age: dt.timedelta | None) -> Read:
-        """``FeatureStore.online`` with ``windows="event"``: a table."""
+               fallback: bool | None, max_age: dt.timedelta | None, windows: str = "event",
+               at: dt.datetime | None = None) -> Read:
+        """``FeatureStore.online``: a table (``windows="request_time"``:
+        :meth:`online_request_time`; ConfigError for a ``windows`` other than
+        :data:`features.sdk.request_time.WINDOWS`, or ``at`` without request-time windows)."""
+        if request_time_windows(windows, at):
+            return self.online_request_time(schema, entity_ids, features, fallback, max_age, at)
         since = time.monotonic()
         req = self.request(schema, entity_ids, features)
         replies = self.connections.redis_replies(req.reads)
@@ -148,9 +161,14 @@ class HotReader:
         return Read(table, len(req.ids), from_pg, missed)
 
     def online_dicts(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None,
-                     fallback: bool | None, max_age: dt.timedelta | None) -> Read:
+                     fallback: bool | None, max_age: dt.timedelta | None, windows: str = "event",
+                     at: dt.datetime | None = None) -> Read:
         """``FeatureStore.online_dicts``: one dict per id, no Arrow object when every id is
-        in Redis (and fresh)."""
+        in Redis (and fresh); ``windows="request_time"``: the rows of
+        :meth:`online_request_time`'s table."""
+        if request_time_windows(windows, at):
+            read = self.online_request_time(schema, entity_ids, features, fallback, max_age, at)
+            return Read(read.value.to_pylist(), read.ids, read.from_pg, read.missed)
         since = time.monotonic()
         req = self.request(schema, entity_ids, features)
         replies = self.connections.redis_replies(req.reads)
@@ -161,12 +179,19 @@ class HotReader:
         return Read(table.to_pylist(), len(req.ids), from_pg, missed)
 
     async def online_async(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None,
-                           fallback: bool | None, max_age: dt.timedelta | None) -> Read:
+                           fallback: bool | None, max_age: dt.timedelta | None, windows: str = "event",
+                           at: dt.datetime | None = None) -> Read:
         """``FeatureStore.online_async``: redis.asyncio; decoding and the fallback in a
-        worker thread."""
+        worker thread (``windows="request_time"``: the tiles read in the same round trip)."""
         import asyncio
 
         since = time.monotonic()
+        if request_time_windows(windows, at):
+            wreq = self.windowed_request(schema, entity_ids, features, at)
+            replies = await self.connections.redis_replies_async(wreq.reads)
+            table, from_pg, missed = await asyncio.to_thread(self.finish_windowed, wreq, replies, fallback,
+                                                             max_age, since)
+            return Read(table, len(wreq.ids), from_pg, missed)
         req = self.request(schema, entity_ids, features)
         for _ in range(UPGRADE_ATTEMPTS):
             replies = await self.connections.redis_replies_async(req.reads)
@@ -178,19 +203,21 @@ class HotReader:
                 await asyncio.to_thread(self.versions.upgrade, req)
         raise still_outdated(req)
 
-    def online_request_time(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None,
-                            fallback: bool | None, max_age: dt.timedelta | None, at: dt.datetime | None
-                            ) -> Read:
-        """``FeatureStore.online`` with ``windows="request_time"``: the features as
-        :meth:`online` reads them and the aggregations from the tiles, in one round trip."""
-        from features.sdk.request_time import request_micros, tile_read, tile_spec, window_values
-
-        since = time.monotonic()
+    def windowed_request(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None,
+                         at: dt.datetime | None, *, lineage: bool = False, now_s: float | None = None,
+                         lenient: bool = False) -> WindowedRequest:
+        """What one online call with ``windows="request_time"`` reads (every online call,
+        views included, through this one read): the features as :meth:`request` reads
+        them, then the hot aggregations' tiles at ``at`` (None: ``now_s``, default the
+        store's clock), in the same pipeline."""
         c = self.catalog.loadable(schema)
         columns = requested_columns(c, features, "hot")
         hot_aggs = set(aggregation_names(c, "hot"))
         aggs = [x for x in columns if x in hot_aggs]
-        req = self.request(schema, entity_ids, [x for x in columns if x not in hot_aggs])
+        base = self.request(schema, entity_ids, [x for x in columns if x not in hot_aggs], lineage)
+        t_us = request_micros(c, at, self.clock() if now_s is None else now_s)
+        if not aggs:
+            return WindowedRequest(base, None, columns, lenient)
         tspec = self._tile_specs.get(c.name)
         if tspec is None:
             tspec = self._tile_specs[c.name] = tile_spec(c)
@@ -200,24 +227,43 @@ class HotReader:
             raise ConfigError(f"windows='request_time' does not serve {missing} online yet "
                               "(approx_count_distinct/approx_percentile are not in the tiles); "
                               "name the other aggregations in features=", key="features")
-        read = tile_read(tspec, c, req.ids, request_micros(c, at, self.clock()), self.connections.key_prefix)
-        replies = self.connections.redis_replies([*req.reads, (read.keys, read.fields)])
-        k = len(replies) - len(read.keys)
-        base = replies[:k]
-        rows = small_rows(req, base) if len(req.ids) <= SMALL_CALL else None
-        if rows is not None:
-            table, from_pg, missed = pa.Table.from_pylist(rows, req.plan.result), 0, 0
-        else:
-            table, from_pg, missed = self.finish(req, base, fallback, max_age, since)
-        values = window_values(read, replies[k:], c) if aggs else {}
-        result = with_windows(table, str(c.schema.entity), columns, hot_aggs, values)
-        return Read(result, len(req.ids), from_pg, missed)
+        return WindowedRequest(base, tile_read(tspec, c, base.ids, t_us, self.connections.key_prefix),
+                               columns, lenient)
 
-    def finish(self, req: OnlineRequest, replies: list[Any], fallback: bool | None,
+    def finish_windowed(self, req: WindowedRequest, replies: list[Any], fallback: bool | None,
+                        max_age: dt.timedelta | None, since: float) -> tuple[pa.Table, int, int]:
+        """:meth:`finish` of a :class:`WindowedRequest`: the features as ``online``
+        finishes them, then the aggregations from the tiles."""
+        base, tiles = req.split(replies)
+        rows = (small_rows(req.base, base) if len(req.ids) <= SMALL_CALL and not req.base.lineage
+                else None)
+        if rows is not None:  # every id in Redis, fresh: no Arrow decoding of the features
+            table, from_pg, missed = pa.Table.from_pylist(rows, req.base.plan.result), 0, 0
+        else:
+            table, from_pg, missed = self.finish(req.base, base, fallback, max_age, since)
+        values = windowed_values(req, tiles)
+        entity = str(req.base.plan.c.schema.entity)
+        return with_windows(table, entity, req.columns, set(values), values), from_pg, missed
+
+    def online_request_time(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None,
+                            fallback: bool | None, max_age: dt.timedelta | None, at: dt.datetime | None
+                            ) -> Read:
+        """``FeatureStore.online`` with ``windows="request_time"``: the features as
+        :meth:`online` reads them and the aggregations from the tiles, in one round trip."""
+        since = time.monotonic()
+        req = self.windowed_request(schema, entity_ids, features, at)
+        replies = self.connections.redis_replies(req.reads)
+        table, from_pg, missed = self.finish_windowed(req, replies, fallback, max_age, since)
+        return Read(table, len(req.ids), from_pg, missed)
+
+    def finish(self, req: OnlineRequest | WindowedRequest, replies: list[Any], fallback: bool | None,
                max_age: dt.timedelta | None, since: float) -> tuple[pa.Table, int, int]:
         """The result table of ``req`` from its ``replies`` (the Postgres fallback for the
         ids Redis lacks), how many ids the fallback served, how many were found nowhere;
-        the hashes an earlier version of the schema wrote rewritten and read again first."""
+        the hashes an earlier version of the schema wrote rewritten and read again first
+        (a :class:`WindowedRequest`'s aggregations from its tiles: :meth:`finish_windowed`)."""
+        if isinstance(req, WindowedRequest):
+            return self.finish_windowed(req, replies, fallback, max_age, since)
         for _ in range(UPGRADE_ATTEMPTS):
             try:
                 return self._finish(req, replies, fallback, max_age, since)

@@ -16,6 +16,22 @@ from features.aggregate.tiles import EntityTiles, TileSpec, read_fields, values_
 from features.compile import CompiledSchema
 from features.compile.layout import tiles_key
 from features.errors import ConfigError, SinkError
+from features.sdk.online import OnlineRequest
+
+#: what an online read's aggregation columns hold: as of the entity's newest event, or
+#: evaluated at the request time (``historical``, ``online`` and the views alike)
+WINDOWS = ("event", "request_time")
+
+
+def request_time_windows(windows: str, at: Any) -> bool:
+    """Whether ``windows`` asks for request-time windows (ConfigError for a value other
+    than :data:`WINDOWS`, or for ``at`` given without ``windows="request_time"``)."""
+    if windows not in WINDOWS:
+        raise ConfigError(f"windows must be one of {', '.join(map(repr, WINDOWS))}, not {windows!r}",
+                          key="windows")
+    if at is not None and windows != "request_time":
+        raise ConfigError("at= is the request time of windows='request_time'", key="at")
+    return windows == "request_time"
 
 
 @dataclass(frozen=True)
@@ -89,4 +105,50 @@ def window_values(read: TileRead, replies: Sequence[Any], c: CompiledSchema) -> 
     return values_at(tspec, entities, read.t_us)
 
 
-__all__ = ["TileRead", "request_micros", "tile_read", "tile_spec", "window_values"]
+@dataclass(frozen=True)
+class WindowedRequest:
+    """One online read with request-time windows: ``base`` reads the features as
+    ``online`` reads them (none of the hot aggregations), ``tiles`` (None when no hot
+    aggregation is asked for) the aggregations' tiles hashes at the request time, sent
+    last in the same pipeline. ``lenient``: an entity whose newest event is more than the
+    allowed lateness after the request time reads the empty window instead of raising
+    (a view re-reads such rows as ``historical`` at that time)."""
+
+    base: OnlineRequest
+    tiles: TileRead | None
+    columns: list[str]              # the requested features and aggregations, in result order
+    lenient: bool = False
+
+    @property
+    def ids(self) -> list[str]:
+        return self.base.ids
+
+    @property
+    def reads(self) -> list[tuple[list[str], list[str] | None]]:
+        if self.tiles is None:
+            return self.base.reads
+        return [*self.base.reads, (self.tiles.keys, self.tiles.fields)]
+
+    def split(self, replies: list[Any]) -> tuple[list[Any], list[Any]]:
+        """The pipeline's replies: the base read's, the tiles hashes'."""
+        k = len(replies) - (len(self.tiles.keys) if self.tiles is not None else 0)
+        return replies[:k], replies[k:]
+
+
+def windowed_values(req: WindowedRequest, tile_replies: list[Any]) -> dict[str, pa.Array]:
+    """The requested hot aggregations of ``req`` evaluated at the request time from
+    ``tile_replies`` (none when it reads no tiles); a ``lenient`` request reads an entity
+    whose newest event is past the allowed lateness after the request time as the empty
+    window."""
+    if req.tiles is None:
+        return {}
+    read = req.tiles
+    if req.lenient:
+        late = read.t_us + read.tspec.spec.lateness_us
+        tile_replies = [[None] * len(read.fields) if r[0] is not None and int(r[0]) > late else r
+                        for r in tile_replies]
+    return window_values(read, tile_replies, req.base.plan.c)
+
+
+__all__ = ["WINDOWS", "TileRead", "WindowedRequest", "request_micros", "request_time_windows", "tile_read",
+           "tile_spec", "window_values", "windowed_values"]

@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pyarrow as pa
 
 from features.compile import CompiledSchema
-from features.errors import ConfigError
 from features.observe.metrics import DEFAULT_HOST, MetricsServer, Registry, SdkMethod, SdkMetrics
 from features.sdk.catalog import Catalog
 from features.sdk.cold import ColdReader
@@ -43,6 +42,7 @@ from features.sdk.fallback import Fallback
 from features.sdk.hot import HotReader, Read
 from features.sdk.online import OnlineRequest
 from features.sdk.redis_read import RawPool
+from features.sdk.request_time import WindowedRequest, request_time_windows
 from features.sdk.upgrade import Versions
 
 if TYPE_CHECKING:
@@ -51,8 +51,6 @@ if TYPE_CHECKING:
     from features.sdk.write import WriteSummary
 
 _T = TypeVar("_T")
-#: ``historical``'s ``windows``: aggregations as of the newest event, or evaluated at the row's time
-WINDOWS = ("event", "request_time")
 
 
 class FeatureStore:
@@ -263,11 +261,22 @@ class FeatureStore:
         ``lineage``) the entity hashes' ``_source`` and ``_run_id``."""
         return self.hot.request(schema, entity_ids, features, lineage)
 
-    def finish_online(self, req: OnlineRequest, replies: list[Any], fallback: bool | None,
+    def windowed_request(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None,
+                         at: dt.datetime | None, *, lineage: bool = False, now_s: float | None = None,
+                         lenient: bool = False) -> WindowedRequest:
+        """What one online call with ``windows="request_time"`` reads: the features as
+        :meth:`online_request` reads them, then the hot aggregations' tiles at ``at`` (None:
+        ``now_s``, default :meth:`now`), in the same pipeline
+        (:meth:`features.sdk.hot.HotReader.windowed_request`)."""
+        return self.hot.windowed_request(schema, entity_ids, features, at, lineage=lineage, now_s=now_s,
+                                         lenient=lenient)
+
+    def finish_online(self, req: OnlineRequest | WindowedRequest, replies: list[Any], fallback: bool | None,
                       max_age: dt.timedelta | None, since: float) -> tuple[pa.Table, int, int]:
         """The result table of ``req`` from its Redis ``replies``, how many ids the Postgres
         fallback served, how many were found nowhere (:meth:`features.sdk.hot.HotReader.finish`:
-        hashes an earlier version wrote rewritten and read again first)."""
+        hashes an earlier version wrote rewritten and read again first; a
+        :class:`WindowedRequest`'s aggregations from its tiles)."""
         return self.hot.finish(req, replies, fallback, max_age, since)
 
     def online(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None = None, *,
@@ -297,39 +306,36 @@ class FeatureStore:
         loads and the stream job). ``at`` must not be more than the schema's allowed lateness
         before the entity's newest event (ConfigError: read such times with ``historical``).
         """
-        if windows not in WINDOWS:
-            raise ConfigError(f"windows must be one of {', '.join(map(repr, WINDOWS))}, not {windows!r}",
-                              key="windows")
-        if windows == "request_time":
-            read = lambda: self.hot.online_request_time(  # noqa: E731
-                schema, entity_ids, features, fallback, max_age, at)
-        elif at is not None:
-            raise ConfigError("at= is the request time of windows='request_time'", key="at")
-        else:
-            read = lambda: self.hot.online(schema, entity_ids, features, fallback, max_age)  # noqa: E731
-        out: pa.Table = self._counted(self.catalog.schema_label, schema, "online", read)
+        out: pa.Table = self._counted(self.catalog.schema_label, schema, "online", lambda: self.hot.online(
+            schema, entity_ids, features, fallback, max_age, windows, at))
         return out
 
     def online_dicts(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None = None,
-                     *, fallback: bool | None = None, max_age: dt.timedelta | None = None
-                     ) -> list[dict[str, Any]]:
+                     *, fallback: bool | None = None, max_age: dt.timedelta | None = None,
+                     windows: str = "event", at: dt.datetime | None = None) -> list[dict[str, Any]]:
         """:meth:`online` as one dict per id (``online(...).to_pylist()``: the same keys,
         values and decoding rules), for scoring services that read a few entities per
         request: when every id is in Redis (and fresh) no Arrow object is made at all,
-        whatever the number of ids (each value decoded straight into its dict)."""
+        whatever the number of ids (each value decoded straight into its dict).
+        ``windows``/``at`` as for :meth:`online` (``"request_time"``: the rows of that
+        table)."""
         out: list[dict[str, Any]] = self._counted(self.catalog.schema_label, schema, "online_dicts",
                                                   lambda: self.hot.online_dicts(
-                                                      schema, entity_ids, features, fallback, max_age))
+                                                      schema, entity_ids, features, fallback, max_age,
+                                                      windows, at))
         return out
 
     async def online_async(self, schema: str, entity_ids: Sequence[Any],
                            features: Sequence[str] | None = None, *, fallback: bool | None = None,
-                           max_age: dt.timedelta | None = None) -> pa.Table:
+                           max_age: dt.timedelta | None = None, windows: str = "event",
+                           at: dt.datetime | None = None) -> pa.Table:
         """:meth:`online` for asyncio model servers (redis.asyncio; the Postgres fallback
-        runs in a worker thread, shared with concurrent callers as in :meth:`online`)."""
+        runs in a worker thread, shared with concurrent callers as in :meth:`online`);
+        ``windows``/``at`` as for :meth:`online` (the tiles read in the same round trip)."""
         out: pa.Table = await self._counted_async(self.catalog.schema_label, schema, "online_async",
                                                   lambda: self.hot.online_async(
-                                                      schema, entity_ids, features, fallback, max_age))
+                                                      schema, entity_ids, features, fallback, max_age,
+                                                      windows, at))
         return out
 
     # --- the fallback's reads (features.fallback) and prewarm ----------------------------------
@@ -380,13 +386,10 @@ class FeatureStore:
         row's timestamp over the history table's events (docs/aggregations.md, "Windows
         at request time": a quiet entity's count falls to 0), ``max_age`` not applied to it.
         """
-        if windows not in WINDOWS:
-            raise ConfigError(f"windows must be one of {', '.join(map(repr, WINDOWS))}, not {windows!r}",
-                              key="windows")
+        request_time = request_time_windows(windows, None)
 
         def read() -> Read:
-            out = self.cold.historical(schema, entity_df, features, timestamp_column, max_age,
-                                       windows == "request_time")
+            out = self.cold.historical(schema, entity_df, features, timestamp_column, max_age, request_time)
             return Read(out, out.num_rows, 0, out.column(EVENT_TIME).null_count)
 
         table: pa.Table = self._counted(self.catalog.schema_label, schema, "historical", read)
@@ -410,8 +413,8 @@ class FeatureStore:
         got: _T = self._counted(self.catalog.view_label, view, method, counted)
         return got
 
-    def online_view(self, view: str, rows: Any, *, lineage: bool = False, fallback: bool | None = None
-                    ) -> pa.Table:
+    def online_view(self, view: str, rows: Any, *, lineage: bool = False, fallback: bool | None = None,
+                    windows: str = "event", at: dt.datetime | None = None) -> pa.Table:
         """View ``view`` for each request row (a list of dicts, an Arrow table or a pandas
         DataFrame holding the view's request keys and fields): one result row per request
         row, in order. Columns: the request keys and fields, every source's features under
@@ -421,49 +424,62 @@ class FeatureStore:
         One Redis round trip for every source; each source's misses take one Postgres query
         (``online``'s fallback); ``max_age`` per source against :meth:`now`. A request row
         that breaks the view's rules raises :class:`features.errors.RequestRejected` with
-        every field error (docs/views.md)."""
+        every field error (docs/views.md).
+
+        ``windows="request_time"``: every source's aggregations are their windows at the
+        call's instant, ``at`` (default: :meth:`now`; it is then the view's instant for
+        ``max_age``, ``request_time`` and the rows newer than it too), as :meth:`online`
+        reads them: the same row ``historical_view(..., windows="request_time")`` gives at
+        that time (docs/views.md, "Windows at request time")."""
         from features.sdk import views
 
         out = self._view_call(view, "online_view", lambda cv: views.online(
-            self, cv, rows, lineage=lineage, fallback=fallback))
+            self, cv, rows, lineage=lineage, fallback=fallback, windows=windows, at=at))
         assert isinstance(out, pa.Table)
         return out
 
     def online_view_dicts(self, view: str, rows: Any, *, lineage: bool = False,
-                          fallback: bool | None = None) -> list[dict[str, Any]]:
+                          fallback: bool | None = None, windows: str = "event",
+                          at: dt.datetime | None = None) -> list[dict[str, Any]]:
         """:meth:`online_view` as one dict per request row (the same keys and values)."""
         from features.sdk import views
 
         out = self._view_call(view, "online_view_dicts", lambda cv: views.online(
-            self, cv, rows, lineage=lineage, fallback=fallback, as_dicts=True))
+            self, cv, rows, lineage=lineage, fallback=fallback, as_dicts=True, windows=windows, at=at))
         assert isinstance(out, list)
         return out
 
     async def online_view_async(self, view: str, rows: Any, *, lineage: bool = False,
-                                fallback: bool | None = None) -> pa.Table:
+                                fallback: bool | None = None, windows: str = "event",
+                                at: dt.datetime | None = None) -> pa.Table:
         """:meth:`online_view` for asyncio callers (redis.asyncio; decoding, the Postgres
         fallback and the request-time features in a worker thread)."""
         from features.sdk import views
 
         async def read() -> Read:
-            out = await views.online_async(self, self.view(view), rows, lineage=lineage, fallback=fallback)
+            out = await views.online_async(self, self.view(view), rows, lineage=lineage, fallback=fallback,
+                                           windows=windows, at=at)
             return Read(out, out.num_rows, 0, 0)
 
         table: pa.Table = await self._counted_async(self.catalog.view_label, view, "online_view_async", read)
         return table
 
-    def historical_view(self, view: str, entity_df: Any, *, timestamp_column: str = "timestamp") -> pa.Table:
+    def historical_view(self, view: str, entity_df: Any, *, timestamp_column: str = "timestamp",
+                        windows: str = "event") -> pa.Table:
         """Point-in-time rows of view ``view``: for each row of ``entity_df`` (Arrow or
         pandas, with the view's request keys and fields and ``timestamp_column``; any other
         column, labels, passed through), each source's values as ``historical`` gives them
         at the row's timestamp (``max_age`` against it), then the request-time features
         computed as :meth:`online_view` computes them. Columns: ``entity_df``'s, the
         fetched features, the request-time features, per source ``<alias>._found`` and
-        ``<alias>._event_time``. Bad request fields raise RequestRejected."""
+        ``<alias>._event_time``. Bad request fields raise RequestRejected. ``windows`` as
+        for :meth:`historical`: ``"request_time"`` evaluates every source's aggregations
+        at the row's timestamp (what :meth:`online_view` with ``windows="request_time"``
+        served at that instant)."""
         from features.sdk import views
 
         return self._view_call(view, "historical_view", lambda cv: views.historical(
-            self, cv, entity_df, timestamp_column=timestamp_column))
+            self, cv, entity_df, timestamp_column=timestamp_column, windows=windows))
 
     # --- validation ---------------------------------------------------------------------------
 

@@ -38,6 +38,7 @@ from features.compile.layout import hot_columns
 from features.errors import ConfigError, RequestRejected
 from features.sdk.columns import EVENT_TIME, FOUND, FROM
 from features.sdk.online import LINEAGE_FIELDS, SMALL_CALL, OnlineRequest, small_rows
+from features.sdk.request_time import WindowedRequest, request_time_windows
 from features.views.model import REQUEST_TIME
 
 if TYPE_CHECKING:
@@ -64,10 +65,14 @@ class Store(Protocol):
 
     def schema(self, name: str) -> CompiledSchema: ...
     def historical(self, schema: str, entity_df: Any, features: Sequence[str] | None = None, *,
-                   timestamp_column: str = "timestamp", max_age: dt.timedelta | None = None) -> pa.Table: ...
+                   timestamp_column: str = "timestamp", max_age: dt.timedelta | None = None,
+                   windows: str = "event") -> pa.Table: ...
     def online_request(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None,
                         lineage: bool = False) -> OnlineRequest: ...
-    def finish_online(self, req: OnlineRequest, replies: list[Any], fallback: bool | None,
+    def windowed_request(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None,
+                         at: dt.datetime | None, *, lineage: bool = False, now_s: float | None = None,
+                         lenient: bool = False) -> WindowedRequest: ...
+    def finish_online(self, req: OnlineRequest | WindowedRequest, replies: list[Any], fallback: bool | None,
                         max_age: dt.timedelta | None, since: float) -> tuple[pa.Table, int, int]: ...
     def redis_replies(self, reads: list[tuple[list[str], list[str] | None]]) -> list[Any]: ...
     async def redis_replies_async(self, reads: list[tuple[list[str], list[str] | None]]) -> list[Any]: ...
@@ -112,7 +117,7 @@ def _with_request_time(rows: pa.Table | pa.RecordBatch | list[dict[str, Any]],
         return table
     if isinstance(at, pa.Array | pa.ChunkedArray):
         return table.append_column(REQUEST_TIME, at)
-    us = pa.array(np.full(table.num_rows, int(float(at) * 1_000_000), dtype=np.int64))
+    us = pa.array(np.full(table.num_rows, _us(float(at)), dtype=np.int64))
     return table.append_column(REQUEST_TIME, us.cast(pa.timestamp("us", "UTC")))
 
 
@@ -166,20 +171,25 @@ def _keyed(c: CompiledSchema, f: str, got: pa.Table, key: pa.Array) -> pa.Array:
 
 class _OnlinePlan:
     """One online call of a view: a request per source, all sent as one pipeline. The
-    request is ``rows`` (dicts, surely valid: :func:`_sure`) or ``table`` (checked)."""
+    request is ``rows`` (dicts, surely valid: :func:`_sure`) or ``table`` (checked).
+    ``instant``: the call's instant (``windows="request_time"``: the window time of every
+    source's aggregations, read from their tiles, :class:`WindowedRequest`)."""
 
-    def __init__(self, store: Store, cv: CompiledView, lineage: bool, *, table: pa.Table | None = None,
-                 rows: list[dict[str, Any]] | None = None) -> None:
+    def __init__(self, store: Store, cv: CompiledView, lineage: bool, instant: _Instant, *,
+                 table: pa.Table | None = None, rows: list[dict[str, Any]] | None = None) -> None:
         c_of = {s.schema: store.schema(s.schema) for s in cv.sources}
-        self.cv, self.lineage = cv, lineage
+        self.cv, self.lineage, self.instant = cv, lineage, instant
         self._table, self.rows = table, rows
         self.split = [_split(cv, c_of, s) for s in cv.sources]
 
         def keys(name: str) -> list[Any]:
             return [r[name] for r in rows] if rows is not None else self.table.column(name).to_pylist()
 
-        self.requests = [store.online_request(s.schema, keys(s.key), hot, lineage)
-                         for s, (hot, _) in zip(cv.sources, self.split, strict=True)]
+        self.requests: list[OnlineRequest | WindowedRequest] = [
+            store.windowed_request(s.schema, keys(s.key), hot, instant.at, lineage=lineage,
+                                   now_s=instant.now_s, lenient=True) if instant.windowed
+            else store.online_request(s.schema, keys(s.key), hot, lineage)
+            for s, (hot, _) in zip(cv.sources, self.split, strict=True)]
         self.reads = [r for req in self.requests for r in req.reads]
 
     @property
@@ -230,31 +240,63 @@ _CHECKS: dict[str, Any] = {}
 _NO_CHECKS: Any = object()
 
 
-def _plan_for(store: Store, cv: CompiledView, rows: Any, lineage: bool, as_dicts: bool = False
-              ) -> _OnlinePlan:
-    now_s = store.now()
+class _Instant:
+    """An online view call's instant: with ``windows="request_time"`` one instant for the
+    whole call, ``at`` (naive: UTC) or else the store's clock once; otherwise the store's
+    clock read at each use. ConfigError for a bad ``windows`` or ``at``."""
+
+    def __init__(self, store: Store, windows: str, at: dt.datetime | None) -> None:
+        self.windowed = request_time_windows(windows, at)
+        if at is None and self.windowed:
+            at = _EPOCH_UTC + dt.timedelta(microseconds=_us(store.now()))
+        self.at = at
+        self.fixed: float | None = None
+        if at is not None:
+            if not isinstance(at, dt.datetime):
+                raise ConfigError(f"at must be a datetime, not {type(at).__name__}", key="at")
+            self.fixed = _micros(at) / 1_000_000
+
+    def now(self, store: Store) -> float:
+        return store.now() if self.fixed is None else self.fixed
+
+    @property
+    def now_s(self) -> float | None:
+        return self.fixed
+
+
+def _us(seconds: float) -> int:
+    """``seconds`` since the epoch as whole microseconds (rounded: an instant given as
+    microseconds comes back as those)."""
+    return round(seconds * 1_000_000)
+
+
+def _plan_for(store: Store, cv: CompiledView, rows: Any, lineage: bool, instant: _Instant,
+              as_dicts: bool = False) -> _OnlinePlan:
+    now_s = instant.now(store)
     # dicts: the rows stay Python objects at any size (a table is built only if needed)
     sure = _sure(cv, rows, now_s, None if as_dicts else SMALL_CALL) if not lineage else None
     if sure is not None:
-        return _OnlinePlan(store, cv, lineage, rows=sure)
-    return _OnlinePlan(store, cv, lineage, table=request_table(cv, rows, now_s))
+        return _OnlinePlan(store, cv, lineage, instant, rows=sure)
+    return _OnlinePlan(store, cv, lineage, instant, table=request_table(cv, rows, now_s))
 
 
 def online(store: Store, cv: CompiledView, rows: Any, *, lineage: bool = False,
-           fallback: bool | None = None, as_dicts: bool = False) -> pa.Table | list[dict[str, Any]]:
+           fallback: bool | None = None, as_dicts: bool = False, windows: str = "event",
+           at: dt.datetime | None = None) -> pa.Table | list[dict[str, Any]]:
     """See :meth:`features.sdk.store.FeatureStore.online_view`; ``as_dicts``: the rows
     as dicts (:meth:`~features.sdk.store.FeatureStore.online_view_dicts`), made without
     Arrow when a few rows were all in Redis and the view has no request-time features."""
-    plan = _plan_for(store, cv, rows, lineage, as_dicts)
+    plan = _plan_for(store, cv, rows, lineage, _Instant(store, windows, at), as_dicts)
     since = time.monotonic()
     return _finish(store, plan, store.redis_replies(plan.reads), fallback, since, as_dicts)
 
 
 async def online_async(store: Store, cv: CompiledView, rows: Any, *, lineage: bool = False,
-                       fallback: bool | None = None) -> pa.Table:
+                       fallback: bool | None = None, windows: str = "event", at: dt.datetime | None = None
+                       ) -> pa.Table:
     """:func:`online` for asyncio callers: the Redis round trip on redis.asyncio, the rest
     (decoding, the Postgres fallback, the derivation) in a worker thread."""
-    plan = _plan_for(store, cv, rows, lineage)
+    plan = _plan_for(store, cv, rows, lineage, _Instant(store, windows, at))
     since = time.monotonic()
     replies = await store.redis_replies_async(plan.reads)
     out = await asyncio.to_thread(_finish, store, plan, replies, fallback, since, False)
@@ -265,13 +307,15 @@ async def online_async(store: Store, cv: CompiledView, rows: Any, *, lineage: bo
 def _finish(store: Store, plan: _OnlinePlan, replies: list[Any], fallback: bool | None,
             since: float, as_dicts: bool = False) -> pa.Table | list[dict[str, Any]]:
     cv = plan.cv
-    now_s = store.now()
+    now_s = plan.instant.now(store)
+    windows = "request_time" if plan.instant.windowed else "event"
     parts = plan.parts(replies)
     # dicts at any size (decoded straight into Python values), a table for a few rows
-    if ((as_dicts or plan.n <= SMALL_CALL) and not plan.lineage
+    if ((as_dicts or plan.n <= SMALL_CALL) and not plan.lineage and not plan.instant.windowed
             and not any(cold for _, cold in plan.split)):
-        small = [small_rows(req, part) for req, part in zip(plan.requests, parts, strict=True)]
-        now_us = int(now_s * 1_000_000)
+        small = [small_rows(req, part) for req, part in zip(plan.requests, parts, strict=True)
+                 if isinstance(req, OnlineRequest)]
+        now_us = _us(now_s)
         # every source's hash in Redis, fresh, none newer than the clock: no Arrow decoding
         if all(rows is not None and all(_micros(r[EVENT_TIME]) <= now_us for r in rows) for rows in small):
             return _finish_small(store, plan, small, now_s, as_dicts)  # type: ignore[arg-type]
@@ -281,11 +325,11 @@ def _finish(store: Store, plan: _OnlinePlan, replies: list[Any], fallback: bool 
     for source, req, part, (_, cold) in zip(cv.sources, plan.requests, parts, plan.split, strict=True):
         got, _, _ = store.finish_online(req, part, fallback, None, since)
         if cold:  # cold-only features: Postgres's newest row at or before now, as historical reads it
-            at = _cold_now(store, source, table, cold, now_s)
+            at = _cold_now(store, source, table, cold, now_s, windows)
             got = got.drop_columns([name for name in cold if name in got.column_names])
             for name in cold:
                 got = got.append_column(name, at.column(name))
-        got = _not_after(store, source, table, got, now_s)
+        got = _not_after(store, source, table, got, now_s, windows)
         c = store.schema(source.schema)
         key = table.column(source.key).combine_chunks()
         values = {f: _keyed(c, f, got, key) if f in _keys(c) else got.column(f).combine_chunks()
@@ -294,7 +338,12 @@ def _finish(store: Store, plan: _OnlinePlan, replies: list[Any], fallback: bool 
         found = got.column(FOUND).combine_chunks()
         wanted = [FROM, *LINEAGE_FIELDS] if plan.lineage else [FROM]
         extra = {w: got.column(w).combine_chunks() for w in wanted}
+        # a window at the request time is bounded by its size, not by max_age (as historical)
+        aggs = ({*_aggregation_names(c, "hot"), *_aggregation_names(c, "cold")} if plan.instant.windowed
+                else set())
+        windowed = {f: values.pop(f) for f in list(values) if f in aggs}
         values, event, found, extra = _within(source, values, event, found, extra, now_s)
+        values.update(windowed)
         for f in source.features:
             fetched[source.column(f)] = values[f]
         meta[meta_column(source, FOUND)] = found
@@ -332,7 +381,7 @@ def _finish_small(store: Store, plan: _OnlinePlan, small: list[list[dict[str, An
         meta[meta_column(source, EVENT_TIME)] = events
         meta[meta_column(source, FROM)] = froms
     types = {meta_column(s, EVENT_TIME): r.plan.result.field(EVENT_TIME).type
-             for s, r in zip(cv.sources, plan.requests, strict=True)}
+             for s, r in zip(cv.sources, plan.requests, strict=True) if isinstance(r, OnlineRequest)}
     if not len(cv.derived):  # nothing to compute: the rows are the result
         for i, row in enumerate(base):
             for name, values in meta.items():
@@ -358,16 +407,17 @@ def _micros(when: dt.datetime) -> int:
     return (when - (_EPOCH_NAIVE if when.tzinfo is None else _EPOCH_UTC)) // dt.timedelta(microseconds=1)
 
 
-def _cold_now(store: Store, source: ViewSource, table: pa.Table, cold: list[str], now_s: float) -> pa.Table:
+def _cold_now(store: Store, source: ViewSource, table: pa.Table, cold: list[str], now_s: float,
+              windows: str) -> pa.Table:
     c = store.schema(source.schema)
-    ts = pa.array(np.full(table.num_rows, int(now_s * 1_000_000), dtype=np.int64)).cast(
-        pa.timestamp("us", "UTC"))
+    ts = pa.array(np.full(table.num_rows, _us(now_s), dtype=np.int64)).cast(pa.timestamp("us", "UTC"))
     entity = str(c.schema.entity)
     frame = pa.table({entity: _entity_column(c, table.column(source.key)), "timestamp": ts})
-    return store.historical(source.schema, frame, cold)
+    return store.historical(source.schema, frame, cold, windows=windows)
 
 
-def _not_after(store: Store, source: ViewSource, table: pa.Table, got: pa.Table, now_s: float) -> pa.Table:
+def _not_after(store: Store, source: ViewSource, table: pa.Table, got: pa.Table, now_s: float,
+               windows: str) -> pa.Table:
     """``got`` with each row whose event time is after ``now_s`` (the store's clock is
     behind the stored rows: a frozen or replayed clock, events stamped ahead of it) read
     again as ``historical`` reads it at ``now_s``: the newest Postgres row at or before
@@ -375,7 +425,7 @@ def _not_after(store: Store, source: ViewSource, table: pa.Table, got: pa.Table,
     as-of read does not carry it). So online at instant T never serves a row newer than T."""
     if store.schema(source.schema).schema.static:
         return got  # one row per entity, served at any time (its _event_time is its load)
-    now_us = int(now_s * 1_000_000)
+    now_us = _us(now_s)
     ahead = pc.fill_null(pc.greater(got.column(EVENT_TIME).combine_chunks().cast(pa.int64()),
                                     pa.scalar(now_us, pa.int64())), False)
     if not pc.any(ahead).as_py():
@@ -386,7 +436,7 @@ def _not_after(store: Store, source: ViewSource, table: pa.Table, got: pa.Table,
     ts = pa.array(np.full(len(rows), now_us, dtype=np.int64)).cast(pa.timestamp("us", "UTC"))
     frame = pa.table({str(c.schema.entity): _entity_column(c, table.column(source.key).take(rows)),
                       "timestamp": ts})
-    past = store.historical(source.schema, frame, wanted)
+    past = store.historical(source.schema, frame, wanted, windows=windows)
     where = np.full(got.num_rows, -1, dtype=np.int64)
     where[rows.to_numpy()] = np.arange(len(rows))
     at = pa.array(where, mask=where < 0)
@@ -417,7 +467,7 @@ def _within(source: ViewSource, values: dict[str, pa.Array], event: pa.Array, fo
     ``_found`` false), as ``historical`` treats them at its timestamp."""
     if source.max_age_seconds is None or not len(event):
         return values, event, found, extra
-    cutoff = int((now_s - source.max_age_seconds) * 1_000_000)
+    cutoff = _us(now_s - source.max_age_seconds)
     ev = event.cast(pa.int64())
     old = pc.fill_null(pc.less(ev, pa.scalar(cutoff, pa.int64())), False)
     if not pc.any(old).as_py():
@@ -447,9 +497,10 @@ def _assemble(cv: CompiledView, table: pa.Table, fetched: dict[str, pa.Array],
 # --- historical ------------------------------------------------------------------------------
 
 
-def historical(store: Store, cv: CompiledView, entity_df: Any, *, timestamp_column: str = "timestamp"
-               ) -> pa.Table:
+def historical(store: Store, cv: CompiledView, entity_df: Any, *, timestamp_column: str = "timestamp",
+               windows: str = "event") -> pa.Table:
     """See :meth:`features.sdk.store.FeatureStore.historical_view`."""
+    request_time_windows(windows, None)
     if not isinstance(entity_df, pa.Table):
         entity_df = pa.Table.from_pandas(entity_df, preserve_index=False)
     need = [*cv.keys, *[f for f in cv.request_fields if f != REQUEST_TIME], timestamp_column]
@@ -478,7 +529,7 @@ def historical(store: Store, cv: CompiledView, entity_df: Any, *, timestamp_colu
         max_age = dt.timedelta(seconds=source.max_age_seconds) if source.max_age_seconds is not None else None
         keys = _keys(c)
         return store.historical(source.schema, frame, [f for f in source.features if f not in keys],
-                                timestamp_column=timestamp_column, max_age=max_age)
+                                timestamp_column=timestamp_column, max_age=max_age, windows=windows)
 
     # the sources read side by side, a Postgres connection each (FeatureStore.parallel)
     gots = store.parallel([functools.partial(read, source) for source in cv.sources])

@@ -23,6 +23,7 @@ no list of more than ``max_records + 1`` records is ever built.
 
 from __future__ import annotations
 
+import datetime as dt
 import itertools
 import json
 import re
@@ -182,21 +183,27 @@ def is_json(content_type: str | None) -> bool:
 
 @dataclass(frozen=True)
 class ViewRequest:
-    """A view request's body, read: its rows (dicts as JSON gives them) and ``lineage``."""
+    """A view request's body, read: its rows (dicts as JSON gives them), ``lineage``,
+    ``windows`` (checked by the read) and ``at`` (the request time, parsed)."""
 
     rows: list[dict[str, Any]]
     lineage: bool
+    windows: str = "event"
+    at: dt.datetime | None = None
 
 
 def read_view_request(body: bytes, content_type: str | None, max_rows: int) -> ViewRequest:
-    """``{"rows": [{...}, ...], "lineage": false}`` -> :class:`ViewRequest`.
+    """``{"rows": [{...}, ...], "lineage": false, "windows": "event", "at": null}`` ->
+    :class:`ViewRequest` (``windows``: ``"event"`` or ``"request_time"``, checked by the
+    read; ``at``: an ISO 8601 time, the request time of ``"request_time"``).
 
     Raises UnsupportedType for a Content-Type other than JSON, TooManyRecords as soon as
     the body holds more than ``max_rows + 1`` JSON objects (the rows and the body itself:
     counted while parsing, so a body of millions of ``{}`` never becomes millions of
     dicts), BadBody for anything else that is not such an object: not UTF-8, not JSON,
     nested too deeply for the parser, a string holding a lone surrogate (``"\\ud800"``),
-    ``rows`` not a list of objects, ``lineage`` not a boolean. Never another exception.
+    ``rows`` not a list of objects, ``lineage`` not a boolean, ``windows`` not a string,
+    ``at`` not an ISO 8601 time. Never another exception.
     """
     if not is_json(content_type):
         raise UnsupportedType(f"Content-Type {content_type!r} is not JSON; send application/json")
@@ -229,7 +236,27 @@ def read_view_request(body: bytes, content_type: str | None, max_rows: int) -> V
     if "\\u" in text and _SURROGATE.search(json.dumps(value, ensure_ascii=False)):
         raise BadBody("a string in the body holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff "
                       "escape): it is no Unicode text")
-    return ViewRequest(rows, lineage)
+    windows = value.get("windows", "event")
+    if not isinstance(windows, str):
+        raise BadBody(f'"windows" must be "event" or "request_time", got {json.dumps(windows)[:40]}')
+    at = value.get("at")
+    if at is not None:
+        at = _instant(at)
+    return ViewRequest(rows, lineage, windows, at)
+
+
+def _instant(text: Any) -> dt.datetime:
+    """``"at"``: an ISO 8601 time (``2026-11-01T12:00:00Z``; without an offset: UTC)."""
+    when = None
+    if isinstance(text, str):
+        try:
+            when = dt.datetime.fromisoformat(text)
+        except ValueError:
+            when = None
+    if when is None:
+        raise BadBody(f'"at" must be an ISO 8601 time such as "2026-11-01T12:00:00Z", '
+                      f"got {json.dumps(text)[:40]}")
+    return when if when.tzinfo is not None else when.replace(tzinfo=dt.UTC)
 
 
 def bounded_errors(errors: list[dict[str, Any]], max_errors: int) -> dict[str, Any]:

@@ -352,3 +352,63 @@ def test_health_check_names_every_primary_of_the_cluster(settings: Settings,
     (check,) = [c for c in checks if c.name == "redis"]
     assert check.ok, check
     assert "3 primaries answer PING" in check.detail
+
+
+def test_request_time_windows_read_from_the_cluster_equal_the_reference(
+        tmp_path: Path, settings: Settings, pg_schema: str, redis_cluster: LocalCluster,
+        redis_cluster_prefix: str) -> None:
+    """The tiles hashes on the cluster (``{<entity>}``: one slot per entity, the entities
+    spread over the primaries): a history shuffled into two loads, then ``online`` and
+    ``online_async`` with ``windows="request_time"`` at times in and after it, equal to
+    the brute-force reference for every entity at once."""
+    import asyncio
+    import datetime as dt
+
+    from aggregate_reference import BASE_US, MINUTE_US, T, history_table, random_history, reference_at
+    from test_online_request_time import AGGS, COMPILED, HOT_SCHEMA, rows_of
+
+    from features.compile.layout import tiles_key
+
+    rng = random.Random(5)
+    events = random_history(rng, 600, users=40, minutes=600)
+    cut = BASE_US + 300 * MINUTE_US
+    on_cluster = dataclasses.replace(settings, redis_url=redis_cluster.url)
+    for i, rows in enumerate([[e for e in events if e[T] >= cut], [e for e in events if e[T] < cut]]):
+        rng.shuffle(rows)
+        pq.write_table(history_table(rows), tmp_path / f"load{i}.parquet")
+        summary = load([tmp_path / f"load{i}.parquet"], COMPILED, on_cluster, search_path=pg_schema,
+                       key_prefix=redis_cluster_prefix)
+        assert summary.adds_up and summary.rejected == 0
+    ids = [*sorted({str(e["uid"]) for e in events}), "nobody"]
+    slots = {key_slot(redis_cluster_prefix + tiles_key(COMPILED.name, i)) for i in ids}
+    assert len(slots) > 3
+    client = client_of(redis_cluster)
+    try:  # every entity's tiles hash is there, each on the primary of its slot
+        assert all(client.exists(redis_cluster_prefix + tiles_key(COMPILED.name, i)) for i in ids[:-1])
+    finally:
+        client.close()
+    (tmp_path / "schemas").mkdir()
+    (tmp_path / "schemas" / "agg_props.yaml").write_text(HOT_SCHEMA)
+    newest = max(e[T] for e in events)
+    epoch = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+    fs = FeatureStore(redis_url=redis_cluster.url, postgres_dsn=settings.postgres_dsn,
+                      schemas=tmp_path / "schemas", search_path=pg_schema, key_prefix=redis_cluster_prefix)
+    try:
+        for t in (newest, newest + 1, newest + 45 * MINUTE_US, newest + 30 * 60 * MINUTE_US, cut):
+            at = epoch + dt.timedelta(microseconds=t)
+            want = reference_at(COMPILED.schema, events, [(u, t) for u in ids])
+            got = fs.online(COMPILED.name, ids, AGGS, windows="request_time", at=at)
+            assert got.column("uid").to_pylist() == ids
+            assert rows_of(got) == want, t
+
+        async def read(at: dt.datetime) -> pa.Table:
+            try:
+                return await fs.online_async(COMPILED.name, ids, AGGS, windows="request_time", at=at)
+            finally:
+                await fs.aclose()
+
+        t = newest + 20 * MINUTE_US
+        got = asyncio.run(read(epoch + dt.timedelta(microseconds=t)))
+        assert rows_of(got) == reference_at(COMPILED.schema, events, [(u, t) for u in ids])
+    finally:
+        fs.close()

@@ -106,6 +106,7 @@ def test_the_view_endpoint_end_to_end(tmp_path: Path, stores: Settings, pg_schem
         want = json.loads(json.dumps(sdk, default=_json_value))
         assert body["rows"] == want
         assert sum(r["card_txn._found"] for r in body["rows"]) > 30
+        _request_time_windows(server, stores, pg_schema, rows, body["rows"])
         # one row, keep-alive: the latency histogram counts the route
         conn = http.client.HTTPConnection(server.host, server.port, timeout=10)
         one = json.dumps({"rows": rows[:1]}).encode()
@@ -119,6 +120,37 @@ def test_the_view_endpoint_end_to_end(tmp_path: Path, stores: Settings, pg_schem
         count = sample_value(parse_exposition(text), "featureline_ingest_request_seconds_count",
                              route="/v1/views/{name}/online")
         assert count is not None and count >= 22
+
+
+def _request_time_windows(server: Any, stores: Settings, pg_schema: str, rows: list[dict[str, Any]],
+                          stale: list[dict[str, Any]]) -> None:
+    """``"windows": "request_time"`` and ``"at"``: the SDK's rows at that instant (inside
+    the history: rows newer than it re-read as of it; two days after it: every 24-hour
+    window empty, where the default answer keeps the values of the newest event); bad
+    values are 400s."""
+    decimal_rows = [{**r, "amount": Decimal(str(r["amount"]))} for r in rows]
+    with FeatureStore(redis_url=stores.redis_url, postgres_dsn=stores.postgres_dsn,
+                      schemas=EXAMPLE / "schemas", views=EXAMPLE / "views", search_path=pg_schema,
+                      fill=False) as fs:
+        for at in ("2026-10-27T13:30:00+00:00", "2026-11-03T00:00:00Z", "2026-10-31T23:00:00"):
+            when = dt.datetime.fromisoformat(at.replace("Z", "+00:00"))
+            when = when if when.tzinfo else when.replace(tzinfo=dt.UTC)
+            payload = {"rows": rows, "windows": "request_time", "at": at}
+            status, _, body = server.request("POST", ROUTE, json.dumps(payload).encode(), AUTH)
+            assert status == 200, body
+            sdk = fs.online_view_dicts(VIEW, decimal_rows, windows="request_time", at=when)
+            assert body["rows"] == json.loads(json.dumps(sdk, default=_json_value)), at
+            counts = [r["card_txn_count_24h"] for r in body["rows"]]
+            if when > dt.datetime(2026, 11, 2, tzinfo=dt.UTC):  # after every event: all windows empty
+                assert counts == [0] * len(rows)
+                assert any(r["card_txn_count_24h"] for r in stale)
+            else:
+                assert any(counts), at
+    for bad, says in (({"windows": "now"}, "windows must be one of"), ({"windows": 7}, '"windows" must be'),
+                      ({"windows": "request_time", "at": "yesterday"}, '"at" must be an ISO 8601'),
+                      ({"at": "2026-10-27T13:30:00Z"}, "at= is the request time")):
+        status, _, body = server.request("POST", ROUTE, json.dumps({"rows": rows[:2], **bad}).encode(), AUTH)
+        assert status == 400 and says in body["error"], (bad, body)
 
 
 def test_stores_down_is_503(tmp_path: Path, stores: Settings, pg_schema: str) -> None:
