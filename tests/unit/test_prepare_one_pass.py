@@ -89,7 +89,7 @@ def _outcomes(values: list[bytes | None], chunk: int, decoder: ColumnarDecoder |
 def test_a_mixed_micro_batch_gives_each_record_what_it_gets_alone(records: list[bytes | None]) -> None:
     alone_rows, alone_rejects, _ = _outcomes(records, 1, None)
     assert len(alone_rows) + len(alone_rejects) == len(records)
-    assert len(alone_rejects) > len(records) // 7  # the corrupted ones, and the generator's bad rows
+    assert len(alone_rejects) > 50  # most corrupted records, and the generator's bad rows
     for chunk in (700, 97, 40):
         decoder = ColumnarDecoder(applicant_schema().schema, max_bytes=1 << 20)
         rows, rejects, slow = _outcomes(records, chunk, decoder)
