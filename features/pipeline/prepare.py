@@ -7,9 +7,9 @@ row, with its raw values as JSON (:func:`group_rejects`). It writes nothing: the
 writer (:mod:`features.pipeline.write`) hands the result to the sinks.
 
 :func:`prepare_records` is the same step for JSON record values (a stream's
-micro-batch, an HTTP ingest request): decoded by :mod:`features.sources.records` and
-:mod:`features.sources.columnar`, then :func:`process_batch`, with a reject for every
-record that does not decode.
+micro-batch, an HTTP ingest request): decoded into one batch in record order by
+:mod:`features.sources.micro_batch`, then one :func:`process_batch`, with a reject for
+every record that does not decode.
 """
 
 from __future__ import annotations
@@ -37,8 +37,9 @@ from features.lineage import DIGEST, BatchLineage, RunContext
 from features.pipeline.summary import MAX_EXAMPLES
 from features.sources.base import RawRows, SourceBatch
 from features.sources.columnar import ColumnarDecoder
+from features.sources.micro_batch import COLUMNAR_MIN_RECORDS, decode_micro_batch
 from features.sources.names import as_fields
-from features.sources.records import TopCounter, decode, payload_json
+from features.sources.records import TopCounter, payload_json
 from features.validation import validate
 from features.validation.values import is_json_values, json_values
 
@@ -72,27 +73,6 @@ class Prepared:
         kept = self.entries.filter(pc.invert(pc.is_in(self.entries.column("group"),
                                                       value_set=pa.array(held, pa.int64()))))
         return reject_reasons(kept)
-
-
-    def without_rows(self, rows: npt.NDArray[np.int64]) -> Prepared:
-        """This batch without the rejects of source rows ``rows`` (rejected rows that
-        another decode renders: the stream's records read columnar whose ``type`` reject
-        shows a float64-read value). ``rows``, ``index``: unchanged (a rejected row is
-        not among them)."""
-        if len(rows) == 0 or self.entries is None:
-            return self
-        entries = self.entries
-        drop = pc.is_in(entries.column("row"), value_set=pa.array(rows, pa.int64()))
-        gone = np.unique(entries.column("group").filter(drop).to_numpy())
-        keep = np.ones(self.rejects.num_rows, dtype=np.bool_)
-        keep[gone] = False
-        kept = entries.filter(pc.invert(drop))
-        regroup = np.searchsorted(np.flatnonzero(keep), kept.column("group").to_numpy())
-        kept = kept.set_column(0, "group", pa.array(regroup, pa.int64()))
-        rejects = self.rejects.filter(pa.array(keep))
-        rule_counts, examples = reject_reasons(kept)
-        return Prepared(self.rows, rejects, rejects.num_rows, rule_counts, examples, self.index,
-                        kept if kept.num_rows else None)
 
 
 #: the columns of a reject entry (the validator's, the transforms') that ``Prepared.entries`` keeps
@@ -274,13 +254,6 @@ def process_batch(sb: SourceBatch, compiled: CompiledSchema, program: TransformP
     return Prepared(rows, grouped, grouped.num_rows, rule_counts, examples, kept_index, entries)
 
 
-#: Fewer records than this take the per-record path even with a columnar decoder: Arrow's
-#: JSON reader costs ~1 ms a call, more than ``json.loads`` of a few hundred records
-#: (measured with the applicant records: equal at ~800, per-record 15% faster at 256; the
-#: HTTP ingest's small requests, a stream's small micro-batches).
-COLUMNAR_MIN_RECORDS = 256
-
-
 @dataclass
 class PreparedRecords:
     """One micro-batch of records, prepared for the stores: ``prepared`` (rows in record
@@ -305,96 +278,43 @@ def prepare_records(values: Sequence[bytes | None], uris: pa.Array, offsets: npt
                     columnar_min: int = COLUMNAR_MIN_RECORDS) -> PreparedRecords:
     """Decode, validate and transform one micro-batch of record values (pure: writes nothing).
 
-    With ``decoder`` (the stream's default) and at least ``columnar_min`` records (default
-    ``COLUMNAR_MIN_RECORDS``), the records it can read columnar are read by
-    Arrow (:mod:`features.sources.columnar`) and validated as one table; the others, and the
-    records whose ``type`` reject there shows a float64-read value (:func:`_reread_rows`),
-    take the per-record path (:func:`features.sources.records.decode`, ``json.loads`` per
-    record into one batch), so
-    rows, rejects and counts are those of the per-record path alone, which ``decoder=None``
-    runs for the whole micro-batch (``tests/property/test_stream_columnar.py`` holds the two
-    equal).
+    The records are decoded into one batch in record order and decode rejects
+    (:func:`features.sources.micro_batch.decode_micro_batch`: with ``decoder``, the
+    stream's default, and at least ``columnar_min`` records, what Arrow reads exactly is
+    read columnar, the rest one record at a time), then validated and transformed once
+    (:func:`process_batch`). Rows, rejects and counts are those of the per-record path
+    alone, which ``decoder=None`` runs for the whole micro-batch
+    (``tests/property/test_stream_columnar.py`` holds the two equal).
     """
-    schema = compiled.schema
-    known = frozenset(schema.input_names)  # JSON keys: a field's source:, else its name
-    max_bytes = schema.payload.max_bytes
-    n = len(values)
-    parts: list[tuple[Prepared, npt.NDArray[np.int64]]] = []
-    unknown = TopCounter()
-    slow = np.arange(n, dtype=np.int64)
-    if decoder is not None and n >= max(columnar_min, 1):
-        col = decoder.decode(values)
-        slow = col.slow
-        if col.table.num_rows:
-            pos = col.index
-            prepared = process_batch(records_source_batch(col.table, values, pos, uris, max_bytes),
-                                     compiled, program, ctx, now)
-            rerun = _reread_rows(prepared, decoder)
-            if len(rerun):  # rejects only the per-record path renders exactly
-                slow = np.union1d(slow, col.index[rerun])
-                prepared = prepared.without_rows(rerun)
-                keep = np.ones(col.table.num_rows, dtype=np.bool_)
-                keep[rerun] = False
-                unknown.update(col.unknown_fields(np.flatnonzero(keep)))
-            else:
-                unknown.update(col.unknown_fields())
-            parts.append((prepared, pos))
-    slow_values = [values[int(i)] for i in slow]
-    dec = decode(slow_values, max_bytes=max_bytes, known=known)
-    unknown.update(dec.unknown_fields)
-    if dec.batch.num_rows:
-        pos = slow[dec.index]
-        prepared = process_batch(records_source_batch(dec.batch, values, pos, uris, max_bytes),
-                                 compiled, program, ctx, now)
-        parts.append((prepared, pos))
-    failed = slow[dec.failed]
+    max_bytes = compiled.schema.payload.max_bytes
+    dec = decode_micro_batch(values, compiled, decoder=decoder, columnar_min=columnar_min)
+    pos = dec.index
+    prepared = process_batch(records_source_batch(dec.batch, values, pos, uris, max_bytes),
+                             compiled, program, ctx, now)
+    decoded = dec.rejects.num_rows
     decode_rejects = _with_offsets(
-        group_rejects(dec.rejects.set_column(0, "row", pa.array(failed, pa.int64())),
-                      lambda idx: [payload_json(values[int(i)], max_bytes) for i in idx],
+        group_rejects(dec.rejects, lambda idx: [payload_json(values[int(i)], max_bytes) for i in idx],
                       lambda idx: uris.take(idx), ctx), offsets)
     rule_counts: Counter[str] = Counter()
     examples: dict[str, list[str]] = {}
-    if dec.rejects.num_rows:
-        rule_counts["_payload.decode"] += dec.rejects.num_rows
+    if decoded:
+        rule_counts["_payload.decode"] += decoded
         examples["_payload.decode"] = dec.rejects.column("message").to_pylist()[:3]
-    row_tables: list[pa.Table] = []
-    reject_tables: list[pa.Table] = []
-    row_pos: list[npt.NDArray[np.int64]] = []
-    reject_pos: list[npt.NDArray[np.int64]] = []
-    decoded = dec.rejects.num_rows
-    entry_parts = [_entries(dec.rejects, np.arange(decoded, dtype=np.int64), failed)]
-    part_entries: list[tuple[pa.Table, npt.NDArray[np.int64], int]] = []
-    for prepared, pos in parts:
-        rule_counts.update(prepared.reject_rules)
-        for rule, ex in prepared.examples.items():
-            have = examples.setdefault(rule, [])
-            have.extend(ex[: 3 - len(have)])
-        assert prepared.index is not None
-        row_tables.append(prepared.rows)
-        row_pos.append(pos[prepared.index])
-        if prepared.rejects.num_rows:
-            at = pos[prepared.rejects.column("row_index").to_numpy()]
-            if prepared.entries is not None:
-                part_entries.append((prepared.entries, pos, sum(len(p) for p in reject_pos)))
-            reject_tables.append(_with_offsets(prepared.rejects, offsets, at))
-            reject_pos.append(at)
-    rows_table, rows_pos = _in_record_order(row_tables, row_pos)
-    if reject_tables:
-        valid_rejects, _ = _in_record_order(reject_tables, reject_pos)
-        rejects = pa.concat_tables([decode_rejects, valid_rejects])
-        # each part's reject rows, by their place in ``valid_rejects`` (in record order)
-        rank = np.empty(sum(len(p) for p in reject_pos), dtype=np.int64)
-        rank[np.argsort(np.concatenate(reject_pos), kind="stable")] = np.arange(len(rank), dtype=np.int64)
-        for entries, pos, base in part_entries:
-            group = decoded + rank[base + entries.column("group").to_numpy()]
-            entry_parts.append(_entries(entries, group, pos[entries.column("row").to_numpy()]))
-    else:
-        rejects = decode_rejects
-    if rows_table is None:
-        rows_table = _empty_rows(compiled, program, ctx, now)
-    merged = Prepared(rows_table, rejects, rejects.num_rows, rule_counts, examples, rows_pos)
+    rule_counts.update(prepared.reject_rules)
+    examples.update(prepared.examples)
+    entry_parts = [_entries(dec.rejects, np.arange(decoded, dtype=np.int64), dec.failed)]
+    rejects = decode_rejects
+    if prepared.rejects.num_rows:
+        at = pos[prepared.rejects.column("row_index").to_numpy()]
+        rejects = pa.concat_tables([decode_rejects, _with_offsets(prepared.rejects, offsets, at)])
+        if prepared.entries is not None:
+            entries = prepared.entries
+            entry_parts.append(_entries(entries, decoded + entries.column("group").to_numpy(),
+                                        pos[entries.column("row").to_numpy()]))
+    assert prepared.index is not None
+    merged = Prepared(prepared.rows, rejects, rejects.num_rows, rule_counts, examples, pos[prepared.index])
     entries = pa.concat_tables(entry_parts).sort_by([("group", "ascending")])
-    return PreparedRecords(merged, unknown, len(slow), decoded, entries)
+    return PreparedRecords(merged, dec.unknown_fields, dec.slow, decoded, entries)
 
 
 def _entries(rejects: pa.Table, group: npt.NDArray[np.int64], records: npt.NDArray[np.int64]) -> pa.Table:
@@ -402,45 +322,6 @@ def _entries(rejects: pa.Table, group: npt.NDArray[np.int64], records: npt.NDArr
     ``group`` their reject row, ``row`` their record."""
     return pa.table({"group": pa.array(group, pa.int64()), "row": pa.array(records, pa.int64()),
                      **{name: rejects.column(name) for name in _ENTRY_COLUMNS}})
-
-
-def _reread_rows(prepared: Prepared, decoder: ColumnarDecoder) -> npt.NDArray[np.int64]:
-    """Rows of the fast table whose rejects the per-record path must make: a ``type`` reject
-    of a field read as float64 shows the value as read (``100.0``), while ``json.loads``
-    may have read the integer ``100``. Every other reject shows the converted value or
-    none, which both paths hold equal."""
-    entries = prepared.entries
-    if entries is None or entries.num_rows == 0:
-        return np.zeros(0, dtype=np.int64)
-    floats = decoder.float_read()
-    if not floats:
-        return np.zeros(0, dtype=np.int64)
-    hit = pc.and_(pc.equal(entries.column("reason"), "type"),
-                  pc.is_in(entries.column("field"), value_set=pa.array(sorted(floats), pa.string())))
-    rows: npt.NDArray[np.int64] = np.unique(entries.column("row").filter(hit).to_numpy()).astype(np.int64)
-    return rows
-
-
-def _in_record_order(tables: list[pa.Table], positions: list[npt.NDArray[np.int64]]
-                     ) -> tuple[pa.Table | None, npt.NDArray[np.int64]]:
-    """Tables of the two paths as one, in record order (each is in order already)."""
-    tables = [t for t in tables if t.num_rows] or tables[:1]
-    positions = [p for p in positions if len(p)] or positions[:1]
-    if not tables:
-        return None, np.zeros(0, dtype=np.int64)
-    if len(tables) == 1:
-        return tables[0], positions[0]
-    pos = np.concatenate(positions)
-    order = np.argsort(pos, kind="stable")
-    return pa.concat_tables(tables).take(pa.array(order)), pos[order]
-
-
-def _empty_rows(compiled: CompiledSchema, program: TransformProgram | None, ctx: RunContext,
-                now: dt.datetime) -> pa.Table:
-    """The rows table of a micro-batch without a valid row (the columns the stores expect)."""
-    sb = SourceBatch(pa.record_batch([], schema=pa.schema([])),
-                     BatchLineage("kafka://", 0, 0, unit=None, explicit=pa.array([], pa.string())))
-    return process_batch(sb, compiled, program, ctx, now).rows
 
 
 def records_source_batch(batch: pa.Table | pa.RecordBatch, values: Sequence[bytes | None],

@@ -35,8 +35,8 @@ per-record path (``slow``), which then decides as it always did:
   may have been an integer that float64 cannot hold exactly) and, for float fields,
   a negative zero (the token may have been the integer ``-0``).
 
-And the caller (``features.pipeline.prepare.prepare_records``) sends through the per-record
-path the records whose ``type`` reject on the fast path shows a value as read in a field
+And the caller (``features.sources.micro_batch.decode_micro_batch``) sends through the per-record
+path the records whose ``type`` failure on the fast path shows a value as read in a field
 read as float64 (``100.0``, where ``json.loads`` may have read the integer ``100``).
 Every other reject's message shows the converted value, which both paths hold equal, and
 the raw payload of a fast-path reject is rendered from ``json.loads`` as before.
