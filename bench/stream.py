@@ -395,13 +395,13 @@ def write_parquet(bench: Bench, values: list[bytes | None], compiled: Any) -> tu
     schema = compiled.schema
     known = frozenset(f.name for f in schema.fields)
     decoded = decode(values, max_bytes=schema.payload.max_bytes, known=known)
+    batch = decoded.batch  # a column per key some object holds; mixed JSON types as JSON text
     columns: dict[str, pa.Array] = {}
     for field in compiled.arrow_schema:
-        raw = [row.get(field.name) for row in decoded.rows]
-        try:
-            col = pa.array(raw)
-        except (pa.ArrowInvalid, pa.ArrowTypeError):  # mixed JSON types: text, left to the validator
-            col = pa.array([None if v is None else str(v) for v in raw], pa.string())
+        if field.name in batch.schema.names:
+            col = batch.column(field.name)
+        else:
+            col = pa.nulls(batch.num_rows)
         temporal = pa.types.is_timestamp(field.type) or pa.types.is_date(field.type)
         if temporal and pa.types.is_string(col.type):
             col = col.cast(field.type)
