@@ -29,6 +29,10 @@ into the stored columns (the mean's division, the variance's one rounding, a rat
 ``on_zero``): the backfill (``features.aggregate.backfill``) runs it
 over the loaded events and the windows around them, the stream
 (``features.aggregate.stream``) over each micro-batch and the state it holds.
+
+Why one module of this size: :func:`compute`'s raw accumulators and :func:`finalize`
+must agree function by function (the backfill, the stream, the tiles and the request-time
+reads all go through this pair), so each function's two halves sit side by side here.
 """
 
 from __future__ import annotations

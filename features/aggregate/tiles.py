@@ -28,6 +28,11 @@ turns into values: the same function as the backfill, the stream and
 
 Distinct values travel as their Redis text (``features.compile.layout.encode_column``)
 with ``\\``, ``\\x1d``, ``\\x1e`` and ``\\x1f`` escaped.
+
+Why one module of this size: building the tiles and merging them at a read share one
+piece layout (which tiles a window holds whole, its two edge tiles, the parts each
+function keeps); kept together so the write and the read cannot drift apart
+(the binary packing itself is ``features.aggregate.tilepack``).
 """
 
 from __future__ import annotations

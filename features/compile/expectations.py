@@ -67,6 +67,10 @@ The stored aggregates. :func:`render_aggregates_suite` is a second suite, of the
 ``<schema>__aggregates`` table (``expectations/<schema>__aggregates.json``), and
 :func:`run_aggregates_suite` runs it over rows read from that table; see
 ``docs/aggregations.md`` ("Where the values go").
+
+Why one module of this size: two Great Expectations suites (the schema's and its
+aggregates'), rendered and run with one translation of rules into expectations; splitting
+them would copy that translation.
 """
 
 from __future__ import annotations

@@ -44,6 +44,10 @@ type and ``accept_strings``; with ``empty_as_null``, ``""`` is null too. A strin
 refused only because the field does not ``accept_strings`` carries the hint
 :data:`TEXT_HINT`, the one the Parquet loader's check gives for a text column.
 Nothing here raises for bad data; a bad value is reported in :class:`Converted`.
+
+Why one module of this size: one converter per Arrow type family for Parquet columns,
+JSON values and Python objects alike; the rules for each type (null markers, text,
+bounds of the type) sit beside the others so every input form is read the same way.
 """
 
 from __future__ import annotations

@@ -34,6 +34,10 @@ as the exact comparison; float fields compare in float64 with the bound rounded 
 nearest float64 (as PostgreSQL compares ``real``/``double precision`` with a numeric
 literal); date/timestamp bounds are ISO strings (a naive bound on a zoned field is read
 in the field's zone).
+
+Why one module of this size: the one validation pass (conversion, every compiled rule,
+the reject rows and their counts) over a batch; its stages share the row index that keeps
+``valid + rejected == rows``, so they stay in one place.
 """
 
 from __future__ import annotations
