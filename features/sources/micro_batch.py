@@ -129,7 +129,8 @@ def _one_batch(fast: pa.Table | None, fast_index: npt.NDArray[np.int64], slow: p
     if slow.num_rows == 0:
         return fast_batch, fast_index
     names = list(fast_batch.schema.names)
-    names += [name for name in slow.schema.names if name not in set(names)]
+    seen = set(names)
+    names += [name for name in slow.schema.names if name not in seen]
     columns: list[pa.Array] = []
     fields: list[pa.Field] = []
     for name in names:
