@@ -50,7 +50,7 @@ class CompiledSchema:
     @cached_property
     def expectations(self) -> dict[str, Any]:
         """The Great Expectations 1.x suite (``expectations/<name>.json``) as a dict."""
-        from features.compile.expectations import render_suite
+        from features.compile.suite import render_suite
 
         return render_suite(self)
 
@@ -58,7 +58,7 @@ class CompiledSchema:
     def aggregates_expectations(self) -> dict[str, Any] | None:
         """The GX suite of the stored aggregates (``expectations/<name>__aggregates.json``)
         as a dict; None for a schema without aggregations."""
-        from features.compile.expectations import render_aggregates_suite
+        from features.compile.suite import render_aggregates_suite
 
         return render_aggregates_suite(self)
 
