@@ -5,6 +5,7 @@ Public names only; every other module is an implementation detail.
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from features.errors import (
@@ -37,8 +38,6 @@ _LAZY = {
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        import importlib
-
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'features' has no attribute {name!r}")
 

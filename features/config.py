@@ -36,6 +36,9 @@ from pathlib import Path
 from typing import Any, Literal, overload
 from urllib.parse import unquote
 
+from psycopg import ProgrammingError
+from psycopg.conninfo import conninfo_to_dict
+
 from features.errors import ConfigError
 from features.home import CACHE_VAR, CONFIG_FILE, project_home
 
@@ -416,8 +419,6 @@ def _check_dsn(dsn: str, origin: str) -> None:
     the offending part, which may be the password (``invalid percent-encoded token``)."""
     if dsn == DEFAULT_POSTGRES_DSN:
         return
-    from psycopg import ProgrammingError
-    from psycopg.conninfo import conninfo_to_dict
 
     try:
         conninfo_to_dict(dsn)

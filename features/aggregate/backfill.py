@@ -36,6 +36,7 @@ from features.aggregate.engine import (
 )
 from features.aggregate.tiles import build as build_tiles
 from features.aggregate.writer import AggregateCounts, AggregateWriter
+from features.compile.arrow import arrow_schema
 from features.lineage import DIGEST, RunContext
 
 #: rows per Postgres upsert / Redis round (bounds the size of one transaction)
@@ -60,8 +61,6 @@ class Collector:
 
 
 def _empty(spec: AggSpec) -> pa.Table:
-    from features.compile.arrow import arrow_schema
-
     schema = arrow_schema(spec.schema)
     return pa.table({**{f.name: pa.array([], f.type) for f in schema}, "_source": pa.array([], pa.string()),
                      DIGEST: pa.array([], pa.string())})

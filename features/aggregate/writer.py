@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 from features.aggregate.engine import LATE_RULE, AggSpec, Inputs, extract, group_codes
 from features.aggregate.tiles import TileRows, TileSpec
 from features.compile import CompiledSchema
+from features.compile.arrow import arrow_type
 from features.compile.rejects import REJECTED_ROWS_SCHEMA
 from features.lineage import DIGEST, RunContext
 from features.schema.model import TypeKind
@@ -65,8 +66,6 @@ class AggregateCounts:
 
 def event_time_array(spec: AggSpec, time_us: I64) -> pa.Array:
     """Microseconds since the epoch -> the schema's event time type."""
-    from features.compile.arrow import arrow_type
-
     assert spec.schema.event_time is not None
     target = arrow_type(spec.schema.field(spec.schema.event_time).type)
     if pa.types.is_date(target):
@@ -138,8 +137,6 @@ def _narrow(arr: pa.Array) -> pa.Array:
 
 def _time_step_us(spec: AggSpec) -> int:
     """Microseconds per unit of the schema's event time type (a day for a date)."""
-    from features.compile.arrow import arrow_type
-
     assert spec.schema.event_time is not None
     t = arrow_type(spec.schema.field(spec.schema.event_time).type)
     if pa.types.is_date(t):
@@ -150,8 +147,6 @@ def _time_step_us(spec: AggSpec) -> int:
 def _read_fields(spec: AggSpec) -> tuple[list[str], dict[str, pa.DataType]]:
     """The fields the aggregations read (besides the key), and how to read them back; the
     content digest too (what tells events at one instant apart, and orders them)."""
-    from features.compile.arrow import arrow_type
-
     schema = spec.schema
     names: list[str] = []
     for agg in spec.windowed:

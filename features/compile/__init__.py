@@ -11,7 +11,12 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from features.compile.arrow import arrow_schema
+from features.compile.fingerprint import fingerprint
+from features.compile.postgres import render_ddl
 from features.compile.rules import Rule, compile_rules
+from features.compile.suite import render_aggregates_suite, render_suite
+from features.errors import ConfigError
 from features.schema.model import Schema
 
 if TYPE_CHECKING:
@@ -36,43 +41,34 @@ class CompiledSchema:
     @cached_property
     def arrow_schema(self) -> pa.Schema:
         """The declared Arrow schema of the input fields (the type of ``valid``)."""
-        from features.compile.arrow import arrow_schema
-
         return arrow_schema(self.schema)
 
     @cached_property
     def ddl(self) -> str:
         """Postgres DDL (``sql/<name>.sql``); requires a loadable schema for tables."""
-        from features.compile.postgres import render_ddl
-
         return render_ddl(self)
 
     @cached_property
     def expectations(self) -> dict[str, Any]:
         """The Great Expectations 1.x suite (``expectations/<name>.json``) as a dict."""
-        from features.compile.expectations import render_suite
-
         return render_suite(self)
 
     @cached_property
     def aggregates_expectations(self) -> dict[str, Any] | None:
         """The GX suite of the stored aggregates (``expectations/<name>__aggregates.json``)
         as a dict; None for a schema without aggregations."""
-        from features.compile.expectations import render_aggregates_suite
-
         return render_aggregates_suite(self)
 
 
 def compile_schema(schema: Schema) -> CompiledSchema:
     """Compile ``schema``. Raises CompileError when an artefact cannot be built."""
-    from features.compile.fingerprint import fingerprint
-
     return CompiledSchema(schema=schema, fingerprint=fingerprint(schema), rules=compile_rules(schema))
 
 
 def find_schema(name: str, schemas_dir: str | Path) -> CompiledSchema:
     """Compile the schema called ``name`` from ``schemas_dir`` (ConfigError when absent)."""
-    from features.errors import ConfigError
+    # The YAML parser loads here, not with the package: features.compile is imported by the
+    # kernels, which run where only NumPy, PyArrow and CuPy are installed (bench/gpu_check.sh).
     from features.schema import load_schemas
 
     schemas = load_schemas(Path(schemas_dir))

@@ -21,6 +21,7 @@ The schema metadata carries the schema's name and version.
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from features.errors import CompileError
 from features.schema.model import Field, FieldType, Schema, TypeKind
@@ -79,8 +80,6 @@ def arrow_type(t: FieldType) -> pa.DataType:
 
 def _check_zone(tz: str) -> None:
     """Raise CompileError unless Arrow can convert values to/from ``tz``."""
-    import pyarrow.compute as pc
-
     try:
         pc.cast(pa.array([0], pa.int64()).cast(pa.timestamp("s", tz=tz)), pa.string())
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:

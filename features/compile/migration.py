@@ -61,6 +61,7 @@ from dataclasses import dataclass, field
 from features.compile.fingerprint import fingerprint
 from features.compile.postgres import (
     SCHEMAS_TABLE,
+    VERSIONS_TABLE,
     aggregates_table_name,
     aggregation_pg_type,
     check_expr,
@@ -446,8 +447,6 @@ def brief(statement: str) -> str:
     """``statement`` as the text views print it: a record of a version in
     ``featureline_schema_versions`` without the YAML text it carries (``--sql`` and
     ``--json`` print it whole)."""
-    from features.compile.postgres import VERSIONS_TABLE
-
     head = f"INSERT INTO {quote_ident(VERSIONS_TABLE)} "
     if not statement.startswith(head):
         return statement

@@ -37,7 +37,11 @@ from features.config import Settings
 from features.errors import ConfigError
 from features.flink.cluster import slots
 from features.flink.env import environment, python_executables, restart_strategy, scrub_environment
-from features.pipeline.summary import RunSummary
+from features.load.local import load_local
+from features.load.stores import open_stores
+from features.observe.logs import bind_run_id, has_handler, set_run_id, setup_logging
+from features.pipeline.summary import RunSummary, merge_summaries
+from features.sources.parquet import ParquetSource
 
 log = logging.getLogger("features.load")
 
@@ -47,6 +51,7 @@ def _shard_load(compiled: CompiledSchema, paths: list[str], settings: Settings, 
     """The map function of the job (built lazily: importing PyFlink costs ~1 s). It is
     pickled into the job graph, so it carries ``settings.for_job()``: the stores'
     credentials, not the ingest tokens."""
+    # pyflink: heavy, and only a Flink job needs it (no other entry point loads it)
     from pyflink.datastream.functions import MapFunction, RuntimeContext
 
     settings = settings.for_job()
@@ -55,17 +60,12 @@ def _shard_load(compiled: CompiledSchema, paths: list[str], settings: Settings, 
         """Load shard ``i`` of ``shards`` (one element per task); returns its RunSummary."""
 
         def open(self, runtime_context: RuntimeContext) -> None:
-            from features.observe.logs import has_handler, set_run_id, setup_logging
-
             if kw.get("run_id"):
                 set_run_id(kw["run_id"])
             if not has_handler("features"):
                 setup_logging(None, logger="features")
 
         def map(self, shard: int) -> RunSummary:
-            from features.load.local import load_local
-            from features.observe.logs import bind_run_id
-
             with bind_run_id(kw["run_id"]):
                 return load_local(paths, compiled, settings, shard=(shard, shards), **kw)
 
@@ -80,12 +80,9 @@ def load_flink(paths: Sequence[str | Path], compiled: CompiledSchema, settings: 
     a running Flink cluster to submit to (``features load --engine flink --cluster``; its
     slots in all when ``parallelism`` is None); None: a mini-cluster in this process, or
     the cluster ``flink run`` chose."""
+    # pyflink: heavy, and only a Flink job needs it (no other entry point loads it)
     from pyflink.common import Configuration, Types
     from pyflink.datastream import RuntimeExecutionMode
-
-    from features.load.stores import open_stores
-    from features.pipeline.summary import merge_summaries
-    from features.sources.parquet import ParquetSource
 
     if parallelism is not None and parallelism < 1:
         raise ConfigError(f"parallelism must be >= 1, got {parallelism}", key="parallelism")

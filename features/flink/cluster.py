@@ -32,8 +32,12 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-from features.errors import ServiceError
+import yaml
+
+from features.errors import ConfigError, ServiceError
+from features.home import state_home
 
 HOST = "127.0.0.1"
 STATE_FILE = "cluster.json"
@@ -45,6 +49,7 @@ def pyflink_home(python: Path | None = None) -> Path:
     """The PyFlink distribution (``bin/``, ``conf/``, ``lib/``, ``opt/``) of ``python``, else
     of this interpreter."""
     if python is None:
+        # pyflink: heavy, and only a Flink job needs it (no other entry point loads it)
         import pyflink
 
         return Path(pyflink.__file__).resolve().parent
@@ -193,8 +198,6 @@ def configure(folder: Path, *, home: Path | None = None, taskmanagers: int = 1, 
               extra: dict[str, Any] | None = None) -> Cluster:
     """Lay out ``folder`` for a new cluster (conf/ copied from ``home``'s, new free ports,
     ``cluster.json``) and return it; starts nothing. ``extra``: more config keys (dotted)."""
-    import yaml
-
     if taskmanagers < 1 or slots < 1:
         raise ServiceError(f"a cluster needs >= 1 TaskManager and >= 1 slot, got {taskmanagers} and {slots}",
                            service="flink-cluster")
@@ -322,8 +325,6 @@ def local_cluster(folder: Path) -> Cluster | None:
 
 def project_folder() -> Path:
     """The folder of the project's cluster: ``.dev/flink`` (``features.home.state_home``)."""
-    from features.home import state_home
-
     return state_home() / "flink"
 
 
@@ -343,10 +344,6 @@ def flink_python_jar(home: Path | None = None) -> Path:
 
 def split_address(address: str) -> tuple[str, int]:
     """``host:port`` or ``http(s)://host:port[/]`` -> (host, port); raises ConfigError."""
-    from urllib.parse import urlsplit
-
-    from features.errors import ConfigError
-
     parts = urlsplit(address if "://" in address else f"http://{address}")
     try:
         port = parts.port
@@ -368,8 +365,6 @@ def resolve(cluster: str | None) -> str | None:
     alone) is the project's running cluster (``features dev up --flink-cluster``; raises
     ConfigError when none runs); any other value is a cluster's REST address. A remote
     cluster is checked to answer (ConfigError otherwise)."""
-    from features.errors import ConfigError
-
     if cluster is None:
         return None
     if cluster == PROJECT:
@@ -390,8 +385,6 @@ def resolve(cluster: str | None) -> str | None:
 def slots(address: str) -> int:
     """The cluster's slots in all (``/overview``'s ``slots-total``); ConfigError when it does
     not answer."""
-    from features.errors import ConfigError
-
     host, port = split_address(address)
     view = Cluster(Path("."), Path("."), port, 0, host=host).overview()
     if view is None:

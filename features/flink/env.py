@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from features.config import SECRET_ENVIRONMENT
+from features.flink.cluster import flink_python_jar, split_address
 
 
 def scrub_environment() -> list[str]:
@@ -33,6 +34,7 @@ def python_executables(env: Any) -> dict[str, str]:
     that one is stacked on top of the submitter's options, so it would replace ``-pyexec``
     (measured with PyFlink 2.2.1: the TaskManagers ran the client's Python instead). Flink's
     own default is ``python``, which Debian does not have."""
+    # pyflink: heavy, and only a Flink job needs it (no other entry point loads it)
     from pyflink.java_gateway import get_gateway
 
     jvm = get_gateway().jvm
@@ -69,13 +71,13 @@ def environment(conf: Any, cluster: str | None) -> Any:
     Not ``get_execution_environment(conf)`` with ``execution.target: remote``: outside ``flink
     run`` that makes a local environment, which forces the target back to local (measured
     with PyFlink 2.2.1: the job started a mini-cluster on the remote's REST port)."""
+    # pyflink: heavy, and only a Flink job needs it (no other entry point loads it)
     from pyflink.datastream import StreamExecutionEnvironment
 
     if cluster is None:
         return StreamExecutionEnvironment.get_execution_environment(conf)
+    # pyflink: heavy, and only a Flink job needs it (no other entry point loads it)
     from pyflink.java_gateway import get_gateway
-
-    from features.flink.cluster import flink_python_jar, split_address
 
     host, port = split_address(cluster)
     conf.set_string("execution.target", "remote")

@@ -25,19 +25,38 @@ and the idempotent writes make the replay a no-op.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import json
 import logging
 import re
+import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from features.config import Device, env_var, redact
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from features.compile import compile_schema
+from features.config import Device, Settings, env_var, redact
 from features.errors import ConfigError
 from features.flink.connector import kafka_connector_jar
 from features.flink.env import environment, python_executables, restart_strategy, scrub_environment
+from features.home import CONFIG_FILE
+from features.observe.logs import fields, has_handler, set_run_id, setup_logging
+from features.observe.metrics import (
+    MetricsServer,
+    Registry,
+    RunMetrics,
+    serve_first_free,
+    sleep_interruptibly,
+)
+from features.schema import load_schema
 from features.sources.records import SOURCE_HEADER, TopCounter
+from features.stream.core import StreamProcessor
 
 log = logging.getLogger("features.stream")
 
@@ -148,10 +167,6 @@ def default_group_id(schema_path: str, topic: str) -> str:
     broker, or one schema read from two topics, never share offsets; the same project,
     schema and topic always get the same group (it depends on the schema file's place,
     never on the current folder)."""
-    import hashlib
-
-    from features.home import CONFIG_FILE
-
     schema = Path(schema_path).absolute()
     folders = schema.parents
     project = next((f for f in folders if (f / CONFIG_FILE).is_file()), schema.parent)
@@ -186,7 +201,7 @@ def _as_bytes(values: list[Any]) -> list[bytes | None]:
 
 
 def _make_udf(cfg: StreamConfig) -> Any:
-    import pandas as pd
+    # pyflink: heavy, and only a Flink job needs it (no other entry point loads it)
     from pyflink.table import DataTypes
     from pyflink.table.udf import FunctionContext, ScalarFunction, udf
 
@@ -200,11 +215,6 @@ def _make_udf(cfg: StreamConfig) -> Any:
             self.metrics: Any = None
 
         def open(self, function_context: FunctionContext) -> None:
-            from features.compile import compile_schema
-            from features.config import Settings
-            from features.schema import load_schema
-            from features.stream.core import StreamProcessor
-
             c = self.cfg
             _log_setup(c.log_format, c.run_id)
             compiled = compile_schema(load_schema(c.schema_path))
@@ -229,9 +239,6 @@ def _make_udf(cfg: StreamConfig) -> Any:
             return pd.Series(self._process(value, topic, partition, offset, ts, via).astype("int32"))
 
         def _process(self, value: Any, topic: Any, partition: Any, offset: Any, ts: Any, via: Any) -> Any:
-            import numpy as np
-            import pyarrow as pa
-
             values = _as_bytes(value.tolist())  # the BYTES column as Python objects
             stamps = pd.to_datetime(ts, utc=True)
             epoch = pd.Timestamp(0, tz="UTC")
@@ -259,7 +266,6 @@ def _make_udf(cfg: StreamConfig) -> Any:
         def close(self) -> None:
             if self.proc is None:
                 return
-            from features.observe.logs import fields
 
             # Flink may end this worker soon after the job ends: a short lag query, so
             # that the summary and this line come out (the lag is also refreshed with
@@ -278,8 +284,6 @@ def _log_setup(fmt: str | None = None, run_id: str | None = None) -> None:
     """The ``features`` loggers' lines on stderr (a Python worker's go to Flink's task
     manager log), in ``fmt`` (else ``FEATURES_LOG_FORMAT``, else text), with ``run_id``;
     left alone when the CLI already set logging up in this process."""
-    from features.observe.logs import has_handler, set_run_id, setup_logging
-
     if run_id:
         set_run_id(run_id)
     if not has_handler("features"):
@@ -304,11 +308,6 @@ def serve_final_metrics(summary_dir: str | Path, run_id: str, host: str, seconds
     """After a job ended (``--metrics-linger-s``): serve each subtask's last metrics
     (:func:`save_exposition`) on the port it used, for ``seconds``; returns the ports.
     A port the ending worker still holds is retried for up to 10 s, then skipped."""
-    import functools
-    import time
-
-    from features.observe.metrics import MetricsServer, sleep_interruptibly
-
     servers: list[MetricsServer] = []
     try:
         for path in sorted(Path(summary_dir).glob(f"{run_id}*.prom")):
@@ -342,7 +341,6 @@ def _metrics_endpoint(cfg: StreamConfig, schema: str) -> tuple[Any, Any]:
     not served."""
     if cfg.metrics_port is None:
         return None, None
-    from features.observe.metrics import Registry, RunMetrics, serve_first_free
 
     registry = Registry()
     metrics: Any = RunMetrics(registry, schema, stream=True)
@@ -358,6 +356,7 @@ def _metrics_endpoint(cfg: StreamConfig, schema: str) -> tuple[Any, Any]:
 
 def build(cfg: StreamConfig) -> tuple[Any, Any]:
     """The configured Flink environment and the job's statement set (not started)."""
+    # pyflink: heavy, and only a Flink job needs it (no other entry point loads it)
     from pyflink.common import Configuration
     from pyflink.table import EnvironmentSettings, StreamTableEnvironment
 
@@ -446,8 +445,6 @@ def run(cfg: StreamConfig, *, wait: bool = True) -> Any:
     """Submit the job (to the mini-cluster when run locally, to the cluster under
     ``flink run``). With ``wait``, block until it ends (a bounded job ends at the end
     offsets seen at start) and return its TableResult."""
-    from features.observe.logs import fields
-
     _log_setup(cfg.log_format, cfg.run_id)
     _, stmt = build(cfg)
     log.info("stream: submitting", extra=fields(redacted(cfg)))

@@ -368,6 +368,7 @@ class CupyBackend:
     def _reserve(self, rows: int) -> None:
         if rows <= self._capacity:
             return
+        # cupyx: CuPy, the optional gpu extra; only a GPU kernel's buffers need it
         import cupyx
 
         n_in = max(len(self.plan.slots), 1) * rows

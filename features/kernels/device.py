@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from features.config import Device
 from features.errors import DeviceUnavailable
+
+# annotations only: the kernels run where only NumPy, PyArrow and CuPy are installed
+# (bench/gpu_check.sh), and features.config imports psycopg
+if TYPE_CHECKING:
+    from features.config import Device
 
 Backend = Literal["cpu", "gpu"]
 

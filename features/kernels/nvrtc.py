@@ -36,6 +36,7 @@ def library_path() -> Path:
     if (env := os.environ.get("FEATURES_NVRTC")):
         return Path(env)
     try:
+        # NVRTC's wheel is optional (the dev extra); its absence is reported below
         import nvidia.cuda_nvrtc as pkg
     except ImportError as exc:
         raise NvrtcUnavailable("NVRTC is not installed: pip install nvidia-cuda-nvrtc-cu12 "

@@ -12,7 +12,7 @@ import datetime as dt
 import logging
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -22,10 +22,10 @@ from features.compile import CompiledSchema
 from features.compile.arrow import arrow_type
 from features.compile.rejects import REJECT_SCHEMA
 from features.compile.rules import ReasonCode
-from features.config import Device, Settings
 from features.errors import DeviceUnavailable
 from features.kernels.columns import SlotValues, one_hot_values, prepare_slots
-from features.kernels.cupy_backend import KernelSource, generate_source
+from features.kernels.cupy_backend import CupyBackend, KernelSource, generate_source
+from features.kernels.device import resolve_device
 from features.kernels.numpy_backend import (
     DEFAULT_CHUNK_ROWS,
     NUMPY_DTYPES,
@@ -44,6 +44,11 @@ from features.kernels.ops import (
     plan_program,
 )
 from features.schema.model import FieldType, Schema
+
+# annotations only: the kernels run where only NumPy, PyArrow and CuPy are installed
+# (bench/gpu_check.sh), and features.config imports psycopg
+if TYPE_CHECKING:
+    from features.config import Device, Settings
 
 log = logging.getLogger("features.kernels")
 
@@ -230,13 +235,9 @@ def compile_transforms(
     NumPy program. Raises CompileError for features no backend can run
     (``ops.plan_program``).
     """
-    from features.kernels.device import resolve_device
-
     plan = plan_program(schema)
     backend_name, cupy = resolve_device(device)
     if backend_name == "gpu":
-        from features.kernels.cupy_backend import CupyBackend
-
         assert cupy is not None
         gpu = CupyBackend(plan, cupy)
         try:

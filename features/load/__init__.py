@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import logging
+import multiprocessing
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -14,9 +17,9 @@ from features.errors import ConfigError, FeaturesError, WorkerFailed
 from features.lineage import new_run_id
 from features.load.local import load_local
 from features.load.stores import open_stores
-from features.observe.logs import bind_run_id
+from features.observe.logs import bind_run_id, setup_logging
 from features.observe.metrics import RunMetrics
-from features.pipeline.summary import RunSummary
+from features.pipeline.summary import RunSummary, merge_summaries
 from features.sources.parquet import DEFAULT_BATCH_ROWS, ParquetSource
 
 log = logging.getLogger("features.load")
@@ -58,7 +61,6 @@ def load(paths: Sequence[str | Path], compiled: CompiledSchema, settings: Settin
 def _worker(args: tuple[Any, ...]) -> RunSummary:
     """One process of :func:`load_workers`: shard ``i`` of ``n``."""
     paths, compiled, settings, i, n, kw = args
-    from features.observe.logs import setup_logging
 
     setup_logging(None, logger="features")
     return load(paths, compiled, settings, shard=(i, n), **kw)
@@ -78,12 +80,6 @@ def load_workers(paths: Sequence[str | Path], compiled: CompiledSchema, settings
     the committed units (another ``workers`` re-offers the rows: already present).
     The stores are opened once first (DDL, fingerprint). A failed worker fails the run
     with its error after the others finish; a re-run completes it exactly."""
-    import concurrent.futures as cf
-    import multiprocessing
-    import time
-
-    from features.pipeline.summary import merge_summaries
-
     run_id = run_id or new_run_id()
     source = ParquetSource(paths, compiled, batch_rows=batch_rows)  # checks every file first
     open_stores(compiled, settings, search_path=search_path, key_prefix=key_prefix)

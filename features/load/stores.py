@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from features.aggregate.engine import AggSpec
+from features.aggregate.writer import AggregateWriter
 from features.compile import CompiledSchema
 from features.config import Settings
+from features.sinks.stores import aggregate_stores, store_sinks
 
 
 def open_stores(compiled: CompiledSchema, settings: Settings, *, search_path: str | None = None,
@@ -14,10 +17,6 @@ def open_stores(compiled: CompiledSchema, settings: Settings, *, search_path: st
     """Open (and close) every store a load writes to: checks they answer and the schema's
     fingerprint, applies the DDL and loads the Redis scripts once, before workers start
     (concurrent ``CREATE TABLE IF NOT EXISTS`` can fail in Postgres)."""
-    from features.aggregate.engine import AggSpec
-    from features.aggregate.writer import AggregateWriter
-    from features.sinks.stores import aggregate_stores, store_sinks
-
     cold, hot = store_sinks(compiled, settings, search_path=search_path, key_prefix=key_prefix)
     stores: list[Any] = [hot, cold]
     if AggSpec.of(compiled.schema) is not None:

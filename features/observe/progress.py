@@ -3,6 +3,7 @@ and the report's (silent when stderr is not a TTY)."""
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any, Protocol
 
@@ -27,8 +28,6 @@ class LineProgress:
     report's progress lines."""
 
     def __init__(self, label: str, total: int | None, *, enabled: bool, stream: Any = None) -> None:
-        import sys
-
         self.label = label
         self.total = total
         self.stream = stream or sys.stderr

@@ -30,6 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from features.aggregate.backfill import Collector, backfill
+from features.aggregate.engine import AggSpec
+from features.aggregate.writer import AggregateWriter
 from features.compile import CompiledSchema
 from features.config import Settings
 from features.kernels import transform_program
@@ -39,6 +42,8 @@ from features.observe.progress import LineProgress, Progress
 from features.pipeline.summary import RunSummary
 from features.pipeline.write import BatchWriter, Guard
 from features.sinks.base import Sink
+from features.sinks.postgres import WriterGuard
+from features.sinks.stores import aggregate_stores, store_sinks
 from features.sources.base import Source, SourceBatch
 
 if TYPE_CHECKING:
@@ -90,12 +95,6 @@ def load_source(source: Source, compiled: CompiledSchema, settings: Settings, *,
     more fields of the ``load started`` log line; ``observer``: called with each batch's
     valid rows, in order (committed units included), beside the aggregations' collector;
     ``read_own``: the run id stored other rows before (``features.aggregate.backfill``)."""
-    from features.aggregate.backfill import Collector, backfill
-    from features.aggregate.engine import AggSpec
-    from features.aggregate.writer import AggregateWriter
-    from features.sinks.postgres import WriterGuard
-    from features.sinks.stores import aggregate_stores, store_sinks
-
     program = transform_program(compiled, settings)
     pg, hot = store_sinks(compiled, settings, search_path=search_path, key_prefix=key_prefix)
     # a migration of the schema waits for the unit in flight, then stops this load

@@ -16,6 +16,9 @@ from collections.abc import Iterable
 from typing import Final
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from features.schema.model import LIST_ELEMENT_KINDS, LIST_MAX_LENGTH, FieldType, ListItems, TypeKind
 
 __all__ = [
@@ -163,9 +166,6 @@ def regex_problem(pattern: str) -> str | None:
 
 
 def _re2_problem(pattern: str) -> str | None:
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     try:
         pc.match_substring_regex(pa.array([""], pa.string()), f"^(?:{pattern})$")
     except pa.ArrowInvalid as exc:
@@ -177,9 +177,6 @@ def full_match(pattern: str, value: str) -> bool:
     """Whether ``value`` as a whole matches ``pattern`` the way the validator decides it
     (RE2: linear time, so a pattern such as ``(a+)+`` cannot hang the parser). The
     pattern must have passed :func:`regex_problem`; ``value`` must be UTF-8 encodable."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     return bool(pc.match_substring_regex(pa.array([value], pa.string()), f"^(?:{pattern})$")[0].as_py())
 
 

@@ -54,13 +54,18 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.csv as pacsv
 
+from features.aggregate.engine import AggSpec, extract
+from features.aggregate.request_time import at_times, fields_read, sub_spec
 from features.compile import CompiledSchema
 from features.compile.layout import aggregation_names, declared_type, entity_values
 from features.compile.listtext import POSTGRES, parse_list_text
+from features.compile.postgres import aggregates_table_name, cold_table_name, pg_type, quote_ident
 from features.lineage import DIGEST
 from features.schema.model import TypeKind
 from features.sdk.static import static_rows
+from features.sinks.postgres import copy_csv
 
 _T = TypeVar("_T")
 
@@ -131,8 +136,6 @@ def _unsliced(col: pa.ChunkedArray | pa.Array) -> pa.Array:
 
 def _chunk(store: Postgres, c: CompiledSchema, frame: pa.Table, columns: list[str], ids: pa.Array,
            t_us: pa.Array, max_age: dt.timedelta | None, request_time: bool) -> pa.Table:
-    from features.compile.postgres import aggregates_table_name, cold_table_name
-
     s = c.schema
     cold_aggs = set(aggregation_names(c, "cold"))
     names = [x for x in columns if x not in cold_aggs]
@@ -205,9 +208,6 @@ class _Windows:
 
     @classmethod
     def of(cls, c: CompiledSchema, names: list[str]) -> _Windows:
-        from features.aggregate.engine import AggSpec
-        from features.aggregate.request_time import fields_read, sub_spec
-
         full = AggSpec.of(c.schema)
         assert full is not None  # names are aggregations of c
         spec = sub_spec(full, names)
@@ -218,9 +218,6 @@ class _Windows:
            ok: npt.NDArray[np.bool_]) -> dict[str, pa.Array]:
         """The windows at each frame row's time ``t_q`` over ``hist`` (the history rows read
         for the chunk's entities, ``__k`` their entity code): null where not ``ok``."""
-        from features.aggregate.engine import extract
-        from features.aggregate.request_time import at_times
-
         s = self.c.schema
         entity, event_time = str(s.entity), str(s.event_time)
         k = hist.column("__k").combine_chunks().cast(pa.int64())
@@ -348,9 +345,6 @@ def _fetch(store: Postgres, c: CompiledSchema, table: str, ids: pa.Array, cols: 
     binary COPY of a few rows of aggregated byte strings (:func:`_binary_plan`: each
     column's values packed by Postgres' ``*send`` functions, parsed with NumPy); a
     table with other columns (lists, wider decimals) is read as CSV (:func:`_parse`)."""
-    from features.compile.postgres import pg_type, quote_ident
-    from features.sinks.postgres import copy_csv
-
     s = c.schema
     entity, event_time = str(s.entity), str(s.event_time)
     types = {name: declared_type(c, name) for name in cols}
@@ -455,8 +449,6 @@ def _send_time(c: CompiledSchema, expr: str) -> tuple[str, str]:
 def _binary_plan(c: CompiledSchema, types: dict[str, pa.DataType]) -> dict[str, _Packed] | None:
     """Per column, how it is packed; None when a column's type has no packed form here
     (lists, decimals wider than int64): then the whole read is CSV."""
-    from features.compile.postgres import quote_ident
-
     out: dict[str, _Packed] = {}
     for name, t in types.items():
         x = f"h.{quote_ident(name)}"
@@ -619,8 +611,6 @@ def _parse(data: bytes, c: CompiledSchema, types: dict[str, pa.DataType]) -> pa.
     empty string is ``""``; booleans ``t``/``f``; floats as Postgres writes them
     (shortest round-trip text, ``NaN``, ``Infinity``); timestamps in the session's zone,
     UTC. ``__t`` becomes epoch microseconds (a date: its midnight UTC)."""
-    import pyarrow.csv as pacsv
-
     event = c.arrow_schema.field(str(c.schema.event_time)).type
     names = ["__k", "__t", *types]
     col_types = {"__k": pa.int32(), "__t": _text_type(event), **{n: _text_type(t) for n, t in types.items()}}

@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from features.compile import CompiledSchema, compile_schema
 from features.errors import ConfigError, SchemaError
+from features.schema import load_schemas
 from features.schema.syntax import suggest
 from features.sdk.columns import UNKNOWN_SCHEMA
+from features.views import compile_view, load_views
 
 if TYPE_CHECKING:
     from features.schema import Schema
@@ -68,8 +70,6 @@ class Catalog:
         folder's (or the file's) ``stat`` changes: a file added, removed or renamed in it
         (an editor's save by rename too). A file edited in place is seen by a new store.
         A folder that does not parse raises its SchemaError each time, parsed once."""
-        from features.schema import load_schemas
-
         found: dict[str, Schema] = self._schema_folder.get(
             self.schemas_path, lambda: load_schemas(self.schemas_path), self._lock)
         return found
@@ -77,16 +77,12 @@ class Catalog:
     def view(self, name: str) -> Any:
         """The compiled view ``name`` (a :class:`features.views.CompiledView`; ConfigError
         naming the known ones when absent), compiled once against the loadable schemas."""
-        from features.views import compile_view
-
         return self._get("view", self._views, name, self.view_defs, self.views_path, lambda v: partial(
             compile_view, v, {s.schema: self.loadable(s.schema) for s in v.sources}))
 
     def view_defs(self) -> dict[str, Any]:
         """Every view of the folder by name, parsed against :meth:`schema_index` (again when
         the folder's ``stat`` changes or the schemas were parsed again)."""
-        from features.views import load_views
-
         schemas = self.schema_index()
         found: dict[str, Any] = self._view_folder.get(
             self.views_path, lambda: load_views(self.views_path, schemas) if self.views_path.exists() else {},

@@ -11,12 +11,19 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+from psycopg import errors
 
 from features.compile import CompiledSchema
 from features.compile.layout import aggregation_names, cold_columns, hot_columns, rows_to_table
+from features.compile.postgres import aggregates_table_name, cold_table_name, quote_ident
 from features.errors import ConfigError, SinkError
+from features.lineage import DIGEST
+from features.sdk.asof import as_of  # the as-of join (copied out of Postgres, joined in NumPy)
 from features.sdk.columns import EVENT_TIME, entity_in, entity_list, requested_columns, time_column
+from features.sdk.fallback import AGG, LINEAGE, fill_rows, fillable
 from features.sdk.historical import as_of_times
+from features.sinks import pg
+from features.sinks.redis import RedisSink
 
 if TYPE_CHECKING:
     from features.sdk.catalog import Catalog
@@ -54,9 +61,6 @@ class ColdReader:
         if c.schema.static and max_age is not None:
             raise ConfigError(f"schema {c.name!r} is static (event_time: none): its one row per entity has "
                               "no event time for max_age to measure; leave max_age out", key="max_age")
-        from psycopg import errors
-
-        from features.sdk.asof import as_of  # the as-of join (copied out of Postgres, joined in NumPy)
 
         try:
             self.versions.check_fingerprint(c)
@@ -66,8 +70,6 @@ class ColdReader:
 
     def no_table(self, c: CompiledSchema, exc: Exception) -> SinkError:
         """The error of a read that met no table of ``c`` (nothing loaded, or another DSN)."""
-        from features.compile.postgres import cold_table_name
-
         return SinkError(f"Postgres has no table for schema {c.name!r} ({str(exc).strip().splitlines()[0]}; "
                          f"table {cold_table_name(c.schema)!r}, search_path "
                          f"{self.connections.search_path or 'from the DSN'}): load data first, or check "
@@ -79,10 +81,6 @@ class ColdReader:
         entity, the event time, every hot feature Postgres holds, the lineage, and for a
         schema with aggregations the entity's newest aggregation row (hot aggregations
         Postgres holds, its event time and lineage, prefixed ``__agg``)."""
-        from features.compile.postgres import aggregates_table_name, cold_table_name, quote_ident
-        from features.lineage import DIGEST
-        from features.sdk.fallback import AGG, LINEAGE
-
         schema = c.schema
         keys = [str(schema.entity), time_column(c)]
         cold = set(cold_columns(c))
@@ -109,8 +107,6 @@ class ColdReader:
     def newest_rows(self, c: CompiledSchema, ids: list[str]) -> pa.Table:
         """The newest stored row of each of ``ids`` (see :meth:`fetch_query`), one query. A
         database without the schema's tables has none."""
-        from psycopg import errors
-
         self.versions.check_fingerprint_or_none(c)
         query, names = self.fetch_query(c, entity_in(c))
         values = entity_list(c, ids)
@@ -124,9 +120,6 @@ class ColdReader:
     def prewarm(self, schema: str, *, since: dt.timedelta | None, ids: Sequence[Any] | None,
                 chunk_rows: int, progress: Any) -> dict[str, int]:
         """``FeatureStore.prewarm`` (its docstring says what it does)."""
-        from features.compile.postgres import quote_ident
-        from features.sdk.fallback import fill_rows, fillable
-
         c = self.catalog.loadable(schema)
         if not fillable(c):
             raise ConfigError(f"schema {schema!r} has no hot features: nothing to prewarm", key="schema")
@@ -145,15 +138,11 @@ class ColdReader:
 
         def sink_for(aggregates: bool) -> Any:
             if aggregates not in sinks:
-                from features.sinks.redis import RedisSink
-
                 sinks[aggregates] = RedisSink(self.connections.redis_url, c,
                                               key_prefix=self.connections.key_prefix, fill=True,
                                               aggregates=aggregates)
                 sinks[aggregates].open()
             return sinks[aggregates]
-
-        from features.sinks import pg
 
         done = written = 0
         try:

@@ -9,9 +9,12 @@ from typing import Any
 import pyarrow as pa
 
 from features.compile import CompiledSchema
-from features.compile.layout import entity_values
+from features.compile.layout import aggregation_names, cold_columns, entity_values, hot_columns
+from features.compile.postgres import pg_type, quote_ident
+from features.errors import ConfigError
 from features.lineage import INGESTED_AT
 from features.schema.model import TypeKind
+from features.schema.syntax import suggest
 
 #: Columns every ``online`` result carries besides the entity and the features.
 EVENT_TIME = "_event_time"
@@ -57,10 +60,6 @@ def requested_columns(c: CompiledSchema, features: Sequence[str] | None, store: 
     """The stored columns a call asks for (default: all of the ``store``'s features, then
     its aggregations, in schema order; ``store`` ``hot`` or ``cold``), checked by name:
     ConfigError naming the unknown ones (and the store that has a name this one lacks)."""
-    from features.compile.layout import aggregation_names, cold_columns, hot_columns
-    from features.errors import ConfigError
-    from features.schema.syntax import suggest
-
     schema = c.schema
     keys = {schema.entity, schema.event_time}
     columns = hot_columns(c) if store == "hot" else cold_columns(c)
@@ -83,15 +82,11 @@ def requested_columns(c: CompiledSchema, features: Sequence[str] | None, store: 
 
 def entity_pg_type(c: CompiledSchema) -> str:
     """The entity column's Postgres type (``text``, ``smallint``, ``integer``, ``bigint``)."""
-    from features.compile.postgres import pg_type
-
     return pg_type(c.schema.field(str(c.schema.entity)).type)
 
 
 def entity_in(c: CompiledSchema) -> str:
     """``h.<entity> = ANY(%s::<its type>[])``: the parameter is :func:`entity_list`."""
-    from features.compile.postgres import quote_ident
-
     return f"h.{quote_ident(str(c.schema.entity))} = ANY(%s::{entity_pg_type(c)}[])"
 
 

@@ -10,9 +10,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+import psycopg
+from psycopg import errors
+
+from features.sdk.fallback import redis_py_client
 from features.sdk.redis_read import RawPool
+from features.sinks import pg
+from features.sinks.redis_wire import RedisEndpoint, map_redis_errors
 
 _T = TypeVar("_T")
 
@@ -24,8 +31,6 @@ class Connections:
 
     def __init__(self, *, redis_url: str, postgres_dsn: str, search_path: str | None = None,
                  key_prefix: str = "", timeout_s: float = 5.0) -> None:
-        from features.sinks.redis_wire import RedisEndpoint
-
         self.redis_url = redis_url
         #: ``host:port`` of the Redis URL (the first seed of a cluster), never its password
         self.redis_address = RedisEndpoint.from_url(redis_url).address
@@ -70,11 +75,7 @@ class Connections:
                                   ) -> list[Any]:
         """:meth:`redis_replies` on redis-py's asyncio client (a cluster's routes each
         ``HMGET`` by slot); errors mapped as the raw connections' are."""
-        from features.sinks.redis_wire import map_redis_errors
-
         if self._aredis is None:
-            from features.sdk.fallback import redis_py_client
-
             self._aredis = redis_py_client(self.redis_url, self.timeout_s, asyncio=True)
         pipe = self._aredis.pipeline(transaction=False)
         for keys, fields in reads:
@@ -96,11 +97,6 @@ class Connections:
         again; still failing: SinkUnavailable naming the address. Any other driver error
         is a SinkError naming ``what``; UndefinedTable passes through (the callers decide
         what a missing table means)."""
-        import psycopg
-        from psycopg import errors
-
-        from features.sinks import pg
-
         with pg.map_psycopg_errors(self.postgres_dsn, what, passthrough=(errors.UndefinedTable,)):
             conn = self.postgres()
             try:
@@ -123,8 +119,6 @@ class Connections:
 
     def connect_postgres(self, *, autocommit: bool = True) -> Any:
         """A new Postgres connection with this store's settings (the caller closes it)."""
-        from features.sinks import pg
-
         return pg.connect(self.postgres_dsn, autocommit=autocommit, utc=True, search_path=self.search_path,
                           timeout_s=self.timeout_s)
 
@@ -140,7 +134,6 @@ class Connections:
         results in order; the first failure is raised (after every call has ended)."""
         if len(fns) < 2:
             return [fn() for fn in fns]
-        from concurrent.futures import ThreadPoolExecutor
 
         def own(fn: Callable[[], _T]) -> _T:
             local = self._pg_local

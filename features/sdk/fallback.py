@@ -41,10 +41,20 @@ from typing import Any, Protocol
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import redis
+import redis.asyncio as aredis
+from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.cluster import ClusterNode, RedisCluster
 
 from features.compile import CompiledSchema
+from features.compile.layout import declared_type, entity_key, hot_columns
 from features.errors import SinkUnavailable
 from features.lineage import DIGEST, INGESTED_AT, RUN_ID, SCHEMA_FINGERPRINT, SCHEMA_VERSION, SOURCE
+from features.sdk.columns import time_column
+from features.sinks.base import WriteUnit
+from features.sinks.redis import RedisSink
+from features.sinks.redis_wire import RedisEndpoint, map_redis_errors
 
 
 class Host(Protocol):
@@ -345,8 +355,6 @@ class Fallback:
     # --- Redis: the lock, the wait, the fill ----------------------------------------------------
 
     def _lock_key(self, c: CompiledSchema, i: str) -> str:
-        from features.compile.layout import entity_key
-
         return self.store.key_prefix + entity_key(c.name, i) + ":fill"
 
     def _redis(self) -> Any:
@@ -360,8 +368,6 @@ class Fallback:
         return self._control
 
     def _pipeline(self, commands: Sequence[Sequence[Any]], what: str) -> list[Any]:
-        from features.sinks.redis_wire import map_redis_errors
-
         pipe = self._redis().pipeline(transaction=False)
         for cmd in commands:
             pipe.execute_command(*cmd)
@@ -377,8 +383,6 @@ class Fallback:
 
     def _await_fill(self, c: CompiledSchema, ids: list[str]) -> set[str]:
         """Wait up to ``fill_wait`` for other callers' fills of ``ids``; the ids filled."""
-        from features.compile.layout import entity_key
-
         deadline = time.monotonic() + self.store.fill_wait.total_seconds()
         left = list(ids)
         done: set[str] = set()
@@ -393,8 +397,6 @@ class Fallback:
         return done
 
     def _sink(self, c: CompiledSchema, aggregates: bool) -> Any:
-        from features.sinks.redis import RedisSink
-
         key = (c.name, aggregates)
         sink = self._sinks.get(key)
         if sink is None:
@@ -415,8 +417,6 @@ class Fallback:
 
 def fillable(c: CompiledSchema) -> bool:
     """Whether the schema's rows can be filled into Redis: it has hot features."""
-    from features.compile.layout import hot_columns
-
     return bool(c.schema.loadable and hot_columns(c))
 
 
@@ -425,10 +425,6 @@ def fill_rows(c: CompiledSchema, rows: pa.Table, sink_for: Any) -> int:
     script: the entity hashes (hot features Postgres does not hold stay absent, as the
     fallback serves them: null) and, where a row has one, the aggregates hashes. Returns
     the hashes written."""
-    from features.compile.layout import declared_type
-    from features.sdk.columns import time_column
-    from features.sinks.base import WriteUnit
-
     schema = c.schema
     ent, et = str(schema.entity), time_column(c)
     written = 0
@@ -462,26 +458,18 @@ def fill_rows(c: CompiledSchema, rows: pa.Table, sink_for: Any) -> int:
 def redis_py_client(url: str, timeout_s: float, *, asyncio: bool = False) -> Any:
     """A redis-py client for ``url`` (a ``redis+cluster://`` URL: redis-py's cluster
     client), with the endpoint's TLS checks; ``asyncio``: the ``redis.asyncio`` one."""
-    from features.sinks.redis_wire import RedisEndpoint
-
     endpoint = RedisEndpoint.from_url(url)
     tls = endpoint.redis_py_options()
     if endpoint.cluster:
-        if asyncio:
-            from redis.asyncio.cluster import ClusterNode, RedisCluster
-        else:
-            from redis.cluster import ClusterNode, RedisCluster  # type: ignore[assignment]
-        return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in endpoint.seeds],  # type: ignore[no-untyped-call, unused-ignore]
-                            username=endpoint.username, password=endpoint.password, socket_timeout=timeout_s,
-                            ssl=endpoint.tls, ssl_ca_certs=endpoint.ca_certs, ssl_certfile=endpoint.certfile,
-                            ssl_keyfile=endpoint.keyfile,
-                            **({"ssl_cert_reqs": endpoint.cert_reqs} if endpoint.tls else {}), **tls)
+        node: Any = AsyncClusterNode if asyncio else ClusterNode
+        cluster: Any = AsyncRedisCluster if asyncio else RedisCluster
+        return cluster(startup_nodes=[node(h, p) for h, p in endpoint.seeds],
+                       username=endpoint.username, password=endpoint.password, socket_timeout=timeout_s,
+                       ssl=endpoint.tls, ssl_ca_certs=endpoint.ca_certs, ssl_certfile=endpoint.certfile,
+                       ssl_keyfile=endpoint.keyfile,
+                       **({"ssl_cert_reqs": endpoint.cert_reqs} if endpoint.tls else {}), **tls)
     if asyncio:
-        import redis.asyncio as aredis
-
         return aredis.Redis.from_url(url, socket_timeout=timeout_s, **tls)
-    import redis
-
     return redis.Redis.from_url(url, socket_timeout=timeout_s, **tls)
 
 

@@ -8,6 +8,7 @@ ids missing from Redis read from Postgres through the shared fallback
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import time
 from collections.abc import Callable, Sequence
@@ -19,7 +20,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from features.compile import CompiledSchema
-from features.compile.layout import aggregation_names, cold_columns, declared_type, from_text, reply_columns
+from features.compile.layout import (
+    aggregates_key,
+    aggregation_names,
+    cold_columns,
+    declared_type,
+    entity_key,
+    from_text,
+    reply_columns,
+)
 from features.errors import ConfigError, SinkError
 from features.sdk.columns import (
     AGE,
@@ -127,8 +136,6 @@ class HotReader:
         hashes, then (when hot aggregations are requested) the aggregates hashes, then
         (for a schema with ``hot.refresh_after``) the entity hashes' PTTL, then (with
         ``lineage``) the entity hashes' ``_source`` and ``_run_id``."""
-        from features.compile.layout import aggregates_key, entity_key
-
         plan = self.plan(schema, features)
         name = plan.c.name
         prefix = self.connections.key_prefix
@@ -183,8 +190,6 @@ class HotReader:
                            at: dt.datetime | None = None) -> Read:
         """``FeatureStore.online_async``: redis.asyncio; decoding and the fallback in a
         worker thread (``windows="request_time"``: the tiles read in the same round trip)."""
-        import asyncio
-
         since = time.monotonic()
         if request_time_windows(windows, at):
             wreq = self.windowed_request(schema, entity_ids, features, at)

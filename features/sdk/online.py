@@ -7,6 +7,7 @@ import datetime as dt
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from itertools import repeat
 from typing import Any
 
@@ -211,8 +212,6 @@ def python_decoder(t: pa.DataType) -> Callable[[bytes], Any] | None:
     """The Python decoder of encoding-v1 text of type ``t``, giving what Arrow's cast and
     ``to_pylist`` give (strict: text a v1 writer cannot produce raises ValueError); None
     for types decoded by Arrow only (float32, zones other than UTC, non-microsecond units)."""
-    from decimal import Decimal
-
     if pa.types.is_dictionary(t):
         t = t.value_type
     if pa.types.is_string(t) or pa.types.is_large_string(t):

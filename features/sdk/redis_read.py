@@ -3,16 +3,16 @@ connections (one per concurrent caller), routed by slot on a Redis Cluster."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
+from features.compile.layout import key_slots
 from features.errors import SinkError, SinkUnavailable
-from features.sinks.redis_cluster import ConnOrCluster
-
-if TYPE_CHECKING:
-    from features.sinks.redis_wire import Conn
+from features.sinks.redis_cluster import Cluster, ConnOrCluster
+from features.sinks.redis_wire import Conn, RedisEndpoint, ReplyError, repeated_commands
 
 
 class RawPool:
@@ -20,8 +20,6 @@ class RawPool:
     (or opens one) and puts it back, so threads never share a connection."""
 
     def __init__(self, url: str, timeout_s: float) -> None:
-        import threading
-
         self.url = url
         self.timeout_s = timeout_s
         self._idle: list[RawRedis] = []
@@ -50,8 +48,6 @@ class RawRedis(ConnOrCluster):
     connection; an unreachable server raises SinkUnavailable."""
 
     def __init__(self, url: str, timeout_s: float) -> None:
-        from features.sinks.redis_wire import RedisEndpoint
-
         self.endpoint = RedisEndpoint.from_url(url)
         self.address = self.endpoint.address
         self.timeout_s = timeout_s
@@ -63,15 +59,11 @@ class RawRedis(ConnOrCluster):
             self._use_cluster()
 
     def _use_cluster(self) -> None:
-        from features.sinks.redis_cluster import Cluster
-
         self.close()
         self._cluster = Cluster(self.endpoint, timeout_s=self.timeout_s)
         self.address = self._cluster.address
 
     def _connect(self) -> Conn:
-        from features.sinks.redis_wire import Conn
-
         self._conn = Conn(self.endpoint.connect(self.timeout_s), self.address)
         return self._conn
 
@@ -81,7 +73,6 @@ class RawRedis(ConnOrCluster):
         replies in the same order (lists of bytes/None; integers for PTTL)."""
         if self._cluster is not None:
             return self._hmget_cluster(reads)
-        from features.sinks.redis_wire import ReplyError
 
         request = b"".join(hmget_request(keys, fields) for keys, fields in reads)
         n = sum(len(keys) for keys, _ in reads)
@@ -113,9 +104,6 @@ class RawRedis(ConnOrCluster):
     def _hmget_cluster(self, reads: Sequence[tuple[Sequence[str], Sequence[str] | None]]) -> list[Any]:
         """:meth:`hmget_many` on a cluster: every primary gets its keys' HMGETs in one write
         (all primaries before any reply is read), redirections followed."""
-        from features.compile.layout import key_slots
-        from features.sinks.redis_wire import ReplyError
-
         keys = [k for ks, _ in reads for k in ks]
         calls = [hmget_request([k], fields) for ks, fields in reads for k in ks]
         slots = key_slots(pa.array(keys, pa.string()))
@@ -143,8 +131,6 @@ class _Moved(Exception):
 
 def hmget_request(keys: Sequence[str], fields: Sequence[str] | None) -> bytes:
     """``HMGET key *fields`` per key (``PTTL key`` where ``fields`` is None)."""
-    from features.sinks.redis_wire import repeated_commands
-
     if fields is None:
         return repeated_commands(["PTTL"], keys, [])
     return repeated_commands(["HMGET"], keys, fields)

@@ -14,6 +14,7 @@ import pyarrow as pa
 from features.aggregate.engine import AggSpec
 from features.aggregate.tiles import EntityTiles, TileSpec, read_fields, values_at
 from features.compile import CompiledSchema
+from features.compile.arrow import arrow_type
 from features.compile.layout import tiles_key
 from features.errors import ConfigError, SinkError
 from features.sdk.online import OnlineRequest
@@ -63,8 +64,6 @@ def request_micros(c: CompiledSchema, at: Any, now_s: float) -> int:
     if not isinstance(at, dt.datetime):
         raise ConfigError(f"at must be a datetime, not {type(at).__name__}", key="at")
     if at.tzinfo is None:
-        from features.compile.arrow import arrow_type
-
         et = c.schema.event_time
         t = arrow_type(c.schema.field(et).type) if et is not None else None
         if t is None or not pa.types.is_timestamp(t) or t.tz is not None:

@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 
 from features.compile import CompiledSchema
 from features.compile.layout import rows_to_table
+from features.compile.postgres import cold_table_name, quote_ident
 from features.lineage import INGESTED_AT
 from features.sdk.columns import EVENT_TIME, entity_pg_type, ts_utc
 
@@ -34,8 +35,6 @@ def static_rows(store: Host, c: CompiledSchema, frame: pa.Table, columns: list[s
     ``_event_time`` (the row's load, UTC) appended: for each row, the stored row of its
     entity ``ids`` (declared type; null: matches nothing), or nulls where none is
     stored. One query for the frame's distinct entities; matched with Arrow, not per row."""
-    from features.compile.postgres import cold_table_name, quote_ident
-
     entity = str(c.schema.entity)
     wanted = pc.unique(ids.drop_null())
     names = [entity, *columns, INGESTED_AT]

@@ -33,7 +33,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pyarrow as pa
 
 from features.compile import CompiledSchema
+from features.config import resolve_settings
+from features.errors import ConfigError
+from features.home import CONFIG_FILE, HOME_VAR, project_home
 from features.observe.metrics import DEFAULT_HOST, MetricsServer, Registry, SdkMethod, SdkMetrics
+from features.sdk import views
 from features.sdk.catalog import Catalog
 from features.sdk.cold import ColdReader
 from features.sdk.columns import AGE, EVENT_TIME, FOUND, FROM, STALE, UNKNOWN_SCHEMA
@@ -44,6 +48,8 @@ from features.sdk.online import OnlineRequest
 from features.sdk.redis_read import RawPool
 from features.sdk.request_time import WindowedRequest, request_time_windows
 from features.sdk.upgrade import Versions
+from features.sdk.write import write
+from features.validation import validate
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable
@@ -120,12 +126,6 @@ class FeatureStore:
         (``features.config``); keyword arguments override them. Raises ConfigError when the
         schemas folder the settings name does not exist (run outside a project, say),
         naming the project folder it resolved and how to point at the right one."""
-        from pathlib import Path
-
-        from features.config import resolve_settings
-        from features.errors import ConfigError
-        from features.home import CONFIG_FILE, HOME_VAR, project_home
-
         s = resolve_settings()
         args: dict[str, Any] = {"redis_url": s.redis_url, "postgres_dsn": s.postgres_dsn,
                                 "schemas": s.schemas_dir, "views": s.views_dir}
@@ -431,8 +431,6 @@ class FeatureStore:
         ``max_age``, ``request_time`` and the rows newer than it too), as :meth:`online`
         reads them: the same row ``historical_view(..., windows="request_time")`` gives at
         that time (docs/views.md, "Windows at request time")."""
-        from features.sdk import views
-
         out = self._view_call(view, "online_view", lambda cv: views.online(
             self, cv, rows, lineage=lineage, fallback=fallback, windows=windows, at=at))
         assert isinstance(out, pa.Table)
@@ -442,8 +440,6 @@ class FeatureStore:
                           fallback: bool | None = None, windows: str = "event",
                           at: dt.datetime | None = None) -> list[dict[str, Any]]:
         """:meth:`online_view` as one dict per request row (the same keys and values)."""
-        from features.sdk import views
-
         out = self._view_call(view, "online_view_dicts", lambda cv: views.online(
             self, cv, rows, lineage=lineage, fallback=fallback, as_dicts=True, windows=windows, at=at))
         assert isinstance(out, list)
@@ -454,8 +450,6 @@ class FeatureStore:
                                 at: dt.datetime | None = None) -> pa.Table:
         """:meth:`online_view` for asyncio callers (redis.asyncio; decoding, the Postgres
         fallback and the request-time features in a worker thread)."""
-        from features.sdk import views
-
         async def read() -> Read:
             out = await views.online_async(self, self.view(view), rows, lineage=lineage, fallback=fallback,
                                            windows=windows, at=at)
@@ -476,8 +470,6 @@ class FeatureStore:
         for :meth:`historical`: ``"request_time"`` evaluates every source's aggregations
         at the row's timestamp (what :meth:`online_view` with ``windows="request_time"``
         served at that instant)."""
-        from features.sdk import views
-
         return self._view_call(view, "historical_view", lambda cv: views.historical(
             self, cv, entity_df, timestamp_column=timestamp_column, windows=windows))
 
@@ -486,8 +478,6 @@ class FeatureStore:
     def validate(self, schema: str, rows: Any) -> Any:
         """The compiled rules on model inputs: a list of dicts, an Arrow table/batch or a
         pandas DataFrame. Returns the pipelines' ``ValidationResult``."""
-        from features.validation import validate
-
         c = self.schema(schema)
         if not isinstance(rows, pa.Table | pa.RecordBatch | list):
             rows = pa.Table.from_pandas(rows, preserve_index=False)
@@ -502,8 +492,6 @@ class FeatureStore:
         field-level errors, aggregations; lineage ``python://<run_id>#<row>``; the same
         ``run_id`` and rows again change nothing. Returns a ``features.sdk.write.WriteSummary``
         (``rows == stored + rejected + already_present``). See ``docs/sdk.md``."""
-        from features.sdk.write import write
-
         return write(self, schema, data, run_id=run_id, source=source)
 
 

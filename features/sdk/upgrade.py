@@ -12,9 +12,12 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from psycopg import errors
 
 from features.compile import CompiledSchema
+from features.compile.layout import ENCODING_VERSION
 from features.compile.migration import mismatch_hint
+from features.compile.postgres import SCHEMAS_TABLE, quote_ident
 from features.errors import SinkError
 from features.sdk.online import OnlineRequest, Outdated
 from features.sinks.versions import Newer, Upgrader, newer_readable, read_recorded
@@ -50,7 +53,6 @@ class Versions:
         saying what to do. A read's answer is kept for the store's life."""
         if c.name in self._checked and not writing:
             return
-        from features.compile.postgres import SCHEMAS_TABLE, quote_ident
 
         row = self.connections.run_postgres("the fingerprint check", lambda conn: conn.execute(
             f"SELECT version, fingerprint FROM {quote_ident(SCHEMAS_TABLE)} WHERE schema_name = %s",
@@ -64,8 +66,6 @@ class Versions:
 
     def check_fingerprint_or_none(self, c: CompiledSchema) -> None:
         """:meth:`check_fingerprint`, where a database without the schema's tables passes."""
-        from psycopg import errors
-
         try:
             self.check_fingerprint(c)
         except errors.UndefinedTable:
@@ -130,8 +130,6 @@ class Versions:
         :class:`features.sinks.versions.Newer` is returned; else None).
         ``encodings``, ``fingerprints``: the ``_enc`` and ``_schema_fingerprint`` of the
         hashes; ``what`` names the hashes in the message (``hashes``, ``aggregates hashes``)."""
-        from features.compile.layout import ENCODING_VERSION
-
         encs = set(pc.unique(encodings).to_pylist()) - {None}
         fps = set(pc.unique(fingerprints).to_pylist()) - {None}
         if encs - {ENCODING_VERSION}:

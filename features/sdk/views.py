@@ -39,6 +39,7 @@ from features.errors import ConfigError, RequestRejected
 from features.sdk.columns import EVENT_TIME, FOUND, FROM
 from features.sdk.online import LINEAGE_FIELDS, SMALL_CALL, OnlineRequest, small_rows
 from features.sdk.request_time import WindowedRequest, request_time_windows
+from features.validation.sure import checkers, sure_rows
 from features.views.model import REQUEST_TIME
 
 if TYPE_CHECKING:
@@ -222,13 +223,10 @@ def _sure(cv: CompiledView, rows: Any, now_s: float, limit: int | None = SMALL_C
         return None
     checks = _CHECKS.get(cv.fingerprint, _NO_CHECKS)
     if checks is _NO_CHECKS:
-        from features.validation.sure import checkers
-
         fields = cv.request_validation.schema.fields
         checks = _CHECKS[cv.fingerprint] = (checkers(fields), [f.name for f in fields])
     if checks is None or checks[0] is None:
         return None
-    from features.validation.sure import sure_rows
 
     if REQUEST_TIME in cv.request_fields:
         rows = _with_request_time(rows, now_s)

@@ -40,12 +40,18 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from features.compile import CompiledSchema
+from features.compile.postgres import quote_ident, rejects_table_name
+from features.config import resolve_settings
 from features.errors import ConfigError, FeaturesError, SinkUnavailable, SourceError
 from features.lineage import SOURCE, BatchLineage, new_run_id, python_prefix
+from features.pipeline.run import load_source
+from features.sinks import pg
+from features.sinks.postgres import LEDGER_TABLE
 from features.sources.base import SourceBatch
 from features.sources.parquet import DEFAULT_BATCH_ROWS, ExtraColumnsWarning, refusal
 
@@ -157,11 +163,7 @@ def as_table(data: Any) -> pa.Table:
         return data
     if isinstance(data, pa.RecordBatch):
         return pa.Table.from_batches([data])
-    try:
-        import pandas as pd
-    except ImportError:  # pandas is optional: only Arrow then
-        pd = None
-    if pd is not None and isinstance(data, pd.DataFrame):
+    if isinstance(data, pd.DataFrame):
         try:
             return pa.Table.from_pandas(data, preserve_index=False)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
@@ -226,10 +228,6 @@ def _earlier(fs: FeatureStore, compiled: CompiledSchema, run_id: str, prefix: st
              ) -> tuple[bool, bool]:
     """What the ledger holds of run ``run_id`` besides this table's units (``unit_prefix``):
     (another table under ``prefix``, any other unit of the run)."""
-    from features.compile.postgres import quote_ident
-    from features.sinks import pg
-    from features.sinks.postgres import LEDGER_TABLE
-
     mark = prefix + "@"
     with pg.map_psycopg_errors(fs.postgres_dsn, "the ledger read"), \
             pg.connect(fs.postgres_dsn, search_path=fs.search_path, timeout_s=fs.timeout_s) as conn:
@@ -250,8 +248,6 @@ def _sample(fs: FeatureStore, compiled: CompiledSchema, prefix: str,
     """The rejects table's rows of ``rows`` (their ``_source`` URIs: the unique key)."""
     if rows.size == 0:
         return ()
-    from features.compile.postgres import quote_ident, rejects_table_name
-    from features.sinks import pg
 
     uris = [f"{prefix}#{int(r)}" for r in rows]  # at most SAMPLE_ROWS
     with pg.map_psycopg_errors(fs.postgres_dsn, "the rejects read"), \
@@ -276,10 +272,6 @@ def write(fs: FeatureStore, schema: str, data: Any, *, run_id: str | None = None
     table again with, which finishes the write exactly; SinkError as the loader raises it
     (e.g. the stores hold another version of the schema).
     """
-    from features.compile.postgres import rejects_table_name
-    from features.config import resolve_settings
-    from features.pipeline.run import load_source
-
     t0 = time.perf_counter()
     compiled = fs.loadable_schema(schema)
     run_id = run_id if run_id is not None else new_run_id()

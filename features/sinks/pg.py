@@ -8,9 +8,6 @@ psycopg error that would cross one of its APIs is translated at that edge by
   retry later is safe) naming the server as ``host:port/dbname``, never the DSN's
   credentials;
 - a statement the server refused is :class:`SinkError` naming what was being done.
-
-psycopg is imported inside the functions: the CLI's commands that never touch Postgres
-do not pay for it.
 """
 
 from __future__ import annotations
@@ -18,20 +15,18 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 from features.errors import SinkError, SinkUnavailable
-
-if TYPE_CHECKING:
-    import psycopg
 
 STORE = "postgres"
 
 
 def address(dsn: str) -> str:
     """``host:port/dbname`` of a DSN (URL or key=value), never its credentials."""
-    from psycopg.conninfo import conninfo_to_dict
-
     try:
         d = conninfo_to_dict(dsn)
     except Exception:  # a malformed DSN: connect() reports it; show nothing of it here
@@ -42,8 +37,6 @@ def address(dsn: str) -> str:
 def session_options(dsn: str, *, utc: bool = False, search_path: str | None = None) -> str:
     """libpq ``options`` for a session: the DSN's own, then ``TimeZone=UTC`` (the sinks
     COPY zoned timestamps as UTC wall clock) and a ``search_path``, when asked for."""
-    from psycopg.conninfo import conninfo_to_dict
-
     return " ".join(filter(None, [str(conninfo_to_dict(dsn).get("options") or ""),
                                   "-c TimeZone=UTC" if utc else "",
                                   f"-c search_path={search_path}" if search_path else ""]))
@@ -60,8 +53,6 @@ def connect(dsn: str, *, timeout_s: float = 5.0, autocommit: bool = False, utc: 
             ) -> psycopg.Connection[tuple[Any, ...]]:
     """A psycopg connection to ``dsn``; SinkUnavailable naming the address when the
     server cannot be reached or refuses the session (``hint`` is appended to that message)."""
-    import psycopg
-
     options = session_options(dsn, utc=utc, search_path=search_path) if utc or search_path else None
     extra: dict[str, Any] = {"options": options} if options else {}
     try:
@@ -82,8 +73,6 @@ def map_psycopg_errors(dsn: str, what: str, *, passthrough: tuple[type[BaseExcep
     lost or the server is going away) -> SinkUnavailable; any other psycopg.Error ->
     SinkError "Postgres refused <what>". ``passthrough``: driver errors the caller handles
     itself (e.g. UndefinedTable, UniqueViolation)."""
-    import psycopg
-
     try:
         yield
     except passthrough:
@@ -106,7 +95,6 @@ def _hint(exc: Exception, dsn: str) -> str:
     naming no schema (SQLSTATE 3F000, "no schema has been selected to create in")."""
     if getattr(exc, "sqlstate", None) != "3F000":
         return ""
-    import psycopg
 
     try:
         options = psycopg.conninfo.conninfo_to_dict(dsn).get("options") or ""

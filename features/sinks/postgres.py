@@ -55,8 +55,10 @@ from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
+import psycopg
 import pyarrow as pa
 import pyarrow.csv as pacsv
+from psycopg import sql
 
 from features.compile import CompiledSchema
 from features.compile.layout import stored_aggregations, stored_fields
@@ -73,7 +75,7 @@ from features.compile.postgres import (
     versions_table,
 )
 from features.errors import SinkError, SinkUnavailable
-from features.lineage import DIGEST, INGESTED_AT, SOURCE
+from features.lineage import DIGEST, INGESTED_AT, LINEAGE_COLUMNS, SOURCE
 from features.sinks import pg
 from features.sinks.base import WriteResult, WriteUnit, retrying, with_digest
 from features.sinks.pgbinary import copy_binary
@@ -183,8 +185,6 @@ class WriterGuard:
         """``fn(conn)`` on the guard's connection; a lost connection is reconnected and
         retried with backoff (the session's locks went with it: ``_held`` is cleared, and
         ``fn`` must take what it needs again), then SinkUnavailable."""
-        import psycopg
-
         def attempt() -> T:
             if self._conn is None or self._conn.closed:
                 self._held = False
@@ -279,7 +279,6 @@ class PostgresSink:
         keys = cold_keys(schema)
         stored = [name for name in stored_fields(schema, "cold") if name not in keys]
         features = list(schema.stored_features("cold"))
-        from features.lineage import LINEAGE_COLUMNS
 
         #: a static schema (``event_time: none``): one row per entity, newest version wins
         #: (``features.sinks.redis``, "a static schema's row version")
@@ -309,8 +308,6 @@ class PostgresSink:
     def _retrying(self, what: str, fn: Callable[[Any], T]) -> T:
         """Run ``fn(conn)``; on a lost connection reconnect and retry with backoff (then
         SinkUnavailable); any other driver error becomes SinkError "Postgres refused <what>"."""
-        import psycopg
-
         def attempt() -> T:
             if self._conn is None or self._conn.closed:
                 self._conn = self._connect()
@@ -421,8 +418,6 @@ class PostgresSink:
         return dataclasses.replace(result, seconds=time.perf_counter() - t0)
 
     def _write(self, conn: Any, unit: WriteUnit) -> WriteResult:
-        import psycopg
-
         with conn.transaction():
             if unit.unit is not None:
                 # Claim the unit first: a loader of the same unit elsewhere waits here until
@@ -549,9 +544,6 @@ class PostgresSink:
             return int(cur.rowcount)
 
         def run(conn: Any) -> int:
-            import numpy as np
-            import psycopg
-
             with conn.transaction():
                 if new:
                     try:
@@ -628,7 +620,6 @@ class PostgresSink:
         entity_type = stage_rows.schema.field("entity").type
         if stage_rows.num_rows == 0:
             return _history_columns(b"", fields, entity_type)
-        from psycopg import sql
 
         stage = "_featureline_history_" + "_".join(stage_rows.column_names)
         ent, et = quote_ident(entity), quote_ident(event_time)
@@ -697,9 +688,6 @@ class PostgresSink:
         server time of ``INSERT ... SELECT ... ON CONFLICT``). When another writer stored
         one of those events in between, the COPY fails on the key and the unit takes
         :meth:`_insert_new` instead. Returns how many rows were inserted."""
-        import numpy as np
-        import psycopg
-
         n = rows.num_rows
         pos = pa.array(np.arange(n, dtype=np.int64))
         names = [f"k{i}" for i in range(len(self.keys))]
@@ -740,8 +728,6 @@ class PostgresSink:
         """Positions of ``rows`` whose key (the columns ``keys``) ``table`` already holds:
         the keys are COPYed into a temporary table and each looked up in the table's
         primary key."""
-        import numpy as np
-
         stage = f"_keys{len(keys)}_{table}"[:63]
         if stage not in self._staged:  # see _insert_new
             names = ", ".join(quote_ident(k) for k in keys)

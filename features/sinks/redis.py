@@ -39,12 +39,13 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
+import redis
 
 from features.compile import CompiledSchema
 from features.compile.layout import (
@@ -62,14 +63,8 @@ from features.errors import SinkError, SinkUnavailable
 from features.lineage import DIGEST, INGESTED_AT, RUN_ID, SCHEMA_FINGERPRINT, SCHEMA_VERSION, SOURCE
 from features.schema.syntax import AGGREGATES_SUFFIX
 from features.sinks.base import WriteResult, WriteUnit, binary_rows, laid_end_to_end, retrying, with_digest
-from features.sinks.redis_cluster import ConnOrCluster
-from features.sinks.redis_wire import Conn, RedisEndpoint, ReplyError, map_redis_errors
-
-if TYPE_CHECKING:
-    import redis
-
-    from features.sinks.redis_cluster import Cluster
-
+from features.sinks.redis_cluster import Cluster, ConnOrCluster
+from features.sinks.redis_wire import Conn, RedisEndpoint, ReplyError, command, map_redis_errors
 
 NEWEST_WINS = """
 -- KEYS: entity hashes. ARGV[1]: TTL in seconds (0: none). ARGV[2]: a MessagePack array
@@ -362,8 +357,6 @@ class RedisSink(ConnOrCluster):
 
     def _redis_py(self) -> redis.Redis:
         """A redis-py client for the control calls (INFO, the ledger), with the same TLS checks."""
-        import redis
-
         return redis.Redis.from_url(self.url, socket_timeout=self.timeout_s,
                                     **self.endpoint.redis_py_options())
 
@@ -415,8 +408,6 @@ class RedisSink(ConnOrCluster):
         self._retrying("script load", self._load_script)
 
     def _open_cluster(self) -> None:
-        from features.sinks.redis_cluster import Cluster
-
         self._cluster = Cluster(self.endpoint, timeout_s=self.timeout_s, store=self.name)
         cluster = self._cluster
         self._retrying("script load", lambda: cluster.load_script(self.script, self.script_sha))
@@ -578,8 +569,6 @@ class RedisSink(ConnOrCluster):
         """Write ``rows`` to a cluster chunk by chunk (every primary's share of a chunk
         sent before any reply is read), wait for each written primary's replicas, then add
         the ledger entry. A failure raises before the entry: the retry sends it all again."""
-        from features.sinks.redis_wire import command
-
         cluster = self._cluster
         assert cluster is not None
         written = 0

@@ -27,6 +27,7 @@ from features.compile.layout import KEY_PREFIX, encode_column, key_slots
 from features.errors import SinkError, SinkUnavailable
 from features.schema.syntax import TILES_SUFFIX
 from features.sinks.base import retrying
+from features.sinks.redis_cluster import Cluster
 from features.sinks.redis_wire import Conn, RedisEndpoint, ReplyError, command
 
 TILES_WRITE = """
@@ -109,8 +110,6 @@ class TileWriter:
                 self._use_cluster()
 
     def _use_cluster(self) -> None:
-        from features.sinks.redis_cluster import Cluster
-
         if self._conn is not None:
             self._conn.close()
             self._conn = None

@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+import redis
+
+from features.config import redact
 from features.errors import ConfigError, SinkError, SinkUnavailable
 
 _hiredis: Any
@@ -76,8 +79,6 @@ class RedisEndpoint:
         ``redis+cluster://[user:password@]host:port[,host:port...]`` (``rediss+cluster://``
         with TLS) names a Redis Cluster by one or more seed nodes; the rest of the URL reads
         as for a single server (a cluster has only database 0)."""
-        from features.config import redact
-
         parts = urlsplit(url)
         if parts.scheme not in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
             raise ConfigError(f"Redis URL {redact(url)}: expected redis://, rediss://, redis+cluster:// "
@@ -186,8 +187,6 @@ def map_redis_errors(address: str, what: str, *, store: str = "redis") -> Iterat
     classes): a refused AUTH -> SinkError (not transient: retrying will not help); a
     connection refused, lost or timed out -> SinkUnavailable "Redis unreachable at";
     any other error reply -> SinkError "Redis at ... refused <what>"."""
-    import redis
-
     try:
         yield
     except redis.AuthenticationError as exc:  # a ConnectionError subclass, but not transient

@@ -20,12 +20,41 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from psycopg import errors
+
+from features.compile import compile_schema
+from features.compile.layout import (
+    aggregation_names,
+    cold_columns,
+    declared_type,
+    entity_values,
+    from_text,
+    hot_columns,
+    reply_columns,
+    rows_to_table,
+)
+from features.compile.postgres import (
+    SCHEMAS_TABLE,
+    VERSIONS_TABLE,
+    aggregates_table_name,
+    aggregation_pg_type,
+    cold_table_name,
+    pg_type,
+    quote_ident,
+)
 from features.errors import SinkError
+from features.lineage import DIGEST
+from features.schema.diff import ChangeKind, diff_schemas
+from features.schema.parse import parse_schema
+from features.sinks.base import WriteUnit
+from features.sinks.redis import RedisSink
+from features.validation.convert import convert_pylist
 
 if TYPE_CHECKING:
-    import numpy as np
     import numpy.typing as npt
-    import pyarrow as pa
 
     from features.compile import CompiledSchema
 
@@ -70,8 +99,6 @@ class Recorded:
 def read_recorded(conn: Any, name: str) -> Recorded:
     """The ``featureline_schemas`` row and the ``featureline_schema_versions`` rows of
     schema ``name`` (tables that do not exist yet hold nothing)."""
-    from features.compile.postgres import SCHEMAS_TABLE, VERSIONS_TABLE, quote_ident
-
     have = conn.execute("SELECT to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL",
                         (quote_ident(SCHEMAS_TABLE), quote_ident(VERSIONS_TABLE))).fetchone()
     version = fp = None
@@ -90,9 +117,6 @@ def read_recorded(conn: Any, name: str) -> Recorded:
 
 def compiled_version(v: Version, name: str) -> CompiledSchema:
     """The compiled schema of a recorded version, checked against its fingerprint."""
-    from features.compile import compile_schema
-    from features.schema.parse import parse_schema
-
     if v.text is None:
         raise SinkError(f"featureline_schema_versions holds no YAML text for {name} {v.version} "
                         f"(fingerprint {v.fingerprint[:12]}): run "
@@ -122,8 +146,6 @@ def newer_readable(recorded: Recorded, c: CompiledSchema) -> Newer | None:
     and in Postgres is stored there under the same name (a compatible change only adds
     columns, widens types and loosens constraints; a rename allowed by a rule is the one
     that moves a column). None otherwise, and when Postgres holds no YAML text for it."""
-    from features.compile.layout import aggregation_names, cold_columns, hot_columns
-
     held = recorded.fingerprint
     if held is None or held == c.fingerprint or c.fingerprint not in recorded.ancestors(held):
         return None
@@ -210,10 +232,6 @@ class Upgrader:
     def _layout(self, fp: str, aggregates: bool) -> _Layout:
         got = self._layouts.get((fp, aggregates))
         if got is None:
-            from features.compile.layout import aggregation_names, hot_columns
-            from features.compile.postgres import aggregation_pg_type
-            from features.schema.diff import ChangeKind, diff_schemas
-
             old = compiled_version(self.recorded.versions[fp], self.c.name)
             # renames along the chain from fp to the current version (new name -> old name)
             steps = [fp, *reversed(self.chain[:self.chain.index(fp)]), self.c.fingerprint]
@@ -233,8 +251,6 @@ class Upgrader:
         return got
 
     def _sink(self, aggregates: bool, old_fp: str) -> Any:
-        from features.sinks.redis import RedisSink
-
         sink = self._sinks.get(aggregates)
         if sink is None:
             sink = self._sinks[aggregates] = RedisSink(self.store.redis_url, self.c,
@@ -247,12 +263,8 @@ class Upgrader:
     def upgrade(self, keys: Sequence[str], aggregates: bool = False) -> int:
         """Rewrite those of ``keys`` (entity hashes, or aggregates hashes) that hold an
         earlier version of the schema; returns how many were rewritten."""
-        import numpy as np
-        import pyarrow.compute as pc
-
         if not keys or not self.chain:
             return 0
-        from features.compile.layout import reply_columns
 
         fps = reply_columns(self.store.redis_pool.hmget_many([(list(keys), ["_schema_fingerprint"])]), 1)[0]
         written = 0
@@ -272,17 +284,6 @@ class Upgrader:
 
     def _upgrade(self, fp: str, keys: list[str], aggregates: bool,
                  refresh: frozenset[str] = frozenset()) -> int:
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        from features.compile.layout import (
-            aggregation_names,
-            cold_columns,
-            declared_type,
-            hot_columns,
-            reply_columns,
-        )
-
         if fp == self.c.fingerprint:  # this version's hashes, ``refresh`` read again from Postgres
             columns = aggregation_names(self.c, "hot") if aggregates else hot_columns(self.c)
             layout = _Layout(self.c, columns, {n: n for n in columns if n not in refresh})
@@ -301,7 +302,6 @@ class Upgrader:
         n = len(keys)
         if n == 0:
             return 0
-        from features.compile.layout import from_text
 
         s = c.schema
         # a static schema's hash is ordered by its load (``_ingested_at``), then ``_digest``
@@ -331,7 +331,6 @@ class Upgrader:
         for name in ("_digest", "_source", "_run_id", "_ingested_at", "_filled"):
             data.setdefault(name, cols[name])
         sink = self._sink(aggregates, fp)
-        from features.sinks.base import WriteUnit
 
         table = pa.table(data)
         if self.before_write is not None:
@@ -344,14 +343,6 @@ class Upgrader:
         Postgres holds no such row), and whether Postgres holds each row. Of several
         history rows at one time, the one with the hash's ``digest`` (a hash without one:
         the greatest digest, the newest)."""
-        import numpy as np
-        import pyarrow as pa
-        from psycopg import errors
-
-        from features.compile.layout import entity_values, rows_to_table
-        from features.compile.postgres import aggregates_table_name, cold_table_name, pg_type, quote_ident
-        from features.lineage import DIGEST
-
         c = self.c
         s = c.schema
         ent_field = s.field(str(s.entity))
@@ -383,9 +374,6 @@ class Upgrader:
 def _where(mask: npt.NDArray[np.bool_], values: pa.Array, other: pa.Array) -> pa.Array:
     """``values`` where ``mask``, else ``other`` (of the same type; a dictionary array
     through its values)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     if pa.types.is_dictionary(values.type):
         plain = values.type.value_type
         return pc.if_else(pa.array(mask), values.cast(plain), other.cast(plain)).dictionary_encode()
@@ -393,8 +381,6 @@ def _where(mask: npt.NDArray[np.bool_], values: pa.Array, other: pa.Array) -> pa
 
 
 def _cast(values: pa.Array, target: pa.DataType, schema: str, name: str) -> pa.Array:
-    import pyarrow as pa
-
     if values.type == target:
         return values
     try:
@@ -410,15 +396,12 @@ def _cast(values: pa.Array, target: pa.DataType, schema: str, name: str) -> pa.A
 
 def _default(c: CompiledSchema, name: str, target: pa.DataType, n: int) -> pa.Array:
     """A new column's value in a rewritten hash: its field's default, else null."""
-    import pyarrow as pa
-
     try:
         f = c.schema.field(name)
     except KeyError:
         return pa.nulls(n, target)
     if not f.constraints.has_default or f.constraints.default is None:
         return pa.nulls(n, target)
-    from features.validation.convert import convert_pylist
 
     one = convert_pylist([f.constraints.default], f, target, accept_strings=True).values
     return pa.repeat(one[0], n) if not pa.types.is_dictionary(target) else pa.repeat(

@@ -32,13 +32,16 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pyarrow import fs as pafs
 
 from features.compile import CompiledSchema
+from features.compile.arrow import arrow_type
+from features.compile.layout import encode_column, key_slots
 from features.errors import SourceError
 from features.lineage import BatchLineage
 from features.schema.model import Field, TypeKind
 from features.sources.base import SourceBatch
-from features.validation.convert import TEXT_HINT
+from features.validation.convert import TEXT_HINT, convert
 
 DEFAULT_BATCH_ROWS = 131_072
 
@@ -57,8 +60,6 @@ def _is_uri(raw: str | Path) -> bool:
 def _expand_uri(raw: str) -> list[str]:
     """A file or folder URI (``s3://``, ``gs://``, ``hdfs://``, ``file://``... whatever
     ``pyarrow.fs`` supports) -> its Parquet files as URIs; [] when nothing is there."""
-    from pyarrow import fs as pafs
-
     try:
         filesystem, path = pafs.FileSystem.from_uri(raw)
         info = filesystem.get_file_info(path)
@@ -114,8 +115,6 @@ def _open(source: str) -> tuple[pq.ParquetFile, str]:
     named by path or by ``file://`` URI: the same units and lineage either way), else the
     URI as given."""
     if _is_uri(source):
-        from pyarrow import fs as pafs
-
         filesystem, path = pafs.FileSystem.from_uri(source)
         uri = Path(path).as_uri() if isinstance(filesystem, pafs.LocalFileSystem) else source
         return pq.ParquetFile(filesystem.open_input_file(path)), uri
@@ -271,10 +270,6 @@ def entity_shards(batch: pa.RecordBatch, compiled: CompiledSchema, shards: int,
     as Redis text), so every row of one entity lands in one shard whatever file or
     representation it comes from. A row whose entity is missing or does not convert (a
     reject to be) goes by its row number. Deterministic across processes and machines."""
-    from features.compile.arrow import arrow_type
-    from features.compile.layout import encode_column, key_slots
-    from features.validation.convert import convert
-
     n = batch.num_rows
     field = compiled.schema.field(compiled.schema.entity or "")
     out = (np.arange(n, dtype=np.int64) + first_row) % shards

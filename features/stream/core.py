@@ -22,12 +22,13 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from features.aggregate.engine import AggSpec
 from features.aggregate.stream import StreamAggregator
@@ -35,6 +36,7 @@ from features.aggregate.writer import AggregateCounts, AggregateWriter
 from features.compile import CompiledSchema
 from features.config import Settings
 from features.errors import SinkError
+from features.kernels import transform_program
 from features.lineage import RunContext
 from features.observe.logs import fields
 from features.observe.metrics import RunMetrics
@@ -47,12 +49,11 @@ from features.sinks.dead_letter import (
     dead_letter_messages,
     producer_max_bytes,
 )
+from features.sinks.postgres import WriterGuard
+from features.sinks.stores import aggregate_stores, store_sinks
 from features.sources.columnar import ColumnarDecoder
 from features.sources.records import TopCounter, record_uris
-from features.stream.kafka import dead_letter_limit
-
-if TYPE_CHECKING:
-    pass
+from features.stream.kafka import client_config, dead_letter_limit
 
 log = logging.getLogger("features.stream")
 
@@ -120,10 +121,6 @@ class StreamProcessor:
                  dead_letter_topic: str | None, search_path: str | None = None, key_prefix: str = "",
                  log_every_s: float = 10.0, instance: str = "", metrics: RunMetrics | None = None,
                  chunk_records: int = DEFAULT_CHUNK_RECORDS) -> None:
-        from features.kernels import transform_program
-        from features.sinks.postgres import WriterGuard
-        from features.sinks.stores import aggregate_stores, store_sinks
-
         self.compiled = compiled
         self.settings = settings
         self.run_id = run_id
@@ -177,10 +174,6 @@ class StreamProcessor:
         self._writer = BatchWriter(self.compiled, [self.pg, self.hot], summary=self.stats.summary,
                                    program=self.program, in_flight=2, metrics=self.metrics, guard=self.guard)
         if self.dead_letter_topic:
-            from confluent_kafka import Producer
-
-            from features.stream.kafka import client_config
-
             # a dead letter must fit the topic, or the broker refuses it and the micro-batch
             # fails on every replay: each message, and each batch of them, stays under the
             # smaller of the topic's limit and the producer's
@@ -350,10 +343,6 @@ class StreamProcessor:
             return
         self._last_lag = time.time()
         try:
-            from confluent_kafka import Consumer, TopicPartition
-
-            from features.stream.kafka import client_config
-
             if self._lag_client is None:
                 self._lag_client = Consumer(client_config(
                     self.settings.kafka_bootstrap, self.settings.kafka_properties, **{

@@ -15,6 +15,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic  # type: ignore[attr-defined]
+
 from features.config import Settings
 from features.errors import ServiceError, SinkError
 from features.sinks.dead_letter import BROKER_DEFAULT_MAX_MESSAGE_BYTES, DEAD_LETTER_MIN_BYTES
@@ -83,9 +86,6 @@ def topic_partitions(bootstrap: str, *, timeout_s: float = 10.0,
     """Every topic the broker lists (internal ones, ``__consumer_offsets``, included) and
     its partition count. Raises :class:`ServiceError` (:func:`unreachable`) when no broker
     answers within ``timeout_s`` seconds."""
-    from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient
-
     admin = AdminClient(client_config(bootstrap, properties))
     try:
         meta = admin.list_topics(timeout=timeout_s)
@@ -107,9 +107,6 @@ def create_topic(bootstrap: str, topic: str, *, partitions: int, timeout_s: floa
     topic another client created meanwhile counts as existing. Raises
     :class:`ServiceError` when the broker is unreachable (:func:`unreachable`) or
     refuses (an ACL, an invalid name, more partitions than it allows), naming it."""
-    from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
-
     have = topic_partitions(bootstrap, timeout_s=timeout_s, properties=properties).get(topic)
     if have is None:
         admin = AdminClient(client_config(bootstrap, properties))
@@ -136,8 +133,6 @@ def topic_max_message_bytes(bootstrap: str, topic: str, *, timeout_s: float = 15
     created on first use; when the broker refuses to describe either (no DescribeConfigs
     permission, an old broker) this returns :data:`BROKER_DEFAULT_MAX_MESSAGE_BYTES` and
     logs a warning. Raises nothing: a broker that is down fails the producer instead."""
-    from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
-
     admin = AdminClient(client_config(bootstrap, properties))
 
     def described(kind: str, name: str, key: str) -> int:
@@ -186,8 +181,6 @@ def produce(bootstrap: str, topic: str, values: Sequence[bytes | None], *,
             properties: Mapping[str, str] | None = None) -> list[tuple[int, int, int]]:
     """Send ``values`` in order; returns each record's (partition, offset, timestamp ms)
     once the broker acknowledged all of them."""
-    from confluent_kafka import Producer
-
     producer = Producer(client_config(bootstrap, properties, **{
         "enable.idempotence": True, "linger.ms": 20, "message.max.bytes": 2_000_000}))
     positions: list[Any] = [None] * len(values)
@@ -241,8 +234,6 @@ def entity_keys(values: Sequence[bytes | None], entity: str) -> list[bytes | Non
 def topic_size(bootstrap: str, topic: str, *, timeout_s: float = 30.0,
                properties: Mapping[str, str] | None = None) -> int:
     """Records in ``topic`` now (end minus start offsets, summed over partitions)."""
-    from confluent_kafka import Consumer, TopicPartition
-
     c = Consumer(client_config(bootstrap, properties, **{
         "group.id": f"featureline-size-{time.time_ns()}", "enable.auto.commit": False}))
     try:
@@ -259,8 +250,6 @@ def topic_size(bootstrap: str, topic: str, *, timeout_s: float = 30.0,
 def read_topic(bootstrap: str, topic: str, *, timeout_s: float = 30.0,
                properties: Mapping[str, str] | None = None) -> list[Any]:
     """Every record currently in ``topic`` (from the beginning to the end offsets)."""
-    from confluent_kafka import Consumer, TopicPartition
-
     c = Consumer(client_config(bootstrap, properties, **{
         "group.id": f"featureline-read-{time.time_ns()}", "enable.auto.commit": False,
         "auto.offset.reset": "earliest"}))

@@ -27,6 +27,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from confluent_kafka import KafkaException, Producer
 
 from features.errors import ConfigError, SourceError
 from features.observe.progress import LineProgress
@@ -67,8 +69,6 @@ def file_records(path: str | Path, *, batch_records: int = BATCH_RECORDS) -> Fil
     if not p.is_file():
         raise ConfigError(f"{p}: no such file", key="file", looked_in=[str(p)])
     if kind == "parquet":
-        import pyarrow.parquet as pq
-
         try:
             pf = pq.ParquetFile(p)
         except (OSError, pa.ArrowException) as exc:
@@ -266,8 +266,6 @@ def produce_batches(bootstrap: str, topic: str, batches: Iterable[list[bytes]], 
     missing topic a :class:`ConfigError` naming ``features topics create``. Delivery
     failures are not raised: they are counted in the summary (``ok`` is False). Never
     creates the topic, whatever the broker's ``auto.create.topics.enable``."""
-    from confluent_kafka import KafkaException, Producer
-
     partitions = topic_partitions(bootstrap, timeout_s=timeout_s, properties=properties).get(topic)
     if partitions is None:
         raise ConfigError(f"Kafka at {bootstrap} has no topic {topic!r}: create it first with "

@@ -40,6 +40,8 @@ from features.compile.layout import declared_type
 from features.compile.rejects import REJECT_SCHEMA
 from features.config import Device
 from features.errors import CompileError, RowsRejected
+from features.kernels import compile_transforms
+from features.kernels.ops import plan_program
 from features.schema.model import Feature, Field, Schema
 from features.validation import ValidationResult, validate
 from features.views.model import REQUEST_TIME, View, ViewSource, feature_dependencies, fetched_fields
@@ -127,8 +129,6 @@ class CompiledView:
     @cached_property
     def programs(self) -> tuple[Any, ...]:
         """The TransformPrograms of the levels, compiled on first use (for ``device``)."""
-        from features.kernels import compile_transforms
-
         with self._lock:
             return tuple(compile_transforms(s, device=self.device) for s in self.levels)
 
@@ -254,7 +254,6 @@ def compile_view(
             columns[feature.name] = level.feature_columns(feature)
             base_fields.extend(Field(col, feature.dtype) for col in columns[feature.name])
     derived_cols = [pa.field(col, arrow_type(f.dtype)) for f in view.features for col in columns[f.name]]
-    from features.kernels.ops import plan_program
 
     for level in levels:
         plan_program(level)  # CompileError now, not at the first request

@@ -24,6 +24,7 @@ from features.schema.model import (
     Schema,
     TypeKind,
 )
+from features.schema.steps import OPERAND_ARGS
 
 #: the request field ``time_since`` measures up to in a view (docs/views.md)
 REQUEST_TIME: Final = "request_time"
@@ -155,8 +156,6 @@ def stored_columns(schema: Schema) -> dict[str, tuple[Field, frozenset[str]]]:
 def feature_dependencies(feature: Feature) -> set[str]:
     """The columns a feature reads: its ``from`` and each step's other column (``ratio``
     denominator, ``difference``/``product`` other)."""
-    from features.schema.steps import OPERAND_ARGS
-
     out = {feature.source}
     for step in feature.steps:
         arg = OPERAND_ARGS.get(step.op)
