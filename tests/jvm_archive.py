@@ -65,7 +65,7 @@ def gateway_class_path() -> str:
     return os.pathsep.join([server.construct_flink_classpath(env), server.construct_hadoop_classpath(env)])
 
 
-def _java() -> Path | None:
+def java_executable() -> Path | None:
     """The ``java`` PyFlink's gateway runs: ``$JAVA_HOME/bin/java``, else the one on PATH."""
     home = os.environ.get("JAVA_HOME")
     found = str(Path(home) / "bin" / "java") if home else shutil.which("java")
@@ -92,7 +92,7 @@ def pyflink_archive(jvm_args: str, folder: Path = ROOT / ".cache" / "jvm-archive
     file: one session makes it while the others wait) unless one of this key exists; None
     when it cannot be made (no ``java``, or the recording job failed: the tests then run
     without it, as before). ``jvm_args`` are the JVM options of the recording job."""
-    java = _java()
+    java = java_executable()
     if java is None:
         return None
     key = archive_key(java)

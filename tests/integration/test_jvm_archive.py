@@ -7,13 +7,15 @@ import os
 import subprocess
 
 import pytest
-from jvm_archive import QUIET, gateway_class_path, pyflink_archive
+from jvm_archive import QUIET, gateway_class_path, java_executable, pyflink_archive
 
 pytestmark = [pytest.mark.flink]
 
 
 def _java(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["java", *args, "-version"], capture_output=True, text=True, timeout=120)
+    java = java_executable()
+    assert java is not None, "no java: PyFlink needs one (JAVA_HOME or PATH)"
+    return subprocess.run([str(java), *args, "-version"], capture_output=True, text=True, timeout=120)
 
 
 def test_the_archive_maps_into_the_gateways_jvm_and_a_jvm_it_does_not_fit_says_nothing() -> None:
