@@ -90,8 +90,9 @@ def archive_key(java: Path) -> str:
 def pyflink_archive(jvm_args: str, folder: Path = ROOT / ".cache" / "jvm-archives") -> Path | None:
     """The archive of the PyFlink gateway's classes under ``folder``, made now (under a lock
     file: one session makes it while the others wait) unless one of this key exists; None
-    when it cannot be made (no ``java``, or the recording job failed: the tests then run
-    without it, as before). ``jvm_args`` are the JVM options of the recording job."""
+    when it cannot be made (no ``java``, the recording job failed, or the archive it wrote
+    does not map: the tests then run without it, as before). ``jvm_args`` are the JVM
+    options of the recording job."""
     java = java_executable()
     if java is None:
         return None
@@ -116,7 +117,7 @@ def pyflink_archive(jvm_args: str, folder: Path = ROOT / ".cache" / "jvm-archive
             deadline = time.monotonic() + 120
             while pid and _alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.1)
-            made = bool(pid) and not _alive(pid) and partial.is_file()
+            made = bool(pid) and not _alive(pid) and partial.is_file() and maps(java, partial)
         except (subprocess.TimeoutExpired, ValueError):
             made = False
         if not made:
@@ -124,6 +125,14 @@ def pyflink_archive(jvm_args: str, folder: Path = ROOT / ".cache" / "jvm-archive
             return None
         partial.rename(archive)
         return archive
+
+
+def maps(java: Path, archive: Path) -> bool:
+    """Whether a JVM with the gateway's class path maps ``archive`` (``-Xshare:on``: one that
+    cannot exits with an error): a half-written or unfitting archive is never kept."""
+    done = subprocess.run([str(java), "-Xshare:on", f"-XX:SharedArchiveFile={archive}", "-cp",
+                           gateway_class_path(), "-version"], capture_output=True, timeout=120)
+    return done.returncode == 0
 
 
 def _alive(pid: int) -> bool:
