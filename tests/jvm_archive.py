@@ -129,9 +129,11 @@ def pyflink_archive(jvm_args: str, folder: Path = ROOT / ".cache" / "jvm-archive
 
 def maps(java: Path, archive: Path) -> bool:
     """Whether a JVM with the gateway's class path maps ``archive`` (``-Xshare:on``: one that
-    cannot exits with an error): a half-written or unfitting archive is never kept."""
+    cannot exits with an error): a half-written or unfitting archive is never kept (a
+    truncated one crashes the JVM: its ``hs_err`` file goes beside the archive)."""
     done = subprocess.run([str(java), "-Xshare:on", f"-XX:SharedArchiveFile={archive}", "-cp",
-                           gateway_class_path(), "-version"], capture_output=True, timeout=120)
+                           gateway_class_path(), "-version"], capture_output=True, timeout=120,
+                          cwd=archive.parent)
     return done.returncode == 0
 
 
