@@ -104,9 +104,10 @@ def pyflink_archive(jvm_args: str, folder: Path = ROOT / ".cache" / "jvm-archive
         for other in folder.glob("*.jsa"):
             if other != archive and time.time() - other.stat().st_mtime > STALE_S:
                 other.unlink()
-        if archive.is_file():
+        if archive.is_file() and maps(java, archive):  # 0.4 s: a damaged one would crash every JVM
             os.utime(archive)  # in use: not stale
             return archive
+        archive.unlink(missing_ok=True)
         partial = folder / f".pyflink-{key}.{os.getpid()}.jsa"
         env = {**os.environ, "JVM_ARGS": f"{jvm_args} -XX:ArchiveClassesAtExit={partial} {' '.join(QUIET)}"}
         try:
