@@ -4,8 +4,11 @@ environments outside it (issue 22). Used by the session fixtures ``featureline_w
 
 The wheel is built from a copy of the sources (pyproject.toml, README.md, features/) in a
 temporary folder, so nothing is written into the checkout. The first environment gets the
-locked dependencies (requirements.lock) from pip's cache or PyPI, about a minute; a second
-one made with ``deps_from`` gets a hard-linked copy of that environment's freshly installed
+locked dependencies (requirements.lock) from pip's cache or PyPI, about a minute, unless this
+session's own environment holds exactly the lock (as the one ``make`` made does:
+:func:`_session_has_the_lock`): then it gets a hard-linked copy of that one's packages without
+featureline (:func:`_copy_session_packages`), in a few seconds. A second one made with
+``deps_from`` gets a hard-linked copy of that environment's freshly installed
 packages (the same files pip wrote, each script's ``#!`` line pointing at its own Python, as
 pip writes it) in a few seconds, then the wheel from pip like the first.
 
@@ -64,7 +67,11 @@ def make_venv(path: Path, *, wheel: Path | None, deps_from: Path | None = None) 
     The dependencies are pip's install of requirements.lock, or, with ``deps_from`` (the
     Python of an environment ``make_venv`` made without a wheel), a copy of
     that one's (:func:`_copy_packages`). Returns its Python."""
-    if deps_from is None:
+    if deps_from is None and _session_has_the_lock():
+        _run([sys.executable, "-m", "venv", "--without-pip", str(path)], "creating a virtual environment")
+        python = path / "bin" / "python"
+        _copy_session_packages(python)
+    elif deps_from is None:
         _run([sys.executable, "-m", "venv", str(path)], "creating a virtual environment")
         python = path / "bin" / "python"
         _run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "-r",
@@ -130,6 +137,61 @@ def cached_deps_venv(root: Path) -> Path:
         make_venv(folder / "venv", wheel=None)
         (folder / DONE).write_text(key)
         return python
+
+
+def _locked(lines: str) -> set[str]:
+    return {line.strip() for line in lines.splitlines()
+            if line.strip() and not line.startswith(("#", "-e"))}
+
+
+def _session_has_the_lock() -> bool:
+    """Whether this session's Python is a virtual environment whose packages, featureline's
+    editable install aside, are exactly requirements.lock (``pip freeze``, as ``make lock``
+    writes the lock): pip's install of the lock would give the same files again."""
+    if sys.prefix == sys.base_prefix:
+        return False
+    freeze = subprocess.run([sys.executable, "-m", "pip", "freeze", "--exclude-editable",
+                             "--disable-pip-version-check"], capture_output=True, text=True, timeout=120)
+    lock = _locked((ROOT / "requirements.lock").read_text())
+    return freeze.returncode == 0 and bool(lock) and _locked(freeze.stdout) == lock
+
+
+def _copy_session_packages(python: Path) -> None:
+    """This session's environment's packages into the new, empty environment of ``python``
+    (:func:`_copy_packages`), then without featureline: every file of its installation
+    (the editable install's ``.pth`` and finder, the ``features`` script, its
+    ``dist-info``) removed from the copy. Fails when the copy can still import
+    ``features`` (nothing of this checkout may reach the environment)."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    source_root = Path(os.path.realpath(sys.prefix))
+    _copy_packages(source_root / "bin" / "python", python)
+    for prefix in {sys.prefix, str(source_root)}:  # a script whose #! names the venv by another path
+        old = f"#!{prefix}/bin/".encode()
+        for script in python.parent.iterdir():
+            if script.is_file() and not script.is_symlink() and script.read_bytes().startswith(old):
+                body = script.read_bytes()
+                script.unlink()  # a hard link's other name keeps its own #! line
+                script.write_bytes(f"#!{python.parent}/".encode() + body[len(old):])
+                script.chmod(0o755)
+    try:
+        dist = distribution("featureline")
+    except PackageNotFoundError:
+        dist = None
+    if dist is not None:
+        new_root = python.parents[1]
+        ours = [Path(str(dist.locate_file(f))).resolve() for f in dist.files or []]
+        info = {p.parent for p in ours if p.parent.name.endswith(".dist-info")}
+        for path in ours:
+            if path.is_relative_to(source_root):
+                (new_root / path.relative_to(source_root)).unlink(missing_ok=True)
+        for folder in info:
+            if folder.is_relative_to(source_root):
+                shutil.rmtree(new_root / folder.relative_to(source_root), ignore_errors=True)
+    probe = subprocess.run([str(python), "-c", "import features"], capture_output=True, text=True,
+                           timeout=120, cwd=python.parents[1], env=users_shell(os.environ, python))
+    if probe.returncode == 0:
+        raise RuntimeError(f"{python}: featureline still importable after removing its installation")
 
 
 def _copy_packages(source: Path, python: Path) -> None:
