@@ -8,7 +8,9 @@ aggregates and tiles hashes, and the Redis ledger), but for the lineage that nam
 (``_run_id``, ``_ingested_at``: they differ between runs by design). A second rollback
 changes nothing; B's files load again afterwards (its ledger units were cleared); a run
 whose entities a later run wrote is refused naming it, and with ``--include-later`` both
-go; a rollback killed with SIGKILL at random points, then run again, ends equal too.
+go; a rollback killed with SIGKILL at random points, then run again, ends equal too; a
+stream run (B's rows as Kafka records through the stream's micro-batch step) rolls back
+the same way.
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ from features.compile import CompiledSchema
 from features.config import Settings
 from features.errors import ConfigError
 from features.load import load
-from features.ops.examples import click_history, clicks_schema
+from features.ops.examples import click_history, click_records, clicks_schema
 from features.ops.rollback import LaterRuns, plan_rollback, rollback
+from features.stream.core import StreamProcessor
 
 pytestmark = pytest.mark.services
 
@@ -190,6 +193,33 @@ def test_later_runs_refuse_then_go_along(
     ref_pg, ref_redis = reference
     assert pg_state(settings, loaded.ns) == ref_pg
     assert redis_state(client, loaded.prefix) == ref_redis
+
+
+def test_a_stream_run_rolls_back_too(
+        settings: Settings, compiled: CompiledSchema, files: dict[str, Path], pg_schema: str,
+        redis_prefix: str, reference: tuple[dict[str, list[Any]], dict[bytes, Any]]) -> None:
+    """B's rows as Kafka records through the stream's micro-batch step (run id ``stream-b``)
+    after the batch load A: rolling the stream run back leaves A alone."""
+    load([files["a"]], compiled, settings, search_path=pg_schema, key_prefix=redis_prefix)
+    records = click_records(pq.read_table(files["b"]))
+    proc = StreamProcessor(compiled, settings, run_id="stream-b", dead_letter_topic=None,
+                           search_path=pg_schema, key_prefix=redis_prefix)
+    proc.open()
+    try:
+        for at in range(0, len(records), 250):  # one partition: each user's records in order
+            part = records[at:at + 250]
+            proc.process([v for _, v in part], pa.array(["clicks-rollback"] * len(part)),
+                         pa.array([0] * len(part), pa.int32()),
+                         pa.array(range(at, at + len(part)), pa.int64()))
+    finally:
+        proc.close()
+    client = redis.Redis.from_url(settings.redis_url)
+    ref_pg, ref_redis = reference
+    assert run_users(settings, pg_schema, "stream-b") and pg_state(settings, pg_schema) != ref_pg
+    done = rollback(compiled, settings, "stream-b", search_path=pg_schema, key_prefix=redis_prefix)
+    assert done.plan.ledger_units == 0 and done.plan.rejects_rows > 0  # a stream has no ledger units
+    assert pg_state(settings, pg_schema) == ref_pg
+    assert redis_state(client, redis_prefix) == ref_redis
 
 
 def test_unknown_run_id_is_a_clear_error(settings: Settings, compiled: CompiledSchema, loaded: Loaded,
