@@ -103,9 +103,10 @@ def redis_state(client: redis.Redis, prefix: str, schema: str = "clicks") -> dic
     for key in client.scan_iter(match=prefix + f"features:{schema}*", count=5_000):
         name = key.removeprefix(prefix.encode())
         if client.type(key) == b"set":
-            out[name] = sorted(client.smembers(key))
+            out[name] = sorted(client.smembers(key))  # type: ignore[arg-type]  # sync client
         else:
-            out[name] = {k: v for k, v in client.hgetall(key).items() if k.decode() not in VOLATILE}
+            out[name] = {k: v for k, v in client.hgetall(key).items()  # type: ignore[union-attr]
+                         if k.decode() not in VOLATILE}
     return out
 
 
