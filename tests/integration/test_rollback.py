@@ -247,6 +247,32 @@ def test_a_schema_without_aggregations(settings: Settings, tmp_path: Path, pg_sc
     assert redis_state(client, redis_prefix, c.name) == ref[1]
 
 
+def test_on_a_redis_cluster(settings: Settings, compiled: CompiledSchema, files: dict[str, Path],
+                            pg_schema: str, redis_cluster: Any, redis_cluster_prefix: str,
+                            reference: tuple[dict[str, list[Any]], dict[bytes, Any]]) -> None:
+    """The hashes' deletion and the ledger's units routed by slot: the cluster ends as a
+    single server where A alone was loaded."""
+    from redis.cluster import ClusterNode, RedisCluster
+
+    on_cluster = dataclasses.replace(settings, redis_url=redis_cluster.url)
+    prefix = redis_cluster_prefix
+    load([files["a"]], compiled, on_cluster, search_path=pg_schema, key_prefix=prefix)
+    b = load([files["b"]], compiled, on_cluster, search_path=pg_schema, key_prefix=prefix)
+    done = rollback(compiled, on_cluster, b.run_id, search_path=pg_schema, key_prefix=prefix)
+    assert done.units_cleared > 0 and done.keys_deleted > 0
+    client = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", p) for p in redis_cluster.ports[:3]],
+                          socket_timeout=5)
+    state: dict[bytes, Any] = {}
+    try:
+        for node in client.get_primaries():
+            conn = client.get_redis_connection(node)
+            state.update(redis_state(conn, prefix))
+    finally:
+        client.close()
+    assert pg_state(settings, pg_schema) == reference[0]
+    assert state == reference[1]
+
+
 def test_unknown_run_id_is_a_clear_error(settings: Settings, compiled: CompiledSchema, loaded: Loaded,
                                          pg_schema: str) -> None:
     with pytest.raises(ConfigError) as info:
