@@ -477,8 +477,6 @@ class RedisSink(ConnOrCluster):
         keys = [pc.binary_join_element_wise(f"{self.key_prefix}{KEY_PREFIX}:{name}:{{", text, "}", "")
                 for name in (self.compiled.name, self.compiled.name + AGGREGATES_SUFFIX,
                              self.compiled.name + TILES_SUFFIX)]
-        from features.sinks.redis_wire import command
-
         calls = [command(["DEL", *ks]) for ks in zip(*(k.to_pylist() for k in keys), strict=True)]
 
         def send() -> int:
