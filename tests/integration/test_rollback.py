@@ -260,8 +260,8 @@ def test_on_a_redis_cluster(settings: Settings, compiled: CompiledSchema, files:
     b = load([files["b"]], compiled, on_cluster, search_path=pg_schema, key_prefix=prefix)
     done = rollback(compiled, on_cluster, b.run_id, search_path=pg_schema, key_prefix=prefix)
     assert done.units_cleared > 0 and done.keys_deleted > 0
-    client = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", p) for p in redis_cluster.ports[:3]],
-                          socket_timeout=5)
+    nodes = [ClusterNode("127.0.0.1", p) for p in redis_cluster.ports[:3]]  # type: ignore[no-untyped-call]
+    client = RedisCluster(startup_nodes=nodes, socket_timeout=5)
     state: dict[bytes, Any] = {}
     try:
         for node in client.get_primaries():
