@@ -47,6 +47,7 @@ COMMANDS: dict[str, str] = {
     "produce": "features.cli.produce",
     "recompute": "features.cli.recompute",
     "report": "features.cli.report",
+    "rollback": "features.cli.rollback",
     "schema": "features.cli.schema",
     "serve": "features.cli.serve",
     "stream": "features.cli.stream",

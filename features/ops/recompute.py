@@ -37,10 +37,15 @@ from typing import TYPE_CHECKING, Any
 from features.errors import ConfigError
 
 if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
     import pyarrow as pa
 
+    from features.aggregate.engine import AggSpec
+    from features.aggregate.writer import AggregateCounts, AggregateWriter
     from features.compile import CompiledSchema
     from features.config import Settings
+    from features.lineage import RunContext
     from features.sdk.connections import Connections
 
 #: history rows read and computed at a time (whole entities)
@@ -128,6 +133,37 @@ def _entity_chunks(conn: Any, c: CompiledSchema, chunk_events: int
         yield ids, np.array(lo, dtype=np.int64), np.array(hi, dtype=np.int64), rows
 
 
+def recompute_aggregations(spec: AggSpec, writer: AggregateWriter, ctx: RunContext, entities: pa.Array,
+                           lo_us: npt.NDArray[np.int64], hi_us: npt.NDArray[np.int64], *,
+                           tiles: bool = False) -> AggregateCounts:
+    """Every aggregation value of the stored events of ``entities[i]`` with event time in
+    ``[lo_us[i], hi_us[i]]`` (whole entities: a window never reaches before ``lo_us``),
+    computed again from the history table with the batch engine and written through
+    ``writer`` (the aggregates table upserted, only rows whose values differ change; the
+    Redis aggregates hash of each entity's newest event written). ``tiles``: the entities'
+    request-time window tiles are built again from the same events
+    (:func:`features.aggregate.tiles.build`, every event counted as new, so every tile
+    within the retention is written complete); the caller deletes the old tiles hashes
+    first when tiles may have to disappear (``features rollback``). Of an entity that holds
+    aggregation rows only the events that hold one are read (the stream's late events
+    update none). Returns the writer's counts."""
+    import numpy as np
+    import pyarrow as pa
+
+    from features.aggregate.engine import compute, finalize, raw_schema
+    from features.aggregate.tiles import build
+
+    stored = writer.stored_inputs(spec, entities, lo_us, hi_us + 1, aggregated=True)
+    result = compute(spec, stored)
+    acc = pa.array(result.accepted)
+    values = finalize(spec, pa.table(result.raw, schema=raw_schema(spec)))
+    tspec = writer.tile_spec if tiles else None
+    rows = build(tspec, stored, np.ones(len(stored), dtype=np.bool_)) if tspec is not None and len(stored) \
+        else None
+    return writer.write(spec, ctx, stored.entity.take(acc), stored.time_us[result.accepted],
+                        stored.source.take(acc), values, tiles=rows)
+
+
 def recompute(c: CompiledSchema, settings: Settings, *, search_path: str | None = None, key_prefix: str = "",
               chunk_events: int = DEFAULT_CHUNK_EVENTS, run_id: str | None = None,
               progress: Callable[[Recomputed], None] | None = None) -> Recomputed:
@@ -135,7 +171,7 @@ def recompute(c: CompiledSchema, settings: Settings, *, search_path: str | None 
     history and write what differs (the module docstring); returns the counts."""
     import pyarrow as pa
 
-    from features.aggregate.engine import AggSpec, compute, finalize, raw_schema
+    from features.aggregate.engine import AggSpec
     from features.aggregate.writer import AggregateWriter
     from features.lineage import RunContext
     from features.sdk.connections import Connections
@@ -174,12 +210,7 @@ def recompute(c: CompiledSchema, settings: Settings, *, search_path: str | None 
                 out.entities += len(ids)
                 out.history_rows += rows
                 if writer is not None and spec is not None:
-                    stored = writer.stored_inputs(spec, entities, lo, hi + 1, aggregated=True)
-                    result = compute(spec, stored)
-                    acc = pa.array(result.accepted)
-                    values = finalize(spec, pa.table(result.raw, schema=raw_schema(spec)))
-                    done = writer.write(spec, ctx, stored.entity.take(acc), stored.time_us[result.accepted],
-                                        stored.source.take(acc), values)
+                    done = recompute_aggregations(spec, writer, ctx, entities, lo, hi)
                     out.aggregate_rows_written += done.rows_written
                     out.aggregate_hashes_written += done.hot_written
                 if features is not None:
@@ -285,4 +316,4 @@ class _FeatureRecompute:
         return len(updated), rewritten
 
 
-__all__ = ["Recomputed", "recomputable", "recompute"]
+__all__ = ["Recomputed", "recomputable", "recompute", "recompute_aggregations"]

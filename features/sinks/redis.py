@@ -61,7 +61,7 @@ from features.compile.layout import (
 )
 from features.errors import SinkError, SinkUnavailable
 from features.lineage import DIGEST, INGESTED_AT, RUN_ID, SCHEMA_FINGERPRINT, SCHEMA_VERSION, SOURCE
-from features.schema.syntax import AGGREGATES_SUFFIX
+from features.schema.syntax import AGGREGATES_SUFFIX, TILES_SUFFIX
 from features.sinks.base import WriteResult, WriteUnit, binary_rows, laid_end_to_end, retrying, with_digest
 from features.sinks.redis_cluster import Cluster, ConnOrCluster
 from features.sinks.redis_wire import Conn, RedisEndpoint, ReplyError, command, map_redis_errors
@@ -443,6 +443,66 @@ class RedisSink(ConnOrCluster):
 
         result: set[str] = self._retrying("ledger read", fetch)
         return result
+
+    def forget_units(self, units: Sequence[tuple[str, str]]) -> int:
+        """Take ``units`` ((fingerprint, ledger key) pairs) out of the ledger, so a load of
+        the same input writes them again (``features rollback``); returns how many were
+        there. Running it again removes nothing."""
+        if not units:
+            return 0
+        ledger = self._ledger()
+        members = [f"{fp[:16]} {unit}" for fp, unit in units]
+
+        def send() -> int:
+            removed = 0
+            for at in range(0, len(members), _KEYS_PER_CALL):
+                args = ["SREM", ledger, *members[at:at + _KEYS_PER_CALL]]
+                if self._cluster is not None:
+                    reply = self._cluster.call(key_slot(ledger), args)
+                else:
+                    reply = self._call(args, what="SREM ledger")
+                removed += int(reply)
+            return removed
+
+        return int(self._retrying("ledger removal", send))
+
+    def delete_entities(self, entity: pa.Array) -> int:
+        """Delete every hash of each of ``entity``: its hot features, its hot aggregations
+        and its request-time window tiles (one ``DEL`` per entity: its keys share the
+        entity's hash tag, so one slot in a cluster). Returns how many keys existed.
+        ``features rollback`` writes them again from Postgres afterwards."""
+        if len(entity) == 0:
+            return 0
+        text = pc.cast(encode_column(entity), pa.string())
+        keys = [pc.binary_join_element_wise(f"{self.key_prefix}{KEY_PREFIX}:{name}:{{", text, "}", "")
+                for name in (self.compiled.name, self.compiled.name + AGGREGATES_SUFFIX,
+                             self.compiled.name + TILES_SUFFIX)]
+        calls = [command(["DEL", *ks]) for ks in zip(*(k.to_pylist() for k in keys), strict=True)]
+
+        def send() -> int:
+            deleted = 0
+            if self._cluster is not None:
+                for reply in self._cluster.send_calls(calls, key_slots(keys[0])):
+                    if not (isinstance(reply, bytes) and reply.startswith(b":")):
+                        raise SinkError(f"Redis Cluster refused DEL: {getattr(reply, 'text', reply)}",
+                                        store=self.name, address=self.address)
+                    deleted += int(reply[1:])
+                return deleted
+            conn = self._conn
+            assert conn is not None
+            for at in range(0, len(calls), _CALLS_PER_ROUND):
+                part = calls[at:at + _CALLS_PER_ROUND]
+                conn.send(b"".join(part))
+                for line in conn.read_lines(len(part)):
+                    if not line.startswith(b":"):
+                        _raise_if_not_ready(line)
+                        text = line.decode(errors="replace")
+                        raise SinkError(f"Redis at {self.address} refused DEL: {text}", store=self.name,
+                                        address=self.address)
+                    deleted += int(line[1:])
+            return deleted
+
+        return int(self._retrying("hash deletion", send))
 
     # --- writes -------------------------------------------------------------------
 
