@@ -31,7 +31,6 @@ from yaml.nodes import MappingNode, Node, ScalarNode
 
 from features.schema.model import Feature, Field, Gate, GateKind, OnBreach, Quality, rule_ids
 from features.schema.nodes import NodeReader, YamlMap, describe, is_null, join_path, line_of
-from features.schema.syntax import MAX_DURATION_S
 
 __all__ = ["QUALITY_KEYS", "QualityReader"]
 
@@ -157,17 +156,5 @@ class QualityReader(NodeReader):
         return tuple(str(k.value) for k, _ in node.value if isinstance(k, ScalarNode))
 
     def staleness(self, node: Node, kp: str) -> int | None:
-        """``max_staleness``: a duration in seconds (> 0, at most 100 years)."""
-        s = self.scalar(node, kp, "a duration")
-        if s is None or is_null(s):
-            return None
-        seconds = self.seconds(s)
-        if seconds is None:
-            self.error(s, kp, f"max_staleness {describe(s)} is not a duration: use seconds (3600) "
-                              "or a duration such as 7d, 12h, 30m, 45s, 1d12h")
-            return None
-        if not 0 < seconds <= MAX_DURATION_S:
-            self.error(s, kp, f"max_staleness must be > 0 and at most {MAX_DURATION_S} seconds (100 years), "
-                              f"got {s.value}")
-            return None
-        return seconds
+        """``max_staleness``: a duration in seconds (>= 1, at most 100 years)."""
+        return self.duration(node, kp, "max_staleness", minimum=1)

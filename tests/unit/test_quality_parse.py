@@ -70,7 +70,7 @@ def test_section_wide_on_breach_is_each_gates_default() -> None:
     ("  min_rows: -1\n", "min_rows must be >= 0, got -1"),
     ("  min_rows: 1.5\n", "expected min_rows"),
     ("  max_staleness: 2x\n", "max_staleness string '2x' is not a duration"),
-    ("  max_staleness: 0\n", "max_staleness must be > 0"),
+    ("  max_staleness: 0\n", "max_staleness must be >= 1 seconds, got 0"),
     ("  on_breach: stop\n", "on_breach must be fail or warn, got 'stop'"),
     ("  min_rows: {limit: 3, on_breach: later}\n", "on_breach must be fail or warn, got 'later'"),
     ("  min_rows: {on_breach: warn}\n", "missing required key 'limit'"),
