@@ -260,3 +260,30 @@ def test_check_gates_is_a_dry_run(tmp_path: Path, settings: Settings, pg_schema:
     assert verdict["passed"] and (verdict["read"], verdict["rejected"]) == (1_000, 30)
     assert verdict["top_reasons"] == [{"rule": "income_monthly.max", "count": 30}]
     assert table_rows(settings, pg_schema) == {} and redis_db.dbsize() == 0
+
+
+def test_the_parquet_report_shows_the_gates_and_what_load_would_do(tmp_path: Path) -> None:
+    from features.report.build import parquet_report, write_report
+    from features.schema import parse_schema
+
+    path = applicant_file(tmp_path, 1_000, 30)
+    text = (EXAMPLE_SCHEMAS / "credit_applicant.yaml").read_text()
+    compiled = compile_schema(parse_schema(text + "quality:\n  owner: risk\n  max_reject_rate: 0.01\n"
+                                                  "  max_rule_rate:\n    income_monthly.max: {limit: 0.02, "
+                                                  "on_breach: warn}\n  min_rows: 10\n"))
+    report = parquet_report([path], compiled, batch_rows=400)
+    assert report["schema"]["quality"] == ("max_reject_rate 0.01 (fail), max_rule_rate[income_monthly.max] "
+                                           "0.02 (warn), min_rows 10 (fail); owner risk")
+    assert report["schema"]["gates_fingerprint"] == compiled.gates_fingerprint
+    gates = report["quality_gates"]
+    assert (gates["failed"], gates["warned"], gates["read"], gates["rejected"]) == (
+        ["max_reject_rate"], ["max_rule_rate[income_monthly.max]"], 1_000, 30)
+    assert ("quality gates breached (max_reject_rate): `features load` would refuse this input"
+            in report["verdict_reasons"])
+    assert any("on_breach: warn (max_rule_rate[income_monthly.max])" in n for n in report["verdict_notes"])
+    _, html = write_report(report, tmp_path / "out")
+    page = html.read_text()
+    assert ("max_reject_rate: BREACHED (fail); max_rule_rate[income_monthly.max]: BREACHED (warn); "
+            "min_rows: ok") in page
+    plain = compile_schema(parse_schema(text))
+    assert parquet_report([path], plain, batch_rows=400)["quality_gates"] is None
