@@ -144,3 +144,32 @@ def test_the_compiled_schema_lists_the_gates_and_a_summary_line() -> None:
         "max_reject_rate 0.05 (fail), max_rule_rate[income_monthly.max] 0.01 (fail), "
         "max_rule_rate[income_monthly.min] 0.2 (warn), min_rows 1000 (fail); "
         "max staleness 2h; owner risk-data@example.com")
+
+
+def test_compile_and_describe_show_the_gates_under_the_same_fingerprint(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from features.cli import main
+    from features.ops.catalog import Catalog, describe, render_describe
+
+    schemas = tmp_path / "schemas"
+    schemas.mkdir()
+    (schemas / "credit_applicant.yaml").write_text(BASE)
+    args = ["compile", "--schemas-dir", str(schemas), "--sql-dir", str(tmp_path / "sql"),
+            "--expectations-dir", str(tmp_path / "expectations")]
+    assert main(args) == 0
+    before = capsys.readouterr().out
+    assert "quality gates" not in before
+    (schemas / "credit_applicant.yaml").write_text(with_quality(GATES))
+    # the suite holds no gate; the DDL records the YAML text beside the fingerprint (as it
+    # does a description), so it is rewritten, under the same fingerprint
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    gated = compile_schema(parse_schema(with_quality(GATES)))
+    assert before.split()[:3] == out.split()[:3] == ["credit_applicant", "3.2.1", gated.fingerprint[:12]]
+    assert "credit_applicant.json (unchanged)" in out
+    assert gated.gates_fingerprint is not None
+    assert (f"  quality gates {gated.gates_fingerprint[:12]}: max_reject_rate 0.05 (fail), "
+            "max_rule_rate[income_monthly.max] 0.01 (fail)") in out
+    d = describe(Catalog(schemas={"credit_applicant": gated.schema}, views={}), "credit_applicant")
+    assert d["owner"] == "risk-data@example.com"
+    assert f"  quality gates: {gates_text(gated.schema)}" in render_describe(d).splitlines()
