@@ -21,18 +21,18 @@ import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from features.compile import CompiledSchema
+from features.compile.postgres import rejects_table_name
 from features.config import Settings
 from features.errors import GateBreached
+from features.kernels import TransformProgram, transform_program
 from features.lineage import RunContext
 from features.observe.metrics import RunMetrics
 from features.pipeline.gates import GateVerdict, evaluate, measure, rejects_transforms
+from features.pipeline.prepare import process_batch
+from features.sinks.stores import store_sinks
 from features.sources.parquet import DEFAULT_BATCH_ROWS, ParquetSource
-
-if TYPE_CHECKING:
-    from features.kernels import TransformProgram
 
 log = logging.getLogger("features.load")
 
@@ -51,11 +51,7 @@ def check_gates(paths: Sequence[str | Path], compiled: CompiledSchema, settings:
     reasons. Raises SourceError for unreadable input, like the load, before any store is
     touched."""
     source = ParquetSource(paths, compiled, batch_rows=batch_rows)
-    program = None
-    if rejects_transforms(compiled):
-        from features.kernels import transform_program
-
-        program = transform_program(compiled, settings)
+    program = transform_program(compiled, settings) if rejects_transforms(compiled) else None
     now = dt.datetime.now(dt.UTC)
     t0 = time.perf_counter()
     verdict = evaluate(compiled, measure(source.batches(), compiled, program, now))
@@ -74,8 +70,6 @@ def check_gates(paths: Sequence[str | Path], compiled: CompiledSchema, settings:
         return verdict
     stored = _store_rejects(source, compiled, settings, program, run_id, now, search_path=search_path,
                             key_prefix=key_prefix)
-    from features.compile.postgres import rejects_table_name
-
     message = refusal_message(verdict, run_id=run_id, rejects_stored=stored,
                               rejects_table=rejects_table_name(compiled.schema))
     log.error("load refused: %s", "; ".join(r.describe(verdict.counts.read) for r in verdict.failed),
@@ -90,9 +84,6 @@ def _store_rejects(source: ParquetSource, compiled: CompiledSchema, settings: Se
     """The rejects of every batch of ``source``, as the load would store them (same rows,
     errors, raw values and lineage), inserted into the rejects table alone: the refused
     path, so it prepares the batches again rather than keeping them from the measure."""
-    from features.pipeline.prepare import process_batch
-    from features.sinks.stores import store_sinks
-
     cold, _ = store_sinks(compiled, settings, search_path=search_path, key_prefix=key_prefix)
     ctx = RunContext(compiled.name, compiled.schema.version_str, compiled.fingerprint, run_id, now)
     stored = 0

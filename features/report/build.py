@@ -23,6 +23,7 @@ from typing import Any
 
 from features.compile import CompiledSchema, compile_schema, gates_text
 from features.errors import ConfigError
+from features.pipeline.gates import GateCounts, evaluate
 from features.report.core import DataTally, Progress, RejectsTally, iso_now, iterate
 from features.report.drift import DriftOptions, Side
 from features.report.stats import jsonable
@@ -134,8 +135,6 @@ def _gates(mode: str, compiled: CompiledSchema, tally: DataTally) -> dict[str, A
     gates. None in the other modes (stored rows passed their gates) or without gates."""
     if mode != "parquet" or not compiled.gates:
         return None
-    from features.pipeline.gates import GateCounts, evaluate
-
     verdict = evaluate(compiled, GateCounts(read=tally.input_rows, rejected=tally.rejected_rows,
                                             by_rule=Counter(tally.by_rule)))
     return {**verdict.as_dict(), "failed": [r.gate.name for r in verdict.failed],
