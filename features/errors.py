@@ -11,6 +11,7 @@
     ├── SinkError
     │   └── SinkUnavailable  also Transient: retrying is safe
     ├── RowsRejected        only from ValidationResult.raise_if_rejected()
+    ├── GateBreached        a load breached a ``fail`` quality gate: nothing stored but its rejects
     ├── WorkerFailed        a worker process of a parallel load died (re-run to finish)
     └── DeviceUnavailable   GPU requested explicitly but absent
 
@@ -141,6 +142,24 @@ class RequestRejected(RowsRejected):
     def __init__(self, message: str, *, rejected: int, errors: list[dict[str, object]]) -> None:
         super().__init__(message, rejected=rejected)
         self.errors = errors
+
+
+class GateBreached(FeaturesError):
+    """A batch load breached a ``fail`` quality gate of its schema (docs/operations.md,
+    "Quality gates"): it stored nothing in either store but its rejects (the evidence,
+    ``rejects_stored`` of them, under ``run_id``), and committed no ledger unit, so the same
+    files load once the data (or the gate) is fixed. ``gates``: the names of the breached
+    ``fail`` gates; ``verdict``: the whole judgement
+    (``features.pipeline.gates.GateVerdict``)."""
+
+    def __init__(self, message: str, *, schema: str, run_id: str, gates: Sequence[str],
+                 rejects_stored: int, verdict: object) -> None:
+        super().__init__(message)
+        self.schema = schema
+        self.run_id = run_id
+        self.gates = tuple(gates)
+        self.rejects_stored = rejects_stored
+        self.verdict = verdict
 
 
 class WorkerFailed(FeaturesError):

@@ -21,7 +21,9 @@ removing those of views that no longer exist. A view error fails the run (and
 ``--check``) like a schema error.
 
 Output: one line per schema, ``name version fingerprint[:12]`` and each file with (views: ``view name ...``)
-``written`` or ``unchanged``. The files are byte-for-byte deterministic: DDL as
+``written`` or ``unchanged``; below it, for a schema with a ``quality:`` section, ``quality gates
+<gates fingerprint[:12]>: <each gate, its limit and on_breach; staleness; owner>`` (the gates are
+not in the fingerprint: docs/schema.md, "Quality gates"). The files are byte-for-byte deterministic: DDL as
 :func:`~features.compile.postgres.render_ddl` renders it, the suite as JSON with
 sorted keys, indent 2 and a final newline. A file is rewritten only when its bytes
 change.
@@ -220,7 +222,7 @@ def _views(args: argparse.Namespace, schemas: dict[str, CompiledSchema], problem
 
 def run(args: argparse.Namespace) -> int:
     """Compile (or check) the schemas named by ``args``; returns the exit code."""
-    from features.compile import compile_schema
+    from features.compile import compile_schema, gates_text
     from features.errors import CompileError, SchemaError, SchemaErrors
     from features.schema.parse import load_schemas
 
@@ -264,6 +266,9 @@ def run(args: argparse.Namespace) -> int:
             continue
         shown = _update(list(files), args.check, problems)
         print(f"{schema.name} {schema.version_str} {compiled.fingerprint[:12]}  {shown}")
+        if (gates := gates_text(schema)) is not None:
+            assert compiled.gates_fingerprint is not None
+            print(f"  quality gates {compiled.gates_fingerprint[:12]}: {gates}")
 
     if args.views_dir or (whole_folder and not args.schemas_dir):
         failed = _views(args, schemas_compiled, problems) or failed

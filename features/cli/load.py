@@ -6,9 +6,13 @@ import argparse
 import json
 import logging
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from features.errors import ConfigError
+from features.errors import ConfigError, GateBreached
+
+if TYPE_CHECKING:
+    from features.compile import CompiledSchema
+    from features.config import Settings
 
 log = logging.getLogger("features.load")
 
@@ -19,8 +23,10 @@ def add_parser(sub: Any) -> None:
         description="Read Parquet files row group by row group, validate every row with the compiled "
         "schema, compute the derived features, and write hot features to Redis and the history to "
         "Postgres. Rejected rows go to the <schema>__rejects table. Re-running the same files stores "
-        "nothing twice. Exit 0 when the run completed (rejects included), 1 when counts do not add up, "
-        "2 on usage, schema, source or store errors.",
+        "nothing twice. A schema's quality gates (its quality: section) are checked over the whole "
+        "input first: a breached fail gate stores nothing but the rejects (docs/operations.md). Exit 0 "
+        "when the run completed (rejects and warn gates included), 1 when a fail gate refused the load "
+        "(nothing stored) or counts do not add up, 2 on usage, schema, source or store errors.",
     )
     p.add_argument("--schema", required=True, help="schema name (a file in the schemas folder)")
     p.add_argument("paths", nargs="+", metavar="PATH", help="Parquet files, folders or globs")
@@ -42,6 +48,10 @@ def add_parser(sub: Any) -> None:
                    "parallelism: the cores of this machine locally, `flink run -p N` on a cluster; "
                    "`flink run` takes a --parallelism after the script as its own -p)")
     add_cluster_argument(p, "with --engine flink: ")
+    p.add_argument("--check-gates", action="store_true",
+                   help="dry run: validate the whole input, judge it against the schema's quality gates, "
+                   "print the verdict (each gate, measured vs limit, the top reasons) and store nothing, "
+                   "not even the rejects (no store is needed); exit 1 when a fail gate is breached, else 0")
     p.add_argument("--json", action="store_true", help="print the summary as one line of JSON on stdout")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress line even on a terminal (there is none with --log-format json)")
@@ -122,6 +132,8 @@ def run(args: argparse.Namespace) -> int:
     set_run_id(run_id)  # every log line of this process, the sinks' threads included
     settings = resolve_settings(schemas_dir=args.schemas_dir)
     compiled = find_schema(args.schema, settings.schemas_dir)
+    if args.check_gates:
+        return _check_gates(args, compiled, settings, run_id)
     metrics = server = None
     if args.metrics_port is not None:
         registry = Registry()
@@ -138,12 +150,18 @@ def run(args: argparse.Namespace) -> int:
             from features.flink.batch import load_flink
 
             with bind_run_id(run_id):
-                summary = load_flink(args.paths, compiled, settings, parallelism=args.parallelism,
-                                     batch_rows=batch_rows, run_id=run_id, cluster=cluster)
+                try:
+                    summary = load_flink(args.paths, compiled, settings, parallelism=args.parallelism,
+                                         batch_rows=batch_rows, run_id=run_id, cluster=cluster)
+                except GateBreached as exc:
+                    return _refused(args, exc)
         else:
-            summary = load(args.paths, compiled, settings, batch_rows=batch_rows,
-                           progress=not args.no_progress and not args.json and active_format() != "json",
-                           run_id=run_id, metrics=metrics, workers=args.workers)
+            try:
+                summary = load(args.paths, compiled, settings, batch_rows=batch_rows,
+                               progress=not args.no_progress and not args.json and active_format() != "json",
+                               run_id=run_id, metrics=metrics, workers=args.workers)
+            except GateBreached as exc:
+                return _refused(args, exc)
         if args.json:
             print(json.dumps(summary.as_dict()))  # one line: a log of runs is JSON Lines
         else:
@@ -161,3 +179,35 @@ def run(args: argparse.Namespace) -> int:
                      level=logging.ERROR)
         return 1
     return 0
+
+
+def _refused(args: argparse.Namespace, exc: GateBreached) -> int:
+    """A load a fail gate refused: the message on stderr (and the verdict as JSON on stdout
+    with ``--json``); exit 1."""
+    from features.observe.logs import user_message
+    from features.pipeline.gates import GateVerdict
+
+    if args.json and isinstance(exc.verdict, GateVerdict):
+        print(json.dumps({"run_id": exc.run_id, "schema": exc.schema, "refused": True,
+                          "rejects_stored": exc.rejects_stored, "gates": exc.verdict.as_dict()}))
+        sys.stdout.flush()
+    user_message(f"features load: {exc}", level=logging.ERROR)
+    return 1
+
+
+def _check_gates(args: argparse.Namespace, compiled: CompiledSchema, settings: Settings, run_id: str) -> int:
+    """``--check-gates``: the verdict over the whole input, nothing stored; exit 1 when a
+    fail gate is breached."""
+    from features.load.gates import check_gates
+    from features.sources.parquet import DEFAULT_BATCH_ROWS
+
+    verdict = check_gates(args.paths, compiled, settings, run_id=run_id,
+                          batch_rows=args.batch_rows or DEFAULT_BATCH_ROWS, dry_run=True)
+    if args.json:
+        print(json.dumps(verdict.as_dict()))
+    else:
+        print("\n".join(verdict.lines()))
+        outcome = "REFUSED (a fail gate is breached)" if verdict.failed else "passes"
+        print(f"verdict: {outcome}; nothing was stored (dry run)")
+    sys.stdout.flush()
+    return 1 if verdict.failed else 0

@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from features.compile.arrow import arrow_schema
-from features.compile.fingerprint import fingerprint
+from features.compile.fingerprint import fingerprint, gates_fingerprint
 from features.compile.postgres import render_ddl
 from features.compile.rules import Rule, compile_rules
 from features.compile.suite import render_aggregates_suite, render_suite
 from features.errors import ConfigError
-from features.schema.model import Schema
+from features.schema.model import Gate, Schema
+from features.schema.syntax import duration_text
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -44,6 +45,17 @@ class CompiledSchema:
         return arrow_schema(self.schema)
 
     @cached_property
+    def gates_fingerprint(self) -> str | None:
+        """sha256 of the ``quality:`` section (None without one): changes with a gate,
+        while :attr:`fingerprint` (the data version) does not."""
+        return gates_fingerprint(self.schema)
+
+    @property
+    def gates(self) -> tuple[Gate, ...]:
+        """The schema's load gates (``quality:``), in file order; empty without any."""
+        return () if self.schema.quality is None else self.schema.quality.gates
+
+    @cached_property
     def ddl(self) -> str:
         """Postgres DDL (``sql/<name>.sql``); requires a loadable schema for tables."""
         return render_ddl(self)
@@ -58,6 +70,21 @@ class CompiledSchema:
         """The GX suite of the stored aggregates (``expectations/<name>__aggregates.json``)
         as a dict; None for a schema without aggregations."""
         return render_aggregates_suite(self)
+
+
+def gates_text(schema: Schema) -> str | None:
+    """The ``quality:`` section in one line (``features compile``, ``features describe``):
+    ``max_reject_rate 0.05 (fail), max_rule_rate[income_monthly.max] 0.01 (warn), min_rows
+    1000 (fail); max staleness 2h; owner risk-data``; None without the section."""
+    q = schema.quality
+    if q is None:
+        return None
+    parts = [", ".join(f"{g.name} {g.limit:g} ({g.on_breach})" for g in q.gates) or "no load gates"]
+    if q.max_staleness_s is not None:
+        parts.append(f"max staleness {duration_text(q.max_staleness_s)}")
+    if q.owner:
+        parts.append(f"owner {q.owner}")
+    return "; ".join(parts)
 
 
 def compile_schema(schema: Schema) -> CompiledSchema:

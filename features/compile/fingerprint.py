@@ -6,7 +6,11 @@ or moving a file changes nothing), nor a field's ``source`` (the input name it i
 from: it changes how input is read, not what is stored or how it is checked, so the
 stored data, the hot hashes and the load ledger stay valid when a producer's column
 name is mapped anew); everything else does, including the name and the
-version, field order, enum value order and evolution rules. A field's
+version, field order, enum value order and evolution rules. The ``quality:`` section
+(the gates, the freshness SLA, the owner) does not count either: a gate decides whether a
+load is stored, not what is stored, so raising a gate is no new data version (no
+migration, the ledger and the stored rows stay valid); :func:`gates_fingerprint` is
+the section's own sha256, shown beside the fingerprint. A field's
 ``null_values`` count (unlike ``source``, they decide which input rows are valid and
 what is stored for them: a marker is stored as null or the default), as
 ``accept_strings`` and ``empty_as_null`` do.
@@ -28,7 +32,7 @@ from typing import Any, Final
 
 from features.schema.model import Aggregation, Field, Schema
 
-__all__ = ["FINGERPRINT_FORMAT", "canonical_json", "canonical_value", "fingerprint"]
+__all__ = ["FINGERPRINT_FORMAT", "canonical_json", "canonical_value", "fingerprint", "gates_fingerprint"]
 
 #: bump when the encoding below changes (every fingerprint changes with it).
 FINGERPRINT_FORMAT: Final = 1
@@ -37,7 +41,10 @@ _IGNORED: Final = frozenset({"description", "path", "line", "text",
                              # how the SDK serves hot values, not how data is stored
                              "refresh_after_seconds"})
 #: attributes ignored on one model class only (``Feature.source``, its input field, counts)
-_IGNORED_ON: Final[dict[type, frozenset[str]]] = {Field: frozenset({"source"})}
+#: and ``Schema.quality``: the gates decide whether a load is stored, not what a stored row
+#: is, so a changed gate is not a new data version (:func:`gates_fingerprint` is theirs)
+_IGNORED_ON: Final[dict[type, frozenset[str]]] = {Field: frozenset({"source"}),
+                                                  Schema: frozenset({"quality"})}
 #: attributes added after format 1 shipped: left out while unset (None, or an empty
 #: tuple for ``null_values``), so the fingerprints of schemas that do not use them stay
 #: what they were.
@@ -97,3 +104,14 @@ def canonical_json(schema: Schema) -> str:
 def fingerprint(schema: Schema) -> str:
     """Hex sha256 (64 lowercase characters) of :func:`canonical_json`. Pure and deterministic."""
     return hashlib.sha256(canonical_json(schema).encode("ascii")).hexdigest()
+
+
+def gates_fingerprint(schema: Schema) -> str | None:
+    """Hex sha256 of the canonical JSON of ``schema``'s ``quality:`` section (its lines
+    ignored), None without one: what changes when a gate changes, which the data
+    version (:func:`fingerprint`) never does."""
+    if schema.quality is None:
+        return None
+    doc = {"fingerprint_format": FINGERPRINT_FORMAT, "quality": _canonical(schema.quality)}
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()

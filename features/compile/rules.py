@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from features.schema.model import FLOAT_KINDS, Field, ScalarValue, Schema, TypeKind
+from features.schema.model import Field, ScalarValue, Schema, field_checks
 
 
 class ReasonCode(StrEnum):
@@ -60,29 +60,9 @@ class Rule:
 
 
 def field_rules(f: Field) -> list[Rule]:
-    """The rules of one field, in evaluation order (type before value checks)."""
-    c = f.constraints
-    rules: list[Rule] = []
-    if c.required:
-        rules.append(Rule(f.name, ReasonCode.MISSING))
-    rules.append(Rule(f.name, ReasonCode.TYPE, str(f.type)))
-    if not c.nullable or c.required:
-        rules.append(Rule(f.name, ReasonCode.NOT_NULL))
-    if f.type.kind in FLOAT_KINDS or (f.type.items is not None and f.type.items.element.kind in FLOAT_KINDS):
-        rules.append(Rule(f.name, ReasonCode.NAN))  # a list of floats: no NaN element
-    if c.min is not None:
-        rules.append(Rule(f.name, ReasonCode.MIN, c.min))
-    if c.max is not None:
-        rules.append(Rule(f.name, ReasonCode.MAX, c.max))
-    if c.min_length is not None:
-        rules.append(Rule(f.name, ReasonCode.MIN_LENGTH, c.min_length))
-    if c.max_length is not None:
-        rules.append(Rule(f.name, ReasonCode.MAX_LENGTH, c.max_length))
-    if c.pattern is not None:
-        rules.append(Rule(f.name, ReasonCode.PATTERN, c.pattern))
-    if f.type.kind is TypeKind.ENUM:
-        rules.append(Rule(f.name, ReasonCode.ENUM, f.values))
-    return rules
+    """The rules of one field, in evaluation order (type before value checks): the
+    checks of :func:`features.schema.model.field_checks`."""
+    return [Rule(f.name, ReasonCode(kind), value) for kind, value in field_checks(f)]
 
 
 def compile_rules(schema: Schema) -> tuple[Rule, ...]:

@@ -37,6 +37,7 @@ from features.config import Settings
 from features.errors import ConfigError
 from features.flink.cluster import slots
 from features.flink.env import environment, python_executables, restart_strategy, scrub_environment
+from features.load.gates import check_gates
 from features.load.local import load_local
 from features.load.stores import open_stores
 from features.observe.logs import bind_run_id, has_handler, set_run_id, setup_logging
@@ -88,6 +89,9 @@ def load_flink(paths: Sequence[str | Path], compiled: CompiledSchema, settings: 
         raise ConfigError(f"parallelism must be >= 1, got {parallelism}", key="parallelism")
     source = ParquetSource(paths, compiled, batch_rows=batch_rows)  # checks every file first
     files = [f.path for f in source.files]  # absolute paths or URIs: the same on any TaskManager
+    # the quality gates judge the whole input, here, before any task writes (GateBreached)
+    verdict = check_gates(paths, compiled, settings, run_id=run_id, batch_rows=batch_rows,
+                          search_path=search_path, key_prefix=key_prefix) if compiled.gates else None
     open_stores(compiled, settings, search_path=search_path, key_prefix=key_prefix)
     scrub_environment()  # the settings travel inside the pickled function, not the environment
     conf = Configuration()
@@ -113,6 +117,8 @@ def load_flink(paths: Sequence[str | Path], compiled: CompiledSchema, settings: 
     with summaries.execute_and_collect(f"featureline load {compiled.name}") as results:
         parts: list[RunSummary] = list(results)
     summary = merge_summaries(run_id, compiled.name, parts, seconds=time.perf_counter() - t0)
+    if verdict is not None:
+        summary.gates = verdict.as_dict()
     if len(parts) != parallelism:
         raise ConfigError(f"the Flink job returned {len(parts)} shard summaries, expected {parallelism}",
                           key="parallelism")

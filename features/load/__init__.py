@@ -15,6 +15,7 @@ from features.compile import CompiledSchema
 from features.config import Settings
 from features.errors import ConfigError, FeaturesError, WorkerFailed
 from features.lineage import new_run_id
+from features.load.gates import check_gates
 from features.load.local import load_local
 from features.load.stores import open_stores
 from features.observe.logs import bind_run_id, setup_logging
@@ -28,7 +29,7 @@ log = logging.getLogger("features.load")
 def load(paths: Sequence[str | Path], compiled: CompiledSchema, settings: Settings, *,
          batch_rows: int = DEFAULT_BATCH_ROWS, search_path: str | None = None, key_prefix: str = "",
          progress: bool = False, run_id: str | None = None, metrics: RunMetrics | None = None,
-         workers: int = 1, shard: tuple[int, int] | None = None) -> RunSummary:
+         workers: int = 1, shard: tuple[int, int] | None = None, gates: bool = True) -> RunSummary:
     """Load Parquet ``paths`` into both stores; returns the run's summary.
 
     Raises SourceError before writing anything when a file is unreadable or does not
@@ -44,18 +45,32 @@ def load(paths: Sequence[str | Path], compiled: CompiledSchema, settings: Settin
     :func:`features.flink.batch.load_flink` (``features load --engine flink``).
     ``shard=(i, n)``: only the rows of entity shard ``i`` of ``n``
     (``features.sources.parquet.entity_shards``), with ledger units of their own.
+
+    ``gates`` (default True) and the schema has a ``quality:`` section with load gates: the
+    whole input is validated first (:func:`features.load.gates.check_gates`; not per
+    shard: the gates judge the whole load) and a breached ``fail`` gate raises GateBreached
+    with nothing stored but the rejects; the summary's ``gates`` holds the verdict (its
+    ``warn`` breaches too).
     """
     run_id = run_id or new_run_id()
     if workers < 1:
         raise ConfigError(f"workers must be >= 1, got {workers}", key="workers")
     with bind_run_id(run_id):
+        verdict = None
+        if gates and compiled.gates and shard is None:
+            verdict = check_gates(paths, compiled, settings, run_id=run_id, batch_rows=batch_rows,
+                                  search_path=search_path, key_prefix=key_prefix, metrics=metrics)
         if workers > 1:
-            return load_workers(paths, compiled, settings, workers=workers, batch_rows=batch_rows,
-                                search_path=search_path, key_prefix=key_prefix, progress=progress,
-                                run_id=run_id, metrics=metrics)
-        return load_local(paths, compiled, settings, batch_rows=batch_rows, search_path=search_path,
-                          key_prefix=key_prefix, progress=progress, run_id=run_id, metrics=metrics,
-                          shard=shard)
+            summary = load_workers(paths, compiled, settings, workers=workers, batch_rows=batch_rows,
+                                   search_path=search_path, key_prefix=key_prefix, progress=progress,
+                                   run_id=run_id, metrics=metrics)
+        else:
+            summary = load_local(paths, compiled, settings, batch_rows=batch_rows, search_path=search_path,
+                                 key_prefix=key_prefix, progress=progress, run_id=run_id, metrics=metrics,
+                                 shard=shard)
+        if verdict is not None:
+            summary.gates = verdict.as_dict()
+        return summary
 
 
 def _worker(args: tuple[Any, ...]) -> RunSummary:
@@ -153,6 +168,10 @@ def render_summary(s: RunSummary, *, rejects_table: str) -> str:
             f"{a.get('from_history', 0):,} earlier events read back from the history for their windows; "
             f"postgres rows written/changed {a['rows_written']:,}, redis entities {a['hot_written']:,}"
             f"{hot_restored}, {a['seconds']:.1f}s")
+    if (g := s.gates) is not None:
+        breached = [r for r in g["gates"] if r["breached"]]
+        shown = ", ".join(f"{r['gate']} BREACHED ({r['on_breach']}: {_measured(r)})" for r in breached)
+        lines.append(f"  quality gates: {len(g['gates'])} checked, {shown or 'none breached'}")
     if s.by_rule:
         lines.append("  top reject reasons:")
         for rule, count, examples in s.top_reasons(5):
@@ -160,3 +179,10 @@ def render_summary(s: RunSummary, *, rejects_table: str) -> str:
         lines.append(f"  rejects are in Postgres table {rejects_table!r} "
                      f"(SELECT _source, errors, raw FROM \"{rejects_table}\" WHERE _run_id = '{s.run_id}')")
     return "\n".join(lines)
+
+
+def _measured(gate: dict[str, Any]) -> str:
+    """A gate's measured value against its limit, from ``GateResult.as_dict``."""
+    if gate["kind"] == "min_rows":
+        return f"{gate['measured']:,} rows < {gate['limit']:,}"
+    return f"{gate['measured'] * 100:.4g}% > {gate['limit'] * 100:.4g}%"

@@ -434,6 +434,14 @@ class RunMetrics:
                               "Seconds between now (at scrape) and the newest event time written; absent "
                               "until a row is written.", ["schema"])
         self._aggs = AggregationMetrics(registry, schema)
+        self._gate_breaches = r.counter("featureline_gate_breaches_total",
+                                        "Quality gates breached (docs/operations.md, \"Quality gates\"), by "
+                                        "gate and what the breach did (fail: the load stored nothing; warn: "
+                                        "it stored everything).", ["schema", "gate", "on_breach"])
+        self._gate_measured = r.gauge("featureline_gate_measured",
+                                      "The value a load's quality gate was judged on: the rate for a rate "
+                                      "gate (rows / rows read), the rows read for min_rows.",
+                                      ["schema", "gate"])
         self._lag: Gauge | None = None
         self._latency: BatchChild | None = None
         self._dead: Counter | None = None
@@ -484,6 +492,12 @@ class RunMetrics:
 
     def aggregation(self, *, accepted: int, late: int, duplicates: int) -> None:
         self._aggs.add(accepted=accepted, late=late, duplicates=duplicates)
+
+    def gate(self, gate: str, on_breach: str, measured: float, *, breached: bool) -> None:
+        """One quality gate judged: its measured value, and a breach counted."""
+        self._gate_measured.labels(self.schema, gate).set(measured)
+        if breached:
+            self._gate_breaches.labels(self.schema, gate, on_breach).inc()
 
     def lag(self, topic: str, partition: int | str, records: int) -> None:
         if self._lag is not None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from features.compile import compile_schema
+from features.compile import compile_schema, gates_text
 from features.errors import ConfigError
 from features.schema import load_schemas
 from features.schema.model import Aggregation, Constraints, Feature, Field, Schema
@@ -123,6 +123,7 @@ def describe(catalog: Catalog, name: str) -> dict[str, Any]:
                 "hot_ttl": None if s.hot.ttl_seconds is None else duration_text(s.hot.ttl_seconds),
                 "fields": [_field(f) for f in s.fields], "derived": [_feature(f) for f in s.features],
                 "aggregations": [_aggregation(a) for a in aggs], "allowed_lateness": lateness,
+                "quality": gates_text(s), "owner": s.quality.owner if s.quality else None,
                 "views": _readers(catalog, name)}
     if name in catalog.views:
         v = catalog.views[name]
@@ -192,6 +193,8 @@ def render_describe(d: dict[str, Any]) -> str:
             lines.append(f"  {d['description']}")
         lines.append(f"  entity {d['entity']}, event time {d['event_time']}, "
                      f"hot ttl {d['hot_ttl'] or 'none'}")
+        if d["quality"]:
+            lines.append(f"  quality gates: {d['quality']}")
         lines.append("  fields:")
         lines += _table([[f["name"], f["type"], f["store"], "; ".join(f["constraints"] + (
             [f"values {', '.join(f['values'])}"] if f["values"] else []) + (

@@ -44,6 +44,9 @@ class RunSummary:
     seconds: float = 0.0
     #: the windowed aggregations' counts (``features.aggregate.writer.AggregateCounts``), if any
     aggregations: dict[str, Any] | None = None
+    #: the quality gates' verdict (``features.pipeline.gates.GateVerdict.as_dict``) of a load
+    #: that checked them (its breached ``warn`` gates under ``breached``), else None
+    gates: dict[str, Any] | None = None
 
     @property
     def restored(self) -> int:
@@ -69,6 +72,7 @@ class RunSummary:
             "top_reasons": [{"rule": r, "count": c, "examples": e} for r, c, e in self.top_reasons(10)],
             "sinks": {k: vars(v) for k, v in self.sinks.items()},
             **({"aggregations": self.aggregations} if self.aggregations is not None else {}),
+            **({"gates": self.gates} if self.gates is not None else {}),
         }
 
 

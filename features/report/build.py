@@ -16,12 +16,14 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from features.compile import CompiledSchema, compile_schema
+from features.compile import CompiledSchema, compile_schema, gates_text
 from features.errors import ConfigError
+from features.pipeline.gates import GateCounts, evaluate
 from features.report.core import DataTally, Progress, RejectsTally, iso_now, iterate
 from features.report.drift import DriftOptions, Side
 from features.report.stats import jsonable
@@ -40,6 +42,8 @@ def _schema_json(compiled: CompiledSchema, checked: CompiledSchema | None = None
         "entity": s.entity,
         "event_time": s.event_time,
         "aggregations": [a.name for a in s.aggregations.features] if s.aggregations is not None else [],
+        "quality": gates_text(s),
+        "gates_fingerprint": compiled.gates_fingerprint,
         "checked_fields": list(checked_names),
         "unchecked_fields": [n for n in s.field_names if n not in checked_names],
     }
@@ -87,11 +91,19 @@ def _data_report(mode: str, compiled: CompiledSchema, tally: DataTally, lineage:
         reasons.append(f"{tally.rejected_rows:,} of {tally.input_rows:,} rows rejected by the validator")
     if gx["failed"]:
         reasons.append(f"{gx['failed']} of {gx['expectations']} GX expectations failed")
+    notes = []
+    gates = _gates(mode, compiled, tally)
+    if gates is not None:
+        if not gates["passed"]:
+            reasons.append(f"quality gates breached ({', '.join(gates['failed'])}): `features load` would "
+                           "refuse this input")
+        if gates["warned"]:
+            notes.append(f"quality gates breached with on_breach: warn ({', '.join(gates['warned'])}): "
+                         "`features load` would store this input and report them")
     drift_reason = verdict_reason(drift) if drift is not None else None
     if drift_reason:
         reasons.append(drift_reason)
     groups = tally.groups()
-    notes = []
     if rejects_kept and rejects_kept["rows"]:
         notes.append(f"{rejects_kept['rows']:,} rows rejected at load are kept in {rejects_kept['table']} "
                      f"(not in this table): `{rejects_kept['command']}` reports them")
@@ -110,9 +122,23 @@ def _data_report(mode: str, compiled: CompiledSchema, tally: DataTally, lineage:
         "rejects": {"source": "validator", "rows": tally.rejected_rows,
                     "errors": sum(g.count for g in groups), "groups": [g.as_json() for g in groups]},
         "drift": drift,
+        "quality_gates": gates,
     })
     report["lineage"] = finish(lineage)
     return report
+
+
+def _gates(mode: str, compiled: CompiledSchema, tally: DataTally) -> dict[str, Any] | None:
+    """The schema's load gates judged on a Parquet report's validator counts (what
+    ``features load`` would decide, but for transform rejects, which the report does not
+    count): ``GateVerdict.as_dict`` plus the names of the breached ``failed`` and ``warned``
+    gates. None in the other modes (stored rows passed their gates) or without gates."""
+    if mode != "parquet" or not compiled.gates:
+        return None
+    verdict = evaluate(compiled, GateCounts(read=tally.input_rows, rejected=tally.rejected_rows,
+                                            by_rule=Counter(tally.by_rule)))
+    return {**verdict.as_dict(), "failed": [r.gate.name for r in verdict.failed],
+            "warned": [r.gate.name for r in verdict.warned]}
 
 
 def _reference(options: DriftOptions, compiled: CompiledSchema, progress: bool

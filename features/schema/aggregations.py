@@ -59,8 +59,7 @@ from features.schema.model import (
     Window,
     WindowKind,
 )
-from features.schema.nodes import Invalid, NodeReader, YamlMap, describe, is_null, join_path, line_of
-from features.schema.syntax import MAX_DURATION_S
+from features.schema.nodes import Invalid, NodeReader, YamlMap, is_null, join_path, line_of
 
 _AGG_SECTION_KEYS: Final = ("allowed_lateness", "features")
 _AGG_KEYS: Final = ("name", "function", "of", "window", "where", "numerator", "denominator", "on_zero",
@@ -206,24 +205,6 @@ class AggregationReader(NodeReader):
         if not ok or not loadable:
             return None
         return Aggregations(allowed_lateness_s=lateness, features=tuple(a for _, a in out))
-
-    def duration(self, node: Node, kp: str, what: str, *, minimum: int) -> int | None:
-        """A duration: seconds as an int, or text such as 7d, 12h, 30m, 45s, 1d12h."""
-        s = self.scalar(node, kp, what)
-        if s is None:
-            return None
-        seconds = self.seconds(s)
-        if seconds is None:
-            self.error(s, kp, f"{what} {describe(s)} is not a duration: use seconds (3600) "
-                              "or a duration such as 7d, 12h, 30m, 45s, 1d12h")
-            return None
-        if seconds < minimum:
-            self.error(s, kp, f"{what} must be >= {minimum} seconds, got {s.value}")
-            return None
-        if seconds > MAX_DURATION_S:
-            self.error(s, kp, f"{what} must be at most {MAX_DURATION_S} seconds (100 years), got {s.value}")
-            return None
-        return seconds
 
     def parse_window(self, node: Node, kp: str) -> Window | None:
         if isinstance(node, MappingNode):

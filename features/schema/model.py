@@ -321,6 +321,88 @@ class Aggregations:
         return max((a.window.size_s for a in self.features if a.window is not None), default=0)
 
 
+OnBreach = Literal["fail", "warn"]
+GateKind = Literal["max_reject_rate", "max_rule_rate", "min_rows"]
+
+
+@dataclass(frozen=True)
+class Gate:
+    """One quality gate of a load (``quality:`` in the YAML, docs/schema.md "Quality gates").
+
+    - ``max_reject_rate``: ``limit`` is a rate in [0, 1]; breached when the load's rejected
+      rows / rows read is above it;
+    - ``max_rule_rate``: the same for the rows one ``rule`` (an id of the rejects'
+      ``rule`` column, such as ``income_monthly.max``) rejected;
+    - ``min_rows``: ``limit`` is a row count (int); breached when the load reads fewer rows.
+
+    ``on_breach``: ``fail`` refuses the load (nothing stored but its rejects), ``warn``
+    stores it and reports the breach. ``line``: the 1-based line of the gate."""
+
+    kind: GateKind
+    limit: float | int
+    on_breach: OnBreach = "fail"
+    rule: str | None = None
+    line: int | None = None
+
+    @property
+    def name(self) -> str:
+        """How messages and metrics name the gate: ``max_reject_rate``, ``min_rows``,
+        ``max_rule_rate[income_monthly.max]``."""
+        return self.kind if self.rule is None else f"{self.kind}[{self.rule}]"
+
+
+@dataclass(frozen=True)
+class Quality:
+    """The ``quality:`` section: the load gates, the freshness SLA and the owner.
+
+    ``max_staleness_s``: the freshness SLA in seconds (the newest stored event may be at
+    most this old); not a load gate (a backfill loads old events by design): the
+    alerts read it. ``owner``: who answers for the data (shown in messages and reports).
+    ``on_breach``: the section's default, each gate holds its own. Not in the
+    fingerprint: a changed gate is not a new data version (docs/schema.md)."""
+
+    gates: tuple[Gate, ...] = ()
+    owner: str | None = None
+    on_breach: OnBreach = "fail"
+    max_staleness_s: int | None = None
+
+
+def field_checks(f: Field) -> tuple[tuple[str, ScalarValue | tuple[str, ...]], ...]:
+    """The checks of one field's type and constraints, in evaluation order: (kind, its
+    parameter). The compiled rule program (``features.compile.rules``) is made of these;
+    the kinds are the values of its ``ReasonCode``, and ``<field>.<kind>`` is a rule's id."""
+    c = f.constraints
+    out: list[tuple[str, ScalarValue | tuple[str, ...]]] = []
+    if c.required:
+        out.append(("missing", None))
+    out.append(("type", str(f.type)))
+    if not c.nullable or c.required:
+        out.append(("not_null", None))
+    if f.type.kind in FLOAT_KINDS or (f.type.items is not None and f.type.items.element.kind in FLOAT_KINDS):
+        out.append(("nan", None))  # a list of floats: no NaN element
+    if c.min is not None:
+        out.append(("min", c.min))
+    if c.max is not None:
+        out.append(("max", c.max))
+    if c.min_length is not None:
+        out.append(("min_length", c.min_length))
+    if c.max_length is not None:
+        out.append(("max_length", c.max_length))
+    if c.pattern is not None:
+        out.append(("pattern", c.pattern))
+    if f.type.kind is TypeKind.ENUM:
+        out.append(("enum", f.values))
+    return tuple(out)
+
+
+def rule_ids(fields: tuple[Field, ...], features: tuple[Feature, ...]) -> tuple[str, ...]:
+    """Every rule id a load's rejects can record for these fields and derived features:
+    ``<field>.<kind>`` of :func:`field_checks`, then ``<feature>.transform`` for each
+    feature with ``on_invalid: reject``."""
+    ids = [f"{f.name}.{kind}" for f in fields for kind, _ in field_checks(f)]
+    return (*ids, *(f"{f.name}.transform" for f in features if f.on_invalid == "reject"))
+
+
 @dataclass(frozen=True)
 class Schema:
     """One schema file, parsed and checked. Immutable; build with ``parse_schema``.
@@ -344,6 +426,8 @@ class Schema:
     description: str = ""
     path: str | None = None
     static: bool = False
+    #: the ``quality:`` section (None: no gates); not in the fingerprint
+    quality: Quality | None = None
     #: the YAML text this schema was parsed from (None when built in code): recorded with
     #: the version in ``featureline_schema_versions``, so readers and ``features migrate``
     #: can rebuild an older version's layout (docs/evolution.md). Not in the fingerprint.
@@ -404,10 +488,16 @@ __all__ = [
     "Feature",
     "Field",
     "FieldType",
+    "Gate",
+    "GateKind",
     "HotStore",
+    "OnBreach",
     "Payload",
+    "Quality",
     "Schema",
     "Step",
     "TypeKind",
     "Window",
+    "field_checks",
+    "rule_ids",
 ]

@@ -514,6 +514,24 @@ class NodeReader:
             return None
         return frozenset(out)
 
+    def duration(self, node: Node, kp: str, what: str, *, minimum: int) -> int | None:
+        """A duration: seconds as an int, or text such as 7d, 12h, 30m, 45s, 1d12h."""
+        s = self.scalar(node, kp, what)
+        if s is None:
+            return None
+        seconds = self.seconds(s)
+        if seconds is None:
+            self.error(s, kp, f"{what} {describe(s)} is not a duration: use seconds (3600) "
+                              "or a duration such as 7d, 12h, 30m, 45s, 1d12h")
+            return None
+        if seconds < minimum:
+            self.error(s, kp, f"{what} must be >= {minimum} seconds, got {s.value}")
+            return None
+        if seconds > MAX_DURATION_S:
+            self.error(s, kp, f"{what} must be at most {MAX_DURATION_S} seconds (100 years), got {s.value}")
+            return None
+        return seconds
+
     def seconds(self, s: ScalarNode) -> int | None:
         """A duration scalar in seconds: an int (any YAML 1.1 spelling) or text such as
         7d, 12h, 30m, 45s, 1d12h; None when it is neither. Too large to convert (past

@@ -90,6 +90,7 @@ from features.schema.nodes import (
     line_of,
     order_key,
 )
+from features.schema.quality import QualityReader
 from features.schema.steps import StepReader
 from features.schema.syntax import (
     MAX_DURATION_S,
@@ -119,7 +120,7 @@ _MAX_PAYLOAD_BYTES: Final = 256 * 1024 * 1024
 
 _TOP_KEYS: Final = (
     "name", "version", "description", "entity", "event_time", "hot", "payload", "fields",
-    "features", "aggregations", "evolution_rules",
+    "features", "aggregations", "evolution_rules", "quality",
 )
 _FIELD_KEYS: Final = ("name", "type", "description", "store", "accept_strings", "values", "constraints",
                        "source", "null_values")
@@ -297,7 +298,7 @@ def _parse(text: str, path: str | None) -> tuple[Schema, int | None]:
     return dataclasses.replace(schema, text=text), parser.name_line
 
 
-class SchemaParser(StepReader, AggregationReader):
+class SchemaParser(StepReader, AggregationReader, QualityReader):
     """Walks one composed schema document; ``errors`` collects every problem."""
 
     def __init__(self, path: str | None) -> None:
@@ -341,6 +342,7 @@ class SchemaParser(StepReader, AggregationReader):
                        "row per entity and no history to aggregate over windows; give the schema an "
                        "event_time field, or move the aggregations to a schema of events")
         rules = self.parse_rules(top)
+        quality = self.parse_quality(top, fields, features)
         if self.errors or None in (name, version, fields, features, rules):
             return None
         assert name is not None and version is not None and fields is not None
@@ -349,7 +351,7 @@ class SchemaParser(StepReader, AggregationReader):
             name=name, version=version, fields=tuple(f for f, _ in fields),
             entity=entity, event_time=event_time, features=features, hot=hot, payload=payload,
             evolution_rules=rules, aggregations=aggregations, description=description, path=self.path,
-            static=static,
+            static=static, quality=quality,
         )
 
     def parse_version(self, top: YamlMap) -> tuple[int, int, int] | None:
