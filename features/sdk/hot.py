@@ -89,7 +89,8 @@ class HotReader:
     read's default ``at``."""
 
     def __init__(self, connections: Connections, catalog: Catalog, versions: Versions, fallback: Fallback,
-                 *, use_fallback: bool, max_age: dt.timedelta | None, clock: Callable[[], float]) -> None:
+                 *, use_fallback: bool, max_age: dt.timedelta | None, clock: Callable[[], float],
+                 on_history: Callable[[str, int], None] | None = None) -> None:
         self.connections = connections
         self.catalog = catalog
         self.versions = versions
@@ -97,6 +98,9 @@ class HotReader:
         self.use_fallback = use_fallback
         self.max_age = max_age
         self.clock = clock
+        #: called with (schema, entities) after a request-time read computed the windows of
+        #: entities without a tiles hash from the history (the facade's metric)
+        self.on_history = on_history
         self._plans: dict[tuple[str, tuple[str, ...] | None], Plan] = {}
         self._tile_specs: dict[str, Any] = {}  # schema -> features.aggregate.tiles.TileSpec
 
@@ -191,22 +195,31 @@ class HotReader:
         """``FeatureStore.online_async``: redis.asyncio; decoding and the fallback in a
         worker thread (``windows="request_time"``: the tiles read in the same round trip)."""
         since = time.monotonic()
+        req: OnlineRequest | WindowedRequest
         if request_time_windows(windows, at):
-            wreq = self.windowed_request(schema, entity_ids, features, at)
-            replies = await self.connections.redis_replies_async(wreq.reads)
-            table, from_pg, missed = await asyncio.to_thread(self.finish_windowed, wreq, replies, fallback,
-                                                             max_age, since)
-            return Read(table, len(wreq.ids), from_pg, missed)
-        req = self.request(schema, entity_ids, features)
+            req = self.windowed_request(schema, entity_ids, features, at)
+        else:
+            req = self.request(schema, entity_ids, features)
+        base = req.base if isinstance(req, WindowedRequest) else req
         for _ in range(UPGRADE_ATTEMPTS):
+            # every attempt reads the whole pipeline (a windowed read's tiles too) with
+            # redis.asyncio: the worker thread decodes, never reads Redis again itself
             replies = await self.connections.redis_replies_async(req.reads)
             try:
                 table, from_pg, missed = await asyncio.to_thread(
-                    self._finish, req, replies, fallback, max_age, since)
+                    self._finish_once, req, replies, fallback, max_age, since)
                 return Read(table, len(req.ids), from_pg, missed)
             except Outdated:  # hashes an earlier version wrote: rewritten, then read again
-                await asyncio.to_thread(self.versions.upgrade, req)
-        raise still_outdated(req)
+                await asyncio.to_thread(self.versions.upgrade, base)
+        raise still_outdated(base)
+
+    def _finish_once(self, req: OnlineRequest | WindowedRequest, replies: list[Any], fallback: bool | None,
+                     max_age: dt.timedelta | None, since: float) -> tuple[pa.Table, int, int]:
+        """:meth:`finish` without its upgrade loop: Outdated for hashes an earlier version
+        wrote (the async read rewrites them and reads again with redis.asyncio)."""
+        if isinstance(req, WindowedRequest):
+            return self.finish_windowed(req, replies, fallback, max_age, since, upgrade=False)
+        return self._finish(req, replies, fallback, max_age, since)
 
     def windowed_request(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None,
                          at: dt.datetime | None, *, lineage: bool = False, now_s: float | None = None,
@@ -236,19 +249,59 @@ class HotReader:
                                columns, lenient)
 
     def finish_windowed(self, req: WindowedRequest, replies: list[Any], fallback: bool | None,
-                        max_age: dt.timedelta | None, since: float) -> tuple[pa.Table, int, int]:
+                        max_age: dt.timedelta | None, since: float, *, upgrade: bool = True
+                        ) -> tuple[pa.Table, int, int]:
         """:meth:`finish` of a :class:`WindowedRequest`: the features as ``online``
-        finishes them, then the aggregations from the tiles."""
+        finishes them (``upgrade``: hashes an earlier version wrote rewritten and read
+        again; else Outdated is raised), then the aggregations from the tiles; an entity
+        found (in Redis or by the fallback) whose tiles hash is absent has its windows
+        computed from the history instead (:meth:`history_windows`)."""
         base, tiles = req.split(replies)
         rows = (small_rows(req.base, base) if len(req.ids) <= SMALL_CALL and not req.base.lineage
                 else None)
         if rows is not None:  # every id in Redis, fresh: no Arrow decoding of the features
             table, from_pg, missed = pa.Table.from_pylist(rows, req.base.plan.result), 0, 0
-        else:
+        elif upgrade:
             table, from_pg, missed = self.finish(req.base, base, fallback, max_age, since)
+        else:
+            table, from_pg, missed = self._finish(req.base, base, fallback, max_age, since)
         values = windowed_values(req, tiles)
+        if values:
+            values = self.history_windows(req, tiles, table, values)
         entity = str(req.base.plan.c.schema.entity)
         return with_windows(table, entity, req.columns, set(values), values), from_pg, missed
+
+    def history_windows(self, req: WindowedRequest, tile_replies: list[Any], table: pa.Table,
+                        values: dict[str, pa.Array]) -> dict[str, pa.Array]:
+        """``values`` (the windows read from the tiles) with the entities whose tiles hash
+        is absent but that were found (``table``'s ``_found``: their entity hash in Redis,
+        or their row by the Postgres fallback) computed from the history table at the
+        request time instead, as ``historical(..., windows="request_time")`` computes them
+        (:func:`features.sdk.asof.windows_at`: one Postgres read for all of them). An
+        entity loaded before tiles existed, or whose tiles Redis lost, so never reads an
+        empty window it does not have; an entity found nowhere keeps the empty window (no
+        query). The tiles are not written back here (docs/aggregations.md, "Missing
+        tiles"). Counted through ``on_history``."""
+        assert req.tiles is not None
+        found = np.asarray(table.column(FOUND).to_numpy(zero_copy_only=False), dtype=np.bool_)
+        absent = np.fromiter((r[0] is None and r[1] is None for r in tile_replies), dtype=np.bool_,
+                             count=len(tile_replies))
+        rows = np.flatnonzero(absent & found)
+        if not len(rows):
+            return values
+        from psycopg import errors
+
+        from features.sdk.asof import windows_at
+
+        c = req.base.plan.c
+        ids = pa.array([req.ids[i] for i in rows], pa.string())
+        try:
+            got = windows_at(self.connections, c, ids, req.tiles.t_us, list(values))
+        except errors.UndefinedTable:  # no history table (Redis written, Postgres elsewhere)
+            return values
+        if self.on_history is not None:
+            self.on_history(c.name, len(rows))
+        return {name: scatter(arr, rows, got[name]) for name, arr in values.items()}
 
     def online_request_time(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None,
                             fallback: bool | None, max_age: dt.timedelta | None, at: dt.datetime | None

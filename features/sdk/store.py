@@ -112,10 +112,11 @@ class FeatureStore:
         self.negative_ttl = negative_ttl
         self.cold = ColdReader(self.connections, self.catalog, self.versions)
         self._fallback = Fallback(self)  # reads this store's settings and its newest_rows
-        self.hot = HotReader(self.connections, self.catalog, self.versions, self._fallback,
-                             use_fallback=fallback, max_age=max_age, clock=self.now)
         self.registry = registry if registry is not None else Registry()
         self._metrics = SdkMetrics(self.registry)
+        self.hot = HotReader(self.connections, self.catalog, self.versions, self._fallback,
+                             use_fallback=fallback, max_age=max_age, clock=self.now,
+                             on_history=self._metrics.windows_from_history)
         #: the metrics endpoint (``metrics_port``), or None
         self.metrics_server: MetricsServer | None = (
             MetricsServer(self.registry, metrics_port, metrics_host) if metrics_port is not None else None)

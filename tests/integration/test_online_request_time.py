@@ -16,6 +16,7 @@ read from the per-entity tiles the batch backfill writes to real Redis
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import uuid
 from collections.abc import Iterator
@@ -38,7 +39,7 @@ from features import FeatureStore
 from features.aggregate.engine import AggSpec
 from features.aggregate.tiles import TileSpec
 from features.compile import compile_schema
-from features.compile.layout import tiles_key
+from features.compile.layout import aggregates_key, entity_key, tiles_key
 from features.config import Settings
 from features.errors import ConfigError
 from features.load import load
@@ -223,3 +224,56 @@ def test_a_quiet_entity_decays_and_the_tiles_stay_bounded(settings: Settings, tm
             fs.online("quiet", ["c1"], names, windows="request-time")
         with pytest.raises(ConfigError, match="at= is the request time"):
             fs.online("quiet", ["c1"], names, at=at(last))
+
+
+def test_an_entity_without_tiles_reads_its_windows_from_the_history(
+        settings: Settings, tmp_path: Path, pg_schema: str, redis_prefix: str) -> None:
+    """A tiles hash lost (Redis restarted without persistence, or an entity loaded before
+    tiles existed) reads the windows ``historical(..., windows="request_time")`` gives at
+    ``T``, never the empty window; so does an entity Redis lost whole (the Postgres
+    fallback finds it); an entity never seen reads the empty window without a history
+    read; ``online_async`` gives the rows ``online`` gives. The tiles are not written back."""
+    c = compile_schema(parse_schema(QUIET))
+    day0 = int(dt.datetime(2026, 3, 1, tzinfo=dt.UTC).timestamp()) * 1_000_000
+    cards = ["c1", "c2", "c3"]
+    ts = [day0 + i * 20 * MINUTE_US for i in range(2 * 72)]
+    table = pa.table({"card": pa.array([cards[i % 3] for i in range(len(ts))]),
+                      "ts": pa.array(ts, pa.timestamp("us", "UTC")),
+                      "amount": pa.array([float(i % 5) + 0.25 for i in range(len(ts))])})
+    pq.write_table(table, tmp_path / "h.parquet")
+    assert load([tmp_path / "h.parquet"], c, settings, search_path=pg_schema, key_prefix=redis_prefix).adds_up
+    (tmp_path / "schemas").mkdir()
+    (tmp_path / "schemas" / "quiet.yaml").write_text(QUIET)
+    client = redis.Redis.from_url(settings.redis_url)
+    assert client.delete(redis_prefix + tiles_key("quiet", "c1")) == 1  # its tiles only
+    lost = [redis_prefix + key("quiet", "c2") for key in (entity_key, aggregates_key, tiles_key)]
+    assert client.delete(*lost) == 3  # all of it
+    names = ["txn_24h", "amount_sum_24h", "amount_mean_24h", "amount_max_24h", "last3"]
+    ids = [*cards, "nobody"]
+    t = ts[-1] + 6 * HOUR  # a quarter of the 24 h window has decayed
+    with FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn,
+                      schemas=tmp_path / "schemas", search_path=pg_schema, key_prefix=redis_prefix) as fs:
+        got = fs.online("quiet", ids, names, windows="request_time", at=at(t))
+        frame = pa.table({"card": pa.array(ids), "timestamp": pa.array([t] * len(ids), pa.int64()).cast(
+            pa.timestamp("us", "UTC"))})
+        want = fs.historical("quiet", frame, names, windows="request_time")
+        assert got.select(names).to_pylist() == want.select(names).to_pylist()
+        assert got.column("txn_24h").to_pylist() == [18, 18, 18, 0]  # 54 events in (t - 24 h, t]
+        assert got.column("_from").to_pylist() == ["redis", "postgres", "redis", None]
+        assert got.column("last3").to_pylist()[3] == []
+        async def read_async() -> pa.Table:
+            try:
+                return await fs.online_async("quiet", ids, names, windows="request_time", at=at(t))
+            finally:
+                await fs.connections.aclose()
+
+        same = got.drop_columns(["_age_seconds"]).to_pylist()
+        assert asyncio.run(read_async()).drop_columns(["_age_seconds"]).to_pylist() == same
+        dicts = fs.online_dicts("quiet", ids, names, windows="request_time", at=at(t))
+        assert [{k: v for k, v in d.items() if k != "_age_seconds"} for d in dicts] == same
+        # c1 and c2 (not "nobody"), three calls
+        counted = [line for line in fs.metrics().splitlines()
+                   if line.startswith("featureline_sdk_windows_from_history_total{")]
+        assert counted == ['featureline_sdk_windows_from_history_total{schema="quiet"} 6.0'], counted
+    assert client.exists(redis_prefix + tiles_key("quiet", "c1")) == 0  # a read writes no tiles
+    client.close()
