@@ -236,15 +236,17 @@ class _Windows:
 
 
 def windows_at(store: Postgres, c: CompiledSchema, entity_ids: pa.Array, t_us: int,
-               names: list[str]) -> dict[str, pa.Array]:
+               names: list[str], *, read: npt.NDArray[np.bool_] | None = None) -> dict[str, pa.Array]:
     """The aggregations ``names`` of ``c`` (hot or cold, any function) evaluated at one
     request time ``t_us`` (epoch µs) for each of ``entity_ids`` (their text, as online
     reads take them), over the history table's events: the computation of
     ``historical(..., windows="request_time")`` (:class:`_Windows`, one read of the
     entities' events in ``[t_us - longest window, t_us]``), one value per id in order,
-    in the declared types. An id with no history (or no value of the entity's type)
-    reads the empty window; a null id reads null. The online reads' fallback for an
-    entity whose tiles hash is absent (``features.sdk.hot``)."""
+    in the declared types. An id with no history (or no value of the entity's type),
+    or not in ``read`` (a mask over ``entity_ids``; None: every id), reads the empty
+    window without a query; a null id reads null. The online reads' computation for an
+    entity whose tiles hash is absent and for the aggregations the tiles do not hold
+    (``features.sdk.hot``)."""
     from features.compile.postgres import cold_table_name
 
     ids = entity_values(c, entity_ids)
@@ -253,6 +255,8 @@ def windows_at(store: Postgres, c: CompiledSchema, entity_ids: pa.Array, t_us: i
     n = len(ids)
     ok = np.asarray(pc.is_valid(entity_ids)) if n else np.zeros(0, np.bool_)
     known = np.asarray(pc.is_valid(enc.indices)) if n else np.zeros(0, np.bool_)
+    if read is not None:
+        known = known & read
     codes = np.asarray(enc.indices.fill_null(0), dtype=np.int64)
     t_q = np.full(n, t_us, dtype=np.int64)
     spans = _spans(codes, t_q, known, len(enc.dictionary))

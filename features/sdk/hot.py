@@ -29,7 +29,7 @@ from features.compile.layout import (
     from_text,
     reply_columns,
 )
-from features.errors import ConfigError, SinkError
+from features.errors import SinkError
 from features.sdk.columns import (
     AGE,
     CHECKED,
@@ -235,18 +235,16 @@ class HotReader:
         base = self.request(schema, entity_ids, [x for x in columns if x not in hot_aggs], lineage)
         t_us = request_micros(c, at, self.clock() if now_s is None else now_s)
         if not aggs:
-            return WindowedRequest(base, None, columns, lenient)
-        tspec = self._tile_specs.get(c.name)
-        if tspec is None:
-            tspec = self._tile_specs[c.name] = tile_spec(c)
-        held = {a.name for a in tspec.spec.aggregations.features}
-        if any(x not in held for x in aggs):
-            missing = ", ".join(x for x in aggs if x not in held)
-            raise ConfigError(f"windows='request_time' does not serve {missing} online yet "
-                              "(approx_count_distinct/approx_percentile are not in the tiles); "
-                              "name the other aggregations in features=", key="features")
-        return WindowedRequest(base, tile_read(tspec, c, base.ids, t_us, self.connections.key_prefix),
-                               columns, lenient)
+            return WindowedRequest(base, None, columns, lenient, (), t_us)
+        if c.name not in self._tile_specs:
+            self._tile_specs[c.name] = tile_spec(c)
+        tspec = self._tile_specs[c.name]
+        held = {a.name for a in tspec.spec.aggregations.features} if tspec is not None else set()
+        # the aggregations the tiles do not hold (the sketches): from the history, exactly
+        history = tuple(x for x in aggs if x not in held)
+        tiles = (tile_read(tspec, c, base.ids, t_us, self.connections.key_prefix)
+                 if tspec is not None and len(history) < len(aggs) else None)
+        return WindowedRequest(base, tiles, columns, lenient, history, t_us)
 
     def finish_windowed(self, req: WindowedRequest, replies: list[Any], fallback: bool | None,
                         max_age: dt.timedelta | None, since: float, *, upgrade: bool = True
@@ -268,8 +266,30 @@ class HotReader:
         values = windowed_values(req, tiles)
         if values:
             values = self.history_windows(req, tiles, table, values)
+        if req.history:
+            values.update(self.untiled_windows(req, table))
         entity = str(req.base.plan.c.schema.entity)
         return with_windows(table, entity, req.columns, set(values), values), from_pg, missed
+
+    def untiled_windows(self, req: WindowedRequest, table: pa.Table) -> dict[str, pa.Array]:
+        """The requested hot aggregations the tiles do not hold (``req.history``: the
+        sketches ``approx_count_distinct``/``approx_percentile`` and ratios of them) at the
+        request time, computed from the history table as ``historical(...,
+        windows="request_time")`` computes them (:func:`features.sdk.asof.windows_at`, one
+        Postgres read) for the entities found (``table``'s ``_found``); the others read the
+        empty window, as from the tiles."""
+        from psycopg import errors
+
+        from features.sdk.asof import windows_at
+
+        c = req.base.plan.c
+        found = np.asarray(table.column(FOUND).to_numpy(zero_copy_only=False), dtype=np.bool_)
+        ids = pa.array(req.ids, pa.string())
+        try:
+            return windows_at(self.connections, c, ids, req.t_us, list(req.history), read=found)
+        except errors.UndefinedTable:  # no history table: every window is empty
+            return windows_at(self.connections, c, ids, req.t_us, list(req.history),
+                              read=np.zeros(len(found), np.bool_))
 
     def history_windows(self, req: WindowedRequest, tile_replies: list[Any], table: pa.Table,
                         values: dict[str, pa.Array]) -> dict[str, pa.Array]:

@@ -47,13 +47,10 @@ class TileRead:
     t_us: int
 
 
-def tile_spec(c: CompiledSchema) -> TileSpec:
-    """The schema's tiles (ConfigError when it has no hot windowed aggregation)."""
-    tspec = TileSpec.of(AggSpec.of(c.schema))
-    if tspec is None:
-        raise ConfigError(f"schema {c.name!r} has no aggregation stored hot: windows='request_time' reads "
-                          "the hot aggregations' tiles", key="windows")
-    return tspec
+def tile_spec(c: CompiledSchema) -> TileSpec | None:
+    """The schema's tiles (None when its tiles hold no aggregation: none is stored hot, or
+    every hot one is a sketch, whose windows the online read computes from the history)."""
+    return TileSpec.of(AggSpec.of(c.schema))
 
 
 def request_micros(c: CompiledSchema, at: Any, now_s: float) -> int:
@@ -111,12 +108,16 @@ class WindowedRequest:
     aggregation is asked for) the aggregations' tiles hashes at the request time, sent
     last in the same pipeline. ``lenient``: an entity whose newest event is more than the
     allowed lateness after the request time reads the empty window instead of raising
-    (a view re-reads such rows as ``historical`` at that time)."""
+    (a view re-reads such rows as ``historical`` at that time). ``history``: the requested
+    hot aggregations the tiles do not hold (the sketches, a ratio of one), computed from
+    the history table at ``t_us`` for the entities the read finds."""
 
     base: OnlineRequest
     tiles: TileRead | None
     columns: list[str]              # the requested features and aggregations, in result order
     lenient: bool = False
+    history: tuple[str, ...] = ()
+    t_us: int = 0                   # the request time, epoch microseconds
 
     @property
     def ids(self) -> list[str]:

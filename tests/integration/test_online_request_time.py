@@ -47,20 +47,24 @@ from features.schema import parse_schema
 
 pytestmark = pytest.mark.services
 
-def _hot_schema() -> str:
-    """The shared schema with every aggregation but the sketches (not in the tiles yet)
-    served online, and a lateness that keeps the whole test history in the tiles."""
+def _hot_schema(sketches: bool = False) -> str:
+    """The shared schema with every aggregation but the sketches (not in the tiles yet;
+    ``sketches``: those too, read from the history) served online, and a lateness that
+    keeps the whole test history in the tiles."""
     doc = yaml.safe_load(SCHEMA)
     doc["aggregations"]["allowed_lateness"] = "2d"
     aggs = doc["aggregations"]["features"]
     doc["aggregations"]["features"] = [{**a, "store": ["hot", "cold"]} for a in aggs
-                                       if not a["function"].startswith("approx_")]
+                                       if sketches or not a["function"].startswith("approx_")]
     return str(yaml.safe_dump(doc, sort_keys=False))
 
 
 HOT_SCHEMA = _hot_schema()
 COMPILED = compile_schema(parse_schema(HOT_SCHEMA))
 AGGS = [a.name for a in COMPILED.schema.aggregations.features]  # type: ignore[union-attr]
+SKETCH_SCHEMA = _hot_schema(sketches=True)
+SKETCH_COMPILED = compile_schema(parse_schema(SKETCH_SCHEMA))
+SKETCH_AGGS = [a.name for a in SKETCH_COMPILED.schema.aggregations.features]  # type: ignore[union-attr]
 TSPEC = TileSpec.of(AggSpec.of(COMPILED.schema))
 assert TSPEC is not None
 TILE = TSPEC.size_us
@@ -90,8 +94,8 @@ def cases(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[list[dict[str, An
     return events, loads, draw(st.lists(t, min_size=1, max_size=6, unique=True))
 
 
-def rows_of(table: pa.Table) -> list[tuple[Any, ...]]:
-    cols = [table.column(a).to_pylist() for a in AGGS]
+def rows_of(table: pa.Table, aggs: list[str] = AGGS) -> list[tuple[Any, ...]]:
+    cols = [table.column(a).to_pylist() for a in aggs]
     return [tuple(c[i] for c in cols) for i in range(table.num_rows)]
 
 
@@ -102,11 +106,13 @@ def drop_keys(client: redis.Redis, prefix: str) -> None:
 
 
 @contextmanager
-def hot_stores(settings: Settings, tmp: Path, tag: str) -> Iterator[tuple[str, str, FeatureStore]]:
-    """A Postgres schema and a Redis key prefix of their own for :data:`HOT_SCHEMA`, and a
-    FeatureStore on them: ``(search path, key prefix, store)``; all dropped afterwards."""
+def hot_stores(settings: Settings, tmp: Path, tag: str, text: str = HOT_SCHEMA
+               ) -> Iterator[tuple[str, str, FeatureStore]]:
+    """A Postgres schema and a Redis key prefix of their own for :data:`HOT_SCHEMA` (or
+    ``text``), and a FeatureStore on them: ``(search path, key prefix, store)``; all
+    dropped afterwards."""
     (tmp / "schemas").mkdir()
-    (tmp / "schemas" / "agg_props.yaml").write_text(HOT_SCHEMA)
+    (tmp / "schemas" / "agg_props.yaml").write_text(text)
     ns = f"t_{tag}_{uuid.uuid4().hex[:12]}"
     prefix = f"test:{ns}:"
     admin = psycopg.connect(settings.postgres_dsn, autocommit=True)
@@ -124,18 +130,29 @@ def hot_stores(settings: Settings, tmp: Path, tag: str) -> Iterator[tuple[str, s
         admin.close()
 
 
-def check_request_times(fs: FeatureStore, events: list[dict[str, Any]], times: list[int]) -> None:
+def check_request_times(fs: FeatureStore, events: list[dict[str, Any]], times: list[int],
+                        compiled: Any = COMPILED, aggs: list[str] = AGGS) -> None:
     """At each of ``times``, for every user and one unknown: ``online(T) == historical(T) ==
     reference_at(T)`` over the history ``events``."""
     ids = [*USERS, "nobody"]
     for t in times:
-        want = reference_at(COMPILED.schema, events, [(u, t) for u in ids])
-        got = fs.online("agg_props", ids, AGGS, windows="request_time", at=at(t))
+        want = reference_at(compiled.schema, events, [(u, t) for u in ids])
+        got = fs.online("agg_props", ids, aggs, windows="request_time", at=at(t))
         assert got.column("uid").to_pylist() == ids
-        assert rows_of(got) == want, t
+        assert rows_of(got, aggs) == want, t
         frame = pa.table({"uid": pa.array(ids), "timestamp": pa.array([t] * len(ids), pa.int64()).cast(
             pa.timestamp("us", "UTC"))})
-        assert rows_of(fs.historical("agg_props", frame, AGGS, windows="request_time")) == want, t
+        assert rows_of(fs.historical("agg_props", frame, aggs, windows="request_time"), aggs) == want, t
+
+
+def load_all(loads: list[list[dict[str, Any]]], compiled: Any, settings: Settings, tmp: Path, ns: str,
+             prefix: str) -> None:
+    """Each of ``loads`` as a Parquet file, loaded in turn."""
+    for i, rows in enumerate(loads):
+        path = tmp / f"load{i}.parquet"
+        pq.write_table(history_table(rows), path)
+        summary = load([path], compiled, settings, search_path=ns, key_prefix=prefix)
+        assert summary.adds_up and summary.rejected == 0
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -147,12 +164,28 @@ def test_online_at_request_time_equals_historical_and_the_reference(
     events, loads, times = case
     tmp = tmp_path_factory.mktemp("ort")
     with hot_stores(settings, tmp, "online_rt") as (ns, prefix, fs):
-        for i, rows in enumerate(loads):
-            path = tmp / f"load{i}.parquet"
-            pq.write_table(history_table(rows), path)
-            summary = load([path], COMPILED, settings, search_path=ns, key_prefix=prefix)
-            assert summary.adds_up and summary.rejected == 0
+        load_all(loads, COMPILED, settings, tmp, ns, prefix)
         check_request_times(fs, events, times)
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                HealthCheck.too_slow])
+@given(case=cases())
+def test_the_sketches_and_an_entity_without_tiles_read_the_history(
+        case: tuple[list[dict[str, Any]], list[list[dict[str, Any]]], list[int]],
+        settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The aggregations the tiles do not hold (approx_count_distinct, approx_percentile)
+    are computed from the history at ``T`` in the same call, never refused; u1's tiles
+    hash deleted: its windows from the history too. Every function equals historical and
+    the reference."""
+    events, loads, times = case
+    tmp = tmp_path_factory.mktemp("ors")
+    with hot_stores(settings, tmp, "online_sk", SKETCH_SCHEMA) as (ns, prefix, fs):
+        load_all(loads, SKETCH_COMPILED, settings, tmp, ns, prefix)
+        client = redis.Redis.from_url(settings.redis_url)
+        client.delete(prefix + tiles_key("agg_props", "u1"))
+        client.close()
+        check_request_times(fs, events, times, SKETCH_COMPILED, SKETCH_AGGS)
 
 
 QUIET = """
