@@ -56,6 +56,7 @@ from features.sdk.online import (
     still_outdated,
 )
 from features.sdk.request_time import (
+    DEFAULT_WINDOWS,
     WindowedRequest,
     request_micros,
     request_time_windows,
@@ -155,12 +156,12 @@ class HotReader:
         return OnlineRequest(plan, ids, reads, lineage)
 
     def online(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None,
-               fallback: bool | None, max_age: dt.timedelta | None, windows: str = "event",
+               fallback: bool | None, max_age: dt.timedelta | None, windows: str = DEFAULT_WINDOWS,
                at: dt.datetime | None = None) -> Read:
         """``FeatureStore.online``: a table (``windows="request_time"``:
         :meth:`online_request_time`; ConfigError for a ``windows`` other than
         :data:`features.sdk.request_time.WINDOWS`, or ``at`` without request-time windows)."""
-        if request_time_windows(windows, at):
+        if self.windowed(schema, features, windows, at):
             return self.online_request_time(schema, entity_ids, features, fallback, max_age, at)
         since = time.monotonic()
         req = self.request(schema, entity_ids, features)
@@ -172,12 +173,12 @@ class HotReader:
         return Read(table, len(req.ids), from_pg, missed)
 
     def online_dicts(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None,
-                     fallback: bool | None, max_age: dt.timedelta | None, windows: str = "event",
+                     fallback: bool | None, max_age: dt.timedelta | None, windows: str = DEFAULT_WINDOWS,
                      at: dt.datetime | None = None) -> Read:
         """``FeatureStore.online_dicts``: one dict per id, no Arrow object when every id is
         in Redis (and fresh); ``windows="request_time"``: the rows of
         :meth:`online_request_time`'s table."""
-        if request_time_windows(windows, at):
+        if self.windowed(schema, features, windows, at):
             read = self.online_request_time(schema, entity_ids, features, fallback, max_age, at)
             return Read(read.value.to_pylist(), read.ids, read.from_pg, read.missed)
         since = time.monotonic()
@@ -190,13 +191,13 @@ class HotReader:
         return Read(table.to_pylist(), len(req.ids), from_pg, missed)
 
     async def online_async(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None,
-                           fallback: bool | None, max_age: dt.timedelta | None, windows: str = "event",
-                           at: dt.datetime | None = None) -> Read:
+                           fallback: bool | None, max_age: dt.timedelta | None,
+                           windows: str = DEFAULT_WINDOWS, at: dt.datetime | None = None) -> Read:
         """``FeatureStore.online_async``: redis.asyncio; decoding and the fallback in a
         worker thread (``windows="request_time"``: the tiles read in the same round trip)."""
         since = time.monotonic()
         req: OnlineRequest | WindowedRequest
-        if request_time_windows(windows, at):
+        if self.windowed(schema, features, windows, at):
             req = self.windowed_request(schema, entity_ids, features, at)
         else:
             req = self.request(schema, entity_ids, features)
@@ -220,6 +221,21 @@ class HotReader:
         if isinstance(req, WindowedRequest):
             return self.finish_windowed(req, replies, fallback, max_age, since, upgrade=False)
         return self._finish(req, replies, fallback, max_age, since)
+
+    def windowed(self, schema: str, features: Sequence[str] | None, windows: str, at: dt.datetime | None
+                 ) -> bool:
+        """Whether an online call reads request-time windows: ``windows="request_time"``
+        (ConfigError for another value than :data:`features.sdk.request_time.WINDOWS`, or
+        ``at`` without it) and some hot aggregation is requested; a call that reads none
+        takes the per-event path, whose rows are the same (``at`` still checked)."""
+        if not request_time_windows(windows, at):
+            return False
+        plan = self.plan(schema, features)
+        if plan.aggs:
+            return True
+        if at is not None:
+            request_micros(plan.c, at, 0.0)  # a bad at is refused whatever the read
+        return False
 
     def windowed_request(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None,
                          at: dt.datetime | None, *, lineage: bool = False, now_s: float | None = None,
@@ -263,9 +279,18 @@ class HotReader:
             table, from_pg, missed = self.finish(req.base, base, fallback, max_age, since)
         else:
             table, from_pg, missed = self._finish(req.base, base, fallback, max_age, since)
+        absent = np.zeros(len(tiles), np.bool_)
+        if req.tiles is not None:
+            # a tiles hash written with another layout (another version of the aggregations)
+            # is of no use to this reader: read like an absent one, from the history
+            sig = req.tiles.tspec.signature.encode()
+            absent = np.fromiter(((r[0] is None and r[1] is None) or (r[1] is not None and r[1] != sig)
+                                  for r in tiles), dtype=np.bool_, count=len(tiles))
+            if absent.any():
+                tiles = [[None] * len(r) if a else r for r, a in zip(tiles, absent.tolist(), strict=True)]
         values = windowed_values(req, tiles)
         if values:
-            values = self.history_windows(req, tiles, table, values)
+            values = self.history_windows(req, absent, table, values)
         if req.history:
             values.update(self.untiled_windows(req, table))
         entity = str(req.base.plan.c.schema.entity)
@@ -291,21 +316,20 @@ class HotReader:
             return windows_at(self.connections, c, ids, req.t_us, list(req.history),
                               read=np.zeros(len(found), np.bool_))
 
-    def history_windows(self, req: WindowedRequest, tile_replies: list[Any], table: pa.Table,
+    def history_windows(self, req: WindowedRequest, absent: npt.NDArray[np.bool_], table: pa.Table,
                         values: dict[str, pa.Array]) -> dict[str, pa.Array]:
         """``values`` (the windows read from the tiles) with the entities whose tiles hash
-        is absent but that were found (``table``'s ``_found``: their entity hash in Redis,
-        or their row by the Postgres fallback) computed from the history table at the
-        request time instead, as ``historical(..., windows="request_time")`` computes them
-        (:func:`features.sdk.asof.windows_at`: one Postgres read for all of them). An
-        entity loaded before tiles existed, or whose tiles Redis lost, so never reads an
-        empty window it does not have; an entity found nowhere keeps the empty window (no
-        query). The tiles are not written back here (docs/aggregations.md, "Missing
+        is ``absent`` (or of another layout) but that were found (``table``'s ``_found``:
+        their entity hash in Redis, or their row by the Postgres fallback) computed from
+        the history table at the request time instead, as ``historical(...,
+        windows="request_time")`` computes them (:func:`features.sdk.asof.windows_at`: one
+        Postgres read for all of them). An entity loaded before tiles existed, whose tiles
+        Redis lost, or whose tiles an earlier version of the aggregations wrote, so never
+        reads an empty window it does not have; an entity found nowhere keeps the empty
+        window (no query). The tiles are not written back here (docs/aggregations.md, "Missing
         tiles"). Counted through ``on_history``."""
         assert req.tiles is not None
         found = np.asarray(table.column(FOUND).to_numpy(zero_copy_only=False), dtype=np.bool_)
-        absent = np.fromiter((r[0] is None and r[1] is None for r in tile_replies), dtype=np.bool_,
-                             count=len(tile_replies))
         rows = np.flatnonzero(absent & found)
         if not len(rows):
             return values

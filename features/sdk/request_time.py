@@ -22,6 +22,10 @@ from features.sdk.online import OnlineRequest
 #: what an online read's aggregation columns hold: as of the entity's newest event, or
 #: evaluated at the request time (``historical``, ``online`` and the views alike)
 WINDOWS = ("event", "request_time")
+#: the default of every read (``online``, the views, HTTP, ``historical``, the CLI): a
+#: window is evaluated at the time it is read, so that online, views and training rows
+#: agree and a quiet entity decays (docs/aggregations.md, "Windows at request time")
+DEFAULT_WINDOWS = "request_time"
 
 
 def request_time_windows(windows: str, at: Any) -> bool:
@@ -150,5 +154,5 @@ def windowed_values(req: WindowedRequest, tile_replies: list[Any]) -> dict[str, 
     return window_values(read, tile_replies, req.base.plan.c)
 
 
-__all__ = ["WINDOWS", "TileRead", "WindowedRequest", "request_micros", "request_time_windows", "tile_read",
-           "tile_spec", "window_values", "windowed_values"]
+__all__ = ["DEFAULT_WINDOWS", "WINDOWS", "TileRead", "WindowedRequest", "request_micros",
+           "request_time_windows", "tile_read", "tile_spec", "window_values", "windowed_values"]

@@ -241,7 +241,7 @@ def test_a_quiet_entity_decays_and_the_tiles_stay_bounded(settings: Settings, tm
         assert busy.to_pylist()[0] | {} == busy.to_pylist()[0]
         assert busy.column("txn_24h").to_pylist() == [72]
         assert busy.column("last3").to_pylist() == [[float((len(ts) - 1 - j) % 7) for j in range(3)]]
-        stale = fs.online("quiet", ["c1"], names)  # as of the newest event: frozen
+        stale = fs.online("quiet", ["c1"], names, windows="event")  # as of the newest event: frozen
         assert stale.column("txn_24h").to_pylist() == [72]
         now = fs.online("quiet", ["c1", "nobody"], names, windows="request_time")  # the clock: 2 days later
         assert now.column("txn_24h").to_pylist() == [0, 0]
@@ -256,7 +256,9 @@ def test_a_quiet_entity_decays_and_the_tiles_stay_bounded(settings: Settings, tm
         with pytest.raises(ConfigError, match="windows must be one of"):
             fs.online("quiet", ["c1"], names, windows="request-time")
         with pytest.raises(ConfigError, match="at= is the request time"):
-            fs.online("quiet", ["c1"], names, at=at(last))
+            fs.online("quiet", ["c1"], names, windows="event", at=at(last))
+        # the default: the windows at the clock, two days after the last event
+        assert fs.online("quiet", ["c1"], names).to_pylist()[0]["txn_24h"] == 0
 
 
 def test_an_entity_without_tiles_reads_its_windows_from_the_history(
