@@ -260,7 +260,7 @@ class HotReader:
         history = tuple(x for x in aggs if x not in held)
         tiles = (tile_read(tspec, c, base.ids, t_us, self.connections.key_prefix)
                  if tspec is not None and len(history) < len(aggs) else None)
-        return WindowedRequest(base, tiles, columns, lenient, history, t_us)
+        return WindowedRequest(base, tiles, columns, lenient, history, t_us, at is None)
 
     def finish_windowed(self, req: WindowedRequest, replies: list[Any], fallback: bool | None,
                         max_age: dt.timedelta | None, since: float, *, upgrade: bool = True
@@ -286,6 +286,10 @@ class HotReader:
             sig = req.tiles.tspec.signature.encode()
             absent = np.fromiter(((r[0] is None and r[1] is None) or (r[1] is not None and r[1] != sig)
                                   for r in tiles), dtype=np.bool_, count=len(tiles))
+            if req.clocked and not req.lenient:  # the clock behind an entity's events: its history
+                late = req.t_us + req.tiles.tspec.spec.lateness_us
+                absent |= np.fromiter((r[0] is not None and int(r[0]) > late for r in tiles), dtype=np.bool_,
+                                      count=len(tiles))
             if absent.any():
                 tiles = [[None] * len(r) if a else r for r, a in zip(tiles, absent.tolist(), strict=True)]
         values = windowed_values(req, tiles)

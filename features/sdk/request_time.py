@@ -122,6 +122,10 @@ class WindowedRequest:
     lenient: bool = False
     history: tuple[str, ...] = ()
     t_us: int = 0                   # the request time, epoch microseconds
+    #: the request time is the clock's (no ``at=``): an entity whose newest event is more
+    #: than the allowed lateness after it (events stamped ahead of the clock) is read from
+    #: the history, exactly, instead of raising (a default call never refuses)
+    clocked: bool = False
 
     @property
     def ids(self) -> list[str]:

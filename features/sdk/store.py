@@ -307,7 +307,8 @@ class FeatureStore:
         is absent, and the sketches the tiles do not hold, computed from the Postgres
         history); ``"event"`` the value as of the entity's newest event (what the hot store
         holds; no decay). ``at`` must not be more than the schema's allowed lateness before
-        the entity's newest event (ConfigError: read such times with ``historical``).
+        the entity's newest event (ConfigError: read such times with ``historical``; without
+        ``at``, such an entity is read from the history at the clock's time instead).
         """
         out: pa.Table = self._counted(self.catalog.schema_label, schema, "online", lambda: self.hot.online(
             schema, entity_ids, features, fallback, max_age, windows, at))

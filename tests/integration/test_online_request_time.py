@@ -259,6 +259,17 @@ def test_a_quiet_entity_decays_and_the_tiles_stay_bounded(settings: Settings, tm
             fs.online("quiet", ["c1"], names, windows="event", at=at(last))
         # the default: the windows at the clock, two days after the last event
         assert fs.online("quiet", ["c1"], names).to_pylist()[0]["txn_24h"] == 0
+    # a clock 2 hours behind the newest event (more than the lateness): the default call
+    # does not refuse; the entity's windows come from the history, as historical gives them
+    behind = last - 2 * HOUR
+    with FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn,
+                      schemas=tmp_path / "schemas", search_path=pg_schema, key_prefix=redis_prefix,
+                      clock=lambda: behind / 1e6) as fs:
+        got = fs.online("quiet", ["c1"], names)
+        frame = pa.table({"card": ["c1"], "timestamp": pa.array([behind], pa.int64()).cast(
+            pa.timestamp("us", "UTC"))})
+        assert got.select(names).to_pylist() == fs.historical("quiet", frame, names).select(names).to_pylist()
+        assert got.column("txn_24h").to_pylist() == [72]
 
 
 def test_an_entity_without_tiles_reads_its_windows_from_the_history(
