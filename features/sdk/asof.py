@@ -247,8 +247,6 @@ def windows_at(store: Postgres, c: CompiledSchema, entity_ids: pa.Array, t_us: i
     window without a query; a null id reads null. The online reads' computation for an
     entity whose tiles hash is absent and for the aggregations the tiles do not hold
     (``features.sdk.hot``)."""
-    from features.compile.postgres import cold_table_name
-
     ids = entity_values(c, entity_ids)
     windows = _Windows.of(c, names)
     enc = ids.dictionary_encode()

@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
+from psycopg import errors
 
 from features.compile import CompiledSchema
 from features.compile.layout import (
@@ -30,6 +31,7 @@ from features.compile.layout import (
     reply_columns,
 )
 from features.errors import SinkError
+from features.sdk.asof import windows_at
 from features.sdk.columns import (
     AGE,
     CHECKED,
@@ -307,10 +309,6 @@ class HotReader:
         windows="request_time")`` computes them (:func:`features.sdk.asof.windows_at`, one
         Postgres read) for the entities found (``table``'s ``_found``); the others read the
         empty window, as from the tiles."""
-        from psycopg import errors
-
-        from features.sdk.asof import windows_at
-
         c = req.base.plan.c
         found = np.asarray(table.column(FOUND).to_numpy(zero_copy_only=False), dtype=np.bool_)
         ids = pa.array(req.ids, pa.string())
@@ -337,10 +335,6 @@ class HotReader:
         rows = np.flatnonzero(absent & found)
         if not len(rows):
             return values
-        from psycopg import errors
-
-        from features.sdk.asof import windows_at
-
         c = req.base.plan.c
         ids = pa.array([req.ids[i] for i in rows], pa.string())
         try:
