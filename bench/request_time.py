@@ -14,8 +14,8 @@ between events, after the last).
 Methods, in interleaved rounds (the order alternates each round), each printed as measured,
 then median and min/max per method and frame size, and the ratio of the medians:
 
-- ``event``: ``fs.historical("clicks", frame, AGGS)``, the aggregations as of the newest event
-  (the ``clicks__aggregates`` rows: the call without request-time windows);
+- ``event``: ``fs.historical("clicks", frame, AGGS, windows="event")``, the aggregations as of
+  the newest event (the ``clicks__aggregates`` rows: the call without request-time windows);
 - ``request_time``: the same call with ``windows="request_time"``: the windows evaluated at each
   row's time from the history table (``features.aggregate.request_time``).
 

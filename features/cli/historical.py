@@ -48,10 +48,11 @@ def add_parser(sub: Any) -> None:
                    help="the frame's as-of time column (default: timestamp)")
     p.add_argument("--max-age", default=None, metavar="DURATION",
                    help="ignore stored rows older than this before each row's time (7d, 12h, 30m, 45s)")
-    p.add_argument("--windows", choices=("event", "request-time"), default="event",
-                   help="what an aggregation column holds: its value as of the entity's newest event at or "
-                   "before the row's time (event, the default), or its window evaluated at the row's time "
-                   "over the history (request-time: a quiet entity's counts fall to 0; docs/aggregations.md)")
+    p.add_argument("--windows", choices=("request-time", "event"), default="request-time",
+                   help="what an aggregation column holds: its window evaluated at the row's time over the "
+                   "history (request-time, the default: what online reads serve at that time; a quiet "
+                   "entity's counts fall to 0), or its value as of the entity's newest event at or before "
+                   "the row's time (event; docs/aggregations.md)")
     p.add_argument("--chunk-rows", type=int, default=None, metavar="N",
                    help="frame rows per chunk: one history fetch and one output row group each "
                    "(default 1,000,000)")

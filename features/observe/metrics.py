@@ -536,6 +536,9 @@ class SdkMetrics:
                                "Entities found nowhere (returned as nulls with _found false; historical: no "
                                "row at or before the timestamp).", labels)
         self._errors = r.counter("featureline_sdk_errors_total", "SDK calls that raised.", labels)
+        self._history = r.counter("featureline_sdk_windows_from_history_total",
+                                  "Entities whose request-time windows were computed from the Postgres "
+                                  "history because their tiles hash was absent from Redis.", ["schema"])
         #: (schema, method) -> its children: a lookup then costs no label resolution. On
         #: prometheus_client a lookup's metrics cost ~1 µs more than on the hand-written
         #: registry they replaced (<1% of a ~170 µs call; bench/RESULTS.md, issue 21)
@@ -558,6 +561,10 @@ class SdkMetrics:
 
     def error(self, schema: str, method: SdkMethod) -> None:
         self._errors.labels(schema, method).inc()
+
+    def windows_from_history(self, schema: str, entities: int) -> None:
+        """``entities`` read their request-time windows from the history (no tiles hash)."""
+        self._history.labels(schema).inc(entities)
 
 
 __all__ = ["CONTENT_TYPE", "DEFAULT_HOST", "ROWS_BUCKETS", "SECONDS_BUCKETS", "AggregationMetrics",

@@ -235,6 +235,37 @@ class _Windows:
         return {name: values[name].take(take).cast(declared_type(self.c, name)) for name in self.names}
 
 
+def windows_at(store: Postgres, c: CompiledSchema, entity_ids: pa.Array, t_us: int,
+               names: list[str], *, read: npt.NDArray[np.bool_] | None = None) -> dict[str, pa.Array]:
+    """The aggregations ``names`` of ``c`` (hot or cold, any function) evaluated at one
+    request time ``t_us`` (epoch µs) for each of ``entity_ids`` (their text, as online
+    reads take them), over the history table's events: the computation of
+    ``historical(..., windows="request_time")`` (:class:`_Windows`, one read of the
+    entities' events in ``[t_us - longest window, t_us]``), one value per id in order,
+    in the declared types. An id with no history (or no value of the entity's type),
+    or not in ``read`` (a mask over ``entity_ids``; None: every id), reads the empty
+    window without a query; a null id reads null. The online reads' computation for an
+    entity whose tiles hash is absent and for the aggregations the tiles do not hold
+    (``features.sdk.hot``)."""
+    ids = entity_values(c, entity_ids)
+    windows = _Windows.of(c, names)
+    enc = ids.dictionary_encode()
+    n = len(ids)
+    ok = np.asarray(pc.is_valid(entity_ids)) if n else np.zeros(0, np.bool_)
+    known = np.asarray(pc.is_valid(enc.indices)) if n else np.zeros(0, np.bool_)
+    if read is not None:
+        known = known & read
+    codes = np.asarray(enc.indices.fill_null(0), dtype=np.int64)
+    t_q = np.full(n, t_us, dtype=np.int64)
+    spans = _spans(codes, t_q, known, len(enc.dictionary))
+    bounds = (t_us, t_us) if known.any() else None
+    hist = _fetch(store, c, cold_table_name(c.schema), enc.dictionary, [*windows.fields, DIGEST], bounds,
+                  windows.longest_us, spans)
+    # an id that is no value of the entity's type has no history: its own code, no events
+    codes = np.where(known, codes, len(enc.dictionary))
+    return windows.at(hist, codes, t_q, ok)
+
+
 #: A chunk's history is read in this many parts by entity, side by side (a connection
 #: each), once it has at least PARTS_FROM distinct entities, unless the call is one of
 #: several parallel reads already (a view's sources).
@@ -642,4 +673,4 @@ def _empty(types: dict[str, pa.DataType]) -> pa.Table:
                      **{n: pa.array([], t) for n, t in types.items()}})
 
 
-__all__ = ["CHUNK_ROWS", "as_of", "as_of_chunks"]
+__all__ = ["CHUNK_ROWS", "as_of", "as_of_chunks", "windows_at"]

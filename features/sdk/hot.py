@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
+from psycopg import errors
 
 from features.compile import CompiledSchema
 from features.compile.layout import (
@@ -29,7 +30,8 @@ from features.compile.layout import (
     from_text,
     reply_columns,
 )
-from features.errors import ConfigError, SinkError
+from features.errors import SinkError
+from features.sdk.asof import windows_at
 from features.sdk.columns import (
     AGE,
     CHECKED,
@@ -56,6 +58,7 @@ from features.sdk.online import (
     still_outdated,
 )
 from features.sdk.request_time import (
+    DEFAULT_WINDOWS,
     WindowedRequest,
     request_micros,
     request_time_windows,
@@ -89,7 +92,8 @@ class HotReader:
     read's default ``at``."""
 
     def __init__(self, connections: Connections, catalog: Catalog, versions: Versions, fallback: Fallback,
-                 *, use_fallback: bool, max_age: dt.timedelta | None, clock: Callable[[], float]) -> None:
+                 *, use_fallback: bool, max_age: dt.timedelta | None, clock: Callable[[], float],
+                 on_history: Callable[[str, int], None] | None = None) -> None:
         self.connections = connections
         self.catalog = catalog
         self.versions = versions
@@ -97,6 +101,9 @@ class HotReader:
         self.use_fallback = use_fallback
         self.max_age = max_age
         self.clock = clock
+        #: called with (schema, entities) after a request-time read computed the windows of
+        #: entities without a tiles hash from the history (the facade's metric)
+        self.on_history = on_history
         self._plans: dict[tuple[str, tuple[str, ...] | None], Plan] = {}
         self._tile_specs: dict[str, Any] = {}  # schema -> features.aggregate.tiles.TileSpec
 
@@ -151,12 +158,12 @@ class HotReader:
         return OnlineRequest(plan, ids, reads, lineage)
 
     def online(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None,
-               fallback: bool | None, max_age: dt.timedelta | None, windows: str = "event",
+               fallback: bool | None, max_age: dt.timedelta | None, windows: str = DEFAULT_WINDOWS,
                at: dt.datetime | None = None) -> Read:
         """``FeatureStore.online``: a table (``windows="request_time"``:
         :meth:`online_request_time`; ConfigError for a ``windows`` other than
         :data:`features.sdk.request_time.WINDOWS`, or ``at`` without request-time windows)."""
-        if request_time_windows(windows, at):
+        if self.windowed(schema, features, windows, at):
             return self.online_request_time(schema, entity_ids, features, fallback, max_age, at)
         since = time.monotonic()
         req = self.request(schema, entity_ids, features)
@@ -168,12 +175,12 @@ class HotReader:
         return Read(table, len(req.ids), from_pg, missed)
 
     def online_dicts(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None,
-                     fallback: bool | None, max_age: dt.timedelta | None, windows: str = "event",
+                     fallback: bool | None, max_age: dt.timedelta | None, windows: str = DEFAULT_WINDOWS,
                      at: dt.datetime | None = None) -> Read:
         """``FeatureStore.online_dicts``: one dict per id, no Arrow object when every id is
         in Redis (and fresh); ``windows="request_time"``: the rows of
         :meth:`online_request_time`'s table."""
-        if request_time_windows(windows, at):
+        if self.windowed(schema, features, windows, at):
             read = self.online_request_time(schema, entity_ids, features, fallback, max_age, at)
             return Read(read.value.to_pylist(), read.ids, read.from_pg, read.missed)
         since = time.monotonic()
@@ -186,27 +193,51 @@ class HotReader:
         return Read(table.to_pylist(), len(req.ids), from_pg, missed)
 
     async def online_async(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None,
-                           fallback: bool | None, max_age: dt.timedelta | None, windows: str = "event",
-                           at: dt.datetime | None = None) -> Read:
+                           fallback: bool | None, max_age: dt.timedelta | None,
+                           windows: str = DEFAULT_WINDOWS, at: dt.datetime | None = None) -> Read:
         """``FeatureStore.online_async``: redis.asyncio; decoding and the fallback in a
         worker thread (``windows="request_time"``: the tiles read in the same round trip)."""
         since = time.monotonic()
-        if request_time_windows(windows, at):
-            wreq = self.windowed_request(schema, entity_ids, features, at)
-            replies = await self.connections.redis_replies_async(wreq.reads)
-            table, from_pg, missed = await asyncio.to_thread(self.finish_windowed, wreq, replies, fallback,
-                                                             max_age, since)
-            return Read(table, len(wreq.ids), from_pg, missed)
-        req = self.request(schema, entity_ids, features)
+        req: OnlineRequest | WindowedRequest
+        if self.windowed(schema, features, windows, at):
+            req = self.windowed_request(schema, entity_ids, features, at)
+        else:
+            req = self.request(schema, entity_ids, features)
+        base = req.base if isinstance(req, WindowedRequest) else req
         for _ in range(UPGRADE_ATTEMPTS):
+            # every attempt reads the whole pipeline (a windowed read's tiles too) with
+            # redis.asyncio: the worker thread decodes, never reads Redis again itself
             replies = await self.connections.redis_replies_async(req.reads)
             try:
                 table, from_pg, missed = await asyncio.to_thread(
-                    self._finish, req, replies, fallback, max_age, since)
+                    self._finish_once, req, replies, fallback, max_age, since)
                 return Read(table, len(req.ids), from_pg, missed)
             except Outdated:  # hashes an earlier version wrote: rewritten, then read again
-                await asyncio.to_thread(self.versions.upgrade, req)
-        raise still_outdated(req)
+                await asyncio.to_thread(self.versions.upgrade, base)
+        raise still_outdated(base)
+
+    def _finish_once(self, req: OnlineRequest | WindowedRequest, replies: list[Any], fallback: bool | None,
+                     max_age: dt.timedelta | None, since: float) -> tuple[pa.Table, int, int]:
+        """:meth:`finish` without its upgrade loop: Outdated for hashes an earlier version
+        wrote (the async read rewrites them and reads again with redis.asyncio)."""
+        if isinstance(req, WindowedRequest):
+            return self.finish_windowed(req, replies, fallback, max_age, since, upgrade=False)
+        return self._finish(req, replies, fallback, max_age, since)
+
+    def windowed(self, schema: str, features: Sequence[str] | None, windows: str, at: dt.datetime | None
+                 ) -> bool:
+        """Whether an online call reads request-time windows: ``windows="request_time"``
+        (ConfigError for another value than :data:`features.sdk.request_time.WINDOWS`, or
+        ``at`` without it) and some hot aggregation is requested; a call that reads none
+        takes the per-event path, whose rows are the same (``at`` still checked)."""
+        if not request_time_windows(windows, at):
+            return False
+        plan = self.plan(schema, features)
+        if plan.aggs:
+            return True
+        if at is not None:
+            request_micros(plan.c, at, 0.0)  # a bad at is refused whatever the read
+        return False
 
     def windowed_request(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None,
                          at: dt.datetime | None, *, lineage: bool = False, now_s: float | None = None,
@@ -222,33 +253,97 @@ class HotReader:
         base = self.request(schema, entity_ids, [x for x in columns if x not in hot_aggs], lineage)
         t_us = request_micros(c, at, self.clock() if now_s is None else now_s)
         if not aggs:
-            return WindowedRequest(base, None, columns, lenient)
-        tspec = self._tile_specs.get(c.name)
-        if tspec is None:
-            tspec = self._tile_specs[c.name] = tile_spec(c)
-        held = {a.name for a in tspec.spec.aggregations.features}
-        if any(x not in held for x in aggs):
-            missing = ", ".join(x for x in aggs if x not in held)
-            raise ConfigError(f"windows='request_time' does not serve {missing} online yet "
-                              "(approx_count_distinct/approx_percentile are not in the tiles); "
-                              "name the other aggregations in features=", key="features")
-        return WindowedRequest(base, tile_read(tspec, c, base.ids, t_us, self.connections.key_prefix),
-                               columns, lenient)
+            return WindowedRequest(base, None, columns, lenient, (), t_us)
+        if c.name not in self._tile_specs:
+            self._tile_specs[c.name] = tile_spec(c)
+        tspec = self._tile_specs[c.name]
+        held = {a.name for a in tspec.spec.aggregations.features} if tspec is not None else set()
+        # the aggregations the tiles do not hold (the sketches): from the history, exactly
+        history = tuple(x for x in aggs if x not in held)
+        tiles = (tile_read(tspec, c, base.ids, t_us, self.connections.key_prefix)
+                 if tspec is not None and len(history) < len(aggs) else None)
+        return WindowedRequest(base, tiles, columns, lenient, history, t_us, at is None)
 
     def finish_windowed(self, req: WindowedRequest, replies: list[Any], fallback: bool | None,
-                        max_age: dt.timedelta | None, since: float) -> tuple[pa.Table, int, int]:
+                        max_age: dt.timedelta | None, since: float, *, upgrade: bool = True
+                        ) -> tuple[pa.Table, int, int]:
         """:meth:`finish` of a :class:`WindowedRequest`: the features as ``online``
-        finishes them, then the aggregations from the tiles."""
+        finishes them (``upgrade``: hashes an earlier version wrote rewritten and read
+        again; else Outdated is raised), then the aggregations from the tiles; an entity
+        found (in Redis or by the fallback) whose tiles hash is absent has its windows
+        computed from the history instead (:meth:`history_windows`)."""
         base, tiles = req.split(replies)
         rows = (small_rows(req.base, base) if len(req.ids) <= SMALL_CALL and not req.base.lineage
                 else None)
         if rows is not None:  # every id in Redis, fresh: no Arrow decoding of the features
             table, from_pg, missed = pa.Table.from_pylist(rows, req.base.plan.result), 0, 0
-        else:
+        elif upgrade:
             table, from_pg, missed = self.finish(req.base, base, fallback, max_age, since)
+        else:
+            table, from_pg, missed = self._finish(req.base, base, fallback, max_age, since)
+        absent = np.zeros(len(tiles), np.bool_)
+        if req.tiles is not None:
+            # a tiles hash written with another layout (another version of the aggregations)
+            # is of no use to this reader: read like an absent one, from the history
+            sig = req.tiles.tspec.signature.encode()
+            absent = np.fromiter(((r[0] is None and r[1] is None) or (r[1] is not None and r[1] != sig)
+                                  for r in tiles), dtype=np.bool_, count=len(tiles))
+            if req.clocked and not req.lenient:  # the clock behind an entity's events: its history
+                late = req.t_us + req.tiles.tspec.spec.lateness_us
+                absent |= np.fromiter((r[0] is not None and int(r[0]) > late for r in tiles), dtype=np.bool_,
+                                      count=len(tiles))
+            if absent.any():
+                tiles = [[None] * len(r) if a else r for r, a in zip(tiles, absent.tolist(), strict=True)]
         values = windowed_values(req, tiles)
+        if values:
+            values = self.history_windows(req, absent, table, values)
+        if req.history:
+            values.update(self.untiled_windows(req, table))
         entity = str(req.base.plan.c.schema.entity)
         return with_windows(table, entity, req.columns, set(values), values), from_pg, missed
+
+    def untiled_windows(self, req: WindowedRequest, table: pa.Table) -> dict[str, pa.Array]:
+        """The requested hot aggregations the tiles do not hold (``req.history``: the
+        sketches ``approx_count_distinct``/``approx_percentile`` and ratios of them) at the
+        request time, computed from the history table as ``historical(...,
+        windows="request_time")`` computes them (:func:`features.sdk.asof.windows_at`, one
+        Postgres read) for the entities found (``table``'s ``_found``); the others read the
+        empty window, as from the tiles."""
+        c = req.base.plan.c
+        found = np.asarray(table.column(FOUND).to_numpy(zero_copy_only=False), dtype=np.bool_)
+        ids = pa.array(req.ids, pa.string())
+        try:
+            return windows_at(self.connections, c, ids, req.t_us, list(req.history), read=found)
+        except errors.UndefinedTable:  # no history table: every window is empty
+            return windows_at(self.connections, c, ids, req.t_us, list(req.history),
+                              read=np.zeros(len(found), np.bool_))
+
+    def history_windows(self, req: WindowedRequest, absent: npt.NDArray[np.bool_], table: pa.Table,
+                        values: dict[str, pa.Array]) -> dict[str, pa.Array]:
+        """``values`` (the windows read from the tiles) with the entities whose tiles hash
+        is ``absent`` (or of another layout) but that were found (``table``'s ``_found``:
+        their entity hash in Redis, or their row by the Postgres fallback) computed from
+        the history table at the request time instead, as ``historical(...,
+        windows="request_time")`` computes them (:func:`features.sdk.asof.windows_at`: one
+        Postgres read for all of them). An entity loaded before tiles existed, whose tiles
+        Redis lost, or whose tiles an earlier version of the aggregations wrote, so never
+        reads an empty window it does not have; an entity found nowhere keeps the empty
+        window (no query). The tiles are not written back here (docs/aggregations.md, "Missing
+        tiles"). Counted through ``on_history``."""
+        assert req.tiles is not None
+        found = np.asarray(table.column(FOUND).to_numpy(zero_copy_only=False), dtype=np.bool_)
+        rows = np.flatnonzero(absent & found)
+        if not len(rows):
+            return values
+        c = req.base.plan.c
+        ids = pa.array([req.ids[i] for i in rows], pa.string())
+        try:
+            got = windows_at(self.connections, c, ids, req.tiles.t_us, list(values))
+        except errors.UndefinedTable:  # no history table (Redis written, Postgres elsewhere)
+            return values
+        if self.on_history is not None:
+            self.on_history(c.name, len(rows))
+        return {name: scatter(arr, rows, got[name]) for name, arr in values.items()}
 
     def online_request_time(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None,
                             fallback: bool | None, max_age: dt.timedelta | None, at: dt.datetime | None

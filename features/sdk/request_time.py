@@ -22,6 +22,10 @@ from features.sdk.online import OnlineRequest
 #: what an online read's aggregation columns hold: as of the entity's newest event, or
 #: evaluated at the request time (``historical``, ``online`` and the views alike)
 WINDOWS = ("event", "request_time")
+#: the default of every read (``online``, the views, HTTP, ``historical``, the CLI): a
+#: window is evaluated at the time it is read, so that online, views and training rows
+#: agree and a quiet entity decays (docs/aggregations.md, "Windows at request time")
+DEFAULT_WINDOWS = "request_time"
 
 
 def request_time_windows(windows: str, at: Any) -> bool:
@@ -47,13 +51,10 @@ class TileRead:
     t_us: int
 
 
-def tile_spec(c: CompiledSchema) -> TileSpec:
-    """The schema's tiles (ConfigError when it has no hot windowed aggregation)."""
-    tspec = TileSpec.of(AggSpec.of(c.schema))
-    if tspec is None:
-        raise ConfigError(f"schema {c.name!r} has no aggregation stored hot: windows='request_time' reads "
-                          "the hot aggregations' tiles", key="windows")
-    return tspec
+def tile_spec(c: CompiledSchema) -> TileSpec | None:
+    """The schema's tiles (None when its tiles hold no aggregation: none is stored hot, or
+    every hot one is a sketch, whose windows the online read computes from the history)."""
+    return TileSpec.of(AggSpec.of(c.schema))
 
 
 def request_micros(c: CompiledSchema, at: Any, now_s: float) -> int:
@@ -111,12 +112,20 @@ class WindowedRequest:
     aggregation is asked for) the aggregations' tiles hashes at the request time, sent
     last in the same pipeline. ``lenient``: an entity whose newest event is more than the
     allowed lateness after the request time reads the empty window instead of raising
-    (a view re-reads such rows as ``historical`` at that time)."""
+    (a view re-reads such rows as ``historical`` at that time). ``history``: the requested
+    hot aggregations the tiles do not hold (the sketches, a ratio of one), computed from
+    the history table at ``t_us`` for the entities the read finds."""
 
     base: OnlineRequest
     tiles: TileRead | None
     columns: list[str]              # the requested features and aggregations, in result order
     lenient: bool = False
+    history: tuple[str, ...] = ()
+    t_us: int = 0                   # the request time, epoch microseconds
+    #: the request time is the clock's (no ``at=``): an entity whose newest event is more
+    #: than the allowed lateness after it (events stamped ahead of the clock) is read from
+    #: the history, exactly, instead of raising (a default call never refuses)
+    clocked: bool = False
 
     @property
     def ids(self) -> list[str]:
@@ -149,5 +158,5 @@ def windowed_values(req: WindowedRequest, tile_replies: list[Any]) -> dict[str, 
     return window_values(read, tile_replies, req.base.plan.c)
 
 
-__all__ = ["WINDOWS", "TileRead", "WindowedRequest", "request_micros", "request_time_windows", "tile_read",
-           "tile_spec", "window_values", "windowed_values"]
+__all__ = ["DEFAULT_WINDOWS", "WINDOWS", "TileRead", "WindowedRequest", "request_micros",
+           "request_time_windows", "tile_read", "tile_spec", "window_values", "windowed_values"]

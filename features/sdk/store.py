@@ -46,7 +46,7 @@ from features.sdk.fallback import Fallback
 from features.sdk.hot import HotReader, Read
 from features.sdk.online import OnlineRequest
 from features.sdk.redis_read import RawPool
-from features.sdk.request_time import WindowedRequest, request_time_windows
+from features.sdk.request_time import DEFAULT_WINDOWS, WindowedRequest, request_time_windows
 from features.sdk.upgrade import Versions
 from features.sdk.write import write
 from features.validation import validate
@@ -112,10 +112,11 @@ class FeatureStore:
         self.negative_ttl = negative_ttl
         self.cold = ColdReader(self.connections, self.catalog, self.versions)
         self._fallback = Fallback(self)  # reads this store's settings and its newest_rows
-        self.hot = HotReader(self.connections, self.catalog, self.versions, self._fallback,
-                             use_fallback=fallback, max_age=max_age, clock=self.now)
         self.registry = registry if registry is not None else Registry()
         self._metrics = SdkMetrics(self.registry)
+        self.hot = HotReader(self.connections, self.catalog, self.versions, self._fallback,
+                             use_fallback=fallback, max_age=max_age, clock=self.now,
+                             on_history=self._metrics.windows_from_history)
         #: the metrics endpoint (``metrics_port``), or None
         self.metrics_server: MetricsServer | None = (
             MetricsServer(self.registry, metrics_port, metrics_host) if metrics_port is not None else None)
@@ -280,8 +281,8 @@ class FeatureStore:
         return self.hot.finish(req, replies, fallback, max_age, since)
 
     def online(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None = None, *,
-               fallback: bool | None = None, max_age: dt.timedelta | None = None, windows: str = "event",
-               at: dt.datetime | None = None) -> pa.Table:
+               fallback: bool | None = None, max_age: dt.timedelta | None = None,
+               windows: str = DEFAULT_WINDOWS, at: dt.datetime | None = None) -> pa.Table:
         """The latest features of ``entity_ids``: one row per id, in request order.
 
         Columns: the entity, the requested features and aggregations (default: every hot
@@ -299,12 +300,15 @@ class FeatureStore:
         raises for a missing id.
 
         ``windows`` says what an aggregation column holds, as for :meth:`historical`:
-        ``"event"`` (the default) the value as of the entity's newest event;
-        ``"request_time"`` its window evaluated at ``at`` (default: now, :meth:`now`), read
-        from the entity's tiles (docs/aggregations.md, "Windows at request time"; the same
-        values as ``historical(..., windows="request_time")`` at that time; written by batch
-        loads and the stream job). ``at`` must not be more than the schema's allowed lateness
-        before the entity's newest event (ConfigError: read such times with ``historical``).
+        ``"request_time"`` (the default) its window evaluated at ``at`` (default: now,
+        :meth:`now`), read from the entity's tiles (docs/aggregations.md, "Windows at request
+        time"; the same values as ``historical`` gives at that time, so a quiet entity's
+        counts decay; written by batch loads and the stream job; an entity whose tiles hash
+        is absent, and the sketches the tiles do not hold, computed from the Postgres
+        history); ``"event"`` the value as of the entity's newest event (what the hot store
+        holds; no decay). ``at`` must not be more than the schema's allowed lateness before
+        the entity's newest event (ConfigError: read such times with ``historical``; without
+        ``at``, such an entity is read from the history at the clock's time instead).
         """
         out: pa.Table = self._counted(self.catalog.schema_label, schema, "online", lambda: self.hot.online(
             schema, entity_ids, features, fallback, max_age, windows, at))
@@ -312,7 +316,7 @@ class FeatureStore:
 
     def online_dicts(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None = None,
                      *, fallback: bool | None = None, max_age: dt.timedelta | None = None,
-                     windows: str = "event", at: dt.datetime | None = None) -> list[dict[str, Any]]:
+                     windows: str = DEFAULT_WINDOWS, at: dt.datetime | None = None) -> list[dict[str, Any]]:
         """:meth:`online` as one dict per id (``online(...).to_pylist()``: the same keys,
         values and decoding rules), for scoring services that read a few entities per
         request: when every id is in Redis (and fresh) no Arrow object is made at all,
@@ -327,7 +331,7 @@ class FeatureStore:
 
     async def online_async(self, schema: str, entity_ids: Sequence[Any],
                            features: Sequence[str] | None = None, *, fallback: bool | None = None,
-                           max_age: dt.timedelta | None = None, windows: str = "event",
+                           max_age: dt.timedelta | None = None, windows: str = DEFAULT_WINDOWS,
                            at: dt.datetime | None = None) -> pa.Table:
         """:meth:`online` for asyncio model servers (redis.asyncio; the Postgres fallback
         runs in a worker thread, shared with concurrent callers as in :meth:`online`);
@@ -367,7 +371,7 @@ class FeatureStore:
 
     def historical(self, schema: str, entity_df: Any, features: Sequence[str] | None = None, *,
                    timestamp_column: str = "timestamp", max_age: dt.timedelta | None = None,
-                   windows: str = "event") -> pa.Table:
+                   windows: str = DEFAULT_WINDOWS) -> pa.Table:
         """Point-in-time-correct training rows: for each row of ``entity_df`` (an Arrow
         table or a pandas DataFrame with the entity column and ``timestamp_column``, a
         zoned timestamp, or a naive one when the schema's event time is naive: then both
@@ -379,12 +383,13 @@ class FeatureStore:
         row's event time, typed as :func:`event_time_type` says; null where nothing
         qualifies). A naive time against a zoned or date event time raises ConfigError.
 
-        ``windows`` says what an aggregation column holds: ``"event"`` (the default) the
-        ``<schema>__aggregates`` row of the entity's newest aggregated event at or before
-        the timestamp, the value the online store served at that time (not the window
-        re-evaluated at the timestamp); ``"request_time"`` the window evaluated at the
-        row's timestamp over the history table's events (docs/aggregations.md, "Windows
-        at request time": a quiet entity's count falls to 0), ``max_age`` not applied to it.
+        ``windows`` says what an aggregation column holds: ``"request_time"`` (the
+        default) the window evaluated at the row's timestamp over the history table's
+        events (docs/aggregations.md, "Windows at request time": a quiet entity's count
+        falls to 0; what the default :meth:`online` serves at that time), ``max_age`` not
+        applied to it; ``"event"`` the ``<schema>__aggregates`` row of the entity's newest
+        aggregated event at or before the timestamp (the hot store's per-event value then,
+        not the window re-evaluated at the timestamp).
         """
         request_time = request_time_windows(windows, None)
 
@@ -414,7 +419,7 @@ class FeatureStore:
         return got
 
     def online_view(self, view: str, rows: Any, *, lineage: bool = False, fallback: bool | None = None,
-                    windows: str = "event", at: dt.datetime | None = None) -> pa.Table:
+                    windows: str = DEFAULT_WINDOWS, at: dt.datetime | None = None) -> pa.Table:
         """View ``view`` for each request row (a list of dicts, an Arrow table or a pandas
         DataFrame holding the view's request keys and fields): one result row per request
         row, in order. Columns: the request keys and fields, every source's features under
@@ -426,18 +431,19 @@ class FeatureStore:
         that breaks the view's rules raises :class:`features.errors.RequestRejected` with
         every field error (docs/views.md).
 
-        ``windows="request_time"``: every source's aggregations are their windows at the
-        call's instant, ``at`` (default: :meth:`now`; it is then the view's instant for
-        ``max_age``, ``request_time`` and the rows newer than it too), as :meth:`online`
-        reads them: the same row ``historical_view(..., windows="request_time")`` gives at
-        that time (docs/views.md, "Windows at request time")."""
+        ``windows="request_time"`` (the default): every source's aggregations are their
+        windows at the call's instant, ``at`` (default: :meth:`now`; it is then the view's
+        instant for ``max_age``, ``request_time`` and the rows newer than it too), as
+        :meth:`online` reads them: the same row ``historical_view`` gives at that time
+        (docs/views.md, "Windows at request time"); ``windows="event"``: their values as of
+        each entity's newest event."""
         out = self._view_call(view, "online_view", lambda cv: views.online(
             self, cv, rows, lineage=lineage, fallback=fallback, windows=windows, at=at))
         assert isinstance(out, pa.Table)
         return out
 
     def online_view_dicts(self, view: str, rows: Any, *, lineage: bool = False,
-                          fallback: bool | None = None, windows: str = "event",
+                          fallback: bool | None = None, windows: str = DEFAULT_WINDOWS,
                           at: dt.datetime | None = None) -> list[dict[str, Any]]:
         """:meth:`online_view` as one dict per request row (the same keys and values)."""
         out = self._view_call(view, "online_view_dicts", lambda cv: views.online(
@@ -446,7 +452,7 @@ class FeatureStore:
         return out
 
     async def online_view_async(self, view: str, rows: Any, *, lineage: bool = False,
-                                fallback: bool | None = None, windows: str = "event",
+                                fallback: bool | None = None, windows: str = DEFAULT_WINDOWS,
                                 at: dt.datetime | None = None) -> pa.Table:
         """:meth:`online_view` for asyncio callers (redis.asyncio; decoding, the Postgres
         fallback and the request-time features in a worker thread)."""
@@ -459,7 +465,7 @@ class FeatureStore:
         return table
 
     def historical_view(self, view: str, entity_df: Any, *, timestamp_column: str = "timestamp",
-                        windows: str = "event") -> pa.Table:
+                        windows: str = DEFAULT_WINDOWS) -> pa.Table:
         """Point-in-time rows of view ``view``: for each row of ``entity_df`` (Arrow or
         pandas, with the view's request keys and fields and ``timestamp_column``; any other
         column, labels, passed through), each source's values as ``historical`` gives them
@@ -467,9 +473,9 @@ class FeatureStore:
         computed as :meth:`online_view` computes them. Columns: ``entity_df``'s, the
         fetched features, the request-time features, per source ``<alias>._found`` and
         ``<alias>._event_time``. Bad request fields raise RequestRejected. ``windows`` as
-        for :meth:`historical`: ``"request_time"`` evaluates every source's aggregations
-        at the row's timestamp (what :meth:`online_view` with ``windows="request_time"``
-        served at that instant)."""
+        for :meth:`historical`: ``"request_time"`` (the default) evaluates every source's
+        aggregations at the row's timestamp (what :meth:`online_view` served at that
+        instant), ``"event"`` reads their per-event values."""
         return self._view_call(view, "historical_view", lambda cv: views.historical(
             self, cv, entity_df, timestamp_column=timestamp_column, windows=windows))
 

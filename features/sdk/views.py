@@ -38,7 +38,7 @@ from features.compile.layout import hot_columns
 from features.errors import ConfigError, RequestRejected
 from features.sdk.columns import EVENT_TIME, FOUND, FROM
 from features.sdk.online import LINEAGE_FIELDS, SMALL_CALL, OnlineRequest, small_rows
-from features.sdk.request_time import WindowedRequest, request_time_windows
+from features.sdk.request_time import DEFAULT_WINDOWS, WindowedRequest, request_time_windows
 from features.validation.sure import checkers, sure_rows
 from features.views.model import REQUEST_TIME
 
@@ -67,7 +67,7 @@ class Store(Protocol):
     def schema(self, name: str) -> CompiledSchema: ...
     def historical(self, schema: str, entity_df: Any, features: Sequence[str] | None = None, *,
                    timestamp_column: str = "timestamp", max_age: dt.timedelta | None = None,
-                   windows: str = "event") -> pa.Table: ...
+                   windows: str = DEFAULT_WINDOWS) -> pa.Table: ...
     def online_request(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None,
                         lineage: bool = False) -> OnlineRequest: ...
     def windowed_request(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None,
@@ -238,6 +238,28 @@ _CHECKS: dict[str, Any] = {}
 _NO_CHECKS: Any = object()
 
 
+def _windows(store: Store, cv: CompiledView, windows: str, at: dt.datetime | None) -> str:
+    """``windows`` for an online call of ``cv``, but ``"event"`` for a request-time call
+    without ``at`` of a view that reads no aggregation: its rows are the same either way,
+    and the per-event path keeps the small-call shortcut."""
+    if windows != "request_time" or at is not None:
+        return windows
+    schemas = [store.schema(source.schema) for source in cv.sources]
+    key = (cv.fingerprint, *(c.fingerprint for c in schemas))
+    reads = _READS_WINDOWS.get(key)
+    if reads is None:
+        if len(_READS_WINDOWS) > 1024:
+            _READS_WINDOWS.clear()
+        reads = _READS_WINDOWS[key] = any(
+            f in {*_aggregation_names(c, "hot"), *_aggregation_names(c, "cold")}
+            for source, c in zip(cv.sources, schemas, strict=True) for f in source.features)
+    return windows if reads else "event"
+
+
+#: per (view fingerprint, its sources' schema fingerprints): whether it reads an aggregation
+_READS_WINDOWS: dict[tuple[str, ...], bool] = {}
+
+
 class _Instant:
     """An online view call's instant: with ``windows="request_time"`` one instant for the
     whole call, ``at`` (naive: UTC) or else the store's clock once; otherwise the store's
@@ -279,22 +301,23 @@ def _plan_for(store: Store, cv: CompiledView, rows: Any, lineage: bool, instant:
 
 
 def online(store: Store, cv: CompiledView, rows: Any, *, lineage: bool = False,
-           fallback: bool | None = None, as_dicts: bool = False, windows: str = "event",
+           fallback: bool | None = None, as_dicts: bool = False, windows: str = DEFAULT_WINDOWS,
            at: dt.datetime | None = None) -> pa.Table | list[dict[str, Any]]:
     """See :meth:`features.sdk.store.FeatureStore.online_view`; ``as_dicts``: the rows
     as dicts (:meth:`~features.sdk.store.FeatureStore.online_view_dicts`), made without
     Arrow when a few rows were all in Redis and the view has no request-time features."""
-    plan = _plan_for(store, cv, rows, lineage, _Instant(store, windows, at), as_dicts)
+    instant = _Instant(store, _windows(store, cv, windows, at), at)
+    plan = _plan_for(store, cv, rows, lineage, instant, as_dicts)
     since = time.monotonic()
     return _finish(store, plan, store.redis_replies(plan.reads), fallback, since, as_dicts)
 
 
 async def online_async(store: Store, cv: CompiledView, rows: Any, *, lineage: bool = False,
-                       fallback: bool | None = None, windows: str = "event", at: dt.datetime | None = None
-                       ) -> pa.Table:
+                       fallback: bool | None = None, windows: str = DEFAULT_WINDOWS,
+                       at: dt.datetime | None = None) -> pa.Table:
     """:func:`online` for asyncio callers: the Redis round trip on redis.asyncio, the rest
     (decoding, the Postgres fallback, the derivation) in a worker thread."""
-    plan = _plan_for(store, cv, rows, lineage, _Instant(store, windows, at))
+    plan = _plan_for(store, cv, rows, lineage, _Instant(store, _windows(store, cv, windows, at), at))
     since = time.monotonic()
     replies = await store.redis_replies_async(plan.reads)
     out = await asyncio.to_thread(_finish, store, plan, replies, fallback, since, False)
@@ -496,7 +519,7 @@ def _assemble(cv: CompiledView, table: pa.Table, fetched: dict[str, pa.Array],
 
 
 def historical(store: Store, cv: CompiledView, entity_df: Any, *, timestamp_column: str = "timestamp",
-               windows: str = "event") -> pa.Table:
+               windows: str = DEFAULT_WINDOWS) -> pa.Table:
     """See :meth:`features.sdk.store.FeatureStore.historical_view`."""
     request_time_windows(windows, None)
     if not isinstance(entity_df, pa.Table):

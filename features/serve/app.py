@@ -370,9 +370,10 @@ class IngestApp:
     async def _view_online(self, method: str, path: str, headers: dict[bytes, bytes], receive: Receive,
                            request_id: str) -> Response:
         """``POST /v1/views/{name}/online`` (docs/views.md, "Over HTTP"): ``{"rows": [{key:
-        value, ...}, ...], "lineage": false, "windows": "event", "at": null}`` -> 200
-        ``{"view", "version", "rows": [...]}`` (``"windows": "request_time"``: the
-        aggregations' windows at ``at``, an ISO 8601 time, default now); 400 a body that
+        value, ...}, ...], "lineage": false, "windows": "request_time", "at": null}`` -> 200
+        ``{"view", "version", "rows": [...]}`` (``"windows"``: ``"request_time"``, the
+        default, the aggregations' windows at ``at``, an ISO 8601 time, default now;
+        ``"event"`` their values as of each entity's newest event); 400 a body that
         is no such object (or a bad ``windows``/``at``), 404 an unknown view, 413 over the body limit or
         ``--max-view-rows``, 415 not JSON, 422 request rows the view refuses (the first
         ``--max-errors`` field errors), 503 a store down (retry). Everything past reading the
@@ -406,8 +407,10 @@ class IngestApp:
             return Response(400, {"error": str(exc)})
         n = len(request.rows)
         try:
-            out = self.store.online_view_dicts(name, request.rows, lineage=request.lineage,
-                                               windows=request.windows, at=request.at)
+            # no "windows" in the body: the SDK's default (request time)
+            windows = {} if request.windows is None else {"windows": request.windows}
+            out = self.store.online_view_dicts(name, request.rows, lineage=request.lineage, at=request.at,
+                                               **windows)
         except RequestRejected as exc:
             return Response(422, {"error": str(exc).splitlines()[0], "rejected": exc.rejected,
                                   **bounded_errors(exc.errors, self.max_errors)},

@@ -184,18 +184,20 @@ def is_json(content_type: str | None) -> bool:
 @dataclass(frozen=True)
 class ViewRequest:
     """A view request's body, read: its rows (dicts as JSON gives them), ``lineage``,
-    ``windows`` (checked by the read) and ``at`` (the request time, parsed)."""
+    ``windows`` (checked by the read; None: absent, the SDK's default, ``"request_time"``)
+    and ``at`` (the request time, parsed)."""
 
     rows: list[dict[str, Any]]
     lineage: bool
-    windows: str = "event"
+    windows: str | None = None
     at: dt.datetime | None = None
 
 
 def read_view_request(body: bytes, content_type: str | None, max_rows: int) -> ViewRequest:
-    """``{"rows": [{...}, ...], "lineage": false, "windows": "event", "at": null}`` ->
-    :class:`ViewRequest` (``windows``: ``"event"`` or ``"request_time"``, checked by the
-    read; ``at``: an ISO 8601 time, the request time of ``"request_time"``).
+    """``{"rows": [{...}, ...], "lineage": false, "windows": "request_time", "at": null}``
+    -> :class:`ViewRequest` (``windows``: ``"request_time"``, the default when absent, or
+    ``"event"``, checked by the read; ``at``: an ISO 8601 time, the request time of
+    ``"request_time"``).
 
     Raises UnsupportedType for a Content-Type other than JSON, TooManyRecords as soon as
     the body holds more than ``max_rows + 1`` JSON objects (the rows and the body itself:
@@ -236,8 +238,8 @@ def read_view_request(body: bytes, content_type: str | None, max_rows: int) -> V
     if "\\u" in text and _SURROGATE.search(json.dumps(value, ensure_ascii=False)):
         raise BadBody("a string in the body holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff "
                       "escape): it is no Unicode text")
-    windows = value.get("windows", "event")
-    if not isinstance(windows, str):
+    windows = value.get("windows")
+    if windows is not None and not isinstance(windows, str):
         raise BadBody(f'"windows" must be "event" or "request_time", got {json.dumps(windows)[:40]}')
     at = value.get("at")
     if at is not None:

@@ -225,7 +225,7 @@ def test_load_stream_migrate_read_every_entity_then_load_under_v2(
     # a reader with the v2 file before the migration: a clear error naming the command
     with FeatureStore(redis_url=url, postgres_dsn=settings.postgres_dsn, schemas=files["v2"],
                       search_path=pg_schema) as fs, pytest.raises(SinkError, match="features migrate"):
-        fs.online_dicts("evo_readings", every[:3])
+        fs.online_dicts("evo_readings", every[:3], windows="event")
 
     applied = _cli(["migrate", str(files["v2"]), "--apply", "--chunk", "7"], env)
     assert applied.returncode == 0, applied.stderr
@@ -241,8 +241,9 @@ def test_load_stream_migrate_read_every_entity_then_load_under_v2(
     history = _history(settings, pg_schema, every)
     with FeatureStore(redis_url=url, postgres_dsn=settings.postgres_dsn, schemas=files["v2"],
                       search_path=pg_schema, fallback=False) as fs:
-        got = {r["patient"]: r for r in fs.online_dicts("evo_readings", every)}
-        small = fs.online_dicts("evo_readings", every[:4])  # the small-call path decodes in Python
+        got = {r["patient"]: r for r in fs.online_dicts("evo_readings", every, windows="event")}
+        # the small-call path decodes in Python
+        small = fs.online_dicts("evo_readings", every[:4], windows="event")
     assert all(r["_from"] == "redis" for r in got.values()), "every entity is still served from Redis"
     for r in small:
         assert {**r, "_age_seconds": 0} == {**got[r["patient"]], "_age_seconds": 0}
@@ -265,7 +266,7 @@ def test_load_stream_migrate_read_every_entity_then_load_under_v2(
     assert s2.adds_up and s2.stored == len(more)
     with FeatureStore(redis_url=url, postgres_dsn=settings.postgres_dsn, schemas=files["v2"],
                       search_path=pg_schema) as fs:
-        rows = fs.online_dicts("evo_readings", batch_ids[:10])
+        rows = fs.online_dicts("evo_readings", batch_ids[:10], windows="event")
     assert all(r["glucose"] == 123.456789012345 for r in rows)
 
 
@@ -309,14 +310,14 @@ def test_the_diffs_own_sql_applied_by_hand_keeps_reads_fills_and_prewarm_working
     history = _history(settings, pg_schema, ids)
     with FeatureStore(redis_url=url, postgres_dsn=settings.postgres_dsn, schemas=files["v2"],
                       search_path=pg_schema) as fs:
-        rows = fs.online_dicts("evo_readings", ids)
+        rows = fs.online_dicts("evo_readings", ids, windows="event")
         assert [r["glucose"] for r in rows] == [history[i]["glucose"] for i in ids]
         assert all(r["unit"] == "mg/dL" and r["_from"] == "redis" for r in rows)
         redis.Redis.from_url(url).flushdb()
         assert fs.prewarm("evo_readings", ids=ids[:10])["written"] == 20  # entity + aggregates hashes
-        filled = fs.online_dicts("evo_readings", ids)  # ids[10:] by the read-through fill
+        filled = fs.online_dicts("evo_readings", ids, windows="event")  # ids[10:] by the read-through fill
         assert [r["glucose"] for r in filled] == [history[i]["glucose"] for i in ids]
-        assert fs.online_dicts("evo_readings", ids)[0]["_from"] == "redis"
+        assert fs.online_dicts("evo_readings", ids, windows="event")[0]["_from"] == "redis"
     assert set(_redis_fingerprints(url)) == {v2.fingerprint}
     del v1
 
@@ -375,7 +376,8 @@ def test_recompute_gives_a_new_aggregation_and_derived_feature_the_values_of_a_f
                       search_path=pg_schema, fallback=False) as fs, \
             FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn, schemas=v3_file,
                          search_path=second_pg_schema, key_prefix=redis_prefix, fallback=False) as ref:
-        mine, want = fs.online_dicts("evo_readings", ids), ref.online_dicts("evo_readings", ids)
+        mine = fs.online_dicts("evo_readings", ids, windows="event")
+        want = ref.online_dicts("evo_readings", ids, windows="event")
     assert all(r["_from"] == "redis" for r in mine)
     assert [{k: v for k, v in r.items() if k not in lineage} for r in mine] == [
         {k: v for k, v in r.items() if k not in lineage} for r in want]
@@ -407,7 +409,7 @@ def test_migrate_rewrites_every_hash_on_a_redis_cluster(
         finally:
             up.close()
         assert rewritten == 2 * len(ids)
-        rows = fs.online_dicts("evo_readings", ids)
+        rows = fs.online_dicts("evo_readings", ids, windows="event")
     history = _history(settings, pg_schema, ids)
     assert [r["glucose"] for r in rows] == [history[i]["glucose"] for i in ids]
     assert all(r["_from"] == "redis" and r["unit"] == "mg/dL" for r in rows)
@@ -443,7 +445,7 @@ def test_a_cold_field_added_by_the_diffs_sql_leaves_online_reads_and_health_work
     assert pending.returncode == 1 and "hold 1.0.0" in pending.stdout and "features migrate" in pending.stdout
     with FeatureStore(redis_url=url, postgres_dsn=settings.postgres_dsn, schemas=new, search_path=pg_schema,
                       fallback=False) as fs:
-        rows = fs.online_dicts("evo_readings", ["a", "b", "c"])
+        rows = fs.online_dicts("evo_readings", ["a", "b", "c"], windows="event")
     assert all(r["_found"] and r["_from"] == "redis" for r in rows)
     health = _cli(["health", "--schemas-dir", str(new)], env)
     line = next(x for x in health.stdout.splitlines() if "evo_readings" in x)
@@ -474,7 +476,8 @@ def test_a_rename_allowed_by_a_rule_carries_the_hot_value_over(
         newest[r["patient"]] = r["device"]
     with FeatureStore(redis_url=url, postgres_dsn=settings.postgres_dsn, schemas=ren, search_path=pg_schema,
                       fallback=False) as fs:
-        got = {r["patient"]: r["sensor"] for r in fs.online_dicts("evo_readings", sorted(newest))}
+        got = {r["patient"]: r["sensor"]
+               for r in fs.online_dicts("evo_readings", sorted(newest), windows="event")}
     assert got == newest
     client = redis.Redis.from_url(url)
     assert client.hget("features:evo_readings:{r1}", "device") is None
@@ -523,7 +526,7 @@ def test_the_pyflink_job_before_and_after_a_migration(
     history = _history(settings, pg_schema, every)
     with FeatureStore(redis_url=url, postgres_dsn=settings.postgres_dsn, schemas=files["v2"],
                       search_path=pg_schema, fallback=False) as fs:
-        rows = {r["patient"]: r for r in fs.online_dicts("evo_readings", every)}
+        rows = {r["patient"]: r for r in fs.online_dicts("evo_readings", every, windows="event")}
     for e in every:
         assert rows[e]["_from"] == "redis" and rows[e]["_event_time"] == history[e]["read_at"], e
         assert rows[e]["glucose"] == history[e]["glucose"] and rows[e]["unit"] == history[e]["unit"], e
@@ -549,8 +552,8 @@ def _expected(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def _read(fs: FeatureStore, ids: list[str]) -> dict[str, dict[str, Any]]:
     keys = ["_event_time", "glucose", "trend", "note", "device", "unit", "readings_1d", "glucose_max_1d"]
-    return {r["patient"]: {k: r[k] for k in keys} for r in fs.online_dicts("evo_readings", ids)
-            if r["_from"] == "redis"}
+    rows = fs.online_dicts("evo_readings", ids, windows="event")  # the aggregates hashes' values
+    return {r["patient"]: {k: r[k] for k in keys} for r in rows if r["_from"] == "redis"}
 
 
 def test_a_migration_killed_half_way_through_redis_is_finished_by_running_it_again(
@@ -697,7 +700,8 @@ def test_a_write_between_the_migrations_read_and_its_restamp_wins(
                                 "glucose": pa.array([55.5], pa.float32()), "trend": pa.array([3], pa.int32()),
                                 "device": ["g6"], **ctx.columns(pa.array(["file:///old#0"]))})
                 assert old_sink.write(WriteUnit(old, REJECTED_ROWS_SCHEMA.empty_table(), None, 1)).stored == 1
-                assert other.online_dicts("evo_readings", ["w2"])[0]["_from"] == "redis"  # rewrites w2
+                # rewrites w2
+                assert other.online_dicts("evo_readings", ["w2"], windows="event")[0]["_from"] == "redis"
                 assert client.hget("features:evo_readings:{w2}", "_schema_fingerprint") == v2.fingerprint
                 assert client.delete("features:evo_readings:{w3}") == 1
             elif len(calls) == 2:  # the aggregates hashes

@@ -214,7 +214,7 @@ def _same(got: list[Any], want: list[Any]) -> bool:
 
 def check(fs: FeatureStore, conn: Any, schema: str, frame: pa.Table, max_age: dt.timedelta | None,
           features: list[str] | None = None, table: str | None = None) -> pa.Table:
-    got = fs.historical(schema, frame, features, max_age=max_age)
+    got = fs.historical(schema, frame, features, max_age=max_age, windows="event")
     c = fs.schema(schema)
     columns = features or [n for n in got.column_names if n not in frame.column_names and n != "_event_time"]
     assert got.column_names == [*frame.column_names, *columns, "_event_time"]
@@ -305,7 +305,7 @@ def test_historical_aggregations_equal_merge_asof_on_the_aggregates_table(
         rng = np.random.default_rng(7)
         frame = _frame(rng, users, ["u999999999"], at, 200, pa.string(), "Europe/Berlin").rename_columns(
             ["user_id", "timestamp", "label"])
-        got = fs.historical("clicks", frame, aggs)
+        got = fs.historical("clicks", frame, aggs, windows="event")
         assert got.column_names == [*frame.column_names, *aggs, "_event_time"]
         renamed = frame.rename_columns(["key", "timestamp", "label"])
         want = reference(conn, aggregates_table_name(c.schema), "user_id", "event_time", aggs, renamed, None)

@@ -7,7 +7,7 @@ evaluated at each frame row's time, from the history in real Postgres.
   tumbling bucket's edge, before the first event, long after the last, an entity with
   no history): the values equal the brute-force reference's (``reference_at`` in
   ``tests/aggregate_reference.py``, a plain scan per request), also read in small frame
-  chunks; the default (``windows="event"``) is unchanged.
+  chunks; it is the default (``windows="event"`` reads the per-event values).
 - Real data: the 2013 NYC flights (January), per aircraft, a 24-hour count and a 7-day
   mean departure delay read at request times between flights equal a pandas scan of the
   raw rows.
@@ -113,8 +113,9 @@ def test_historical_at_request_time_equals_the_reference(
         assert rows_of(got) == want
         with mock.patch.object(asof_module, "CHUNK_ROWS", 3):  # small frame chunks: the same
             assert rows_of(fs.historical("agg_props", frame(requests), windows="request_time")) == want
-        # the default is as of the newest event: the same call without windows is another read
-        event = fs.historical("agg_props", frame(requests))
+        # the default is request time: the same call without windows is the same read
+        assert rows_of(fs.historical("agg_props", frame(requests))) == want
+        event = fs.historical("agg_props", frame(requests), windows="event")
         assert event.column("_event_time").equals(got.column("_event_time"))
     finally:
         fs.close()
@@ -135,8 +136,11 @@ def test_a_quiet_entity_decays_and_bad_windows_are_refused(settings: Settings, t
                       schemas=tmp_path / "schemas", search_path=pg_schema) as fs:
         requests = [("u1", BASE_US + 39 * MINUTE_US), ("u1", BASE_US + 2 * DAY)]
         f = frame(requests)
-        stale = fs.historical("agg_props", f, ["n_1h", "qty_sum_2h", "ratio_a"])
+        stale = fs.historical("agg_props", f, ["n_1h", "qty_sum_2h", "ratio_a"], windows="event")
         fresh = fs.historical("agg_props", f, ["n_1h", "qty_sum_2h", "ratio_a"], windows="request_time")
+        default = fs.historical("agg_props", f, ["n_1h", "qty_sum_2h", "ratio_a"])
+        assert default.column("n_1h").to_pylist() == [40, 0]  # the default decays too
+        assert default.equals(fresh)
         assert stale.column("n_1h").to_pylist() == [40, 40]  # as of the newest event: frozen
         assert fresh.column("n_1h").to_pylist() == [40, 0]   # at the request time: decayed
         assert fresh.column("qty_sum_2h").to_pylist() == [sum(range(40)), 0]

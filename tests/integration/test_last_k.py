@@ -54,7 +54,7 @@ def test_last_k_round_trips_through_postgres_redis_and_the_sdk(
     (folder / "agg_props.yaml").write_text(SCHEMA)
     with FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn, schemas=folder,
                       search_path=pg_schema, key_prefix=redis_prefix, fill=False) as fs:
-        online = fs.online("agg_props", users, ["score_last3"])
+        online = fs.online("agg_props", users, ["score_last3"], windows="event")
         assert online.schema.field("score_last3").type == pa.list_(pa.float64())
         assert online.column("_from").to_pylist() == ["redis"] * len(users)
         expected = [want[(u, newest[u])][at["score_last3"]] for u in users]
@@ -65,7 +65,7 @@ def test_last_k_round_trips_through_postgres_redis_and_the_sdk(
         gone = users[:10]
         hot.delete(*[redis_prefix + k(u) for u in gone for k in (lambda u: entity_key("agg_props", u),
                                                                    lambda u: aggregates_key("agg_props", u))])
-        fallback = fs.online("agg_props", gone, ["score_last3"])
+        fallback = fs.online("agg_props", gone, ["score_last3"], windows="event")
         assert fallback.column("_from").to_pylist() == ["postgres"] * len(gone)
         assert fallback.column("score_last3").to_pylist() == expected[:10]
         # historical: as of each event's own time, its values
@@ -73,7 +73,7 @@ def test_last_k_round_trips_through_postgres_redis_and_the_sdk(
         frame = pa.table({"uid": [u for u, _ in keys],
                           "timestamp": pa.array([t for _, t in keys], pa.int64()).cast(
                               pa.timestamp("us", "UTC"))})
-        hist = fs.historical("agg_props", frame, ["score_last3", "qty_last2_day"])
+        hist = fs.historical("agg_props", frame, ["score_last3", "qty_last2_day"], windows="event")
         assert hist.schema.field("qty_last2_day").type == pa.list_(pa.int32())
         got: list[Any] = list(zip(hist.column("score_last3").to_pylist(),
                                   hist.column("qty_last2_day").to_pylist(), strict=True))

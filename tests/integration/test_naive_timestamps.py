@@ -235,7 +235,7 @@ def test_the_streams_lateness_message_prints_naive_times_without_an_offset(
     assert raw == {"patient_id": "p1", "read_at": "2024-07-01T10:05:00"}
     assert stored_times(settings, pg_schema) == [("p1", naive(10)), ("p1", naive(10, 5)),
                                                  ("p1", naive(10, 30))]
-    got = fs.online_dicts(NAME, ["p1"])
+    got = fs.online_dicts(NAME, ["p1"], windows="event")  # as of p1's newest event
     assert [(r["_event_time"], r["readings_1h"]) for r in got] == [(naive(10, 30), 2)]
 
 
@@ -248,5 +248,5 @@ def test_the_stream_takes_text_with_an_offset_as_its_utc_wall_clock(
     assert stream(settings, compiled, pg_schema, redis_prefix, records) == [0, 0, 0]
     assert stored_times(settings, pg_schema) == [("p2", naive(10, 40)), ("p2", naive(10, 45)),
                                                  ("p2", naive(10, 50))]
-    got = fs.online_dicts(NAME, ["p2"])
+    got = fs.online_dicts(NAME, ["p2"], windows="event")  # as of p2's newest event
     assert [(r["_event_time"], r["readings_1h"]) for r in got] == [(naive(10, 50), 3)]

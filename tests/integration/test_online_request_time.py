@@ -16,6 +16,7 @@ read from the per-entity tiles the batch backfill writes to real Redis
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import uuid
 from collections.abc import Iterator
@@ -38,7 +39,7 @@ from features import FeatureStore
 from features.aggregate.engine import AggSpec
 from features.aggregate.tiles import TileSpec
 from features.compile import compile_schema
-from features.compile.layout import tiles_key
+from features.compile.layout import aggregates_key, entity_key, tiles_key
 from features.config import Settings
 from features.errors import ConfigError
 from features.load import load
@@ -46,20 +47,24 @@ from features.schema import parse_schema
 
 pytestmark = pytest.mark.services
 
-def _hot_schema() -> str:
-    """The shared schema with every aggregation but the sketches (not in the tiles yet)
-    served online, and a lateness that keeps the whole test history in the tiles."""
+def _hot_schema(sketches: bool = False) -> str:
+    """The shared schema with every aggregation but the sketches (not in the tiles yet;
+    ``sketches``: those too, read from the history) served online, and a lateness that
+    keeps the whole test history in the tiles."""
     doc = yaml.safe_load(SCHEMA)
     doc["aggregations"]["allowed_lateness"] = "2d"
     aggs = doc["aggregations"]["features"]
     doc["aggregations"]["features"] = [{**a, "store": ["hot", "cold"]} for a in aggs
-                                       if not a["function"].startswith("approx_")]
+                                       if sketches or not a["function"].startswith("approx_")]
     return str(yaml.safe_dump(doc, sort_keys=False))
 
 
 HOT_SCHEMA = _hot_schema()
 COMPILED = compile_schema(parse_schema(HOT_SCHEMA))
 AGGS = [a.name for a in COMPILED.schema.aggregations.features]  # type: ignore[union-attr]
+SKETCH_SCHEMA = _hot_schema(sketches=True)
+SKETCH_COMPILED = compile_schema(parse_schema(SKETCH_SCHEMA))
+SKETCH_AGGS = [a.name for a in SKETCH_COMPILED.schema.aggregations.features]  # type: ignore[union-attr]
 TSPEC = TileSpec.of(AggSpec.of(COMPILED.schema))
 assert TSPEC is not None
 TILE = TSPEC.size_us
@@ -89,8 +94,8 @@ def cases(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[list[dict[str, An
     return events, loads, draw(st.lists(t, min_size=1, max_size=6, unique=True))
 
 
-def rows_of(table: pa.Table) -> list[tuple[Any, ...]]:
-    cols = [table.column(a).to_pylist() for a in AGGS]
+def rows_of(table: pa.Table, aggs: list[str] = AGGS) -> list[tuple[Any, ...]]:
+    cols = [table.column(a).to_pylist() for a in aggs]
     return [tuple(c[i] for c in cols) for i in range(table.num_rows)]
 
 
@@ -101,11 +106,13 @@ def drop_keys(client: redis.Redis, prefix: str) -> None:
 
 
 @contextmanager
-def hot_stores(settings: Settings, tmp: Path, tag: str) -> Iterator[tuple[str, str, FeatureStore]]:
-    """A Postgres schema and a Redis key prefix of their own for :data:`HOT_SCHEMA`, and a
-    FeatureStore on them: ``(search path, key prefix, store)``; all dropped afterwards."""
+def hot_stores(settings: Settings, tmp: Path, tag: str, text: str = HOT_SCHEMA
+               ) -> Iterator[tuple[str, str, FeatureStore]]:
+    """A Postgres schema and a Redis key prefix of their own for :data:`HOT_SCHEMA` (or
+    ``text``), and a FeatureStore on them: ``(search path, key prefix, store)``; all
+    dropped afterwards."""
     (tmp / "schemas").mkdir()
-    (tmp / "schemas" / "agg_props.yaml").write_text(HOT_SCHEMA)
+    (tmp / "schemas" / "agg_props.yaml").write_text(text)
     ns = f"t_{tag}_{uuid.uuid4().hex[:12]}"
     prefix = f"test:{ns}:"
     admin = psycopg.connect(settings.postgres_dsn, autocommit=True)
@@ -123,18 +130,29 @@ def hot_stores(settings: Settings, tmp: Path, tag: str) -> Iterator[tuple[str, s
         admin.close()
 
 
-def check_request_times(fs: FeatureStore, events: list[dict[str, Any]], times: list[int]) -> None:
+def check_request_times(fs: FeatureStore, events: list[dict[str, Any]], times: list[int],
+                        compiled: Any = COMPILED, aggs: list[str] = AGGS) -> None:
     """At each of ``times``, for every user and one unknown: ``online(T) == historical(T) ==
     reference_at(T)`` over the history ``events``."""
     ids = [*USERS, "nobody"]
     for t in times:
-        want = reference_at(COMPILED.schema, events, [(u, t) for u in ids])
-        got = fs.online("agg_props", ids, AGGS, windows="request_time", at=at(t))
+        want = reference_at(compiled.schema, events, [(u, t) for u in ids])
+        got = fs.online("agg_props", ids, aggs, windows="request_time", at=at(t))
         assert got.column("uid").to_pylist() == ids
-        assert rows_of(got) == want, t
+        assert rows_of(got, aggs) == want, t
         frame = pa.table({"uid": pa.array(ids), "timestamp": pa.array([t] * len(ids), pa.int64()).cast(
             pa.timestamp("us", "UTC"))})
-        assert rows_of(fs.historical("agg_props", frame, AGGS, windows="request_time")) == want, t
+        assert rows_of(fs.historical("agg_props", frame, aggs, windows="request_time"), aggs) == want, t
+
+
+def load_all(loads: list[list[dict[str, Any]]], compiled: Any, settings: Settings, tmp: Path, ns: str,
+             prefix: str) -> None:
+    """Each of ``loads`` as a Parquet file, loaded in turn."""
+    for i, rows in enumerate(loads):
+        path = tmp / f"load{i}.parquet"
+        pq.write_table(history_table(rows), path)
+        summary = load([path], compiled, settings, search_path=ns, key_prefix=prefix)
+        assert summary.adds_up and summary.rejected == 0
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -146,12 +164,28 @@ def test_online_at_request_time_equals_historical_and_the_reference(
     events, loads, times = case
     tmp = tmp_path_factory.mktemp("ort")
     with hot_stores(settings, tmp, "online_rt") as (ns, prefix, fs):
-        for i, rows in enumerate(loads):
-            path = tmp / f"load{i}.parquet"
-            pq.write_table(history_table(rows), path)
-            summary = load([path], COMPILED, settings, search_path=ns, key_prefix=prefix)
-            assert summary.adds_up and summary.rejected == 0
+        load_all(loads, COMPILED, settings, tmp, ns, prefix)
         check_request_times(fs, events, times)
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                HealthCheck.too_slow])
+@given(case=cases())
+def test_the_sketches_and_an_entity_without_tiles_read_the_history(
+        case: tuple[list[dict[str, Any]], list[list[dict[str, Any]]], list[int]],
+        settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The aggregations the tiles do not hold (approx_count_distinct, approx_percentile)
+    are computed from the history at ``T`` in the same call, never refused; u1's tiles
+    hash deleted: its windows from the history too. Every function equals historical and
+    the reference."""
+    events, loads, times = case
+    tmp = tmp_path_factory.mktemp("ors")
+    with hot_stores(settings, tmp, "online_sk", SKETCH_SCHEMA) as (ns, prefix, fs):
+        load_all(loads, SKETCH_COMPILED, settings, tmp, ns, prefix)
+        client = redis.Redis.from_url(settings.redis_url)
+        client.delete(prefix + tiles_key("agg_props", "u1"))
+        client.close()
+        check_request_times(fs, events, times, SKETCH_COMPILED, SKETCH_AGGS)
 
 
 QUIET = """
@@ -207,7 +241,7 @@ def test_a_quiet_entity_decays_and_the_tiles_stay_bounded(settings: Settings, tm
         assert busy.to_pylist()[0] | {} == busy.to_pylist()[0]
         assert busy.column("txn_24h").to_pylist() == [72]
         assert busy.column("last3").to_pylist() == [[float((len(ts) - 1 - j) % 7) for j in range(3)]]
-        stale = fs.online("quiet", ["c1"], names)  # as of the newest event: frozen
+        stale = fs.online("quiet", ["c1"], names, windows="event")  # as of the newest event: frozen
         assert stale.column("txn_24h").to_pylist() == [72]
         now = fs.online("quiet", ["c1", "nobody"], names, windows="request_time")  # the clock: 2 days later
         assert now.column("txn_24h").to_pylist() == [0, 0]
@@ -222,4 +256,70 @@ def test_a_quiet_entity_decays_and_the_tiles_stay_bounded(settings: Settings, tm
         with pytest.raises(ConfigError, match="windows must be one of"):
             fs.online("quiet", ["c1"], names, windows="request-time")
         with pytest.raises(ConfigError, match="at= is the request time"):
-            fs.online("quiet", ["c1"], names, at=at(last))
+            fs.online("quiet", ["c1"], names, windows="event", at=at(last))
+        # the default: the windows at the clock, two days after the last event
+        assert fs.online("quiet", ["c1"], names).to_pylist()[0]["txn_24h"] == 0
+    # a clock 2 hours behind the newest event (more than the lateness): the default call
+    # does not refuse; the entity's windows come from the history, as historical gives them
+    behind = last - 2 * HOUR
+    with FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn,
+                      schemas=tmp_path / "schemas", search_path=pg_schema, key_prefix=redis_prefix,
+                      clock=lambda: behind / 1e6) as fs:
+        got = fs.online("quiet", ["c1"], names)
+        frame = pa.table({"card": ["c1"], "timestamp": pa.array([behind], pa.int64()).cast(
+            pa.timestamp("us", "UTC"))})
+        assert got.select(names).to_pylist() == fs.historical("quiet", frame, names).select(names).to_pylist()
+        assert got.column("txn_24h").to_pylist() == [72]
+
+
+def test_an_entity_without_tiles_reads_its_windows_from_the_history(
+        settings: Settings, tmp_path: Path, pg_schema: str, redis_prefix: str) -> None:
+    """A tiles hash lost (Redis restarted without persistence, or an entity loaded before
+    tiles existed) reads the windows ``historical(..., windows="request_time")`` gives at
+    ``T``, never the empty window; so does an entity Redis lost whole (the Postgres
+    fallback finds it); an entity never seen reads the empty window without a history
+    read; ``online_async`` gives the rows ``online`` gives. The tiles are not written back."""
+    c = compile_schema(parse_schema(QUIET))
+    day0 = int(dt.datetime(2026, 3, 1, tzinfo=dt.UTC).timestamp()) * 1_000_000
+    cards = ["c1", "c2", "c3"]
+    ts = [day0 + i * 20 * MINUTE_US for i in range(2 * 72)]
+    table = pa.table({"card": pa.array([cards[i % 3] for i in range(len(ts))]),
+                      "ts": pa.array(ts, pa.timestamp("us", "UTC")),
+                      "amount": pa.array([float(i % 5) + 0.25 for i in range(len(ts))])})
+    pq.write_table(table, tmp_path / "h.parquet")
+    assert load([tmp_path / "h.parquet"], c, settings, search_path=pg_schema, key_prefix=redis_prefix).adds_up
+    (tmp_path / "schemas").mkdir()
+    (tmp_path / "schemas" / "quiet.yaml").write_text(QUIET)
+    client = redis.Redis.from_url(settings.redis_url)
+    assert client.delete(redis_prefix + tiles_key("quiet", "c1")) == 1  # its tiles only
+    lost = [redis_prefix + key("quiet", "c2") for key in (entity_key, aggregates_key, tiles_key)]
+    assert client.delete(*lost) == 3  # all of it
+    names = ["txn_24h", "amount_sum_24h", "amount_mean_24h", "amount_max_24h", "last3"]
+    ids = [*cards, "nobody"]
+    t = ts[-1] + 6 * HOUR  # a quarter of the 24 h window has decayed
+    with FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn,
+                      schemas=tmp_path / "schemas", search_path=pg_schema, key_prefix=redis_prefix) as fs:
+        got = fs.online("quiet", ids, names, windows="request_time", at=at(t))
+        frame = pa.table({"card": pa.array(ids), "timestamp": pa.array([t] * len(ids), pa.int64()).cast(
+            pa.timestamp("us", "UTC"))})
+        want = fs.historical("quiet", frame, names, windows="request_time")
+        assert got.select(names).to_pylist() == want.select(names).to_pylist()
+        assert got.column("txn_24h").to_pylist() == [18, 18, 18, 0]  # 54 events in (t - 24 h, t]
+        assert got.column("_from").to_pylist() == ["redis", "postgres", "redis", None]
+        assert got.column("last3").to_pylist()[3] == []
+        async def read_async() -> pa.Table:
+            try:
+                return await fs.online_async("quiet", ids, names, windows="request_time", at=at(t))
+            finally:
+                await fs.connections.aclose()
+
+        same = got.drop_columns(["_age_seconds"]).to_pylist()
+        assert asyncio.run(read_async()).drop_columns(["_age_seconds"]).to_pylist() == same
+        dicts = fs.online_dicts("quiet", ids, names, windows="request_time", at=at(t))
+        assert [{k: v for k, v in d.items() if k != "_age_seconds"} for d in dicts] == same
+        # c1 and c2 (not "nobody"), three calls
+        counted = [line for line in fs.metrics().splitlines()
+                   if line.startswith("featureline_sdk_windows_from_history_total{")]
+        assert counted == ['featureline_sdk_windows_from_history_total{schema="quiet"} 6.0'], counted
+    assert client.exists(redis_prefix + tiles_key("quiet", "c1")) == 0  # a read writes no tiles
+    client.close()

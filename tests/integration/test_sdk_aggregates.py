@@ -164,7 +164,7 @@ def test_online_serves_hot_aggregations_from_redis_and_postgres(
         assert int(hot.hget(redis_prefix + entity_key(NAME, user), "_event_time") or b"0") == \
             micros(stored.newest(user)[0]), user
 
-    table = fs.online(NAME, [*ids, "u999999", ids[3]])
+    table = fs.online(NAME, [*ids, "u999999", ids[3]], windows="event")
     hot_features = [n for n in table.column_names if n not in (ENTITY, *hot_aggs, *META)]
     assert table.column_names == [ENTITY, *hot_features, *hot_aggs, *META]
     assert "dwell_log" in hot_features
@@ -188,7 +188,8 @@ def test_online_serves_hot_aggregations_from_redis_and_postgres(
 
     # The values really come from the aggregates hash: a changed hash value is served.
     hot.hset(redis_prefix + aggregates_key(NAME, ids[0]), "clicks_24h", "123456")
-    assert fs.online(NAME, [ids[0]], ["clicks_24h"]).column("clicks_24h").to_pylist() == [123456]
+    changed = fs.online(NAME, [ids[0]], ["clicks_24h"], windows="event")
+    assert changed.column("clicks_24h").to_pylist() == [123456]
 
     # Ids missing from Redis come from Postgres: the newest aggregation row. For some only
     # the entity hash is gone (a stale aggregates hash must not be used), for others both.
@@ -197,25 +198,27 @@ def test_online_serves_hot_aggregations_from_redis_and_postgres(
     assert hot.delete(*[redis_prefix + aggregates_key(NAME, u) for u in both_gone]) == 5
     for u in entity_gone:  # a stale value the fallback must not pick up
         hot.hset(redis_prefix + aggregates_key(NAME, u), "clicks_24h", "999999")
-    table = fs.online(NAME, [*ids[:12], "u999999"])
+    table = fs.online(NAME, [*ids[:12], "u999999"], windows="event")
     want = expected(ids[:10], "postgres") + expected(ids[10:12], "redis") + expected(["u999999"], None)
     assert_rows(table.to_pylist(), want, "online with fallback")
-    assert fs.online(NAME, ids[:10], fallback=False).column("_found").to_pylist() == [False] * 10
-    assert fs.online(NAME, ids[:10], fallback=False).column("clicks_24h").to_pylist() == [None] * 10
+    nowhere = fs.online(NAME, ids[:10], fallback=False, windows="event")
+    assert nowhere.column("_found").to_pylist() == [False] * 10
+    assert nowhere.column("clicks_24h").to_pylist() == [None] * 10
 
     # A subset, in the order asked; the async path reads and decodes the same way.
-    subset = fs.online(NAME, ids[8:14], ["spend_today", "dwell_log", "clicks_24h"])
+    subset = fs.online(NAME, ids[8:14], ["spend_today", "dwell_log", "clicks_24h"], windows="event")
     assert subset.column_names == [ENTITY, "spend_today", "dwell_log", "clicks_24h", *META]
 
     async def both() -> tuple[pa.Table, pa.Table]:
-        a = await fs.online_async(NAME, [*ids, "u999999"])
-        b = await fs.online_async(NAME, ids[8:14], ["spend_today", "dwell_log", "clicks_24h"])
+        a = await fs.online_async(NAME, [*ids, "u999999"], windows="event")
+        b = await fs.online_async(NAME, ids[8:14], ["spend_today", "dwell_log", "clicks_24h"],
+                                  windows="event")
         await fs.aclose()
         return a, b
 
     got_async, subset_async = asyncio.run(both())
     assert got_async.drop_columns(["_age_seconds"]).equals(
-        fs.online(NAME, [*ids, "u999999"]).drop_columns(["_age_seconds"]))
+        fs.online(NAME, [*ids, "u999999"], windows="event").drop_columns(["_age_seconds"]))
     assert subset_async.drop_columns(["_age_seconds"]).equals(subset.drop_columns(["_age_seconds"]))
 
     with pytest.raises(ConfigError, match="views_24h"):  # a cold-only aggregation is not in Redis
@@ -229,17 +232,18 @@ def test_aggregates_hash_of_another_schema_or_encoding_raises(
     key = redis_prefix + aggregates_key(NAME, first)
     hot.hset(key, "_schema_fingerprint", "f" * 64)
     with make_store(settings, pg_schema, redis_prefix) as store:
-        assert store.online(NAME, [second]).column("_found").to_pylist() == [True]
+        assert store.online(NAME, [second], windows="event").column("_found").to_pylist() == [True]
         # without aggregations requested, the aggregates hash is not read
-        assert store.online(NAME, [first], ["dwell_log"]).column("_found").to_pylist() == [True]
+        assert store.online(NAME, [first], ["dwell_log"], windows="event").column(
+            "_found").to_pylist() == [True]
         with pytest.raises(SinkError) as info:
-            store.online(NAME, [second, first])
+            store.online(NAME, [second, first], windows="event")
     assert info.value.store == "redis" and "aggregates hashes" in str(info.value)
     assert "ffffffffffff" in str(info.value) and compiled.fingerprint[:12] in str(info.value)
     hot.hset(key, mapping={"_schema_fingerprint": compiled.fingerprint, "_enc": "2"})
     with make_store(settings, pg_schema, redis_prefix) as store, \
             pytest.raises(SinkError, match="aggregates hashes with encoding version 2"):
-        store.online(NAME, [first], ["clicks_24h"])
+        store.online(NAME, [first], ["clicks_24h"], windows="event")
 
 
 def test_historical_aggregations_match_a_python_as_of_reference(
@@ -276,7 +280,7 @@ def test_historical_aggregations_match_a_python_as_of_reference(
     entity_df = pa.table({ENTITY: [p[0] for p in pairs],
                           "timestamp": pa.array([p[1] for p in pairs], pa.timestamp("us", "UTC")),
                           "label": pa.array(np.arange(len(pairs)))})
-    got = fs.historical(NAME, entity_df)
+    got = fs.historical(NAME, entity_df, windows="event")
     spec = AggSpec.of(compiled.schema)
     assert spec is not None
     features = [n for n in got.column_names if n not in (ENTITY, "timestamp", "label", *cold, "_event_time")]
@@ -295,13 +299,13 @@ def test_historical_aggregations_match_a_python_as_of_reference(
     assert all(stored.as_of(u, t)[0] == stored.history_as_of(u, t) for u, t in pairs)
 
     # Only aggregations asked for, in the order asked; max_age bounds the aggregation row too.
-    some = fs.historical(NAME, entity_df, ["spend_today", "item_id", "views_24h"])
+    some = fs.historical(NAME, entity_df, ["spend_today", "item_id", "views_24h"], windows="event")
     assert some.column_names == [ENTITY, "timestamp", "label", "spend_today", "item_id", "views_24h",
                                  "_event_time"]
     assert_rows(some.to_pylist(), [{k: w[k] for k in ("spend_today", "views_24h")} for w in want],
                 "historical subset")
     day = dt.timedelta(days=1)
-    bounded = fs.historical(NAME, entity_df, ["clicks_24h"], max_age=day)
+    bounded = fs.historical(NAME, entity_df, ["clicks_24h"], max_age=day, windows="event")
     want_bounded = [w["clicks_24h"] if (a := stored.as_of(u, t)[0]) is not None and a >= t - day else None
                     for w, (u, t) in zip(want, pairs, strict=True)]
     assert bounded.column("clicks_24h").to_pylist() == want_bounded
@@ -321,7 +325,7 @@ def test_historical_at_an_event_time_is_that_events_row_and_what_online_served(
                           "timestamp": pa.array([t for _, t in pairs] + [t - US for _, t in pairs],
                                                 pa.timestamp("us", "UTC"))})
     cold = stored.cold
-    got = fs.historical(NAME, entity_df, cold).to_pylist()
+    got = fs.historical(NAME, entity_df, cold, windows="event").to_pylist()
     n = len(pairs)
     assert n > 1_000
     at = [{k: g[k] for k in cold} for g in got[:n]]
@@ -334,8 +338,8 @@ def test_historical_at_an_event_time_is_that_events_row_and_what_online_served(
     newest = pa.table({ENTITY: users, "timestamp": pa.array([stored.newest(u)[0] for u in users],
                                                              pa.timestamp("us", "UTC"))})
     hot_aggs = agg_names(compiled, "hot")
-    trained = fs.historical(NAME, newest, hot_aggs).select(hot_aggs)
-    served = fs.online(NAME, users, hot_aggs).select(hot_aggs)
+    trained = fs.historical(NAME, newest, hot_aggs, windows="event").select(hot_aggs)
+    served = fs.online(NAME, users, hot_aggs, windows="event").select(hot_aggs)
     assert trained.equals(served)
 
 
@@ -368,7 +372,7 @@ def test_hot_only_aggregation_is_null_in_the_fallback(
     assert all(v is not None for v in raw) and any(int(v or 0) > 0 for v in raw)
     hot.delete(*[redis_prefix + entity_key(NAME, u) for u in users[3:]])
     with make_store(settings, pg_schema, redis_prefix, schemas=folder) as store:
-        got = store.online(NAME, users, ["clicks_1h", "clicks_24h"])
+        got = store.online(NAME, users, ["clicks_1h", "clicks_24h"], windows="event")
         assert got.column("_from").to_pylist() == ["redis"] * 3 + ["postgres"] * 3
         assert got.column("clicks_1h").to_pylist() == [int(v or 0) for v in raw[:3]] + [None] * 3
         assert got.column("clicks_24h").to_pylist() == [data.newest(u)[1]["clicks_24h"] for u in users]
@@ -390,13 +394,14 @@ def test_small_calls_read_aggregations_as_the_arrow_path(fs: FeatureStore, store
         return [{k: v for k, v in r.items() if k != "_age_seconds"} for r in table_rows]
 
     for features in (None, ["spend_today", "dwell_log", "clicks_24h"]):
-        ref = fs.online(NAME, users, features)
+        ref = fs.online(NAME, users, features, windows="event")
         assert set(ref.column("_from").to_pylist()) == {"redis"}
         for start in (0, 9, 18):
-            small = fs.online(NAME, users[start:start + 9], features)
+            small = fs.online(NAME, users[start:start + 9], features, windows="event")
             assert small.schema == ref.schema
             assert rows(small.to_pylist()) == rows(ref.slice(start, 9).to_pylist())
-            assert rows(fs.online_dicts(NAME, users[start:start + 9], features)) == rows(small.to_pylist())
+            dicts = fs.online_dicts(NAME, users[start:start + 9], features, windows="event")
+            assert rows(dicts) == rows(small.to_pylist())
 
 
 def test_fill_writes_the_entity_and_aggregates_hashes_from_postgres(
@@ -409,12 +414,12 @@ def test_fill_writes_the_entity_and_aggregates_hashes_from_postgres(
     originals = {key: hot.hgetall(key) for key in keys}
     hot.delete(*keys)
     with make_store(settings, pg_schema, redis_prefix, fill=False) as plain:
-        want = plain.online(NAME, users).drop_columns(["_age_seconds", "_from"]).to_pylist()
+        want = plain.online(NAME, users, windows="event").drop_columns(["_age_seconds", "_from"]).to_pylist()
     with make_store(settings, pg_schema, redis_prefix, fill=True) as fs:
-        first = fs.online(NAME, users)
+        first = fs.online(NAME, users, windows="event")
         assert first.column("_from").to_pylist() == ["postgres"] * len(users)
         assert fs._fallback.counts.filled == 2 * len(users)
-        second = fs.online(NAME, users)
+        second = fs.online(NAME, users, windows="event")
         assert second.column("_from").to_pylist() == ["redis"] * len(users)
         assert second.drop_columns(["_age_seconds", "_from"]).to_pylist() == want
     for key in keys:
@@ -465,7 +470,7 @@ def test_moments_first_and_float_sums_are_stored_and_read_in_their_types(
     assert hot == ["qty_std_hour", "amount_std", "temp_sum", "temp_std_s", "qty_first"]
     with make_store(settings, pg_schema, redis_prefix, schemas=schemas) as fs:
         for source in ("redis", "postgres"):
-            table = fs.online("agg_props", users, hot)
+            table = fs.online("agg_props", users, hot, windows="event")
             for n in hot:
                 assert table.schema.field(n).type == types[n], n
             assert table.column("_from").to_pylist() == [source] * len(users)
@@ -478,7 +483,7 @@ def test_moments_first_and_float_sums_are_stored_and_read_in_their_types(
         keys = sorted(want)[::7]
         entity_df = pa.table({"uid": [k[0] for k in keys],
                               "timestamp": pa.array([k[1] for k in keys], pa.timestamp("us", "UTC"))})
-        hist = fs.historical("agg_props", entity_df, new)
+        hist = fs.historical("agg_props", entity_df, new, windows="event")
         for n in new:
             assert hist.schema.field(n).type == types[n], n
         assert hist.select(new).to_pylist() == [expect(u, t, new) for u, t in keys]

@@ -411,8 +411,11 @@ def test_aggregations_equal_those_features_load_computes_from_the_same_rows_in_p
                 FeatureStore(redis_url=ref_url, schemas=ROOT / "schemas", fill=False,
                              postgres_dsn=search_path_dsn(settings.postgres_dsn,
                                                           second_pg_schema)) as reference:
-            assert fs.online("clicks", users, hot).drop_columns(["_age_seconds"]).equals(
-                reference.online("clicks", users, hot).drop_columns(["_age_seconds"]))
+            assert fs.online("clicks", users, hot, windows="event").drop_columns(["_age_seconds"]).equals(
+                reference.online("clicks", users, hot, windows="event").drop_columns(["_age_seconds"]))
             frame = pa.table({"user_id": [r[0] for r in ref[::7]], "timestamp": pa.array(
                 [r[1] for r in ref[::7]], pa.timestamp("us", "UTC"))})
+            assert fs.historical("clicks", frame, cold, windows="event").equals(
+                reference.historical("clicks", frame, cold, windows="event"))
+            # and the windows at those times (the default), from each store's history
             assert fs.historical("clicks", frame, cold).equals(reference.historical("clicks", frame, cold))

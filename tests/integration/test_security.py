@@ -191,15 +191,20 @@ def test_hostile_names_and_literals_reach_sql_only_quoted(tmp_path: Path, settin
     newest = {r["values"]: r for r in valid}   # rows are in event-time order per entity
     counts = {e: sum(r["delete"] in WHERE_VALUES for r in valid if r["values"] == e) for e in ENTITIES}
     as_of = pa.array([dt.datetime(2024, 3, 1, 2, 30, tzinfo=UTC)] * len(ENTITIES), pa.timestamp("us", "UTC"))
+    # the windows (7 days) at an hour after the last event: every event counts; the
+    # history's windows too (the Postgres-only store has no tiles: its windows are read
+    # from the history table, with these names in the SQL)
+    at = max(r["timestamp"] for r in valid) + dt.timedelta(hours=1)
     with FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn, schemas=path,
                       search_path=pg_schema, key_prefix=redis_prefix) as fs:
-        online = fs.online("drop", ENTITIES).to_pylist()
+        online = fs.online("drop", ENTITIES, at=at).to_pylist()
+        assert fs.online("drop", ENTITIES, windows="event").to_pylist()[0]["cascade"] == online[0]["cascade"]
         history = fs.historical("drop", pa.table({"values": ENTITIES, "timestamp": as_of}),
                                 ["delete", "insert", "cascade"]).to_pylist()
     # the same lookups with an empty Redis prefix: every row from Postgres
     with FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn, schemas=path,
                       search_path=pg_schema, key_prefix=redis_prefix + "empty:") as fs:
-        fallback = fs.online("drop", ENTITIES).to_pylist()
+        fallback = fs.online("drop", ENTITIES, at=at).to_pylist()
     assert [r["_from"] for r in online] == ["redis"] * len(ENTITIES)
     assert [r["_from"] for r in fallback] == ["postgres"] * len(ENTITIES)
     keep = ("values", "delete", "insert", "truncate", "cascade", "_event_time", "_found")

@@ -8,7 +8,9 @@ the worked example's view over three schemas and two entity kinds
   (seeded, several seeds, shuffled files split into two loads), the instant after every
   event and inside the histories (Redis then holds rows newer than it: never served);
 - historical equals an independent reference: pandas ``merge_asof`` per source over the
-  generated rows (aggregations counted here from the raw events), for random frames with
+  generated rows (aggregations counted here from the raw events, as of each event:
+  ``windows="event"``; online and historical at an instant use the default, request
+  time), for random frames with
   timestamps before any event, equal to an event's, past ``max_age``, missing entities,
   duplicate rows, integer and string keys; the request-time features recomputed here;
 - bad request fields give every field-level error (``RequestRejected``);
@@ -282,7 +284,7 @@ def test_historical_equals_merge_asof_per_source(
     frame.loc[40:59, "timestamp"] = h.merchant["scored_at"].iloc[picks].to_numpy()
     frame = pd.concat([frame, frame.iloc[:15]], ignore_index=True)  # duplicate rows
     with make_store(settings, pg_schema, redis_prefix) as fs:
-        got = fs.historical_view(VIEW, frame)
+        got = fs.historical_view(VIEW, frame, windows="event")  # the reference: per-event windows, as of T
     assert got.num_rows == len(frame)
     assert got.column("label").to_pylist() == frame["label"].tolist()
 
@@ -452,7 +454,9 @@ def test_small_calls_give_the_arrow_paths_rows(loaded: History, settings: Settin
                                                redis_prefix: str, small_view_calls: list[int]) -> None:
     """At most SMALL_CALL request rows whose every source is in Redis decode in Python
     (``features.sdk.online.small_rows``); the rows are those of a larger call (Arrow),
-    ``max_age`` included (the clock frozen where some merchants' scores are too old)."""
+    ``max_age`` included (the clock frozen where some merchants' scores are too old). The
+    per-event read (``windows="event"``): a request-time read of a view with aggregations
+    takes the Arrow path."""
     from features.sdk.online import SMALL_CALL
 
     taken = small_view_calls
@@ -462,14 +466,14 @@ def test_small_calls_give_the_arrow_paths_rows(loaded: History, settings: Settin
             for i, c in enumerate(known_cards[:40])]
     at = T0 + dt.timedelta(days=12)
     with make_store(settings, pg_schema, redis_prefix, at=at) as fs:
-        big = fs.online_view(VIEW, rows)
+        big = fs.online_view(VIEW, rows, windows="event")
         assert big.num_rows > SMALL_CALL
         for part in (rows[:1], rows[:5], rows[5:5 + SMALL_CALL]):
-            small = fs.online_view(VIEW, part)
+            small = fs.online_view(VIEW, part, windows="event")
             want = big.slice(rows.index(part[0]), len(part))
             assert small.schema == want.schema
             assert small.to_pylist() == want.to_pylist()
-            assert fs.online_view_dicts(VIEW, part) == want.to_pylist()
+            assert fs.online_view_dicts(VIEW, part, windows="event") == want.to_pylist()
     assert taken == [1, 1, 5, 5, SMALL_CALL, SMALL_CALL]  # the small path, never for the big call
     stale = sum(not f for f in big.column("merchant._found").to_pylist())
     assert 0 < stale < big.num_rows

@@ -106,7 +106,14 @@ def test_the_view_endpoint_end_to_end(tmp_path: Path, stores: Settings, pg_schem
         want = json.loads(json.dumps(sdk, default=_json_value))
         assert body["rows"] == want
         assert sum(r["card_txn._found"] for r in body["rows"]) > 30
-        _request_time_windows(server, stores, pg_schema, rows, body["rows"])
+        # by default the windows are evaluated now, weeks after every transaction: all empty
+        assert [r["card_txn_count_24h"] for r in body["rows"]] == [0] * len(rows)
+        assert [r["card_amount_sum_24h"] for r in body["rows"]] == ["0.00"] * len(rows)
+        per_event = json.dumps({"rows": rows, "windows": "event"}).encode()
+        status, _, stale = server.request("POST", ROUTE, per_event, AUTH)
+        assert status == 200, stale
+        assert any(r["card_txn_count_24h"] for r in stale["rows"])  # as of each card's newest event
+        _request_time_windows(server, stores, pg_schema, rows, stale["rows"])
         # one row, keep-alive: the latency histogram counts the route
         conn = http.client.HTTPConnection(server.host, server.port, timeout=10)
         one = json.dumps({"rows": rows[:1]}).encode()
@@ -126,7 +133,7 @@ def _request_time_windows(server: Any, stores: Settings, pg_schema: str, rows: l
                           stale: list[dict[str, Any]]) -> None:
     """``"windows": "request_time"`` and ``"at"``: the SDK's rows at that instant (inside
     the history: rows newer than it re-read as of it; two days after it: every 24-hour
-    window empty, where the default answer keeps the values of the newest event); bad
+    window empty, where ``"windows": "event"`` keeps the values of the newest event); bad
     values are 400s."""
     decimal_rows = [{**r, "amount": Decimal(str(r["amount"]))} for r in rows]
     with FeatureStore(redis_url=stores.redis_url, postgres_dsn=stores.postgres_dsn,
@@ -148,7 +155,7 @@ def _request_time_windows(server: Any, stores: Settings, pg_schema: str, rows: l
                 assert any(counts), at
     for bad, says in (({"windows": "now"}, "windows must be one of"), ({"windows": 7}, '"windows" must be'),
                       ({"windows": "request_time", "at": "yesterday"}, '"at" must be an ISO 8601'),
-                      ({"at": "2026-10-27T13:30:00Z"}, "at= is the request time")):
+                      ({"windows": "event", "at": "2026-10-27T13:30:00Z"}, "at= is the request time")):
         status, _, body = server.request("POST", ROUTE, json.dumps({"rows": rows[:2], **bad}).encode(), AUTH)
         assert status == 400 and says in body["error"], (bad, body)
 

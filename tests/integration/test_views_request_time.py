@@ -11,7 +11,11 @@ generator), loaded once for the module.
   newer rows: re-read as ``historical`` at T); the dicts, async and small-call paths
   give the same rows; a frozen clock without ``at`` is the instant;
 - bad ``windows``/``at`` values are ConfigErrors;
-- the same through ``online``, ``online_dicts`` and ``online_async`` of the schema.
+- the same through ``online``, ``online_dicts`` and ``online_async`` of the schema;
+- request time is the default: without ``windows=`` every read (``online``, ``online_dicts``,
+  ``online_async``, ``online_view``, ``historical``, ``historical_view``) evaluates the
+  windows at the store's clock (online) or the row's time, a quiet card decays to 0, and
+  the default ``online`` at T equals the default ``historical`` at T.
 """
 
 from __future__ import annotations
@@ -127,7 +131,7 @@ def test_online_view_at_request_time_equals_historical_view_and_the_reference(
             past = fs.historical_view(VIEW, frame_at(rows, at), windows="request_time")
             dicts = fs.online_view_dicts(VIEW, rows, windows="request_time", at=at)
             small = fs.online_view_dicts(VIEW, rows[:5], windows="request_time", at=at)
-            stale = fs.online_view(VIEW, rows, at=None)  # windows="event": as of the newest event
+            stale = fs.online_view(VIEW, rows, windows="event")  # as of the newest event
         counts, sums = reference(h, cards, at)
         assert online.column("card_txn_count_24h").to_pylist() == counts, at
         assert online.column("card_amount_sum_24h").to_pylist() == sums, at
@@ -171,7 +175,7 @@ def test_a_frozen_clock_is_the_request_time(loaded: Loaded, settings: Settings) 
         with pytest.raises(ConfigError, match="windows must be one of"):
             fs.online_view(VIEW, rows, windows="request-time")
         with pytest.raises(ConfigError, match="at= is the request time"):
-            fs.online_view(VIEW, rows, at=at)
+            fs.online_view(VIEW, rows, windows="event", at=at)
         with pytest.raises(ConfigError, match="at must be a datetime"):
             fs.online_view(VIEW, rows, windows="request_time", at="2026-10-01")  # type: ignore[arg-type]
         with pytest.raises(ConfigError, match="windows must be one of"):
@@ -199,7 +203,7 @@ def test_every_online_call_of_the_schema(loaded: Loaded, settings: Settings) -> 
         store = make_store(settings, loaded.pg_schema, loaded.prefix)
         try:
             with pytest.raises(ConfigError, match="at= is the request time"):
-                await store.online_async("card_txn", cards, names, at=at)
+                await store.online_async("card_txn", cards, names, windows="event", at=at)
             return await store.online_async("card_txn", cards, names, windows="request_time", at=at)
         finally:
             await store.aclose()
@@ -209,9 +213,10 @@ def test_every_online_call_of_the_schema(loaded: Loaded, settings: Settings) -> 
 
 def test_features_historical_view_windows_request_time(loaded: Loaded, settings: Settings,
                                                        tmp_path: Path) -> None:
-    """``features historical --view --windows request-time``: the training set's windows
-    are evaluated at each row's timestamp (the reference's counts and sums), the file equal
-    to ``historical_view(..., windows="request_time")``; without the flag they are not."""
+    """``features historical --view`` (``--windows request-time``, the default): the
+    training set's windows are evaluated at each row's timestamp (the reference's counts
+    and sums), the file equal to ``historical_view`` (default, and
+    ``windows="request_time"``); with ``--windows event`` they are not."""
     import json
     import subprocess
     import sys
@@ -226,14 +231,15 @@ def test_features_historical_view_windows_request_time(loaded: Loaded, settings:
     pq.write_table(frame, out / "frame.parquet")
     with make_store(settings, loaded.pg_schema, loaded.prefix) as fs:
         want = fs.historical_view(VIEW, frame, windows="request_time")
+        assert fs.historical_view(VIEW, frame).to_pylist() == want.to_pylist()  # the default
     folders = ["--views-dir", str(EXAMPLE / "views"), "--schemas-dir", str(EXAMPLE / "schemas"),
                "--entities", str(out / "frame.parquet"), "--json"]
     cli = [sys.executable, "-m", "features.cli", "historical", "--view", VIEW, *folders]
     with cli_environment(settings, loaded.pg_schema, 6) as env:  # Redis db 6: unused by historical
-        done = subprocess.run([*cli, "--out", str(out / "rt.parquet"), "--windows", "request-time"],
+        done = subprocess.run([*cli, "--out", str(out / "rt.parquet")],  # the default: request-time
                               env=env, capture_output=True, text=True, timeout=300)
-        event = subprocess.run([*cli, "--out", str(out / "ev.parquet")], env=env, capture_output=True,
-                               text=True, timeout=300)
+        event = subprocess.run([*cli, "--out", str(out / "ev.parquet"), "--windows", "event"], env=env,
+                               capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert event.returncode == 0, event.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1])["rows"] == frame.num_rows
@@ -249,3 +255,57 @@ def test_features_historical_view_windows_request_time(loaded: Loaded, settings:
     assert got.column("card_amount_sum_24h").to_pylist() == sums
     assert 0 in counts and max(counts) >= 1, counts
     assert pq.read_table(out / "ev.parquet").column("card_txn_count_24h").to_pylist() != counts
+
+
+def test_request_time_is_the_default_of_every_read(loaded: Loaded, settings: Settings) -> None:
+    """No ``windows=``: the windows at the store's clock (online, views) or each row's
+    timestamp (historical), equal to the reference scan; quiet cards read 0 where the
+    per-event values (``windows="event"``) keep the count before their newest event; the
+    default ``online`` at T equals the default ``historical`` at T."""
+    h = loaded.h
+    newest = h.txn.groupby("card_id").ts.max().sort_values(ascending=False)
+    cards = [*newest.index, "nobody"]
+    names = ["txn_count_24h", "amount_sum_24h"]
+    at = h.txn.ts.max().to_pydatetime() + dt.timedelta(hours=20)  # most cards quiet for a day
+    counts, sums = reference(h, cards, at)
+    assert counts[-1] == 0 and 0 in counts[:-1] and max(counts) >= 1, counts
+    frame = pa.table({"card_id": pa.array(cards), "timestamp": pa.array([at] * len(cards),
+                                                                        pa.timestamp("us", "UTC"))})
+    with make_store(settings, loaded.pg_schema, loaded.prefix, at=at) as fs:  # the clock: at
+        online = fs.online("card_txn", cards, names)
+        assert online.column("txn_count_24h").to_pylist() == counts
+        assert online.column("amount_sum_24h").to_pylist() == sums
+        past = fs.historical("card_txn", frame, names)
+        assert past.select(names).to_pylist() == online.select(names).to_pylist()
+        assert without_age(fs.online_dicts("card_txn", cards, names)) == without_age(online.to_pylist())
+        event = fs.online("card_txn", cards, names, windows="event")
+        # as of each card's newest event: never 0 for a card with history, so quiet ones differ
+        assert 0 not in event.column("txn_count_24h").to_pylist()[:-1]
+        assert event.column("txn_count_24h").to_pylist() != counts
+        assert fs.historical("card_txn", frame, names, windows="event").column(
+            "txn_count_24h").to_pylist()[:-1] == event.column("txn_count_24h").to_pylist()[:-1]
+
+        rows = requests(h, 13)
+        view_counts, _ = reference(h, [r["card_id"] for r in rows], at)
+        assert 0 in view_counts and max(view_counts) >= 1, view_counts
+        view = fs.online_view(VIEW, rows)
+        assert view.column("card_txn_count_24h").to_pylist() == view_counts
+        assert view.to_pylist() == fs.online_view(VIEW, rows, windows="request_time", at=at).to_pylist()
+        assert fs.online_view_dicts(VIEW, rows) == view.to_pylist()
+        view_past = fs.historical_view(VIEW, frame_at(rows, at))
+        for name in WINDOWED:
+            assert view_past.column(name).to_pylist() == view.column(name).to_pylist(), name
+        assert fs.online_view(VIEW, rows, windows="event").column("card_txn_count_24h").to_pylist() != \
+            view_counts
+
+    async def read() -> tuple[pa.Table, pa.Table]:
+        store = make_store(settings, loaded.pg_schema, loaded.prefix, at=at)
+        try:
+            table = await store.online_async("card_txn", cards, names)
+            return table, await store.online_view_async(VIEW, rows)
+        finally:
+            await store.aclose()
+
+    got, got_view = asyncio.run(read())
+    assert without_age(got.to_pylist()) == without_age(online.to_pylist())
+    assert got_view.to_pylist() == view.to_pylist()
