@@ -61,6 +61,7 @@ from features.sdk.request_time import (
     request_time_windows,
     tile_read,
     tile_spec,
+    windowed_row,
     windowed_values,
 )
 
@@ -99,6 +100,8 @@ class HotReader:
         self.clock = clock
         self._plans: dict[tuple[str, tuple[str, ...] | None], Plan] = {}
         self._tile_specs: dict[str, Any] = {}  # schema -> features.aggregate.tiles.TileSpec
+        self._windowed: dict[tuple[str, tuple[str, ...] | None],
+                             tuple[CompiledSchema, list[str], list[str], list[str]]] = {}
 
     def plan(self, schema: str, features: Sequence[str] | None) -> Plan:
         """What an online call for ``features`` of ``schema`` reads, computed once per
@@ -208,6 +211,23 @@ class HotReader:
                 await asyncio.to_thread(self.versions.upgrade, req)
         raise still_outdated(req)
 
+    def windowed_columns(self, schema: str, features: Sequence[str] | None
+                         ) -> tuple[CompiledSchema, list[str], list[str], list[str]]:
+        """A request-time read's schema, its columns (the requested features and hot
+        aggregations, in result order), the aggregations among them and the other
+        features; computed once per (schema, features) and kept, as :meth:`plan` is."""
+        key = (schema, tuple(features) if features is not None else None)
+        got = self._windowed.get(key)
+        if got is None:
+            c = self.catalog.loadable(schema)
+            columns = requested_columns(c, features, "hot")
+            hot_aggs = set(aggregation_names(c, "hot"))
+            got = (c, columns, [x for x in columns if x in hot_aggs], [x for x in columns if x not in hot_aggs])
+            if len(self._windowed) > 1024:
+                self._windowed.clear()
+            self._windowed[key] = got
+        return got
+
     def windowed_request(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None,
                          at: dt.datetime | None, *, lineage: bool = False, now_s: float | None = None,
                          lenient: bool = False) -> WindowedRequest:
@@ -215,11 +235,8 @@ class HotReader:
         views included, through this one read): the features as :meth:`request` reads
         them, then the hot aggregations' tiles at ``at`` (None: ``now_s``, default the
         store's clock), in the same pipeline."""
-        c = self.catalog.loadable(schema)
-        columns = requested_columns(c, features, "hot")
-        hot_aggs = set(aggregation_names(c, "hot"))
-        aggs = [x for x in columns if x in hot_aggs]
-        base = self.request(schema, entity_ids, [x for x in columns if x not in hot_aggs], lineage)
+        c, columns, aggs, names = self.windowed_columns(schema, features)
+        base = self.request(schema, entity_ids, names, lineage)
         t_us = request_micros(c, at, self.clock() if now_s is None else now_s)
         if not aggs:
             return WindowedRequest(base, None, columns, lenient)
@@ -242,6 +259,12 @@ class HotReader:
         base, tiles = req.split(replies)
         rows = (small_rows(req.base, base) if len(req.ids) <= SMALL_CALL and not req.base.lineage
                 else None)
+        if rows is not None and len(rows) == 1 and len(set(req.columns)) == len(req.columns):
+            # one entity: its windows as Python values, in one table with its features
+            one = windowed_row(req, tiles)
+            if one is not None and all(x in one or x in rows[0] for x in req.columns):
+                rows[0].update(one)
+                return pa.Table.from_pylist(rows, self.plan(req.base.plan.c.name, req.columns).result), 0, 0
         if rows is not None:  # every id in Redis, fresh: no Arrow decoding of the features
             table, from_pg, missed = pa.Table.from_pylist(rows, req.base.plan.result), 0, 0
         else:
