@@ -222,7 +222,8 @@ class HotReader:
             c = self.catalog.loadable(schema)
             columns = requested_columns(c, features, "hot")
             hot_aggs = set(aggregation_names(c, "hot"))
-            got = (c, columns, [x for x in columns if x in hot_aggs], [x for x in columns if x not in hot_aggs])
+            aggs = [x for x in columns if x in hot_aggs]
+            got = (c, columns, aggs, [x for x in columns if x not in hot_aggs])
             if len(self._windowed) > 1024:
                 self._windowed.clear()
             self._windowed[key] = got
