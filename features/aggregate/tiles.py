@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from bisect import bisect_left
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import compress
@@ -62,11 +63,13 @@ from features.aggregate.engine import (
     window_raw,
 )
 from features.aggregate.moments import fixed_point, window_squares
+from features.aggregate.one_row import RawRow, finalize_row
 from features.aggregate.request_time import sub_spec
 from features.aggregate.tilepack import (
     VERSION,
     Events,
     Layout,
+    Summaries,
     pack_events,
     pack_summaries,
     unpack_events,
@@ -157,6 +160,21 @@ class TileSpec:
                    for a in self.spec.windowed)
 
     @cached_property
+    def windows(self) -> tuple[tuple[int, bool], ...]:
+        """Per windowed aggregation, its window's size (us) and whether it slides."""
+        out = []
+        for agg in self.spec.windowed:
+            assert agg.window is not None  # a tiled aggregation has a window (TileSpec.of)
+            out.append((agg.window.size_s * _US, agg.window.kind == "sliding"))
+        return tuple(out)
+
+    @cached_property
+    def one_plan(self) -> OnePlan:
+        """How a one-entity read (:func:`_one`) gets each fixed summary part from an edge
+        tile's events (made once; meaningful when :attr:`simple`)."""
+        return OnePlan.of(self)
+
+    @cached_property
     def read_cache(self) -> dict[tuple[Any, ...], tuple[list[int], list[int], list[str]]]:
         """:func:`read_fields` by the shape of the windows (bounded: cleared at 64)."""
         return {}
@@ -165,6 +183,43 @@ class TileSpec:
     def fixed_index(self) -> dict[str, int]:
         """Each fixed summary part's column in :attr:`layout`."""
         return {p: i for i, p in enumerate(self.layout.fixed)}
+
+
+@dataclass(frozen=True)
+class OnePlan:
+    """Per fixed summary part of a :attr:`TileSpec.simple` spec, what an edge piece of a
+    one-entity read computes from the events: ``counts`` (part, mask column; -1: every
+    event), ``sums`` (part, value column, mask column, a float field's fixed-point scale,
+    the aggregation named in an overflow), ``picks`` (part, value column, mask column,
+    min/max/first/last); ``outputs`` per aggregation its raw part names and columns;
+    ``width`` the number of fixed parts."""
+
+    counts: tuple[tuple[int, int], ...]
+    sums: tuple[tuple[int, int, int, int | None, str], ...]
+    picks: tuple[tuple[int, int, int, str], ...]
+    outputs: tuple[tuple[tuple[str, int], ...], ...]
+    width: int
+
+    @classmethod
+    def of(cls, tspec: TileSpec) -> OnePlan:
+        layout, index = tspec.layout, tspec.fixed_index
+        counts, sums, picks, outputs = [], [], [], []
+        for agg in tspec.spec.windowed:
+            name, f = agg.name, agg.function
+            mi = layout.mask_of[name]
+            parts = RAW_PARTS[f] if f in RAW_PARTS else ()
+            outputs.append(tuple((f"{name}.{p}", index[f"{name}.{p}"]) for p in parts
+                                 if f"{name}.{p}" in index))
+            if f not in ("count", "sum", "mean", "min", "max", "first", "last"):
+                continue
+            if f in ("count", "mean"):
+                counts.append((index[f"{name}.n"], mi))
+            if f in ("sum", "mean"):
+                sums.append((index[f"{name}.s"], layout.value_of[name], mi, agg.scale,
+                             f"aggregation {name} ({f} of {agg.of})"))
+            if f in ("min", "max", "first", "last"):
+                picks.append((index[f"{name}.v"], layout.value_of[name], mi, f))
+        return cls(tuple(counts), tuple(sums), tuple(picks), tuple(outputs), len(layout.fixed))
 
 
 # --------------------------------------------------------------------------- text helpers
@@ -276,13 +331,7 @@ def build(tspec: TileSpec, events: Inputs, fresh: npt.NDArray[np.bool_]) -> Tile
 
 def window_ranges(tspec: TileSpec, t_us: int) -> list[tuple[int, int]]:
     """Per windowed aggregation, its window at ``t_us`` as an inclusive range ``[a, b]`` (us)."""
-    out = []
-    for agg in tspec.spec.windowed:
-        assert agg.window is not None
-        size = agg.window.size_s * _US
-        a = t_us - size + 1 if agg.window.kind == "sliding" else t_us // size * size
-        out.append((a, t_us))
-    return out
+    return [(t_us - size + 1 if sliding else t_us // size * size, t_us) for size, sliding in tspec.windows]
 
 
 def fields_to_read(tspec: TileSpec, t_us: int) -> tuple[list[int], list[int]]:
@@ -380,7 +429,8 @@ def values_at(tspec: TileSpec, entities: list[EntityTiles], t_us: int) -> dict[s
     n_ent = len(entities)
     ranges = window_ranges(tspec, t_us)
     if n_ent == 1 and tspec.simple:
-        return finalize(tspec.spec, _one(tspec, entities[0], ranges))
+        one = _one(tspec, entities[0], ranges)
+        return finalize(tspec.spec, {k: (np.asarray([v]), np.asarray([ok])) for k, (v, ok) in one.items()})
     ent: list[int] = []
     start: list[int] = []
     blobs: list[bytes] = []
@@ -445,61 +495,116 @@ def values_at(tspec: TileSpec, entities: list[EntityTiles], t_us: int) -> dict[s
     return finalize(tspec.spec, cols)
 
 
-def _one(tspec: TileSpec, et: EntityTiles, ranges: list[tuple[int, int]]) -> dict[str, Any]:
+def _one(tspec: TileSpec, et: EntityTiles, ranges: list[tuple[int, int]]) -> RawRow:
     """:func:`values_at`'s raw parts for one entity whose aggregations are all
-    :attr:`TileSpec.simple`: per distinct window range, its full tiles are a contiguous
-    run of the summaries (sorted by start), summed in one NumPy call over every part, and
-    its at most two edge pieces are added; min/max/first/last read their columns."""
-    layout, h, index = tspec.layout, tspec.size_us, tspec.fixed_index
-    starts = np.fromiter(et.summaries, np.int64, len(et.summaries))
-    summ = unpack_summaries(layout, list(et.summaries.values()))
-    if len(starts) > 1 and bool((np.diff(starts) < 0).any()):
-        order = np.argsort(starts, kind="stable")
-        starts, summ.ints, summ.valid = starts[order], summ.ints[order], summ.valid[order]
+    :attr:`TileSpec.simple`, as Python values (:data:`~features.aggregate.one_row.RawRow`):
+    per distinct window range (:func:`_one_range`), its full tiles are a contiguous run of
+    the summaries (sorted by start), summed in one NumPy call over every part, and its at
+    most two edge pieces are added (:func:`_one_piece`)."""
+    starts = list(et.summaries)
+    blobs = list(et.summaries.values())
+    if starts != sorted(starts):
+        starts, blobs = (list(x) for x in zip(*sorted(et.summaries.items()), strict=True))
+    summ = unpack_summaries(tspec.layout, blobs)
     unpacked: dict[int, Events] = {}
-    merged: dict[tuple[int, int], tuple[I64, I64, npt.NDArray[np.bool_]]] = {}
-    out: dict[str, Any] = {}
-    ok1 = np.ones(1, np.bool_)
-    for agg, (a, b) in zip(tspec.spec.windowed, ranges, strict=True):
+    merged: dict[tuple[int, int], tuple[list[Any], list[bool]]] = {}
+    out: RawRow = {}
+    for parts, (a, b) in zip(tspec.one_plan.outputs, ranges, strict=True):
         got = merged.get((a, b))
         if got is None:
-            full = _full_tiles(h, a, b)
-            i0, i1 = np.searchsorted(starts, (full.start, full.stop)).tolist()
-            block, valid = summ.ints[i0:i1], summ.valid[i0:i1]
-            pre: list[tuple[I64, npt.NDArray[np.bool_]]] = []   # edge pieces before the full tiles
-            post: list[tuple[I64, npt.NDArray[np.bool_]]] = []  # and after them
-            for s, lo, hi in _edge_pieces(h, a, b):
-                blob = et.events.get(s)
-                if blob is None:
-                    continue
-                ev = unpacked.get(s)
-                if ev is None:
-                    ev = unpacked[s] = unpack_events(layout, s, blob)
-                piece = _piece(tspec, ev, lo, hi)
-                if piece is not None:
-                    (post if s > a else pre).append((piece[0], piece[1]))
-            if pre or post:
-                block = np.concatenate([*[p[0][None] for p in pre], block, *[p[0][None] for p in post]])
-                valid = np.concatenate([*[p[1][None] for p in pre], valid, *[p[1][None] for p in post]])
-            got = merged[(a, b)] = (block.sum(axis=0), block, valid)
-        sums, block, valid = got
-        name, f = agg.name, agg.function
-        if f in ("min", "max", "first", "last"):
-            k = index[f"{name}.v"]
-            vals = block[valid[:, k], k]
-            if layout.floats[k]:
-                vals = vals.view(np.float64)
-            if len(vals) == 0:
-                out[f"{name}.v"] = (np.zeros(1, vals.dtype), ~ok1)
-                continue
-            op = np.minimum if f == "min" else np.maximum
-            pick = vals[:1] if f == "first" else vals[-1:] if f == "last" else op.reduce(vals, keepdims=True)
-            out[f"{name}.v"] = (pick, ok1)
-            continue
-        for part in RAW_PARTS[f]:  # count, sum, mean: exact int64 sums
-            k = index[f"{name}.{part}"]
-            out[f"{name}.{part}"] = (sums[k:k + 1], ok1)
+            got = merged[(a, b)] = _one_range(tspec, et, summ, starts, unpacked, a, b)
+        vals, ok = got
+        for part, k in parts:
+            out[part] = (vals[k], ok[k])
     return out
+
+
+def _one_range(tspec: TileSpec, et: EntityTiles, summ: Summaries, starts: list[int],
+               unpacked: dict[int, Events], a: int, b: int) -> tuple[list[Any], list[bool]]:
+    """Every fixed part over the range ``[a, b]`` for :func:`_one`: its values (ints; a
+    float part's min/max/first/last as a float) and validity. Sums add in int64 (as the
+    engine's); a pick reduces its candidates in window order (the edge piece before the
+    full tiles, their valid values, the piece after), as :func:`_reduce` does."""
+    layout, h, plan = tspec.layout, tspec.size_us, tspec.one_plan
+    full = _full_tiles(h, a, b)
+    i0, i1 = bisect_left(starts, full.start), bisect_left(starts, full.stop)
+    block, valid = summ.ints[i0:i1], summ.valid[i0:i1]
+    tot = block.sum(axis=0)
+    pre: dict[int, Any] | None = None    # the edge piece before the full tiles: its picks
+    post: dict[int, Any] | None = None   # the one after them
+    for s, lo, hi in _edge_pieces(h, a, b):
+        blob = et.events.get(s)
+        if blob is None:
+            continue
+        ev = unpacked.get(s)
+        if ev is None:
+            ev = unpacked[s] = unpack_events(layout, s, blob)
+        piece = _one_piece(plan, ev, lo, hi)
+        if piece is not None:
+            tot += piece[0]
+            if s > a:
+                post = piece[1]
+            else:
+                pre = piece[1]
+    vals: list[Any] = tot.tolist()
+    ok = [True] * len(vals)
+    for k, _, _, f in plan.picks:
+        col = block[valid[:, k], k]
+        if layout.floats[k]:
+            col = col.view(np.float64)
+        before = pre.get(k) if pre is not None else None
+        after = post.get(k) if post is not None else None
+        if before is not None or after is not None:
+            col = np.concatenate([*([] if before is None else [np.asarray([before], col.dtype)]), col,
+                                  *([] if after is None else [np.asarray([after], col.dtype)])])
+        if len(col) == 0:
+            vals[k], ok[k] = 0, False
+            continue
+        pick = col[0] if f == "first" else col[-1] if f == "last" else \
+            np.minimum.reduce(col) if f == "min" else np.maximum.reduce(col)
+        vals[k] = pick.item()
+    return vals, ok
+
+
+def _one_piece(plan: OnePlan, ev: Events, lo: int, hi: int) -> tuple[I64, dict[int, Any]] | None:
+    """An edge piece for :func:`_one_range`: the events of ``ev`` in ``[lo, hi]`` as a
+    vector of every fixed part's sum (zeros elsewhere) and each pick's value (None: no
+    value counted); None when no event is there."""
+    i, j = ev.time_us.searchsorted((lo, hi + 1)).tolist()
+    if i == j:
+        return None
+    sums = np.zeros(plan.width, np.int64)
+    masks = [m[i:j] for m in ev.masks]
+    for k, mi in plan.counts:
+        sums[k] = j - i if mi < 0 else np.count_nonzero(masks[mi])
+    done: dict[tuple[int, int, int | None], Any] = {}
+    for k, vi, mi, scale, what in plan.sums:
+        got = done.get((vi, mi, scale))
+        if got is None:
+            v = ev.values[vi][i:j]
+            if scale is not None:  # a float field: fixed point, as the engine
+                m = masks[mi] if mi >= 0 else np.ones(j - i, np.bool_)
+                got = fixed_point(np.asarray(v, np.float64), m, scale, what).sum()
+            else:
+                got = (v if mi < 0 else v[masks[mi]]).sum()
+            done[(vi, mi, scale)] = got
+        sums[k] = got
+    picks: dict[int, Any] = {}
+    for k, vi, mi, f in plan.picks:
+        v = ev.values[vi][i:j]
+        x = v if mi < 0 else v[masks[mi]]
+        picks[k] = None if len(x) == 0 else x[0] if f == "first" else x[-1] if f == "last" else \
+            np.minimum.reduce(x) if f == "min" else np.maximum.reduce(x)
+    return sums, picks
+
+
+def row_at(tspec: TileSpec, et: EntityTiles, t_us: int) -> dict[str, Any] | None:
+    """One entity's aggregations at ``t_us`` as Python values (:func:`~features.aggregate.
+    one_row.finalize_row`: ``values_at(tspec, [et], t_us)``'s one row), or None when
+    ``tspec`` is not :attr:`TileSpec.simple` (then :func:`values_at`)."""
+    if not tspec.simple:
+        return None
+    return finalize_row(tspec.spec, _one(tspec, et, window_ranges(tspec, t_us)))
 
 
 def _piece(tspec: TileSpec, ev: Events, lo: int, hi: int
@@ -642,5 +747,4 @@ _MASK31 = (1 << 31) - 1
 
 
 __all__ = ["EntityTiles", "TileRows", "TileSpec", "build", "fields_to_read", "group_raw", "read_fields",
-           "tile_size_us",
-           "values_at", "window_ranges"]
+           "row_at", "tile_size_us", "values_at", "window_ranges"]

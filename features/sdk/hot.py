@@ -64,6 +64,7 @@ from features.sdk.request_time import (
     request_time_windows,
     tile_read,
     tile_spec,
+    windowed_row,
     windowed_values,
 )
 
@@ -106,6 +107,8 @@ class HotReader:
         self.on_history = on_history
         self._plans: dict[tuple[str, tuple[str, ...] | None], Plan] = {}
         self._tile_specs: dict[str, Any] = {}  # schema -> features.aggregate.tiles.TileSpec
+        self._windowed: dict[tuple[str, tuple[str, ...] | None],
+                             tuple[CompiledSchema, list[str], list[str], list[str]]] = {}
 
     def plan(self, schema: str, features: Sequence[str] | None) -> Plan:
         """What an online call for ``features`` of ``schema`` reads, computed once per
@@ -239,6 +242,24 @@ class HotReader:
             request_micros(plan.c, at, 0.0)  # a bad at is refused whatever the read
         return False
 
+    def windowed_columns(self, schema: str, features: Sequence[str] | None
+                         ) -> tuple[CompiledSchema, list[str], list[str], list[str]]:
+        """A request-time read's schema, its columns (the requested features and hot
+        aggregations, in result order), the aggregations among them and the other
+        features; computed once per (schema, features) and kept, as :meth:`plan` is."""
+        key = (schema, tuple(features) if features is not None else None)
+        got = self._windowed.get(key)
+        if got is None:
+            c = self.catalog.loadable(schema)
+            columns = requested_columns(c, features, "hot")
+            hot_aggs = set(aggregation_names(c, "hot"))
+            aggs = [x for x in columns if x in hot_aggs]
+            got = (c, columns, aggs, [x for x in columns if x not in hot_aggs])
+            if len(self._windowed) > 1024:
+                self._windowed.clear()
+            self._windowed[key] = got
+        return got
+
     def windowed_request(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None,
                          at: dt.datetime | None, *, lineage: bool = False, now_s: float | None = None,
                          lenient: bool = False) -> WindowedRequest:
@@ -246,11 +267,8 @@ class HotReader:
         views included, through this one read): the features as :meth:`request` reads
         them, then the hot aggregations' tiles at ``at`` (None: ``now_s``, default the
         store's clock), in the same pipeline."""
-        c = self.catalog.loadable(schema)
-        columns = requested_columns(c, features, "hot")
-        hot_aggs = set(aggregation_names(c, "hot"))
-        aggs = [x for x in columns if x in hot_aggs]
-        base = self.request(schema, entity_ids, [x for x in columns if x not in hot_aggs], lineage)
+        c, columns, aggs, names = self.windowed_columns(schema, features)
+        base = self.request(schema, entity_ids, names, lineage)
         t_us = request_micros(c, at, self.clock() if now_s is None else now_s)
         if not aggs:
             return WindowedRequest(base, None, columns, lenient, (), t_us)
@@ -273,14 +291,6 @@ class HotReader:
         found (in Redis or by the fallback) whose tiles hash is absent has its windows
         computed from the history instead (:meth:`history_windows`)."""
         base, tiles = req.split(replies)
-        rows = (small_rows(req.base, base) if len(req.ids) <= SMALL_CALL and not req.base.lineage
-                else None)
-        if rows is not None:  # every id in Redis, fresh: no Arrow decoding of the features
-            table, from_pg, missed = pa.Table.from_pylist(rows, req.base.plan.result), 0, 0
-        elif upgrade:
-            table, from_pg, missed = self.finish(req.base, base, fallback, max_age, since)
-        else:
-            table, from_pg, missed = self._finish(req.base, base, fallback, max_age, since)
         absent = np.zeros(len(tiles), np.bool_)
         if req.tiles is not None:
             # a tiles hash written with another layout (another version of the aggregations)
@@ -292,8 +302,24 @@ class HotReader:
                 late = req.t_us + req.tiles.tspec.spec.lateness_us
                 absent |= np.fromiter((r[0] is not None and int(r[0]) > late for r in tiles), dtype=np.bool_,
                                       count=len(tiles))
-            if absent.any():
-                tiles = [[None] * len(r) if a else r for r, a in zip(tiles, absent.tolist(), strict=True)]
+        rows = (small_rows(req.base, base) if len(req.ids) <= SMALL_CALL and not req.base.lineage
+                else None)
+        if (rows is not None and len(rows) == 1 and len(set(req.columns)) == len(req.columns)
+                and not req.history and not absent.any()):
+            # one entity with its tiles, every aggregation in them: its windows as Python
+            # values, in one table with its features
+            one = windowed_row(req, tiles)
+            if one is not None and all(x in one or x in rows[0] for x in req.columns):
+                rows[0].update(one)
+                return pa.Table.from_pylist(rows, self.plan(req.base.plan.c.name, req.columns).result), 0, 0
+        if rows is not None:  # every id in Redis, fresh: no Arrow decoding of the features
+            table, from_pg, missed = pa.Table.from_pylist(rows, req.base.plan.result), 0, 0
+        elif upgrade:
+            table, from_pg, missed = self.finish(req.base, base, fallback, max_age, since)
+        else:
+            table, from_pg, missed = self._finish(req.base, base, fallback, max_age, since)
+        if absent.any():
+            tiles = [[None] * len(r) if a else r for r, a in zip(tiles, absent.tolist(), strict=True)]
         values = windowed_values(req, tiles)
         if values:
             values = self.history_windows(req, absent, table, values)

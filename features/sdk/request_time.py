@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow as pa
 
 from features.aggregate.engine import AggSpec
-from features.aggregate.tiles import EntityTiles, TileSpec, read_fields, values_at
+from features.aggregate.tiles import EntityTiles, TileSpec, read_fields, row_at, values_at
 from features.compile import CompiledSchema
 from features.compile.arrow import arrow_type
 from features.compile.layout import tiles_key
@@ -82,27 +82,39 @@ def tile_read(tspec: TileSpec, c: CompiledSchema, ids: Sequence[str], t_us: int,
 
 def window_values(read: TileRead, replies: Sequence[Any], c: CompiledSchema) -> dict[str, pa.Array]:
     """The aggregations at ``read.t_us`` from the HMGET replies of ``read`` (one per key)."""
+    return values_at(read.tspec, [_entity_tiles(read, key, reply, c) for key, reply in
+                                  zip(read.keys, replies, strict=True)], read.t_us)
+
+
+def window_row(read: TileRead, replies: Sequence[Any], c: CompiledSchema) -> dict[str, Any] | None:
+    """:func:`window_values` of a read of one entity whose tiles hash was found, as Python
+    values (``{name: value}``: the one row, without an Arrow array per aggregation:
+    :func:`features.aggregate.tiles.row_at`); None for any other read (several keys, no
+    tiles hash, or aggregations other than counts, sums, means, min/max, first/last)."""
+    if len(replies) != 1 or (replies[0][0] is None and replies[0][1] is None) or not read.tspec.simple:
+        return None
+    return row_at(read.tspec, _entity_tiles(read, read.keys[0], replies[0], c), read.t_us)
+
+
+def _entity_tiles(read: TileRead, key: str, reply: Sequence[Any], c: CompiledSchema) -> EntityTiles:
+    """One key's HMGET reply as :class:`EntityTiles`: SinkError for tiles of another
+    layout, ConfigError for a request time past the allowed lateness before its newest event."""
     tspec = read.tspec
     ns, ne = len(read.starts), len(read.edges)
-    entities = []
-    for key, reply in zip(read.keys, replies, strict=True):
-        newest, sig = reply[0], reply[1]
-        if sig is not None and sig.decode() != tspec.signature:
-            raise SinkError(f"Redis holds request-time tiles of {c.name} in another layout ({key}): load the "
-                            "schema's history again (features load) to rewrite them", store="redis")
-        newest_us = int(newest) if newest is not None else None
-        if newest_us is not None and read.t_us < newest_us - tspec.spec.lateness_us:
-            raise ConfigError(
-                f"at is more than the allowed lateness ({tspec.spec.aggregations.allowed_lateness_s}s) "
-                "before "
-                f"the newest event of {key}: the online state keeps the windows from there on; read earlier "
-                "times with historical(..., windows='request_time')", key="at")
-        summaries = {s: v for s, v in zip(read.starts, reply[2:2 + ns], strict=True)
-                     if v is not None}
-        events = {s: v for s, v in zip(read.edges, reply[2 + ns:2 + ns + ne], strict=True)
-                  if v is not None}
-        entities.append(EntityTiles(newest_us, summaries, events))
-    return values_at(tspec, entities, read.t_us)
+    newest, sig = reply[0], reply[1]
+    if sig is not None and sig.decode() != tspec.signature:
+        raise SinkError(f"Redis holds request-time tiles of {c.name} in another layout ({key}): load the "
+                        "schema's history again (features load) to rewrite them", store="redis")
+    newest_us = int(newest) if newest is not None else None
+    if newest_us is not None and read.t_us < newest_us - tspec.spec.lateness_us:
+        raise ConfigError(
+            f"at is more than the allowed lateness ({tspec.spec.aggregations.allowed_lateness_s}s) "
+            "before "
+            f"the newest event of {key}: the online state keeps the windows from there on; read earlier "
+            "times with historical(..., windows='request_time')", key="at")
+    summaries = {s: v for s, v in zip(read.starts, reply[2:2 + ns], strict=True) if v is not None}
+    events = {s: v for s, v in zip(read.edges, reply[2 + ns:2 + ns + ne], strict=True) if v is not None}
+    return EntityTiles(newest_us, summaries, events)
 
 
 @dataclass(frozen=True)
@@ -150,13 +162,27 @@ def windowed_values(req: WindowedRequest, tile_replies: list[Any]) -> dict[str, 
     window."""
     if req.tiles is None:
         return {}
+    return window_values(req.tiles, _lenient(req, tile_replies), req.base.plan.c)
+
+
+def windowed_row(req: WindowedRequest, tile_replies: list[Any]) -> dict[str, Any] | None:
+    """:func:`windowed_values` of a one-entity request as Python values
+    (:func:`window_row`), or None where that does not apply."""
+    if req.tiles is None:
+        return None
+    return window_row(req.tiles, _lenient(req, tile_replies), req.base.plan.c)
+
+
+def _lenient(req: WindowedRequest, tile_replies: list[Any]) -> list[Any]:
+    """``tile_replies``, where ``req`` is lenient, with an entity whose newest event is
+    past the allowed lateness after the request time read as having no tiles."""
     read = req.tiles
-    if req.lenient:
-        late = read.t_us + read.tspec.spec.lateness_us
-        tile_replies = [[None] * len(read.fields) if r[0] is not None and int(r[0]) > late else r
-                        for r in tile_replies]
-    return window_values(read, tile_replies, req.base.plan.c)
+    if not req.lenient or read is None:
+        return tile_replies
+    late = read.t_us + read.tspec.spec.lateness_us
+    return [[None] * len(read.fields) if r[0] is not None and int(r[0]) > late else r for r in tile_replies]
 
 
 __all__ = ["DEFAULT_WINDOWS", "WINDOWS", "TileRead", "WindowedRequest", "request_micros",
-           "request_time_windows", "tile_read", "tile_spec", "window_values", "windowed_values"]
+           "request_time_windows", "tile_read", "tile_spec", "window_row", "window_values", "windowed_row",
+           "windowed_values"]
