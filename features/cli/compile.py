@@ -48,6 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from features.cli import COMMANDS
+
 if TYPE_CHECKING:
     from features.compile import CompiledSchema
 
@@ -59,7 +61,7 @@ def add_parser(subparsers: Any) -> None:
     """Register ``compile`` on the ``features`` parser."""
     p: argparse.ArgumentParser = subparsers.add_parser(
         "compile",
-        help="generate sql/*.sql and expectations/*.json from the schemas (or --check them)",
+        help=COMMANDS["compile"].summary,
         description="Compile schema files into Postgres DDL (sql/<name>.sql) and Great Expectations "
         "suites (expectations/<name>.json, and <name>__aggregates.json for a schema with "
         "aggregations: its stored aggregates table). Without PATH, every schema in the schemas folder is "

@@ -8,6 +8,8 @@ import argparse
 import json
 from typing import Any
 
+from features.cli import COMMANDS
+
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--schemas-dir", default=None, metavar="DIR",
@@ -20,14 +22,14 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
-        "list", help="list the project's schemas and views (version, fingerprint, entity, counts, readers)",
+        "list", help=COMMANDS["list"].summary,
         description="Every schema (version, fingerprint, entity and event time, how many fields, derived "
         "features and aggregations, which views read it) and every view (keys, sources, features). Exit 0, "
         "or 2 when a file does not parse.")
     _common(p)
     p.set_defaults(func=run_list)
     d: argparse.ArgumentParser = sub.add_parser(
-        "describe", help="describe one schema, view or feature (SCHEMA.FEATURE) in full",
+        "describe", help=COMMANDS["describe"].summary,
         description="A schema: its fields (type, hot/cold, rules, input name, description), derived features "
         "and their steps, aggregations and their windows, and the views that read it. A view: its request "
         "keys and fields, sources (join, max age, output names) and request-time features. A feature "

@@ -22,12 +22,13 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from features.cli import COMMANDS
 from features.errors import ConfigError
 
 
 def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
-        "historical", help="write a point-in-time-correct training set (Parquet) for an entity frame",
+        "historical", help=COMMANDS["historical"].summary,
         description="For each row of the entity frame (a Parquet file with the schema's entity column and a "
         "timestamp column; other columns, such as labels, pass through), the schema's stored values as of "
         "that time: the entity's newest Postgres row at or before it, never a later one. Writes Parquet in "

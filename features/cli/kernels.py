@@ -15,12 +15,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from features.cli import COMMANDS
+
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``kernels`` on the ``features`` parser."""
     parser = subparsers.add_parser(
         "kernels",
-        help="show a schema's transform program (features, dtypes, device, kernel source)",
+        help=COMMANDS["kernels"].summary,
         description="Compile a schema's derived features and show the program: each feature's "
         "steps and output columns, the device it runs on, or (--show-source) the generated "
         "fused CuPy kernel.",

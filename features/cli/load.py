@@ -8,6 +8,8 @@ import logging
 import sys
 from typing import TYPE_CHECKING, Any
 
+from features.cli import COMMANDS
+from features.cli.arguments import add_cluster_argument, add_metrics_arguments, flink_cluster
 from features.errors import ConfigError, GateBreached
 
 if TYPE_CHECKING:
@@ -19,7 +21,7 @@ log = logging.getLogger("features.load")
 
 def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
-        "load", help="load Parquet files into Redis (hot) and Postgres (cold), with rejects and lineage",
+        "load", help=COMMANDS["load"].summary,
         description="Read Parquet files row group by row group, validate every row with the compiled "
         "schema, compute the derived features, and write hot features to Redis and the history to "
         "Postgres. Rejected rows go to the <schema>__rejects table. Re-running the same files stores "
@@ -57,53 +59,6 @@ def add_parser(sub: Any) -> None:
                    help="no progress line even on a terminal (there is none with --log-format json)")
     add_metrics_arguments(p, "while the load runs", "after the load ends")
     p.set_defaults(func=run)
-
-
-def add_cluster_argument(p: argparse.ArgumentParser, prefix: str = "") -> None:
-    """``--cluster [ADDRESS]``: submit the Flink job to a running cluster (``features load
-    --engine flink``, ``features stream``)."""
-    p.add_argument("--cluster", nargs="?", const="project", default=None, metavar="ADDRESS",
-                   help=f"{prefix}submit the Flink job to a running Flink cluster instead of a mini-cluster "
-                   "in this process: alone, this project's (`features dev up --flink-cluster`, its address "
-                   "in .dev/flink/cluster.json); or the REST address HOST:PORT (the web UI's) of another, "
-                   "whose TaskManagers run this Python (python.executable) at the same path, with "
-                   "featureline installed; for a real cluster see `flink run` in docs/streaming.md. Not "
-                   "under `flink run` (its -m chooses)")
-
-
-def add_metrics_arguments(p: argparse.ArgumentParser, when: str, end: str) -> None:
-    """``--metrics-port``, ``--metrics-host``, ``--metrics-linger-s`` (the loader's and the stream's)."""
-    p.add_argument("--metrics-port", type=_port, default=None, metavar="PORT",
-                   help=f"serve Prometheus metrics on http://HOST:PORT/metrics {when} (docs/operations.md)")
-    p.add_argument("--metrics-host", default="127.0.0.1",
-                   help="address the metrics endpoint listens on (default 127.0.0.1, this machine only; "
-                   "0.0.0.0 for every interface)")
-    p.add_argument("--metrics-linger-s", type=float, default=0.0, metavar="SECONDS",
-                   help=f"keep serving the metrics this many seconds {end}, so a scraper sees the final "
-                   "values (default 0)")
-
-
-def flink_cluster(arg: str | None) -> str | None:
-    """``--cluster``'s REST address (``features.flink.cluster.resolve``); refused under ``flink
-    run``, whose client already talks to a cluster."""
-    import os
-
-    from features.flink.cluster import resolve
-
-    if arg is not None and "PYFLINK_GATEWAY_PORT" in os.environ:
-        raise ConfigError("--cluster does not apply under `flink run` (its -m chooses the cluster)",
-                          key="cluster")
-    return resolve(arg)
-
-
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid port {text!r}") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"port {port} is not in 0..65535")
-    return port
 
 
 def run(args: argparse.Namespace) -> int:

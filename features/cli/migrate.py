@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from features.cli import COMMANDS
 from features.errors import ConfigError
 from features.ops.digests import migrate_digests, plan_digests
 from features.ops.migrate import (
@@ -53,8 +54,7 @@ from features.ops.migrate import (
 
 def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
-        "migrate", help="bring Postgres and Redis to a compatible new version of a schema (a dry run "
-        "unless --apply)",
+        "migrate", help=COMMANDS["migrate"].summary,
         description=__doc__.split("\n\n")[1] if __doc__ else None,
         epilog="Exit codes: 0 done (or a dry run, or nothing to do), 1 refused (a breaking change), "
                "2 usage, schema or store errors. See docs/evolution.md.")

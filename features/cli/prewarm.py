@@ -22,10 +22,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from features.cli import COMMANDS
+
 
 def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
-        "prewarm", help="fill Redis with each entity's newest row from Postgres (deploys, a Redis loss)",
+        "prewarm", help=COMMANDS["prewarm"].summary,
         description=__doc__.split("\n\n")[1] if __doc__ else None)
     p.add_argument("--schema", required=True, help="schema name (a file in the schemas folder)")
     which = p.add_mutually_exclusive_group()

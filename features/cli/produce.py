@@ -10,13 +10,13 @@ import argparse
 import sys
 from typing import Any
 
-from features.cli.topics import add_kafka_arguments
+from features.cli import COMMANDS
+from features.cli.arguments import add_kafka_arguments
 
 
 def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
-        "produce", help="send a JSONL, JSON or Parquet file's records to a schema's Kafka topic, keyed by "
-        "entity",
+        "produce", help=COMMANDS["produce"].summary,
         description="Send every record of FILE to the schema's topic (default: the schema's name; create it "
         "with `features topics create`), in file order, each keyed by its entity id as `features serve` "
         "keys it (a string id's bytes, an integer's digits; a record without one is sent without a key and "

@@ -23,6 +23,8 @@ import datetime as dt
 import re
 from typing import Any
 
+from features.cli import COMMANDS
+
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 
 
@@ -54,7 +56,7 @@ def _nonnegative(text: str) -> float:
 def add_parser(sub: Any) -> None:
     """Register ``report`` on the ``features`` parser."""
     p: argparse.ArgumentParser = sub.add_parser(
-        "report", help="data-quality report (GX suite + validator) as JSON and one HTML page",
+        "report", help=COMMANDS["report"].summary,
         description="Check Parquet files (--parquet) or the schema's cold table (--table) with the "
         "generated Great Expectations suite and the compiled validator, batch by batch, or group the "
         "rejects table by field and rule (--rejects). Writes DIR/report.json and DIR/report.html (one "

@@ -9,6 +9,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
+from features.cli import COMMANDS
 from features.errors import ConfigError
 from features.ops.rollback import DEFAULT_CHUNK_ENTITIES
 
@@ -29,8 +30,7 @@ DESCRIPTION = (
 
 def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
-        "rollback", help="undo a bad load (or stream run) in both stores, by its run id",
-        description=DESCRIPTION)
+        "rollback", help=COMMANDS["rollback"].summary, description=DESCRIPTION)
     p.add_argument("--run", required=True, metavar="RUN_ID", help="the run id to roll back (a load's "
                    "summary prints it; every stored row carries it as _run_id)")
     p.add_argument("--schema", default=None, help="the schema the run wrote (default: every schema of the "

@@ -25,6 +25,8 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
+from features.cli import COMMANDS
+
 if TYPE_CHECKING:
     from features.compile.migration import Migration
     from features.schema.diff import Change
@@ -33,7 +35,7 @@ if TYPE_CHECKING:
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``schema`` and its sub-subcommands on the ``features`` parser."""
-    parser = subparsers.add_parser("schema", help="inspect schema files (diff two versions)")
+    parser = subparsers.add_parser("schema", help=COMMANDS["schema"].summary)
     sub = parser.add_subparsers(dest="schema_command", metavar="SUBCOMMAND", required=True)
     diff = sub.add_parser(
         "diff",

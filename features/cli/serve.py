@@ -33,7 +33,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from features.cli.load import _port
+from features.cli import COMMANDS
+from features.cli.arguments import port_number, positive_count, positive_seconds
 from features.serve.limits import LIMIT_CONCURRENCY, MAX_ERRORS, MAX_QUEUED_BYTES, MAX_RECORDS, MAX_VIEW_ROWS
 from features.serve.producer import DELIVERY_TIMEOUT_MS
 
@@ -67,16 +68,6 @@ def _size(text: str) -> int:
     return int(m.group(1)) * scale
 
 
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid count {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
-    return n
-
-
 def _workers(text: str) -> int:
     n = int(text)
     if n < 1:
@@ -84,20 +75,10 @@ def _workers(text: str) -> int:
     return n
 
 
-def _seconds(text: str) -> float:
-    try:
-        s = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid seconds {text!r}") from None
-    if not s > 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
-    return s
-
-
 def _delivery_seconds(text: str) -> float:
     """``--delivery-timeout``: seconds, at least 0.1 (librdkafka's ``delivery.timeout.ms``
     must exceed the producer's ``linger.ms``)."""
-    s = _seconds(text)
+    s = positive_seconds(text)
     if s < 0.1:
         raise argparse.ArgumentTypeError(f"must be at least 0.1, got {text}")
     return s
@@ -105,7 +86,7 @@ def _delivery_seconds(text: str) -> float:
 
 def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
-        "serve", help="HTTP ingest service: validate posted events and produce them to the schema's topic",
+        "serve", help=COMMANDS["serve"].summary,
         description="Serve POST /v1/schemas/{name}/events: each posted record (one JSON object, a JSON "
         "array of objects, or NDJSON) is decoded and validated with the stream job's own code; rejects go "
         "to the rejects table and the dead-letter topic, then the valid records (their bytes as sent) are "
@@ -131,8 +112,8 @@ def add_parser(sub: Any) -> None:
                    help="serve the views only: no events route, no Kafka producer (/readyz: the views "
                    "compiled)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=_port, default=8000, help="port to listen on (default 8000; 0: a free one, "
-                   "printed)")
+    p.add_argument("--port", type=port_number, default=8000,
+                   help="port to listen on (default 8000; 0: a free one, printed)")
     p.add_argument("--workers", type=_workers, default=1,
                    help="worker processes sharing the socket, about one per core (default 1)")
     p.add_argument("--topic-template", default="{schema}",
@@ -142,33 +123,33 @@ def add_parser(sub: Any) -> None:
                    "'{topic}.rejects'; '' disables dead letters, rejects still go to the rejects table)")
     p.add_argument("--max-body-bytes", type=_size, default=16 * 1024 * 1024, metavar="SIZE",
                    help="largest request body, e.g. 16MiB, 512KiB, 1000000 (default 16MiB; larger: 413)")
-    p.add_argument("--max-records", type=_positive, default=MAX_RECORDS, metavar="N",
+    p.add_argument("--max-records", type=positive_count, default=MAX_RECORDS, metavar="N",
                    help=f"most records in one request (default {MAX_RECORDS:,}; more: 413, nothing read)")
-    p.add_argument("--max-view-rows", type=_positive, default=MAX_VIEW_ROWS, metavar="N",
+    p.add_argument("--max-view-rows", type=positive_count, default=MAX_VIEW_ROWS, metavar="N",
                    help=f"most request rows in one view request (default {MAX_VIEW_ROWS:,}; more: 413, "
                    "nothing read)")
-    p.add_argument("--max-errors", type=_positive, default=MAX_ERRORS, metavar="N",
+    p.add_argument("--max-errors", type=positive_count, default=MAX_ERRORS, metavar="N",
                    help=f"most field errors listed in a 422 response, of the events or a view route (default "
                    f"{MAX_ERRORS:,}); the response also says errors_total and errors_truncated")
     p.add_argument("--max-queued-bytes", type=_size, default=MAX_QUEUED_BYTES, metavar="SIZE",
                    help="most body bytes waiting to be checked, per worker and schema (default 64MiB; "
                    "past it: 503 Retry-After)")
-    p.add_argument("--limit-concurrency", type=_positive, default=LIMIT_CONCURRENCY, metavar="N",
+    p.add_argument("--limit-concurrency", type=positive_count, default=LIMIT_CONCURRENCY, metavar="N",
                    help=f"most connections and requests one worker takes at once (default "
                    f"{LIMIT_CONCURRENCY}; past it uvicorn answers 503)")
     p.add_argument("--delivery-timeout", type=_delivery_seconds, default=DELIVERY_TIMEOUT_MS / 1000,
                    metavar="SECONDS",
                    help=f"Kafka's producer gives up on a record after this long (delivery.timeout.ms) and "
                    f"the request answers 503 (default {DELIVERY_TIMEOUT_MS / 1000:g}; at least 0.1)")
-    p.add_argument("--restart-limit", type=_positive, default=RESTART_LIMIT, metavar="N",
+    p.add_argument("--restart-limit", type=positive_count, default=RESTART_LIMIT, metavar="N",
                    help=f"a worker that exits is restarted after a backoff (0.5 s doubling, at most 30 s); "
                    f"after N restarts of one worker within --restart-window the service stops with exit "
                    f"1 (default {RESTART_LIMIT})")
-    p.add_argument("--restart-window", type=_seconds, default=RESTART_WINDOW_S, metavar="SECONDS",
+    p.add_argument("--restart-window", type=positive_seconds, default=RESTART_WINDOW_S, metavar="SECONDS",
                    help=f"the window --restart-limit counts in (default {RESTART_WINDOW_S:g})")
     p.add_argument("--insecure-no-auth", action="store_true",
                    help="accept requests without a token (refused unless --host is a loopback address)")
-    p.add_argument("--metrics-port", type=_port, default=None, metavar="PORT",
+    p.add_argument("--metrics-port", type=port_number, default=None, metavar="PORT",
                    help="worker i also serves its metrics on http://127.0.0.1:PORT+i/metrics (GET /metrics "
                    "on the main port shows the worker that answered)")
     p.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True,

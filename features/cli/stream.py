@@ -13,14 +13,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from features.cli.load import add_cluster_argument, add_metrics_arguments, flink_cluster
+from features.cli import COMMANDS
+from features.cli.arguments import add_cluster_argument, add_metrics_arguments, flink_cluster
 from features.flink.stream import StreamConfig
 from features.stream.summary import render
 
 
 def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
-        "stream", help="run the PyFlink job: Kafka topic -> validate -> transform -> Redis + Postgres",
+        "stream", help=COMMANDS["stream"].summary,
         description="Read a Kafka topic with Flink's Kafka connector, validate every record with the "
         "compiled schema, compute the derived features and write hot features to Redis and the history "
         "to Postgres, in micro-batches. Undecodable records and rule violations go to the rejects table "

@@ -30,6 +30,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from features.cli import COMMANDS
+
 if TYPE_CHECKING:
     from features.compile import CompiledSchema
     from features.validation.ties import TieCounter, TieCounts
@@ -43,7 +45,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     """Register ``validate`` on the ``features`` parser."""
     p = subparsers.add_parser(
         "validate",
-        help="validate Parquet files against a schema (counts and top reject reasons)",
+        help=COMMANDS["validate"].summary,
         description="Validate Parquet files against the schema NAME: print the row counts and "
         "the rules that rejected rows with example messages. A file that `features load` would "
         "refuse (a missing required column, a column of an incompatible type) is refused with the "
