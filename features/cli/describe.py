@@ -9,6 +9,8 @@ import json
 from typing import Any
 
 from features.cli import COMMANDS
+from features.config import resolve_settings
+from features.ops.catalog import describe, list_all, read_catalog, render_describe, render_list
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -41,24 +43,17 @@ def add_parser(sub: Any) -> None:
 
 
 def _catalog(args: argparse.Namespace) -> Any:
-    from features.config import resolve_settings
-    from features.ops.catalog import read_catalog
-
     settings = resolve_settings(schemas_dir=args.schemas_dir)
     return read_catalog(settings.schemas_dir, args.views_dir or settings.views_dir)
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from features.ops.catalog import list_all, render_list
-
     listing = list_all(_catalog(args))
     print(json.dumps(listing, indent=2) if args.json else render_list(listing))
     return 0
 
 
 def run_describe(args: argparse.Namespace) -> int:
-    from features.ops.catalog import describe, render_describe
-
     found = describe(_catalog(args), args.name)
     print(json.dumps(found, indent=2, default=str) if args.json else render_describe(found))
     return 0

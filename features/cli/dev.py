@@ -6,6 +6,10 @@ import argparse
 from typing import Any
 
 from features.cli import COMMANDS
+from features.config import cache_home, resolve_settings
+from features.home import state_home
+from features.observe.logs import user_message
+from features.ops.dev import services
 
 #: the exit codes of ``up`` and ``status`` (features.ops.dev.services.EXIT_CODES, kept here as
 #: text so that ``--help`` needs no import of the services module)
@@ -55,11 +59,6 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from features.config import cache_home, resolve_settings
-    from features.home import state_home
-    from features.observe.logs import user_message
-    from features.ops.dev import services
-
     settings = resolve_settings()
     user_message(f"project state: {state_home()}  downloads: {cache_home()}")
     if args.verb == "down":

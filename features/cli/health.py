@@ -8,6 +8,7 @@ from dataclasses import asdict
 from typing import Any
 
 from features.cli import COMMANDS
+from features.config import resolve_settings
 from features.ops import health as _health
 
 
@@ -24,8 +25,6 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from features.config import resolve_settings
-
     if args.timeout <= 0:
         raise SystemExit("features health: --timeout must be > 0")
     settings = resolve_settings(schemas_dir=args.schemas_dir)

@@ -5,16 +5,25 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from features.cli import COMMANDS
 from features.cli.arguments import add_cluster_argument, add_metrics_arguments, flink_cluster
+from features.compile import CompiledSchema, find_schema
+from features.compile.postgres import rejects_table_name
+from features.config import Settings, resolve_settings
 from features.errors import ConfigError, GateBreached
-
-if TYPE_CHECKING:
-    from features.compile import CompiledSchema
-    from features.config import Settings
+from features.flink.batch import load_flink
+from features.lineage import new_run_id
+from features.load import load, render_summary
+from features.load.gates import check_gates
+from features.observe.logs import active_format, bind_run_id, set_run_id, user_message
+from features.observe.metrics import Registry, RunMetrics, linger
+from features.observe.metrics import serve as serve_metrics
+from features.pipeline.gates import GateVerdict
+from features.sources.parquet import DEFAULT_BATCH_ROWS
 
 log = logging.getLogger("features.load")
 
@@ -62,17 +71,6 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import os
-
-    from features.compile import find_schema
-    from features.compile.postgres import rejects_table_name
-    from features.config import resolve_settings
-    from features.lineage import new_run_id
-    from features.load import load, render_summary
-    from features.observe.logs import active_format, bind_run_id, set_run_id, user_message
-    from features.observe.metrics import Registry, RunMetrics, linger, serve
-    from features.sources.parquet import DEFAULT_BATCH_ROWS
-
     # under `flink run -py`, the client talks to the cluster's gateway: run there by default
     engine = args.engine or ("flink" if "PYFLINK_GATEWAY_PORT" in os.environ else "local")
     if args.parallelism is not None and engine != "flink":
@@ -94,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         registry = Registry()
         metrics = RunMetrics(registry, compiled.name)
         try:
-            server = serve(registry, args.metrics_port, args.metrics_host)
+            server = serve_metrics(registry, args.metrics_port, args.metrics_host)
         except OSError as exc:
             raise ConfigError(f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {exc}",
                               key="metrics_port") from exc
@@ -102,8 +100,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         batch_rows = args.batch_rows or DEFAULT_BATCH_ROWS
         if engine == "flink":
-            from features.flink.batch import load_flink
-
             with bind_run_id(run_id):
                 try:
                     summary = load_flink(args.paths, compiled, settings, parallelism=args.parallelism,
@@ -139,9 +135,6 @@ def run(args: argparse.Namespace) -> int:
 def _refused(args: argparse.Namespace, exc: GateBreached) -> int:
     """A load a fail gate refused: the message on stderr (and the verdict as JSON on stdout
     with ``--json``); exit 1."""
-    from features.observe.logs import user_message
-    from features.pipeline.gates import GateVerdict
-
     if args.json and isinstance(exc.verdict, GateVerdict):
         print(json.dumps({"run_id": exc.run_id, "schema": exc.schema, "refused": True,
                           "rejects_stored": exc.rejects_stored, "gates": exc.verdict.as_dict()}))
@@ -153,9 +146,6 @@ def _refused(args: argparse.Namespace, exc: GateBreached) -> int:
 def _check_gates(args: argparse.Namespace, compiled: CompiledSchema, settings: Settings, run_id: str) -> int:
     """``--check-gates``: the verdict over the whole input, nothing stored; exit 1 when a
     fail gate is breached."""
-    from features.load.gates import check_gates
-    from features.sources.parquet import DEFAULT_BATCH_ROWS
-
     verdict = check_gates(args.paths, compiled, settings, run_id=run_id,
                           batch_rows=args.batch_rows or DEFAULT_BATCH_ROWS, dry_run=True)
     if args.json:

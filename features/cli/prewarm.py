@@ -23,6 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from features.cli import COMMANDS
+from features.config import resolve_settings
+from features.errors import ConfigError
+from features.observe.logs import active_format
+from features.schema.syntax import duration_seconds
+from features.sdk.store import FeatureStore
 
 
 def add_parser(sub: Any) -> None:
@@ -43,8 +48,6 @@ def add_parser(sub: Any) -> None:
 
 
 def _duration(text: str) -> dt.timedelta:
-    from features.schema.syntax import duration_seconds
-
     seconds = int(text) if text.isdigit() else duration_seconds(text)
     if seconds is None or seconds <= 0:
         raise argparse.ArgumentTypeError(f"invalid duration {text!r}: use seconds (3600) or 7d, 12h, 30m")
@@ -52,11 +55,6 @@ def _duration(text: str) -> dt.timedelta:
 
 
 def run(args: argparse.Namespace) -> int:
-    from features.config import resolve_settings
-    from features.errors import ConfigError
-    from features.observe.logs import active_format
-    from features.sdk.store import FeatureStore
-
     settings = resolve_settings(schemas_dir=args.schemas_dir)
     ids = None
     if args.ids is not None:

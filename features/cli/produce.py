@@ -12,6 +12,12 @@ from typing import Any
 
 from features.cli import COMMANDS
 from features.cli.arguments import add_kafka_arguments
+from features.compile import find_schema
+from features.config import resolve_settings
+from features.errors import ConfigError
+from features.observe.logs import active_format
+from features.observe.progress import LineProgress
+from features.stream.produce import file_records, produce_batches
 
 
 def add_parser(sub: Any) -> None:
@@ -41,13 +47,6 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from features.compile import find_schema
-    from features.config import resolve_settings
-    from features.errors import ConfigError
-    from features.observe.logs import active_format
-    from features.observe.progress import LineProgress
-    from features.stream.produce import file_records, produce_batches
-
     settings = resolve_settings(schemas_dir=args.schemas_dir, kafka_bootstrap=args.bootstrap)
     schema = find_schema(args.schema, settings.schemas_dir).schema
     if schema.entity is None:

@@ -10,7 +10,10 @@ import sys
 from typing import Any
 
 from features.cli import COMMANDS
+from features.compile import find_schema
+from features.config import resolve_settings
 from features.errors import ConfigError
+from features.observe.logs import active_format
 from features.ops import recompute as _recompute
 from features.ops.recompute import DEFAULT_CHUNK_EVENTS, Recomputed
 
@@ -31,10 +34,6 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from features.compile import find_schema
-    from features.config import resolve_settings
-    from features.observe.logs import active_format
-
     if args.chunk_events < 1:
         raise ConfigError("--chunk-events must be at least 1", key="chunk_events")
     settings = resolve_settings(schemas_dir=args.schemas_dir)

@@ -21,9 +21,16 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import re
+from pathlib import Path
 from typing import Any
 
 from features.cli import COMMANDS
+from features.compile import find_schema
+from features.config import resolve_settings
+from features.report.build import parquet_report, rejects_report, table_report, write_report
+from features.report.drift import SAMPLE_SIZE, DriftOptions, Thresholds
+from features.report.sources import PG_BATCH_ROWS
+from features.sources.parquet import DEFAULT_BATCH_ROWS
 
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 
@@ -109,15 +116,6 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from features.compile import find_schema
-    from features.config import resolve_settings
-    from features.report.build import parquet_report, rejects_report, table_report, write_report
-    from features.report.drift import SAMPLE_SIZE, DriftOptions, Thresholds
-    from features.report.sources import PG_BATCH_ROWS
-    from features.sources.parquet import DEFAULT_BATCH_ROWS
-
     parser: argparse.ArgumentParser = args.report_parser
     if args.since is not None and not args.rejects:
         parser.error("--since applies to --rejects only")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import multiprocessing
 import os
 import re
 import signal
@@ -31,12 +32,24 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from features.cli import COMMANDS
 from features.cli.arguments import port_number, positive_count, positive_seconds
+from features.compile import compile_schema
+from features.config import redact, resolve_settings
+from features.errors import CompileError, ConfigError, SchemaError
+from features.lineage import new_run_id
+from features.observe.logs import active_format, set_run_id, setup_logging
+from features.schema import load_schemas
+from features.sdk import FeatureStore
+from features.serve.app import IngestApp
+from features.serve.ingest import SchemaIngest
 from features.serve.limits import LIMIT_CONCURRENCY, MAX_ERRORS, MAX_QUEUED_BYTES, MAX_RECORDS, MAX_VIEW_ROWS
-from features.serve.producer import DELIVERY_TIMEOUT_MS
+from features.serve.producer import DELIVERY_TIMEOUT_MS, AsyncProducer
+from features.sinks.dead_letter import producer_max_bytes
+from features.views import compile_view, load_views
 
 log = logging.getLogger("features.serve")
 
@@ -204,13 +217,6 @@ def is_loopback(host: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from features.compile import compile_schema
-    from features.config import resolve_settings
-    from features.errors import CompileError, ConfigError, SchemaError
-    from features.lineage import new_run_id
-    from features.observe.logs import active_format, set_run_id
-    from features.schema import load_schemas
-
     settings = resolve_settings(schemas_dir=args.schemas)
     if args.insecure_no_auth:
         if not is_loopback(args.host):
@@ -290,11 +296,6 @@ def run(args: argparse.Namespace) -> int:
 def _compiled_views(views_dir: str, schemas: dict[str, Any]) -> list[str]:
     """The names of the views in ``views_dir``, each compiled against ``schemas`` (a view
     that does not compile fails here, before any worker)."""
-    from pathlib import Path
-
-    from features.compile import compile_schema
-    from features.views import compile_view, load_views
-
     if not Path(views_dir).exists():
         return []
     found = load_views(views_dir, schemas)
@@ -311,8 +312,6 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.bind((host.strip("[]"), port))
     except OSError as exc:
         sock.close()
-        from features.errors import ConfigError
-
         raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}", key="port") from None
     sock.listen(2048)
     sock.set_inheritable(True)
@@ -326,18 +325,9 @@ def serve_worker(index: int, sock: socket.socket, options: ServeOptions, *, on_r
                  on_failure: Any = None, watch_parent: int | None = None) -> int:
     """Run one worker until it is told to stop; returns its exit code (0 after a graceful
     shutdown, 3 when its startup failed: ``on_failure`` is then called with the reason)."""
-    import uvicorn
-
-    from features.config import resolve_settings
-    from features.serve.app import IngestApp
-    from features.serve.ingest import SchemaIngest
-    from features.serve.producer import AsyncProducer
-    from features.sinks.dead_letter import producer_max_bytes
+    import uvicorn  # heavy (~90 ms: loops, protocols): only a worker serves, never --help or the parent
 
     settings = resolve_settings(schemas_dir=options.schemas_dir)
-    from features.compile import compile_schema
-    from features.schema import load_schemas
-
     loaded = load_schemas(options.schemas_dir)
     ingests = [SchemaIngest(compile_schema(loaded[name]), settings, topic=options.topic(name),
                             dead_letter_topic=options.dead_letter_topic(name), run_id=options.run_id,
@@ -352,8 +342,6 @@ def serve_worker(index: int, sock: socket.socket, options: ServeOptions, *, on_r
                              delivery_timeout_ms=round(options.delivery_timeout_s * 1000))
 
     def store() -> Any:
-        from features.sdk import FeatureStore
-
         return FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn,
                             schemas=options.schemas_dir, views=options.views_dir)
 
@@ -387,7 +375,7 @@ def _watch_parent(server: Any, parent: int) -> None:
 
 
 def _server_class() -> Any:
-    import uvicorn
+    import uvicorn  # heavy: imported by the worker that serves only (see serve_worker)
 
     class Server(uvicorn.Server):
         """uvicorn's server, except that the signal that stopped it is not raised again
@@ -406,11 +394,7 @@ def _worker_main(index: int, sock: socket.socket, options: ServeOptions, ready: 
     """A spawned worker: its own process group (only the parent's SIGTERM stops it), the
     parent's log format and run id, then :func:`serve_worker`. Why its startup failed goes
     to ``why`` (a shared byte array the parent reads once the worker exited)."""
-    from features.observe.logs import set_run_id, setup_logging
-
     def failed(reason: str) -> None:
-        from features.config import redact
-
         text = redact(" ".join(reason.split())).encode("utf-8", "replace")[:WHY_BYTES - 1]
         why.value = text.decode("utf-8", "ignore").encode()  # not a character cut in two
 
@@ -434,8 +418,6 @@ def _exit_reason(code: Any, why: Any) -> str:
 
 
 def _supervise(sock: socket.socket, options: ServeOptions, workers: int, ready: Any) -> int:
-    import multiprocessing
-
     ctx = multiprocessing.get_context("spawn")
     stopping = threading.Event()
     procs: dict[int, Any] = {}
@@ -472,8 +454,6 @@ def _supervise(sock: socket.socket, options: ServeOptions, workers: int, ready: 
             sock.close()
             if stopping.is_set() and not dead:
                 return 0
-            from features.errors import ConfigError
-
             why = f" ({_exit_reason(procs[dead[0]].exitcode, whys[dead[0]])})" if dead else ""
             raise ConfigError(f"worker {dead[0] if dead else '?'} did not start{why} (see its log lines "
                               "above)", key="workers")

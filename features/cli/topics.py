@@ -13,6 +13,9 @@ from typing import Any
 
 from features.cli import COMMANDS
 from features.cli.arguments import add_kafka_arguments, positive_count
+from features.compile import find_schema
+from features.config import resolve_settings
+from features.stream.kafka import create_topic, topic_partitions
 
 #: partitions of a schema's topic unless --partitions says otherwise (the demo's and the tests')
 DEFAULT_PARTITIONS = 2
@@ -53,9 +56,6 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from features.config import resolve_settings
-    from features.stream.kafka import create_topic, topic_partitions
-
     settings = resolve_settings(schemas_dir=args.schemas_dir, kafka_bootstrap=args.bootstrap)
     bootstrap, props = settings.kafka_bootstrap, dict(settings.kafka_properties)
     if args.verb == "list":
@@ -63,8 +63,6 @@ def run(args: argparse.Namespace) -> int:
             if not name.startswith("__"):
                 print(f"{name}\t{n}")
         return 0
-    from features.compile import find_schema
-
     compiled = find_schema(args.schema, settings.schemas_dir)  # a ConfigError names the known schemas
     topic = args.topic or compiled.name
     wanted = [(topic, args.partitions)] + ([(f"{topic}.rejects", 1)] if args.dead_letter else [])
