@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from features.cli import COMMANDS
 from features.ops import demo as _demo
 
 
 def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
-        "demo", help="run the demo pipeline end to end (services, compile, example data, load, summary)",
+        "demo", help=COMMANDS["demo"].summary,
         description=_demo.__doc__.split("\n\n")[1] if _demo.__doc__ else None,
     )
     p.add_argument("--rows", type=int, default=300_000, help="applicant rows to generate (default 300000)")

@@ -8,6 +8,10 @@ import argparse
 import json
 from typing import Any
 
+from features.cli import COMMANDS
+from features.config import resolve_settings
+from features.ops.catalog import describe, list_all, read_catalog, render_describe, render_list
+
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--schemas-dir", default=None, metavar="DIR",
@@ -20,14 +24,14 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
-        "list", help="list the project's schemas and views (version, fingerprint, entity, counts, readers)",
+        "list", help=COMMANDS["list"].summary,
         description="Every schema (version, fingerprint, entity and event time, how many fields, derived "
         "features and aggregations, which views read it) and every view (keys, sources, features). Exit 0, "
         "or 2 when a file does not parse.")
     _common(p)
     p.set_defaults(func=run_list)
     d: argparse.ArgumentParser = sub.add_parser(
-        "describe", help="describe one schema, view or feature (SCHEMA.FEATURE) in full",
+        "describe", help=COMMANDS["describe"].summary,
         description="A schema: its fields (type, hot/cold, rules, input name, description), derived features "
         "and their steps, aggregations and their windows, and the views that read it. A view: its request "
         "keys and fields, sources (join, max age, output names) and request-time features. A feature "
@@ -39,24 +43,17 @@ def add_parser(sub: Any) -> None:
 
 
 def _catalog(args: argparse.Namespace) -> Any:
-    from features.config import resolve_settings
-    from features.ops.catalog import read_catalog
-
     settings = resolve_settings(schemas_dir=args.schemas_dir)
     return read_catalog(settings.schemas_dir, args.views_dir or settings.views_dir)
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from features.ops.catalog import list_all, render_list
-
     listing = list_all(_catalog(args))
     print(json.dumps(listing, indent=2) if args.json else render_list(listing))
     return 0
 
 
 def run_describe(args: argparse.Namespace) -> int:
-    from features.ops.catalog import describe, render_describe
-
     found = describe(_catalog(args), args.name)
     print(json.dumps(found, indent=2, default=str) if args.json else render_describe(found))
     return 0

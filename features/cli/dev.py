@@ -5,6 +5,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from features.cli import COMMANDS
+from features.config import cache_home, resolve_settings
+from features.home import state_home
+from features.observe.logs import user_message
+from features.ops.dev import services
+
 #: the exit codes of ``up`` and ``status`` (features.ops.dev.services.EXIT_CODES, kept here as
 #: text so that ``--help`` needs no import of the services module)
 _EXIT_HELP = ("exit codes (up, status): 0 every server healthy and the stream ready; 1 a server "
@@ -16,7 +22,7 @@ _EXIT_HELP = ("exit codes (up, status): 0 every server healthy and the stream re
 
 def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
-        "dev", help="start, stop or check the local services (Postgres, Redis, Kafka, Flink jars)",
+        "dev", help=COMMANDS["dev"].summary,
         description="Install if missing and start, on loopback only, PostgreSQL and Redis (Debian "
         "packages), Apache Kafka in KRaft mode (Maven Central jars) and the Flink Kafka connector jar. "
         "Data and pid files live in the project's .dev/ (the project folder is FEATURES_HOME, else the "
@@ -53,11 +59,6 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from features.config import cache_home, resolve_settings
-    from features.home import state_home
-    from features.observe.logs import user_message
-    from features.ops.dev import services
-
     settings = resolve_settings()
     user_message(f"project state: {state_home()}  downloads: {cache_home()}")
     if args.verb == "down":

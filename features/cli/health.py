@@ -7,12 +7,14 @@ import json
 from dataclasses import asdict
 from typing import Any
 
+from features.cli import COMMANDS
+from features.config import resolve_settings
 from features.ops import health as _health
 
 
 def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
-        "health", help="check every configured store and each schema's recorded fingerprint",
+        "health", help=COMMANDS["health"].summary,
         description=_health.__doc__.split("\n\n")[1] if _health.__doc__ else None)
     p.add_argument("--schemas-dir", default=None, help="folder of schema YAML files (default: schemas)")
     p.add_argument("--schema", default=None, metavar="NAME",
@@ -23,8 +25,6 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from features.config import resolve_settings
-
     if args.timeout <= 0:
         raise SystemExit("features health: --timeout must be > 0")
     settings = resolve_settings(schemas_dir=args.schemas_dir)

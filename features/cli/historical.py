@@ -22,12 +22,23 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from features.cli import COMMANDS
+from features.config import resolve_settings
 from features.errors import ConfigError
+from features.observe.logs import active_format
+from features.observe.progress import LineProgress
+from features.schema.syntax import duration_seconds
+from features.sdk.asof import CHUNK_ROWS
+from features.sdk.store import FeatureStore
 
 
 def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
-        "historical", help="write a point-in-time-correct training set (Parquet) for an entity frame",
+        "historical", help=COMMANDS["historical"].summary,
         description="For each row of the entity frame (a Parquet file with the schema's entity column and a "
         "timestamp column; other columns, such as labels, pass through), the schema's stored values as of "
         "that time: the entity's newest Postgres row at or before it, never a later one. Writes Parquet in "
@@ -70,9 +81,6 @@ def write_training_set(rows_iter: Iterable[Any], out_path: str | Path,
     failed run leaves no partial training set). ``progress``: a
     :class:`features.observe.progress.LineProgress` (or None). Returns ``{"rows", "matched"}``
     (rows with an ``_event_time``, when the tables have one)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     out = Path(out_path)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     writer = None
@@ -89,8 +97,6 @@ def write_training_set(rows_iter: Iterable[Any], out_path: str | Path,
             else:  # a view's rows: matched where every source found a row
                 found = [n for n in table.column_names if n.endswith("._found")]
                 if found:
-                    import pyarrow.compute as pc
-
                     every = table.column(found[0])
                     for name in found[1:]:
                         every = pc.and_(every, table.column(name))
@@ -114,9 +120,6 @@ def write_training_set(rows_iter: Iterable[Any], out_path: str | Path,
 def _frame_chunks(path: str, chunk_rows: int) -> tuple[Iterator[Any], int]:
     """The frame file's rows as tables of ``chunk_rows`` rows (at least one, possibly
     empty), and its row count."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     try:
         pf = pq.ParquetFile(path)
     except (OSError, pa.ArrowInvalid) as exc:
@@ -134,8 +137,6 @@ def _frame_chunks(path: str, chunk_rows: int) -> tuple[Iterator[Any], int]:
 
 
 def _max_age(text: str | None) -> dt.timedelta | None:
-    from features.schema.syntax import duration_seconds
-
     if text is None:
         return None
     seconds = duration_seconds(text)
@@ -145,12 +146,6 @@ def _max_age(text: str | None) -> dt.timedelta | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from features.config import resolve_settings
-    from features.observe.logs import active_format
-    from features.observe.progress import LineProgress
-    from features.sdk.asof import CHUNK_ROWS
-    from features.sdk.store import FeatureStore
-
     chunk_rows = args.chunk_rows or CHUNK_ROWS
     if chunk_rows < 1:
         raise ConfigError(f"--chunk-rows must be at least 1, not {chunk_rows}", key="chunk_rows")

@@ -6,12 +6,13 @@ import argparse
 import sys
 from typing import Any
 
+from features.cli import COMMANDS
 from features.ops import init as _init
 
 
 def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
-        "init", help="start a project: schemas/ with an example, featureline.toml, a README",
+        "init", help=COMMANDS["init"].summary,
         description=_init.__doc__.split("\n\n")[1] if _init.__doc__ else None)
     p.add_argument("directory", nargs="?", default=".", metavar="DIR",
                    help="the project folder (default: the current one; created when missing)")

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from features.cli import main
+from features.cli import COMMANDS, main
 from features.flink import JOBS, job_file
 
 
@@ -18,7 +18,7 @@ def run(name: str) -> int:
 
 def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
-        "job-file", help="print the path of an installed job file, for `flink run -py`",
+        "job-file", help=COMMANDS["job-file"].summary,
         description="Print the absolute path of the job file that `flink run -py` submits: "
         "`stream` runs `features stream`, `batch` runs `features load`, with the same flags. "
         "Example: flink run -py \"$(features job-file stream)\" -pyfs <featureline wheel> "

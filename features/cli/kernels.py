@@ -15,12 +15,19 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from features.cli import COMMANDS
+from features.config import resolve_settings
+from features.kernels.cupy_backend import generate_source
+from features.kernels.ops import plan_program
+from features.kernels.program import arrow_dtype, compile_transforms
+from features.schema.parse import load_schema
+
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``kernels`` on the ``features`` parser."""
     parser = subparsers.add_parser(
         "kernels",
-        help="show a schema's transform program (features, dtypes, device, kernel source)",
+        help=COMMANDS["kernels"].summary,
         description="Compile a schema's derived features and show the program: each feature's "
         "steps and output columns, the device it runs on, or (--show-source) the generated "
         "fused CuPy kernel.",
@@ -46,16 +53,9 @@ def _schema_path(name: str, schemas_dir: str) -> Path:
 
 def run_kernels(args: argparse.Namespace) -> int:
     """Print the program or its kernel source; returns the exit code (module docstring)."""
-    from features.config import resolve_settings
-    from features.kernels.ops import plan_program
-    from features.kernels.program import arrow_dtype, compile_transforms
-    from features.schema.parse import load_schema
-
     settings = resolve_settings(device=args.device)
     schema = load_schema(_schema_path(args.schema, settings.schemas_dir))
     if args.show_source:
-        from features.kernels.cupy_backend import generate_source
-
         print(generate_source(plan_program(schema)).render(), end="")
         return 0
     program = compile_transforms(schema, device=settings.device)

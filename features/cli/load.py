@@ -5,21 +5,32 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from features.cli import COMMANDS
+from features.cli.arguments import add_cluster_argument, add_metrics_arguments, flink_cluster
+from features.compile import CompiledSchema, find_schema
+from features.compile.postgres import rejects_table_name
+from features.config import Settings, resolve_settings
 from features.errors import ConfigError, GateBreached
-
-if TYPE_CHECKING:
-    from features.compile import CompiledSchema
-    from features.config import Settings
+from features.flink.batch import load_flink
+from features.lineage import new_run_id
+from features.load import load, render_summary
+from features.load.gates import check_gates
+from features.observe.logs import active_format, bind_run_id, set_run_id, user_message
+from features.observe.metrics import Registry, RunMetrics, linger
+from features.observe.metrics import serve as serve_metrics
+from features.pipeline.gates import GateVerdict
+from features.sources.parquet import DEFAULT_BATCH_ROWS
 
 log = logging.getLogger("features.load")
 
 
 def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
-        "load", help="load Parquet files into Redis (hot) and Postgres (cold), with rejects and lineage",
+        "load", help=COMMANDS["load"].summary,
         description="Read Parquet files row group by row group, validate every row with the compiled "
         "schema, compute the derived features, and write hot features to Redis and the history to "
         "Postgres. Rejected rows go to the <schema>__rejects table. Re-running the same files stores "
@@ -59,65 +70,7 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def add_cluster_argument(p: argparse.ArgumentParser, prefix: str = "") -> None:
-    """``--cluster [ADDRESS]``: submit the Flink job to a running cluster (``features load
-    --engine flink``, ``features stream``)."""
-    p.add_argument("--cluster", nargs="?", const="project", default=None, metavar="ADDRESS",
-                   help=f"{prefix}submit the Flink job to a running Flink cluster instead of a mini-cluster "
-                   "in this process: alone, this project's (`features dev up --flink-cluster`, its address "
-                   "in .dev/flink/cluster.json); or the REST address HOST:PORT (the web UI's) of another, "
-                   "whose TaskManagers run this Python (python.executable) at the same path, with "
-                   "featureline installed; for a real cluster see `flink run` in docs/streaming.md. Not "
-                   "under `flink run` (its -m chooses)")
-
-
-def add_metrics_arguments(p: argparse.ArgumentParser, when: str, end: str) -> None:
-    """``--metrics-port``, ``--metrics-host``, ``--metrics-linger-s`` (the loader's and the stream's)."""
-    p.add_argument("--metrics-port", type=_port, default=None, metavar="PORT",
-                   help=f"serve Prometheus metrics on http://HOST:PORT/metrics {when} (docs/operations.md)")
-    p.add_argument("--metrics-host", default="127.0.0.1",
-                   help="address the metrics endpoint listens on (default 127.0.0.1, this machine only; "
-                   "0.0.0.0 for every interface)")
-    p.add_argument("--metrics-linger-s", type=float, default=0.0, metavar="SECONDS",
-                   help=f"keep serving the metrics this many seconds {end}, so a scraper sees the final "
-                   "values (default 0)")
-
-
-def flink_cluster(arg: str | None) -> str | None:
-    """``--cluster``'s REST address (``features.flink.cluster.resolve``); refused under ``flink
-    run``, whose client already talks to a cluster."""
-    import os
-
-    from features.flink.cluster import resolve
-
-    if arg is not None and "PYFLINK_GATEWAY_PORT" in os.environ:
-        raise ConfigError("--cluster does not apply under `flink run` (its -m chooses the cluster)",
-                          key="cluster")
-    return resolve(arg)
-
-
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid port {text!r}") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"port {port} is not in 0..65535")
-    return port
-
-
 def run(args: argparse.Namespace) -> int:
-    import os
-
-    from features.compile import find_schema
-    from features.compile.postgres import rejects_table_name
-    from features.config import resolve_settings
-    from features.lineage import new_run_id
-    from features.load import load, render_summary
-    from features.observe.logs import active_format, bind_run_id, set_run_id, user_message
-    from features.observe.metrics import Registry, RunMetrics, linger, serve
-    from features.sources.parquet import DEFAULT_BATCH_ROWS
-
     # under `flink run -py`, the client talks to the cluster's gateway: run there by default
     engine = args.engine or ("flink" if "PYFLINK_GATEWAY_PORT" in os.environ else "local")
     if args.parallelism is not None and engine != "flink":
@@ -139,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         registry = Registry()
         metrics = RunMetrics(registry, compiled.name)
         try:
-            server = serve(registry, args.metrics_port, args.metrics_host)
+            server = serve_metrics(registry, args.metrics_port, args.metrics_host)
         except OSError as exc:
             raise ConfigError(f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {exc}",
                               key="metrics_port") from exc
@@ -147,8 +100,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         batch_rows = args.batch_rows or DEFAULT_BATCH_ROWS
         if engine == "flink":
-            from features.flink.batch import load_flink
-
             with bind_run_id(run_id):
                 try:
                     summary = load_flink(args.paths, compiled, settings, parallelism=args.parallelism,
@@ -184,9 +135,6 @@ def run(args: argparse.Namespace) -> int:
 def _refused(args: argparse.Namespace, exc: GateBreached) -> int:
     """A load a fail gate refused: the message on stderr (and the verdict as JSON on stdout
     with ``--json``); exit 1."""
-    from features.observe.logs import user_message
-    from features.pipeline.gates import GateVerdict
-
     if args.json and isinstance(exc.verdict, GateVerdict):
         print(json.dumps({"run_id": exc.run_id, "schema": exc.schema, "refused": True,
                           "rejects_stored": exc.rejects_stored, "gates": exc.verdict.as_dict()}))
@@ -198,9 +146,6 @@ def _refused(args: argparse.Namespace, exc: GateBreached) -> int:
 def _check_gates(args: argparse.Namespace, compiled: CompiledSchema, settings: Settings, run_id: str) -> int:
     """``--check-gates``: the verdict over the whole input, nothing stored; exit 1 when a
     fail gate is breached."""
-    from features.load.gates import check_gates
-    from features.sources.parquet import DEFAULT_BATCH_ROWS
-
     verdict = check_gates(args.paths, compiled, settings, run_id=run_id,
                           batch_rows=args.batch_rows or DEFAULT_BATCH_ROWS, dry_run=True)
     if args.json:

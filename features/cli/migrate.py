@@ -36,6 +36,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from features.cli import COMMANDS
+from features.compile import compile_schema
+from features.compile.fingerprint import fingerprint as fp_of
+from features.compile.migration import brief
+from features.config import resolve_settings
 from features.errors import ConfigError
 from features.ops.digests import migrate_digests, plan_digests
 from features.ops.migrate import (
@@ -49,12 +54,14 @@ from features.ops.migrate import (
     read_recorded,
     scan_keys,
 )
+from features.schema.parse import load_schema
+from features.sdk.connections import Connections
+from features.sinks import pg
 
 
 def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
-        "migrate", help="bring Postgres and Redis to a compatible new version of a schema (a dry run "
-        "unless --apply)",
+        "migrate", help=COMMANDS["migrate"].summary,
         description=__doc__.split("\n\n")[1] if __doc__ else None,
         epilog="Exit codes: 0 done (or a dry run, or nothing to do), 1 refused (a breaking change), "
                "2 usage, schema or store errors. See docs/evolution.md.")
@@ -69,18 +76,11 @@ def add_parser(sub: Any) -> None:
 
 
 def _brief(statement: str) -> str:
-    from features.compile.migration import brief
-
     short = brief(statement)
     return short if short != statement else f"{statement};"
 
 
 def run(args: argparse.Namespace) -> int:
-    from features.compile import compile_schema
-    from features.config import resolve_settings
-    from features.schema.parse import load_schema
-    from features.sdk.connections import Connections
-
     if args.chunk < 1:
         raise ConfigError("--chunk must be at least 1", key="chunk")
     schema = load_schema(args.schema_file)
@@ -136,8 +136,6 @@ def run(args: argparse.Namespace) -> int:
         if not args.apply:
             recorded = p.recorded
             if p.migration is not None:  # what the versions table will say once applied
-                from features.compile.fingerprint import fingerprint as fp_of
-
                 assert p.old is not None
                 versions = dict(recorded.versions)
                 versions[c.fingerprint] = Version(c.fingerprint, schema.version_str, schema.text,
@@ -162,8 +160,6 @@ def run(args: argparse.Namespace) -> int:
             apply_postgres(fs, p, waiting=say)
             say(f"postgres: migrated to {schema.version_str} ({time.perf_counter() - t0:.1f} s)")
         if digest_plan.needed:
-            from features.sinks import pg
-
             with pg.map_psycopg_errors(settings.postgres_dsn, "the digest migration"), \
                     pg.connect(settings.postgres_dsn, autocommit=True, utc=True) as conn:
                 filled = migrate_digests(conn, c, progress=lambda n: say(f"postgres: {n:,} digests written"))

@@ -22,10 +22,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from features.cli import COMMANDS
+from features.config import resolve_settings
+from features.errors import ConfigError
+from features.observe.logs import active_format
+from features.schema.syntax import duration_seconds
+from features.sdk.store import FeatureStore
+
 
 def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
-        "prewarm", help="fill Redis with each entity's newest row from Postgres (deploys, a Redis loss)",
+        "prewarm", help=COMMANDS["prewarm"].summary,
         description=__doc__.split("\n\n")[1] if __doc__ else None)
     p.add_argument("--schema", required=True, help="schema name (a file in the schemas folder)")
     which = p.add_mutually_exclusive_group()
@@ -41,8 +48,6 @@ def add_parser(sub: Any) -> None:
 
 
 def _duration(text: str) -> dt.timedelta:
-    from features.schema.syntax import duration_seconds
-
     seconds = int(text) if text.isdigit() else duration_seconds(text)
     if seconds is None or seconds <= 0:
         raise argparse.ArgumentTypeError(f"invalid duration {text!r}: use seconds (3600) or 7d, 12h, 30m")
@@ -50,11 +55,6 @@ def _duration(text: str) -> dt.timedelta:
 
 
 def run(args: argparse.Namespace) -> int:
-    from features.config import resolve_settings
-    from features.errors import ConfigError
-    from features.observe.logs import active_format
-    from features.sdk.store import FeatureStore
-
     settings = resolve_settings(schemas_dir=args.schemas_dir)
     ids = None
     if args.ids is not None:

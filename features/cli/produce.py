@@ -10,13 +10,19 @@ import argparse
 import sys
 from typing import Any
 
-from features.cli.topics import add_kafka_arguments
+from features.cli import COMMANDS
+from features.cli.arguments import add_kafka_arguments
+from features.compile import find_schema
+from features.config import resolve_settings
+from features.errors import ConfigError
+from features.observe.logs import active_format
+from features.observe.progress import LineProgress
+from features.stream.produce import file_records, produce_batches
 
 
 def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
-        "produce", help="send a JSONL, JSON or Parquet file's records to a schema's Kafka topic, keyed by "
-        "entity",
+        "produce", help=COMMANDS["produce"].summary,
         description="Send every record of FILE to the schema's topic (default: the schema's name; create it "
         "with `features topics create`), in file order, each keyed by its entity id as `features serve` "
         "keys it (a string id's bytes, an integer's digits; a record without one is sent without a key and "
@@ -41,13 +47,6 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from features.compile import find_schema
-    from features.config import resolve_settings
-    from features.errors import ConfigError
-    from features.observe.logs import active_format
-    from features.observe.progress import LineProgress
-    from features.stream.produce import file_records, produce_batches
-
     settings = resolve_settings(schemas_dir=args.schemas_dir, kafka_bootstrap=args.bootstrap)
     schema = find_schema(args.schema, settings.schemas_dir).schema
     if schema.entity is None:

@@ -9,7 +9,11 @@ import json
 import sys
 from typing import Any
 
+from features.cli import COMMANDS
+from features.compile import find_schema
+from features.config import resolve_settings
 from features.errors import ConfigError
+from features.observe.logs import active_format
 from features.ops import recompute as _recompute
 from features.ops.recompute import DEFAULT_CHUNK_EVENTS, Recomputed
 
@@ -20,8 +24,7 @@ def _description() -> str | None:
 
 def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
-        "recompute", help="compute a schema's aggregations and derived features again over the stored "
-        "history (after adding one)", description=_description())
+        "recompute", help=COMMANDS["recompute"].summary, description=_description())
     p.add_argument("--schema", required=True, help="schema name (a file in the schemas folder)")
     p.add_argument("--schemas-dir", default=None, help="folder of schema YAML files (default: schemas)")
     p.add_argument("--chunk-events", type=int, default=DEFAULT_CHUNK_EVENTS,
@@ -31,10 +34,6 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from features.compile import find_schema
-    from features.config import resolve_settings
-    from features.observe.logs import active_format
-
     if args.chunk_events < 1:
         raise ConfigError("--chunk-events must be at least 1", key="chunk_events")
     settings = resolve_settings(schemas_dir=args.schemas_dir)

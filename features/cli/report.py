@@ -21,7 +21,16 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import re
+from pathlib import Path
 from typing import Any
+
+from features.cli import COMMANDS
+from features.compile import find_schema
+from features.config import resolve_settings
+from features.report.build import parquet_report, rejects_report, table_report, write_report
+from features.report.drift import SAMPLE_SIZE, DriftOptions, Thresholds
+from features.report.sources import PG_BATCH_ROWS
+from features.sources.parquet import DEFAULT_BATCH_ROWS
 
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 
@@ -54,7 +63,7 @@ def _nonnegative(text: str) -> float:
 def add_parser(sub: Any) -> None:
     """Register ``report`` on the ``features`` parser."""
     p: argparse.ArgumentParser = sub.add_parser(
-        "report", help="data-quality report (GX suite + validator) as JSON and one HTML page",
+        "report", help=COMMANDS["report"].summary,
         description="Check Parquet files (--parquet) or the schema's cold table (--table) with the "
         "generated Great Expectations suite and the compiled validator, batch by batch, or group the "
         "rejects table by field and rule (--rejects). Writes DIR/report.json and DIR/report.html (one "
@@ -107,15 +116,6 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from features.compile import find_schema
-    from features.config import resolve_settings
-    from features.report.build import parquet_report, rejects_report, table_report, write_report
-    from features.report.drift import SAMPLE_SIZE, DriftOptions, Thresholds
-    from features.report.sources import PG_BATCH_ROWS
-    from features.sources.parquet import DEFAULT_BATCH_ROWS
-
     parser: argparse.ArgumentParser = args.report_parser
     if args.since is not None and not args.rejects:
         parser.error("--since applies to --rejects only")

@@ -7,15 +7,15 @@ import argparse
 import dataclasses
 import json
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from features.cli import COMMANDS
+from features.compile import CompiledSchema, compile_schema, find_schema
+from features.config import Settings, resolve_settings
 from features.errors import ConfigError
-from features.ops.rollback import DEFAULT_CHUNK_ENTITIES
-
-if TYPE_CHECKING:
-    from features.compile import CompiledSchema
-    from features.config import Settings
-    from features.ops.rollback import RollbackPlan, RolledBack
+from features.observe.logs import active_format
+from features.ops.rollback import DEFAULT_CHUNK_ENTITIES, RollbackPlan, RolledBack, plan_rollback, rollback
+from features.schema import load_schemas
 
 DESCRIPTION = (
     "Undo a load or a stream run from its lineage: remove the rows it wrote (_run_id) from the history, "
@@ -29,8 +29,7 @@ DESCRIPTION = (
 
 def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
-        "rollback", help="undo a bad load (or stream run) in both stores, by its run id",
-        description=DESCRIPTION)
+        "rollback", help=COMMANDS["rollback"].summary, description=DESCRIPTION)
     p.add_argument("--run", required=True, metavar="RUN_ID", help="the run id to roll back (a load's "
                    "summary prints it; every stored row carries it as _run_id)")
     p.add_argument("--schema", default=None, help="the schema the run wrote (default: every schema of the "
@@ -47,9 +46,6 @@ def add_parser(sub: Any) -> None:
 
 
 def _schemas(args: argparse.Namespace, settings: Settings) -> list[CompiledSchema]:
-    from features.compile import compile_schema, find_schema
-    from features.schema import load_schemas
-
     if args.schema is not None:
         return [find_schema(args.schema, settings.schemas_dir)]
     return [compile_schema(s) for s in load_schemas(settings.schemas_dir).values()
@@ -58,8 +54,6 @@ def _schemas(args: argparse.Namespace, settings: Settings) -> list[CompiledSchem
 
 def _plans(args: argparse.Namespace, settings: Settings) -> list[RollbackPlan]:
     """The plan of each schema holding the run (ConfigError naming the run when none does)."""
-    from features.ops.rollback import plan_rollback
-
     schemas = _schemas(args, settings)
     plans = []
     unknown: list[str] = []
@@ -95,11 +89,6 @@ def _plan_lines(p: RollbackPlan) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from features.compile import find_schema
-    from features.config import resolve_settings
-    from features.observe.logs import active_format
-    from features.ops.rollback import rollback
-
     if args.chunk_entities < 1:
         raise ConfigError("--chunk-entities must be at least 1", key="chunk_entities")
     settings = resolve_settings(schemas_dir=args.schemas_dir)

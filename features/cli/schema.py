@@ -23,17 +23,25 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
-if TYPE_CHECKING:
-    from features.compile.migration import Migration
-    from features.schema.diff import Change
-    from features.schema.model import Schema
+import yaml
+
+from features.cli import COMMANDS
+from features.compile import compile_schema
+from features.compile.migration import Migration, brief, plan_migration
+from features.config import resolve_settings
+from features.schema.diff import Change
+from features.schema.model import Schema
+from features.schema.parse import load_schema, load_schemas, read_text
+from features.views import compile_view, parse_view
+from features.views.diff import diff_views
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``schema`` and its sub-subcommands on the ``features`` parser."""
-    parser = subparsers.add_parser("schema", help="inspect schema files (diff two versions)")
+    parser = subparsers.add_parser("schema", help=COMMANDS["schema"].summary)
     sub = parser.add_subparsers(dest="schema_command", metavar="SUBCOMMAND", required=True)
     diff = sub.add_parser(
         "diff",
@@ -60,9 +68,6 @@ def run_diff(args: argparse.Namespace) -> int:
     A file that cannot be read or parsed raises (SchemaError) or, for an OS error,
     prints it and returns 2.
     """
-    from features.compile.migration import plan_migration
-    from features.schema.parse import load_schema
-
     if _is_view(args.old) or _is_view(args.new):
         return _run_view_diff(args)
     try:
@@ -91,8 +96,6 @@ def run_diff(args: argparse.Namespace) -> int:
 def _is_view(path: str) -> bool:
     """Whether the YAML file at ``path`` is a view (a top-level ``sources`` key); False
     for anything unreadable (the schema diff then reports it)."""
-    import yaml
-
     try:
         with open(path, encoding="utf-8") as fh:
             doc = yaml.safe_load(fh)
@@ -102,20 +105,11 @@ def _is_view(path: str) -> bool:
 
 
 def _run_view_diff(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from features.compile import compile_schema
-    from features.schema.parse import load_schemas, read_text
-    from features.views import compile_view, parse_view
-    from features.views.diff import diff_views
-
     if args.sql:
         print("features schema diff: --sql applies to schema files; a view has no tables", file=sys.stderr)
         return 2
     schemas_dir = args.schemas_dir
     if schemas_dir is None:
-        from features.config import resolve_settings
-
         schemas_dir = resolve_settings().schemas_dir
     schemas = load_schemas(schemas_dir)
     compiled = {name: compile_schema(s) for name, s in schemas.items()}
@@ -199,8 +193,6 @@ def _header(kind: str, old: tuple[str, str], new: tuple[str, str], names: list[s
 
 
 def _print_text(migration: Migration) -> None:
-    from features.compile.migration import brief
-
     result = migration.diff
     old, new = result.old, result.new
     width = _header("schema", (old.name, old.version_str), (new.name, new.version_str),

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import multiprocessing
 import os
 import re
 import signal
@@ -31,11 +32,24 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from features.cli.load import _port
+from features.cli import COMMANDS
+from features.cli.arguments import port_number, positive_count, positive_seconds
+from features.compile import compile_schema
+from features.config import redact, resolve_settings
+from features.errors import CompileError, ConfigError, SchemaError
+from features.lineage import new_run_id
+from features.observe.logs import active_format, set_run_id, setup_logging
+from features.schema import load_schemas
+from features.sdk import FeatureStore
+from features.serve.app import IngestApp
+from features.serve.ingest import SchemaIngest
 from features.serve.limits import LIMIT_CONCURRENCY, MAX_ERRORS, MAX_QUEUED_BYTES, MAX_RECORDS, MAX_VIEW_ROWS
-from features.serve.producer import DELIVERY_TIMEOUT_MS
+from features.serve.producer import DELIVERY_TIMEOUT_MS, AsyncProducer
+from features.sinks.dead_letter import producer_max_bytes
+from features.views import compile_view, load_views
 
 log = logging.getLogger("features.serve")
 
@@ -67,16 +81,6 @@ def _size(text: str) -> int:
     return int(m.group(1)) * scale
 
 
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid count {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
-    return n
-
-
 def _workers(text: str) -> int:
     n = int(text)
     if n < 1:
@@ -84,20 +88,10 @@ def _workers(text: str) -> int:
     return n
 
 
-def _seconds(text: str) -> float:
-    try:
-        s = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid seconds {text!r}") from None
-    if not s > 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
-    return s
-
-
 def _delivery_seconds(text: str) -> float:
     """``--delivery-timeout``: seconds, at least 0.1 (librdkafka's ``delivery.timeout.ms``
     must exceed the producer's ``linger.ms``)."""
-    s = _seconds(text)
+    s = positive_seconds(text)
     if s < 0.1:
         raise argparse.ArgumentTypeError(f"must be at least 0.1, got {text}")
     return s
@@ -105,7 +99,7 @@ def _delivery_seconds(text: str) -> float:
 
 def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
-        "serve", help="HTTP ingest service: validate posted events and produce them to the schema's topic",
+        "serve", help=COMMANDS["serve"].summary,
         description="Serve POST /v1/schemas/{name}/events: each posted record (one JSON object, a JSON "
         "array of objects, or NDJSON) is decoded and validated with the stream job's own code; rejects go "
         "to the rejects table and the dead-letter topic, then the valid records (their bytes as sent) are "
@@ -131,8 +125,8 @@ def add_parser(sub: Any) -> None:
                    help="serve the views only: no events route, no Kafka producer (/readyz: the views "
                    "compiled)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=_port, default=8000, help="port to listen on (default 8000; 0: a free one, "
-                   "printed)")
+    p.add_argument("--port", type=port_number, default=8000,
+                   help="port to listen on (default 8000; 0: a free one, printed)")
     p.add_argument("--workers", type=_workers, default=1,
                    help="worker processes sharing the socket, about one per core (default 1)")
     p.add_argument("--topic-template", default="{schema}",
@@ -142,33 +136,33 @@ def add_parser(sub: Any) -> None:
                    "'{topic}.rejects'; '' disables dead letters, rejects still go to the rejects table)")
     p.add_argument("--max-body-bytes", type=_size, default=16 * 1024 * 1024, metavar="SIZE",
                    help="largest request body, e.g. 16MiB, 512KiB, 1000000 (default 16MiB; larger: 413)")
-    p.add_argument("--max-records", type=_positive, default=MAX_RECORDS, metavar="N",
+    p.add_argument("--max-records", type=positive_count, default=MAX_RECORDS, metavar="N",
                    help=f"most records in one request (default {MAX_RECORDS:,}; more: 413, nothing read)")
-    p.add_argument("--max-view-rows", type=_positive, default=MAX_VIEW_ROWS, metavar="N",
+    p.add_argument("--max-view-rows", type=positive_count, default=MAX_VIEW_ROWS, metavar="N",
                    help=f"most request rows in one view request (default {MAX_VIEW_ROWS:,}; more: 413, "
                    "nothing read)")
-    p.add_argument("--max-errors", type=_positive, default=MAX_ERRORS, metavar="N",
+    p.add_argument("--max-errors", type=positive_count, default=MAX_ERRORS, metavar="N",
                    help=f"most field errors listed in a 422 response, of the events or a view route (default "
                    f"{MAX_ERRORS:,}); the response also says errors_total and errors_truncated")
     p.add_argument("--max-queued-bytes", type=_size, default=MAX_QUEUED_BYTES, metavar="SIZE",
                    help="most body bytes waiting to be checked, per worker and schema (default 64MiB; "
                    "past it: 503 Retry-After)")
-    p.add_argument("--limit-concurrency", type=_positive, default=LIMIT_CONCURRENCY, metavar="N",
+    p.add_argument("--limit-concurrency", type=positive_count, default=LIMIT_CONCURRENCY, metavar="N",
                    help=f"most connections and requests one worker takes at once (default "
                    f"{LIMIT_CONCURRENCY}; past it uvicorn answers 503)")
     p.add_argument("--delivery-timeout", type=_delivery_seconds, default=DELIVERY_TIMEOUT_MS / 1000,
                    metavar="SECONDS",
                    help=f"Kafka's producer gives up on a record after this long (delivery.timeout.ms) and "
                    f"the request answers 503 (default {DELIVERY_TIMEOUT_MS / 1000:g}; at least 0.1)")
-    p.add_argument("--restart-limit", type=_positive, default=RESTART_LIMIT, metavar="N",
+    p.add_argument("--restart-limit", type=positive_count, default=RESTART_LIMIT, metavar="N",
                    help=f"a worker that exits is restarted after a backoff (0.5 s doubling, at most 30 s); "
                    f"after N restarts of one worker within --restart-window the service stops with exit "
                    f"1 (default {RESTART_LIMIT})")
-    p.add_argument("--restart-window", type=_seconds, default=RESTART_WINDOW_S, metavar="SECONDS",
+    p.add_argument("--restart-window", type=positive_seconds, default=RESTART_WINDOW_S, metavar="SECONDS",
                    help=f"the window --restart-limit counts in (default {RESTART_WINDOW_S:g})")
     p.add_argument("--insecure-no-auth", action="store_true",
                    help="accept requests without a token (refused unless --host is a loopback address)")
-    p.add_argument("--metrics-port", type=_port, default=None, metavar="PORT",
+    p.add_argument("--metrics-port", type=port_number, default=None, metavar="PORT",
                    help="worker i also serves its metrics on http://127.0.0.1:PORT+i/metrics (GET /metrics "
                    "on the main port shows the worker that answered)")
     p.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True,
@@ -223,13 +217,6 @@ def is_loopback(host: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from features.compile import compile_schema
-    from features.config import resolve_settings
-    from features.errors import CompileError, ConfigError, SchemaError
-    from features.lineage import new_run_id
-    from features.observe.logs import active_format, set_run_id
-    from features.schema import load_schemas
-
     settings = resolve_settings(schemas_dir=args.schemas)
     if args.insecure_no_auth:
         if not is_loopback(args.host):
@@ -309,11 +296,6 @@ def run(args: argparse.Namespace) -> int:
 def _compiled_views(views_dir: str, schemas: dict[str, Any]) -> list[str]:
     """The names of the views in ``views_dir``, each compiled against ``schemas`` (a view
     that does not compile fails here, before any worker)."""
-    from pathlib import Path
-
-    from features.compile import compile_schema
-    from features.views import compile_view, load_views
-
     if not Path(views_dir).exists():
         return []
     found = load_views(views_dir, schemas)
@@ -330,8 +312,6 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.bind((host.strip("[]"), port))
     except OSError as exc:
         sock.close()
-        from features.errors import ConfigError
-
         raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}", key="port") from None
     sock.listen(2048)
     sock.set_inheritable(True)
@@ -345,18 +325,9 @@ def serve_worker(index: int, sock: socket.socket, options: ServeOptions, *, on_r
                  on_failure: Any = None, watch_parent: int | None = None) -> int:
     """Run one worker until it is told to stop; returns its exit code (0 after a graceful
     shutdown, 3 when its startup failed: ``on_failure`` is then called with the reason)."""
-    import uvicorn
-
-    from features.config import resolve_settings
-    from features.serve.app import IngestApp
-    from features.serve.ingest import SchemaIngest
-    from features.serve.producer import AsyncProducer
-    from features.sinks.dead_letter import producer_max_bytes
+    import uvicorn  # heavy (~90 ms: loops, protocols): only a worker serves, never --help or the parent
 
     settings = resolve_settings(schemas_dir=options.schemas_dir)
-    from features.compile import compile_schema
-    from features.schema import load_schemas
-
     loaded = load_schemas(options.schemas_dir)
     ingests = [SchemaIngest(compile_schema(loaded[name]), settings, topic=options.topic(name),
                             dead_letter_topic=options.dead_letter_topic(name), run_id=options.run_id,
@@ -371,8 +342,6 @@ def serve_worker(index: int, sock: socket.socket, options: ServeOptions, *, on_r
                              delivery_timeout_ms=round(options.delivery_timeout_s * 1000))
 
     def store() -> Any:
-        from features.sdk import FeatureStore
-
         return FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn,
                             schemas=options.schemas_dir, views=options.views_dir)
 
@@ -406,7 +375,7 @@ def _watch_parent(server: Any, parent: int) -> None:
 
 
 def _server_class() -> Any:
-    import uvicorn
+    import uvicorn  # heavy: imported by the worker that serves only (see serve_worker)
 
     class Server(uvicorn.Server):
         """uvicorn's server, except that the signal that stopped it is not raised again
@@ -425,11 +394,7 @@ def _worker_main(index: int, sock: socket.socket, options: ServeOptions, ready: 
     """A spawned worker: its own process group (only the parent's SIGTERM stops it), the
     parent's log format and run id, then :func:`serve_worker`. Why its startup failed goes
     to ``why`` (a shared byte array the parent reads once the worker exited)."""
-    from features.observe.logs import set_run_id, setup_logging
-
     def failed(reason: str) -> None:
-        from features.config import redact
-
         text = redact(" ".join(reason.split())).encode("utf-8", "replace")[:WHY_BYTES - 1]
         why.value = text.decode("utf-8", "ignore").encode()  # not a character cut in two
 
@@ -453,8 +418,6 @@ def _exit_reason(code: Any, why: Any) -> str:
 
 
 def _supervise(sock: socket.socket, options: ServeOptions, workers: int, ready: Any) -> int:
-    import multiprocessing
-
     ctx = multiprocessing.get_context("spawn")
     stopping = threading.Event()
     procs: dict[int, Any] = {}
@@ -491,8 +454,6 @@ def _supervise(sock: socket.socket, options: ServeOptions, workers: int, ready: 
             sock.close()
             if stopping.is_set() and not dead:
                 return 0
-            from features.errors import ConfigError
-
             why = f" ({_exit_reason(procs[dead[0]].exitcode, whys[dead[0]])})" if dead else ""
             raise ConfigError(f"worker {dead[0] if dead else '?'} did not start{why} (see its log lines "
                               "above)", key="workers")

@@ -13,14 +13,22 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from features.cli.load import add_cluster_argument, add_metrics_arguments, flink_cluster
-from features.flink.stream import StreamConfig
+from features.cli import COMMANDS
+from features.cli.arguments import add_cluster_argument, add_metrics_arguments, flink_cluster
+from features.compile import find_schema
+from features.config import resolve_settings
+from features.flink.stream import StreamConfig, latest_checkpoint, merged_summary, serve_final_metrics
+from features.flink.stream import run as run_job
+from features.home import shown, state_home
+from features.lineage import new_run_id
+from features.observe.logs import active_format, set_run_id, user_message
+from features.sinks.stores import check_stores, store_sinks
 from features.stream.summary import render
 
 
 def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
-        "stream", help="run the PyFlink job: Kafka topic -> validate -> transform -> Redis + Postgres",
+        "stream", help=COMMANDS["stream"].summary,
         description="Read a Kafka topic with Flink's Kafka connector, validate every record with the "
         "compiled schema, compute the derived features and write hot features to Redis and the history "
         "to Postgres, in micro-batches. Undecodable records and rule violations go to the rejects table "
@@ -84,14 +92,6 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from features.compile import find_schema
-    from features.config import resolve_settings
-    from features.flink.stream import StreamConfig, latest_checkpoint, merged_summary
-    from features.flink.stream import run as run_job
-    from features.home import shown, state_home
-    from features.lineage import new_run_id
-    from features.observe.logs import active_format, set_run_id, user_message
-
     settings = resolve_settings(schemas_dir=args.schemas_dir, kafka_bootstrap=args.bootstrap)
     compiled = find_schema(args.schema, settings.schemas_dir)  # fails early on a bad schema
     path = compiled.schema.path
@@ -150,8 +150,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(render(summary, compiled.name))
     if args.metrics_port is not None and args.metrics_linger_s > 0:
-        from features.flink.stream import serve_final_metrics
-
         sys.stdout.flush()
         serve_final_metrics(state / "summaries", run_id, args.metrics_host, args.metrics_linger_s)
     return 0 if summary["adds_up"] else 1
@@ -160,7 +158,5 @@ def run(args: argparse.Namespace) -> int:
 def _check_stores(compiled: Any, settings: Any) -> None:
     """Both stores reachable and the cold table's fingerprint right, before Flink starts
     (a clear error naming the store, instead of a failing Flink job)."""
-    from features.sinks.stores import check_stores, store_sinks
-
     cold, hot = store_sinks(compiled, settings)
     check_stores((hot, cold))

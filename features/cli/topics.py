@@ -11,27 +11,19 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from features.cli.serve import _positive, _seconds
+from features.cli import COMMANDS
+from features.cli.arguments import add_kafka_arguments, positive_count
+from features.compile import find_schema
+from features.config import resolve_settings
+from features.stream.kafka import create_topic, topic_partitions
 
 #: partitions of a schema's topic unless --partitions says otherwise (the demo's and the tests')
 DEFAULT_PARTITIONS = 2
-#: seconds to wait for the broker's answer
-DEFAULT_TIMEOUT_S = 10.0
-
-
-def add_kafka_arguments(p: argparse.ArgumentParser) -> None:
-    """``--schemas-dir``, ``--bootstrap`` and ``--timeout`` (``topics`` and ``produce``)."""
-    p.add_argument("--schemas-dir", default=None, help="folder of schema YAML files (default: schemas)")
-    p.add_argument("--bootstrap", default=None, help="Kafka bootstrap servers (default: the settings' "
-                   "kafka_bootstrap, FEATURES_KAFKA_BOOTSTRAP)")
-    p.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
-                   help=f"how long to wait for the broker to answer before exit 2 (default "
-                   f"{DEFAULT_TIMEOUT_S:g})")
 
 
 def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
-        "topics", help="create a schema's Kafka topic and its dead-letter topic, or list the topics",
+        "topics", help=COMMANDS["topics"].summary,
         description="Create or list Kafka topics. Exit 2 when the broker does not answer (the message "
         "names its address) or refuses.",
     )
@@ -48,7 +40,7 @@ def add_parser(sub: Any) -> None:
     create.add_argument("--schema", required=True, metavar="NAME", help="schema name (a file in the schemas "
                         "folder)")
     create.add_argument("--topic", default=None, help="the topic's name (default: the schema's name)")
-    create.add_argument("--partitions", type=_positive, default=DEFAULT_PARTITIONS, metavar="N",
+    create.add_argument("--partitions", type=positive_count, default=DEFAULT_PARTITIONS, metavar="N",
                         help=f"partitions of the topic (default {DEFAULT_PARTITIONS}; the dead-letter topic "
                         "gets 1)")
     create.add_argument("--dead-letter", action=argparse.BooleanOptionalAction, default=True,
@@ -64,9 +56,6 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from features.config import resolve_settings
-    from features.stream.kafka import create_topic, topic_partitions
-
     settings = resolve_settings(schemas_dir=args.schemas_dir, kafka_bootstrap=args.bootstrap)
     bootstrap, props = settings.kafka_bootstrap, dict(settings.kafka_properties)
     if args.verb == "list":
@@ -74,8 +63,6 @@ def run(args: argparse.Namespace) -> int:
             if not name.startswith("__"):
                 print(f"{name}\t{n}")
         return 0
-    from features.compile import find_schema
-
     compiled = find_schema(args.schema, settings.schemas_dir)  # a ConfigError names the known schemas
     topic = args.topic or compiled.name
     wanted = [(topic, args.partitions)] + ([(f"{topic}.rejects", 1)] if args.dead_letter else [])

@@ -28,11 +28,21 @@ import json
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from features.compile import CompiledSchema
-    from features.validation.ties import TieCounter, TieCounts
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from features.cli import COMMANDS
+from features.compile import CompiledSchema, compile_schema
+from features.config import resolve_settings
+from features.errors import SchemaError
+from features.schema.parse import load_schemas
+from features.sources.names import as_fields
+from features.sources.parquet import refusal
+from features.validation import validate
+from features.validation.ties import TieCounter, TieCounts, tie_line
 
 #: Rows per batch read from a Parquet file.
 BATCH_ROWS = 1 << 20
@@ -43,7 +53,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     """Register ``validate`` on the ``features`` parser."""
     p = subparsers.add_parser(
         "validate",
-        help="validate Parquet files against a schema (counts and top reject reasons)",
+        help=COMMANDS["validate"].summary,
         description="Validate Parquet files against the schema NAME: print the row counts and "
         "the rules that rejected rows with example messages. A file that `features load` would "
         "refuse (a missing required column, a column of an incompatible type) is refused with the "
@@ -93,14 +103,8 @@ class Summary:
 
 def run_validate(args: argparse.Namespace) -> int:
     """Validate ``args.files`` against ``args.schema``; returns the exit code."""
-    from features.compile import compile_schema
-    from features.errors import SchemaError
-    from features.schema.parse import load_schemas
-
     schemas_dir = args.schemas_dir
     if schemas_dir is None:
-        from features.config import resolve_settings
-
         schemas_dir = resolve_settings().schemas_dir
     if args.top < 0:
         return _usage("--top must be >= 0")
@@ -120,8 +124,6 @@ def run_validate(args: argparse.Namespace) -> int:
         if error is not None:
             return _usage(error)
         opened.append((path, pf))
-    from features.validation.ties import TieCounter
-
     ties = TieCounter(compiled)
     for path, pf in opened:
         error = _validate_file(path, pf, compiled, summary, ties)
@@ -144,11 +146,6 @@ def _usage(message: str) -> int:
 def _open_file(path: str, compiled: CompiledSchema) -> tuple[Any, str | None]:
     """(the Parquet file, None), or (None, why it cannot be validated): unreadable, or
     refused by the loader's column check with its message."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from features.sources.parquet import refusal
-
     try:
         pf = pq.ParquetFile(path)
     except (OSError, pa.ArrowException) as exc:
@@ -160,11 +157,6 @@ def _open_file(path: str, compiled: CompiledSchema) -> tuple[Any, str | None]:
 def _validate_file(path: str, pf: Any, compiled: CompiledSchema, summary: Summary,
                    ties: TieCounter) -> str | None:
     """Validate one opened file into ``summary``; returns an error message, or None."""
-    import pyarrow as pa
-
-    from features.sources.names import as_fields
-    from features.validation import validate
-
     present = set(pf.schema_arrow.names)
     columns = [name for name in compiled.schema.input_names if name in present]  # a field's source:
     summary.files.append(path)
@@ -188,8 +180,6 @@ def _validate_file(path: str, pf: Any, compiled: CompiledSchema, summary: Summar
 
 
 def _collect_examples(rejects: Any, path: str, offset: int, summary: Summary) -> None:
-    import pyarrow.compute as pc
-
     for rule in pc.unique(rejects.column("rule")).to_pylist():
         have = summary.examples.setdefault(rule, [])
         if len(have) >= EXAMPLES_PER_RULE:
@@ -208,8 +198,6 @@ def _print_text(s: Summary, top: int) -> None:
         f"{s.valid_rows:,} valid, {s.rejected_rows:,} rejected{share}"
     )
     if s.ties is not None:
-        from features.validation.ties import tie_line
-
         print(tie_line(s.ties))
     if not s.by_rule:
         return

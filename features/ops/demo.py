@@ -12,10 +12,32 @@ nothing twice: the second run reports every row as already present.
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
+
+import pyarrow.parquet as pq
+import redis
+
+from features.compile import compile_schema, find_schema
+from features.compile.layout import entity_key, key_slot
+from features.compile.postgres import rejects_table_name
+from features.config import resolve_settings
+from features.flink import job_file
+from features.home import project_home
+from features.load import load, render_summary
+from features.ops.dev import services
+from features.ops.examples import EXAMPLE_SCHEMAS, applicant_events, applicants
+from features.schema import load_schemas
+from features.sinks import pg
+from features.sinks.redis_cluster import Cluster
+from features.sinks.redis_wire import RedisEndpoint
+from features.stream.kafka import ensure_topic, entity_keys, produce, topic_size
+from features.stream.summary import render as render_stream_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,8 +45,6 @@ ROOT = Path(__file__).resolve().parents[2]
 def _schemas_dir() -> Path:
     """The demo's schemas: a checkout's own ``schemas/`` (every schema, the example ones
     among them), else the example schemas the installed package ships."""
-    from features.ops.examples import EXAMPLE_SCHEMAS
-
     checkout = ROOT / "schemas"
     return checkout if (checkout / "credit_applicant.yaml").is_file() else EXAMPLE_SCHEMAS
 
@@ -35,10 +55,6 @@ def _step(title: str) -> None:
 
 def generate_files(out: Path, rows: int, files: int) -> list[Path]:
     """Write the example applicant data as ``files`` Parquet files (cached by size)."""
-    import pyarrow.parquet as pq
-
-    from features.ops.examples import applicants
-
     out.mkdir(parents=True, exist_ok=True)
     per = -(-rows // files)
     paths = []
@@ -57,14 +73,6 @@ def generate_files(out: Path, rows: int, files: int) -> list[Path]:
 def run(*, rows: int = 300_000, files: int = 3, out: str | None = None, events: int = 20_000,
         topic: str = "featureline-demo-applications", services_first: bool = True) -> int:
     """The demo (the module's docstring); the exit code: 0 when both paths add up."""
-    from features.compile import compile_schema, find_schema
-    from features.compile.postgres import rejects_table_name
-    from features.config import resolve_settings
-    from features.home import project_home
-    from features.load import load, render_summary
-    from features.ops.dev import services
-    from features.schema import load_schemas
-
     t0 = time.perf_counter()
     settings = resolve_settings()
     schemas = _schemas_dir()
@@ -119,14 +127,6 @@ def _shown(path: Path) -> Path:
 def _stream(settings: Any, topic: str, events: int, schemas: Path) -> dict[str, Any] | None:
     """Produce the example events once (a topic that already holds them is reused), then
     run the bounded stream job over the whole topic with a fresh consumer group."""
-    import json
-    import subprocess
-    import uuid
-
-    from features.ops.examples import applicant_events
-    from features.stream.kafka import ensure_topic, entity_keys, produce, topic_size
-    from features.stream.summary import render
-
     ensure_topic(settings.kafka_bootstrap, topic, partitions=2)
     ensure_topic(settings.kafka_bootstrap, f"{topic}.rejects", partitions=1)
     have = topic_size(settings.kafka_bootstrap, topic)
@@ -137,8 +137,6 @@ def _stream(settings: Any, topic: str, events: int, schemas: Path) -> dict[str, 
               f"among them) to {topic}")
     else:
         print(f"{topic} already holds {have:,} records: reusing them")
-    from features.flink import job_file
-
     job = job_file("stream")
     args = ["--schema", "credit_applicant", "--schemas-dir", str(_shown(schemas)), "--topic", topic,
             "--bounded", "--group-id", f"featureline-demo-{uuid.uuid4().hex[:8]}", "--json"]
@@ -149,23 +147,14 @@ def _stream(settings: Any, topic: str, events: int, schemas: Path) -> dict[str, 
         print(f"features demo: the stream job failed (exit {proc.returncode})", file=sys.stderr)
         return None
     summary: dict[str, Any] = json.loads(proc.stdout)
-    print(render(summary, "credit_applicant"))
+    print(render_stream_summary(summary, "credit_applicant"))
     return summary
 
 
 def _read_back(settings: Any, compiled: Any) -> None:
-    import redis
-
-    from features.compile.layout import entity_key
-    from features.sinks import pg
-    from features.sinks.redis_wire import RedisEndpoint
-
     key = entity_key(compiled.name, "APP-001000000007")
     endpoint = RedisEndpoint.from_url(settings.redis_url)
     if endpoint.cluster:  # a Redis Cluster: ask the slot's primary
-        from features.compile.layout import key_slot
-        from features.sinks.redis_cluster import Cluster
-
         cluster = Cluster(endpoint, timeout_s=10)
         try:
             flat = cluster.call(key_slot(key), ["HGETALL", key])

@@ -6,14 +6,18 @@ under a second, and the same seed always gives the same bytes.
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from features.compile import CompiledSchema, compile_schema
+from features.schema import load_schema
 
 #: The example schemas, shipped in the package (in a checkout: links to ``schemas/``).
 EXAMPLE_SCHEMAS = Path(__file__).resolve().parents[1] / "example_schemas"
@@ -24,8 +28,6 @@ INVALID_SHARE = 0.02
 
 
 def applicant_schema() -> CompiledSchema:
-    from features.schema import load_schema
-
     return compile_schema(load_schema(EXAMPLE_SCHEMAS / "credit_applicant.yaml"))
 
 
@@ -164,9 +166,6 @@ def applicant_events(events: int, seed: int = SEED, *, entities: int | None = No
     :func:`applicants`), and one of :data:`UNDECODABLE` after every
     ``undecodable_every`` events. Timestamps and dates are ISO 8601 text, decimals
     decimal text. Deterministic for a seed; a test-data generator (a loop over rows)."""
-    import json
-    import re
-
     rng = np.random.default_rng(seed + 1)
     rows = applicants(events, seed, invalid_share=invalid_share).to_pylist()
     pool = rng.integers(0, max(entities or events // 3, 1), events)
@@ -206,8 +205,6 @@ def _cents(cents: npt.NDArray[np.int64], null: npt.NDArray[np.bool_] | None) -> 
 
 
 def clicks_schema() -> CompiledSchema:
-    from features.schema import load_schema
-
     return compile_schema(load_schema(EXAMPLE_SCHEMAS / "clicks.yaml"))
 
 
@@ -253,8 +250,6 @@ def click_history(events: int, seed: int = SEED, *, users: int = 3000, days: flo
     ooo = rng.random(m) < 0.3
     t[ooo] -= rng.integers(0, 50 * 60_000, ooo.sum())
     # too late: more than the allowed lateness (1 h) behind the user's newest event so far
-    import pandas as pd
-
     prev = pd.Series(t).groupby(user).cummax().groupby(user).shift(1).to_numpy(dtype=np.float64,
                                                                                 na_value=np.nan)
     late = (rng.random(m) < late_share) & ~np.isnan(prev)
@@ -291,8 +286,6 @@ def click_records(history: pa.Table) -> list[tuple[bytes, bytes]]:
     """``(key, value)`` Kafka records of :func:`click_history` rows, in the same order:
     keyed by user id (so each user's events keep their order in one partition), values
     JSON with ISO 8601 times and decimal text prices."""
-    import json
-
     cols = {name: history.column(name).to_pylist() for name in history.column_names}
     out = []
     for i in range(history.num_rows):  # test-data generator: a loop over rows

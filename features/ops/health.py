@@ -24,6 +24,22 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from confluent_kafka.admin import AdminClient
+
+from features.compile import compile_schema
+from features.compile.layout import aggregates_key, entity_key
+from features.compile.migration import plan_migration
+from features.config import redact
+from features.errors import ConfigError
+from features.ops.migrate import glob_escape
+from features.schema import load_schemas
+from features.sdk.fallback import redis_py_client
+from features.sinks import pg
+from features.sinks.redis_cluster import Cluster
+from features.sinks.redis_wire import RedisEndpoint
+from features.sinks.versions import Recorded, compiled_version, read_recorded
+from features.stream.kafka import client_config
+
 
 @dataclass
 class Check:
@@ -40,8 +56,6 @@ def _timed(kind: str, name: str, fn: Any) -> Check:
         detail = fn()
         ok = True
     except Exception as exc:  # every failure becomes a line, never a traceback
-        from features.config import redact
-
         # driver messages name hosts, not passwords; redact() is the belt to those braces
         text = redact(str(exc).strip())
         ok, detail = False, f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
@@ -51,9 +65,6 @@ def _timed(kind: str, name: str, fn: Any) -> Check:
 def check_all(settings: Any, *, timeout_s: float = 5.0, schema: str | None = None) -> list[Check]:
     """The stores' checks, then each schema's (``schema``: that one only; a name not in
     the folder raises ConfigError naming those that are)."""
-    from features.sinks import pg
-    from features.sinks.redis_wire import RedisEndpoint
-
     checks: list[Check] = []
     pg_address = pg.address(settings.postgres_dsn)
 
@@ -67,8 +78,6 @@ def check_all(settings: Any, *, timeout_s: float = 5.0, schema: str | None = Non
 
     def redis_ping() -> str:
         if endpoint.cluster:  # every primary of the slot map answers PING
-            from features.sinks.redis_cluster import Cluster
-
             cluster = Cluster(endpoint, timeout_s=timeout_s)
             try:
                 cluster.refresh()
@@ -91,10 +100,6 @@ def check_all(settings: Any, *, timeout_s: float = 5.0, schema: str | None = Non
         return f"{endpoint.address}/{endpoint.db}: PONG"
 
     def kafka() -> str:
-        from confluent_kafka.admin import AdminClient
-
-        from features.stream.kafka import client_config
-
         admin = AdminClient(client_config(settings.kafka_bootstrap, settings.kafka_properties))
         try:
             meta = admin.list_topics(timeout=timeout_s)
@@ -113,12 +118,6 @@ def check_all(settings: Any, *, timeout_s: float = 5.0, schema: str | None = Non
 
 
 def _schema_checks(settings: Any, timeout_s: float, only: str | None = None) -> list[Check]:
-    from features.compile import compile_schema
-    from features.errors import ConfigError
-    from features.schema import load_schemas
-    from features.sinks import pg
-    from features.sinks.versions import Recorded, read_recorded
-
     out: list[Check] = []
     schemas = load_schemas(settings.schemas_dir)
     if only is not None:
@@ -165,9 +164,6 @@ def _mismatch_fix(schema: Any, fp: str, got: Any) -> str:
     old = got.versions.get(got.fingerprint)
     verdict = ""
     if old is not None and old.text is not None:
-        from features.compile.migration import plan_migration
-        from features.sinks.versions import compiled_version
-
         try:
             diff = plan_migration(compiled_version(old, schema.name).schema, schema).diff
             verdict = ("a compatible change; " if diff.compatible and diff.refusal is None
@@ -184,10 +180,6 @@ _SAMPLE_SCANS = 20
 
 def _redis_versions(settings: Any, c: Any, got: Any, timeout_s: float) -> tuple[bool, str]:
     """``ok``, or ``MISMATCH`` when a sample of the schema's Redis hashes holds another version."""
-    from features.compile.layout import aggregates_key, entity_key
-    from features.ops.migrate import glob_escape
-    from features.sdk.fallback import redis_py_client
-
     head = f"{c.schema.version_str} ({c.fingerprint[:12]})"
     client = redis_py_client(settings.redis_url, timeout_s)
     tally: dict[str, int] = {}

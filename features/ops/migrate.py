@@ -10,9 +10,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import pyarrow.compute as pc
+
+from features.compile import CompiledSchema
+from features.compile.fingerprint import fingerprint
+from features.compile.layout import aggregates_key, entity_key, reply_columns
+from features.compile.migration import Migration, plan_migration
+from features.compile.postgres import SCHEMAS_TABLE, quote_ident
 from features.errors import ConfigError, SinkError
+from features.schema import Schema
+from features.schema.parse import load_schema
+from features.sdk.connections import Connections
+from features.sdk.fallback import redis_py_client
+from features.sinks.postgres import MIGRATING_LOCK, WRITERS_LOCK
 from features.sinks.versions import (
     Newer,
     Recorded,
@@ -22,12 +34,6 @@ from features.sinks.versions import (
     newer_readable,
     read_recorded,
 )
-
-if TYPE_CHECKING:
-    from features.compile import CompiledSchema
-    from features.compile.migration import Migration
-    from features.schema import Schema
-    from features.sdk.connections import Connections
 
 #: What a breaking change needs instead (the refusal's last words, docs/evolution.md).
 BREAKING_PATH = ("features migrate moves the stores only across compatible changes: give the new major "
@@ -41,9 +47,6 @@ DEFAULT_CHUNK = 10_000
 def scan_keys(store: Connections, name: str, aggregates: bool, count: int) -> Any:
     """Every entity (or aggregates) hash key of schema ``name``, ``count`` at a time (SCAN
     on every primary of a cluster)."""
-    from features.compile.layout import aggregates_key, entity_key
-    from features.sdk.fallback import redis_py_client
-
     key = (aggregates_key if aggregates else entity_key)(name, "*")
     pattern = glob_escape(store.key_prefix + key[:-2]) + "*}"
     client = redis_py_client(store.redis_url, store.timeout_s)
@@ -66,10 +69,6 @@ def glob_escape(text: str) -> str:
 
 def count_versions(store: Connections, c: CompiledSchema, chunk: int) -> dict[str, dict[str, int]]:
     """Per hash kind (``entity``, ``aggregates``): how many hashes hold each fingerprint."""
-    import pyarrow.compute as pc
-
-    from features.compile.layout import reply_columns
-
     out: dict[str, dict[str, int]] = {}
     kinds = [("entity", False)] + ([("aggregates", True)] if c.schema.aggregations is not None else [])
     for kind, aggs in kinds:
@@ -100,9 +99,6 @@ class Plan:
 
 def plan(store: Connections, c: CompiledSchema, old_file: str | None) -> Plan:
     """Compare the version the stores hold with ``c``'s; never changes anything."""
-    from features.compile.migration import plan_migration
-    from features.schema.parse import load_schema
-
     schema = c.schema
     recorded = store.run_postgres("the version read", lambda conn: read_recorded(conn, c.name))
     old: Schema | None = None
@@ -126,8 +122,6 @@ def plan(store: Connections, c: CompiledSchema, old_file: str | None) -> Plan:
                 "it was loaded with, `features migrate NEW.yaml --from OLD.yaml`", key="from")
         old = compiled_version(v, schema.name).schema
     else:
-        from features.compile.fingerprint import fingerprint
-
         if fingerprint(old) != recorded.fingerprint:
             raise ConfigError(f"--from {old_file} is {old.version_str} (fingerprint "
                               f"{fingerprint(old)[:12]}), "
@@ -155,9 +149,6 @@ def apply_postgres(store: Connections, p: Plan, waiting: Callable[[str], None] |
     are kept out: the migrating lock stops each before its next unit, and the transaction
     waits until every unit in flight is in both stores (``waiting`` is told which
     sessions it waits for); those writers then stop naming the new version."""
-    from features.compile.postgres import SCHEMAS_TABLE, quote_ident
-    from features.sinks.postgres import MIGRATING_LOCK, WRITERS_LOCK
-
     assert p.migration is not None and p.old is not None
     expected = p.recorded.fingerprint
     name = p.schema.name
@@ -196,8 +187,6 @@ def apply_postgres(store: Connections, p: Plan, waiting: Callable[[str], None] |
 
 def _writers(conn: Any, name: str) -> str:
     """The sessions writing schema ``name`` now (holding its writers' lock), as a line."""
-    from features.sinks.postgres import WRITERS_LOCK
-
     rows = conn.execute(
         "SELECT a.pid, coalesce(nullif(a.application_name, ''), '-'), coalesce(host(a.client_addr), 'local') "
         "FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' "

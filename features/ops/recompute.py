@@ -32,21 +32,29 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from features.aggregate.engine import AggSpec, compute, finalize, raw_schema
+from features.aggregate.tiles import build
+from features.aggregate.writer import AggregateCounts, AggregateWriter
+from features.compile import CompiledSchema, compile_schema
+from features.compile.layout import entity_key, hot_columns, rows_to_table, stored_fields
+from features.compile.postgres import cold_table_name, quote_ident
+from features.config import Settings
 from features.errors import ConfigError
-
-if TYPE_CHECKING:
-    import numpy as np
-    import numpy.typing as npt
-    import pyarrow as pa
-
-    from features.aggregate.engine import AggSpec
-    from features.aggregate.writer import AggregateCounts, AggregateWriter
-    from features.compile import CompiledSchema
-    from features.config import Settings
-    from features.lineage import RunContext
-    from features.sdk.connections import Connections
+from features.kernels import transform_program
+from features.lineage import DIGEST, RunContext
+from features.sdk.columns import entity_pg_type as _entity_pg_type
+from features.sdk.connections import Connections
+from features.sdk.upgrade import Versions
+from features.sinks import pg
+from features.sinks.postgres import copy_csv
+from features.sinks.stores import aggregate_stores
+from features.sinks.versions import Upgrader, read_recorded
 
 #: history rows read and computed at a time (whole entities)
 DEFAULT_CHUNK_EVENTS = 100_000
@@ -70,8 +78,6 @@ class Recomputed:
 def recomputable(c: CompiledSchema) -> tuple[list[str], dict[str, str]]:
     """The derived features Postgres holds that can be computed from what it holds, and
     why each other one cannot."""
-    from features.compile.layout import stored_fields
-
     s = c.schema
     cold_fields = set(stored_fields(s, "cold"))
     ok: list[str] = []
@@ -102,10 +108,6 @@ def _entity_chunks(conn: Any, c: CompiledSchema, chunk_events: int
                    ) -> Iterator[tuple[list[Any], Any, Any, int]]:
     """(entities, first event us, last event us, rows) of whole entities, about
     ``chunk_events`` history rows at a time, in entity order."""
-    import numpy as np
-
-    from features.compile.postgres import cold_table_name, quote_ident
-
     s = c.schema
     ent, et = quote_ident(str(s.entity)), quote_ident(str(s.event_time))
     query = (f"SELECT {ent}, count(*), (extract(epoch FROM min({et})) * 1000000)::bigint, "
@@ -147,12 +149,6 @@ def recompute_aggregations(spec: AggSpec, writer: AggregateWriter, ctx: RunConte
     first when tiles may have to disappear (``features rollback``). Of an entity that holds
     aggregation rows only the events that hold one are read (the stream's late events
     update none). Returns the writer's counts."""
-    import numpy as np
-    import pyarrow as pa
-
-    from features.aggregate.engine import compute, finalize, raw_schema
-    from features.aggregate.tiles import build
-
     stored = writer.stored_inputs(spec, entities, lo_us, hi_us + 1, aggregated=True)
     result = compute(spec, stored)
     acc = pa.array(result.accepted)
@@ -169,16 +165,6 @@ def recompute(c: CompiledSchema, settings: Settings, *, search_path: str | None 
               progress: Callable[[Recomputed], None] | None = None) -> Recomputed:
     """Compute the schema's aggregations and derived features again over the stored
     history and write what differs (the module docstring); returns the counts."""
-    import pyarrow as pa
-
-    from features.aggregate.engine import AggSpec
-    from features.aggregate.writer import AggregateWriter
-    from features.lineage import RunContext
-    from features.sdk.connections import Connections
-    from features.sdk.upgrade import Versions
-    from features.sinks import pg
-    from features.sinks.stores import aggregate_stores
-
     s = c.schema
     if not s.loadable:
         raise ConfigError(f"schema {c.name!r} is validation-only: it has no stored history", key="schema")
@@ -232,11 +218,6 @@ class _FeatureRecompute:
     """The derived features of the stored rows of some entities, computed again."""
 
     def __init__(self, store: Connections, c: CompiledSchema, names: list[str]) -> None:
-        from features.compile import compile_schema
-        from features.compile.layout import hot_columns
-        from features.config import Settings
-        from features.kernels import transform_program
-
         self.store = store
         self.c = c
         self.names = names
@@ -251,14 +232,6 @@ class _FeatureRecompute:
 
     def run(self, entities: pa.Array) -> tuple[int, int]:
         """(history rows updated, Redis hashes rewritten) for ``entities``."""
-        import pyarrow as pa
-
-        from features.compile.layout import rows_to_table
-        from features.compile.postgres import cold_table_name, quote_ident
-        from features.lineage import DIGEST
-        from features.sdk.columns import entity_pg_type as _entity_pg_type
-        from features.sinks.postgres import copy_csv
-
         s = self.c.schema
         ent, et = str(s.entity), str(s.event_time)
         table = quote_ident(cold_table_name(s))
@@ -301,9 +274,6 @@ class _FeatureRecompute:
         updated = self.store.run_postgres("the derived features' update", write)
         rewritten = 0
         if updated and self.hot_columns:
-            from features.compile.layout import entity_key
-            from features.sinks.versions import Upgrader, read_recorded
-
             recorded = self.store.run_postgres(
                 "the versions read", lambda conn: read_recorded(conn, self.c.name))
             up = Upgrader(self.store, self.c, recorded)

@@ -48,13 +48,36 @@ import datetime as dt
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from features.aggregate.engine import AggSpec
+from features.aggregate.writer import AggregateWriter
+from features.compile import CompiledSchema, compile_schema
+from features.compile.layout import cold_columns, hot_columns, rows_to_table
+from features.compile.postgres import aggregates_table_name, cold_table_name, quote_ident, rejects_table_name
+from features.config import Settings
 from features.errors import ConfigError
-
-if TYPE_CHECKING:
-    from features.compile import CompiledSchema
-    from features.config import Settings
+from features.kernels import transform_program
+from features.lineage import (
+    DIGEST,
+    INGESTED_AT,
+    RUN_ID,
+    SCHEMA_FINGERPRINT,
+    SCHEMA_VERSION,
+    SOURCE,
+    RunContext,
+)
+from features.ops.recompute import feature_inputs, recompute_aggregations
+from features.sdk.columns import entity_pg_type
+from features.sinks import pg
+from features.sinks.base import WriteUnit
+from features.sinks.postgres import WRITERS_LOCK
+from features.sinks.redis import RedisSink
+from features.sinks.stores import aggregate_stores
 
 #: entities restored at a time (their hashes deleted, aggregations computed, hashes written)
 DEFAULT_CHUNK_ENTITIES = 10_000
@@ -126,14 +149,6 @@ class RolledBack:
 
 
 def _names(c: CompiledSchema) -> dict[str, str]:
-    from features.compile.postgres import (
-        aggregates_table_name,
-        cold_table_name,
-        quote_ident,
-        rejects_table_name,
-    )
-    from features.sdk.columns import entity_pg_type
-
     s = c.schema
     return {"hist": quote_ident(cold_table_name(s)), "rej": quote_ident(rejects_table_name(s)),
             "agg": quote_ident(aggregates_table_name(s)) if s.aggregations is not None else "",
@@ -238,8 +253,6 @@ def plan_rollback(c: CompiledSchema, settings: Settings, run_id: str, *, search_
     """What :func:`rollback` would do (``--dry-run``): writes nothing. ConfigError for an
     unknown run id or schema that cannot be rolled back; the later runs are listed in
     ``plan.later`` (not raised)."""
-    from features.sinks import pg
-
     _check(c)
     with pg.map_psycopg_errors(settings.postgres_dsn, "the rollback plan"), \
             pg.connect(settings.postgres_dsn, utc=True, search_path=search_path) as conn:
@@ -256,9 +269,6 @@ def rollback(c: CompiledSchema, settings: Settings, run_id: str, *, search_path:
     wrote its entities later (unless ``include_later``), SinkError/SinkUnavailable for a
     store that refuses or cannot be reached (run it again: it resumes). A run rolled back
     already gives a plan with ``state == "done"`` and changes nothing."""
-    from features.sinks import pg
-    from features.sinks.postgres import WRITERS_LOCK
-
     _check(c)
     t0 = time.perf_counter()
     n = _names(c)
@@ -330,8 +340,6 @@ def _delete(conn: Any, c: CompiledSchema, n: dict[str, str], runs: list[str]) ->
 
 def _forget_units(c: CompiledSchema, settings: Settings, key_prefix: str,
                   units: Sequence[tuple[str, ...]]) -> int:
-    from features.sinks.redis import RedisSink
-
     if not units:
         return 0
     sink = RedisSink(settings.redis_url, c, key_prefix=key_prefix, retries=settings.store_retries,
@@ -347,16 +355,6 @@ def _restore(conn: Any, c: CompiledSchema, settings: Settings, n: dict[str, str]
              search_path: str | None, key_prefix: str, chunk_entities: int,
              progress: Callable[[RolledBack], None] | None) -> None:
     """Step 3 over the journal's entities, ``chunk_entities`` at a time."""
-    import numpy as np
-    import pyarrow as pa
-
-    from features.aggregate.engine import AggSpec
-    from features.aggregate.writer import AggregateWriter
-    from features.lineage import RunContext
-    from features.ops.recompute import recompute_aggregations
-    from features.sinks.redis import RedisSink
-    from features.sinks.stores import aggregate_stores
-
     s = c.schema
     spec = AggSpec.of(s)
     entity_type = c.arrow_schema.field(str(s.entity)).type
@@ -411,12 +409,6 @@ class _HotRestore:
     the hot-only derived features computed again from the fields it holds."""
 
     def __init__(self, c: CompiledSchema, settings: Settings, key_prefix: str) -> None:
-        from features.compile import compile_schema
-        from features.compile.layout import cold_columns, hot_columns
-        from features.config import Settings as _Settings
-        from features.kernels import transform_program
-        from features.ops.recompute import feature_inputs
-
         self.c = c
         s = c.schema
         cold = set(cold_columns(c))
@@ -443,20 +435,12 @@ class _HotRestore:
         self.inputs: list[str] = []
         if derived:
             only = dataclasses.replace(s, features=tuple(derived))
-            self.program = transform_program(compile_schema(only), _Settings(device="cpu"))
+            self.program = transform_program(compile_schema(only), Settings(device="cpu"))
             self.inputs = sorted({x for f in derived for x in feature_inputs(f)})
 
     def write(self, conn: Any, sink: Any, ids: list[Any]) -> int:
         """Rewrite the hashes of ``ids`` (deleted before) from their newest history rows;
         returns how many were written."""
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        from features.compile.layout import rows_to_table
-        from features.compile.postgres import cold_table_name, quote_ident
-        from features.lineage import DIGEST, INGESTED_AT, RUN_ID, SCHEMA_FINGERPRINT, SCHEMA_VERSION, SOURCE
-        from features.sdk.columns import entity_pg_type
-
         s = self.c.schema
         ent, et = str(s.entity), str(s.event_time)
         names = list(dict.fromkeys([ent, et, *self.direct, *self.inputs, DIGEST, SOURCE, RUN_ID,
@@ -489,8 +473,6 @@ class _HotRestore:
                 cols[x] = pa.nulls(m, pa.string())
             cols[SCHEMA_VERSION] = pa.repeat(pa.scalar(s.version_str, pa.string()), m)
             cols[SCHEMA_FINGERPRINT] = pa.repeat(pa.scalar(self.c.fingerprint, pa.string()), m)
-            from features.sinks.base import WriteUnit
-
             rows = pa.table(cols)
             written += sink.write(WriteUnit(rows, rows.slice(0, 0), None, rows.num_rows)).stored
         return written

@@ -21,12 +21,23 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from features import __version__
 from features.compile import CompiledSchema, compile_schema, gates_text
+from features.compile.postgres import aggregates_table_name, aggregation_pg_type, rejects_table_name
 from features.errors import ConfigError
 from features.pipeline.gates import GateCounts, evaluate
 from features.report.core import DataTally, Progress, RejectsTally, iso_now, iterate
-from features.report.drift import DriftOptions, Side
-from features.report.stats import jsonable
+from features.report.drift import DriftOptions, Side, compare, verdict_reason
+from features.report.html import render_html
+from features.report.sources import (
+    PG_BATCH_ROWS,
+    Postgres,
+    aggregates_input,
+    parquet_input,
+    rejects_input,
+    table_input,
+)
+from features.report.stats import ColumnStats, jsonable
 
 REPORT_VERSION = 1
 
@@ -61,8 +72,6 @@ def finish(value: Any) -> Any:
 
 
 def _base(mode: str, compiled: CompiledSchema, lineage: dict[str, Any]) -> dict[str, Any]:
-    from features import __version__
-
     return {
         "report_version": REPORT_VERSION,
         "generated_at": iso_now(),
@@ -76,8 +85,6 @@ def _base(mode: str, compiled: CompiledSchema, lineage: dict[str, Any]) -> dict[
 def _data_report(mode: str, compiled: CompiledSchema, tally: DataTally, lineage: dict[str, Any],
                  drift: dict[str, Any] | None = None, aggregations: list[dict[str, Any]] | None = None,
                  rejects_kept: dict[str, Any] | None = None) -> dict[str, Any]:
-    from features.report.drift import verdict_reason
-
     report = _base(mode, compiled, lineage)
     report["schema"] = _schema_json(compiled, tally.compiled)
     event_time = compiled.schema.event_time
@@ -144,8 +151,6 @@ def _gates(mode: str, compiled: CompiledSchema, tally: DataTally) -> dict[str, A
 def _reference(options: DriftOptions, compiled: CompiledSchema, progress: bool
                ) -> tuple[Side, dict[str, Any]]:
     """The reference side of a drift comparison, read in full (values only: no checks)."""
-    from features.report.sources import PG_BATCH_ROWS, Postgres, parquet_input, table_input
-
     side = Side(compiled, sample_size=options.sample_size, exclude=options.exclude)
     if options.table:
         if options.dsn is None:
@@ -173,8 +178,6 @@ def _reference(options: DriftOptions, compiled: CompiledSchema, progress: bool
 
 def _drift(options: DriftOptions | None, reference: tuple[Side, dict[str, Any]] | None,
            data: Side | None) -> dict[str, Any] | None:
-    from features.report.drift import compare
-
     if options is None or reference is None or data is None:
         return None
     return compare(reference[0], data, options.thresholds, reference[1], sample_size=options.sample_size)
@@ -184,8 +187,6 @@ def parquet_report(paths: Sequence[str | Path], compiled: CompiledSchema, *, bat
                    progress: bool = False, drift: DriftOptions | None = None) -> dict[str, Any]:
     """The report of Parquet ``paths`` (SourceError for missing or unfit files), compared
     with ``drift``'s reference when given (see :mod:`features.report.drift`)."""
-    from features.report.sources import parquet_input
-
     lineage, total, chunks = parquet_input(paths, compiled, batch_rows)
     reference = _reference(drift, compiled, progress) if drift is not None else None
     data = Side(compiled, sample_size=drift.sample_size, exclude=drift.exclude) if drift is not None else None
@@ -209,13 +210,9 @@ def table_report(dsn: str, compiled: CompiledSchema, *, batch_rows: int, progres
                  drift: DriftOptions | None = None) -> dict[str, Any]:
     """The report of the schema's cold table (SinkUnavailable when Postgres is down,
     SinkError when the table is absent)."""
-    from features.report.sources import Postgres, table_input
-
     if not compiled.schema.loadable:
         raise ConfigError(f"schema {compiled.name!r} is validation-only (no entity/event_time): "
                           "it has no cold table", key="schema")
-    from features.compile.postgres import rejects_table_name
-
     checked = _cold_fields(compiled)
     reference = _reference(drift, checked, progress) if drift is not None else None
     data = Side(checked, sample_size=drift.sample_size, exclude=drift.exclude) if drift is not None else None
@@ -242,10 +239,6 @@ _NUMERIC_PG = ("bigint", "integer", "smallint", "double precision", "real", "num
 def _aggregations(pg: Any, compiled: CompiledSchema, batch_rows: int) -> list[dict[str, Any]] | None:
     """Statistics of the stored numeric aggregations (``<schema>__aggregates``); None when
     the schema has none stored or the table is absent."""
-    from features.compile.postgres import aggregates_table_name, aggregation_pg_type
-    from features.report.sources import aggregates_input
-    from features.report.stats import ColumnStats
-
     s = compiled.schema
     if s.aggregations is None:
         return None
@@ -265,8 +258,6 @@ def _aggregations(pg: Any, compiled: CompiledSchema, batch_rows: int) -> list[di
 def rejects_report(dsn: str, compiled: CompiledSchema, *, since: dt.datetime | None, batch_rows: int,
                    progress: bool = False) -> dict[str, Any]:
     """The rejects table grouped by field and rule, optionally since an ingestion time."""
-    from features.report.sources import Postgres, rejects_input
-
     if not compiled.schema.loadable:
         raise ConfigError(f"schema {compiled.name!r} is validation-only (no entity/event_time): "
                           "it has no rejects table", key="schema")
@@ -307,8 +298,6 @@ def rejects_report(dsn: str, compiled: CompiledSchema, *, since: dt.datetime | N
 
 def write_report(report: dict[str, Any], out: Path) -> tuple[Path, Path]:
     """Write ``out/report.json`` and ``out/report.html``; returns their paths."""
-    from features.report.html import render_html
-
     try:
         out.mkdir(parents=True, exist_ok=True)
         json_path, html_path = out / "report.json", out / "report.html"

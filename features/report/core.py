@@ -350,7 +350,7 @@ class DataTally:
         }
 
     def gx_json(self) -> dict[str, Any]:
-        import great_expectations as gx
+        import great_expectations as gx  # heavy (~3 s to import): only the report's JSON needs it
 
         passed = sum(1 for t in self.gx.values() if t.success)
         return {

@@ -18,11 +18,16 @@ from types import TracebackType
 from typing import Any
 
 import pyarrow as pa
+from psycopg import sql
 
+from features import lineage as lin
 from features.compile import CompiledSchema
+from features.compile.postgres import cold_table_name, rejects_table_name
 from features.errors import SinkError, SourceError
-from features.report.core import Chunk
+from features.report.core import BoundedSet, Chunk, Range, origin
 from features.sinks.pg import address, connect, map_psycopg_errors
+from features.sources.names import as_fields
+from features.sources.parquet import ParquetSource
 
 #: Rows fetched per round trip from a Postgres cursor.
 PG_BATCH_ROWS = 50_000
@@ -46,9 +51,6 @@ def parquet_input(paths: Sequence[str | Path], compiled: CompiledSchema, batch_r
                   ) -> tuple[dict[str, Any], int, Iterator[Chunk]]:
     """(lineage, total rows, chunks) of Parquet ``paths``; SourceError when a path
     matches no file, a file is unreadable or does not fit the schema."""
-    from features.sources.names import as_fields
-    from features.sources.parquet import ParquetSource
-
     source = ParquetSource(paths, compiled, batch_rows=batch_rows)
     files = [{"uri": f.uri, "rows": int(f.meta.num_rows), "row_groups": int(f.meta.num_row_groups),
               "footer_digest": f.digest, "columns": list(f.columns)} for f in source.files]
@@ -91,8 +93,6 @@ class Postgres:
     def find(self, table: str) -> tuple[str, str, list[str], int | None] | None:
         """(schema, table, columns, estimated rows) of ``table`` on the search_path, or
         None when there is none."""
-        from psycopg import sql
-
         with map_psycopg_errors(self.dsn, f"the lookup of table {table!r}"):
             ident = sql.Identifier(table).as_string(self.conn)
             row = self.conn.execute(
@@ -125,8 +125,6 @@ class Postgres:
 
     def count(self, nsp: str, table: str) -> int:
         """The exact row count of ``nsp.table``."""
-        from psycopg import sql
-
         with map_psycopg_errors(self.dsn, f"the count of {nsp}.{table}"):
             row = self.conn.execute(sql.SQL("SELECT count(*) FROM {}.{}").format(
                 sql.Identifier(nsp), sql.Identifier(table))).fetchone()
@@ -168,12 +166,6 @@ def table_input(pg: Postgres, compiled: CompiledSchema, batch_rows: int, feature
     """(lineage, estimated rows, declared fields not in the table, chunks) of the
     schema's cold table; the stored derived-feature columns among ``feature_columns``
     ride along as each chunk's ``features``."""
-    from psycopg import sql
-
-    from features import lineage as lin
-    from features.compile.postgres import cold_table_name
-    from features.report.core import BoundedSet, Range, origin
-
     nsp, table, columns, estimate = pg.resolve(cold_table_name(compiled.schema))
     declared = [f.name for f in compiled.schema.fields if f.name in columns]
     absent = [f.name for f in compiled.schema.fields if f.name not in columns]
@@ -214,8 +206,6 @@ def aggregates_input(pg: Postgres, table: str, columns: Sequence[str], batch_row
                      ) -> tuple[str, list[str], Iterator[pa.RecordBatch]] | None:
     """(qualified table, columns found, batches) of the stored aggregation ``columns`` of
     the aggregates ``table``, or None when the table is absent (nothing aggregated yet)."""
-    from psycopg import sql
-
     found = pg.find(table)
     if found is None:
         return None
@@ -239,10 +229,6 @@ def rejects_input(pg: Postgres, compiled: CompiledSchema, since: dt.datetime | N
                   ) -> tuple[dict[str, Any], int | None, Iterator[list[dict[str, Any]]]]:
     """(lineage, estimated rows, pages of reject records) of ``<schema>__rejects``,
     only rows ingested at or after ``since`` when given."""
-    from psycopg import sql
-
-    from features.compile.postgres import rejects_table_name
-
     nsp, table, columns, estimate = pg.resolve(rejects_table_name(compiled.schema))
     wanted = [c for c in ("_source", "row_index", "errors", "event_time", "_ingested_at", "_run_id",
                           "_schema_fingerprint") if c in columns]

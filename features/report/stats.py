@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -360,8 +361,6 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, dict):
         return {str(k): jsonable(v) for k, v in value.items()}
     try:  # pandas' NA / NaT and similar missing markers
-        import pandas as pd
-
         if pd.isna(value):
             return None
     except (TypeError, ValueError):

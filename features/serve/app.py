@@ -38,6 +38,7 @@ which uvicorn runs after the in-flight requests finished, flushes the producer.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import hmac
 import json
 import logging
@@ -46,6 +47,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from features.errors import ConfigError, RequestRejected, SinkError, Transient
@@ -483,9 +485,6 @@ class IngestApp:
 def _json_value(value: Any) -> Any:
     """JSON for the values a view returns beyond JSON's own: a decimal as its exact text,
     a timestamp or a date in ISO 8601 (``...+00:00`` for UTC), bytes as text."""
-    import datetime as dt
-    from decimal import Decimal
-
     if isinstance(value, Decimal):
         return str(value)
     if isinstance(value, dt.datetime | dt.date | dt.time):

@@ -40,10 +40,16 @@ import pyarrow.compute as pc
 from features.compile import CompiledSchema
 from features.config import Settings
 from features.errors import FeaturesError, Transient
+from features.kernels import transform_program
 from features.lineage import RunContext
+from features.pipeline.prepare import prepare_records
 from features.serve.body import BadBody, split_body
 from features.serve.limits import MAX_ERRORS, MAX_QUEUED_BYTES, MAX_RECORDS
 from features.serve.producer import Message
+from features.sinks.dead_letter import dead_letter_messages, producer_max_bytes
+from features.sinks.postgres import PostgresSink
+from features.sources.columnar import ColumnarDecoder
+from features.stream.kafka import dead_letter_limit
 
 #: The Kafka header naming where a produced record came from (``http://<id>#<index>``).
 SOURCE_HEADER = "featureline-source"
@@ -119,10 +125,6 @@ class SchemaIngest:
     def __init__(self, compiled: CompiledSchema, settings: Settings, *, topic: str,
                  dead_letter_topic: str | None, run_id: str, max_records: int = MAX_RECORDS,
                  max_errors: int = MAX_ERRORS, max_queued_bytes: int = MAX_QUEUED_BYTES) -> None:
-        from features.kernels import transform_program
-        from features.sinks.postgres import PostgresSink
-        from features.sources.columnar import ColumnarDecoder
-
         schema = compiled.schema
         assert schema.entity is not None, "only loadable schemas are served"
         self.compiled = compiled
@@ -154,9 +156,6 @@ class SchemaIngest:
         """Connect to Postgres, read the dead-letter topic's size limit (a dead letter
         must fit it, or the broker refuses it: :func:`features.stream.kafka.dead_letter_limit`)
         and start the thread that checks the requests' bodies."""
-        from features.sinks.dead_letter import producer_max_bytes
-        from features.stream.kafka import dead_letter_limit
-
         self.pg.open()
         if self.dead_letter_topic:
             # short: a broker that is down must not hold the service's start for long
@@ -235,9 +234,6 @@ class SchemaIngest:
         """:meth:`check` for several requests at once: one ``prepare_records`` call over all
         their records (its fixed cost, a few milliseconds, paid once), the outcome split
         back per request. Each record keeps its own request's URI and index."""
-        from features.pipeline.prepare import prepare_records
-        from features.sinks.dead_letter import dead_letter_messages
-
         values: list[bytes] = []
         uris: list[str] = []
         starts: list[int] = []

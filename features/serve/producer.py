@@ -31,7 +31,10 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from confluent_kafka import KafkaException, Producer
+
 from features.errors import SinkError, SinkUnavailable
+from features.stream.kafka import client_config
 
 #: librdkafka gives up on a message after this long (``delivery.timeout.ms``) by default
 #: (``features serve --delivery-timeout``); the request then answers 503 (a broker that is
@@ -147,10 +150,6 @@ class AsyncProducer:
                  max_message_bytes: int = 1_048_576, linger_ms: int = 5,
                  queue_timeout_s: float = QUEUE_TIMEOUT_S,
                  delivery_timeout_ms: int = DELIVERY_TIMEOUT_MS) -> None:
-        from confluent_kafka import Producer
-
-        from features.stream.kafka import client_config
-
         self.bootstrap = bootstrap
         self.queue_timeout_s = queue_timeout_s
         self.delivery_timeout_ms = delivery_timeout_ms
@@ -178,8 +177,6 @@ class AsyncProducer:
         full for ``queue_timeout_s`` (the messages not handed over by then are not sent;
         those handed over may still be delivered: a retry is harmless, see the module
         docstring)."""
-        from confluent_kafka import KafkaException
-
         if not messages:
             return
         loop = asyncio.get_running_loop()

@@ -35,11 +35,6 @@ KEPT = {
     ("compile/__init__.py", "features.schema"): "the kernels' import footprint",
 }
 
-#: packages not yet done (issue 46 point 3 part A, branch imports46a): the lead removes
-#: them from this set when part A merges
-NOT_YET_DONE = {"cli", "ops", "serve", "report", "jobs"}
-
-
 def _module(node: ast.Import | ast.ImportFrom) -> str:
     if isinstance(node, ast.Import):
         return node.names[0].name
@@ -83,8 +78,6 @@ def _offences(package: Path) -> tuple[list[str], list[str]]:
     forbidden, unexplained = [], []
     for path in sorted(package.rglob("*.py")):
         rel = path.relative_to(package).as_posix()
-        if rel.split("/")[0] in NOT_YET_DONE:
-            continue
         for line, module, reasoned in function_imports(path.read_text()):
             where = f"features/{rel}:{line}: {module}"
             if module.split(".")[0] in ALLOWED or (rel, module) in KEPT:
@@ -102,8 +95,6 @@ def test_imports_inside_functions_are_only_the_optional_heavy_ones() -> None:
 
 
 def test_the_lists_name_real_things() -> None:
-    for package in NOT_YET_DONE:
-        assert (PACKAGE / package).is_dir(), package
     for rel, module in KEPT:
         imported = [m for _, m, _ in function_imports((PACKAGE / rel).read_text())]
         assert module in imported, f"{rel} no longer imports {module} in a function: drop it from KEPT"

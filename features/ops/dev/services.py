@@ -50,17 +50,22 @@ from pathlib import Path
 from typing import Final, Literal
 from urllib.parse import urlsplit
 
+import redis
+from confluent_kafka.admin import AdminClient
+
 from features.config import (
     DEFAULT_KAFKA_BOOTSTRAP,
     DEFAULT_POSTGRES_DSN,
     DEFAULT_REDIS_URL,
     Settings,
     cache_home,
+    read_project_file,
 )
 from features.errors import ServiceError
 from features.flink import cluster as local_flink
 from features.flink.connector import KAFKA_CONNECTOR_ARTIFACT, connector_jar, flink_jars
-from features.home import shown, state_home
+from features.home import CACHE_VAR, CONFIG_FILE, project_home, shown, state_home
+from features.sinks import pg
 
 POMS = Path(__file__).resolve().parent / "maven"
 """The Maven poms of what ``up`` fetches (package data: they ship in the wheel)."""
@@ -73,9 +78,6 @@ def kafka_libs() -> Path:
 
 def _cache_source() -> str:
     """Which setting chose the download cache (what ``cache_home`` read)."""
-    from features.config import read_project_file
-    from features.home import CACHE_VAR, CONFIG_FILE, project_home
-
     if os.environ.get(CACHE_VAR):
         return f"{CACHE_VAR}"
     if read_project_file(project_home()).get("cache_dir"):
@@ -445,8 +447,6 @@ class Postgres:
 
     def healthy(self) -> bool:
         try:
-            from features.sinks import pg
-
             with pg.connect(self.dsn, timeout_s=3) as conn:
                 conn.execute("SELECT 1")
             return True
@@ -455,8 +455,6 @@ class Postgres:
 
     def version(self) -> str:
         try:
-            from features.sinks import pg
-
             with pg.connect(self.dsn, timeout_s=3) as conn:
                 row = conn.execute("SHOW server_version").fetchone()
             return f"PostgreSQL {row[0].split()[0]}" if row else "?"
@@ -517,16 +515,12 @@ class Redis:
 
     def healthy(self) -> bool:
         try:
-            import redis
-
             return bool(redis.Redis.from_url(self.url, socket_timeout=2).ping())
         except Exception:  # any failure means "not healthy"
             return False
 
     def version(self) -> str:
         try:
-            import redis
-
             client = redis.Redis.from_url(self.url, socket_timeout=2)
             info: dict[str, object] = client.info("server")  # type: ignore[assignment]  # sync client
             return f"Redis {info['redis_version']}"
@@ -609,8 +603,6 @@ class RedisCluster:
               "--dir", str(self.dir), "--protected-mode", "yes"], service=self.name)
 
     def _client(self, port: int) -> object:
-        import redis
-
         return redis.Redis(host=self.host, port=port, socket_timeout=2)
 
     def _ping(self, port: int) -> bool:
@@ -785,8 +777,6 @@ class Kafka:
         if not _port_open(self.host, self.port):
             return False
         try:
-            from confluent_kafka.admin import AdminClient
-
             admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
             meta = admin.list_topics(timeout=3)
             return bool(meta.brokers)
@@ -843,7 +833,7 @@ class FlinkConnector:
         if jar is None:
             return "missing"
         try:
-            import pyflink.version
+            import pyflink.version  # PyFlink: the status reports it missing (ImportError), never fails on it
 
             flink = pyflink.version.__version__
         except ImportError:
@@ -1049,7 +1039,7 @@ def stream_parts() -> tuple[tuple[str, ...], tuple[str, ...]]:
                        "FEATURES_CACHE_DIR (or cache_dir in featureline.toml) at the cache that holds it; "
                        "projects that leave cache_dir unset share ~/.cache/featureline")
     try:
-        import pyflink.version
+        import pyflink.version  # PyFlink: a missing install is listed as missing, not an import error
 
         found.append(f"PyFlink {pyflink.version.__version__}")
     except ImportError:
