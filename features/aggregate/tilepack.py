@@ -9,14 +9,17 @@ Both are little-endian, described by a :class:`Layout` made once per tile spec:
   or float64 for a float field's min/max/first/last), then ``W`` validity bytes (1: a
   value, 0: null), then the variable parts as text (``last_k``'s values joined by
   ``\\x1d``, ``count_distinct``'s escaped distinct texts joined by ``\\x1d``; parts joined
-  by ``\\x1f``; absent when there is none). The fixed block of many tiles is one
-  ``(tiles, W)`` int64 matrix after one ``frombuffer``;
+  by ``\\x1f``; absent when there is none). Between the validity bytes and the text,
+  each sketch's state (``approx_count_distinct``, ``approx_percentile``:
+  :mod:`features.aggregate.sketch_tiles`) as a uint32 byte length and its bytes. The
+  fixed block of many tiles is one ``(tiles, W)`` int64 matrix after one ``frombuffer``;
 - the **events** of a tile, sorted as the engine sorts them (time, then digest: the
   newer of two events at one instant last): one ``R``-byte header row (the event count
   in its first 8 bytes), then one ``R``-byte row per event (row-major, so the rows of all
   tiles are one matrix sliced per tile when written): the time after the tile's start
   (int64), one 8-byte value per distinct numeric field read (the field's int64 /
-  unscaled decimal / float64 value, 0 for null), one byte per distinct contribution mask
+  unscaled decimal / float64 value, 0 for null; for ``approx_count_distinct``, per field
+  it reads, the value's 64-bit sketch hash), one byte per distinct contribution mask
   (``of`` not null and ``where`` matched; an aggregation that counts every event has
   none); then, when ``count_distinct`` is held, per distinct field read its events'
   escaped texts joined by ``\\x1d`` (``\\x1f`` between fields). A read takes strided
@@ -39,7 +42,9 @@ I64 = npt.NDArray[np.int64]
 U8 = npt.NDArray[np.uint8]
 FIELD_SEP, ITEM_SEP = "\x1f", "\x1d"
 #: the layout's version: part of the tiles' signature (a hash in an older layout is rewritten)
-VERSION = 2
+VERSION = 3
+#: summary parts that hold a sketch's binary state (features.aggregate.sketch_tiles)
+SKETCH_SUFFIXES = (".hll", ".pct")
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,8 @@ class Layout:
     value_of: dict[str, int]           # aggregation -> its value column
     mask_of: dict[str, int]            # aggregation -> its mask column (-1: every event counts)
     key_of: dict[str, int]             # count_distinct -> its key column
+    sketches: tuple[str, ...] = ()     # sketch state parts (binary), after the validity bytes
+    hashed: tuple[str, ...] = ()       # value columns (by owner) holding approx_count_distinct's hashes
 
     @property
     def fixed_bytes(self) -> int:
@@ -67,23 +74,25 @@ class Layout:
 
     @classmethod
     def of(cls, spec: AggSpec, parts: tuple[str, ...], raw: pa.Schema) -> Layout:
-        fixed = tuple(p for p in parts if not p.endswith(".set") and not pa.types.is_list(raw.field(p).type))
+        sketches = tuple(p for p in parts if p.endswith(SKETCH_SUFFIXES))
+        fixed = tuple(p for p in parts if not p.endswith((".set", *SKETCH_SUFFIXES))
+                      and not pa.types.is_list(raw.field(p).type))
         floats = tuple(pa.types.is_floating(raw.field(p).type) for p in fixed)
-        variable = tuple(p for p in parts if p not in fixed)
+        variable = tuple(p for p in parts if p not in fixed and p not in sketches)
         values: dict[tuple[Any, ...], str] = {}
         masks: dict[tuple[Any, ...], str] = {}
         keys: dict[tuple[Any, ...], str] = {}
         value_of, mask_of, key_of = {}, {}, {}
         value_floats = []
         for agg in spec.windowed:
-            kind = spec.value_kind(agg)
+            kind = "hash" if agg.function == "approx_count_distinct" else spec.value_kind(agg)
             mkey = (agg.of, repr(agg.where))
             if agg.of is None and not agg.where:
                 mask_of[agg.name] = -1
             else:
                 mask_of[agg.name] = list(masks).index(mkey) if mkey in masks else len(masks)
                 masks.setdefault(mkey, agg.name)
-            if kind in ("int", "float"):
+            if kind in ("int", "float", "hash"):
                 vkey = (agg.of, kind)
                 if vkey not in values:
                     values[vkey] = agg.name
@@ -93,8 +102,9 @@ class Layout:
                 kkey = (agg.of,)
                 key_of[agg.name] = list(keys).index(kkey) if kkey in keys else len(keys)
                 keys.setdefault(kkey, agg.name)
+        hashed = tuple(name for (_, kind), name in values.items() if kind == "hash")
         return cls(fixed, floats, variable, tuple(values.values()), tuple(value_floats),
-                   tuple(masks.values()), tuple(keys.values()), value_of, mask_of, key_of)
+                   tuple(masks.values()), tuple(keys.values()), value_of, mask_of, key_of, sketches, hashed)
 
 
 def _text(arr: pa.Array) -> pa.Array:
@@ -106,13 +116,21 @@ def _text(arr: pa.Array) -> pa.Array:
     return pc.fill_null(pc.cast(arr, pa.string()), "")
 
 
-def _join(fixed: U8, tails: list[pa.Array]) -> pa.Array:
-    """One binary value per row of ``fixed`` (bytes), followed by the ``tails`` (texts,
-    joined by ``\\x1f``)."""
+def _join(fixed: U8, tails: list[pa.Array], sections: list[pa.Array] | None = None) -> pa.Array:
+    """One binary value per row of ``fixed`` (bytes), followed by the ``sections``
+    (binary: each as its uint32 length and its bytes), then the ``tails`` (texts, joined
+    by ``\\x1f``)."""
     n, w = fixed.shape
     block = pa.FixedSizeBinaryArray.from_buffers(pa.binary(w), n, [None, pa.py_buffer(fixed.tobytes())]) \
         if w else pa.array([b""] * n, pa.binary())
     out = block.cast(pa.large_binary())
+    empty = pa.scalar(b"", pa.large_binary())
+    for sec in sections or []:
+        sec = sec.cast(pa.large_binary())
+        lengths = np.diff(np.frombuffer(sec.buffers()[1], np.int64, len(sec) + 1, sec.offset * 8))
+        size = pa.FixedSizeBinaryArray.from_buffers(pa.binary(4), n, [
+            None, pa.py_buffer(np.ascontiguousarray(lengths, "<u4").tobytes())])
+        out = pc.binary_join_element_wise(out, size.cast(pa.large_binary()), sec, empty)
     if not tails:
         return out
     tail = tails[0] if len(tails) == 1 else pc.binary_join_element_wise(*tails, FIELD_SEP)
@@ -135,7 +153,8 @@ def pack_summaries(layout: Layout, table: pa.Table) -> pa.Array:
         filled = np.asarray(pc.fill_null(col, 0.0 if is_float else 0).to_numpy(zero_copy_only=False))
         cols.append(_le_bytes(filled, "<f8" if is_float else "<i8"))
     fixed = np.concatenate([*cols, *valid], axis=1) if cols else np.zeros((n, 0), np.uint8)
-    return _join(fixed, [_text(table.column(p).combine_chunks()) for p in layout.variable])
+    return _join(fixed, [_text(table.column(p).combine_chunks()) for p in layout.variable],
+                 [table.column(p).combine_chunks() for p in layout.sketches])
 
 
 def pack_events(layout: Layout, offsets: I64, dt_us: I64, contrib: dict[str, npt.NDArray[np.bool_]],
@@ -181,7 +200,7 @@ class Summaries:
 def unpack_summaries(layout: Layout, blobs: list[bytes]) -> Summaries:
     """The summaries ``blobs``, one ``frombuffer``."""
     w, f = len(layout.fixed), layout.fixed_bytes
-    if layout.variable:
+    if layout.variable or layout.sketches:
         fixed = b"".join(b[:f] for b in blobs)
         tails = [b[f:] for b in blobs]
     else:
@@ -194,8 +213,22 @@ def unpack_summaries(layout: Layout, blobs: list[bytes]) -> Summaries:
 def variable_parts(layout: Layout, tail: bytes) -> dict[str, list[str]]:
     """A summary's variable parts as lists of texts (a ``.set``'s one empty text and an
     empty set are told apart by the caller, from its ``.d``)."""
+    if layout.sketches:
+        tail = sketch_parts(layout, tail)[1]
     texts = tail.decode().split(FIELD_SEP)
     return {p: t.split(ITEM_SEP) if t else [] for p, t in zip(layout.variable, texts, strict=True)}
+
+
+def sketch_parts(layout: Layout, tail: bytes) -> tuple[dict[str, bytes], bytes]:
+    """A summary's sketch states (each part's packed bytes) and the rest of its tail
+    (the variable parts' text)."""
+    out: dict[str, bytes] = {}
+    at = 0
+    for part in layout.sketches:
+        size = int.from_bytes(tail[at:at + 4], "little")
+        out[part] = tail[at + 4:at + 4 + size]
+        at += 4 + size
+    return out, tail[at:]
 
 
 @dataclass
@@ -226,5 +259,5 @@ def unpack_events(layout: Layout, start_us: int, blob: bytes) -> Events:
     return Events(t, values, masks, keys)
 
 
-__all__ = ["VERSION", "Events", "Layout", "Summaries", "pack_events", "pack_summaries", "unpack_events",
-           "unpack_summaries", "variable_parts"]
+__all__ = ["SKETCH_SUFFIXES", "VERSION", "Events", "Layout", "Summaries", "pack_events", "pack_summaries",
+           "sketch_parts", "unpack_events", "unpack_summaries", "variable_parts"]

@@ -10,8 +10,9 @@ window + allowed lateness``; what keeps a read cheap is how they are kept:
   64 tiles over the longest window, a size from a fixed ladder);
 - per (entity, tile) two packed values (:mod:`features.aggregate.tilepack`): the tile's
   **summary** (the engine's raw accumulators of every aggregation over the tile's
-  events, plus ``count_distinct``'s distinct values) and its **events** (sorted; time
-  after the tile's start, each field's value, each contribution mask);
+  events, plus ``count_distinct``'s distinct values and the sketches' mergeable states,
+  :mod:`features.aggregate.sketch_tiles`) and its **events** (sorted; time after the
+  tile's start, each field's value or sketch hash, each contribution mask);
 - a window at ``T`` is the tiles wholly inside it (their summaries, one NumPy matrix)
   plus at most two edge tiles (the one holding its start, the one holding ``T``), whose
   events inside the window are found by binary search and summarised with NumPy
@@ -21,7 +22,8 @@ window + allowed lateness``; what keeps a read cheap is how they are kept:
 Summaries are the raw parts of :func:`features.aggregate.engine.window_raw` over a group
 of events (:func:`group_raw`, when tiles are built), merged exactly per entity with
 ``ufunc.at`` (integer sums, min/max, the oldest/newest non-empty piece for first/last,
-the newest pieces' values for ``last_k``, the union of distinct values) into the raw
+the newest pieces' values for ``last_k``, the union of distinct values, the sketches'
+states merged by :func:`features.aggregate.sketch_tiles.merged_raw`) into the raw
 parts of the whole window, which the engine's :func:`~features.aggregate.engine.finalize`
 turns into values: the same function as the backfill, the stream and
 ``historical(..., windows="request_time")``.
@@ -65,6 +67,16 @@ from features.aggregate.engine import (
 from features.aggregate.moments import fixed_point, window_squares
 from features.aggregate.one_row import RawRow, finalize_row
 from features.aggregate.request_time import sub_spec
+from features.aggregate.sketch_tiles import (
+    State,
+    decode,
+    event_hashes,
+    group_states,
+    is_sketch,
+    merged_raw,
+    piece_state,
+    state_part,
+)
 from features.aggregate.tilepack import (
     VERSION,
     Events,
@@ -72,6 +84,7 @@ from features.aggregate.tilepack import (
     Summaries,
     pack_events,
     pack_summaries,
+    sketch_parts,
     unpack_events,
     unpack_summaries,
     variable_parts,
@@ -86,8 +99,6 @@ _US = 1_000_000
 LADDER_S = (1, 5, 15, 60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400)
 TILES_PER_WINDOW = 64
 FIELD_SEP, EVENT_SEP, ITEM_SEP = "\x1f", "\x1e", "\x1d"
-#: functions the tiles do not hold yet (their mergeable states exist: features.aggregate.sketches)
-SKETCHES = ("approx_count_distinct", "approx_percentile")
 #: a window no event escapes: a group's raw parts are the window of its last event
 _UNBOUNDED_S = 10**12
 
@@ -108,7 +119,7 @@ class TileSpec:
     stored ``hot``) and the ones their ratios read, the tile size and the retention."""
 
     spec: AggSpec          # the aggregations tiles hold
-    unbounded: AggSpec     # the same with every window unbounded (a group's raw parts)
+    unbounded: AggSpec     # the same but sketches, every window unbounded (a group's raw parts)
     size_us: int           # tile size
     retention_us: int      # longest window + allowed lateness: tiles kept before the newest event
     parts: tuple[str, ...]  # the summary's fields, in order
@@ -118,28 +129,25 @@ class TileSpec:
     def of(cls, spec: AggSpec | None) -> TileSpec | None:
         if spec is None:
             return None
-        by_name = {a.name: a for a in spec.aggregations.features}
-
-        def held(a: Any) -> bool:  # the sketches' tile states are not held yet
-            inputs = [by_name[x] for x in (a.numerator, a.denominator) if x] if a.function == "ratio" \
-                else [a]
-            return all(x.function not in SKETCHES for x in inputs)
-
-        hot = [a.name for a in spec.stored("hot") if held(a)]
+        hot = [a.name for a in spec.stored("hot")]
         if not hot:
             return None
         sub = sub_spec(spec, hot)
         if not sub.windowed:
             return None
-        aggs = tuple(dataclasses.replace(a, window=Window(_UNBOUNDED_S, "sliding")) if a.window else a
-                     for a in sub.aggregations.features)
+        # the sketches' states are built apart (sketch_tiles.group_states); ratios are finalize's
+        aggs = tuple(dataclasses.replace(a, window=Window(_UNBOUNDED_S, "sliding"))
+                     for a in sub.windowed if not is_sketch(a))
         unbounded = AggSpec.of(dataclasses.replace(
             sub.schema, aggregations=dataclasses.replace(sub.aggregations, features=aggs)))
         assert unbounded is not None
         size = tile_size_us(sub.longest_us)
-        parts = (*sub.raw_names(), *(f"{a.name}.set" for a in sub.windowed if a.function == "count_distinct"))
-        sig = hashlib.sha256(repr((VERSION, parts, size, [(a.name, a.function, a.of, a.where, a.k, a.scale)
-                                                  for a in sub.windowed])).encode()).hexdigest()[:16]
+        parts = (*unbounded.raw_names(),
+                 *(f"{a.name}.set" for a in sub.windowed if a.function == "count_distinct"),
+                 *(state_part(a) for a in sub.windowed if is_sketch(a)))
+        sig = hashlib.sha256(repr((VERSION, parts, size, [(a.name, a.function, a.of, a.where, a.k, a.scale,
+                                                           a.precision, a.relative_accuracy, a.q)
+                                                          for a in sub.windowed])).encode()).hexdigest()[:16]
         return cls(sub, unbounded, size, sub.longest_us + sub.lateness_us, parts, sig)
 
     @cached_property
@@ -251,9 +259,14 @@ def group_raw(tspec: TileSpec, inputs: Inputs, groups: I64, *, keys_are_text: bo
     raw = window_raw(tspec.unbounded, inputs, order, g, t)
     last = np.r_[np.flatnonzero(g[1:] != g[:-1]), len(g) - 1] if len(g) else np.zeros(0, np.int64)
     at = pa.array(last)
-    cols: dict[str, pa.Array] = {k: raw[k].take(at) for k in tspec.spec.raw_names()}
+    cols: dict[str, pa.Array] = {k: raw[k].take(at) for k in tspec.unbounded.raw_names()}
     ids = g[last]
     for agg in tspec.spec.windowed:
+        if is_sketch(agg):
+            counted = inputs.contrib[agg.name][order]
+            cols[state_part(agg)] = group_states(tspec.spec, agg, inputs.values[agg.name], order[counted],
+                                                 g[counted], ids)
+            continue
         if agg.function != "count_distinct":
             continue
         mask = inputs.contrib[agg.name][order]
@@ -321,7 +334,8 @@ def build(tspec: TileSpec, events: Inputs, fresh: npt.NDArray[np.bool_]) -> Tile
     starts = tile[sel][order] * h
     layout = tspec.layout
     keys = {name: key_text(ev.values[name]) for name in layout.keys}
-    blobs = pack_events(layout, offsets, ev.time_us - starts, ev.contrib, ev.values, keys)
+    values = {**ev.values, **{name: event_hashes(ev.values[name]) for name in layout.hashed}}
+    blobs = pack_events(layout, offsets, ev.time_us - starts, ev.contrib, values, keys)
     return TileRows(ev.entity.take(pa.array(heads)), starts[heads], pack_summaries(layout, table), blobs,
                     newest_entity, newest_us)
 
@@ -414,6 +428,14 @@ class _Rows:
             d = int(self.ints[row, layout.fixed.index(part[:-4] + ".d")])
             return set(texts) if d == len(texts) else {""}  # one empty text: d 1, no items
         return texts
+
+    def state(self, layout: Layout, row: int, agg: Any) -> State:
+        """A sketch's state in ``row``: an edge piece's, or a summary's decoded."""
+        part = state_part(agg)
+        if row >= self.summaries:
+            got: State = self.pieces[row - self.summaries][part]
+            return got
+        return decode(agg, sketch_parts(layout, self.tails[row])[0][part])
 
 
 def values_at(tspec: TileSpec, entities: list[EntityTiles], t_us: int) -> dict[str, pa.Array]:
@@ -641,6 +663,9 @@ def _piece(tspec: TileSpec, ev: Events, lo: int, hi: int
             continue
         vi = layout.value_of[name]
         v = ev.values[vi][i:j]
+        if is_sketch(agg):
+            var[state_part(agg)] = piece_state(spec, agg, v, m)
+            continue
         if f in ("sum", "mean") or f in MOMENT_FUNCTIONS:
             vv = sums.get((vi, mi, agg.scale))
             if vv is None:
@@ -688,6 +713,11 @@ def _reduce(tspec: TileSpec, agg: Any, rows: _Rows, idx: I64, n_ent: int) -> dic
         np.add.at(out, e, vals)
         return out
 
+    if is_sketch(agg):
+        states: list[list[State]] = [[] for _ in range(n_ent)]
+        for r, ee in zip(idx.tolist(), e.tolist(), strict=True):
+            states[ee].append(rows.state(layout, r, agg))
+        return merged_raw(agg, states)
     if f == "count_distinct":
         sets: list[set[Any]] = [set() for _ in range(n_ent)]
         for r, ee in zip(idx.tolist(), e.tolist(), strict=True):

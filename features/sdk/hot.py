@@ -276,7 +276,8 @@ class HotReader:
             self._tile_specs[c.name] = tile_spec(c)
         tspec = self._tile_specs[c.name]
         held = {a.name for a in tspec.spec.aggregations.features} if tspec is not None else set()
-        # the aggregations the tiles do not hold (the sketches): from the history, exactly
+        # the aggregations the tiles do not hold (none since they hold the sketches: kept
+        # for any the tiles leave out): from the history, exactly
         history = tuple(x for x in aggs if x not in held)
         tiles = (tile_read(tspec, c, base.ids, t_us, self.connections.key_prefix)
                  if tspec is not None and len(history) < len(aggs) else None)
@@ -329,8 +330,8 @@ class HotReader:
         return with_windows(table, entity, req.columns, set(values), values), from_pg, missed
 
     def untiled_windows(self, req: WindowedRequest, table: pa.Table) -> dict[str, pa.Array]:
-        """The requested hot aggregations the tiles do not hold (``req.history``: the
-        sketches ``approx_count_distinct``/``approx_percentile`` and ratios of them) at the
+        """The requested hot aggregations the tiles do not hold (``req.history``: none
+        while the tiles hold every hot aggregation, the sketches included) at the
         request time, computed from the history table as ``historical(...,
         windows="request_time")`` computes them (:func:`features.sdk.asof.windows_at`, one
         Postgres read) for the entities found (``table``'s ``_found``); the others read the

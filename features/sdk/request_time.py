@@ -52,8 +52,8 @@ class TileRead:
 
 
 def tile_spec(c: CompiledSchema) -> TileSpec | None:
-    """The schema's tiles (None when its tiles hold no aggregation: none is stored hot, or
-    every hot one is a sketch, whose windows the online read computes from the history)."""
+    """The schema's tiles (None when none of its aggregations is stored hot); they hold
+    every hot aggregation, the sketches included (features.aggregate.sketch_tiles)."""
     return TileSpec.of(AggSpec.of(c.schema))
 
 
@@ -125,8 +125,9 @@ class WindowedRequest:
     last in the same pipeline. ``lenient``: an entity whose newest event is more than the
     allowed lateness after the request time reads the empty window instead of raising
     (a view re-reads such rows as ``historical`` at that time). ``history``: the requested
-    hot aggregations the tiles do not hold (the sketches, a ratio of one), computed from
-    the history table at ``t_us`` for the entities the read finds."""
+    hot aggregations the tiles do not hold (none while they hold every hot aggregation,
+    the sketches included), computed from the history table at ``t_us`` for the entities
+    the read finds."""
 
     base: OnlineRequest
     tiles: TileRead | None

@@ -304,11 +304,11 @@ class FeatureStore:
         :meth:`now`), read from the entity's tiles (docs/aggregations.md, "Windows at request
         time"; the same values as ``historical`` gives at that time, so a quiet entity's
         counts decay; written by batch loads and the stream job; an entity whose tiles hash
-        is absent, and the sketches the tiles do not hold, computed from the Postgres
-        history); ``"event"`` the value as of the entity's newest event (what the hot store
-        holds; no decay). ``at`` must not be more than the schema's allowed lateness before
-        the entity's newest event (ConfigError: read such times with ``historical``; without
-        ``at``, such an entity is read from the history at the clock's time instead).
+        is absent computed from the Postgres history); ``"event"`` the value as of the
+        entity's newest event (what the hot store holds; no decay). ``at`` must not be more
+        than the schema's allowed lateness before the entity's newest event (ConfigError:
+        read such times with ``historical``; without ``at``, such an entity is read from
+        the history at the clock's time instead).
         """
         out: pa.Table = self._counted(self.catalog.schema_label, schema, "online", lambda: self.hot.online(
             schema, entity_ids, features, fallback, max_age, windows, at))

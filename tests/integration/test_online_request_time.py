@@ -47,24 +47,23 @@ from features.schema import parse_schema
 
 pytestmark = pytest.mark.services
 
-def _hot_schema(sketches: bool = False) -> str:
-    """The shared schema with every aggregation but the sketches (not in the tiles yet;
-    ``sketches``: those too, read from the history) served online, and a lateness that
-    keeps the whole test history in the tiles."""
+def _hot_schema() -> str:
+    """The shared schema with every aggregation served online (the sketches included:
+    ``items_approx_2h`` at precision 4 counts at most 2 distinct hashes exactly, so its
+    windows and tiles switch to registers), a ratio of a sketch, and a lateness that keeps
+    the whole test history in the tiles."""
     doc = yaml.safe_load(SCHEMA)
     doc["aggregations"]["allowed_lateness"] = "2d"
     aggs = doc["aggregations"]["features"]
-    doc["aggregations"]["features"] = [{**a, "store": ["hot", "cold"]} for a in aggs
-                                       if sketches or not a["function"].startswith("approx_")]
+    doc["aggregations"]["features"] = [{**a, "store": ["hot", "cold"]} for a in aggs] + [
+        {"name": "items_per_event", "function": "ratio", "numerator": "items_approx_2h",
+         "denominator": "n_1h", "on_zero": 0.0, "store": ["hot", "cold"]}]
     return str(yaml.safe_dump(doc, sort_keys=False))
 
 
 HOT_SCHEMA = _hot_schema()
 COMPILED = compile_schema(parse_schema(HOT_SCHEMA))
 AGGS = [a.name for a in COMPILED.schema.aggregations.features]  # type: ignore[union-attr]
-SKETCH_SCHEMA = _hot_schema(sketches=True)
-SKETCH_COMPILED = compile_schema(parse_schema(SKETCH_SCHEMA))
-SKETCH_AGGS = [a.name for a in SKETCH_COMPILED.schema.aggregations.features]  # type: ignore[union-attr]
 TSPEC = TileSpec.of(AggSpec.of(COMPILED.schema))
 assert TSPEC is not None
 TILE = TSPEC.size_us
@@ -77,11 +76,23 @@ def at(us: int) -> dt.datetime:
     return EPOCH + dt.timedelta(microseconds=us)
 
 
+#: one event of a dense history for the sketches: 2 users, 3 hours, 8 items and few
+#: scores (windows and tiles of more than items_approx_2h's 2 exactly counted hashes, so
+#: their states switch to registers in every way; ties of equal values for the percentiles)
+DENSE_EVENT = st.tuples(EVENT, st.sampled_from(USERS[:2]), st.integers(0, 180),
+                        st.sampled_from([None, *(f"i{k}" for k in range(8))]),
+                        st.sampled_from([None, 0.0, -1.5, 2.5, 1e-300, 7.0, 7.000001])).map(
+    lambda x: {**x[0], "uid": x[1], T: BASE_US + x[2] * MINUTE_US, "item": x[3], "score": x[4]})
+
+
 @st.composite
-def cases(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[list[dict[str, Any]]], list[int]]:
-    """A history (ties with different contents included), the loads it is cut into (any
-    split, any order, rows shuffled) and request times around it."""
-    events = draw(st.lists(EVENT, min_size=1, max_size=40))
+def cases(draw: st.DrawFn, event: st.SearchStrategy[dict[str, Any]] = EVENT, sizes: tuple[int, int] = (1, 40),
+          requests: tuple[int, int] = (1, 6)
+          ) -> tuple[list[dict[str, Any]], list[list[dict[str, Any]]], list[int]]:
+    """A history of ``sizes`` events (ties with different contents included), the loads
+    it is cut into (any split, any order, rows shuffled) and ``requests`` request times
+    around it."""
+    events = draw(st.lists(event, min_size=sizes[0], max_size=sizes[1]))
     k = draw(st.integers(1, 3))
     which = draw(st.lists(st.integers(0, k - 1), min_size=len(events), max_size=len(events)))
     parts = [[e for e, w in zip(events, which, strict=True) if w == i] for i in range(k)]
@@ -91,7 +102,7 @@ def cases(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[list[dict[str, An
     fixed = [BASE_US - DAY, BASE_US - 1, BASE_US + 2 * HOUR, BASE_US + 7 * DAY, BASE_US + DAY + 1]
     t = st.one_of(st.sampled_from(near + fixed), st.sampled_from(edges),
                   st.integers(BASE_US - HOUR, BASE_US + 12 * HOUR))
-    return events, loads, draw(st.lists(t, min_size=1, max_size=6, unique=True))
+    return events, loads, draw(st.lists(t, min_size=requests[0], max_size=requests[1], unique=True))
 
 
 def rows_of(table: pa.Table, aggs: list[str] = AGGS) -> list[tuple[Any, ...]]:
@@ -140,6 +151,9 @@ def check_request_times(fs: FeatureStore, events: list[dict[str, Any]], times: l
         got = fs.online("agg_props", ids, aggs, windows="request_time", at=at(t))
         assert got.column("uid").to_pylist() == ids
         assert rows_of(got, aggs) == want, t
+        for i, u in enumerate(ids):  # one entity per call (the one-entity read, or its fallback)
+            one = fs.online("agg_props", [u], aggs, windows="request_time", at=at(t))
+            assert rows_of(one, aggs) == want[i:i + 1], (t, u)
         frame = pa.table({"uid": pa.array(ids), "timestamp": pa.array([t] * len(ids), pa.int64()).cast(
             pa.timestamp("us", "UTC"))})
         assert rows_of(fs.historical("agg_props", frame, aggs, windows="request_time"), aggs) == want, t
@@ -161,9 +175,15 @@ def load_all(loads: list[list[dict[str, Any]]], compiled: Any, settings: Setting
 def test_online_at_request_time_equals_historical_and_the_reference(
         case: tuple[list[dict[str, Any]], list[list[dict[str, Any]]], list[int]],
         settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> None:
+    load_and_check(case, settings, tmp_path_factory.mktemp("ort"), "online_rt")
+
+
+def load_and_check(case: tuple[list[dict[str, Any]], list[list[dict[str, Any]]], list[int]],
+                   settings: Settings, tmp: Path, tag: str) -> None:
+    """Load the case's history in its loads (each a Parquet file, in their order), then
+    :func:`check_request_times` at its request times."""
     events, loads, times = case
-    tmp = tmp_path_factory.mktemp("ort")
-    with hot_stores(settings, tmp, "online_rt") as (ns, prefix, fs):
+    with hot_stores(settings, tmp, tag) as (ns, prefix, fs):
         load_all(loads, COMPILED, settings, tmp, ns, prefix)
         check_request_times(fs, events, times)
 
@@ -171,21 +191,32 @@ def test_online_at_request_time_equals_historical_and_the_reference(
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                 HealthCheck.too_slow])
 @given(case=cases())
-def test_the_sketches_and_an_entity_without_tiles_read_the_history(
+def test_an_entity_without_tiles_reads_the_history(
         case: tuple[list[dict[str, Any]], list[list[dict[str, Any]]], list[int]],
         settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """The aggregations the tiles do not hold (approx_count_distinct, approx_percentile)
-    are computed from the history at ``T`` in the same call, never refused; u1's tiles
-    hash deleted: its windows from the history too. Every function equals historical and
-    the reference."""
+    """u1's tiles hash deleted: its windows (the sketches and the ratio of one included)
+    are computed from the history at ``T`` in the same call, never refused. Every
+    function equals historical and the reference."""
     events, loads, times = case
     tmp = tmp_path_factory.mktemp("ors")
-    with hot_stores(settings, tmp, "online_sk", SKETCH_SCHEMA) as (ns, prefix, fs):
-        load_all(loads, SKETCH_COMPILED, settings, tmp, ns, prefix)
+    with hot_stores(settings, tmp, "online_nt") as (ns, prefix, fs):
+        load_all(loads, COMPILED, settings, tmp, ns, prefix)
         client = redis.Redis.from_url(settings.redis_url)
         client.delete(prefix + tiles_key("agg_props", "u1"))
         client.close()
-        check_request_times(fs, events, times, SKETCH_COMPILED, SKETCH_AGGS)
+        check_request_times(fs, events, times)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                HealthCheck.too_slow])
+@given(case=cases(DENSE_EVENT, (30, 80), (6, 12)))
+def test_sketches_online_equal_historical_and_the_reference_on_dense_histories(
+        case: tuple[list[dict[str, Any]], list[list[dict[str, Any]]], list[int]],
+        settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """approx_count_distinct (exact list, sparse and dense registers in the tiles),
+    approx_percentile and a ratio of a sketch: online(T) == historical(T) ==
+    reference_at(T) over dense histories cut into loads in any order."""
+    load_and_check(case, settings, tmp_path_factory.mktemp("ort_dense"), "online_rt_dense")
 
 
 QUIET = """

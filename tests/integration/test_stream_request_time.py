@@ -5,6 +5,8 @@ equals ``historical(..., windows="request_time")`` and the brute-force reference
 (``reference_at``, ``tests/aggregate_reference.py``) at request times in bursts, on
 events, 1 µs either side, on tile boundaries, long after the last event, before the first:
 
+- every function of the shared schema served hot (the sketches and a ratio of one
+  included: ``HOT_SCHEMA``);
 - random histories (ties at one instant with different contents included), optionally
   a backfill of a part first, the rest shuffled (so events arrive late, within the
   allowed lateness: they update the tiles they fall in) and cut into micro-batches;

@@ -182,6 +182,19 @@ def history(rng: np.random.Generator, n: int) -> pa.Table:
         DIGEST: pa.array([f"{int(x):016x}" for x in rng.integers(0, 2**62, n)])})
 
 
+def read_back(tspec: TileSpec, rows: Any, t_us: int) -> dict[str, EntityTiles]:
+    """What a read at ``t_us`` fetches of the built tiles ``rows``, per entity."""
+    starts, edges = fields_to_read(tspec, t_us)
+    held = {e: EntityTiles(None, {}, {}) for e in ("c1", "c2")}
+    for e, s, summary, evs in zip(rows.entity.to_pylist(), rows.start_us.tolist(),
+                                  rows.summary.to_pylist(), rows.events.to_pylist(), strict=True):
+        if s in starts:
+            held[e].summaries[s] = summary
+        if s in edges:
+            held[e].events[s] = evs
+    return held
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_a_one_entity_read_equals_the_read_of_several(seed: int) -> None:
     """``row_at`` (one entity: contiguous sums, edge pieces from the events, one-row
@@ -195,14 +208,7 @@ def test_a_one_entity_read_equals_the_read_of_several(seed: int) -> None:
     times = [T0 - 1, T0 + 6 * 60 * MIN, *(T0 + rng.integers(0, 6 * 60 * MIN, 6)).tolist(),
              *(int(t) for t in rng.choice(np.asarray(inputs.time_us), 3))]
     for t_us in times:
-        starts, edges = fields_to_read(ONE, t_us)
-        held = {e: EntityTiles(None, {}, {}) for e in ("c1", "c2")}
-        for e, s, summary, evs in zip(rows.entity.to_pylist(), rows.start_us.tolist(),
-                                      rows.summary.to_pylist(), rows.events.to_pylist(), strict=True):
-            if s in starts:
-                held[e].summaries[s] = summary
-            if s in edges:
-                held[e].events[s] = evs
+        held = read_back(ONE, rows, t_us)
         both = {k: v.to_pylist() for k, v in values_at(ONE, [held["c1"], held["c2"]], t_us).items()}
         for i, e in enumerate(("c1", "c2")):
             got = row_at(ONE, held[e], t_us)
@@ -210,3 +216,34 @@ def test_a_one_entity_read_equals_the_read_of_several(seed: int) -> None:
             want = {k: v[i] for k, v in both.items()}
             bad = {k: (got[k], want[k]) for k in want if not same(got[k], want[k])}
             assert not bad, (t_us, e, bad)
+
+
+SKETCHED = TileSpec.of(AggSpec.of(compile_schema(parse_schema(TILES + """\
+    - {name: kinds_approx, function: approx_count_distinct, of: kind, window: 2h, store: [hot]}
+    - {name: score_pcts, function: approx_percentile, of: score, q: [0.5, 0.9], window: 90m, store: [hot]}
+    - {name: kinds_per_event, function: ratio, numerator: kinds_approx, denominator: n_2h, on_zero: 0.0,
+       store: [hot]}
+""")).schema))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_one_entity_read_with_sketches_takes_the_general_read(seed: int) -> None:
+    """Sketches in the tiles: ``row_at`` declines (None: the caller takes ``values_at``),
+    and ``values_at`` of one entity equals its row of the read of several."""
+    assert SKETCHED is not None and not SKETCHED.simple
+    rng = np.random.default_rng(seed)
+    table = history(rng, int(rng.integers(1, 60)))
+    inputs = extract(SKETCHED.spec, table)
+    rows = build(SKETCHED, inputs, np.ones(len(inputs), np.bool_))
+    seen = False
+    for t_us in [T0 + 6 * 60 * MIN, *(int(t) for t in rng.choice(np.asarray(inputs.time_us), 3))]:
+        held = read_back(SKETCHED, rows, t_us)
+        both = {k: v.to_pylist() for k, v in values_at(SKETCHED, [held["c1"], held["c2"]], t_us).items()}
+        seen |= any(v is not None and v != 0 for v in both["kinds_approx"] + both["score_pcts"])
+        for i, e in enumerate(("c1", "c2")):
+            assert row_at(SKETCHED, held[e], t_us) is None
+            got = {k: v.to_pylist()[0] for k, v in values_at(SKETCHED, [held[e]], t_us).items()}
+            want = {k: v[i] for k, v in both.items()}
+            bad = {k: (got[k], want[k]) for k in want if not same(got[k], want[k])}
+            assert not bad, (t_us, e, bad)
+    assert seen  # not vacuous: some window holds a sketch's value
