@@ -2,7 +2,9 @@
 
 ``features schema diff OLD NEW [--json | --sql]`` classifies every change from the schema
 file OLD to the schema file NEW (see :mod:`features.schema.diff`), prints each one,
-then the migration DDL of the compatible changes (:mod:`features.compile.migration`);
+then the changes of the ``quality:`` section (gates, owner, freshness SLA: listed as
+``gate``, never a data change, no version bump asked), then the migration DDL of the
+compatible changes (:mod:`features.compile.migration`);
 ``--sql`` prints only that DDL, as one transaction (nothing when breaking changes make
 it partial: a partial migration is not for piping).
 It lives in ``compile/`` because it prints both: the schema package knows nothing of
@@ -156,6 +158,7 @@ def _as_json(migration: Migration) -> dict[str, Any]:
         "compatible": result.compatible,
         "refusal": result.refusal,
         "warnings": list(result.warnings),
+        "quality_changes": list(result.quality),
         "changes": [
             {
                 "field": c.field,
@@ -196,13 +199,15 @@ def _print_text(migration: Migration) -> None:
     result = migration.diff
     old, new = result.old, result.new
     width = _header("schema", (old.name, old.version_str), (new.name, new.version_str),
-                    [c.field for c in result.changes])
+                    [c.field for c in result.changes] + ["quality"] * bool(result.quality))
     for c in result.changes:
         line = f"  {_label(c.compatible):<10}  {c.field:<{width}}  {c.kind.value}: {c.detail}"
         if c.honoured_rule is not None and not c.overridden:  # an override says so in the detail
             rule = c.honoured_rule
             line += f"  (rule honoured: {rule.field} breaking_change={str(rule.breaking_change).lower()})"
         print(line)
+    for text in result.quality:  # never a data change: no classification, no version bump
+        print(f"  {'gate':<10}  {'quality':<{width}}  {text}")
     for warning in result.warnings:
         print(f"warning: {warning}")
     if migration.statements:

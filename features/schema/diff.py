@@ -76,6 +76,10 @@ payload            format changed or max_bytes lowered: breaking; max_bytes
 
 Descriptions, field order and the evolution rules themselves are not changes.
 
+The ``quality:`` section (gates, owner, freshness SLA) is not part of the data: a
+changed gate is not a new data version and needs no version bump. Its differences are
+listed apart, in :attr:`SchemaDiff.quality` (one line each, :func:`quality_changes`).
+
 Evolution rules name a field, derived feature or aggregation (a renamed field by
 either name): ``breaking_change: false`` makes every change to it compatible (the
 detail says so), ``breaking_change: true`` makes every change to it breaking.
@@ -106,6 +110,8 @@ from features.schema.model import (
     Feature,
     Field,
     FieldType,
+    Gate,
+    Quality,
     ScalarValue,
     Schema,
     StoreTarget,
@@ -208,6 +214,8 @@ class SchemaDiff:
       breaking change.
     - ``warnings``: problems that do not refuse the change (a compatible change
       without a version bump, a version going backwards).
+    - ``quality``: the changes of the ``quality:`` section, one line each; never a data
+      change (not in ``changes``, no version bump asked).
     """
 
     old: Schema
@@ -216,6 +224,7 @@ class SchemaDiff:
     allowed: bool
     refusal: str | None = None
     warnings: tuple[str, ...] = ()
+    quality: tuple[str, ...] = ()
 
     @property
     def breaking(self) -> tuple[Change, ...]:
@@ -772,6 +781,45 @@ def store_changes(
     return out
 
 
+def _gate_text(gate: Gate) -> str:
+    return f"{gate.limit} ({gate.on_breach})"
+
+
+def quality_changes(old: Quality | None, new: Quality | None) -> tuple[str, ...]:
+    """The differences between two ``quality:`` sections, one line each (gates by name,
+    in the new section's order, then the removed ones; the other keys by name). The line
+    a gate was declared on is not a difference."""
+    a, b = old or Quality(), new or Quality()
+    out: list[str] = []
+    if (old is None) != (new is None):
+        out.append("quality section " + ("added" if old is None else "removed"))
+    old_gates = {g.name: g for g in a.gates}
+    new_gates = {g.name: g for g in b.gates}
+    for name, gate in new_gates.items():
+        before = old_gates.get(name)
+        if before is None:
+            out.append(f"gate {name} added: {_gate_text(gate)}")
+        elif (before.limit, before.on_breach) != (gate.limit, gate.on_breach):
+            out.append(f"gate {name} changed: {_gate_text(before)} -> {_gate_text(gate)}")
+    out.extend(f"gate {name} removed (was {_gate_text(gate)})"
+               for name, gate in old_gates.items() if name not in new_gates)
+    for f in dataclasses.fields(Quality):
+        if f.name == "gates":
+            continue
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if x != y:
+            seconds = f.name.endswith("_s")
+            out.append(f"{f.name.removesuffix('_s') if seconds else f.name}: "
+                       f"{_show_setting(x, seconds)} -> {_show_setting(y, seconds)}")
+    return tuple(out)
+
+
+def _show_setting(value: object, seconds: bool) -> str:
+    if value is None:
+        return "none"
+    return duration_text(value) if seconds and isinstance(value, int) else str(value)
+
+
 def _version_verdict(old: Schema, new: Schema, changes: Sequence[Change]) -> tuple[str | None, list[str]]:
     """(refusal, warnings) for the version step between ``old`` and ``new``."""
     warnings: list[str] = []
@@ -811,9 +859,11 @@ def diff_schemas(old: Schema, new: Schema, *, aggregation_type: AggregationType)
     refusal, warnings = _version_verdict(old, new, changes)
     return SchemaDiff(
         old=old, new=new, changes=changes, allowed=refusal is None, refusal=refusal, warnings=tuple(warnings),
+        quality=quality_changes(old.quality, new.quality),
     )
 
 
 __all__ = [
-    "SCHEMA_KINDS", "AggregationType", "Change", "ChangeKind", "SchemaDiff", "diff_schemas", "store_changes",
+    "SCHEMA_KINDS", "AggregationType", "Change", "ChangeKind", "SchemaDiff", "diff_schemas",
+    "quality_changes", "store_changes",
 ]

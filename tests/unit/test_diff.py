@@ -943,3 +943,45 @@ def test_durations_print_as_the_schema_writes_them() -> None:
         assert duration_seconds(duration_text(s)) == s
     c = only(agg_diff(aggs(CLICKS), aggs(CLICKS.replace("window: 1h", "window: 90d")), new_v="2.0.0"))
     assert "window 1h sliding -> 90d sliding" in c.detail, c.detail
+
+
+QUALITY_RULE = field("income", "int64", "min: 0")
+
+
+def quality_schema(quality: str, *, version: str = "1.0.0") -> Schema:
+    return schema(QUALITY_RULE, version=version, extra=quality)
+
+
+def test_quality_changes_are_listed_apart_and_need_no_version_bump(capsys: pytest.CaptureFixture[str],
+                                                                   tmp_path: Path) -> None:
+    old = "quality:\n  owner: risk-team\n  max_reject_rate: 0.05\n  min_rows: 10\n"
+    new = ("quality:\n  owner: fraud-team\n  max_reject_rate: 0.1\n  max_staleness: 2h\n"
+           "  max_rule_rate:\n    income.min: {limit: 0.01, on_breach: warn}\n")
+    d = plan_migration(quality_schema(old), quality_schema(new))
+    assert d.diff.changes == () and d.diff.warnings == () and d.diff.allowed and not d.statements
+    assert d.diff.quality == (
+        "gate max_reject_rate changed: 0.05 (fail) -> 0.1 (fail)",
+        "gate max_rule_rate[income.min] added: 0.01 (warn)",
+        "gate min_rows removed (was 10 (fail))",
+        "owner: risk-team -> fraud-team",
+        "max_staleness: none -> 2h",
+    )
+    # the line a gate is declared on is not a change; a section added or removed is
+    moved = "quality:\n  min_rows: 10\n  owner: risk-team\n  max_reject_rate: 0.05\n"
+    assert plan_migration(quality_schema(old), quality_schema(moved)).diff.quality == ()
+    assert plan_migration(quality_schema(""), quality_schema("quality:\n  min_rows: 1\n")).diff.quality == (
+        "quality section added", "gate min_rows added: 1 (fail)")
+
+    paths = []
+    for name, text in (("old", old), ("new", new)):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text("name: applicants\nversion: 1.0.0\nentity: application_id\nevent_time: submitted_at\n"
+                        "fields:\n" + KEYS + QUALITY_RULE + text)
+        paths.append(str(path))
+    assert main(["schema", "diff", *paths]) == 0
+    out = capsys.readouterr().out
+    assert "  gate        quality  gate max_reject_rate changed: 0.05 (fail) -> 0.1 (fail)\n" in out
+    assert "no changes" not in out and "warning" not in out
+    assert main(["schema", "diff", *paths, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["quality_changes"] == list(d.diff.quality) and doc["changes"] == []
