@@ -19,9 +19,13 @@
    checked are at their limit): the schema's checking thread runs the stream's
    micro-batch step on it, together with the requests that arrived meanwhile (never on
    the event loop);
-3. when some records are rejected: their rows into the rejects table (a thread) and their
+3. the schema's rate gates over the worker's sliding window (``quality:``, docs/operations.md
+   "Quality gates"): a breached ``fail`` gate answers 422 naming the gate, the measured
+   rate, the limit and the top reasons, and nothing of the request is stored or produced;
+   a breached ``warn`` gate is reported in the answer and the metrics;
+4. when some records are rejected: their rows into the rejects table (a thread) and their
    dead letters to the dead-letter topic, acknowledged, **before** anything else;
-4. the valid records to the schema's topic; the response waits for every acknowledgement:
+5. the valid records to the schema's topic; the response waits for every acknowledgement:
    202 (all accepted) or 422 (some rejected, the others accepted, the first
    ``--max-errors`` field errors listed), each with the request id; 503 when Postgres or
    Kafka could not take them for now (a :class:`~features.errors.Transient` error: nothing

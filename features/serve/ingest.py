@@ -13,6 +13,9 @@ same reject rules and messages), and turns the outcome into what the service sen
   (:func:`features.sinks.dead_letter.dead_letter_messages`, the stream's format);
 - the field errors, for the response: the first ``max_errors`` of them (by record index)
   and how many there are in all (a body of many bad records answers a bounded list).
+- with rate gates in the schema's ``quality:`` section, the request judged by the
+  worker's sliding window (:class:`~features.pipeline.gates.GateWindow`): ``Checked.gate``,
+  and ``Checked.refused`` when a ``fail`` gate tripped (the service then stores nothing of it).
 
 What one worker holds is bounded: a body is refused past ``max_records`` records
 (:class:`~features.serve.body.TooManyRecords`, HTTP 413) before its records are listed,
