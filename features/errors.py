@@ -148,8 +148,9 @@ class GateBreached(FeaturesError):
     """A batch load breached a ``fail`` quality gate of its schema (docs/operations.md,
     "Quality gates"): it stored nothing in either store but its rejects (the evidence,
     ``rejects_stored`` of them, under ``run_id``), and committed no ledger unit, so the same
-    files load once the data (or the gate) is fixed. ``gates``: the names of the breached
-    ``fail`` gates; ``verdict``: the whole judgement
+    files load once the data (or the gate) is fixed. Also the stream's breaker: the
+    micro-batch that tripped it stored nothing but its rejects, and the job stops.
+    ``gates``: the names of the breached ``fail`` gates; ``verdict``: the whole judgement
     (``features.pipeline.gates.GateVerdict``)."""
 
     def __init__(self, message: str, *, schema: str, run_id: str, gates: Sequence[str],

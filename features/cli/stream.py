@@ -135,9 +135,19 @@ def run(args: argparse.Namespace) -> int:
     os.dup2(2, 1)
     try:
         result = run_job(cfg, wait=not args.detach)
-    finally:
+    except Exception:
+        # a job stopped by its breaker fails in Flink: say why, from the subtasks' summaries
+        tripped = (merged_summary(state / "summaries", run_id).get("gates") or {}).get("tripped")
+        if tripped is None:
+            raise
         os.dup2(saved, 1)
         os.close(saved)
+        saved = -1
+        return _stopped_by_gate(merged_summary(state / "summaries", run_id), compiled.name, args.json)
+    finally:
+        if saved >= 0:
+            os.dup2(saved, 1)
+            os.close(saved)
     if args.detach:
         client = result.get_job_client()
         job_id = str(client.get_job_id()) if client is not None else "unknown"
@@ -153,6 +163,16 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         serve_final_metrics(state / "summaries", run_id, args.metrics_host, args.metrics_linger_s)
     return 0 if summary["adds_up"] else 1
+
+
+def _stopped_by_gate(summary: dict[str, Any], schema: str, as_json: bool) -> int:
+    """A stream stopped by a breached ``fail`` gate: the message (gate, measured vs limit,
+    top reasons, the offsets a restart resumes from, the owner) on stderr, the summary on
+    stdout; exit 1."""
+    tripped = summary["gates"]["tripped"]
+    user_message(f"features stream: {tripped['message']}")
+    print(json.dumps(summary, indent=2) if as_json else render(summary, schema))
+    return 1
 
 
 def _check_stores(compiled: Any, settings: Any) -> None:

@@ -82,6 +82,10 @@ def gates_text(schema: Schema) -> str | None:
     parts = [", ".join(f"{g.name} {g.limit:g} ({g.on_breach})" for g in q.gates) or "no load gates"]
     if q.max_staleness_s is not None:
         parts.append(f"max staleness {duration_text(q.max_staleness_s)}")
+    if q.window_records is not None or q.window_min_records is not None:
+        # the stream's and HTTP ingest's sliding window, where the section sets it
+        size, least = q.window_records or "default", q.window_min_records or "default"
+        parts.append(f"window {size} records (min {least})")
     if q.owner:
         parts.append(f"owner {q.owner}")
     return "; ".join(parts)

@@ -30,7 +30,7 @@ from decimal import Decimal
 from enum import Enum
 from typing import Any, Final
 
-from features.schema.model import Aggregation, Field, Schema
+from features.schema.model import Aggregation, Field, Quality, Schema
 
 __all__ = ["FINGERPRINT_FORMAT", "canonical_json", "canonical_value", "fingerprint", "gates_fingerprint"]
 
@@ -53,8 +53,11 @@ _OMIT_WHEN_EMPTY: Final = frozenset({"null_values"})
 #: the same for flags added later, left out while False (``Schema.static``)
 _OMIT_WHEN_FALSE: Final = frozenset({"static"})
 #: the same, on one model class only (``FieldType.scale`` has always counted)
-_OMIT_WHEN_NONE_ON: Final[dict[type, frozenset[str]]] = {Aggregation: frozenset({"scale", "precision", "q",
-                                                                                    "relative_accuracy"})}
+_OMIT_WHEN_NONE_ON: Final[dict[type, frozenset[str]]] = {
+    Aggregation: frozenset({"scale", "precision", "q", "relative_accuracy"}),
+    # unset: the window's defaults (a section without them keeps its gates fingerprint)
+    Quality: frozenset({"window_records", "window_min_records"}),
+}
 
 
 def _unset(name: str, value: Any, owner: type | None = None) -> bool:

@@ -25,6 +25,8 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from features.compile import CompiledSchema
@@ -36,7 +38,15 @@ from features.validation import validate
 if TYPE_CHECKING:
     from features.kernels import TransformProgram
 
-__all__ = ["GateCounts", "GateResult", "GateVerdict", "evaluate", "measure", "measure_batch"]
+__all__ = ["DEFAULT_WINDOW_MIN_RECORDS", "DEFAULT_WINDOW_RECORDS", "GateCounts", "GateResult", "GateVerdict",
+           "GateWindow", "WindowCheck", "evaluate", "measure", "measure_batch", "window_sizes"]
+
+#: The sliding window of the stream's breaker and the HTTP ingest: the last this many
+#: records (``quality: window_records``).
+DEFAULT_WINDOW_RECORDS = 1000
+#: The fewest records the window holds before a rate gate may trip (``quality:
+#: window_min_records``; capped at the window): 1 bad record of 2 trips nothing.
+DEFAULT_WINDOW_MIN_RECORDS = 100
 
 
 @dataclass
@@ -173,22 +183,162 @@ class GateVerdict:
                 "top_reasons": [{"rule": rule, "count": n} for rule, n in self.top_reasons(10)]}
 
 
-def evaluate(compiled: CompiledSchema, counts: GateCounts) -> GateVerdict:
+def _limit(g: Gate) -> Fraction:
+    """A rate gate's limit as written (0.29 is 29/100, not the float just below it)."""
+    return Fraction(repr(float(g.limit)))
+
+
+def evaluate(compiled: CompiledSchema, counts: GateCounts, *, rates_only: bool = False) -> GateVerdict:
     """Judge ``counts`` against every gate of ``compiled`` (none: a verdict that passes).
 
     A rate gate is breached when its rows / rows read is above its limit (exactly, as
     fractions: at the limit passes; no rows read: rate 0); ``min_rows`` when fewer rows
-    were read than its limit."""
+    were read than its limit. ``rates_only``: the rate gates alone (a sliding window,
+    which has no ``min_rows``: :class:`GateWindow`)."""
     read = counts.read
     results = []
     for g in compiled.gates:
+        if g.kind == "min_rows" and rates_only:
+            continue
         if g.kind == "min_rows":
             results.append(GateResult(g, read, read, read < int(g.limit)))
             continue
         rows = counts.rejected if g.kind == "max_reject_rate" else counts.by_rule.get(g.rule or "", 0)
         rate = Fraction(rows, read) if read else Fraction(0)
-        # the limit as written (0.29 is 29/100, not the float just below it)
-        results.append(GateResult(g, float(rate), rows, rate > Fraction(repr(float(g.limit)))))
+        results.append(GateResult(g, float(rate), rows, rate > _limit(g)))
     q = compiled.schema.quality
     return GateVerdict(compiled.name, counts, tuple(results), None if q is None else q.owner)
 
+
+
+# --------------------------------------------------------------------------- the sliding window
+
+
+def window_sizes(compiled: CompiledSchema) -> tuple[int, int]:
+    """``(window_records, window_min_records)`` of ``compiled``'s ``quality:`` section, the
+    defaults where unset (the minimum capped at the window)."""
+    q = compiled.schema.quality
+    size = (q.window_records if q is not None else None) or DEFAULT_WINDOW_RECORDS
+    least = (q.window_min_records if q is not None else None) or DEFAULT_WINDOW_MIN_RECORDS
+    return size, min(least, size)
+
+
+@dataclass(frozen=True)
+class WindowCheck:
+    """A micro-batch judged by :meth:`GateWindow.observe`.
+
+    ``position``: the record of the micro-batch (0-based) at whose window ``verdict`` was
+    taken: the first record where a ``fail`` gate is breached when ``tripped``, else the
+    first where any gate is breached, else the last record. ``verdict`` is None while the
+    window holds fewer than its minimum of records there (no gate may trip yet)."""
+
+    verdict: GateVerdict | None
+    position: int | None
+    tripped: bool
+    #: the records the window held at ``position``
+    window: int = 0
+
+    @property
+    def breached(self) -> bool:
+        return self.verdict is not None and bool(self.verdict.breaches)
+
+
+class GateWindow:
+    """The rate gates of ``compiled`` over a sliding window of the last N records: the
+    stream's breaker and the HTTP ingest's window (docs/operations.md, "Quality gates").
+
+    After each micro-batch (:meth:`observe`) every record of it is judged with the window
+    that ends at it: the last ``window_records`` records read up to and including it
+    (fewer at the start), once the window holds at least ``window_min_records``. So which
+    record trips a gate depends on the records alone, never on how they were cut into
+    micro-batches: the micro-batch holding that record is the one refused. The verdict at
+    that record is :func:`evaluate`'s over the window's :class:`GateCounts` (rejected
+    records and, per rule, the records it rejected); the scan that finds the record is the
+    same comparison over every record at once (cumulative sums, exact integer arithmetic).
+
+    A tripped micro-batch is not added to the window (it is not stored: a restart reads it
+    again). The window lives in memory, per process (per Flink subtask): it starts empty
+    when a job starts."""
+
+    def __init__(self, compiled: CompiledSchema) -> None:
+        self.compiled = compiled
+        self.gates = tuple(g for g in compiled.gates if g.kind != "min_rows")
+        self.size, self.least = window_sizes(compiled)
+        #: records read so far (the next record's sequence number)
+        self.seen = 0
+        #: per record of the window (the last ``min(seen, size)``): 1 when it was rejected
+        self._rejected = np.zeros(0, dtype=np.int8)
+        #: one entry per (record, rule that rejected it) of the window: sequence number, rule id
+        self._seq = np.zeros(0, dtype=np.int64)
+        self._rules = pa.array([], pa.string())
+
+    @property
+    def active(self) -> bool:
+        """Whether the schema has a rate gate to watch."""
+        return bool(self.gates)
+
+    def observe(self, rejected: npt.NDArray[np.bool_], rows: npt.NDArray[np.int64],
+                rules: pa.Array) -> WindowCheck:
+        """Judge one micro-batch: ``rejected`` per record (in read order), and one entry per
+        failed rule: ``rows`` (the record's position in the micro-batch) and ``rules`` (the
+        rule id). Adds the micro-batch to the window unless it trips a ``fail`` gate."""
+        n = len(rejected)
+        h = len(self._rejected)
+        base = self.seen - h                    # the sequence number of flags[0]
+        flags = np.concatenate([self._rejected, np.asarray(rejected, dtype=np.int8)])
+        seq = np.concatenate([self._seq, np.asarray(rows, dtype=np.int64) + self.seen])
+        rule_ids = pa.concat_arrays([self._rules, pa.array(rules, pa.string())])
+        end = np.arange(h + 1, h + n + 1, dtype=np.int64)   # each new record's window: [lo, end)
+        lo = np.maximum(end - self.size, 0)
+        size = end - lo
+        eligible = size >= self.least
+        firsts: dict[Gate, int] = {}
+        cum_rejected = np.concatenate([[0], np.cumsum(flags, dtype=np.int64)])
+        for g in self.gates:
+            if g.kind == "max_reject_rate":
+                cum = cum_rejected
+            else:
+                mine = np.asarray(pc.equal(rule_ids, g.rule).fill_null(False).to_numpy(zero_copy_only=False),
+                                  dtype=np.bool_)
+                hits = np.bincount(seq[mine] - base, minlength=h + n)
+                cum = np.concatenate([[0], np.cumsum(hits, dtype=np.int64)])
+            first = _first_breach(cum[end] - cum[lo], size, eligible, _limit(g))
+            if first is not None:
+                firsts[g] = first
+        fails = [i for g, i in firsts.items() if g.on_breach == "fail"]
+        tripped = bool(fails)
+        if n == 0:
+            return WindowCheck(None, None, False)
+        position = min(fails) if fails else min(firsts.values()) if firsts else n - 1
+        verdict = None
+        if eligible[position]:
+            e, start = int(end[position]), int(lo[position])
+            inside = (seq >= base + start) & (seq < base + e)
+            by_rule: Counter[str] = Counter()
+            if inside.any():
+                for entry in pc.value_counts(rule_ids.filter(pa.array(inside))).to_pylist():
+                    by_rule[str(entry["values"])] += int(entry["counts"])
+            counts = GateCounts(read=e - start, rejected=int(cum_rejected[e] - cum_rejected[start]),
+                                by_rule=by_rule)
+            verdict = evaluate(self.compiled, counts, rates_only=True)
+            # the scan and the verdict are one comparison: they cannot disagree
+            assert not tripped or verdict.failed, "the window scan and evaluate disagree"
+        if not tripped:
+            self.seen += n
+            self._rejected = flags[-self.size:]
+            keep = seq >= self.seen - len(self._rejected)
+            self._seq = seq[keep]
+            self._rules = rule_ids.filter(pa.array(keep))
+        return WindowCheck(verdict, position, tripped, int(size[position]))
+
+
+def _first_breach(rows: npt.NDArray[np.int64], read: npt.NDArray[np.int64], eligible: npt.NDArray[np.bool_],
+                  limit: Fraction) -> int | None:
+    """The first index where ``rows / read > limit`` (exactly) and ``eligible``; None if none."""
+    p, q = limit.numerator, limit.denominator
+    if q * (int(read.max(initial=0)) + 1) < 2**62 and p * (int(read.max(initial=0)) + 1) < 2**62:
+        over = rows * q > read * p
+    else:  # a limit with a long decimal expansion: Python integers
+        over = np.array([int(r) * q > int(n) * p for r, n in zip(rows, read, strict=True)], dtype=np.bool_)
+    hit = np.flatnonzero(over & eligible)
+    return int(hit[0]) if len(hit) else None

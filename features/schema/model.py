@@ -358,13 +358,21 @@ class Quality:
     ``max_staleness_s``: the freshness SLA in seconds (the newest stored event may be at
     most this old); not a load gate (a backfill loads old events by design): the
     alerts read it. ``owner``: who answers for the data (shown in messages and reports).
-    ``on_breach``: the section's default, each gate holds its own. Not in the
-    fingerprint: a changed gate is not a new data version (docs/schema.md)."""
+    ``on_breach``: the section's default, each gate holds its own. ``window_records`` /
+    ``window_min_records``: the sliding window of the stream's breaker and the HTTP ingest
+    (docs/operations.md, "Quality gates"). Not in the fingerprint: a changed gate is not a
+    new data version (docs/schema.md)."""
 
     gates: tuple[Gate, ...] = ()
     owner: str | None = None
     on_breach: OnBreach = "fail"
     max_staleness_s: int | None = None
+    #: the stream's and HTTP ingest's sliding window: the last this many records (None: the
+    #: default, ``features.pipeline.gates.DEFAULT_WINDOW_RECORDS``)
+    window_records: int | None = None
+    #: the fewest records the window must hold before a rate gate may trip (None: the
+    #: default, ``features.pipeline.gates.DEFAULT_WINDOW_MIN_RECORDS``, capped at the window)
+    window_min_records: int | None = None
 
 
 def field_checks(f: Field) -> tuple[tuple[str, ScalarValue | tuple[str, ...]], ...]:

@@ -15,6 +15,11 @@ max_rule_rate      a mapping ``<rule id>: rate``: the rows one rule rejected /
                    (``income_monthly.max``, ``score_log.transform``)
 min_rows           an integer >= 0: the fewest rows a load may read
 max_staleness      a duration (``2h``, ``1d``, seconds): the freshness SLA
+window_records     an integer >= 1: the stream's and HTTP ingest's sliding
+                   window (the last N records; default 1000)
+window_min_records an integer >= 1, at most ``window_records``: the fewest
+                   records the window holds before a rate gate may trip
+                   (default 100, capped at the window)
 =================  ==========================================================
 
 A gate's value may also be a mapping ``{limit: VALUE, on_breach: warn}`` that overrides
@@ -34,7 +39,10 @@ from features.schema.nodes import NodeReader, YamlMap, describe, is_null, join_p
 
 __all__ = ["QUALITY_KEYS", "QualityReader"]
 
-QUALITY_KEYS: Final = ("owner", "on_breach", "max_reject_rate", "max_rule_rate", "min_rows", "max_staleness")
+QUALITY_KEYS: Final = ("owner", "on_breach", "max_reject_rate", "max_rule_rate", "min_rows", "max_staleness",
+                       "window_records", "window_min_records")
+#: the largest sliding window of the stream's breaker (records): its state is a few bytes a record
+MAX_WINDOW_RECORDS: Final = 10_000_000
 _GATE_KEYS: Final = ("limit", "on_breach")
 
 
@@ -67,9 +75,19 @@ class QualityReader(NodeReader):
         staleness = None
         if (n := m.get("max_staleness")) is not None:
             staleness = self.staleness(n, m.at("max_staleness"))
+        window = least = None
+        if (n := m.get("window_records")) is not None:
+            window = self.integer(n, m.at("window_records"), "window_records", 1, MAX_WINDOW_RECORDS)
+        if (n := m.get("window_min_records")) is not None:
+            least = self.integer(n, m.at("window_min_records"), "window_min_records", 1, MAX_WINDOW_RECORDS)
+            if least is not None and window is not None and least > window:
+                self.error(n, m.at("window_min_records"),
+                           f"window_min_records ({least}) is more than window_records ({window}): the "
+                           "window never holds that many records, so its gates could never trip")
         if len(self.errors) > errors:
             return None
-        return Quality(gates=tuple(gates), owner=owner, on_breach=default, max_staleness_s=staleness)
+        return Quality(gates=tuple(gates), owner=owner, on_breach=default, max_staleness_s=staleness,
+                       window_records=window, window_min_records=least)
 
     def on_breach(self, node: Node, kp: str) -> OnBreach | None:
         value = self.string(node, kp, "fail or warn")

@@ -19,9 +19,13 @@
    checked are at their limit): the schema's checking thread runs the stream's
    micro-batch step on it, together with the requests that arrived meanwhile (never on
    the event loop);
-3. when some records are rejected: their rows into the rejects table (a thread) and their
+3. the schema's rate gates over the worker's sliding window (``quality:``, docs/operations.md
+   "Quality gates"): a breached ``fail`` gate answers 422 naming the gate, the measured
+   rate, the limit and the top reasons, and nothing of the request is stored or produced;
+   a breached ``warn`` gate is reported in the answer and the metrics;
+4. when some records are rejected: their rows into the rejects table (a thread) and their
    dead letters to the dead-letter topic, acknowledged, **before** anything else;
-4. the valid records to the schema's topic; the response waits for every acknowledgement:
+5. the valid records to the schema's topic; the response waits for every acknowledgement:
    202 (all accepted) or 422 (some rejected, the others accepted, the first
    ``--max-errors`` field errors listed), each with the request id; 503 when Postgres or
    Kafka could not take them for now (a :class:`~features.errors.Transient` error: nothing
@@ -61,7 +65,7 @@ from features.serve.body import (
     is_json,
     read_view_request,
 )
-from features.serve.ingest import IngestBusy, SchemaIngest
+from features.serve.ingest import Checked, IngestBusy, SchemaIngest
 from features.serve.limits import MAX_ERRORS, MAX_VIEW_ROWS
 from features.serve.producer import AsyncProducer, RecordRefused
 
@@ -117,6 +121,14 @@ class IngestMetrics:
                                         "Records received over HTTP, by schema and outcome (accepted: "
                                         "acknowledged by Kafka; rejected: in the rejects table).",
                                         ["schema", "outcome"])
+        self.gate_breaches = registry.counter("featureline_gate_breaches_total",
+                                              "Quality gates breached over the ingest's sliding window "
+                                              "(docs/operations.md, \"Quality gates\"), counted per "
+                                              "request, by gate and what the breach did (fail: the request "
+                                              "was refused; warn: stored).", ["schema", "gate", "on_breach"])
+        self.gate_measured = registry.gauge("featureline_gate_measured",
+                                            "The rate a quality gate was last judged on over the ingest's "
+                                            "sliding window (rows / rows read).", ["schema", "gate"])
         self.seconds = registry.histogram("featureline_ingest_request_seconds",
                                           "Seconds from a request's start to its response, by route.",
                                           ["route"])
@@ -350,6 +362,17 @@ class IngestApp:
             log.warning("serve: request %s: %s", request_id, exc)
             return Response(503, {"error": str(exc)}, headers=((b"retry-after", b"1"),))
         assert self.producer is not None
+        gate = self._gate_report(ingest.name, checked)
+        if checked.refused:
+            # a breached fail gate: nothing of the request is stored or produced (its errors
+            # are in the answer); it is not in the window either, so a fixed retry is judged anew
+            self.metrics.records.labels(ingest.name, "refused").inc(checked.records)
+            assert gate is not None
+            return Response(422, {"request_id": request_id, "accepted": 0, "rejected": checked.rejected,
+                                  "refused": checked.records, **gate, "errors": checked.errors,
+                                  "errors_total": checked.errors_total,
+                                  "errors_truncated": checked.errors_truncated},
+                            records=checked.records, accepted=0, rejected=checked.rejected)
         try:
             if checked.rejected:  # rejects are stored and acknowledged before any valid record
                 await asyncio.to_thread(ingest.write_rejects, checked.rejects)
@@ -366,8 +389,42 @@ class IngestApp:
         if checked.rejected:
             body_out.update(errors=checked.errors, errors_total=checked.errors_total,
                             errors_truncated=checked.errors_truncated)
+        if gate is not None:  # a breached warn gate: stored, and said so
+            body_out.update(gate)
         return Response(422 if checked.rejected else 202, body_out, records=checked.records,
                         accepted=checked.accepted, rejected=checked.rejected)
+
+    def _gate_report(self, schema: str, checked: Checked) -> dict[str, Any] | None:
+        """The quality gates judged at a request (its metrics counted): None when none is
+        breached, else what the answer says of them: ``error`` (a breached ``fail`` gate),
+        ``gates_breached`` (each gate: measured, limit, on_breach, rows of the window),
+        ``window_records``, ``top_reasons``, ``owner``."""
+        check = checked.gate
+        if check is None or check.verdict is None:
+            return None
+        verdict = check.verdict
+        for r in verdict.results:
+            self.metrics.gate_measured.labels(schema, r.gate.name).set(float(r.measured))
+            if r.breached:
+                self.metrics.gate_breaches.labels(schema, r.gate.name, r.gate.on_breach).inc()
+        if not verdict.breaches:
+            return None
+        read = verdict.counts.read
+        out: dict[str, Any] = {
+            "gates_breached": [{"gate": r.gate.name, "on_breach": r.gate.on_breach, "measured": r.measured,
+                                "limit": r.gate.limit, "rows": r.rows, "describe": r.describe(read)}
+                               for r in verdict.breaches],
+            "window_records": read,
+            "top_reasons": [{"rule": rule, "count": n} for rule, n in verdict.top_reasons()],
+            "owner": verdict.owner}
+        if checked.refused:
+            out["error"] = ("quality gate " + "; ".join(r.describe(read) for r in verdict.failed)
+                            + f" over the last {read:,} records (on_breach: fail): nothing of this request "
+                            "was accepted or stored")
+        for r in verdict.warned:
+            log.warning("serve: quality gate breached (warn): %s", r.describe(read),
+                        extra={"schema": schema, "gate": r.gate.name})
+        return out
 
     async def _view_online(self, method: str, path: str, headers: dict[bytes, bytes], receive: Receive,
                            request_id: str) -> Response:

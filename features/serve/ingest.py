@@ -13,6 +13,9 @@ same reject rules and messages), and turns the outcome into what the service sen
   (:func:`features.sinks.dead_letter.dead_letter_messages`, the stream's format);
 - the field errors, for the response: the first ``max_errors`` of them (by record index)
   and how many there are in all (a body of many bad records answers a bounded list).
+- with rate gates in the schema's ``quality:`` section, the request judged by the
+  worker's sliding window (:class:`~features.pipeline.gates.GateWindow`): ``Checked.gate``,
+  and ``Checked.refused`` when a ``fail`` gate tripped (the service then stores nothing of it).
 
 What one worker holds is bounded: a body is refused past ``max_records`` records
 (:class:`~features.serve.body.TooManyRecords`, HTTP 413) before its records are listed,
@@ -34,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -42,6 +46,7 @@ from features.config import Settings
 from features.errors import FeaturesError, Transient
 from features.kernels import transform_program
 from features.lineage import RunContext
+from features.pipeline.gates import GateWindow, WindowCheck
 from features.pipeline.prepare import prepare_records
 from features.serve.body import BadBody, split_body
 from features.serve.limits import MAX_ERRORS, MAX_QUEUED_BYTES, MAX_RECORDS
@@ -85,6 +90,14 @@ class Checked:
     errors: list[dict[str, Any]] = field(default_factory=list)
     #: how many field errors there are in all (``errors`` may hold fewer)
     errors_total: int = 0
+    #: the quality gates' window judged at this request (:class:`~features.pipeline.gates.WindowCheck`;
+    #: None: the schema has no rate gate)
+    gate: WindowCheck | None = None
+
+    @property
+    def refused(self) -> bool:
+        """A ``fail`` gate tripped at this request: nothing of it is stored or produced."""
+        return self.gate is not None and self.gate.tripped
 
     @property
     def errors_truncated(self) -> bool:
@@ -139,6 +152,8 @@ class SchemaIngest:
         self.max_bytes = schema.payload.max_bytes
         self.program = transform_program(compiled, settings)
         self.decoder = ColumnarDecoder(schema, max_bytes=self.max_bytes)
+        #: the rate gates over the last N records this worker checked (docs/operations.md)
+        self.window = GateWindow(compiled)
         # a request waits for these: a short retry budget, then 503 (the client retries)
         self.pg = PostgresSink(settings.postgres_dsn, compiled, retries=2, backoff_s=0.2)
         self.settings = settings
@@ -259,6 +274,9 @@ class SchemaIngest:
             out[job].messages.append((entity.encode() if entity is not None else None, values[pos],
                                       [(SOURCE_HEADER, uris[pos].encode())]))
         rejects = prepared.rejects
+        if self.window.active:
+            with self._decode_lock:  # one window per schema and worker
+                self._judge(out, first, part.entries)
         if rejects.num_rows:
             at = rejects.column("row_index").to_numpy()
             jobs = np.searchsorted(first, at, side="right") - 1
@@ -275,8 +293,24 @@ class SchemaIngest:
                 dead = (dead_letter_messages(mine, c, self.run_id,
                                              max_message_bytes=self.dead_letter_max_bytes)
                         if self.dead_letter_topic else [])
-                out[job] = Checked(out[job].records, out[job].messages, mine, dead, errors, total)
+                out[job] = Checked(out[job].records, out[job].messages, mine, dead, errors, total,
+                                   out[job].gate)
         return out
+
+    def _judge(self, out: list[Checked], first: npt.NDArray[np.int64], entries: pa.Table) -> None:
+        """Each request of ``out`` (in arrival order; ``first``: its first record's position)
+        judged by the window as one micro-batch: the gates over the last N records up to each
+        of its records (docs/operations.md, "Quality gates"). A request that trips a ``fail``
+        gate is not added to the window."""
+        at = np.asarray(entries.column("row").to_numpy(), dtype=np.int64)
+        jobs = np.searchsorted(first, at, side="right") - 1
+        rules = entries.column("rule").combine_chunks().cast(pa.string())
+        for job, checked in enumerate(out):
+            mask = jobs == job
+            rows = at[mask] - first[job]
+            flags = np.zeros(checked.records, dtype=np.bool_)
+            flags[rows] = True
+            checked.gate = self.window.observe(flags, rows, rules.filter(pa.array(mask)))
 
     def _errors(self, entries: pa.Table) -> tuple[list[dict[str, Any]], int]:
         """(the first ``max_errors`` field errors of one request's reject entries

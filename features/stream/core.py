@@ -35,12 +35,13 @@ from features.aggregate.stream import StreamAggregator
 from features.aggregate.writer import AggregateCounts, AggregateWriter
 from features.compile import CompiledSchema
 from features.config import Settings
-from features.errors import SinkError
+from features.errors import GateBreached, SinkError
 from features.kernels import transform_program
 from features.lineage import RunContext
 from features.observe.logs import fields
 from features.observe.metrics import RunMetrics
-from features.pipeline.prepare import prepare_records
+from features.pipeline.gates import GateVerdict, GateWindow, WindowCheck
+from features.pipeline.prepare import PreparedRecords, prepare_records
 from features.pipeline.summary import RunSummary
 from features.pipeline.write import BatchWriter
 from features.sinks.dead_letter import (
@@ -84,6 +85,8 @@ class StreamStats:
     started: float = field(default_factory=time.time)
     #: the windowed aggregations' counts (the aggregator's, shared), if the schema has any
     aggregations: AggregateCounts | None = None
+    #: the breaker's record (:meth:`StreamProcessor.judge`): None when the schema has no rate gate
+    gates: dict[str, Any] | None = None
 
     def latency_quantile(self, q: float) -> float | None:
         """The q-quantile (0..1) of produce -> stored latency in ms (1 ms resolution)."""
@@ -104,6 +107,7 @@ class StreamStats:
             "newest_event_time": self.newest_event_time,
             "latency_ms": {"p50": self.latency_quantile(0.5), "p99": self.latency_quantile(0.99)},
             **({"aggregations": self.aggregations.as_dict()} if self.aggregations is not None else {}),
+            **({"gates": self.gates} if self.gates is not None else {}),
         }
 
 
@@ -158,6 +162,13 @@ class StreamProcessor:
         self._last_log = time.time()
         self._last_lag = 0.0
         self._delivery_errors: list[str] = []
+        #: the breaker: the schema's rate gates over the last N records (docs/operations.md)
+        self.window = GateWindow(compiled)
+        self._breaching: set[str] = set()  # the gates breached at the last micro-batch judged
+        if self.window.active:
+            self.stats.gates = {"window_records": self.window.size,
+                                "window_min_records": self.window.least, "breached_batches": {},
+                                "worst": {}, "last_breach": None, "tripped": None}
         self.last_rows: pa.Table = pa.table({})
         self.last_uris: pa.Array = pa.array([], pa.string())
 
@@ -234,22 +245,29 @@ class StreamProcessor:
         offs = np.asarray(pa.array(offsets).cast(pa.int64()).to_numpy(zero_copy_only=False), dtype=np.int64)
         # Chunks of the micro-batch are prepared while the stores write the previous one
         # (BatchWriter, two units in flight); everything is written before this returns.
+        # With rate gates the whole micro-batch is prepared before any of it is written: the
+        # breaker judges it first, and a tripped micro-batch stores nothing but its rejects.
         step = max(self.chunk_records, 1)
+        gated = self.window.active
         rows: list[pa.Table] = []
         rejects: list[pa.Table] = []
+        parts: list[tuple[int, PreparedRecords]] = []
         sent = 0
         for start in range(0, n, step):
             stop = min(start + step, n)
             chunk = values[start:stop] if start or stop < n else values
             part = prepare_records(chunk, uris.slice(start, stop - start), offs[start:stop], self.compiled,
                                    self.program, ctx, now, decoder=self.decoder)
-            prepared = part.prepared
-            self._writer.write(prepared, read=stop - start)
-            sent += self._produce_dead_letters(prepared.rejects)
-            self.stats.unknown_fields.update(part.unknown_fields)
-            self.stats.slow_records += part.slow
-            rows.append(prepared.rows)
-            rejects.append(prepared.rejects)
+            parts.append((start, part))
+            if not gated:
+                sent += self._write_part(part, stop - start)
+            rows.append(part.prepared.rows)
+            rejects.append(part.prepared.rejects)
+        if gated:
+            self.judge(parts, n, topics, partitions, offs)
+            for i, (start, part) in enumerate(parts):
+                stop = parts[i + 1][0] if i + 1 < len(parts) else n
+                sent += self._write_part(part, stop - start)
         merged_rows = rows[0] if len(rows) == 1 else pa.concat_tables(rows)
         # the aggregations are computed while the last chunks' rows are written, and written
         # after them (an aggregation row never exists without its history row)
@@ -264,6 +282,91 @@ class StreamProcessor:
                 self.metrics.aggregation(accepted=done.accepted, late=done.late, duplicates=done.duplicates)
         self.last_rows, self.last_uris = merged_rows, uris
         return outcome
+
+    def _write_part(self, part: PreparedRecords, records: int) -> int:
+        """Hand one prepared chunk (``records`` records) to the writer and its rejects to the
+        dead-letter topic; returns the dead letters sent."""
+        assert self._writer is not None
+        self._writer.write(part.prepared, read=records)
+        self.stats.unknown_fields.update(part.unknown_fields)
+        self.stats.slow_records += part.slow
+        return self._produce_dead_letters(part.prepared.rejects)
+
+    # --- the breaker -------------------------------------------------------------------
+
+    def judge(self, parts: Sequence[tuple[int, PreparedRecords]], n: int, topics: pa.Array,
+              partitions: pa.Array, offs: npt.NDArray[np.int64]) -> WindowCheck:
+        """The breaker (docs/operations.md, "Quality gates"): the micro-batch's records (``parts``:
+        each chunk's first record and its prepared records) judged by the sliding window.
+        A breached ``warn`` gate is counted (metrics, summary) and logged when it starts; a
+        breached ``fail`` gate stores the micro-batch's rejects alone and raises
+        GateBreached, which stops the job before any of its rows is stored."""
+        rejected = np.zeros(n, dtype=np.bool_)
+        rows, rules = [], []
+        for start, part in parts:
+            at = np.asarray(part.entries.column("row").to_numpy(), dtype=np.int64) + start
+            rejected[at] = True
+            rows.append(at)
+            rules.append(part.entries.column("rule").combine_chunks().cast(pa.string()))
+        check = self.window.observe(rejected, np.concatenate(rows) if rows else np.zeros(0, np.int64),
+                                    pa.concat_arrays(rules) if rules else pa.array([], pa.string()))
+        verdict = check.verdict
+        record = self.stats.gates
+        assert record is not None
+        if verdict is None:
+            return check
+        for r in verdict.results:
+            if self.metrics is not None:
+                self.metrics.gate(r.gate.name, r.gate.on_breach, float(r.measured), breached=r.breached)
+            name = r.gate.name
+            if r.breached:
+                if name not in self._breaching:  # logged when a breach starts, counted every time
+                    log.warning("stream: quality gate breached (%s): %s over the last %s records",
+                                r.gate.on_breach, r.describe(verdict.counts.read), f"{verdict.counts.read:,}",
+                                extra={"schema": self.compiled.name, "gate": name,
+                                       "on_breach": r.gate.on_breach, "measured": r.measured})
+                record["breached_batches"][name] = record["breached_batches"].get(name, 0) + 1
+                record["worst"][name] = max(record["worst"].get(name, 0.0), float(r.measured))
+                self._breaching.add(name)
+            else:
+                self._breaching.discard(name)
+        if verdict.breaches:
+            record["last_breach"] = verdict.as_dict()
+        if check.tripped:
+            assert check.position is not None
+            self._trip(check, parts, topics, partitions, offs)
+        return check
+
+    def _trip(self, check: WindowCheck, parts: Sequence[tuple[int, PreparedRecords]], topics: pa.Array,
+              partitions: pa.Array, offs: npt.NDArray[np.int64]) -> None:
+        """Stop on a breached ``fail`` gate: the micro-batch's rejects into the rejects table
+        (the evidence; unique per record, so the replay after a restart adds none), nothing
+        else of it anywhere, and GateBreached naming the gate, the offsets and the owner."""
+        verdict = check.verdict
+        assert verdict is not None and check.position is not None
+        rejects = pa.concat_tables([p.prepared.rejects for _, p in parts])
+        stored = self.pg.insert_rejects(rejects) if rejects.num_rows else 0
+        keys = pa.table({"t": topics, "p": partitions, "o": pa.array(offs)}).group_by(["t", "p"]).aggregate(
+            [("o", "min"), ("o", "max")])
+        spans = {f"{t}/{p}": (int(lo), int(hi)) for t, p, lo, hi in zip(
+            keys.column("t").to_pylist(), keys.column("p").to_pylist(), keys.column("o_min").to_pylist(),
+            keys.column("o_max").to_pylist(), strict=True)}
+        pos = check.position
+        at = f"{pa.array(topics)[pos].as_py()}/{pa.array(partitions)[pos].as_py()}/{int(offs[pos])}"
+        resume = {**self.stats.offsets, **{k: lo for k, (lo, _) in spans.items()}}
+        message = breaker_message(verdict, schema=self.compiled.name, run_id=self.run_id, record=at,
+                                  window=check.window, spans=spans, resume=resume, rejects_stored=stored)
+        assert self.stats.gates is not None
+        self.stats.gates["tripped"] = {"message": message, "gates": [r.gate.name for r in verdict.failed],
+                                       "record": f"kafka://{at}", "resume_offsets": resume,
+                                       "verdict": verdict.as_dict()}
+        log.error("stream stopped by its quality gates: %s",
+                  "; ".join(r.describe(verdict.counts.read) for r in verdict.failed),
+                  extra={"schema": self.compiled.name, "gates": [r.gate.name for r in verdict.failed],
+                         "resume_offsets": resume})
+        raise GateBreached(message, schema=self.compiled.name, run_id=self.run_id,
+                           gates=[r.gate.name for r in verdict.failed], rejects_stored=stored,
+                           verdict=verdict)
 
     def _produce_dead_letters(self, rejects: pa.Table) -> int:
         """Send every reject to the dead-letter topic (key: the record's kafka:// URI);
@@ -358,8 +461,33 @@ class StreamProcessor:
             log.warning("stream: could not read end offsets for the lag: %s", exc)
 
     def status_line(self) -> dict[str, Any]:
+        """The counts a status line shows."""
         d = {**self.stats.as_dict(), "instance": self.instance}
         return {k: d[k] for k in ("run_id", "instance", "schema", "read", "stored", "rejected",
                                   "already_present",
                                   "rows_per_second", "batches", "lag_total", "newest_event_time",
                                   "latency_ms")}
+
+
+def breaker_message(verdict: GateVerdict, *, schema: str, run_id: str, record: str, window: int,
+                    spans: dict[str, tuple[int, int]], resume: dict[str, int], rejects_stored: int) -> str:
+    """What a stream stopped by its breaker says: each breached ``fail`` gate (measured vs
+    limit over the window), the record that tripped it, the top reasons, what was stored of
+    the micro-batch (its rejects alone), the offsets a restart resumes from, the owner."""
+    read = verdict.counts.read
+    lines = [f"stream of {schema} stopped: quality gate {r.describe(read)} (on_breach: fail), over the "
+             f"last {window:,} records up to kafka://{record}" for r in verdict.failed]
+    lines += [f"  also breached (warn): {r.describe(read)}" for r in verdict.warned]
+    if verdict.counts.by_rule:
+        lines.append("  top reasons: "
+                     + ", ".join(f"{rule} ({n:,} records)" for rule, n in verdict.top_reasons()))
+    batch = ", ".join(f"{k} {lo}..{hi}" for k, (lo, hi) in sorted(spans.items()))
+    lines.append(f"  nothing of the micro-batch that tripped it (offsets {batch}) was stored but its "
+                 f"{rejects_stored:,} rejects (run {run_id}, the rejects table)")
+    lines.append("  a restart resumes from the last completed checkpoint, at or before offsets "
+                 + ", ".join(f"{k} {o}" for k, o in sorted(resume.items()))
+                 + ": raise the gate in the schema's quality: section (not a new data version) or fix "
+                 "the producer, then start the job again (it resumes from the consumer group's offsets)")
+    if verdict.owner:
+        lines.append(f"  data owner: {verdict.owner}")
+    return "\n".join(lines)

@@ -23,6 +23,13 @@ def render(s: dict[str, Any], schema: str) -> str:
                      f"[{'adds up' if a['adds_up'] else 'DOES NOT ADD UP'}]; "
                      f"{a.get('from_history', 0):,} earlier events read back from the stores; "
                      f"postgres rows written/changed {a['rows_written']:,}")
+    if (g := s.get("gates")) is not None:
+        breached = g.get("breached_batches") or {}
+        lines.append(f"  quality gates over the last {g['window_records']:,} records: " + (
+            ", ".join(f"{name} breached in {n:,} micro-batch(es) (worst {g['worst'][name] * 100:.4g}%)"
+                      for name, n in breached.items()) if breached else "no breach"))
+        if g.get("tripped"):
+            lines.append("  STOPPED by a fail gate: " + g["tripped"]["message"].replace("\n", "\n  "))
     if s["by_rule"]:
         lines.append("  top reject reasons:")
         for rule, count in list(s["by_rule"].items())[:5]:

@@ -854,3 +854,84 @@ def test_schema_filter_serves_the_named_schemas_only(tmp_path: Path, env: dict[s
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--schema nope: no such schema" in bad.stderr, bad.stderr
     assert "clicks, credit_applicant" in bad.stderr
+
+
+# --------------------------------------------------------------------------- quality gates
+
+
+def _with_gates(schemas_dir: Path, quality: str) -> None:
+    path = schemas_dir / f"{SCHEMA}.yaml"
+    path.write_text(path.read_text() + quality)
+
+
+def _income_zero(values: list[bytes]) -> list[bytes]:
+    """``values`` with income_monthly 0 (under its min 0.01): each rejected by income_monthly.min."""
+    return [json.dumps({**json.loads(v), "income_monthly": 0}).encode() for v in values]
+
+
+def test_a_breached_fail_gate_refuses_the_request_and_stores_nothing_of_it(
+        tmp_path: Path, env: dict[str, str], schemas_dir: Path, topics: str, settings: Settings,
+        pg_schema: str) -> None:
+    import psycopg
+
+    _with_gates(schemas_dir, "quality:\n  owner: risk-data\n  max_reject_rate: 0.2\n"
+                             "  max_rule_rate:\n    income_monthly.min: {limit: 0.05, on_breach: warn}\n"
+                             "  window_records: 100\n  window_min_records: 50\n")
+    good = _valid_events(200, seed=21)
+    first, later = good[:60], good[60:120]
+    burst = [*good[120:150], *_income_zero(good[150:190])]   # 40 of 70 rejected
+    with serve(tmp_path, env, "--schemas", str(schemas_dir), "--topic-template", topics) as server:
+        status, _, body = server.post(_ndjson(first), {**NDJSON, "X-Request-Id": "gate-ok"})
+        assert status == 202 and "gates_breached" not in body, body
+        status, _, body = server.post(_ndjson(burst), {**NDJSON, "X-Request-Id": "gate-bad"})
+        # the window of the last 100 records breaches 20% at the burst's 21st bad record
+        assert status == 422, body
+        assert body["accepted"] == 0 and body["refused"] == 70 and body["rejected"] == 40
+        by_gate = {g["gate"]: g for g in body["gates_breached"]}
+        reject = by_gate["max_reject_rate"]
+        assert reject["on_breach"] == "fail" and reject["limit"] == 0.2
+        assert reject["rows"] == 21 and reject["measured"] == 21 / body["window_records"]
+        assert reject["measured"] > 0.2 and body["window_records"] == 100
+        assert by_gate["max_rule_rate[income_monthly.min]"]["on_breach"] == "warn"
+        assert body["top_reasons"] == [{"rule": "income_monthly.min", "count": 21}]
+        assert body["owner"] == "risk-data" and "max_reject_rate" in body["error"]
+        assert {e["index"] for e in body["errors"]} == set(range(30, 70))
+        # a refused request is not in the window: clean records pass again
+        status, _, body = server.post(_ndjson(later), {**NDJSON, "X-Request-Id": "gate-later"})
+        assert status == 202, body
+        status, _, text = server.request("GET", "/metrics")
+    samples = parse_exposition(text)
+    assert sample_value(samples, "featureline_gate_breaches_total", schema=SCHEMA, gate="max_reject_rate",
+                        on_breach="fail") == 1
+    assert sample_value(samples, "featureline_ingest_records_total", schema=SCHEMA, outcome="refused") == 70
+    produced = read_topic(settings.kafka_bootstrap, topics.format(schema=SCHEMA))
+    assert sorted(m.value() for m in produced) == sorted([*first, *later])   # nothing of the burst
+    with psycopg.connect(settings.postgres_dsn, options=f"-c search_path={pg_schema}") as conn:
+        exists = conn.execute("SELECT to_regclass('credit_applicant__rejects')").fetchone()
+        rejects = (conn.execute("SELECT count(*) FROM credit_applicant__rejects").fetchone()
+                   if exists and exists[0] else (0,))
+    assert rejects is not None and rejects[0] == 0
+    assert read_topic(settings.kafka_bootstrap, topics.format(schema=SCHEMA) + ".rejects") == []
+
+
+def test_a_breached_warn_gate_stores_the_request_and_says_so(tmp_path: Path, env: dict[str, str],
+                                                             schemas_dir: Path, topics: str,
+                                                             settings: Settings) -> None:
+    _with_gates(schemas_dir, "quality:\n  on_breach: warn\n  max_reject_rate: 0.2\n  window_records: 100\n"
+                             "  window_min_records: 50\n")
+    good = _valid_events(120, seed=22)
+    burst = [*good[:30], *_income_zero(good[30:70])]
+    with serve(tmp_path, env, "--schemas", str(schemas_dir), "--topic-template", topics) as server:
+        status, _, body = server.post(_ndjson(burst), {**NDJSON, "X-Request-Id": "warn-1"})
+        assert status == 422 and body["accepted"] == 30 and body["rejected"] == 40, body
+        (g,) = body["gates_breached"]
+        # the first record whose window (>= 50 records) is over 20%: the 50th, 20 of 50 = 40%
+        assert g["gate"] == "max_reject_rate" and g["on_breach"] == "warn" and g["measured"] == 0.4
+        assert "error" not in body
+        status, _, text = server.request("GET", "/metrics")
+    samples = parse_exposition(text)
+    assert sample_value(samples, "featureline_gate_breaches_total", schema=SCHEMA, gate="max_reject_rate",
+                        on_breach="warn") == 1
+    produced = read_topic(settings.kafka_bootstrap, topics.format(schema=SCHEMA))
+    assert sorted(m.value() for m in produced) == sorted(good[:30])
+    assert any(x.get("gate") == "max_reject_rate" for x in server.log_lines())

@@ -194,3 +194,50 @@ def test_sigkill_mid_stream_then_restart_from_checkpoint_is_exact(settings: Sett
     assert summary["adds_up"]
     assert 0 < summary["read"] < len(values), "the restart must resume from the checkpoint, not the start"
     check_stores(settings, pg_schema, topic, want)
+
+
+@pytest.mark.slow
+def test_the_breaker_stops_a_burst_then_a_restart_with_the_gate_raised_ends_exact(
+        settings: Settings, pg_schema: str, stream_topic: str, env: dict[str, str], tmp_path: Path) -> None:
+    import psycopg
+
+    topic = stream_topic
+    compiled = applicant_schema()
+    schemas = tmp_path / "schemas"
+    schemas.mkdir()
+    text = (ROOT / "schemas" / "credit_applicant.yaml").read_text()
+    quality = ("quality:\n  owner: risk-data\n  max_reject_rate: {}\n  window_records: 400\n"
+               "  window_min_records: 200\n")
+    (schemas / "credit_applicant.yaml").write_text(text + quality.format(0.3))
+    values = applicant_events(8000, seed=17, undecodable_every=0)
+    for i in range(6000, 6400):  # a bad release: every income in cents, over the max
+        if values[i] is not None:
+            obj = json.loads(values[i])  # type: ignore[arg-type]
+            values[i] = json.dumps({**obj, "income_monthly": "100000000.00"}).encode()
+    positions = produce(settings.kafka_bootstrap, topic, values, keys=entity_keys(values, "application_id"))
+    want = expected(compiled, topic, values, positions)
+    args = ["--schemas-dir", str(schemas), "--topic", topic, "--bounded", "--restart-attempts", "0"]
+    first = subprocess.run(_job([*args, "--batch-size", "100", "--checkpoint-interval-ms", "300"], env,
+                                tmp_path), env=env, capture_output=True, text=True, timeout=400)
+    assert first.returncode == 1, first.stdout[-2000:] + first.stderr[-4000:]
+    assert "quality gate max_reject_rate" in first.stderr and "data owner: risk-data" in first.stderr
+    assert "income_monthly.max" in first.stderr and "a restart resumes" in first.stderr
+    tripped = json.loads(first.stdout)["gates"]["tripped"]
+    resume = tripped["resume_offsets"]
+    part, off = tripped["record"].rsplit("/", 2)[1:]
+    assert int(off) >= resume[f"{topic}/{part}"]
+    with psycopg.connect(settings.postgres_dsn, options=f"-c search_path={pg_schema}") as conn:
+        sources = [r[0] for r in conn.execute("SELECT _source FROM credit_applicant").fetchall()]
+    assert sources, "the job stored nothing before the burst"
+    for uri in sources:  # nothing stored at or after the offsets a restart resumes from
+        p, o = uri.rsplit("/", 2)[1:]
+        assert int(o) < resume[f"{topic}/{p}"], (uri, resume)
+
+    # raise the gate: not a new data version, the same tables; restart from the group offsets
+    (schemas / "credit_applicant.yaml").write_text(text + quality.format(0.9))
+    second = subprocess.run(_job(args, env, tmp_path), env=env, capture_output=True, text=True, timeout=400)
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-4000:]
+    summary = json.loads(second.stdout)
+    assert summary["adds_up"] and summary["gates"]["tripped"] is None
+    assert 0 < summary["read"] < len(values), "the restart must resume from the checkpoint, not the start"
+    check_stores(settings, pg_schema, topic, want)
