@@ -16,6 +16,11 @@ from features.flink.cluster import resolve as resolve_cluster
 
 #: seconds to wait for the broker's answer (``--timeout`` of ``topics`` and ``produce``)
 DEFAULT_KAFKA_TIMEOUT_S = 10.0
+#: The exit code of a load or a stream a breached ``fail`` quality gate refused or stopped
+#: (and of ``features load --check-gates`` when one is breached): apart from 1 (counts that
+#: do not add up: a bug) and 2 (usage, schema, source or store errors), so a scheduler can
+#: tell "the data was refused" (call its owner) from a failure of the pipeline.
+EXIT_GATE_REFUSED = 3
 
 
 def _integer(text: str, what: str) -> int:

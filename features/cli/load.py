@@ -10,7 +10,12 @@ import sys
 from typing import Any
 
 from features.cli import COMMANDS
-from features.cli.arguments import add_cluster_argument, add_metrics_arguments, flink_cluster
+from features.cli.arguments import (
+    EXIT_GATE_REFUSED,
+    add_cluster_argument,
+    add_metrics_arguments,
+    flink_cluster,
+)
 from features.compile import CompiledSchema, find_schema
 from features.compile.postgres import rejects_table_name
 from features.config import Settings, resolve_settings
@@ -36,8 +41,9 @@ def add_parser(sub: Any) -> None:
         "Postgres. Rejected rows go to the <schema>__rejects table. Re-running the same files stores "
         "nothing twice. A schema's quality gates (its quality: section) are checked over the whole "
         "input first: a breached fail gate stores nothing but the rejects (docs/operations.md). Exit 0 "
-        "when the run completed (rejects and warn gates included), 1 when a fail gate refused the load "
-        "(nothing stored) or counts do not add up, 2 on usage, schema, source or store errors.",
+        "when the run completed (rejects and warn gates included), 1 when counts do not add up, 2 on "
+        "usage, schema, source or store errors, 3 when a fail gate refused the load (nothing stored but "
+        "its rejects).",
     )
     p.add_argument("--schema", required=True, help="schema name (a file in the schemas folder)")
     p.add_argument("paths", nargs="+", metavar="PATH", help="Parquet files, folders or globs")
@@ -62,7 +68,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--check-gates", action="store_true",
                    help="dry run: validate the whole input, judge it against the schema's quality gates, "
                    "print the verdict (each gate, measured vs limit, the top reasons) and store nothing, "
-                   "not even the rejects (no store is needed); exit 1 when a fail gate is breached, else 0")
+                   "not even the rejects (no store is needed); exit 3 when a fail gate is breached, else 0")
     p.add_argument("--json", action="store_true", help="print the summary as one line of JSON on stdout")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress line even on a terminal (there is none with --log-format json)")
@@ -134,17 +140,17 @@ def run(args: argparse.Namespace) -> int:
 
 def _refused(args: argparse.Namespace, exc: GateBreached) -> int:
     """A load a fail gate refused: the message on stderr (and the verdict as JSON on stdout
-    with ``--json``); exit 1."""
+    with ``--json``); exit 3 (:data:`EXIT_GATE_REFUSED`)."""
     if args.json and isinstance(exc.verdict, GateVerdict):
         print(json.dumps({"run_id": exc.run_id, "schema": exc.schema, "refused": True,
                           "rejects_stored": exc.rejects_stored, "gates": exc.verdict.as_dict()}))
         sys.stdout.flush()
     user_message(f"features load: {exc}", level=logging.ERROR)
-    return 1
+    return EXIT_GATE_REFUSED
 
 
 def _check_gates(args: argparse.Namespace, compiled: CompiledSchema, settings: Settings, run_id: str) -> int:
-    """``--check-gates``: the verdict over the whole input, nothing stored; exit 1 when a
+    """``--check-gates``: the verdict over the whole input, nothing stored; exit 3 when a
     fail gate is breached."""
     verdict = check_gates(args.paths, compiled, settings, run_id=run_id,
                           batch_rows=args.batch_rows or DEFAULT_BATCH_ROWS, dry_run=True)
@@ -155,4 +161,4 @@ def _check_gates(args: argparse.Namespace, compiled: CompiledSchema, settings: S
         outcome = "REFUSED (a fail gate is breached)" if verdict.failed else "passes"
         print(f"verdict: {outcome}; nothing was stored (dry run)")
     sys.stdout.flush()
-    return 1 if verdict.failed else 0
+    return EXIT_GATE_REFUSED if verdict.failed else 0

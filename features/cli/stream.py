@@ -14,7 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from features.cli import COMMANDS
-from features.cli.arguments import add_cluster_argument, add_metrics_arguments, flink_cluster
+from features.cli.arguments import (
+    EXIT_GATE_REFUSED,
+    add_cluster_argument,
+    add_metrics_arguments,
+    flink_cluster,
+)
 from features.compile import find_schema
 from features.config import resolve_settings
 from features.flink.stream import StreamConfig, latest_checkpoint, merged_summary, serve_final_metrics
@@ -37,7 +42,9 @@ def add_parser(sub: Any) -> None:
         "mini-cluster, on a running cluster with --cluster (this project's: `features dev up "
         "--flink-cluster`), or on a cluster under `flink run -py \"$(features job-file stream)\"`. "
         "Exit 0 when a bounded "
-        "run completed with counts that add up, 1 when they do not, 2 on usage, schema or store errors.",
+        "run completed with counts that add up, 1 when they do not, 2 on usage, schema or store errors, "
+        "3 when a fail quality gate stopped the stream (the message names the gate and the offsets a "
+        "restart resumes from).",
     )
     p.add_argument("--schema", required=True, help="schema name (a file in the schemas folder)")
     p.add_argument("--topic", required=True, help="Kafka topic to read")
@@ -168,11 +175,11 @@ def run(args: argparse.Namespace) -> int:
 def _stopped_by_gate(summary: dict[str, Any], schema: str, as_json: bool) -> int:
     """A stream stopped by a breached ``fail`` gate: the message (gate, measured vs limit,
     top reasons, the offsets a restart resumes from, the owner) on stderr, the summary on
-    stdout; exit 1."""
+    stdout; exit 3 (:data:`EXIT_GATE_REFUSED`)."""
     tripped = summary["gates"]["tripped"]
     user_message(f"features stream: {tripped['message']}")
     print(json.dumps(summary, indent=2) if as_json else render(summary, schema))
-    return 1
+    return EXIT_GATE_REFUSED
 
 
 def _check_stores(compiled: Any, settings: Any) -> None:

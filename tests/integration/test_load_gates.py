@@ -109,7 +109,7 @@ def test_a_load_over_its_reject_rate_gate_stores_nothing_then_loads_once_the_gat
     env = env_for(settings, pg_schema)
     folder = schemas_dir(tmp_path, "clicks", "quality:\n  owner: clicks-team\n  max_reject_rate: 0.001\n")
     proc = features_load(env, "clicks", folder, [path])
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == 3, proc.stderr
     rate = f"{rejected / history.num_rows * 100:.4g}%"
     assert (f"load of clicks refused: quality gate max_reject_rate: {rejected:,} of {history.num_rows:,} "
             f"rows rejected = {rate} > limit 0.1% (on_breach: fail)") in proc.stderr
@@ -174,7 +174,7 @@ def test_a_per_rule_gate_refuses_then_a_fixed_file_loads(tmp_path: Path, setting
     env = env_for(settings, pg_schema)
     # --workers N: the gates judge the whole input once, before any worker starts
     proc = features_load(env, "credit_applicant", folder, [path], "--workers", "2")
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == 3, proc.stderr
     assert ("quality gate max_rule_rate[income_monthly.max]: 21 of 2,000 rows rejected by income_monthly.max "
             "= 1.05% > limit 1% (on_breach: fail)") in proc.stderr
     assert "max_reject_rate" not in proc.stderr and "age.min" not in proc.stderr  # the gates that held
@@ -197,7 +197,7 @@ def test_min_rows_refuses_a_short_load(tmp_path: Path, settings: Settings, pg_sc
     path = applicant_file(tmp_path, 500, 0)
     folder = schemas_dir(tmp_path, "credit_applicant", "quality:\n  min_rows: 1000\n")
     proc = features_load(env_for(settings, pg_schema), "credit_applicant", folder, [path])
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == 3, proc.stderr
     assert "quality gate min_rows: 500 rows read < minimum 1,000 (on_breach: fail)" in proc.stderr
     rows = table_rows(settings, pg_schema)
     assert (rows["credit_applicant"], rows["credit_applicant__rejects"], redis_db.dbsize()) == (0, 0, 0)
@@ -248,7 +248,7 @@ def test_check_gates_is_a_dry_run(tmp_path: Path, settings: Settings, pg_schema:
     env = env_for(settings, pg_schema)
     folder = schemas_dir(tmp_path, "credit_applicant", "quality:\n  max_reject_rate: 0.01\n")
     proc = features_load(env, "credit_applicant", folder, [path], "--check-gates")
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == 3, proc.stderr
     assert "BREACHED (fail)  max_reject_rate: 30 of 1,000 rows rejected = 3% > limit 1%" in proc.stdout
     assert "top reasons: income_monthly.max 30" in proc.stdout
     assert "verdict: REFUSED (a fail gate is breached); nothing was stored (dry run)" in proc.stdout

@@ -219,7 +219,7 @@ def test_the_breaker_stops_a_burst_then_a_restart_with_the_gate_raised_ends_exac
     args = ["--schemas-dir", str(schemas), "--topic", topic, "--bounded", "--restart-attempts", "0"]
     first = subprocess.run(_job([*args, "--batch-size", "100", "--checkpoint-interval-ms", "300"], env,
                                 tmp_path), env=env, capture_output=True, text=True, timeout=400)
-    assert first.returncode == 1, first.stdout[-2000:] + first.stderr[-4000:]
+    assert first.returncode == 3, first.stdout[-2000:] + first.stderr[-4000:]
     assert "quality gate max_reject_rate" in first.stderr and "data owner: risk-data" in first.stderr
     assert "income_monthly.max" in first.stderr and "a restart resumes" in first.stderr
     tripped = json.loads(first.stdout)["gates"]["tripped"]
