@@ -28,7 +28,8 @@ removing those of views that no longer exist. A view error fails the run (and
 Output: one line per schema, ``name version fingerprint[:12]`` and each file with (views: ``view name ...``)
 ``written`` or ``unchanged``; below it, for a schema with a ``quality:`` section, ``quality gates
 <gates fingerprint[:12]>: <each gate, its limit and on_breach; staleness; owner>`` (the gates are
-not in the fingerprint: docs/schema.md, "Quality gates"). The files are byte-for-byte deterministic: DDL as
+not in the fingerprint: docs/schema.md, "Quality gates"); then ``service alerts`` and the service's
+rules file. The files are byte-for-byte deterministic: DDL as
 :func:`~features.compile.postgres.render_ddl` renders it, the suite and the dashboard as JSON
 with sorted keys, indent 2 and a final newline, the rules as YAML in a fixed order. A file is
 rewritten only when its bytes
