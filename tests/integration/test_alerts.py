@@ -11,18 +11,28 @@ its ``promtool``; ``features dev up`` installs them, the fixture too when missin
 
 from __future__ import annotations
 
+import http.client
+import json
 import math
+import os
+import signal
+import socket
 import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from conftest import cli_environment
 
 from features.compile import alerts as a
-from features.compile.alerts import render_rules, rule_groups, service_rule_groups
+from features.compile.alerts import AlertTiming, render_rules, rule_groups, service_rule_groups
 from features.config import Settings
 from features.ops.dev.services import Prometheus
+from features.ops.examples import applicant_events
 from features.schema import load_schema, parse_schema
 from features.schema.model import Schema
 
@@ -220,3 +230,118 @@ def test_promtool_fires_every_alert_and_keeps_it_quiet_below_its_limit(prometheu
         'sum(rate(featureline_rows_read_total{schema="credit_applicant"}[5m])) > 0.6', 1))
     failed = promtool("test", "rules", files[len(schemas) - 1].name, cwd=tmp_path)
     assert failed.returncode == 1 and "FeaturelineRejectRate" in failed.stdout + failed.stderr
+
+
+# --------------------------------------------------------------------------- a real Prometheus
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _get(port: int, path: str) -> dict[str, Any]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        body = resp.read().decode()
+        assert resp.status == 200, body
+        out: dict[str, Any] = json.loads(body)
+        return out
+    finally:
+        conn.close()
+
+
+@pytest.fixture()
+def cli_env(settings: Settings, pg_schema: str) -> Iterator[dict[str, str]]:
+    with cli_environment(settings, pg_schema, CLI_REDIS_DB) as env:
+        yield env
+
+
+@pytest.mark.flink  # ~15 s here (13.9 s from the job's start to firing); bounded at 240 s
+def test_a_real_prometheus_fires_the_reject_rate_alert_of_a_running_stream(
+        prometheus: Prometheus, settings: Settings, stream_topic: str, cli_env: dict[str, str],
+        tmp_path: Path) -> None:
+    from features.stream.kafka import entity_keys, produce
+
+    schemas = tmp_path / "schemas"
+    schemas.mkdir()
+    (schemas / f"{NAME}.yaml").write_text((SCHEMAS / f"{NAME}.yaml").read_text() + QUALITY)
+    # short windows so the test takes seconds: the expressions are the generated ones
+    timing = AlertTiming(window="20s", for_="2s", stall_window="1m", lag_for="1m")
+    (tmp_path / "rules.yml").write_text(render_rules(gated_schema(), timing))
+    metrics_port, prom_port = _free_port(), _free_port()
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(tmp_path / "rules.yml")],
+        "scrape_configs": [{"job_name": "featureline-stream",
+                            "static_configs": [{"targets": [f"127.0.0.1:{metrics_port}"]}]}]}))
+
+    # about half the records break a rule (the gate is 5 %): a breaching stream
+    def burst(seed: int) -> None:
+        values = applicant_events(200, seed=seed, invalid_share=0.5, undecodable_every=10)
+        produce(settings.kafka_bootstrap, stream_topic, values, keys=entity_keys(values, "application_id"))
+
+    burst(1)
+    job_log, prom_log = tmp_path / "stream.log", tmp_path / "prometheus.log"
+    firing: list[dict[str, Any]] = []
+    alerts: list[dict[str, Any]] = []
+    targets: list[dict[str, Any]] = []
+    ratio: list[dict[str, Any]] = []
+    with job_log.open("w") as job_out, prom_log.open("w") as prom_out:
+        job = subprocess.Popen(
+            [sys.executable, str(ROOT / "jobs" / "stream_job.py"), "--schema", NAME, "--topic", stream_topic,
+             "--schemas-dir", str(schemas), "--startup", "earliest-offset", "--restart-attempts", "0",
+             "--state-dir", str(tmp_path / "state"), "--batch-size", "100", "--max-wait-ms", "200",
+             "--metrics-port", str(metrics_port), "--log-every-s", "5"],
+            env=cli_env, cwd=ROOT, stdout=job_out, stderr=subprocess.STDOUT, start_new_session=True)
+        prom = subprocess.Popen(
+            ["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
+             f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
+            stdout=subprocess.DEVNULL, stderr=prom_out, start_new_session=True)
+        t0 = time.monotonic()
+        try:
+            deadline = t0 + 240
+            seed = 2
+            while time.monotonic() < deadline and not firing:
+                assert job.poll() is None, "the stream job ended:\n" + job_log.read_text()[-4000:]
+                burst(seed)  # a stream keeps arriving
+                seed += 1
+                time.sleep(1)
+                try:
+                    alerts = _get(prom_port, "/api/v1/alerts")["data"]["alerts"]
+                except OSError:
+                    continue  # Prometheus is starting
+                firing = [a for a in alerts if a["labels"]["alertname"] == "FeaturelineRejectRate"
+                          and a["state"] == "firing"]
+            elapsed = time.monotonic() - t0
+            targets = _get(prom_port, "/api/v1/targets")["data"]["activeTargets"]
+            ratio = _get(prom_port, "/api/v1/query?query=" + "sum(featureline_rows_rejected_total)%20/%20"
+                         "sum(featureline_rows_read_total)")["data"]["result"]
+        finally:
+            for proc in (prom, job):
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGTERM)
+            for proc in (prom, job):
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+    assert firing, (f"FeaturelineRejectRate not firing after {elapsed:.0f} s; alerts: {alerts}; "
+                    f"targets: {[(t['scrapeUrl'], t['health'], t['lastError']) for t in targets]}\n"
+                    f"stream log:\n{job_log.read_text()[-3000:]}\nprometheus log:\n"
+                    f"{prom_log.read_text()[-2000:]}")
+    print(f"FeaturelineRejectRate firing after {elapsed:.1f} s (the stream job's start included)")
+    (alert,) = firing
+    assert alert["labels"] == {"alertname": "FeaturelineRejectRate", "severity": "warning",
+                               "schema": NAME, "owner": "risk-data", "gate": "max_reject_rate"}
+    measured = float(alert["value"])
+    assert 0.05 < measured <= 1
+    # what Prometheus scraped from the job: its counters say the stream rejects far above the gate
+    assert ratio and float(ratio[0]["value"][1]) > 0.05
+    assert "gate max_reject_rate (5%)" in alert["annotations"]["description"]
+    assert alert["annotations"]["summary"].startswith(f"{NAME}: ") and "%" in alert["annotations"]["summary"]
