@@ -1,7 +1,7 @@
 """Generated Prometheus rules and Grafana dashboards (``features.compile.alerts``,
 ``features compile``): thresholds and labels from the ``quality:`` gates, every metric and
 label a rule reads is one the code registers, deterministic bytes, ``--check``. No
-services; promtool and a real Prometheus run in tests/integration/test_alerts.py."""
+services; promtool and a real Prometheus run in tests/integration/test_alerts_prometheus.py."""
 
 from __future__ import annotations
 
