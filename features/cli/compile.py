@@ -1,9 +1,14 @@
 """``features compile``: schemas/*.yaml -> sql/<name>.sql and expectations/<name>.json
 (and expectations/<name>__aggregates.json, the suite of the stored aggregates, for a
-schema with aggregations).
+schema with aggregations), alerts/<name>.rules.yml (Prometheus alerting rules) and
+dashboards/<name>.json (a Grafana dashboard); every run also writes
+alerts/_serve.rules.yml, the HTTP service's rules (``features.compile.alerts``).
 
 ``features compile [PATH...] [--check] [--schemas-dir DIR] [--sql-dir DIR]
-[--expectations-dir DIR] [--views-dir DIR]``
+[--expectations-dir DIR] [--alerts-dir DIR] [--dashboards-dir DIR] [--views-dir DIR]``
+
+The rules and dashboards go to ``alerts/`` and ``dashboards/`` beside the ``--sql-dir``
+folder unless ``--alerts-dir``/``--dashboards-dir`` say otherwise.
 
 Without PATH every schema file in the schemas folder (``--schemas-dir``, else the
 ``schemas_dir`` setting, ``schemas/`` by default) is compiled, and generated files
@@ -23,9 +28,11 @@ removing those of views that no longer exist. A view error fails the run (and
 Output: one line per schema, ``name version fingerprint[:12]`` and each file with (views: ``view name ...``)
 ``written`` or ``unchanged``; below it, for a schema with a ``quality:`` section, ``quality gates
 <gates fingerprint[:12]>: <each gate, its limit and on_breach; staleness; owner>`` (the gates are
-not in the fingerprint: docs/schema.md, "Quality gates"). The files are byte-for-byte deterministic: DDL as
-:func:`~features.compile.postgres.render_ddl` renders it, the suite as JSON with
-sorted keys, indent 2 and a final newline. A file is rewritten only when its bytes
+not in the fingerprint: docs/schema.md, "Quality gates"); then ``service alerts`` and the service's
+rules file. The files are byte-for-byte deterministic: DDL as
+:func:`~features.compile.postgres.render_ddl` renders it, the suite and the dashboard as JSON
+with sorted keys, indent 2 and a final newline, the rules as YAML in a fixed order. A file is
+rewritten only when its bytes
 change.
 
 ``--check`` writes nothing: it exits 1 listing every ``stale``, ``missing`` and (for
@@ -50,6 +57,14 @@ from typing import Any
 
 from features.cli import COMMANDS
 from features.compile import CompiledSchema, compile_schema, gates_text
+from features.compile.alerts import (
+    ALERTS_MARKER,
+    SERVICE_RULES_NAME,
+    is_generated_dashboard,
+    render_dashboard,
+    render_rules,
+    render_service_rules,
+)
 from features.config import resolve_settings
 from features.errors import CompileError, SchemaError, SchemaErrors
 from features.schema.parse import load_schemas
@@ -64,9 +79,12 @@ def add_parser(subparsers: Any) -> None:
     p: argparse.ArgumentParser = subparsers.add_parser(
         "compile",
         help=COMMANDS["compile"].summary,
-        description="Compile schema files into Postgres DDL (sql/<name>.sql) and Great Expectations "
+        description="Compile schema files into Postgres DDL (sql/<name>.sql), Great Expectations "
         "suites (expectations/<name>.json, and <name>__aggregates.json for a schema with "
-        "aggregations: its stored aggregates table). Without PATH, every schema in the schemas folder is "
+        "aggregations: its stored aggregates table), Prometheus alerting rules (alerts/<name>.rules.yml, "
+        "thresholds from the schema's quality: gates; plus alerts/_serve.rules.yml for the HTTP "
+        "service) and a Grafana dashboard (dashboards/<name>.json). Without PATH, every schema in the "
+        "schemas folder is "
         "compiled and generated files of removed schemas are deleted. --check writes nothing and "
         "exits 1 when a generated file is stale, missing or extra.",
     )
@@ -78,6 +96,10 @@ def add_parser(subparsers: Any) -> None:
         "--expectations-dir", metavar="DIR", default="expectations",
         help="GX suite output folder (default: expectations)",
     )
+    p.add_argument("--alerts-dir", metavar="DIR",
+                   help="Prometheus rules output folder (default: alerts, beside the --sql-dir folder)")
+    p.add_argument("--dashboards-dir", metavar="DIR",
+                   help="Grafana dashboard output folder (default: dashboards, beside the --sql-dir folder)")
     p.add_argument("--views-dir", metavar="DIR",
                    help="view folder (default: the views_dir setting); its artefacts go to DIR/compiled")
     p.set_defaults(func=run)
@@ -104,12 +126,26 @@ class Artefact:
         return "unchanged" if current == self.text.encode("utf-8") else "stale"
 
 
-def artefacts(compiled: CompiledSchema, sql_dir: Path, expectations_dir: Path) -> tuple[Artefact, ...]:
-    """The generated files of one compiled schema: its DDL and GX suite, and for a schema
-    with aggregations the suite of its stored aggregates (``<name>__aggregates.json``)."""
+@dataclass(frozen=True)
+class OutputDirs:
+    """Where the generated files go."""
+
+    sql: Path
+    expectations: Path
+    alerts: Path
+    dashboards: Path
+
+
+def artefacts(compiled: CompiledSchema, dirs: OutputDirs) -> tuple[Artefact, ...]:
+    """The generated files of one compiled schema: its DDL, GX suite, alerting rules and
+    dashboard, and for a schema with aggregations the suite of its stored aggregates
+    (``<name>__aggregates.json``)."""
+    expectations_dir = dirs.expectations
     files = [
-        Artefact(sql_dir / f"{compiled.name}.sql", compiled.ddl),
+        Artefact(dirs.sql / f"{compiled.name}.sql", compiled.ddl),
         Artefact(expectations_dir / f"{compiled.name}.json", suite_json(compiled.expectations)),
+        Artefact(dirs.alerts / f"{compiled.name}.rules.yml", render_rules(compiled.schema)),
+        Artefact(dirs.dashboards / f"{compiled.name}.json", render_dashboard(compiled.schema)),
     ]
     aggregates = compiled.aggregates_expectations
     if aggregates is not None:
@@ -125,23 +161,28 @@ def _is_generated(path: Path) -> bool:
         return False
     if path.suffix == ".sql":
         return text.startswith(SQL_MARKER)
+    if path.suffix == ".yml":
+        return text.startswith(ALERTS_MARKER)
     try:
         doc = json.loads(text)
     except ValueError:
         return False
-    return isinstance(doc, dict) and "featureline" in (doc.get("meta") or {})
+    return (isinstance(doc, dict) and "featureline" in (doc.get("meta") or {})) or is_generated_dashboard(doc)
 
 
-def extra_files(names: set[str], sql_dir: Path, expectations_dir: Path) -> list[Path]:
-    """Generated files in the output folders whose schema is not in ``names``, sorted."""
+def extra_files(names: set[str], dirs: OutputDirs) -> list[Path]:
+    """Generated files in the output folders whose schema is not in ``names``, sorted
+    (``alerts/_serve.rules.yml`` is no schema's and never extra)."""
     extra: list[Path] = []
-    for folder, suffix in ((sql_dir, ".sql"), (expectations_dir, ".json")):
+    for folder, suffix in ((dirs.sql, ".sql"), (dirs.expectations, ".json"), (dirs.alerts, ".rules.yml"),
+                           (dirs.dashboards, ".json")):
         if folder.is_dir():
             extra.extend(
                 p for p in sorted(folder.iterdir())
-                if p.is_file() and p.suffix == suffix and p.stem not in names and _is_generated(p)
+                if p.is_file() and p.name.endswith(suffix) and p.name.removesuffix(suffix) not in names
+                and p.name != f"{SERVICE_RULES_NAME}.rules.yml" and _is_generated(p)
             )
-    return extra
+    return sorted(set(extra))
 
 
 def _write(path: Path, text: str) -> None:
@@ -243,7 +284,10 @@ def run(args: argparse.Namespace) -> int:
         print(str(exc), file=sys.stderr)
         return 1
 
-    sql_dir, exp_dir = Path(args.sql_dir), Path(args.expectations_dir)
+    sql_dir = Path(args.sql_dir)
+    dirs = OutputDirs(sql_dir, Path(args.expectations_dir),
+                      Path(args.alerts_dir or sql_dir.parent / "alerts"),
+                      Path(args.dashboards_dir or sql_dir.parent / "dashboards"))
     schemas_compiled: dict[str, CompiledSchema] = {}
     failed = False
     problems: list[str] = []
@@ -251,7 +295,7 @@ def run(args: argparse.Namespace) -> int:
         where = schema.path or schema.name
         try:
             compiled = compile_schema(schema)
-            files = artefacts(compiled, sql_dir, exp_dir)
+            files = artefacts(compiled, dirs)
             schemas_compiled[schema.name] = compiled
         except CompileError as exc:
             print(f"{where}: {exc}", file=sys.stderr)
@@ -263,6 +307,8 @@ def run(args: argparse.Namespace) -> int:
             assert compiled.gates_fingerprint is not None
             print(f"  quality gates {compiled.gates_fingerprint[:12]}: {gates}")
 
+    service = Artefact(dirs.alerts / f"{SERVICE_RULES_NAME}.rules.yml", render_service_rules())
+    print(f"service alerts  {_update([service], args.check, problems)}")
     if args.views_dir or (whole_folder and not args.schemas_dir):
         failed = _views(args, schemas_compiled, problems) or failed
     if whole_folder and not failed:
@@ -270,12 +316,12 @@ def run(args: argparse.Namespace) -> int:
             str(c.aggregates_expectations["name"]) for c in schemas_compiled.values()
             if c.aggregates_expectations is not None
         }
-        for path in extra_files(names, sql_dir, exp_dir):
+        for path in extra_files(names, dirs):
             if args.check:
-                problems.append(f"extra: {path} (no schema named {path.stem!r})")
+                problems.append(f"extra: {path} (no schema named {path.name.split('.')[0]!r})")
             else:
                 path.unlink()
-                print(f"removed {path} (no schema named {path.stem!r})")
+                print(f"removed {path} (no schema named {path.name.split('.')[0]!r})")
     if failed:
         return 1
     if problems:

@@ -241,6 +241,14 @@ class Registry(CollectorRegistry):
 
         return self._family("batch_histogram", name, labelnames, bounds, make)
 
+    def families(self) -> dict[str, tuple[str, tuple[str, ...]]]:
+        """Every family defined so far: its name -> (its type: ``counter``, ``gauge``,
+        ``histogram``, ``batch_histogram``; its label names). The generated alerting rules
+        are checked against it (``tests/unit/test_alerts.py``)."""
+        with self._define_lock:
+            return {name: (str(d[0]), tuple(cast(tuple[str, ...], d[1])))
+                    for name, (d, _) in sorted(self._defined.items())}
+
     def collect(self) -> Iterable[Metric]:
         """Every family, less the ``<name>_created`` samples of counters and histograms."""
         for metric in super().collect():

@@ -106,7 +106,7 @@ The local servers keep their data in `.dev/` here; downloads go to `~/.cache/fea
 ```bash
 features dev up                                   # local Postgres, Redis and Kafka (loopback)
 features dev status
-features compile                                  # schemas/*.yaml -> sql/, expectations/
+features compile                                  # -> sql/, expectations/, alerts/, dashboards/
 features load --schema orders orders.parquet      # validate + store; rejects kept in Postgres
 features stream --schema orders --topic orders --bounded
 features report --schema orders --table --out report    # report.html + report.json

@@ -23,7 +23,8 @@ def test_status_shows_four_healthy_parts() -> None:
     lines = {line.split()[0]: line for line in proc.stdout.splitlines() if line.strip()}
     servers, stream = lines.pop("servers:"), lines.pop("stream:")
     # the local Redis Cluster is listed too once started (`up --redis-cluster`, the cluster tests)
-    assert set(lines) - {"redis-cluster"} == {"postgres", "redis", "kafka", "flink-connector", "chromium"}
+    assert set(lines) - {"redis-cluster"} == {"postgres", "redis", "kafka", "flink-connector", "chromium",
+                                               "prometheus"}
     assert servers.startswith("servers: healthy (postgres, redis, ") and "kafka" in servers, servers
     assert stream.startswith("stream:  ready (Flink Kafka connector 5.0.0-2.2, PyFlink 2.2"), stream
     for _name, line in lines.items():
@@ -32,6 +33,7 @@ def test_status_shows_four_healthy_parts() -> None:
     assert "Redis 7" in lines["redis"]
     assert "Kafka 4." in lines["kafka"] and "KRaft" in lines["kafka"]
     assert "PyFlink 2.2" in lines["flink-connector"]
+    assert "2.42" in lines["prometheus"]  # Debian's prometheus (with promtool): the alert tests'
     if "redis-cluster" in lines:
         assert "127.0.0.1:7101-7106" in lines["redis-cluster"] and "cluster" in lines["redis-cluster"]
     # where it keeps things: this checkout is a project whose downloads stay in its .cache/

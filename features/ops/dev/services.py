@@ -12,6 +12,10 @@
   data, so it ships in the wheel) and started with ``java -cp``;
 - the Flink Kafka SQL connector jar matching the pinned PyFlink
   (``features/ops/dev/maven/flink/pom.xml``);
+- Prometheus and promtool (Debian package ``prometheus``, installed without its
+  recommended node exporter and never started as the system's service: the alert tests run
+  ``promtool`` and start their own server on a free loopback port; docs/operations.md,
+  "Alerts and dashboards");
 - with ``--flink-cluster``, the project's standalone Flink cluster (PyFlink's
   ``start-cluster.sh`` with its state in ``.dev/flink`` and free loopback ports:
   :mod:`features.flink.cluster`).
@@ -28,7 +32,7 @@ when it runs) and ``stream:`` (what the PyFlink job needs beside the servers: th
 Kafka connector jar, PyFlink, a Java runtime).
 
 Why one module of this size: each local service is one class (Postgres, Redis,
-RedisCluster, Kafka, the Flink connector and cluster, Chromium) over the process, port
+RedisCluster, Kafka, the Flink connector and cluster, Chromium, Prometheus) over the process, port
 and file helpers at the top that all of them use; a module per class is the seam when
 one of them grows.
 """
@@ -91,7 +95,7 @@ def _m2() -> Path:
 
 #: what a part is: a ``server`` (a process at an address: Postgres, Redis, Kafka, the Redis
 #: Cluster), a part of the ``stream`` job (the connector jar) or a ``tool`` (Chromium,
-#: which only the report tests use)
+#: which only the report tests use; Prometheus and promtool, which the alert tests run)
 PartKind = Literal["server", "stream", "tool"]
 
 #: ``features dev status`` / ``up`` exit codes, the first that applies
@@ -104,7 +108,8 @@ EXIT_CODES: Final = {
     EXIT_SERVER_DOWN: "a server (Postgres, Redis, Kafka; the Redis Cluster when it runs) is down",
     EXIT_STREAM_NOT_READY: "every server healthy, but the stream job cannot run here: the Flink Kafka "
                            "connector jar, PyFlink or Java is missing (the stream: line says which)",
-    EXIT_TOOL_MISSING: "servers and stream ready, only Chromium (the report tests' browser) missing",
+    EXIT_TOOL_MISSING: "servers and stream ready, only a tool missing: Chromium (the report tests' browser) "
+                       "or Prometheus (the alert tests' promtool and server)",
 }
 
 
@@ -188,7 +193,7 @@ def _run(cmd: Sequence[str], *, service: str, user: str | None = None, **kw: obj
     return str(proc.stdout)
 
 
-def _apt_install(package: str, *, service: str) -> None:
+def _apt_install(package: str, *, service: str, recommends: bool = True) -> None:
     if os.geteuid() != 0:
         raise ServiceError(
             f"{package} is not installed and installing it needs root: run `sudo apt-get install {package}`",
@@ -196,11 +201,12 @@ def _apt_install(package: str, *, service: str) -> None:
         )
     _say(f"{service}: installing Debian package {package} ...")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    cmd = ["apt-get", "install", "-y", "-q", *(() if recommends else ("--no-install-recommends",)), package]
     try:
-        _run(["apt-get", "install", "-y", "-q", package], service=service, env=env)
+        _run(cmd, service=service, env=env)
     except ServiceError:
         _run(["apt-get", "update", "-q"], service=service, env=env)
-        _run(["apt-get", "install", "-y", "-q", package], service=service, env=env)
+        _run(cmd, service=service, env=env)
 
 
 def _port_open(host: str, port: int, timeout: float = 0.5) -> bool:
@@ -904,38 +910,35 @@ class FlinkCluster:
                 f"{view.get('slots-total', 0)} slots")
 
 
-class Chromium:
-    """Not a process: Debian's headless-capable Chromium and its WebDriver
-    (``chromium-driver``), which the report tests use to render ``report.html``
-    (``chromium --headless --screenshot``, and Selenium through ``chromedriver``)."""
+class DebianTool:
+    """Not a process: Debian packages whose programs the tests run. ``programs``: (program,
+    its package) pairs; the first one's ``--version`` is what ``status`` shows."""
 
-    name = "chromium"
+    name = ""
     kind: PartKind = "tool"
     external = False
+    programs: tuple[tuple[str, str], ...] = ()
 
     def __init__(self, settings: Settings) -> None:
         pass
 
     @property
     def address(self) -> str:
-        return self.binary() or "-"
+        return shutil.which(self.programs[0][0]) or "-"
 
-    @staticmethod
-    def binary() -> str | None:
-        return shutil.which("chromium")
+    def missing(self) -> list[tuple[str, str]]:
+        """The (program, package) pairs not on PATH."""
+        return [(prog, pkg) for prog, pkg in self.programs if shutil.which(prog) is None]
 
-    @staticmethod
-    def driver() -> str | None:
-        return shutil.which("chromedriver")
+    def apt_install(self, package: str) -> None:
+        _apt_install(package, service=self.name)
 
     def install(self) -> None:
-        if self.binary() is None:
-            _apt_install("chromium", service=self.name)
-        if self.driver() is None:
-            _apt_install("chromium-driver", service=self.name)
+        for package in dict.fromkeys(pkg for _, pkg in self.missing()):
+            self.apt_install(package)
 
     def running(self) -> bool:
-        return self.binary() is not None and self.driver() is not None
+        return not self.missing()
 
     def start(self) -> str:
         return "ready"
@@ -944,29 +947,80 @@ class Chromium:
         return "nothing to stop"
 
     def healthy(self) -> bool:
-        return self.binary() is not None and self.driver() is not None
+        return not self.missing()
 
     def version(self) -> str:
-        binary = self.binary()
+        binary = shutil.which(self.programs[0][0])
         if binary is None:
             return "missing"
-        if self.driver() is None:
-            return "chromedriver missing (apt-get install chromium-driver)"
+        if missing := self.missing():
+            program, package = missing[0]
+            return f"{program} missing (apt-get install {package})"
         try:
             out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30).stdout
         except (OSError, subprocess.SubprocessError):
             return "unknown"
-        return out.strip().removeprefix("Chromium ").split()[0] if out.strip() else "unknown"
+        return self.version_of(out) or "unknown"
+
+    def version_of(self, out: str) -> str | None:
+        """The version in the first program's ``--version`` output."""
+        return out.split()[-1] if out.strip() else None
 
 
-Service = Postgres | Redis | Kafka | FlinkConnector | Chromium | RedisCluster | FlinkCluster
+class Chromium(DebianTool):
+    """Debian's headless-capable Chromium and its WebDriver (``chromium-driver``), which the
+    report tests use to render ``report.html`` (``chromium --headless --screenshot``, and
+    Selenium through ``chromedriver``)."""
+
+    name = "chromium"
+    programs = (("chromium", "chromium"), ("chromedriver", "chromium-driver"))
+
+    def version_of(self, out: str) -> str | None:
+        return out.strip().removeprefix("Chromium ").split()[0] if out.strip() else None
+
+
+#: What apt's maintainer scripts ask before starting a service: 101 is "not allowed"
+#: (invoke-rc.d and deb-systemd-invoke both honour it), so installing ``prometheus`` does not
+#: start the system's server on 0.0.0.0:9090.
+_POLICY_RC_D: Final = Path("/usr/sbin/policy-rc.d")
+
+
+class Prometheus(DebianTool):
+    """Debian's ``prometheus`` package (Prometheus 2.42 and ``promtool``), what the alert
+    tests run (``promtool check rules``, ``promtool test rules``, and a server of their own
+    on a free loopback port with its data in a temporary folder). Installed without its
+    recommended node exporter, and without starting the package's systemd service
+    (:data:`_POLICY_RC_D`): nothing listens until a test starts its own server."""
+
+    name = "prometheus"
+    programs = (("prometheus", "prometheus"), ("promtool", "prometheus"))
+
+    def apt_install(self, package: str) -> None:
+        placed = False
+        if os.geteuid() == 0 and not _POLICY_RC_D.exists():
+            _POLICY_RC_D.write_text("#!/bin/sh\n# featureline dev up: installing prometheus, start nothing\n"
+                                    "exit 101\n")
+            _POLICY_RC_D.chmod(0o755)
+            placed = True
+        try:
+            _apt_install(package, service=self.name, recommends=False)
+        finally:
+            if placed:
+                _POLICY_RC_D.unlink(missing_ok=True)
+
+    def version_of(self, out: str) -> str | None:
+        match = re.match(r"prometheus, version (\S+)", out)
+        return match.group(1) if match else None
+
+
+Service = Postgres | Redis | Kafka | FlinkConnector | Chromium | Prometheus | RedisCluster | FlinkCluster
 
 
 def services(settings: Settings, *, redis_cluster: bool = False, flink: bool = False) -> list[Service]:
     """The parts, in start order (with ``redis_cluster``: the local Redis Cluster too; with
     ``flink``, or when ``.dev/flink`` records one: the project's Flink cluster, last)."""
     out: list[Service] = [Postgres(settings), Redis(settings), Kafka(settings), FlinkConnector(settings),
-                          Chromium(settings)]
+                          Chromium(settings), Prometheus(settings)]
     if redis_cluster or RedisCluster().running():
         out.insert(2, RedisCluster())
     cluster = FlinkCluster(settings)
