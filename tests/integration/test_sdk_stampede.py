@@ -318,6 +318,7 @@ def test_prewarm_after_a_redis_loss_serves_from_redis_again(
         assert fs.prewarm(NAME, since=dt.timedelta(days=1)) == {"rows": 0, "written": 0}  # events of 2023
 
 
+@pytest.mark.scratch_redis_db(14)
 def test_prewarm_command_after_flushdb(tmp_path: Path, settings: Settings, pg_schema: str,
                                        compiled: CompiledSchema, hot_kind: str) -> None:
     """``features prewarm`` as an operator runs it: a whole Redis database flushed, then
