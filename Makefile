@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 
 help:
 	@echo "make demo    the main job: services, compile, example data, batch load, summary"
-	@echo "make test    create/reuse .venv, start services (features dev up), run every test"
+	@echo "make test    create/reuse .venv, start services (features dev up), run every test (parallel, then the serial ones)"
 	@echo "make check   the edit-run loop (~3 min): lint, mypy, compile --check, unit + property + fast integration tests"
 	@echo "make up|down|status   the local services"
 	@echo "make lint    ruff"
@@ -48,12 +48,18 @@ lint: venv
 
 # pytest exits 5 when no test ran; that is a failure here, as is any other non-zero code.
 # Generated sql/ and expectations/ must match the schemas (features compile --check).
+# Two phases: every test not marked `serial` on TEST_WORKERS pytest-xdist workers (most of the
+# suite waits on services, JVM starts and polls, so workers overlap those waits), then the
+# `serial` tests alone. The second phase runs even when the first failed; either failing fails.
+TEST_WORKERS ?= 3
+PYTEST_ALL := $(BIN)/pytest -p no:cacheprovider --durations=40
 test: up
 	$(BIN)/ruff check features jobs tests bench fuzz
 	$(BIN)/mypy features
 	$(BIN)/lint-imports
 	$(BIN)/features compile --check
-	$(BIN)/pytest -p no:cacheprovider --durations=40
+	rc=0; $(PYTEST_ALL) -n $(TEST_WORKERS) -m "not serial" || rc=$$?; \
+	$(PYTEST_ALL) -m serial || rc=$$((rc ? rc : $$?)); exit $$rc
 
 # The edit-run loop: the same checks as `make test` on the fast tests only (no test marked
 # slow, no Flink job, no Redis Cluster run; about 3 minutes). `make test` stays the whole suite.

@@ -7,8 +7,10 @@ address and the command to run; it never silently skips.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
+import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -60,22 +62,78 @@ def demo_counts(out: str) -> dict[str, tuple[int, ...]]:
     return found
 
 
+#: Where the tests' cross-process locks live (one file per shared resource).
+LOCK_DIR = Path(tempfile.gettempdir()) / "featureline-test-locks"
+_held: dict[str, int] = {}
+
+
+@contextmanager
+def machine_lock(name: str) -> Iterator[None]:
+    """Hold the machine-wide lock ``name`` (``flock`` on a file in :data:`LOCK_DIR`) while the
+    block runs: tests run by several pytest-xdist workers (``make test``) that share one
+    resource take turns on it. Re-entrant within a process (a fixture and the test it serves
+    may both take it)."""
+    if name in _held:
+        _held[name] += 1
+        try:
+            yield
+        finally:
+            _held[name] -= 1
+        return
+    LOCK_DIR.mkdir(exist_ok=True)
+    fd = os.open(LOCK_DIR / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        _held[name] = 1
+        try:
+            yield
+        finally:
+            del _held[name]
+    finally:
+        os.close(fd)  # closing releases the flock
+
+
+@contextmanager
+def redis_db_lock(*dbs: int) -> Iterator[None]:
+    """Hold the numbered scratch Redis databases ``dbs`` of the shared server (tests whose
+    CLI runs write keys without a prefix use a whole database and flush it): a test on
+    another xdist worker that uses one of them waits. Taken in ascending order, so two
+    tests never wait for each other."""
+    if not dbs:
+        yield
+        return
+    first, *rest = sorted(set(dbs))
+    with machine_lock(f"redis-db-{first}"), redis_db_lock(*rest):
+        yield
+
+
 @contextmanager
 def cli_environment(settings: Settings, pg_schema: str, redis_db: int) -> Iterator[dict[str, str]]:
     """The environment of a CLI subprocess: Postgres in ``pg_schema`` (its search_path),
-    Redis database ``redis_db`` (flushed before and after), this checkout's package."""
+    Redis database ``redis_db`` (the test's alone while it runs: :func:`redis_db_lock`;
+    flushed before and after), this checkout's package."""
     import redis
 
     url = settings.redis_url.rsplit("/", 1)[0] + f"/{redis_db}"
-    client = redis.Redis.from_url(url)
-    client.flushdb()
-    try:
-        yield {**os.environ, "PYTHONPATH": str(ROOT),
-               "FEATURES_POSTGRES_DSN": search_path_dsn(settings.postgres_dsn, pg_schema),
-               "FEATURES_REDIS_URL": url, "FEATURES_KAFKA_BOOTSTRAP": settings.kafka_bootstrap}
-    finally:
+    with redis_db_lock(redis_db):
+        client = redis.Redis.from_url(url)
         client.flushdb()
-        client.close()
+        try:
+            yield {**os.environ, "PYTHONPATH": str(ROOT),
+                   "FEATURES_POSTGRES_DSN": search_path_dsn(settings.postgres_dsn, pg_schema),
+                   "FEATURES_REDIS_URL": url, "FEATURES_KAFKA_BOOTSTRAP": settings.kafka_bootstrap}
+        finally:
+            client.flushdb()
+            client.close()
+
+
+@pytest.fixture(autouse=True)
+def _scratch_redis_dbs(request: pytest.FixtureRequest) -> Iterator[None]:
+    """``@pytest.mark.scratch_redis_db(N, ...)`` on a test (or its module): the numbered Redis
+    databases it uses are its own while it runs (:func:`redis_db_lock`)."""
+    dbs = [int(db) for mark in request.node.iter_markers("scratch_redis_db") for db in mark.args]
+    with redis_db_lock(*dbs):
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -174,8 +232,9 @@ def redis_cluster() -> Iterator[object]:
 
     cluster = RedisCluster()
     try:
-        cluster.install()
-        cluster.start()
+        with machine_lock("redis-cluster-start"):  # two xdist workers would both start it
+            cluster.install()
+            cluster.start()
     except ServiceError as exc:
         pytest.fail(f"could not start the local Redis Cluster: {exc}")
     yield cluster

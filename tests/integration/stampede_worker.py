@@ -1,6 +1,8 @@
 """One process of the cross-process stampede test (test_sdk_stampede.py): ``THREADS``
 threads of one FeatureStore ask for the same entity at the same moment; prints what its
-fallback did as one JSON line. Run as ``python stampede_worker.py '<json args>'``."""
+fallback did as one JSON line. Run as ``python stampede_worker.py '<json args>'``: once its
+store is warm and its threads wait, it prints ``ready`` and waits for a line on stdin (the
+test sends ``go`` to every process at once, whatever each one's start-up took)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,6 @@ import datetime as dt
 import json
 import sys
 import threading
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,7 +25,7 @@ def main() -> None:
                       fill_wait=dt.timedelta(seconds=args["fill_wait_s"]))
     fs.schema(args["schema"])  # compiled before the start, as in a warm server
     fs.online(args["schema"], ["warm-up-id-that-is-nowhere"], fallback=False)
-    barrier = threading.Barrier(args["threads"])
+    barrier = threading.Barrier(args["threads"] + 1)  # the threads and the main thread's "go"
     results: list[tuple[str | None, str]] = []
     lock = threading.Lock()
 
@@ -34,10 +35,12 @@ def main() -> None:
         with lock:
             results.append((row["_from"], str(row["income_monthly"])))
 
-    time.sleep(max(args["start_at"] - time.time(), 0.0))
     threads = [threading.Thread(target=call) for _ in range(args["threads"])]
     for t in threads:
         t.start()
+    print("ready", flush=True)
+    sys.stdin.readline()
+    barrier.wait()
     for t in threads:
         t.join()
     counts = fs._fallback.counts

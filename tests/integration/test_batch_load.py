@@ -166,6 +166,7 @@ def redis_dbs(settings: Settings) -> Any:
         c.flushdb()
 
 
+@pytest.mark.scratch_redis_db(14, 15)
 def test_sigkill_at_random_points_then_rerun_equals_uninterrupted_run(
         tmp_path: Path, settings: Settings, pg_schema: str, second_pg_schema: str, redis_dbs: Any) -> None:
     paths = [str(p) for p in write_files(tmp_path, 12_000, files=2, row_group=3_000)]
@@ -318,6 +319,7 @@ def test_missing_required_column_and_incompatible_type_refuse_to_start(tmp_path:
         ParquetSource([tmp_path / "nothing-*.parquet"], compiled)
 
 
+@pytest.mark.scratch_redis_db(13)
 def test_cli_json_summary(tmp_path: Path, settings: Settings, pg_schema: str) -> None:
     paths = [str(p) for p in write_files(tmp_path, 800, files=1)]
     proc = subprocess.run([sys.executable, "-m", "features.cli", "load", "--schema", "credit_applicant",

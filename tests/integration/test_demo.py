@@ -18,7 +18,7 @@ from conftest import ROOT, demo_counts
 
 from features.config import Settings
 
-pytestmark = [pytest.mark.services, pytest.mark.flink, pytest.mark.slow]
+pytestmark = [pytest.mark.services, pytest.mark.flink, pytest.mark.slow, pytest.mark.scratch_redis_db(15)]
 
 
 def test_demo_runs_end_to_end_and_a_second_run_stores_nothing(tmp_path: Path, settings: Settings,

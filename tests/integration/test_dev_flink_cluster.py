@@ -26,7 +26,8 @@ from features.flink import cluster as local_flink
 from features.ops.examples import applicant_events, applicant_schema, applicants
 from features.stream.kafka import entity_keys, produce
 
-pytestmark = [pytest.mark.services, pytest.mark.flink, pytest.mark.slow]
+pytestmark = [pytest.mark.services, pytest.mark.flink, pytest.mark.slow, pytest.mark.serial,
+              pytest.mark.scratch_redis_db(6)]
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_DB = 6  # this file's own database, flushed before and after

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.services
+#: serial: `dev status` and `dev up` over the shared servers, which other tests may be starting.
+pytestmark = [pytest.mark.services, pytest.mark.serial]
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -57,7 +57,8 @@ from features.sinks.postgres import PostgresSink
 from features.sinks.redis import RedisSink
 from features.stream.kafka import ensure_topic, entity_keys, produce, read_topic
 
-pytestmark = pytest.mark.services
+#: serial: its fault timings (restarts, retry budgets) are tuned for a machine that runs nothing else.
+pytestmark = [pytest.mark.services, pytest.mark.serial]
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "jobs" / "stream_job.py"

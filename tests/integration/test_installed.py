@@ -35,7 +35,8 @@ from features.config import Settings
 from features.ops.init import files
 from features.stream.kafka import entity_keys, produce
 
-pytestmark = [pytest.mark.services, pytest.mark.flink, pytest.mark.slow]
+#: serial: builds the cached deps venv (pip) that test_stream_cluster shares.
+pytestmark = [pytest.mark.services, pytest.mark.flink, pytest.mark.slow, pytest.mark.serial]
 
 REDIS_DB = 7  # this file's own database, flushed before and after (8-15 belong to other tests)
 #: The block's lines the fixtures do instead (a venv, the wheel, its installation).

@@ -32,12 +32,13 @@ from features.config import Settings
 from features.flink.cluster import _pid_alive
 from features.ops.examples import applicants
 
-pytestmark = [pytest.mark.services, pytest.mark.flink, pytest.mark.slow]
+# Redis databases of their own while a test runs (test_security.py flushes 9 too: the lock)
+REDIS_REFERENCE, REDIS_FLINK = 8, 9
+pytestmark = [pytest.mark.services, pytest.mark.flink, pytest.mark.slow,
+              pytest.mark.scratch_redis_db(REDIS_REFERENCE, REDIS_FLINK)]
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "jobs" / "batch_job.py"  # the mini-cluster tests run the checkout's entry point
-# Redis databases of their own (10-15 belong to other tests and the benchmarks)
-REDIS_REFERENCE, REDIS_FLINK = 8, 9
 
 
 def write_files(tmp: Path, rows: int, files: int, seed: int = 31) -> list[str]:

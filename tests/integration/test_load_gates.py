@@ -27,7 +27,7 @@ from features.ops.examples import EXAMPLE_SCHEMAS, applicants, click_history
 from features.schema import load_schema
 from features.validation import validate
 
-pytestmark = pytest.mark.services
+pytestmark = [pytest.mark.services, pytest.mark.scratch_redis_db(13)]
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_DB = 13  # a scratch database of its own: the CLI writes keys without a prefix
 

@@ -30,7 +30,8 @@ from features.ops.dev.services import RedisCluster as LocalCluster
 from features.ops.examples import applicant_schema, applicants
 from features.sdk.store import FeatureStore
 
-pytestmark = pytest.mark.services
+#: serial: it kills and migrates under the local Redis Cluster that other tests' redis-cluster runs use.
+pytestmark = [pytest.mark.services, pytest.mark.serial]
 ROOT = Path(__file__).resolve().parents[2]
 VOLATILE = (b"_run_id", b"_ingested_at")  # differ between runs by design
 

@@ -197,13 +197,21 @@ def test_processes_read_postgres_once_each_and_fill_once(
     target = sorted(loaded)[3]
     evict(hot, redis_prefix, [target])
     before = history_scans(settings, pg_schema)
-    start_at = time.time() + 4.0
     procs = [subprocess.Popen(
         [sys.executable, str(ROOT / "tests" / "integration" / "stampede_worker.py"), json.dumps({
             "redis_url": settings.redis_url, "dsn": settings.postgres_dsn, "search_path": pg_schema,
-            "prefix": redis_prefix, "schema": NAME, "id": target, "threads": 50, "start_at": start_at,
+            "prefix": redis_prefix, "schema": NAME, "id": target, "threads": 50,
             "fill_wait_s": fill_wait_s})],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ}) for _ in range(4)]
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ})
+        for _ in range(4)]
+    # All four started and warm before any asks (a fixed start time was missed under a loaded
+    # machine: a process still importing found the winner's fill and read no Postgres).
+    for p in procs:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready", p.communicate(timeout=60)
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
     outs = []
     for p in procs:
         out, err = p.communicate(timeout=120)
@@ -318,6 +326,7 @@ def test_prewarm_after_a_redis_loss_serves_from_redis_again(
         assert fs.prewarm(NAME, since=dt.timedelta(days=1)) == {"rows": 0, "written": 0}  # events of 2023
 
 
+@pytest.mark.scratch_redis_db(14)
 def test_prewarm_command_after_flushdb(tmp_path: Path, settings: Settings, pg_schema: str,
                                        compiled: CompiledSchema, hot_kind: str) -> None:
     """``features prewarm`` as an operator runs it: a whole Redis database flushed, then

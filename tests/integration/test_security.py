@@ -48,7 +48,7 @@ from features.ops.dev.services import kafka_libs
 from features.report import rejects_report, table_report, write_report
 from features.schema import load_schema
 
-pytestmark = pytest.mark.services
+pytestmark = [pytest.mark.services, pytest.mark.scratch_redis_db(9)]
 
 ROOT = Path(__file__).resolve().parents[2]
 UTC = dt.UTC

@@ -33,7 +33,7 @@ from features.ops.examples import click_history
 from features.schema import load_schemas
 from features.serve.app import _json_value
 
-pytestmark = pytest.mark.services
+pytestmark = [pytest.mark.services, pytest.mark.scratch_redis_db(5)]
 VIEW = "application_scoring"
 #: the Redis database these tests own (the server reads without a key prefix)
 DB = 5

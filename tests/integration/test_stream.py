@@ -26,7 +26,7 @@ from features.config import Settings
 from features.ops.examples import applicant_events, applicant_schema
 from features.stream.kafka import entity_keys, produce, read_topic
 
-pytestmark = [pytest.mark.services, pytest.mark.flink]
+pytestmark = [pytest.mark.services, pytest.mark.flink, pytest.mark.scratch_redis_db(15)]
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "jobs" / "stream_job.py"

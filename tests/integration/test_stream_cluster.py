@@ -48,7 +48,8 @@ from features.flink import cluster as local_flink
 from features.ops.examples import applicant_events, applicant_schema
 from features.stream.kafka import entity_keys, produce
 
-pytestmark = [pytest.mark.services, pytest.mark.flink, pytest.mark.slow]
+pytestmark = [pytest.mark.services, pytest.mark.flink, pytest.mark.slow, pytest.mark.serial,
+              pytest.mark.scratch_redis_db(10)]
 
 ROOT = Path(__file__).resolve().parents[2]
 # A Redis database of its own: test_stream.py's REDIS_DB (15) is flushed by each of its tests,

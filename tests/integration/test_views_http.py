@@ -31,7 +31,7 @@ from features.config import Settings
 from features.observe.metrics import parse_exposition, sample_value
 from features.serve.app import _json_value
 
-pytestmark = pytest.mark.services
+pytestmark = [pytest.mark.services, pytest.mark.scratch_redis_db(3)]
 AUTH = {"Authorization": f"Bearer {TOKENS[0]}", "Content-Type": "application/json"}
 #: the Redis database these tests own (the server reads without a key prefix)
 DB = 3
