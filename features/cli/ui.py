@@ -33,9 +33,10 @@ def add_parser(sub: Any) -> None:
         "aggregations, hot/cold placement, version, fingerprint, quality gates, generated DDL), Runs "
         "(every load and stream run: rows read, stored, rejected, reject rate, top reasons) and Rejects "
         "(filter by run, rule and field; each reject's errors, raw payload and lineage). The pages load no "
-        "script or font. On a loopback host (the default) no token is needed; on any other host every "
-        "request needs Authorization: Bearer <token>, a token of FEATURES_INGEST_TOKENS or ingest_tokens in "
-        "the secrets file, and without one configured the command refuses to start (exit 2). See "
+        "script or font. With tokens configured (FEATURES_INGEST_TOKENS or ingest_tokens in the secrets "
+        "file, "
+        "as features serve) every request needs Authorization: Bearer <token>; without any, the UI serves "
+        "a loopback host only (the default, 127.0.0.1) and refuses any other --host (exit 2). See "
         "docs/ui.md.")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=port_number, default=8080,

@@ -76,7 +76,7 @@ class Site:
         import psycopg
 
         with psycopg.connect(search_path_dsn(self.settings.postgres_dsn, self.ns), autocommit=True) as conn:
-            return conn.execute(query, params).fetchall()  # type: ignore[arg-type]
+            return conn.execute(query, params).fetchall()
 
 
 def get(url: str) -> tuple[int, str]:
@@ -320,3 +320,60 @@ def test_a_non_loopback_host_needs_a_token(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
     assert "needs a token" in done.stderr
+
+
+def test_browser_follows_run_rejects_rule_reject_schema(site: Site) -> None:
+    """One headless Chromium session: runs -> one run -> its rejects -> filtered by its top
+    rule -> one reject -> its schema; the figures in the DOM equal the stores'; a screenshot
+    of each page in test-artifacts/."""
+    from report_pages import chromium_driver
+    from selenium.webdriver.common.by import By
+
+    run_id = site.runs[0]
+    read, stored, _, rejected = ledger(site, run_id)
+    counts = rule_counts(site, "credit_applicant__rejects", run_id)
+    rule = max(counts, key=lambda r: (counts[r], r))
+    ARTIFACTS.mkdir(exist_ok=True)
+    drv = chromium_driver(1280, 1000)
+
+    def shot(name: str) -> None:
+        height = int(drv.execute_script("return document.documentElement.scrollHeight"))
+        drv.set_window_size(1280, min(max(height + 40, 600), 4000))
+        path = ARTIFACTS / f"ui-{name}.png"
+        path.unlink(missing_ok=True)
+        drv.save_screenshot(str(path))
+        assert path.stat().st_size > 10_000, f"{path} looks blank"
+
+    def text(css: str) -> str:
+        return str(drv.find_element(By.CSS_SELECTOR, css).text)
+
+    try:
+        drv.get(site.url + "/runs")
+        shot("runs")
+        drv.find_element(By.CSS_SELECTOR, f'tr[data-run="{run_id}"] a.run-link').click()
+        assert text("#card-read .n") == f"{read:,}"
+        assert text("#card-stored .n") == f"{stored:,}"
+        assert text("#card-rejected .n") == f"{rejected:,}"
+        shot("run")
+        drv.find_element(By.ID, "run-rejects").click()
+        assert num(text("#total")) == rejected
+        shot("rejects")
+        box = drv.find_element(By.ID, "filter-rule")
+        box.clear()
+        box.send_keys(rule)
+        drv.find_element(By.ID, "filter-go").click()
+        assert num(text("#total")) == counts[rule]
+        shot("rejects-rule")
+        drv.find_element(By.CSS_SELECTOR, "a.reject-link").click()
+        rules = [e.get_attribute("data-rule")
+                 for e in drv.find_elements(By.CSS_SELECTOR, "#errors tr[data-rule]")]
+        assert rule in rules
+        assert text("#reject-run") == run_id
+        shot("reject")
+        drv.find_element(By.ID, "reject-schema").click()
+        assert text("#title") == "Schema credit_applicant"
+        assert text("#fingerprint") == compile_schema(
+            load_schemas(ROOT / "schemas")["credit_applicant"]).fingerprint
+        shot("schema")
+    finally:
+        drv.quit()
