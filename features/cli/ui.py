@@ -70,7 +70,22 @@ def run(args: argparse.Namespace) -> int:
     config = uvicorn.Config(app, loop="uvloop", http="httptools", lifespan="on", access_log=False,
                             log_config=None, server_header=False, proxy_headers=False)
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        _quiet_server()(config).run(sockets=[sock])
     finally:
         sock.close()
     return 0
+
+
+def _quiet_server() -> Any:
+    """uvicorn's ``Server`` class, except that the signal that stopped it is not raised again
+    once it has shut down (uvicorn re-raises it for process managers): ``features ui`` then
+    exits 0. A second signal stops it without waiting for open requests."""
+
+    import uvicorn  # heavy: only when the command serves (see run)
+
+    class QuietServer(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            self.force_exit = self.should_exit
+            self.should_exit = True
+
+    return QuietServer
