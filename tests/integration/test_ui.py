@@ -142,7 +142,8 @@ def site(tmp_path_factory: pytest.TempPathFactory, settings: Settings) -> Iterat
     finally:
         if proc is not None:
             proc.terminate()
-            assert proc.wait(30) == 0, proc.stderr.read() if proc.stderr else ""
+            _, err = proc.communicate(timeout=30)  # reads and closes both pipes
+            assert proc.returncode == 0, err[-2000:]
         admin.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(ns)))
         admin.close()
         client = redis.Redis.from_url(settings.redis_url)
