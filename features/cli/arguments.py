@@ -9,7 +9,9 @@ errors, the Flink cluster's address lookup, which is the standard library only).
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
+import socket
 
 from features.errors import ConfigError
 from features.flink.cluster import resolve as resolve_cluster
@@ -98,3 +100,29 @@ def add_kafka_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=positive_seconds, default=DEFAULT_KAFKA_TIMEOUT_S, metavar="SECONDS",
                    help=f"how long to wait for the broker to answer before exit 2 (default "
                    f"{DEFAULT_KAFKA_TIMEOUT_S:g})")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (``localhost``, 127.0.0.0/8, ``::1``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (port 0: a free one), inheritable by worker
+    processes; ConfigError naming the address when it cannot be bound."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}", key="port") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock

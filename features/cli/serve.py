@@ -20,7 +20,6 @@ exits 1. A worker whose parent died stops itself.
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import logging
 import multiprocessing
 import os
@@ -36,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from features.cli import COMMANDS
-from features.cli.arguments import port_number, positive_count, positive_seconds
+from features.cli.arguments import bind_socket, is_loopback, port_number, positive_count, positive_seconds
 from features.compile import compile_schema
 from features.config import redact, resolve_settings
 from features.errors import CompileError, ConfigError, SchemaError
@@ -206,16 +205,6 @@ class ServeOptions:
         return self.dead_letter_template.format(topic=self.topic(schema), schema=schema)
 
 
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` is a loopback address (``localhost``, 127.0.0.0/8, ``::1``)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 def run(args: argparse.Namespace) -> int:
     settings = resolve_settings(schemas_dir=args.schemas)
     if args.insecure_no_auth:
@@ -275,7 +264,7 @@ def run(args: argparse.Namespace) -> int:
                            restart_limit=args.restart_limit, restart_window_s=args.restart_window,
                            delivery_timeout_s=args.delivery_timeout,
                            views_dir=views_dir, views=tuple(views), ingest=not args.no_ingest)
-    sock = _bind(args.host, args.port)
+    sock = bind_socket(args.host, args.port)
     host, port = sock.getsockname()[:2]
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
 
@@ -302,20 +291,6 @@ def _compiled_views(views_dir: str, schemas: dict[str, Any]) -> list[str]:
     for view in found.values():
         compile_view(view, {s.schema: compile_schema(schemas[s.schema]) for s in view.sources})
     return sorted(found)
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host.strip("[]"), port))
-    except OSError as exc:
-        sock.close()
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}", key="port") from None
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
 
 
 # --------------------------------------------------------------------------- workers

@@ -1,0 +1,186 @@
+"""The ASGI application of ``features ui``: read-only pages, no framework.
+
+=====================================  ==================================================
+``GET /`` , ``/registry``              every schema (version, fingerprint, counts)
+``GET /registry/{schema}``             one schema: fields, derived features, aggregations,
+                                       placement, gates, the generated DDL
+``GET /runs[?schema=]``                every run, newest first, with its counts
+``GET /runs/{schema}/{run}``           one run: counts, reject rate, top reasons
+``GET /rejects?schema=&run=&rule=&     a page of rejects (keyset ``after``: the last id of
+field=&after=``                        the page before)
+``GET /rejects/{schema}/{id}``         one reject: its errors, raw payload and lineage
+``GET /healthz``                       200 while the process serves (no store asked)
+=====================================  ==================================================
+
+Auth as ``features serve``: with tokens (``tokens`` not None) every request needs
+``Authorization: Bearer <token>`` (401 missing or malformed, 403 unknown); the command
+allows no tokens on a loopback host only. Other methods than GET and HEAD: 405. The
+store's reads run in worker threads, never on the event loop. Every page is sent with a
+Content-Security-Policy that allows no script, no font and no remote resource at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import urllib.parse
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from features.errors import SinkError
+from features.ops.catalog import Catalog, describe, list_all
+from features.ui.data import RejectFilter, UIData
+from features.ui.pages import render
+
+log = logging.getLogger("features.ui")
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+#: No script, no font, no remote anything: styles inline, images as data: only.
+CSP = b"default-src 'none'; style-src 'unsafe-inline'; img-src data:; form-action 'self'; base-uri 'none'"
+
+
+@dataclass(frozen=True)
+class Page:
+    status: int
+    html: str
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+
+
+class UIApp:
+    """The UI over ``catalog`` (the project's schemas and views) and ``data`` (their stores).
+
+    ``tokens``: accepted bearer tokens, or None to serve every request (loopback only:
+    the command checks that). ``schemas_dir``: shown on the registry page.
+    """
+
+    def __init__(self, catalog: Catalog, data: UIData, *, tokens: Sequence[str] | None,
+                 schemas_dir: str | Path = "schemas") -> None:
+        self.catalog = catalog
+        self.data = data
+        self.tokens = None if tokens is None else [t.encode() for t in tokens]
+        self.schemas_dir = str(schemas_dir)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        elif scope["type"] == "http":
+            page = await self.answer(scope)
+            body = page.html.encode()
+            await send({"type": "http.response.start", "status": page.status, "headers": [
+                (b"content-type", b"text/html; charset=utf-8"), (b"content-length", str(len(body)).encode()),
+                (b"content-security-policy", CSP), (b"x-content-type-options", b"nosniff"),
+                (b"referrer-policy", b"no-referrer"), *page.headers]})
+            await send({"type": "http.response.body", "body": b"" if scope.get("method") == "HEAD" else body})
+
+    async def answer(self, scope: Scope) -> Page:
+        """The page for one HTTP request (auth, method, route)."""
+        headers = {k.lower(): v for k, v in scope.get("headers", [])}
+        if (denied := self._authorize(headers)) is not None:
+            return denied
+        method = scope.get("method", "GET")
+        if method not in ("GET", "HEAD"):
+            return Page(405, _error("Method not allowed", f"{method} is not allowed: the UI is read-only"),
+                        ((b"allow", b"GET, HEAD"),))
+        path = scope.get("raw_path") or scope.get("path", "/").encode()
+        parts = [urllib.parse.unquote(p) for p in path.decode("latin-1").split("?")[0].strip("/").split("/")]
+        params = {k: v[-1] for k, v in urllib.parse.parse_qs(scope.get("query_string", b"").decode("latin-1"),
+                                                             keep_blank_values=False).items()}
+        try:
+            return await asyncio.to_thread(self._page, [p for p in parts if p], params)
+        except SinkError as exc:
+            log.warning("ui: %s", exc)
+            return Page(503, _error("Store unavailable", str(exc)))
+        except Exception:  # a bug: answer 500 and keep serving; the traceback goes to the log
+            log.exception("ui: GET %s failed", scope.get("path"))
+            return Page(500, _error("Internal error", "internal error; see the server log"))
+
+    def _page(self, parts: list[str], params: dict[str, str]) -> Page:
+        match parts:
+            case [] | ["registry"]:
+                listing = list_all(self.catalog)["schemas"]
+                return Page(200, render("registry", title="Registry", section="Registry", schemas=listing,
+                                        schemas_dir=self.schemas_dir))
+            case ["registry", name]:
+                return self._schema(name)
+            case ["runs"]:
+                schema = params.get("schema")
+                if schema is not None and schema not in self.data.schemas:
+                    return _not_found(f"no schema {schema!r}")
+                return Page(200, render("runs", title="Runs", section="Runs", runs=self.data.runs(schema),
+                                        schema=schema))
+            case ["runs", schema, run_id]:
+                if schema not in self.data.schemas:
+                    return _not_found(f"no schema {schema!r}")
+                runs = self.data.runs(schema, run_id)
+                if not runs:
+                    return _not_found(f"no run {run_id!r} of schema {schema!r}")
+                return Page(200, render("run", title=f"Run {run_id}", section="Runs", r=runs[0]))
+            case ["rejects"]:
+                return self._rejects(params)
+            case ["rejects", schema, reject_id] if reject_id.isdigit():
+                if schema not in self.data.schemas:
+                    return _not_found(f"no schema {schema!r}")
+                reject = self.data.reject(schema, int(reject_id))
+                if reject is None:
+                    return _not_found(f"no reject {reject_id} of schema {schema!r}")
+                return Page(200, render("reject", title=f"Reject {reject.id} of {schema}", section="Rejects",
+                                        r=reject))
+            case ["healthz"]:
+                return Page(200, "ok")
+        return _not_found(f"no page /{'/'.join(parts)}; pages: /registry, /runs, /rejects")
+
+    def _schema(self, name: str) -> Page:
+        if name not in self.catalog.schemas or name not in self.data.schemas:
+            return _not_found(f"no schema {name!r}")
+        return Page(200, render("schema", title=f"Schema {name}", section="Registry",
+                                d=describe(self.catalog, name), ddl=self.data.schemas[name].ddl,
+                                recorded=self.data.recorded_version(name)))
+
+    def _rejects(self, params: dict[str, str]) -> Page:
+        names = list(self.data.schemas)
+        if not names:
+            return _not_found("no schema in the project")
+        schema = params.get("schema") or names[0]
+        if schema not in self.data.schemas:
+            return _not_found(f"no schema {schema!r}")
+        after = params.get("after", "0")
+        if not after.isdigit():
+            return Page(400, _error("Bad request", f"after must be a reject id, got {after!r}"))
+        f = RejectFilter(schema, params.get("run"), params.get("rule"), params.get("field"), int(after))
+        return Page(200, render("rejects", title=f"Rejects of {schema}", section="Rejects", f=f,
+                                page=self.data.rejects(f), schemas=names))
+
+    def _authorize(self, headers: dict[bytes, bytes]) -> Page | None:
+        """None when the request may go on; else the 401/403 page (every token compared in
+        constant time, as ``features serve`` does)."""
+        if self.tokens is None:
+            return None
+        challenge = ((b"www-authenticate", b'Bearer realm="featureline"'),)
+        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+        token = token.strip()
+        if scheme.lower() != b"bearer" or not token:
+            return Page(401, _error("Unauthorized", "send Authorization: Bearer <token>"), challenge)
+        ok = False
+        for known in self.tokens:
+            ok |= hmac.compare_digest(token, known)
+        return None if ok else Page(403, _error("Forbidden", "token not accepted"))
+
+
+def _error(title: str, message: str) -> str:
+    return render("error", title=title, section="", message=message)
+
+
+def _not_found(message: str) -> Page:
+    return Page(404, _error("Not found", message))
