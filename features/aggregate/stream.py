@@ -160,11 +160,13 @@ class StreamAggregator:
         if self._known is None:
             self._known = entity.slice(0, 0)
             self._events = inp.take(np.zeros(0, np.int64))
-        out.from_history = self._learn(pc.unique(entity))
+        lanes = _lanes(inp.source)
+        uniq = pc.unique(entity)
+        out.from_history = self._learn(uniq, lanes.take(pc.index_in(uniq, value_set=entity)))
         assert self._known is not None and self._events is not None
         pos = np.asarray(pc.index_in(entity, value_set=self._known).to_numpy(zero_copy_only=False),
                          dtype=np.int64)
-        self._check_lanes(entity, pos, _lanes(inp.source))
+        self._check_lanes(entity, pos, lanes)
         t = inp.time_us
 
         # the touched entities' held events
@@ -281,11 +283,14 @@ class StreamAggregator:
 
     # --- state ----------------------------------------------------------------------
 
-    def _learn(self, entities: pa.Array) -> int:
-        """Hold every entity of ``entities``: those not held are read back from Postgres.
-        Returns how many events were read back."""
+    def _learn(self, entities: pa.Array, lanes: pa.Array) -> int:
+        """Hold every entity of ``entities`` (each arriving on ``lanes[i]``): those not held
+        are read back from Postgres; their highest applied offset is that of the events read
+        back from the same topic partition. Returns how many events were read back."""
         assert self._known is not None and self._events is not None
-        missing = entities.filter(pc.is_null(pc.index_in(entities, value_set=self._known)))
+        gone = pc.is_null(pc.index_in(entities, value_set=self._known))
+        missing = entities.filter(gone)
+        lanes = lanes.filter(gone)
         if len(missing) == 0:
             return 0
         events = self.writer.accepted_inputs(self.spec, missing)
@@ -299,7 +304,10 @@ class StreamAggregator:
             at = np.asarray(pc.index_in(ent, value_set=missing).to_numpy(zero_copy_only=False),
                             dtype=np.int64)
             np.maximum.at(newest, at, events.time_us)
-            np.maximum.at(applied, at, _offsets(events.source))
+            same = pc.equal(_lanes(events.source), lanes.take(pa.array(at, pa.int64())))
+            offs = np.where(np.asarray(same.to_numpy(zero_copy_only=False), dtype=np.bool_),
+                            _offsets(events.source), 0)
+            np.maximum.at(applied, at, offs)
             self._events = Inputs.concat([self._events, dataclasses.replace(events, entity=ent)])
             self._event_pos = np.concatenate([self._event_pos, base + at])
         self._newest = np.concatenate([self._newest, newest])
