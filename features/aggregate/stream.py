@@ -12,12 +12,14 @@ batch's valid rows in arrival order while their history rows are written, and
    (events an earlier stream run accepted, or a backfill computed) within the horizon of
    its newest one. So a stream continues a backfill, or itself after a restart, exactly;
    nothing is kept in Flink state;
-2. **classifies** each event in arrival order: a *replay* (the same record, by its
-   ``_source``, already applied: after a restart its values are written again); *late*
-   (more than ``allowed_lateness`` behind the newest event of its entity seen before
-   it); a *duplicate* (an exact copy: its (entity, event time, content digest) already
-   accepted); else *accepted* (another event at an instant already accepted included:
-   the instant's values are computed again over both);
+2. **classifies** each event in arrival order. A record at or before the highest Kafka
+   offset of its entity already applied (the sources of the events read back, or
+   accepted here) may be a replay after a restart: it keeps the verdict the first pass
+   stored, whatever the state holds (see Replays below). Any other record comes after
+   everything held, and is: *late* (more than ``allowed_lateness`` behind the newest
+   event of its entity seen before it); a *duplicate* (an exact copy: its (entity, event
+   time, content digest) already accepted); else *accepted* (another event at an instant
+   already accepted included: the instant's values are computed again over both);
 3. **computes** with the batch engine (:func:`features.aggregate.engine.compute`) over
    the touched entities' held events and the accepted ones, and writes the values of
    every event from each entity's earliest new event on (Postgres upsert, Redis newest
@@ -35,9 +37,23 @@ batch's valid rows in arrival order while their history rows are written, and
    horizon of event time (they are read back if they return: exactness does not depend
    on what is held).
 
+Replays. After a restart the job replays records the first pass applied, and the state
+read back holds only the horizon before each entity's newest event: an entity that
+jumped beyond it after a replayed record holds none of the events that record was judged
+against. So a replay is not judged by the state: the writer stores a micro-batch's late
+rejects before its aggregation rows, so an aggregation row stored says every record of
+its entity up to the row's source has its verdict stored. A record up to that offset is
+looked up (one indexed query per micro-batch, only while replaying): a late reject
+stored for its source, late again; else it was accepted (or a duplicate): held with its
+source, a *replay*, whose values are written again from no earlier than the lateness
+before its entity's newest event (those windows the state holds whole: this restores a
+Redis that lost them); not held (older than the horizon), nothing to do (its rows are
+stored). A record after it was never applied, or applied in a micro-batch whose rows
+did not commit, or applied as late with nothing accepted after it: the state, which
+then holds the entity's newest applied event, gives it the first pass's verdict.
 Replays are idempotent: a micro-batch applied twice writes the same rows (upserts that
 change nothing), the same rejects (unique per source record) and the same tiles
-(complete, never deltas). Every entity's records
+(complete, never deltas), however the replay is cut into micro-batches. Every entity's records
 must come from one Kafka partition (producers key records by entity): an entity seen on
 two partitions would be aggregated by two processes at once, and is refused with an
 error that says so.
@@ -79,28 +95,6 @@ def _offsets(sources: pa.Array) -> I64:
     return np.asarray(pc.add(pc.cast(text, pa.int64()), 1).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
-def _newest_before(held_pos: I64, held_t: I64, held_off: I64, pos: I64, off: I64) -> I64:
-    """For each record (entity position ``pos``, offset ``off``): the newest time among the
-    held events of its entity that came before it (smaller offset; a backfill's before
-    all), NONE if none. For a new record that is its entity's newest held time; for a
-    record replayed after a restart (the state then holds events that came after it) it
-    is what the first pass saw, so its verdict (late, duplicate) is the same again."""
-    out = np.full(len(pos), NONE, dtype=np.int64)
-    if len(held_pos) == 0 or len(pos) == 0:
-        return out
-    if int(max(held_off.max(), off.max())) >= 1 << 40 or int(max(held_pos.max(), pos.max())) >= 1 << 22:
-        raise OverflowError("Kafka offsets beyond 2**40 or 4M held entities: not supported")
-    hk = (held_pos << 40) | held_off
-    order = np.argsort(hk, kind="stable")
-    hk_s = hk[order]
-    running = pd.Series(held_t[order]).groupby(held_pos[order]).cummax().to_numpy()
-    at = np.searchsorted(hk_s, (pos << 40) | off, side="left") - 1
-    ok = at >= 0
-    ok[ok] &= (hk_s[at[ok]] >> 40) == pos[ok]
-    out[ok] = running[at[ok]]
-    return out
-
-
 def _lanes(sources: pa.Array) -> pa.Array:
     """``kafka://topic/partition/offset`` (with or without `` via http://...``) ->
     ``kafka://topic/partition``."""
@@ -136,6 +130,9 @@ class StreamAggregator:
     _newest: I64 = field(default_factory=lambda: np.zeros(0, np.int64), init=False, repr=False)
     _lane: I64 = field(default_factory=lambda: np.zeros(0, np.int64), init=False, repr=False)  # -1: unknown
     _lane_names: list[str] = field(default_factory=list, init=False, repr=False)
+    #: per entity held: the highest Kafka offset + 1 of an event whose aggregation row was
+    #: stored (read back, or accepted here): a record at or before it may be a replay
+    _applied: I64 = field(default_factory=lambda: np.zeros(0, np.int64), init=False, repr=False)
     _events: Inputs | None = field(default=None, init=False, repr=False)  # accepted events held
     _event_pos: I64 = field(default_factory=lambda: np.zeros(0, np.int64), init=False, repr=False)
 
@@ -163,11 +160,13 @@ class StreamAggregator:
         if self._known is None:
             self._known = entity.slice(0, 0)
             self._events = inp.take(np.zeros(0, np.int64))
-        out.from_history = self._learn(pc.unique(entity))
+        lanes = _lanes(inp.source)
+        uniq = pc.unique(entity)
+        out.from_history = self._learn(uniq, lanes.take(pc.index_in(uniq, value_set=entity)))
         assert self._known is not None and self._events is not None
         pos = np.asarray(pc.index_in(entity, value_set=self._known).to_numpy(zero_copy_only=False),
                          dtype=np.int64)
-        self._check_lanes(entity, pos, _lanes(inp.source))
+        self._check_lanes(entity, pos, lanes)
         t = inp.time_us
 
         # the touched entities' held events
@@ -186,19 +185,31 @@ class StreamAggregator:
                               "s": inp.source.to_numpy(zero_copy_only=False)})
         found = batch.merge(stored, on=["p", "t", "d"], how="left", suffixes=("", "_held"), indicator=True)
         in_state = (found["_merge"] == "both").to_numpy()
-        replay = in_state & (found["s"].to_numpy() == found["s_held"].to_numpy())
-        prior = _newest_before(held_pos, held.time_us, _offsets(held.source), pos, _offsets(inp.source))
+        # a record at or before its entity's highest applied offset was applied by an
+        # earlier pass (the rejects of every record up to an aggregation row's source are
+        # stored before it): it keeps that pass's verdict, looked up (module doc, Replays)
+        maybe = _offsets(inp.source) <= self._applied[pos]
+        stored_late = np.zeros(n, dtype=np.bool_)
+        if maybe.any():
+            again = np.flatnonzero(maybe)
+            stored_late[again] = self.writer.stored_late(inp.source.take(pa.array(again, pa.int64())))
+        replay = in_state & (found["s"].to_numpy() == found["s_held"].to_numpy()) & ~stored_late
+        # a new record comes after every held event: the newest of its entity before it
+        prior = self._newest[pos]
         before = pd.Series(t).groupby(pos).cummax().groupby(pos).shift(1)
         running = before.to_numpy(dtype=np.float64, na_value=np.nan)
         prev = np.where(np.isnan(running), prior, np.maximum(prior, np.nan_to_num(running).astype(np.int64)))
-        late = ~replay & (prev != NONE) & (t < prev - spec.lateness_us)
-        candidate = ~replay & ~late & ~in_state
+        late = np.where(maybe, stored_late, ~replay & (prev != NONE) & (t < prev - spec.lateness_us))
+        # applied and not late, not held (older than the horizon the state holds): its rows
+        # are stored, nothing to compute or write
+        applied = maybe & ~late & ~in_state
+        candidate = ~maybe & ~late & ~in_state
         first = np.zeros(n, dtype=np.bool_)
         cand = np.flatnonzero(candidate)
         first[cand] = ~batch.iloc[cand].duplicated(subset=["p", "t", "d"], keep="first").to_numpy()
         accepted = np.flatnonzero(first)
         out.late = int(late.sum())
-        out.accepted = len(accepted) + int(replay.sum())
+        out.accepted = len(accepted) + int(replay.sum()) + int(applied.sum())
         out.duplicates = n - out.late - out.accepted
 
         # compute over the held events and the accepted ones; write from each entity's
@@ -209,7 +220,11 @@ class StreamAggregator:
         result = compute(spec, merged)
         lower = np.full(len(self._known), np.iinfo(np.int64).max, dtype=np.int64)
         touched = np.flatnonzero(first | replay)
-        np.minimum.at(lower, pos[touched], t[touched])
+        # a replayed event's values are stored: what is written again (for Redis, the
+        # tiles) starts no earlier than the lateness before the newest, whose windows the
+        # state holds whole
+        start = np.where(replay, np.maximum(t, self._newest[pos] - spec.lateness_us), t)
+        np.minimum.at(lower, pos[touched], start[touched])
         acc = result.accepted
         sel = np.flatnonzero(merged.time_us[acc] >= lower[merged_pos[acc]])
         idx = acc[sel]
@@ -218,8 +233,9 @@ class StreamAggregator:
         rejects = None
         if len(late_idx):
             at = pa.array(late_idx, pa.int64())
+            said = prev[late_idx]  # a replay's stored reject stays; a newest for its text if none held
             rejects = late_rejects(spec, ctx, entity.take(at), t[late_idx], inp.source.take(at),
-                                   prev[late_idx])
+                                   np.where(said == NONE, t[late_idx], said))
         part = pa.array(idx, pa.int64())
         tspec = self.writer.tile_spec
         tiles = None
@@ -257,6 +273,7 @@ class StreamAggregator:
         if len(plan.new):
             assert self._events is not None and plan.new_pos is not None
             np.maximum.at(self._newest, plan.new_pos, plan.new.time_us)
+            np.maximum.at(self._applied, plan.new_pos, _offsets(plan.new.source))
             self._events = Inputs.concat([self._events, plan.new])
             self._event_pos = np.concatenate([self._event_pos, plan.new_pos])
         self._forget()
@@ -266,11 +283,14 @@ class StreamAggregator:
 
     # --- state ----------------------------------------------------------------------
 
-    def _learn(self, entities: pa.Array) -> int:
-        """Hold every entity of ``entities``: those not held are read back from Postgres.
-        Returns how many events were read back."""
+    def _learn(self, entities: pa.Array, lanes: pa.Array) -> int:
+        """Hold every entity of ``entities`` (each arriving on ``lanes[i]``): those not held
+        are read back from Postgres; their highest applied offset is that of the events read
+        back from the same topic partition. Returns how many events were read back."""
         assert self._known is not None and self._events is not None
-        missing = entities.filter(pc.is_null(pc.index_in(entities, value_set=self._known)))
+        gone = pc.is_null(pc.index_in(entities, value_set=self._known))
+        missing = entities.filter(gone)
+        lanes = lanes.filter(gone)
         if len(missing) == 0:
             return 0
         events = self.writer.accepted_inputs(self.spec, missing)
@@ -278,14 +298,20 @@ class StreamAggregator:
         base = len(self._known)
         self._known = pa.concat_arrays([self._known, missing.cast(self._known.type)])
         newest = np.full(len(missing), NONE, dtype=np.int64)
+        applied = np.zeros(len(missing), dtype=np.int64)
         self._lane = np.concatenate([self._lane, np.full(len(missing), -1, dtype=np.int64)])
         if len(events):
             at = np.asarray(pc.index_in(ent, value_set=missing).to_numpy(zero_copy_only=False),
                             dtype=np.int64)
             np.maximum.at(newest, at, events.time_us)
+            same = pc.equal(_lanes(events.source), lanes.take(pa.array(at, pa.int64())))
+            offs = np.where(np.asarray(same.to_numpy(zero_copy_only=False), dtype=np.bool_),
+                            _offsets(events.source), 0)
+            np.maximum.at(applied, at, offs)
             self._events = Inputs.concat([self._events, dataclasses.replace(events, entity=ent)])
             self._event_pos = np.concatenate([self._event_pos, base + at])
         self._newest = np.concatenate([self._newest, newest])
+        self._applied = np.concatenate([self._applied, applied])
         return len(events)
 
     def _check_lanes(self, entity: pa.Array, pos: I64, lanes: pa.Array) -> None:
@@ -329,6 +355,7 @@ class StreamAggregator:
             remap[stay] = np.arange(len(stay))
             self._known = self._known.take(pa.array(stay, pa.int64()))
             self._newest = self._newest[stay]
+            self._applied = self._applied[stay]
             self._lane = self._lane[stay]
             self._event_pos = remap[self._event_pos]
         if not keep.all():

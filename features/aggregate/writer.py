@@ -262,11 +262,18 @@ class AggregateWriter:
         names, fields = _read_fields(spec)
         return _inputs(spec, names, self._pg.read_accepted(entity, fields, spec.horizon_us))
 
+    def stored_late(self, sources: pa.Array) -> npt.NDArray[np.bool_]:
+        """Per source: whether a late reject (``aggregation.lateness``) is stored for it: the
+        verdict an earlier pass gave a record a restart replays."""
+        assert self._pg is not None, "open() first"
+        found = self._pg.rejected_by(pc.unique(sources), LATE_RULE)
+        return np.asarray(pc.is_in(sources, value_set=found).to_numpy(zero_copy_only=False), dtype=np.bool_)
+
     def write(self, spec: AggSpec, ctx: RunContext, entity: pa.Array, time_us: I64, sources: pa.Array,
               values: dict[str, pa.Array], late: pa.Table | None = None, *, new: bool = False,
               tiles: TileRows | None = None) -> AggregateCounts:
-        """Upsert aggregation ``values`` (one row per emitted event, in emission order:
-        for a key emitted twice the last one wins) and store ``late`` rejects. ``new``:
+        """Store ``late`` rejects, then upsert aggregation ``values`` (one row per emitted
+        event, in emission order: for a key emitted twice the last one wins). ``new``:
         the keys are expected to be new (``PostgresSink.upsert_aggregates``). ``tiles``:
         request-time window tiles to write too (:meth:`write_tiles`, while Postgres upserts)."""
         assert self._pg is not None and self._hot is not None, "open() first"
@@ -276,6 +283,10 @@ class AggregateWriter:
         n = len(time_us)
         written = self._pool.submit(self.write_tiles, tiles) if tiles is not None and len(tiles) else None
         try:
+            # the late rejects first: an aggregation row stored says every record before
+            # its source has its verdict stored (what a replay after a restart looks up)
+            if late is not None and late.num_rows:
+                counts.late_rejects_stored = self._pg.insert_rejects(late)
             if n:
                 codes = group_codes(entity)
                 frame = pd.DataFrame({"k": codes, "t": time_us})
@@ -303,8 +314,6 @@ class AggregateWriter:
                         counts.hot_written = hot.result().stored
                 if counts.rows_written == 0:
                     counts.hot_restored = counts.hot_written
-            if late is not None and late.num_rows:
-                counts.late_rejects_stored = self._pg.insert_rejects(late)
         finally:  # the tiles' write is waited for (and its error raised) whatever happened
             if written is not None:
                 counts.tiles_written = written.result()

@@ -507,6 +507,23 @@ class PostgresSink:
 
         return self._retrying("rejects write", run)
 
+    def rejected_by(self, sources: pa.Array, rule: str) -> pa.Array:
+        """Of ``sources`` (distinct record sources), those with a stored reject whose first
+        error is ``rule`` (any version of the schema): one indexed lookup (the rejects'
+        key starts with ``_source``)."""
+        if len(sources) == 0:
+            return pa.array([], pa.string())
+        wanted = sources.cast(pa.string()).to_pylist()  # a few records: those a restart replays
+
+        def run(conn: Any) -> list[Any]:
+            with conn.transaction():
+                return list(conn.execute(
+                    f"SELECT {quote_ident(SOURCE)} FROM {quote_ident(self.rejects_table)} "
+                    f"WHERE {quote_ident(SOURCE)} = ANY(%s) AND errors->0->>'rule' = %s",
+                    (wanted, rule)).fetchall())
+
+        return pa.array([r[0] for r in self._retrying("rejects read", run)], pa.string())
+
     def upsert_aggregates(self, rows: pa.Table, *, new: bool = False) -> int:
         """Aggregation values, one row per (entity, event time): a new key is inserted, an
         existing one updated only where a value differs (a late event changed it). Rows
