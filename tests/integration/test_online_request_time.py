@@ -37,6 +37,7 @@ from psycopg import sql
 
 from features import FeatureStore
 from features.aggregate.engine import AggSpec
+from features.aggregate.tilepack import SUMMARIES_FIELD, pack_summary_set, summary_blobs
 from features.aggregate.tiles import TileSpec
 from features.compile import compile_schema
 from features.compile.layout import aggregates_key, entity_key, tiles_key
@@ -70,6 +71,8 @@ TILE = TSPEC.size_us
 HOUR = 60 * MINUTE_US
 DAY = 24 * HOUR
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+#: the functions a one-entity read computes from the tiles without the general merge
+ONE_ROW = ("count", "sum", "mean", "min", "max", "first", "last")
 
 
 def at(us: int) -> dt.datetime:
@@ -151,9 +154,16 @@ def check_request_times(fs: FeatureStore, events: list[dict[str, Any]], times: l
         got = fs.online("agg_props", ids, aggs, windows="request_time", at=at(t))
         assert got.column("uid").to_pylist() == ids
         assert rows_of(got, aggs) == want, t
+        # the counts, sums, means, min/max, first/last among them (the one-entity fast read,
+        # taken beside the sketches the tiles hold), in reverse order
+        kinds = {a.name: a.function for a in compiled.schema.aggregations.features}
+        simple = [a for a in aggs if kinds[a] in ONE_ROW][::-1]
         for i, u in enumerate(ids):  # one entity per call (the one-entity read, or its fallback)
             one = fs.online("agg_props", [u], aggs, windows="request_time", at=at(t))
             assert rows_of(one, aggs) == want[i:i + 1], (t, u)
+            if simple:
+                fast = fs.online("agg_props", [u], simple, windows="request_time", at=at(t))
+                assert rows_of(fast, simple) == [tuple(want[i][aggs.index(a)] for a in simple)], (t, u)
         frame = pa.table({"uid": pa.array(ids), "timestamp": pa.array([t] * len(ids), pa.int64()).cast(
             pa.timestamp("us", "UTC"))})
         assert rows_of(fs.historical("agg_props", frame, aggs, windows="request_time"), aggs) == want, t
@@ -258,10 +268,18 @@ def test_a_quiet_entity_decays_and_the_tiles_stay_bounded(settings: Settings, tm
     client = redis.Redis.from_url(settings.redis_url)
     key = redis_prefix + tiles_key("quiet", "c1")
     fields = [f.decode() for f in client.hkeys(key)]
-    # only the tiles of the last window + lateness (a summary and the events of each)
-    starts = sorted({int(f[2:]) for f in fields if f[:2] in ("s:", "e:")})
+    # only the tiles of the last window + lateness (a summary and the events of each): the
+    # summaries in the one packed field the write script splices, ascending, in the
+    # format of features.aggregate.tilepack.pack_summary_set (its Python twin)
+    packed = client.hget(key, SUMMARIES_FIELD)
+    assert isinstance(packed, bytes)
+    starts, blobs = summary_blobs(packed)
+    assert pack_summary_set(starts, blobs) == packed
+    assert starts == sorted({int(f[2:]) for f in fields if f[:2] == "e:"})
+    assert set(fields) == {"n", "v", SUMMARIES_FIELD, *(f"e:{s}" for s in starts)}
     assert starts[0] >= (last - tspec.retention_us) // tspec.size_us * tspec.size_us
     assert len(starts) <= tspec.retention_us // tspec.size_us + 1
+    assert all(len(b) >= tspec.layout.fixed_bytes for b in blobs)
     assert 29 * 86400 < client.ttl(key) <= 30 * 86400
     client.close()
     with FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn,
@@ -354,3 +372,4 @@ def test_an_entity_without_tiles_reads_its_windows_from_the_history(
         assert counted == ['featureline_sdk_windows_from_history_total{schema="quiet"} 6.0'], counted
     assert client.exists(redis_prefix + tiles_key("quiet", "c1")) == 0  # a read writes no tiles
     client.close()
+
