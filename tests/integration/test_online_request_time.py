@@ -44,6 +44,7 @@ from features.compile.layout import aggregates_key, entity_key, tiles_key
 from features.config import Settings
 from features.errors import ConfigError
 from features.load import load
+from features.ops.migrate import apply_postgres, plan
 from features.schema import parse_schema
 
 pytestmark = pytest.mark.services
@@ -373,3 +374,77 @@ def test_an_entity_without_tiles_reads_its_windows_from_the_history(
     assert client.exists(redis_prefix + tiles_key("quiet", "c1")) == 0  # a read writes no tiles
     client.close()
 
+
+#: the quiet schema with a hot field beside its windows
+AGED_V1 = QUIET.replace("name: quiet", "name: aged").replace(
+    "aggregations:", "  - {name: device, type: string, constraints: {nullable: true}}\naggregations:")
+#: a compatible v2: a hot field with a default added (the hashes v1 wrote are rewritten on read)
+AGED_V2 = AGED_V1.replace("version: 1.0.0", "version: 1.1.0").replace(
+    "  - {name: device,", "  - {name: unit, type: string, store: [hot, cold], "
+    "constraints: {nullable: true, default: mg/dL}}\n  - {name: device,")
+
+
+def test_online_async_at_request_time_rewrites_hashes_an_earlier_version_wrote(
+        settings: Settings, tmp_path: Path, pg_schema: str, redis_prefix: str) -> None:
+    """``online_async`` with request-time windows over hashes v1 wrote, after the stores
+    were migrated to v2 (Postgres only: no hash rewritten): each read rewrites the hashes
+    it finds (the Outdated loop, through redis.asyncio) and returns v2's row (the new
+    field's default) with the windows at ``T`` equal to ``historical``'s; one entity (the
+    one-entity read declines old hashes) and several; the tiles, whose layout a compatible
+    change keeps, are read as they are."""
+    v1, v2 = compile_schema(parse_schema(AGED_V1)), compile_schema(parse_schema(AGED_V2))
+    day0 = int(dt.datetime(2026, 3, 1, tzinfo=dt.UTC).timestamp()) * 1_000_000
+    cards = ["c1", "c2", "c3"]
+    ts = [day0 + i * 20 * MINUTE_US for i in range(2 * 72)]
+    table = pa.table({"card": pa.array([cards[i % 3] for i in range(len(ts))]),
+                      "ts": pa.array(ts, pa.timestamp("us", "UTC")),
+                      "amount": pa.array([float(i % 5) + 0.25 for i in range(len(ts))]),
+                      "device": pa.array([f"g{i % 2}" for i in range(len(ts))])})
+    pq.write_table(table, tmp_path / "h.parquet")
+    loaded = load([tmp_path / "h.parquet"], v1, settings, search_path=pg_schema, key_prefix=redis_prefix)
+    assert loaded.adds_up
+    (tmp_path / "schemas").mkdir()
+    (tmp_path / "schemas" / "aged.yaml").write_text(AGED_V2)
+    client = redis.Redis.from_url(settings.redis_url)
+
+    def fingerprints() -> list[bytes | None]:
+        return [client.hget(redis_prefix + entity_key("aged", c), "_schema_fingerprint")  # type: ignore[misc]
+                for c in cards]
+
+    assert fingerprints() == [v1.fingerprint.encode()] * 3
+    names = ["device", "unit", "txn_24h", "amount_sum_24h", "amount_max_24h"]
+    windows = ["txn_24h", "amount_sum_24h", "amount_max_24h"]
+    t = ts[-1] + 6 * HOUR
+    with FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn,
+                      schemas=tmp_path / "schemas", search_path=pg_schema, key_prefix=redis_prefix,
+                      fallback=False) as fs:
+        p = plan(fs, v2, None)
+        assert p.refusal is None and p.migration is not None
+        apply_postgres(fs, p)
+        frame = pa.table({"card": pa.array(cards), "timestamp": pa.array([t] * 3, pa.int64()).cast(
+            pa.timestamp("us", "UTC"))})
+        want = fs.historical("aged", frame, windows, windows="request_time").select(windows).to_pylist()
+        assert [w["txn_24h"] for w in want] == [18, 18, 18]
+
+        async def read(ids: list[str]) -> pa.Table:
+            return await fs.online_async("aged", ids, names, windows="request_time", at=at(t))
+
+        async def both() -> tuple[pa.Table, pa.Table]:
+            try:
+                return await read(["c1"]), await read(["c2", "c3"])
+            finally:
+                await fs.connections.aclose()
+
+        one, two = asyncio.run(both())
+        assert fingerprints() == [v2.fingerprint.encode()] * 3  # every hash read was rewritten
+        for got, ids in ((one, ["c1"]), (two, ["c2", "c3"])):
+            assert got.column("card").to_pylist() == ids
+            assert got.select(windows).to_pylist() == [want[cards.index(c)] for c in ids]
+            assert got.column("unit").to_pylist() == ["mg/dL"] * len(ids)
+            assert got.column("_from").to_pylist() == ["redis"] * len(ids)
+        assert one.column("device").to_pylist() == [table.column("device")[len(ts) - 3].as_py()]
+        # the sync read of the rewritten hashes gives the same rows
+        again = fs.online("aged", cards, names, windows="request_time", at=at(t))
+        rows = [*one.select(names).to_pylist(), *two.select(names).to_pylist()]
+        assert again.select(names).to_pylist() == rows
+    client.close()
