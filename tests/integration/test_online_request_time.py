@@ -377,7 +377,8 @@ def test_an_entity_without_tiles_reads_its_windows_from_the_history(
 
 #: the quiet schema with a hot field beside its windows
 AGED_V1 = QUIET.replace("name: quiet", "name: aged").replace(
-    "aggregations:", "  - {name: device, type: string, constraints: {nullable: true}}\naggregations:")
+    "aggregations:",
+    "  - {name: device, type: string, store: hot, constraints: {nullable: true}}\naggregations:")
 #: a compatible v2: a hot field with a default added (the hashes v1 wrote are rewritten on read)
 AGED_V2 = AGED_V1.replace("version: 1.0.0", "version: 1.1.0").replace(
     "  - {name: device,", "  - {name: unit, type: string, store: [hot, cold], "
