@@ -104,14 +104,15 @@ def history(rate: int, entities: int, days: int, rng: np.random.Generator, sketc
 def sketch_bytes(client: Any, key: str, tspec: Any) -> tuple[int, int]:
     """The bytes of the sketches' states in a tiles hash's summaries, and of their 8-byte
     hashes in its events."""
-    from features.aggregate.tilepack import sketch_parts, unpack_events
+    from features.aggregate.tilepack import SUMMARIES_FIELD, sketch_parts, summary_blobs, unpack_events
 
     layout = tspec.layout
     states = hashes = 0
     for field, value in client.hgetall(key).items():
         f = field.decode()
-        if f.startswith("s:"):
-            states += sum(4 + len(v) for v in sketch_parts(layout, value[layout.fixed_bytes:])[0].values())
+        if f == SUMMARIES_FIELD:  # every kept tile's summary (layout 4)
+            for blob in summary_blobs(value)[1]:
+                states += sum(4 + len(v) for v in sketch_parts(layout, blob[layout.fixed_bytes:])[0].values())
         elif f.startswith("e:"):
             hashes += 8 * len(layout.hashed) * len(unpack_events(layout, 0, value).time_us)
     return states, hashes

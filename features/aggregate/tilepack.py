@@ -12,7 +12,9 @@ Both are little-endian, described by a :class:`Layout` made once per tile spec:
   by ``\\x1f``; absent when there is none). Between the validity bytes and the text,
   each sketch's state (``approx_count_distinct``, ``approx_percentile``:
   :mod:`features.aggregate.sketch_tiles`) as a uint32 byte length and its bytes. The
-  fixed block of many tiles is one ``(tiles, W)`` int64 matrix after one ``frombuffer``;
+  summaries of an entity's kept tiles are one value (:func:`pack_summary_set`: the
+  count, the starts, the lengths, the summaries), whose fixed blocks are one
+  ``(tiles, W)`` int64 matrix;
 - the **events** of a tile, sorted as the engine sorts them (time, then digest: the
   newer of two events at one instant last): one ``R``-byte header row (the event count
   in its first 8 bytes), then one ``R``-byte row per event (row-major, so the rows of all
@@ -41,8 +43,11 @@ from features.aggregate.engine import AggSpec
 I64 = npt.NDArray[np.int64]
 U8 = npt.NDArray[np.uint8]
 FIELD_SEP, ITEM_SEP = "\x1f", "\x1d"
-#: the layout's version: part of the tiles' signature (a hash in an older layout is rewritten)
-VERSION = 3
+#: the layout's version: part of the tiles' signature (a hash in an older layout is rewritten);
+#: 4: every kept tile's summary in one field (:func:`pack_summary_set`), no field per summary
+VERSION = 4
+#: the tiles hash's field holding every kept tile's summary (:func:`pack_summary_set`)
+SUMMARIES_FIELD = "s"
 #: summary parts that hold a sketch's binary state (features.aggregate.sketch_tiles)
 SKETCH_SUFFIXES = (".hll", ".pct")
 
@@ -210,6 +215,51 @@ def unpack_summaries(layout: Layout, blobs: list[bytes]) -> Summaries:
     return Summaries(ints, block[:, 8 * w:] != 0, tails)
 
 
+def pack_summary_set(starts: list[int], blobs: list[bytes]) -> bytes:
+    """Tile summaries ``blobs`` (of the tiles starting at ``starts``) as the one value of the
+    tiles hash's :data:`SUMMARIES_FIELD`, ascending by start: the count (uint32), the
+    starts (int64 each), the summaries' byte lengths (uint32 each), then the summaries.
+    The write script (``features.sinks.redis_tiles.TILES_WRITE``) makes the same bytes
+    in Lua; this twin is what the tests compare it with. Empty: ``b""``."""
+    if not starts:
+        return b""
+    order = sorted(range(len(starts)), key=starts.__getitem__)
+    n = len(order)
+    head = np.asarray([starts[i] for i in order], "<i8").tobytes()
+    lens = np.asarray([len(blobs[i]) for i in order], "<u4").tobytes()
+    return n.to_bytes(4, "little") + head + lens + b"".join(blobs[i] for i in order)
+
+
+def unpack_summary_set(layout: Layout, packed: bytes | None) -> tuple[I64, Summaries]:
+    """The value of :data:`SUMMARIES_FIELD` (None or empty: no tile) as the tiles' starts
+    (ascending) and their summaries. A layout without variable parts or sketches (every
+    summary its ``W`` numbers and validity bytes) is read as strided views of ``packed``,
+    without a copy or a loop over tiles."""
+    w, f = len(layout.fixed), layout.fixed_bytes
+    if not packed:
+        return np.zeros(0, np.int64), Summaries(np.zeros((0, w), np.int64), np.zeros((0, w), np.bool_), [])
+    n = int.from_bytes(packed[:4], "little")
+    starts = np.frombuffer(packed, "<i8", n, 4).astype(np.int64)
+    body = 4 + 12 * n
+    if not (layout.variable or layout.sketches):
+        ints: I64 = np.ndarray((n, w), "<i8", buffer=packed, offset=body, strides=(f, 8))
+        valid = np.ndarray((n, w), np.uint8, buffer=packed, offset=body + 8 * w, strides=(f, 1)) != 0
+        return starts, Summaries(ints, valid, [])
+    return starts, unpack_summaries(layout, summary_blobs(packed)[1])
+
+
+def summary_blobs(packed: bytes | None) -> tuple[list[int], list[bytes]]:
+    """The value of :data:`SUMMARIES_FIELD` as its tiles' starts and each tile's summary
+    (:func:`pack_summary_set`'s inputs, ascending)."""
+    if not packed:
+        return [], []
+    n = int.from_bytes(packed[:4], "little")
+    body = 4 + 12 * n
+    ends = (body + np.cumsum(np.frombuffer(packed, "<u4", n, 4 + 8 * n), dtype=np.int64)).tolist()
+    starts: list[int] = np.frombuffer(packed, "<i8", n, 4).tolist()
+    return starts, [packed[a:b] for a, b in zip([body, *ends[:-1]], ends, strict=True)]
+
+
 def variable_parts(layout: Layout, tail: bytes) -> dict[str, list[str]]:
     """A summary's variable parts as lists of texts (a ``.set``'s one empty text and an
     empty set are told apart by the caller, from its ``.d``)."""
@@ -259,5 +309,6 @@ def unpack_events(layout: Layout, start_us: int, blob: bytes) -> Events:
     return Events(t, values, masks, keys)
 
 
-__all__ = ["SKETCH_SUFFIXES", "VERSION", "Events", "Layout", "Summaries", "pack_events", "pack_summaries",
-           "sketch_parts", "unpack_events", "unpack_summaries", "variable_parts"]
+__all__ = ["SKETCH_SUFFIXES", "SUMMARIES_FIELD", "VERSION", "Events", "Layout", "Summaries", "pack_events",
+           "pack_summaries", "pack_summary_set", "sketch_parts", "summary_blobs", "unpack_events",
+           "unpack_summaries", "unpack_summary_set", "variable_parts"]

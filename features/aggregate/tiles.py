@@ -11,8 +11,10 @@ window + allowed lateness``; what keeps a read cheap is how they are kept:
 - per (entity, tile) two packed values (:mod:`features.aggregate.tilepack`): the tile's
   **summary** (the engine's raw accumulators of every aggregation over the tile's
   events, plus ``count_distinct``'s distinct values and the sketches' mergeable states,
-  :mod:`features.aggregate.sketch_tiles`) and its **events** (sorted; time after the
-  tile's start, each field's value or sketch hash, each contribution mask);
+  :mod:`features.aggregate.sketch_tiles`), held with the entity's other summaries in one
+  field (:func:`~features.aggregate.tilepack.pack_summary_set`), and its **events**
+  (sorted; time after the tile's start, each field's value or sketch hash, each
+  contribution mask), one field per tile;
 - a window at ``T`` is the tiles wholly inside it (their summaries, one NumPy matrix)
   plus at most two edge tiles (the one holding its start, the one holding ``T``), whose
   events inside the window are found by binary search and summarised with NumPy
@@ -78,6 +80,7 @@ from features.aggregate.sketch_tiles import (
     state_part,
 )
 from features.aggregate.tilepack import (
+    SUMMARIES_FIELD,
     VERSION,
     Events,
     Layout,
@@ -86,7 +89,7 @@ from features.aggregate.tilepack import (
     pack_summaries,
     sketch_parts,
     unpack_events,
-    unpack_summaries,
+    unpack_summary_set,
     variable_parts,
 )
 from features.compile.layout import MOMENT_FUNCTIONS, encode_column
@@ -179,8 +182,38 @@ class TileSpec:
     @cached_property
     def one_plan(self) -> OnePlan:
         """How a one-entity read (:func:`_one`) gets each fixed summary part from an edge
-        tile's events (made once; meaningful when :attr:`simple`)."""
+        tile's events (made once; for the aggregations :meth:`one_for` accepts)."""
         return OnePlan.of(self)
+
+    @cached_property
+    def one_cache(self) -> dict[tuple[str, ...] | None, Any]:
+        """:meth:`one_for` by the aggregations named (bounded: cleared at 256)."""
+        return {}
+
+    def one_for(self, names: tuple[str, ...] | None
+                ) -> tuple[list[int], tuple[tuple[tuple[str, int], ...], ...], AggSpec] | None:
+        """How a one-entity read of the aggregations ``names`` (None: all) takes
+        :func:`_one`'s contiguous sums: their positions among :attr:`spec`'s windowed
+        aggregations, their :attr:`OnePlan.outputs` and the spec that finalizes them; None
+        when one of them is not a count, sum, mean, min, max, first or last (a sketch, a
+        ``last_k``, a ratio, a moment: the general read). Judged on the aggregations read,
+        not the whole schema: a schema holding a sketch still reads its counts this way."""
+        cache = self.one_cache
+        if names in cache:
+            got: tuple[list[int], tuple[tuple[tuple[str, int], ...], ...], AggSpec] | None = cache[names]
+            return got
+        if len(cache) >= 256:
+            cache.clear()
+        windowed = [a.name for a in self.spec.windowed]
+        wanted = windowed if names is None else list(names)
+        simple = ("count", "sum", "mean", "min", "max", "first", "last")
+        at = [windowed.index(x) for x in wanted if x in windowed]
+        if len(at) != len(wanted) or any(self.spec.windowed[i].function not in simple for i in at):
+            cache[names] = None
+            return None
+        sub = self.spec if names is None else sub_spec(self.spec, wanted)
+        got = cache[names] = (at, tuple(self.one_plan.outputs[i] for i in at), sub)
+        return got
 
     @cached_property
     def read_cache(self) -> dict[tuple[Any, ...], tuple[list[int], list[int], list[str]]]:
@@ -195,12 +228,13 @@ class TileSpec:
 
 @dataclass(frozen=True)
 class OnePlan:
-    """Per fixed summary part of a :attr:`TileSpec.simple` spec, what an edge piece of a
-    one-entity read computes from the events: ``counts`` (part, mask column; -1: every
-    event), ``sums`` (part, value column, mask column, a float field's fixed-point scale,
-    the aggregation named in an overflow), ``picks`` (part, value column, mask column,
-    min/max/first/last); ``outputs`` per aggregation its raw part names and columns;
-    ``width`` the number of fixed parts."""
+    """Per fixed summary part of the counts, sums, means, min/max, first/last of a spec
+    (:meth:`TileSpec.one_for`), what an edge piece of a one-entity read computes from the
+    events: ``counts`` (part, mask column; -1: every event), ``sums`` (part, value column,
+    mask column, a float field's fixed-point scale, the aggregation named in an
+    overflow), ``picks`` (part, value column, mask column, min/max/first/last);
+    ``outputs`` per aggregation its raw part names and columns (none for another
+    function); ``width`` the number of fixed parts."""
 
     counts: tuple[tuple[int, int], ...]
     sums: tuple[tuple[int, int, int, int | None, str], ...]
@@ -355,8 +389,8 @@ def fields_to_read(tspec: TileSpec, t_us: int) -> tuple[list[int], list[int]]:
 
 
 def read_fields(tspec: TileSpec, t_us: int) -> tuple[list[int], list[int], list[str]]:
-    """:func:`fields_to_read` and the hash fields to HMGET (``n``, ``v``, ``s:<start>``
-    of each summary, ``e:<start>`` of each edge tile), made once per shape of the
+    """:func:`fields_to_read` and the hash fields to HMGET (``n``, ``v``, the packed
+    summaries ``s``, ``e:<start>`` of each edge tile), made once per shape of the
     windows at ``t_us`` (their tiles move only when ``t_us`` crosses a tile boundary)."""
     return _fields_to_read(tspec, t_us)
 
@@ -376,7 +410,7 @@ def _fields_to_read(tspec: TileSpec, t_us: int) -> tuple[list[int], list[int], l
         full.update(_full_tiles(h, a, b))
     edges = sorted({s for a, b in ranges for s, _, _ in _edge_pieces(h, a, b)})
     starts = sorted(full)
-    got = cache[key] = (starts, edges, ["n", "v", *(f"s:{s}" for s in starts), *(f"e:{s}" for s in edges)])
+    got = cache[key] = (starts, edges, ["n", "v", SUMMARIES_FIELD, *(f"e:{s}" for s in edges)])
     return got
 
 
@@ -399,11 +433,18 @@ def _full_tiles(h: int, a: int, b: int) -> range:
 
 @dataclass
 class EntityTiles:
-    """One entity's tiles as read back: packed summaries and edge tiles' events by tile start."""
+    """One entity's tiles as read back: the packed value of its summaries (the tiles
+    hash's :data:`~features.aggregate.tilepack.SUMMARIES_FIELD`, None: no tile) and its
+    edge tiles' events by tile start."""
 
     newest_us: int | None
-    summaries: dict[int, bytes]
+    summaries: bytes | None
     events: dict[int, bytes]
+
+    def unpacked(self, layout: Layout) -> tuple[I64, Summaries]:
+        """Its tiles' starts (ascending) and summaries (:func:`~features.aggregate.tilepack.
+        unpack_summary_set`)."""
+        return unpack_summary_set(layout, self.summaries)
 
 
 @dataclass
@@ -451,16 +492,16 @@ def values_at(tspec: TileSpec, entities: list[EntityTiles], t_us: int) -> dict[s
     n_ent = len(entities)
     ranges = window_ranges(tspec, t_us)
     if n_ent == 1 and tspec.simple:
-        one = _one(tspec, entities[0], ranges)
+        one = _one(tspec, entities[0], ranges, tspec.one_plan.outputs)
         return finalize(tspec.spec, {k: (np.asarray([v]), np.asarray([ok])) for k, (v, ok) in one.items()})
-    ent: list[int] = []
-    start: list[int] = []
-    blobs: list[bytes] = []
-    for e, et in enumerate(entities):
-        ent.extend([e] * len(et.summaries))
-        start.extend(et.summaries)
-        blobs.extend(et.summaries.values())
-    summ = unpack_summaries(layout, blobs)
+    held = [et.unpacked(layout) for et in entities]
+    ent = [e for e, (st, _) in enumerate(held) for _ in range(len(st))]
+    start = [int(x) for st, _ in held for x in st.tolist()]
+    w = len(layout.fixed)
+    summ = Summaries(np.concatenate([x.ints for _, x in held]) if held else np.zeros((0, w), np.int64),
+                     np.concatenate([x.valid for _, x in held]) if held else np.zeros((0, w), np.bool_),
+                     [t for _, x in held for t in x.tails])
+    n_summ = len(start)
     # the edge pieces: (entity, tile, lo, hi) -> row; per aggregation, its pieces' rows
     piece_of: dict[tuple[int, int, int, int], int] = {}
     p_ints: list[I64] = []
@@ -483,7 +524,7 @@ def values_at(tspec: TileSpec, entities: list[EntityTiles], t_us: int) -> dict[s
                     got = _piece(tspec, ev, lo, hi)
                     piece_of[key] = -1
                     if got is not None:
-                        piece_of[key] = len(blobs) + len(p_var)
+                        piece_of[key] = n_summ + len(p_var)
                         p_ints.append(got[0])
                         p_valid.append(got[1])
                         p_var.append(got[2])
@@ -497,7 +538,7 @@ def values_at(tspec: TileSpec, entities: list[EntityTiles], t_us: int) -> dict[s
                  if p_ints else summ.ints,
                  np.concatenate([summ.valid, np.asarray(p_valid, np.bool_).reshape(len(p_valid), -1)])
                  if p_valid else summ.valid,
-                 len(blobs), summ.tails, p_var)
+                 n_summ, summ.tails, p_var)
     order = np.lexsort((rows.start, rows.entity)) if n_ent > 1 else np.argsort(rows.start, kind="stable")
     is_summary = order < rows.summaries
     starts = rows.start[order]
@@ -517,21 +558,20 @@ def values_at(tspec: TileSpec, entities: list[EntityTiles], t_us: int) -> dict[s
     return finalize(tspec.spec, cols)
 
 
-def _one(tspec: TileSpec, et: EntityTiles, ranges: list[tuple[int, int]]) -> RawRow:
-    """:func:`values_at`'s raw parts for one entity whose aggregations are all
-    :attr:`TileSpec.simple`, as Python values (:data:`~features.aggregate.one_row.RawRow`):
-    per distinct window range (:func:`_one_range`), its full tiles are a contiguous run of
-    the summaries (sorted by start), summed in one NumPy call over every part, and its at
-    most two edge pieces are added (:func:`_one_piece`)."""
-    starts = list(et.summaries)
-    blobs = list(et.summaries.values())
-    if starts != sorted(starts):
-        starts, blobs = (list(x) for x in zip(*sorted(et.summaries.items()), strict=True))
-    summ = unpack_summaries(tspec.layout, blobs)
+def _one(tspec: TileSpec, et: EntityTiles, ranges: list[tuple[int, int]],
+         outputs: tuple[tuple[tuple[str, int], ...], ...]) -> RawRow:
+    """:func:`values_at`'s raw parts for one entity, as Python values
+    (:data:`~features.aggregate.one_row.RawRow`), of the aggregations whose parts
+    ``outputs`` names (counts, sums, means, min/max, first/last: :attr:`OnePlan.outputs`,
+    one per window of ``ranges``): per distinct window range (:func:`_one_range`), its full
+    tiles are a contiguous run of the summaries (sorted by start), summed in one NumPy
+    call over every part, and its at most two edge pieces are added (:func:`_one_piece`)."""
+    starts_a, summ = et.unpacked(tspec.layout)
+    starts = starts_a.tolist()
     unpacked: dict[int, Events] = {}
     merged: dict[tuple[int, int], tuple[list[Any], list[bool]]] = {}
     out: RawRow = {}
-    for parts, (a, b) in zip(tspec.one_plan.outputs, ranges, strict=True):
+    for parts, (a, b) in zip(outputs, ranges, strict=True):
         got = merged.get((a, b))
         if got is None:
             got = merged[(a, b)] = _one_range(tspec, et, summ, starts, unpacked, a, b)
@@ -620,13 +660,19 @@ def _one_piece(plan: OnePlan, ev: Events, lo: int, hi: int) -> tuple[I64, dict[i
     return sums, picks
 
 
-def row_at(tspec: TileSpec, et: EntityTiles, t_us: int) -> dict[str, Any] | None:
-    """One entity's aggregations at ``t_us`` as Python values (:func:`~features.aggregate.
-    one_row.finalize_row`: ``values_at(tspec, [et], t_us)``'s one row), or None when
-    ``tspec`` is not :attr:`TileSpec.simple` (then :func:`values_at`)."""
-    if not tspec.simple:
+def row_at(tspec: TileSpec, et: EntityTiles, t_us: int, names: tuple[str, ...] | None = None
+           ) -> dict[str, Any] | None:
+    """One entity's aggregations ``names`` (None: all of ``tspec``) at ``t_us`` as Python
+    values (:func:`~features.aggregate.one_row.finalize_row`: ``values_at(tspec, [et],
+    t_us)``'s one row, those columns), or None when one of them is not a count, sum,
+    mean, min/max, first or last (:meth:`TileSpec.one_for`; then :func:`values_at`). The
+    other aggregations of ``tspec`` (a sketch, a ``last_k``) are not computed."""
+    one = tspec.one_for(names)
+    if one is None:
         return None
-    return finalize_row(tspec.spec, _one(tspec, et, window_ranges(tspec, t_us)))
+    at, outputs, sub = one
+    ranges = window_ranges(tspec, t_us)
+    return finalize_row(sub, _one(tspec, et, [ranges[i] for i in at], outputs))
 
 
 def _piece(tspec: TileSpec, ev: Events, lo: int, hi: int

@@ -106,7 +106,8 @@ class HotReader:
         #: entities without a tiles hash from the history (the facade's metric)
         self.on_history = on_history
         self._plans: dict[tuple[str, tuple[str, ...] | None], Plan] = {}
-        self._tile_specs: dict[str, Any] = {}  # schema -> features.aggregate.tiles.TileSpec
+        #: schema -> its features.aggregate.tiles.TileSpec and the aggregations it holds
+        self._tile_specs: dict[str, tuple[Any, frozenset[str]]] = {}
         self._windowed: dict[tuple[str, tuple[str, ...] | None],
                              tuple[CompiledSchema, list[str], list[str], list[str]]] = {}
 
@@ -273,13 +274,15 @@ class HotReader:
         if not aggs:
             return WindowedRequest(base, None, columns, lenient, (), t_us)
         if c.name not in self._tile_specs:
-            self._tile_specs[c.name] = tile_spec(c)
-        tspec = self._tile_specs[c.name]
-        held = {a.name for a in tspec.spec.aggregations.features} if tspec is not None else set()
+            ts = tile_spec(c)
+            self._tile_specs[c.name] = (ts, frozenset(a.name for a in ts.spec.aggregations.features)
+                                        if ts is not None else frozenset())
+        tspec, held = self._tile_specs[c.name]
         # the aggregations the tiles do not hold (none since they hold the sketches: kept
         # for any the tiles leave out): from the history, exactly
         history = tuple(x for x in aggs if x not in held)
-        tiles = (tile_read(tspec, c, base.ids, t_us, self.connections.key_prefix)
+        tiles = (tile_read(tspec, c, base.ids, t_us, self.connections.key_prefix,
+                           tuple(x for x in aggs if x in held))
                  if tspec is not None and len(history) < len(aggs) else None)
         return WindowedRequest(base, tiles, columns, lenient, history, t_us, at is None)
 

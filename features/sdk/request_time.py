@@ -41,14 +41,16 @@ def request_time_windows(windows: str, at: Any) -> bool:
 
 @dataclass(frozen=True)
 class TileRead:
-    """One request-time read's Redis part: the tiles hashes and the fields of each."""
+    """One request-time read's Redis part: the tiles hashes and the fields of each (the
+    newest event time, the layout signature, the packed summaries, the edge tiles' events
+    at ``edges``); ``names``: the requested aggregations the tiles hold."""
 
     tspec: TileSpec
     keys: list[str]
     fields: list[str]
-    starts: list[int]
     edges: list[int]
     t_us: int
+    names: tuple[str, ...] = ()
 
 
 def tile_spec(c: CompiledSchema) -> TileSpec | None:
@@ -75,9 +77,13 @@ def request_micros(c: CompiledSchema, at: Any, now_s: float) -> int:
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
-def tile_read(tspec: TileSpec, c: CompiledSchema, ids: Sequence[str], t_us: int, key_prefix: str) -> TileRead:
-    starts, edges, fields = read_fields(tspec, t_us)
-    return TileRead(tspec, [key_prefix + tiles_key(c.name, i) for i in ids], fields, starts, edges, t_us)
+def tile_read(tspec: TileSpec, c: CompiledSchema, ids: Sequence[str], t_us: int, key_prefix: str,
+              names: Sequence[str] = ()) -> TileRead:
+    """The tiles hashes of ``ids`` at ``t_us`` and their fields; ``names``: the requested
+    aggregations the tiles hold (what a one-entity read computes, :func:`window_row`)."""
+    _, edges, fields = read_fields(tspec, t_us)
+    keys = [key_prefix + tiles_key(c.name, i) for i in ids]
+    return TileRead(tspec, keys, fields, edges, t_us, tuple(names))
 
 
 def window_values(read: TileRead, replies: Sequence[Any], c: CompiledSchema) -> dict[str, pa.Array]:
@@ -86,21 +92,27 @@ def window_values(read: TileRead, replies: Sequence[Any], c: CompiledSchema) -> 
                                   zip(read.keys, replies, strict=True)], read.t_us)
 
 
-def window_row(read: TileRead, replies: Sequence[Any], c: CompiledSchema) -> dict[str, Any] | None:
-    """:func:`window_values` of a read of one entity whose tiles hash was found, as Python
-    values (``{name: value}``: the one row, without an Arrow array per aggregation:
-    :func:`features.aggregate.tiles.row_at`); None for any other read (several keys, no
-    tiles hash, or aggregations other than counts, sums, means, min/max, first/last)."""
-    if len(replies) != 1 or (replies[0][0] is None and replies[0][1] is None) or not read.tspec.simple:
+def window_row(read: TileRead, replies: Sequence[Any], c: CompiledSchema, names: Sequence[str]
+               ) -> dict[str, Any] | None:
+    """The aggregations ``names`` of :func:`window_values` of a read of one entity whose
+    tiles hash was found, as Python values (``{name: value}``: the one row, without an
+    Arrow array per aggregation: :func:`features.aggregate.tiles.row_at`); None for any
+    other read (several keys, no tiles hash, or one of ``names`` other than a count, sum,
+    mean, min/max, first or last: judged on ``names``, not on every aggregation the
+    tiles hold)."""
+    if len(replies) != 1 or (replies[0][0] is None and replies[0][1] is None):
         return None
-    return row_at(read.tspec, _entity_tiles(read, read.keys[0], replies[0], c), read.t_us)
+    names = tuple(names)
+    if read.tspec.one_for(names) is None:
+        return None
+    return row_at(read.tspec, _entity_tiles(read, read.keys[0], replies[0], c), read.t_us, names)
 
 
 def _entity_tiles(read: TileRead, key: str, reply: Sequence[Any], c: CompiledSchema) -> EntityTiles:
     """One key's HMGET reply as :class:`EntityTiles`: SinkError for tiles of another
     layout, ConfigError for a request time past the allowed lateness before its newest event."""
     tspec = read.tspec
-    ns, ne = len(read.starts), len(read.edges)
+    ne = len(read.edges)
     newest, sig = reply[0], reply[1]
     if sig is not None and sig.decode() != tspec.signature:
         raise SinkError(f"Redis holds request-time tiles of {c.name} in another layout ({key}): load the "
@@ -112,9 +124,8 @@ def _entity_tiles(read: TileRead, key: str, reply: Sequence[Any], c: CompiledSch
             "before "
             f"the newest event of {key}: the online state keeps the windows from there on; read earlier "
             "times with historical(..., windows='request_time')", key="at")
-    summaries = {s: v for s, v in zip(read.starts, reply[2:2 + ns], strict=True) if v is not None}
-    events = {s: v for s, v in zip(read.edges, reply[2 + ns:2 + ns + ne], strict=True) if v is not None}
-    return EntityTiles(newest_us, summaries, events)
+    events = {s: v for s, v in zip(read.edges, reply[3:3 + ne], strict=True) if v is not None}
+    return EntityTiles(newest_us, reply[2], events)
 
 
 @dataclass(frozen=True)
@@ -171,7 +182,7 @@ def windowed_row(req: WindowedRequest, tile_replies: list[Any]) -> dict[str, Any
     (:func:`window_row`), or None where that does not apply."""
     if req.tiles is None:
         return None
-    return window_row(req.tiles, _lenient(req, tile_replies), req.base.plan.c)
+    return window_row(req.tiles, _lenient(req, tile_replies), req.base.plan.c, req.tiles.names)
 
 
 def _lenient(req: WindowedRequest, tile_replies: list[Any]) -> list[Any]:

@@ -2,13 +2,18 @@
 
 Layout: key ``features:<schema>__tiles:{<entity>}`` (:func:`features.compile.layout.
 tiles_key`: the entity's hash tag, as its other hashes, so one slot in Redis Cluster);
-fields ``s:<tile start us>`` (the tile's summary), ``e:<tile start us>`` (its events),
-``n`` (the newest event time written, us) and ``v`` (the tiles' layout signature: a hash
-written with another layout is dropped and written anew).
+fields ``s`` (every kept tile's summary in one value, ascending by start:
+``features.aggregate.tilepack.pack_summary_set``, so a read fetches them all as one bulk
+reply), ``e:<tile start us>`` (a tile's events), ``n`` (the newest event time written,
+us) and ``v`` (the tiles' layout signature: a hash written with another layout is
+dropped and written anew).
 
 A tile is always written COMPLETE (every event of its time range, never a delta), so a
 write is idempotent and the order of two writes of one tile changes nothing.
-:data:`TILES_WRITE` writes one entity's tiles, keeps the newest event time, drops the
+:data:`TILES_WRITE` writes one entity's tiles (its arguments: ``s:<start>`` and
+``e:<start>`` per tile, as before; the summaries spliced into ``s``: the kept ones read
+back, the written ones replacing theirs, the set packed again in start order, so the
+value is a function of the kept tiles alone), keeps the newest event time, drops the
 tiles that start before ``floor((newest - retention) / tile) * tile`` (Redis 7.0 has no
 per-field expiry: the trim is what bounds the hash) and sets the schema's hot TTL.
 """
@@ -42,15 +47,41 @@ if old and cur == sig and tonumber(old) > newest then newest = tonumber(old) end
 local h = tonumber(ARGV[5])
 local cutoff = math.floor((newest - tonumber(ARGV[4])) / h) * h
 redis.call('HSET', key, 'v', sig, 'n', string.format('%.0f', newest))
-local written = 0
-for i = 6, #ARGV, 2 do
-  if tonumber(string.sub(ARGV[i], 3)) >= cutoff then
-    redis.call('HSET', key, ARGV[i], ARGV[i + 1]); written = written + 1
+-- the summaries kept: 's' = count (u32), starts (i64 each), lengths (u32 each), summaries
+local summ = {}
+local packed = redis.call('HGET', key, 's')
+if packed then
+  local n = struct.unpack('<I4', packed)
+  local at = 5 + 12 * n
+  for i = 0, n - 1 do
+    local len = struct.unpack('<I4', packed, 5 + 8 * n + 4 * i)
+    summ[struct.unpack('<i8', packed, 5 + 8 * i)] = string.sub(packed, at, at + len - 1)
+    at = at + len
   end
 end
+local written = 0
+for i = 6, #ARGV, 2 do
+  local f = ARGV[i]
+  local s = tonumber(string.sub(f, 3))
+  if s >= cutoff then
+    if string.sub(f, 1, 2) == 's:' then summ[s] = ARGV[i + 1] else redis.call('HSET', key, f, ARGV[i + 1]) end
+    written = written + 1
+  end
+end
+local starts = {}
+for s, _ in pairs(summ) do if s >= cutoff then starts[#starts + 1] = s end end
+table.sort(starts)
+if #starts > 0 then
+  local head, lens, body = {struct.pack('<I4', #starts)}, {}, {}
+  for i, s in ipairs(starts) do
+    head[i + 1] = struct.pack('<i8', s); lens[i] = struct.pack('<I4', #summ[s]); body[i] = summ[s]
+  end
+  redis.call('HSET', key, 's', table.concat(head) .. table.concat(lens) .. table.concat(body))
+else
+  redis.call('HDEL', key, 's')
+end
 for _, f in ipairs(redis.call('HKEYS', key)) do
-  local p = string.sub(f, 1, 2)
-  if (p == 's:' or p == 'e:') and tonumber(string.sub(f, 3)) < cutoff then redis.call('HDEL', key, f) end
+  if string.sub(f, 1, 2) == 'e:' and tonumber(string.sub(f, 3)) < cutoff then redis.call('HDEL', key, f) end
 end
 if ttl > 0 then redis.call('EXPIRE', key, ttl) end
 return written

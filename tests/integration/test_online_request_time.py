@@ -37,12 +37,14 @@ from psycopg import sql
 
 from features import FeatureStore
 from features.aggregate.engine import AggSpec
+from features.aggregate.tilepack import SUMMARIES_FIELD, pack_summary_set, summary_blobs
 from features.aggregate.tiles import TileSpec
 from features.compile import compile_schema
 from features.compile.layout import aggregates_key, entity_key, tiles_key
 from features.config import Settings
 from features.errors import ConfigError
 from features.load import load
+from features.ops.migrate import apply_postgres, plan
 from features.schema import parse_schema
 
 pytestmark = pytest.mark.services
@@ -70,6 +72,8 @@ TILE = TSPEC.size_us
 HOUR = 60 * MINUTE_US
 DAY = 24 * HOUR
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+#: the functions a one-entity read computes from the tiles without the general merge
+ONE_ROW = ("count", "sum", "mean", "min", "max", "first", "last")
 
 
 def at(us: int) -> dt.datetime:
@@ -151,9 +155,16 @@ def check_request_times(fs: FeatureStore, events: list[dict[str, Any]], times: l
         got = fs.online("agg_props", ids, aggs, windows="request_time", at=at(t))
         assert got.column("uid").to_pylist() == ids
         assert rows_of(got, aggs) == want, t
+        # the counts, sums, means, min/max, first/last among them (the one-entity fast read,
+        # taken beside the sketches the tiles hold), in reverse order
+        kinds = {a.name: a.function for a in compiled.schema.aggregations.features}
+        simple = [a for a in aggs if kinds[a] in ONE_ROW][::-1]
         for i, u in enumerate(ids):  # one entity per call (the one-entity read, or its fallback)
             one = fs.online("agg_props", [u], aggs, windows="request_time", at=at(t))
             assert rows_of(one, aggs) == want[i:i + 1], (t, u)
+            if simple:
+                fast = fs.online("agg_props", [u], simple, windows="request_time", at=at(t))
+                assert rows_of(fast, simple) == [tuple(want[i][aggs.index(a)] for a in simple)], (t, u)
         frame = pa.table({"uid": pa.array(ids), "timestamp": pa.array([t] * len(ids), pa.int64()).cast(
             pa.timestamp("us", "UTC"))})
         assert rows_of(fs.historical("agg_props", frame, aggs, windows="request_time"), aggs) == want, t
@@ -258,10 +269,18 @@ def test_a_quiet_entity_decays_and_the_tiles_stay_bounded(settings: Settings, tm
     client = redis.Redis.from_url(settings.redis_url)
     key = redis_prefix + tiles_key("quiet", "c1")
     fields = [f.decode() for f in client.hkeys(key)]
-    # only the tiles of the last window + lateness (a summary and the events of each)
-    starts = sorted({int(f[2:]) for f in fields if f[:2] in ("s:", "e:")})
+    # only the tiles of the last window + lateness (a summary and the events of each): the
+    # summaries in the one packed field the write script splices, ascending, in the
+    # format of features.aggregate.tilepack.pack_summary_set (its Python twin)
+    packed = client.hget(key, SUMMARIES_FIELD)
+    assert isinstance(packed, bytes)
+    starts, blobs = summary_blobs(packed)
+    assert pack_summary_set(starts, blobs) == packed
+    assert starts == sorted({int(f[2:]) for f in fields if f[:2] == "e:"})
+    assert set(fields) == {"n", "v", SUMMARIES_FIELD, *(f"e:{s}" for s in starts)}
     assert starts[0] >= (last - tspec.retention_us) // tspec.size_us * tspec.size_us
     assert len(starts) <= tspec.retention_us // tspec.size_us + 1
+    assert all(len(b) >= tspec.layout.fixed_bytes for b in blobs)
     assert 29 * 86400 < client.ttl(key) <= 30 * 86400
     client.close()
     with FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn,
@@ -353,4 +372,80 @@ def test_an_entity_without_tiles_reads_its_windows_from_the_history(
                    if line.startswith("featureline_sdk_windows_from_history_total{")]
         assert counted == ['featureline_sdk_windows_from_history_total{schema="quiet"} 6.0'], counted
     assert client.exists(redis_prefix + tiles_key("quiet", "c1")) == 0  # a read writes no tiles
+    client.close()
+
+
+#: the quiet schema with a hot field beside its windows
+AGED_V1 = QUIET.replace("name: quiet", "name: aged").replace(
+    "aggregations:",
+    "  - {name: device, type: string, store: hot, constraints: {nullable: true}}\naggregations:")
+#: a compatible v2: a hot field with a default added (the hashes v1 wrote are rewritten on read)
+AGED_V2 = AGED_V1.replace("version: 1.0.0", "version: 1.1.0").replace(
+    "  - {name: device,", "  - {name: unit, type: string, store: [hot, cold], "
+    "constraints: {nullable: true, default: mg/dL}}\n  - {name: device,")
+
+
+def test_online_async_at_request_time_rewrites_hashes_an_earlier_version_wrote(
+        settings: Settings, tmp_path: Path, pg_schema: str, redis_prefix: str) -> None:
+    """``online_async`` with request-time windows over hashes v1 wrote, after the stores
+    were migrated to v2 (Postgres only: no hash rewritten): each read rewrites the hashes
+    it finds (the Outdated loop, through redis.asyncio) and returns v2's row (the new
+    field's default) with the windows at ``T`` equal to ``historical``'s; one entity (the
+    one-entity read declines old hashes) and several; the tiles, whose layout a compatible
+    change keeps, are read as they are."""
+    v1, v2 = compile_schema(parse_schema(AGED_V1)), compile_schema(parse_schema(AGED_V2))
+    day0 = int(dt.datetime(2026, 3, 1, tzinfo=dt.UTC).timestamp()) * 1_000_000
+    cards = ["c1", "c2", "c3"]
+    ts = [day0 + i * 20 * MINUTE_US for i in range(2 * 72)]
+    table = pa.table({"card": pa.array([cards[i % 3] for i in range(len(ts))]),
+                      "ts": pa.array(ts, pa.timestamp("us", "UTC")),
+                      "amount": pa.array([float(i % 5) + 0.25 for i in range(len(ts))]),
+                      "device": pa.array([f"g{i % 2}" for i in range(len(ts))])})
+    pq.write_table(table, tmp_path / "h.parquet")
+    loaded = load([tmp_path / "h.parquet"], v1, settings, search_path=pg_schema, key_prefix=redis_prefix)
+    assert loaded.adds_up
+    (tmp_path / "schemas").mkdir()
+    (tmp_path / "schemas" / "aged.yaml").write_text(AGED_V2)
+    client = redis.Redis.from_url(settings.redis_url)
+
+    def fingerprints() -> list[bytes | None]:
+        return [client.hget(redis_prefix + entity_key("aged", c), "_schema_fingerprint")  # type: ignore[misc]
+                for c in cards]
+
+    assert fingerprints() == [v1.fingerprint.encode()] * 3
+    names = ["device", "unit", "txn_24h", "amount_sum_24h", "amount_max_24h"]
+    windows = ["txn_24h", "amount_sum_24h", "amount_max_24h"]
+    t = ts[-1] + 6 * HOUR
+    with FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn,
+                      schemas=tmp_path / "schemas", search_path=pg_schema, key_prefix=redis_prefix,
+                      fallback=False) as fs:
+        p = plan(fs, v2, None)
+        assert p.refusal is None and p.migration is not None
+        apply_postgres(fs, p)
+        frame = pa.table({"card": pa.array(cards), "timestamp": pa.array([t] * 3, pa.int64()).cast(
+            pa.timestamp("us", "UTC"))})
+        want = fs.historical("aged", frame, windows, windows="request_time").select(windows).to_pylist()
+        assert [w["txn_24h"] for w in want] == [18, 18, 18]
+
+        async def read(ids: list[str]) -> pa.Table:
+            return await fs.online_async("aged", ids, names, windows="request_time", at=at(t))
+
+        async def both() -> tuple[pa.Table, pa.Table]:
+            try:
+                return await read(["c1"]), await read(["c2", "c3"])
+            finally:
+                await fs.connections.aclose()
+
+        one, two = asyncio.run(both())
+        assert fingerprints() == [v2.fingerprint.encode()] * 3  # every hash read was rewritten
+        for got, ids in ((one, ["c1"]), (two, ["c2", "c3"])):
+            assert got.column("card").to_pylist() == ids
+            assert got.select(windows).to_pylist() == [want[cards.index(c)] for c in ids]
+            assert got.column("unit").to_pylist() == ["mg/dL"] * len(ids)
+            assert got.column("_from").to_pylist() == ["redis"] * len(ids)
+        assert one.column("device").to_pylist() == [table.column("device")[len(ts) - 3].as_py()]
+        # the sync read of the rewritten hashes gives the same rows
+        again = fs.online("aged", cards, names, windows="request_time", at=at(t))
+        rows = [*one.select(names).to_pylist(), *two.select(names).to_pylist()]
+        assert again.select(names).to_pylist() == rows
     client.close()

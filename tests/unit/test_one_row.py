@@ -14,6 +14,7 @@ import pytest
 
 from features.aggregate.engine import RAW_PARTS, AggSpec, extract, finalize
 from features.aggregate.one_row import finalize_row
+from features.aggregate.tilepack import pack_summary_set
 from features.aggregate.tiles import EntityTiles, TileSpec, build, fields_to_read, row_at, values_at
 from features.compile import compile_schema
 from features.lineage import DIGEST
@@ -184,14 +185,17 @@ def history(rng: np.random.Generator, n: int) -> pa.Table:
 
 def read_back(tspec: TileSpec, rows: Any, t_us: int) -> dict[str, EntityTiles]:
     """What a read at ``t_us`` fetches of the built tiles ``rows``, per entity."""
-    starts, edges = fields_to_read(tspec, t_us)
-    held = {e: EntityTiles(None, {}, {}) for e in ("c1", "c2")}
+    _, edges = fields_to_read(tspec, t_us)
+    held = {e: EntityTiles(None, None, {}) for e in ("c1", "c2")}
+    summaries: dict[str, tuple[list[int], list[bytes]]] = {e: ([], []) for e in held}
     for e, s, summary, evs in zip(rows.entity.to_pylist(), rows.start_us.tolist(),
                                   rows.summary.to_pylist(), rows.events.to_pylist(), strict=True):
-        if s in starts:
-            held[e].summaries[s] = summary
+        summaries[e][0].append(s)  # every tile's summary in the one packed field, as Redis holds it
+        summaries[e][1].append(summary)
         if s in edges:
             held[e].events[s] = evs
+    for e, (starts, blobs) in summaries.items():
+        held[e].summaries = pack_summary_set(starts, blobs) or None
     return held
 
 
@@ -247,3 +251,34 @@ def test_a_one_entity_read_with_sketches_takes_the_general_read(seed: int) -> No
             bad = {k: (got[k], want[k]) for k in want if not same(got[k], want[k])}
             assert not bad, (t_us, e, bad)
     assert seen  # not vacuous: some window holds a sketch's value
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_one_entity_read_of_counts_takes_the_fast_read_beside_a_sketch(seed: int) -> None:
+    """The fast read is judged on the aggregations requested, not on the whole schema: in
+    tiles holding sketches and a ratio, ``row_at`` of counts, sums, means, min/max,
+    first/last (a subset, in any order) gives exactly those columns, equal to the general
+    read of several entities; a subset naming a sketch or the ratio declines."""
+    assert SKETCHED is not None and not SKETCHED.simple
+    names = ("score_last", "n_2h", "amount_mean", "amount_max", "score_sum", "a_2h")
+    assert SKETCHED.one_for(names) is not None
+    assert SKETCHED.one_for(("n_2h", "kinds_approx")) is None
+    assert SKETCHED.one_for(("kinds_per_event",)) is None
+    assert SKETCHED.one_for(("no_such",)) is None
+    rng = np.random.default_rng(100 + seed)
+    table = history(rng, int(rng.integers(1, 60)))
+    inputs = extract(SKETCHED.spec, table)
+    rows = build(SKETCHED, inputs, np.ones(len(inputs), np.bool_))
+    nonzero = False
+    for t_us in [T0 - 1, T0 + 6 * 60 * MIN, *(T0 + rng.integers(0, 6 * 60 * MIN, 3)).tolist(),
+                 *(int(t) for t in rng.choice(np.asarray(inputs.time_us), 3))]:
+        held = read_back(SKETCHED, rows, t_us)
+        both = {k: v.to_pylist() for k, v in values_at(SKETCHED, [held["c1"], held["c2"]], t_us).items()}
+        for i, e in enumerate(("c1", "c2")):
+            got = row_at(SKETCHED, held[e], t_us, names)
+            assert got is not None and sorted(got) == sorted(names)
+            assert row_at(SKETCHED, held[e], t_us, ("n_2h", "score_pcts")) is None
+            bad = {k: (got[k], both[k][i]) for k in names if not same(got[k], both[k][i])}
+            assert not bad, (t_us, e, bad)
+            nonzero |= got["n_2h"] > 0
+    assert nonzero  # not vacuous: some window holds events

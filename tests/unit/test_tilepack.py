@@ -13,7 +13,7 @@ import pytest
 
 from features.aggregate.engine import AggSpec, extract
 from features.aggregate.request_time import at_times
-from features.aggregate.tilepack import unpack_events, unpack_summaries, variable_parts
+from features.aggregate.tilepack import pack_summary_set, unpack_events, unpack_summaries, variable_parts
 from features.aggregate.tiles import EntityTiles, TileSpec, build, fields_to_read, group_raw, values_at
 from features.compile import compile_schema
 from features.lineage import DIGEST
@@ -76,16 +76,20 @@ def read(table: pa.Table, entities: list[str], t_us: int, tspec: TileSpec | None
     assert tspec is not None
     inputs = extract(tspec.spec, table)
     rows = build(tspec, inputs, np.ones(len(inputs), np.bool_))
-    starts, edges = fields_to_read(tspec, t_us)
-    held: dict[str, EntityTiles] = {e: EntityTiles(None, {}, {}) for e in entities}
+    _, edges = fields_to_read(tspec, t_us)
+    summaries: dict[str, tuple[list[int], list[bytes]]] = {e: ([], []) for e in entities}
+    held: dict[str, EntityTiles] = {e: EntityTiles(None, None, {}) for e in entities}
     for e, s, summary, evs in zip(rows.entity.to_pylist(), rows.start_us.tolist(), rows.summary.to_pylist(),
                                   rows.events.to_pylist(), strict=True):
         if e not in held:
             continue
-        if s in starts:
-            held[e].summaries[s] = summary
+        # every tile's summary, as the hash's one packed field holds them (the read picks its range)
+        summaries[e][0].append(s)
+        summaries[e][1].append(summary)
         if s in edges:
             held[e].events[s] = evs
+    for e, (starts, blobs) in summaries.items():
+        held[e].summaries = pack_summary_set(starts, blobs) or None
     got = values_at(tspec, [held[e] for e in entities], t_us)
     return {k: v.to_pylist() for k, v in got.items()}
 
@@ -125,7 +129,7 @@ def test_a_read_of_packed_tiles_equals_the_engine(t_us: int) -> None:
 
 def test_an_entity_with_no_tiles_reads_the_empty_window() -> None:
     assert TSPEC is not None
-    got = {k: v.to_pylist() for k, v in values_at(TSPEC, [EntityTiles(None, {}, {})], T0).items()}
+    got = {k: v.to_pylist() for k, v in values_at(TSPEC, [EntityTiles(None, None, {})], T0).items()}
     assert got["n_2h"] == [0] and got["amount_sum"][0] == 0 and got["score_sum"] == [0.0]
     assert got["amount_mean"] == [None] and got["score_max"] == [None] and got["score_first"] == [None]
     assert got["last3"] == [[]] and got["kinds"] == [0]
