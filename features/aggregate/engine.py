@@ -51,7 +51,7 @@ from features.aggregate.moments import PARTS as MOMENT_PARTS
 from features.aggregate.moments import fixed_point, variance, window_squares
 from features.compile.layout import MOMENT_FUNCTIONS, aggregation_type, event_time_micros
 from features.lineage import DIGEST
-from features.schema.model import FLOAT_KINDS, Aggregation, Aggregations, Schema, TypeKind
+from features.schema.model import FLOAT_KINDS, Aggregation, Aggregations, FieldType, Schema, TypeKind
 
 I64 = npt.NDArray[np.int64]
 Mask = npt.NDArray[np.bool_]
@@ -547,6 +547,18 @@ def _np(arr: Any, dtype: Any, fill: Any) -> tuple[npt.NDArray[Any], Mask]:
     return np.asarray(pc.fill_null(arr, fill).to_numpy(zero_copy_only=False), dtype=dtype), valid
 
 
+def value_scale(spec: AggSpec, agg: Aggregation) -> tuple[FieldType, int]:
+    """The type of the field ``agg`` aggregates (``of``) and the decimal scale of its raw
+    sums: the field's scale for a decimal, the fixed point (``agg.scale``) of a float
+    field's sums, else 0. :func:`finalize` and ``one_row.finalize_row`` both use it."""
+    assert agg.of is not None
+    ft = spec.schema.field(agg.of).type
+    scale = int(ft.scale or 0) if ft.kind is TypeKind.DECIMAL else 0
+    if agg.scale is not None:  # a float field's fixed point
+        scale = agg.scale
+    return ft, scale
+
+
 def finalize(spec: AggSpec, raw: RawParts) -> dict[str, pa.Array]:
     """Raw accumulators -> every aggregation column, typed as stored. Vectorised; the
     one place where floating-point arithmetic happens, shared by both engines (``raw``:
@@ -576,11 +588,7 @@ def finalize(spec: AggSpec, raw: RawParts) -> dict[str, pa.Array]:
             out[agg.name] = sketches.percentile_values(buckets, agg.relative_accuracy,
                                                        listed=isinstance(agg.q, tuple))
             continue
-        assert agg.of is not None
-        ft = spec.schema.field(agg.of).type
-        scale = int(ft.scale or 0) if ft.kind is TypeKind.DECIMAL else 0
-        if agg.scale is not None:  # a float field's fixed point
-            scale = agg.scale
+        ft, scale = value_scale(spec, agg)
         if f in _MOMENTS:
             n_, s_, hi, lo = (_np(_column(raw, f"{agg.name}.{p}"), np.int64, 0)[0] for p in MOMENT_PARTS)
             var, null = variance(n_, s_, hi, lo, scale, sample=f.endswith("_sample"))

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from features.aggregate.engine import RAW_PARTS, AggSpec, finalize
+from features.aggregate.engine import RAW_PARTS, AggSpec, finalize, value_scale
 from features.schema.model import FLOAT_KINDS, TypeKind
 
 #: the functions :func:`finalize_row` computes itself (any other: the vectorised finalize)
@@ -53,11 +53,7 @@ def _steps(spec: AggSpec) -> tuple[_Step, ...] | None:
         if f in ("count", "count_distinct"):
             steps.append(_Step(agg.name, "int", parts, 0, True))
             continue
-        assert agg.of is not None
-        ft = spec.schema.field(agg.of).type
-        scale = int(ft.scale or 0) if ft.kind is TypeKind.DECIMAL else 0
-        if agg.scale is not None:  # a float field's fixed point
-            scale = agg.scale
+        ft, scale = value_scale(spec, agg)
         if f == "sum" and agg.scale is not None:
             steps.append(_Step(agg.name, "fixed", parts, scale, False))
         elif f == "mean":

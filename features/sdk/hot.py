@@ -108,8 +108,6 @@ class HotReader:
         self._plans: dict[tuple[str, tuple[str, ...] | None], Plan] = {}
         #: schema -> its features.aggregate.tiles.TileSpec and the aggregations it holds
         self._tile_specs: dict[str, tuple[Any, frozenset[str]]] = {}
-        self._windowed: dict[tuple[str, tuple[str, ...] | None],
-                             tuple[CompiledSchema, list[str], list[str], list[str]]] = {}
 
     def plan(self, schema: str, features: Sequence[str] | None) -> Plan:
         """What an online call for ``features`` of ``schema`` reads, computed once per
@@ -247,19 +245,9 @@ class HotReader:
                          ) -> tuple[CompiledSchema, list[str], list[str], list[str]]:
         """A request-time read's schema, its columns (the requested features and hot
         aggregations, in result order), the aggregations among them and the other
-        features; computed once per (schema, features) and kept, as :meth:`plan` is."""
-        key = (schema, tuple(features) if features is not None else None)
-        got = self._windowed.get(key)
-        if got is None:
-            c = self.catalog.loadable(schema)
-            columns = requested_columns(c, features, "hot")
-            hot_aggs = set(aggregation_names(c, "hot"))
-            aggs = [x for x in columns if x in hot_aggs]
-            got = (c, columns, aggs, [x for x in columns if x not in hot_aggs])
-            if len(self._windowed) > 1024:
-                self._windowed.clear()
-            self._windowed[key] = got
-        return got
+        features: those of :meth:`plan` (computed once per (schema, features) and kept)."""
+        plan = self.plan(schema, features)
+        return plan.c, plan.columns, plan.aggs, plan.names
 
     def windowed_request(self, schema: str, entity_ids: Sequence[Any], features: Sequence[str] | None,
                          at: dt.datetime | None, *, lineage: bool = False, now_s: float | None = None,
