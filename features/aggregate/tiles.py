@@ -644,12 +644,13 @@ def _one_range(tspec: TileSpec, et: EntityTiles, summ: Summaries, starts: list[i
 
 def _pick_where(col: npt.NDArray[Any], where: npt.NDArray[np.bool_], f: str) -> Any:
     """The min (``f`` "min") or max of ``col`` where ``where`` (at least one), as a Python value."""
-    if col.dtype.kind == "f":
-        init = np.inf if f == "min" else -np.inf
-    else:
-        init = np.iinfo(np.int64).max if f == "min" else np.iinfo(np.int64).min
+    init = (np.inf if f == "min" else -np.inf) if col.dtype.kind == "f" else \
+        (_I64_MAX if f == "min" else _I64_MIN)
     op = np.minimum if f == "min" else np.maximum
     return op.reduce(col, where=where, initial=init).item()
+
+
+_I64_MAX, _I64_MIN = int(np.iinfo(np.int64).max), int(np.iinfo(np.int64).min)
 
 
 def _one_piece(plan: OnePlan, layout: Layout, start: int, blob: bytes, lo: int, hi: int
