@@ -241,6 +241,8 @@ class OnePlan:
     picks: tuple[tuple[int, int, int, str], ...]
     outputs: tuple[tuple[tuple[str, int], ...], ...]
     width: int
+    mask_columns: tuple[int, ...] = ()   # the mask columns the counts, sums and picks read
+    mask_base: int = 0                   # a mask column's byte offset in an event row, before its index
 
     @classmethod
     def of(cls, tspec: TileSpec) -> OnePlan:
@@ -261,7 +263,9 @@ class OnePlan:
                              f"aggregation {name} ({f} of {agg.of})"))
             if f in ("min", "max", "first", "last"):
                 picks.append((index[f"{name}.v"], layout.value_of[name], mi, f))
-        return cls(tuple(counts), tuple(sums), tuple(picks), tuple(outputs), len(layout.fixed))
+        used = sorted({mi for _, mi in counts} | {x[2] for x in sums} | {x[2] for x in picks} - {-1})
+        return cls(tuple(counts), tuple(sums), tuple(picks), tuple(outputs), len(layout.fixed),
+                   tuple(mi for mi in used if mi >= 0), 8 * (1 + len(layout.values)))
 
 
 # --------------------------------------------------------------------------- text helpers
@@ -568,21 +572,20 @@ def _one(tspec: TileSpec, et: EntityTiles, ranges: list[tuple[int, int]],
     call over every part, and its at most two edge pieces are added (:func:`_one_piece`)."""
     starts_a, summ = et.unpacked(tspec.layout)
     starts = starts_a.tolist()
-    unpacked: dict[int, Events] = {}
     merged: dict[tuple[int, int], tuple[list[Any], list[bool]]] = {}
     out: RawRow = {}
     for parts, (a, b) in zip(outputs, ranges, strict=True):
         got = merged.get((a, b))
         if got is None:
-            got = merged[(a, b)] = _one_range(tspec, et, summ, starts, unpacked, a, b)
+            got = merged[(a, b)] = _one_range(tspec, et, summ, starts, a, b)
         vals, ok = got
         for part, k in parts:
             out[part] = (vals[k], ok[k])
     return out
 
 
-def _one_range(tspec: TileSpec, et: EntityTiles, summ: Summaries, starts: list[int],
-               unpacked: dict[int, Events], a: int, b: int) -> tuple[list[Any], list[bool]]:
+def _one_range(tspec: TileSpec, et: EntityTiles, summ: Summaries, starts: list[int], a: int, b: int
+               ) -> tuple[list[Any], list[bool]]:
     """Every fixed part over the range ``[a, b]`` for :func:`_one`: its values (ints; a
     float part's min/max/first/last as a float) and validity. Sums add in int64 (as the
     engine's); a pick reduces its candidates in window order (the edge piece before the
@@ -592,16 +595,13 @@ def _one_range(tspec: TileSpec, et: EntityTiles, summ: Summaries, starts: list[i
     i0, i1 = bisect_left(starts, full.start), bisect_left(starts, full.stop)
     block, valid = summ.ints[i0:i1], summ.valid[i0:i1]
     tot = block.sum(axis=0)
-    pre: dict[int, Any] | None = None    # the edge piece before the full tiles: its picks
-    post: dict[int, Any] | None = None   # the one after them
+    pre: list[Any] | None = None    # the edge piece before the full tiles: its picks
+    post: list[Any] | None = None   # the one after them
     for s, lo, hi in _edge_pieces(h, a, b):
         blob = et.events.get(s)
         if blob is None:
             continue
-        ev = unpacked.get(s)
-        if ev is None:
-            ev = unpacked[s] = unpack_events(layout, s, blob)
-        piece = _one_piece(plan, ev, lo, hi)
+        piece = _one_piece(plan, layout, s, blob, lo, hi)
         if piece is not None:
             tot += piece[0]
             if s > a:
@@ -610,53 +610,101 @@ def _one_range(tspec: TileSpec, et: EntityTiles, summ: Summaries, starts: list[i
                 pre = piece[1]
     vals: list[Any] = tot.tolist()
     ok = [True] * len(vals)
+    n_full = i1 - i0
     for k, _, _, f in plan.picks:
-        col = block[valid[:, k], k]
+        col = block[:, k]
         if layout.floats[k]:
             col = col.view(np.float64)
-        before = pre.get(k) if pre is not None else None
-        after = post.get(k) if post is not None else None
-        if before is not None or after is not None:
-            col = np.concatenate([*([] if before is None else [np.asarray([before], col.dtype)]), col,
-                                  *([] if after is None else [np.asarray([after], col.dtype)])])
-        if len(col) == 0:
+        cands = []  # in window order: the piece before, the full tiles' pick, the piece after
+        if pre is not None and pre[k] is not None:
+            cands.append(pre[k])
+        if n_full:
+            has = valid[:, k]
+            if f in ("first", "last"):
+                at = np.flatnonzero(has)
+                if len(at):
+                    cands.append(col[at[0] if f == "first" else at[-1]].item())
+            elif has.any():
+                pick = _pick_where(col, has, f)
+                cands.append(pick)
+        if post is not None and post[k] is not None:
+            cands.append(post[k])
+        if not cands:
             vals[k], ok[k] = 0, False
             continue
-        pick = col[0] if f == "first" else col[-1] if f == "last" else \
-            np.minimum.reduce(col) if f == "min" else np.maximum.reduce(col)
-        vals[k] = pick.item()
+        if f in ("first", "last"):
+            vals[k] = cands[0] if f == "first" else cands[-1]
+        elif len(cands) == 1:
+            vals[k] = cands[0]
+        else:  # NumPy's min/max over the candidates (a NaN wins, as in one reduction)
+            got = np.asarray(cands, np.float64 if layout.floats[k] else np.int64)
+            vals[k] = (np.minimum.reduce(got) if f == "min" else np.maximum.reduce(got)).item()
     return vals, ok
 
 
-def _one_piece(plan: OnePlan, ev: Events, lo: int, hi: int) -> tuple[I64, dict[int, Any]] | None:
-    """An edge piece for :func:`_one_range`: the events of ``ev`` in ``[lo, hi]`` as a
-    vector of every fixed part's sum (zeros elsewhere) and each pick's value (None: no
-    value counted); None when no event is there."""
-    i, j = ev.time_us.searchsorted((lo, hi + 1)).tolist()
+def _pick_where(col: npt.NDArray[Any], where: npt.NDArray[np.bool_], f: str) -> Any:
+    """The min (``f`` "min") or max of ``col`` where ``where`` (at least one), as a Python value."""
+    init = (np.inf if f == "min" else -np.inf) if col.dtype.kind == "f" else \
+        (_I64_MAX if f == "min" else _I64_MIN)
+    op = np.minimum if f == "min" else np.maximum
+    return op.reduce(col, where=where, initial=init).item()
+
+
+_I64_MAX, _I64_MIN = int(np.iinfo(np.int64).max), int(np.iinfo(np.int64).min)
+
+
+def _one_piece(plan: OnePlan, layout: Layout, start: int, blob: bytes, lo: int, hi: int
+               ) -> tuple[I64, list[Any]] | None:
+    """An edge piece for :func:`_one_range`: the events in ``[lo, hi]`` of the tile
+    starting at ``start`` (``blob``: its packed events, :func:`~features.aggregate.
+    tilepack.pack_events`) as a vector of every fixed part's sum (zeros elsewhere) and per
+    fixed part its pick's value (None: none counted, or not a pick); None when no event is
+    there. Reads the packed rows in place (strided views of the slice's columns only, a
+    binary search of the times), no copy of the tile."""
+    r = layout.row_bytes
+    n = int.from_bytes(blob[:8], "little")
+    times: I64 = np.ndarray((n,), "<i8", buffer=blob, offset=r, strides=(r,))
+    i, j = times.searchsorted((lo - start, hi + 1 - start)).tolist()
     if i == j:
         return None
+    m = j - i
+    at = r * (1 + i)
+
+    def column(offset: int, dtype: str) -> npt.NDArray[Any]:
+        return np.ndarray((m,), dtype, buffer=blob, offset=at + offset, strides=(r,))
+
+    masks = {mi: column(plan.mask_base + mi, "u1").view(np.bool_) for mi in plan.mask_columns}
+    counts = {mi: int(np.count_nonzero(x)) for mi, x in masks.items()}
+    counts[-1] = m
     sums = np.zeros(plan.width, np.int64)
-    masks = [m[i:j] for m in ev.masks]
     for k, mi in plan.counts:
-        sums[k] = j - i if mi < 0 else np.count_nonzero(masks[mi])
+        sums[k] = counts[mi]
     done: dict[tuple[int, int, int | None], Any] = {}
     for k, vi, mi, scale, what in plan.sums:
         got = done.get((vi, mi, scale))
         if got is None:
-            v = ev.values[vi][i:j]
+            v = column(8 * (1 + vi), "<f8" if layout.value_floats[vi] else "<i8")
             if scale is not None:  # a float field: fixed point, as the engine
-                m = masks[mi] if mi >= 0 else np.ones(j - i, np.bool_)
-                got = fixed_point(np.asarray(v, np.float64), m, scale, what).sum()
+                got = fixed_point(np.asarray(v, np.float64), masks[mi] if mi >= 0 else np.ones(m, np.bool_),
+                                  scale, what).sum()
             else:
-                got = (v if mi < 0 else v[masks[mi]]).sum()
+                got = v.sum() if mi < 0 else v.sum(where=masks[mi])
             done[(vi, mi, scale)] = got
         sums[k] = got
-    picks: dict[int, Any] = {}
+    picks: list[Any] = [None] * plan.width
     for k, vi, mi, f in plan.picks:
-        v = ev.values[vi][i:j]
-        x = v if mi < 0 else v[masks[mi]]
-        picks[k] = None if len(x) == 0 else x[0] if f == "first" else x[-1] if f == "last" else \
-            np.minimum.reduce(x) if f == "min" else np.maximum.reduce(x)
+        if counts[mi] == 0:
+            continue
+        v = column(8 * (1 + vi), "<f8" if layout.value_floats[vi] else "<i8")
+        if f in ("first", "last"):
+            if mi < 0:
+                picks[k] = v[0 if f == "first" else -1].item()
+            else:
+                where = np.flatnonzero(masks[mi])
+                picks[k] = v[where[0] if f == "first" else where[-1]].item()
+        else:
+            picks[k] = _pick_where(v, masks[mi], f) if mi >= 0 else \
+                (np.minimum.reduce(v) if f == "min" else np.maximum.reduce(v)).item()
     return sums, picks
 
 

@@ -108,6 +108,9 @@ class HotReader:
         self._plans: dict[tuple[str, tuple[str, ...] | None], Plan] = {}
         #: schema -> its features.aggregate.tiles.TileSpec and the aggregations it holds
         self._tile_specs: dict[str, tuple[Any, frozenset[str]]] = {}
+        #: (schema, features) -> :meth:`_windowed_plan`
+        self._windowed_plans: dict[tuple[str, tuple[str, ...] | None], tuple[Any, tuple[str, ...],
+                                                                              tuple[str, ...]]] = {}
 
     def plan(self, schema: str, features: Sequence[str] | None) -> Plan:
         """What an online call for ``features`` of ``schema`` reads, computed once per
@@ -261,18 +264,30 @@ class HotReader:
         t_us = request_micros(c, at, self.clock() if now_s is None else now_s)
         if not aggs:
             return WindowedRequest(base, None, columns, lenient, (), t_us)
-        if c.name not in self._tile_specs:
-            ts = tile_spec(c)
-            self._tile_specs[c.name] = (ts, frozenset(a.name for a in ts.spec.aggregations.features)
-                                        if ts is not None else frozenset())
-        tspec, held = self._tile_specs[c.name]
-        # the aggregations the tiles do not hold (none since they hold the sketches: kept
-        # for any the tiles leave out): from the history, exactly
-        history = tuple(x for x in aggs if x not in held)
-        tiles = (tile_read(tspec, c, base.ids, t_us, self.connections.key_prefix,
-                           tuple(x for x in aggs if x in held))
-                 if tspec is not None and len(history) < len(aggs) else None)
+        tspec, history, tiled = self._windowed_plan(c, schema, features, aggs)
+        tiles = (tile_read(tspec, c, base.ids, t_us, self.connections.key_prefix, tiled)
+                 if tspec is not None and tiled else None)
         return WindowedRequest(base, tiles, columns, lenient, history, t_us, at is None)
+
+    def _windowed_plan(self, c: CompiledSchema, schema: str, features: Sequence[str] | None,
+                       aggs: list[str]) -> tuple[Any, tuple[str, ...], tuple[str, ...]]:
+        """A request-time read's tile spec (None: the schema has no tiles), the requested
+        aggregations the tiles do not hold (from the history, exactly: none since they
+        hold the sketches; kept for any the tiles leave out) and those they hold: made
+        once per (schema, features), as :meth:`plan`."""
+        key = (schema, tuple(features) if features is not None else None)
+        got = self._windowed_plans.get(key)
+        if got is None:
+            if c.name not in self._tile_specs:
+                ts = tile_spec(c)
+                self._tile_specs[c.name] = (ts, frozenset(a.name for a in ts.spec.aggregations.features)
+                                            if ts is not None else frozenset())
+            tspec, held = self._tile_specs[c.name]
+            got = (tspec, tuple(x for x in aggs if x not in held), tuple(x for x in aggs if x in held))
+            if len(self._windowed_plans) > 1024:
+                self._windowed_plans.clear()
+            self._windowed_plans[key] = got
+        return got
 
     def finish_windowed(self, req: WindowedRequest, replies: list[Any], fallback: bool | None,
                         max_age: dt.timedelta | None, since: float, *, upgrade: bool = True
@@ -288,12 +303,12 @@ class HotReader:
             # a tiles hash written with another layout (another version of the aggregations)
             # is of no use to this reader: read like an absent one, from the history
             sig = req.tiles.tspec.signature.encode()
-            absent = np.fromiter(((r[0] is None and r[1] is None) or (r[1] is not None and r[1] != sig)
-                                  for r in tiles), dtype=np.bool_, count=len(tiles))
-            if req.clocked and not req.lenient:  # the clock behind an entity's events: its history
-                late = req.t_us + req.tiles.tspec.spec.lateness_us
-                absent |= np.fromiter((r[0] is not None and int(r[0]) > late for r in tiles), dtype=np.bool_,
-                                      count=len(tiles))
+            # the clock behind an entity's events: its history
+            late = (req.t_us + req.tiles.tspec.spec.lateness_us if req.clocked and not req.lenient
+                    else None)
+            absent = np.asarray([(r[0] is None and r[1] is None) or (r[1] is not None and r[1] != sig)
+                                 or (late is not None and r[0] is not None and int(r[0]) > late)
+                                 for r in tiles], dtype=np.bool_)
         rows = (small_rows(req.base, base) if len(req.ids) <= SMALL_CALL and not req.base.lineage
                 else None)
         if (rows is not None and len(rows) == 1 and len(set(req.columns)) == len(req.columns)
