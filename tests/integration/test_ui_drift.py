@@ -288,3 +288,19 @@ def test_browser_screenshot(site: Site) -> None:
         assert path.stat().st_size > 10_000, f"{path} looks blank"
     finally:
         drv.quit()
+
+
+def test_allocate_shares_a_sample_in_proportion() -> None:
+    from features.ui.drift import allocate
+
+    assert allocate(10, [5, 5, 0, 10]) == [3, 2, 0, 5]
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        counts = [int(n) for n in rng.integers(0, 50, int(rng.integers(1, 120)))]
+        total = sum(counts)
+        if total < 2:
+            continue
+        sample = int(rng.integers(1, total))
+        take = allocate(sample, counts)
+        assert sum(take) == sample and all(0 <= t <= n for t, n in zip(take, counts, strict=True))
+        assert all(abs(t - sample * n / total) < 1 for t, n in zip(take, counts, strict=True))
