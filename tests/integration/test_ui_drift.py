@@ -304,3 +304,34 @@ def test_allocate_shares_a_sample_in_proportion() -> None:
         take = allocate(sample, counts)
         assert sum(take) == sample and all(0 <= t <= n for t, n in zip(take, counts, strict=True))
         assert all(abs(t - sample * n / total) < 1 for t, n in zip(take, counts, strict=True))
+
+
+@pytest.mark.parametrize(("kind", "arrow_type"),
+                         [("timestamp(us)", pa.timestamp("us")), ("date", pa.date32())])
+def test_a_naive_or_date_event_time_has_windows_too(site: Site, tmp_path: Path, kind: str,
+                                                    arrow_type: pa.DataType) -> None:
+    """An event time without a zone (``timestamp(us)``) or a ``date``: the windows' bounds
+    compare as UTC wall time; the rows counted are the ones inside them."""
+    from features.ops.catalog import Catalog
+    from features.schema import load_schema
+    from features.ui.app import UIApp
+    from features.ui.data import UIData
+
+    (tmp_path / "s.yaml").write_text(SCHEMA.replace('"timestamp(us, UTC)"', f'"{kind}"'))
+    compiled = compile_schema(load_schema(tmp_path / "s.yaml"))
+    days = [NEWEST.replace(tzinfo=None) - dt.timedelta(days=d) for d in range(20)]
+    at = pa.array([d if kind != "date" else d.date() for d in days for _ in range(5)], arrow_type)
+    n = len(at)
+    table = pa.table({"id": [f"n{i}" for i in range(n)], "at": at, "shifted": np.arange(n, dtype=float),
+                      "stable": np.ones(n), "color": ["a"] * n, "gone": np.ones(n), "code": ["x"] * n})
+    pq.write_table(table, tmp_path / "t.parquet")
+    with ui_namespace(site.settings, "uidn") as (ns, prefix, _):
+        load([tmp_path / "t.parquet"], compiled, site.settings, search_path=ns, key_prefix=prefix)
+        dsn = search_path_dsn(site.settings.postgres_dsn, ns)
+        app = UIApp(Catalog({}, {}), UIData({"ui_drift": compiled}, dsn), tokens=None)
+        page = app._page(["drift", "ui_drift"], {"recent": "2d", "reference": "3d"})
+        assert page.status == 200, page.html[-1000:]
+        root = parse_dom(page.html)
+        # (newest - 2d, newest]: the two newest days; (newest - 5d, newest - 2d]: three days
+        assert one(one(root, id="card-recent"), cls="n").text() == "10"
+        assert one(one(root, id="card-reference"), cls="n").text() == "15"
