@@ -39,6 +39,9 @@ CREATE TABLE IF NOT EXISTS "clicks" (
     CONSTRAINT "clicks__pkey" PRIMARY KEY ("user_id", "event_time", "_digest")
 );
 
+-- The history by event time (a time window's rows, the newest event).
+CREATE INDEX IF NOT EXISTS "clicks__by_event_time" ON "clicks" ("event_time");
+
 -- Rejected rows: raw payload, every error, and lineage.
 CREATE TABLE IF NOT EXISTS "clicks__rejects" (
     "id" bigserial PRIMARY KEY,

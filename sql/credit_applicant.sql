@@ -52,6 +52,9 @@ CREATE TABLE IF NOT EXISTS "credit_applicant" (
     CONSTRAINT "credit_applicant__pkey" PRIMARY KEY ("application_id", "submitted_at", "_digest")
 );
 
+-- The history by event time (a time window's rows, the newest event).
+CREATE INDEX IF NOT EXISTS "credit_applicant__by_event_time" ON "credit_applicant" ("submitted_at");
+
 -- Rejected rows: raw payload, every error, and lineage.
 CREATE TABLE IF NOT EXISTS "credit_applicant__rejects" (
     "id" bigserial PRIMARY KEY,

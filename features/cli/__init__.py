@@ -98,7 +98,7 @@ COMMANDS: dict[str, Command] = {
     "topics": Command("features.cli.topics",
                       "create a schema's Kafka topic and its dead-letter topic, or list the topics"),
     "ui": Command("features.cli.ui",
-                  "read-only web pages: the schema registry, the runs and their rejects (docs/ui.md)"),
+                  "read-only web pages: the schema registry, the runs and their rejects, drift (docs/ui.md)"),
     "validate": Command("features.cli.validate",
                         "validate Parquet files against a schema (counts and top reject reasons)"),
 }

@@ -508,6 +508,20 @@ def _cold_table(compiled: CompiledSchema) -> str:
     return _create_table(table, lines)
 
 
+def event_time_index_name(schema: Schema) -> str:
+    """The cold table's index on its event time: ``<table>__by_event_time``."""
+    return _bounded(cold_table_name(schema), "__by_event_time")
+
+
+def event_time_index(schema: Schema) -> str | None:
+    """``CREATE INDEX IF NOT EXISTS`` on the cold table's event time (a btree: a time
+    window's rows, the newest event), or None for a schema without an event time (static)."""
+    if schema.event_time is None:
+        return None
+    return (f"CREATE INDEX IF NOT EXISTS {quote_ident(event_time_index_name(schema))} ON "
+            f"{quote_ident(cold_table_name(schema))} ({quote_ident(schema.event_time)});\n")
+
+
 def aggregation_pg_type(schema: Schema | CompiledSchema, agg: Aggregation) -> str:
     """The Postgres type of a stored aggregation of ``schema`` (see ``AggSpec.output_type``)."""
     if not isinstance(schema, Schema):
@@ -634,8 +648,9 @@ def _header(compiled: CompiledSchema) -> str:
 def render_ddl(compiled: CompiledSchema) -> str:
     """The whole ``sql/<schema>.sql`` text. Deterministic; safe to apply twice.
 
-    Loadable schema: the ``featureline_schemas`` table, the cold feature table, the
-    rejects table, and an INSERT recording the fingerprint. Validation-only schema:
+    Loadable schema: the ``featureline_schemas`` table, the cold feature table (and its
+    event-time index, :func:`event_time_index`), the rejects table, and an INSERT
+    recording the fingerprint. Validation-only schema:
     only the ``<schema>__check`` table (every field and its constraints), which
     agreement tests and ad-hoc checks can use.
     """
@@ -648,6 +663,10 @@ def render_ddl(compiled: CompiledSchema) -> str:
              "-- load's (_ingested_at, then _digest, the content's), with lineage.\n" if schema.static else
              "-- Cold store: full history keyed by (entity, event time, content digest), with lineage.\n")
             + _cold_table(compiled),
+        ]
+        if (by_time := event_time_index(schema)) is not None:
+            parts.append("-- The history by event time (a time window's rows, the newest event).\n" + by_time)
+        parts += [
             "-- Rejected rows: raw payload, every error, and lineage.\n" + _rejects_table(compiled),
         ]
         if schema.aggregations is not None:

@@ -148,7 +148,7 @@ class Postgres:
                 yield names, rows
 
 
-def _column(values: list[Any], target: pa.DataType, name: str) -> pa.Array:
+def arrow_column(values: list[Any], target: pa.DataType, name: str) -> pa.Array:
     """Python values from Postgres as Arrow: the declared type when they fit it
     exactly, else Arrow's own inference (the validator then rejects what does not fit)."""
     try:
@@ -187,7 +187,7 @@ def table_input(pg: Postgres, compiled: CompiledSchema, batch_rows: int, feature
         for names, rows in pg.stream(query, (), batch_rows, f"table {nsp}.{table}"):
             cols = list(zip(*rows, strict=True)) if rows else [() for _ in names]
             by_name = dict(zip(names, cols, strict=True))
-            arrays = {n: _column(list(by_name[n]), targets.field(n).type, n) for n in declared}
+            arrays = {n: arrow_column(list(by_name[n]), targets.field(n).type, n) for n in declared}
             batch = (pa.RecordBatch.from_pydict(arrays) if arrays
                      else pa.RecordBatch.from_pydict({"__none__": pa.nulls(len(rows))}))
             sources = [str(s) if s is not None else None for s in by_name.get(lin.SOURCE, [None] * len(rows))]
@@ -195,7 +195,7 @@ def table_input(pg: Postgres, compiled: CompiledSchema, batch_rows: int, feature
             origins.update(origin(s) for s in sources)
             ingested.update(by_name.get(lin.INGESTED_AT, []))
             features = pa.RecordBatch.from_pydict(
-                {c: _column(list(by_name[c]), pa.float64(), c) for c in stored}) if stored else None
+                {c: arrow_column(list(by_name[c]), pa.float64(), c) for c in stored}) if stored else None
             yield Chunk(batch, first, sources.__getitem__, features)
             first += len(rows)
 
@@ -219,7 +219,7 @@ def aggregates_input(pg: Postgres, table: str, columns: Sequence[str], batch_row
     def batches() -> Iterator[pa.RecordBatch]:
         for names, rows in pg.stream(query, (), batch_rows, f"table {nsp}.{name}"):
             cols = list(zip(*rows, strict=True))
-            yield pa.RecordBatch.from_pydict({n: _column(list(c), pa.float64(), n)
+            yield pa.RecordBatch.from_pydict({n: arrow_column(list(c), pa.float64(), n)
                                               for n, c in zip(names, cols, strict=True)})
 
     return f"{nsp}.{name}", wanted, batches()
@@ -254,4 +254,5 @@ def rejects_input(pg: Postgres, compiled: CompiledSchema, since: dt.datetime | N
     return lineage, (None if since is not None else estimate), pages()
 
 
-__all__ = ["PG_BATCH_ROWS", "Postgres", "aggregates_input", "parquet_input", "rejects_input", "table_input"]
+__all__ = ["PG_BATCH_ROWS", "Postgres", "aggregates_input", "arrow_column", "parquet_input", "rejects_input",
+           "table_input"]

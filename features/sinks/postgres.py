@@ -69,6 +69,8 @@ from features.compile.postgres import (
     aggregates_table_name,
     cold_keys,
     cold_table_name,
+    event_time_index,
+    event_time_index_name,
     quote_ident,
     record_version,
     rejects_table_name,
@@ -366,6 +368,12 @@ class PostgresSink:
                     "move it to the new key first: features migrate <its schema file> (a dry run, then "
                     "--apply; docs/evolution.md, \"Events at one instant\")",
                     store=self.name, address=self.address)
+            # a history from before its event-time index gets it here, once (looked up first:
+            # CREATE INDEX locks the table against writers even when the index exists)
+            if exists and (by_time := event_time_index(schema)) is not None and not conn.execute(
+                    "SELECT to_regclass(%s) IS NOT NULL", (quote_ident(event_time_index_name(schema)),)
+                    ).fetchone()[0]:
+                conn.execute(by_time)
             conn.execute(LEDGER_DDL)
             # only when missing: an ALTER TABLE locks the ledger out of every load's unit
             if not conn.execute("SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s) "

@@ -9,6 +9,9 @@
 ``GET /rejects?schema=&run=&rule=&     a page of rejects (keyset ``after``: the last id of
 field=&after=``                        the page before)
 ``GET /rejects/{schema}/{id}``         one reject: its errors, raw payload and lineage
+``GET /drift[/{schema}]?recent=&        per field, the recent window's distribution against
+reference=&end=&reference_end=&        the reference window's (PSI, KS as the validation
+sample=``                              report computes them; 400 for a bad parameter)
 ``GET /healthz``                       200 while the process serves (no store asked)
 =====================================  ==================================================
 
@@ -32,7 +35,9 @@ from typing import Any
 
 from features.errors import SinkError
 from features.ops.catalog import Catalog, describe, list_all
+from features.schema.syntax import duration_text
 from features.ui.data import RejectFilter, UIData
+from features.ui.drift import SLICES, BadRequest, DriftRequest, category_chart, numeric_chart, read_drift
 from features.ui.pages import render
 
 log = logging.getLogger("features.ui")
@@ -137,9 +142,14 @@ class UIApp:
                     return _not_found(f"no reject {reject_id} of schema {schema!r}")
                 return Page(200, render("reject", title=f"Reject {reject.id} of {schema}", section="Rejects",
                                         r=reject))
+            case ["drift"]:
+                return Page(200, render("drift", title="Drift", section="Drift", v=None,
+                                        schemas=list(self.data.schemas)))
+            case ["drift", name]:
+                return self._drift(name, params)
             case ["healthz"]:
                 return Page(200, "ok")
-        return _not_found(f"no page /{'/'.join(parts)}; pages: /registry, /runs, /rejects")
+        return _not_found(f"no page /{'/'.join(parts)}; pages: /registry, /runs, /rejects, /drift")
 
     def _schema(self, name: str) -> Page:
         if name not in self.catalog.schemas or name not in self.data.schemas:
@@ -147,6 +157,17 @@ class UIApp:
         return Page(200, render("schema", title=f"Schema {name}", section="Registry",
                                 d=describe(self.catalog, name), ddl=self.data.schemas[name].ddl,
                                 recorded=self.data.recorded_version(name)))
+
+    def _drift(self, name: str, params: dict[str, str]) -> Page:
+        if name not in self.data.schemas:
+            return _not_found(f"no schema {name!r}")
+        try:
+            view = read_drift(self.data, name, DriftRequest.parse(params))
+        except BadRequest as exc:
+            return Page(400, _error("Bad request", str(exc)))
+        return Page(200, render("drift", title=f"Drift of {name}", section="Drift", v=view, schemas=[],
+                                numeric_chart=numeric_chart, category_chart=category_chart, slices=SLICES,
+                                duration=lambda d: duration_text(int(d.total_seconds()))))
 
     def _rejects(self, params: dict[str, str]) -> Page:
         names = list(self.data.schemas)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,6 +140,14 @@ class UIData:
         if schema not in self.schemas:
             raise KeyError(schema)
         return self.schemas[schema]
+
+    def session(self, what: str) -> AbstractContextManager[psycopg.Connection[tuple[Any, ...]]]:
+        """A read-only session, for the pages' own query modules (:mod:`features.ui.drift`)."""
+        return self._session(what)
+
+    def exists(self, conn: psycopg.Connection[tuple[Any, ...]], table: str) -> bool:
+        """Whether ``table`` (or an index of that name) is on the session's search_path."""
+        return self._exists(conn, table)
 
     # --- runs --------------------------------------------------------------------
 
