@@ -136,6 +136,10 @@ class UIData:
                            ).fetchone()
         return bool(row and row[0])
 
+    #: for the UI's other modules (:mod:`features.ui.registry`): a read-only session, a table test
+    session = _session
+    exists = _exists
+
     def _compiled(self, schema: str) -> CompiledSchema:
         if schema not in self.schemas:
             raise KeyError(schema)
