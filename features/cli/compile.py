@@ -65,6 +65,7 @@ from features.compile.alerts import (
     render_rules,
     render_service_rules,
 )
+from features.compile.suite import suite_json
 from features.config import resolve_settings
 from features.errors import CompileError, SchemaError, SchemaErrors
 from features.schema.parse import load_schemas
@@ -103,11 +104,6 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--views-dir", metavar="DIR",
                    help="view folder (default: the views_dir setting); its artefacts go to DIR/compiled")
     p.set_defaults(func=run)
-
-
-def suite_json(suite: dict[str, Any]) -> str:
-    """The bytes (as text) of ``expectations/<name>.json``: sorted keys, indent 2, newline."""
-    return json.dumps(suite, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
 
 
 @dataclass(frozen=True)

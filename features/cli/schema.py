@@ -32,7 +32,7 @@ import yaml
 
 from features.cli import COMMANDS
 from features.compile import compile_schema
-from features.compile.migration import Migration, brief, plan_migration
+from features.compile.migration import Migration, change_label, diff_text, plan_migration, title_lines
 from features.config import resolve_settings
 from features.schema.diff import Change
 from features.schema.model import Schema
@@ -128,10 +128,12 @@ def _run_view_diff(args: argparse.Namespace) -> int:
         print(json.dumps(result.as_json(), indent=2))
     else:
         old, new = result.old, result.new
-        width = _header("view", (old.name, old.version_str), (new.name, new.version_str),
-                        [c.column for c in result.changes])
+        names = [c.column for c in result.changes]
+        for line in title_lines("view", (old.name, old.version_str), (new.name, new.version_str), names):
+            print(line)
+        width = max((len(n) for n in names), default=0)
         for c in result.changes:
-            print(f"  {_label(c.compatible):<10}  {c.column:<{width}}  {c.kind}: {c.detail}")
+            print(f"  {change_label(c.compatible):<10}  {c.column:<{width}}  {c.kind}: {c.detail}")
     if result.refusal is not None:
         print(f"features schema diff: refused: {result.refusal}", file=sys.stderr)
         return 1
@@ -182,49 +184,6 @@ def _sql(migration: Migration) -> str:
     return "BEGIN;\n" + "".join(f"{statement};\n" for statement in migration.statements) + "COMMIT;\n"
 
 
-def _label(compatible: bool) -> str:
-    return "compatible" if compatible else "BREAKING"
-
-
-def _header(kind: str, old: tuple[str, str], new: tuple[str, str], names: list[str]) -> int:
-    """Print the diff's title line (and ``no changes``); the width of the name column."""
-    title = old[0] if old[0] == new[0] else f"{old[0]} -> {new[0]}"
-    print(f"{kind} {title}: {old[1]} -> {new[1]}")
-    if not names:
-        print("  no changes")
-    return max((len(n) for n in names), default=0)
-
-
 def _print_text(migration: Migration) -> None:
-    result = migration.diff
-    old, new = result.old, result.new
-    width = _header("schema", (old.name, old.version_str), (new.name, new.version_str),
-                    [c.field for c in result.changes] + ["quality"] * bool(result.quality))
-    for c in result.changes:
-        line = f"  {_label(c.compatible):<10}  {c.field:<{width}}  {c.kind.value}: {c.detail}"
-        if c.honoured_rule is not None and not c.overridden:  # an override says so in the detail
-            rule = c.honoured_rule
-            line += f"  (rule honoured: {rule.field} breaking_change={str(rule.breaking_change).lower()})"
+    for line in diff_text(migration):
         print(line)
-    for text in result.quality:  # never a data change: no classification, no version bump
-        print(f"  {'gate':<10}  {'quality':<{width}}  {text}")
-    for warning in result.warnings:
-        print(f"warning: {warning}")
-    if migration.statements:
-        print()
-        if result.compatible:
-            print("-- migration DDL")
-        else:
-            print("-- partial migration DDL: only the compatible changes; breaking changes need a "
-                  "manual migration")
-        print("BEGIN;")
-        for statement in migration.statements:
-            short = brief(statement)
-            print(short if short != statement else f"{statement};")
-        print("COMMIT;")
-        if any(brief(s) != s for s in migration.statements):
-            print("-- (--sql prints the whole migration, to pipe to psql)")
-    elif result.changes and result.compatible:
-        print("\n-- no migration DDL: the cold table does not change")
-    elif result.breaking and result.allowed:
-        print("\n-- no migration DDL: breaking changes need a manual migration (or a new table)")

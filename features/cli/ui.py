@@ -30,7 +30,9 @@ def add_parser(sub: Any) -> None:
         "ui", help=COMMANDS["ui"].summary,
         description="Serve read-only HTML pages over the project's schemas and the Postgres stores: "
         "Registry (every schema: fields with types, constraints and sources, derived features, "
-        "aggregations, hot/cold placement, version, fingerprint, quality gates, generated DDL), Runs "
+        "aggregations, hot/cold placement, version, fingerprint, quality gates, generated DDL and GX suite, "
+        "its version history with features schema diff between versions; every view and the schemas it "
+        "reads), Runs "
         "(every load and stream run: rows read, stored, rejected, reject rate, top reasons) and Rejects "
         "(filter by run, rule and field; each reject's errors, raw payload and lineage) and Drift (per "
         "field, a recent window of event time against a reference window: PSI, KS and histograms as the "
@@ -46,8 +48,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--schemas-dir", default=None, metavar="DIR",
                    help="folder of schema YAML files (default: the schemas_dir setting, schemas)")
     p.add_argument("--views-dir", default=None, metavar="DIR",
-                   help="folder of view YAML files, for the views that read each schema (default: the "
-                   "views_dir setting, views; a missing folder holds none)")
+                   help="folder of view YAML files, listed in the registry (default: the views_dir setting, "
+                   "views; a missing folder holds none)")
     p.set_defaults(func=run)
 
 

@@ -455,6 +455,55 @@ def brief(statement: str) -> str:
     return f"-- {head.strip()}: {name} {version} ({fp[:12]}) with its YAML text"
 
 
+def change_label(compatible: bool) -> str:
+    """``compatible`` or ``BREAKING``: a change's label in the diff's text."""
+    return "compatible" if compatible else "BREAKING"
+
+
+def title_lines(kind: str, old: tuple[str, str], new: tuple[str, str], names: Sequence[str]) -> list[str]:
+    """The diff's title line (``schema NAME: 1.0.0 -> 1.1.0``; ``no changes`` under it when
+    ``names`` is empty): ``old`` and ``new`` are (name, version)."""
+    title = old[0] if old[0] == new[0] else f"{old[0]} -> {new[0]}"
+    return [f"{kind} {title}: {old[1]} -> {new[1]}", *(["  no changes"] if not names else [])]
+
+
+def diff_text(migration: Migration) -> list[str]:
+    """The lines ``features schema diff OLD NEW`` prints for ``migration`` (its stdout): each
+    change with its label, the ``quality:`` changes (``gate``), the warnings, then the
+    migration DDL (a version record without its YAML text: :func:`brief`). The refusal,
+    when there is one, is not among them (the command writes it to stderr)."""
+    result = migration.diff
+    old, new = result.old, result.new
+    names = [c.field for c in result.changes] + ["quality"] * bool(result.quality)
+    out = title_lines("schema", (old.name, old.version_str), (new.name, new.version_str), names)
+    width = max((len(n) for n in names), default=0)
+    for c in result.changes:
+        line = f"  {change_label(c.compatible):<10}  {c.field:<{width}}  {c.kind.value}: {c.detail}"
+        if c.honoured_rule is not None and not c.overridden:  # an override says so in the detail
+            rule = c.honoured_rule
+            line += f"  (rule honoured: {rule.field} breaking_change={str(rule.breaking_change).lower()})"
+        out.append(line)
+    out += [f"  {'gate':<10}  {'quality':<{width}}  {text}" for text in result.quality]  # never a data change
+    out += [f"warning: {warning}" for warning in result.warnings]
+    if migration.statements:
+        out.append("")
+        out.append("-- migration DDL" if result.compatible else
+                   "-- partial migration DDL: only the compatible changes; breaking changes need a manual "
+                   "migration")
+        out.append("BEGIN;")
+        for statement in migration.statements:
+            short = brief(statement)
+            out.append(short if short != statement else f"{statement};")
+        out.append("COMMIT;")
+        if any(brief(s) != s for s in migration.statements):
+            out.append("-- (--sql prints the whole migration, to pipe to psql)")
+    elif result.changes and result.compatible:
+        out += ["", "-- no migration DDL: the cold table does not change"]
+    elif result.breaking and result.allowed:
+        out += ["", "-- no migration DDL: breaking changes need a manual migration (or a new table)"]
+    return out
+
+
 def _record_fingerprint(new: Schema, fp: str) -> str:
     """Upsert the new version and fingerprint into ``featureline_schemas`` (the table
     ``features compile``'s DDL creates, keyed by schema name)."""
@@ -468,4 +517,5 @@ def _record_fingerprint(new: Schema, fp: str) -> str:
     )
 
 
-__all__ = ["Migration", "brief", "mismatch_hint", "plan_migration", "render_migration"]
+__all__ = ["Migration", "brief", "change_label", "diff_text", "mismatch_hint", "plan_migration",
+           "render_migration", "title_lines"]

@@ -61,6 +61,7 @@ that table; see ``docs/aggregations.md`` ("Where the values go").
 
 from __future__ import annotations
 
+import json
 import sys
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from typing import TYPE_CHECKING, Any
@@ -348,4 +349,11 @@ def render_aggregates_suite(compiled: CompiledSchema) -> dict[str, Any] | None:
 
 
 
-__all__ = ["LENGTH_SUFFIX", "META_KEY", "length_column", "render_aggregates_suite", "render_suite"]
+def suite_json(suite: dict[str, Any]) -> str:
+    """The bytes (as text) of ``expectations/<name>.json`` (what ``features compile`` writes,
+    and the UI shows): sorted keys, indent 2, newline."""
+    return json.dumps(suite, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+__all__ = ["LENGTH_SUFFIX", "META_KEY", "length_column", "render_aggregates_suite", "render_suite",
+           "suite_json"]

@@ -3,7 +3,13 @@
 =====================================  ==================================================
 ``GET /`` , ``/registry``              every schema (version, fingerprint, counts)
 ``GET /registry/{schema}``             one schema: fields, derived features, aggregations,
-                                       placement, gates, the generated DDL
+                                       placement, gates, the generated DDL and GX suite, its
+                                       version history (``featureline_schema_versions``)
+``GET /registry/{schema}/diff?from=&to=``  ``features schema diff`` between two recorded
+                                       versions (a version or fingerprint; ``to=file``: the
+                                       schemas folder's YAML)
+``GET /views/{view}``                  one view: keys, request fields, the columns it reads
+                                       from each schema, request-time features, fingerprint
 ``GET /runs[?schema=]``                every run, newest first, with its counts
 ``GET /runs/{schema}/{run}``           one run: counts, reject rate, top reasons
 ``GET /rejects?schema=&run=&rule=&     a page of rejects (keyset ``after``: the last id of
@@ -36,6 +42,7 @@ from typing import Any
 from features.errors import SinkError
 from features.ops.catalog import Catalog, describe, list_all
 from features.schema.syntax import duration_text
+from features.ui import registry
 from features.ui.data import RejectFilter, UIData
 from features.ui.drift import SLICES, BadRequest, DriftRequest, category_chart, numeric_chart, read_drift
 from features.ui.pages import render
@@ -113,12 +120,19 @@ class UIApp:
 
     def _page(self, parts: list[str], params: dict[str, str]) -> Page:
         match parts:
-            case [] | ["registry"]:
+            case [] | ["registry"] | ["views"]:
                 listing = list_all(self.catalog)["schemas"]
                 return Page(200, render("registry", title="Registry", section="Registry", schemas=listing,
-                                        schemas_dir=self.schemas_dir))
+                                        schemas_dir=self.schemas_dir, views=registry.view_rows(self.catalog)))
             case ["registry", name]:
                 return self._schema(name)
+            case ["registry", name, "diff"]:
+                return self._diff(name, params)
+            case ["views", name]:
+                if name not in self.catalog.views:
+                    return _not_found(f"no view {name!r}")
+                return Page(200, render("view", title=f"View {name}", section="Registry",
+                                        v=registry.view_page(self.catalog, name)))
             case ["runs"]:
                 schema = params.get("schema")
                 if schema is not None and schema not in self.data.schemas:
@@ -154,9 +168,33 @@ class UIApp:
     def _schema(self, name: str) -> Page:
         if name not in self.catalog.schemas or name not in self.data.schemas:
             return _not_found(f"no schema {name!r}")
+        h = registry.history(self.data, name)
+        newest = h.newest()
+        other: registry.DiffPage | str | None = None  # the stores hold another version than the file
+        if newest is not None and newest.fingerprint != self.data.schemas[name].fingerprint:
+            try:
+                other = registry.diff(self.data, self.catalog, name, newest.fingerprint, registry.FILE)
+            except registry.NotFound as exc:
+                other = str(exc)
         return Page(200, render("schema", title=f"Schema {name}", section="Registry",
                                 d=describe(self.catalog, name), ddl=self.data.schemas[name].ddl,
-                                recorded=self.data.recorded_version(name)))
+                                recorded=h.held, history=h, newest=newest, other=other, file=registry.FILE,
+                                suites=registry.suites(self.data.schemas[name])))
+
+    def _diff(self, name: str, params: dict[str, str]) -> Page:
+        if name not in self.catalog.schemas or name not in self.data.schemas:
+            return _not_found(f"no schema {name!r}")
+        old, new = params.get("from"), params.get("to")
+        if not old or not new:
+            return Page(400, _error("Bad request", "a diff needs from=VERSION and to=VERSION (a recorded "
+                                    f"version or fingerprint, or {registry.FILE}: the schemas folder's "
+                                    "YAML)"))
+        try:
+            d = registry.diff(self.data, self.catalog, name, old, new)
+        except registry.NotFound as exc:
+            return _not_found(str(exc))
+        return Page(200, render("diff", title=f"Diff of {name}: {d.old.version} -> {d.new.version}",
+                                section="Registry", d=d))
 
     def _drift(self, name: str, params: dict[str, str]) -> Page:
         if name not in self.data.schemas:

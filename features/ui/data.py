@@ -142,7 +142,8 @@ class UIData:
         return self.schemas[schema]
 
     def session(self, what: str) -> AbstractContextManager[psycopg.Connection[tuple[Any, ...]]]:
-        """A read-only session, for the pages' own query modules (:mod:`features.ui.drift`)."""
+        """A read-only session, for the pages' own query modules (:mod:`features.ui.drift`,
+        :mod:`features.ui.registry`)."""
         return self._session(what)
 
     def exists(self, conn: psycopg.Connection[tuple[Any, ...]], table: str) -> bool:
