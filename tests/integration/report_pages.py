@@ -150,6 +150,18 @@ def chromium_driver(width: int = 1280, height: int = 2400) -> Any:
     return webdriver.Chrome(service=Service(executable_path=driver), options=options)
 
 
+def follow(drv: Any, element: Any) -> None:
+    """Click ``element`` (a link, a form's button) in the Selenium driver ``drv`` and wait
+    for the next page: a lookup made before the browser leaves the page would find an
+    element of the old one (a stale reference, or old figures)."""
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    old = drv.find_element("tag name", "html")
+    element.click()
+    WebDriverWait(drv, 20).until(expected_conditions.staleness_of(old))
+
+
 def screenshot(page: Path, shot: Path, parts: dict[str, str] | None = None) -> dict[str, Path]:
     """A full-page PNG of ``page`` (the window grown to the page's height) at ``shot``,
     and one PNG per element of ``parts`` (file stem -> CSS selector) beside it, where

@@ -327,7 +327,7 @@ def test_browser_follows_run_rejects_rule_reject_schema(site: Site) -> None:
     """One headless Chromium session: runs -> one run -> its rejects -> filtered by its top
     rule -> one reject -> its schema; the figures in the DOM equal the stores'; a screenshot
     of each page in test-artifacts/."""
-    from report_pages import chromium_driver
+    from report_pages import chromium_driver, follow
     from selenium.webdriver.common.by import By
 
     run_id = site.runs[0]
@@ -351,27 +351,27 @@ def test_browser_follows_run_rejects_rule_reject_schema(site: Site) -> None:
     try:
         drv.get(site.url + "/runs")
         shot("runs")
-        drv.find_element(By.CSS_SELECTOR, f'tr[data-run="{run_id}"] a.run-link').click()
+        follow(drv, drv.find_element(By.CSS_SELECTOR, f'tr[data-run="{run_id}"] a.run-link'))
         assert text("#card-read .n") == f"{read:,}"
         assert text("#card-stored .n") == f"{stored:,}"
         assert text("#card-rejected .n") == f"{rejected:,}"
         shot("run")
-        drv.find_element(By.ID, "run-rejects").click()
+        follow(drv, drv.find_element(By.ID, "run-rejects"))
         assert num(text("#total")) == rejected
         shot("rejects")
         box = drv.find_element(By.ID, "filter-rule")
         box.clear()
         box.send_keys(rule)
-        drv.find_element(By.ID, "filter-go").click()
+        follow(drv, drv.find_element(By.ID, "filter-go"))
         assert num(text("#total")) == counts[rule]
         shot("rejects-rule")
-        drv.find_element(By.CSS_SELECTOR, "a.reject-link").click()
+        follow(drv, drv.find_element(By.CSS_SELECTOR, "a.reject-link"))
         rules = [e.get_attribute("data-rule")
                  for e in drv.find_elements(By.CSS_SELECTOR, "#errors tr[data-rule]")]
         assert rule in rules
         assert text("#reject-run") == run_id
         shot("reject")
-        drv.find_element(By.ID, "reject-schema").click()
+        follow(drv, drv.find_element(By.ID, "reject-schema"))
         assert text("#title") == "Schema credit_applicant"
         assert text("#fingerprint") == compile_schema(
             load_schemas(ROOT / "schemas")["credit_applicant"]).fingerprint

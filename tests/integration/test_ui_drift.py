@@ -268,14 +268,14 @@ def test_a_history_without_the_index_gets_it_on_the_next_load(site: Site, tmp_pa
 
 def test_browser_screenshot(site: Site) -> None:
     """Headless Chromium: the schema's page -> its drift; the figures visible; a screenshot."""
-    from report_pages import chromium_driver
+    from report_pages import chromium_driver, follow
     from selenium.webdriver.common.by import By
 
     ARTIFACTS.mkdir(exist_ok=True)
     drv = chromium_driver(1280, 2400)  # headless: a window shrinks to the page, never grows
     try:
         drv.get(site.url + "/registry/ui_drift")
-        drv.find_element(By.ID, "schema-drift").click()
+        follow(drv, drv.find_element(By.ID, "schema-drift"))
         assert drv.find_element(By.ID, "title").text == "Drift of ui_drift"
         assert drv.find_element(By.CSS_SELECTOR, "#card-recent .n").text == f"{RECENT:,}"
         badge = drv.find_element(By.CSS_SELECTOR, 'tr[data-field="shifted"] .badge')

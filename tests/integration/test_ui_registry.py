@@ -268,7 +268,7 @@ def test_views_are_listed_with_links_that_resolve(site: Site) -> None:
 def test_browser_registry_schema_diff_view(site: Site) -> None:
     """One headless Chromium session: registry -> the schema -> its diff -> back -> the view
     that reads it; a screenshot of each page in test-artifacts/."""
-    from report_pages import chromium_driver
+    from report_pages import chromium_driver, follow
     from selenium.webdriver.common.by import By
 
     ARTIFACTS.mkdir(exist_ok=True)
@@ -288,20 +288,20 @@ def test_browser_registry_schema_diff_view(site: Site) -> None:
         link = drv.find_element(By.CSS_SELECTOR, 'tr[data-view="ui_reg_view"] a.view-link')
         assert link.text == "ui_reg_view"
         shot("registry")
-        drv.find_element(By.CSS_SELECTOR, 'tr[data-schema="ui_reg"] a').click()
+        follow(drv, drv.find_element(By.CSS_SELECTOR, 'tr[data-schema="ui_reg"] a'))
         assert drv.find_element(By.ID, "title").text == "Schema ui_reg"
         versions = [e.get_attribute("data-version")
                     for e in drv.find_elements(By.CSS_SELECTOR, "#history tr[data-version]")]
         assert versions == ["1.0.0", "1.1.0"]
         shot("schema-history")
-        drv.find_element(By.CSS_SELECTOR, "a.diff-link").click()
+        follow(drv, drv.find_element(By.CSS_SELECTOR, "a.diff-link"))
         assert drv.find_element(By.CSS_SELECTOR, "#card-compatible .n").text == "compatible"
         shown = drv.find_element(By.ID, "diff-text").text.splitlines()  # as rendered, lines trimmed
         want = cli_diff(site.files["v1"], site.files["v2"])
         assert [s.strip() for s in shown if s.strip()] == [s.strip() for s in want if s.strip()]
         shot("diff")
-        drv.find_element(By.ID, "diff-schema").click()
-        drv.find_element(By.CSS_SELECTOR, "#read-by a.view-link").click()
+        follow(drv, drv.find_element(By.ID, "diff-schema"))
+        follow(drv, drv.find_element(By.CSS_SELECTOR, "#read-by a.view-link"))
         assert drv.find_element(By.ID, "title").text == "View ui_reg_view"
         shot("view")
     finally:
