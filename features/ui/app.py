@@ -48,13 +48,16 @@ from features.ui.chart import runs_chart
 from features.ui.data import RejectFilter, UIData
 from features.ui.drift import SLICES, BadRequest, DriftRequest, category_chart, numeric_chart, read_drift
 from features.ui.pages import render
-from features.ui.runs import Run
+from features.ui.runs import RUNS_PAGE
 
 log = logging.getLogger("features.ui")
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+#: runs on the chart of /runs?schema=
+CHART_RUNS = RUNS_PAGE
 
 #: No script, no font, no remote anything: styles inline, images as data: only.
 CSP = b"default-src 'none'; style-src 'unsafe-inline'; img-src data:; form-action 'self'; base-uri 'none'"
@@ -213,10 +216,8 @@ class UIApp:
         number = params.get("page", "1")
         if not number.isdigit() or int(number) < 1:
             return Page(400, _error("Bad request", f"page must be a number from 1, got {number!r}"))
-        p = self.data.runs_page(schema, int(number))
-        chart_runs: list[Run] = []
-        if schema is not None:  # the chart: the newest runs (page 1's when it is shown)
-            chart_runs = p.runs[::-1] if p.page == 1 else self.data.recent_runs(schema)
+        # the chart: the schema's newest runs (none without a schema)
+        p, chart_runs = self.data.runs_page(schema, int(number), chart=0 if schema is None else CHART_RUNS)
         return Page(200, render("runs", title="Runs", section="Runs", p=p, schema=schema,
                                 schemas=list(self.data.schemas), chart=runs_chart(chart_runs),
                                 chart_runs=len(chart_runs)))

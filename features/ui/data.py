@@ -9,7 +9,9 @@ writes. A store that cannot be reached raises :class:`~features.errors.SinkUnava
 Runs: :mod:`features.ui.runs` (paged; each page's figures read for its runs alone).
 
 Rejects are paged by keyset on the rejects table's primary key (``id``): a page is
-``WHERE <filters> AND id > <last id of the previous page> ORDER BY id LIMIT n``.
+``WHERE <filters> AND id > <last id of the previous page> ORDER BY id LIMIT n``; the
+rejects matching are counted up to :data:`COUNT_CAP` (a bounded count: a filter by run
+reads the run's index entries, a rule or field filter the GIN index on ``errors``).
 """
 
 from __future__ import annotations
@@ -70,10 +72,12 @@ class RejectPage:
     total: int  # rejects matching the filter, every page, counted up to COUNT_CAP + 1
     next_after: int | None  # the keyset of the next page, None on the last
 
+    cap: int = COUNT_CAP
+
     @property
     def capped(self) -> bool:
-        """More than :data:`COUNT_CAP` rejects match (``total`` is then a lower bound)."""
-        return self.total > COUNT_CAP
+        """More than ``cap`` rejects match (``total`` is then ``cap + 1``, a lower bound)."""
+        return self.total > self.cap
 
 
 _REJECT_COLUMNS = sql.SQL(", ").join(sql.Identifier(c) for c in (
@@ -95,6 +99,9 @@ class UIData:
         try:
             with pg.map_psycopg_errors(self.dsn, what):
                 conn.execute("SET default_transaction_read_only = on")
+                # short queries whose row estimates (jsonb_array_elements: 100 a row) reach the
+                # JIT's threshold: compiling cost 70 ms of a 95 ms query (bench/ui_render.py)
+                conn.execute("SET jit = off")
                 yield conn
         finally:
             conn.close()
@@ -124,10 +131,17 @@ class UIData:
     def _chosen(self, schema: str | None) -> list[CompiledSchema]:
         return [c for name, c in self.schemas.items() if schema is None or name == schema]
 
-    def runs_page(self, schema: str | None = None, page: int = 1, size: int = RUNS_PAGE) -> RunsPage:
-        """Page ``page`` (from 1) of every run (of ``schema`` when given), newest first."""
+    def runs_page(self, schema: str | None = None, page: int = 1, size: int = RUNS_PAGE,
+                  chart: int = 0) -> tuple[RunsPage, list[Run]]:
+        """Page ``page`` (from 1) of every run (of ``schema`` when given), newest first, and
+        the newest ``chart`` runs, oldest first (the chart's points: page 1's when it holds
+        them; their figures without the reasons otherwise)."""
         with self._session("reading the runs") as conn:
-            return RunIndex(conn, self._chosen(schema)).page(page, size)
+            index = RunIndex(conn, self._chosen(schema))
+            shown = index.page(page, size)
+            recent = index.runs[:chart]
+            index.fill([r for r in recent if r not in shown.runs], reasons=False)
+        return shown, recent[::-1]
 
     def run(self, schema: str, run_id: str) -> Run | None:
         """One run of ``schema`` with its figures, reasons and gates; None when unknown.
@@ -137,15 +151,6 @@ class UIData:
             index = RunIndex(conn, [c], run_id)
             index.fill(index.runs)
         return index.runs[0] if index.runs else None
-
-    def recent_runs(self, schema: str, n: int = RUNS_PAGE) -> list[Run]:
-        """The newest ``n`` runs of ``schema``, oldest first (the chart's points)."""
-        c = self._compiled(schema)
-        with self._session("reading the runs") as conn:
-            index = RunIndex(conn, [c])
-            shown = index.runs[:n]
-            index.fill(shown, reasons=False)
-        return shown[::-1]
 
     # --- rejects -----------------------------------------------------------------
 
