@@ -61,6 +61,8 @@ from features.schema.model import (
 )
 from features.schema.syntax import (
     AGGREGATES_SUFFIX,
+    BY_ERROR_SUFFIX,
+    BY_RUN_SUFFIX,
     CHECK_SUFFIX,
     PKEY_SUFFIX,
     REJECTS_SUFFIX,
@@ -588,7 +590,7 @@ def rejects_index_names(schema: Schema) -> tuple[str, str]:
     """The rejects table's two indexes (as :func:`rejects_indexes` names them): by run
     (``<table>__by_run``) and by error (``<table>__by_error``)."""
     table = rejects_table_name(schema)
-    return _bounded(table, "__by_run"), _bounded(table, "__by_error")
+    return _bounded(table, BY_RUN_SUFFIX), _bounded(table, BY_ERROR_SUFFIX)
 
 
 def rejects_indexes(schema: Schema) -> str:
