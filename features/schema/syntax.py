@@ -24,8 +24,9 @@ from features.schema.model import LIST_ELEMENT_KINDS, LIST_MAX_LENGTH, FieldType
 __all__ = [
     "AGGREGATES_SUFFIX", "BY_ERROR_SUFFIX", "BY_RUN_SUFFIX", "CHECK_SUFFIX", "IDENTIFIER_RE",
     "MAX_DURATION_S", "MAX_IDENTIFIER", "MAX_SCHEMA_NAME", "PKEY_SUFFIX", "POSIX_CLASSES", "REJECTS_SUFFIX",
-    "RESERVED_PREFIXES", "RESERVED_SUFFIXES", "RESERVED_WORDS", "SOURCE_KEY_SUFFIX", "TILES_SUFFIX", "duration_seconds",
-    "full_match", "identifier_problem", "parse_type", "regex_problem", "reserved_name_problem", "suggest",
+    "RESERVED_PREFIXES", "RESERVED_SUFFIXES", "RESERVED_WORDS", "SOURCE_KEY_SUFFIX", "TILES_SUFFIX",
+    "duration_seconds", "full_match", "identifier_problem", "parse_type", "regex_problem",
+    "reserved_name_problem", "suggest",
 ]
 
 IDENTIFIER_RE: Final = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
