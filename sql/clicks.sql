@@ -59,6 +59,10 @@ CREATE TABLE IF NOT EXISTS "clicks__rejects" (
     CONSTRAINT "clicks__rejects__source_key" UNIQUE ("_source", "_schema_fingerprint")
 );
 
+-- The rejects by run (keyset order) and by error (errors @> '[{"rule": ...}]').
+CREATE INDEX IF NOT EXISTS "clicks__rejects__by_run" ON "clicks__rejects" ("_run_id", "id");
+CREATE INDEX IF NOT EXISTS "clicks__rejects__by_error" ON "clicks__rejects" USING gin ("errors" jsonb_path_ops);
+
 -- Windowed aggregations: each value as of its event's time, keyed like the history.
 CREATE TABLE IF NOT EXISTS "clicks__aggregates" (
     "user_id" text NOT NULL,

@@ -72,6 +72,10 @@ CREATE TABLE IF NOT EXISTS "credit_applicant__rejects" (
     CONSTRAINT "credit_applicant__rejects__source_key" UNIQUE ("_source", "_schema_fingerprint")
 );
 
+-- The rejects by run (keyset order) and by error (errors @> '[{"rule": ...}]').
+CREATE INDEX IF NOT EXISTS "credit_applicant__rejects__by_run" ON "credit_applicant__rejects" ("_run_id", "id");
+CREATE INDEX IF NOT EXISTS "credit_applicant__rejects__by_error" ON "credit_applicant__rejects" USING gin ("errors" jsonb_path_ops);
+
 INSERT INTO "featureline_schemas" ("schema_name", "version", "fingerprint")
 VALUES ('credit_applicant', '3.2.1', '99eda4ceee22b865c271128c7bdab74f8dd936837a876f14d2d31716558d1ab3')
 ON CONFLICT DO NOTHING;

@@ -61,6 +61,8 @@ from features.schema.model import (
 )
 from features.schema.syntax import (
     AGGREGATES_SUFFIX,
+    BY_ERROR_SUFFIX,
+    BY_RUN_SUFFIX,
     CHECK_SUFFIX,
     PKEY_SUFFIX,
     REJECTS_SUFFIX,
@@ -584,6 +586,24 @@ def _rejects_table(compiled: CompiledSchema) -> str:
     return _create_table(table, lines)
 
 
+def rejects_index_names(schema: Schema) -> tuple[str, str]:
+    """The rejects table's two indexes (as :func:`rejects_indexes` names them): by run
+    (``<table>__by_run``) and by error (``<table>__by_error``)."""
+    table = rejects_table_name(schema)
+    return _bounded(table, BY_RUN_SUFFIX), _bounded(table, BY_ERROR_SUFFIX)
+
+
+def rejects_indexes(schema: Schema) -> str:
+    """``CREATE INDEX IF NOT EXISTS`` statements for the rejects table: a btree on
+    ``(_run_id, id)`` (a run's rejects in keyset order, the runs a table holds) and a GIN
+    ``jsonb_path_ops`` on ``errors`` (the ``errors @> '[{"rule": ...}]'`` filters)."""
+    table = quote_ident(rejects_table_name(schema))
+    by_run, by_error = (quote_ident(n) for n in rejects_index_names(schema))
+    run, errors = quote_ident(lineage.RUN_ID), quote_ident("errors")
+    return (f"CREATE INDEX IF NOT EXISTS {by_run} ON {table} ({run}, {quote_ident('id')});\n"
+            f"CREATE INDEX IF NOT EXISTS {by_error} ON {table} USING gin ({errors} jsonb_path_ops);\n")
+
+
 def _schemas_table() -> str:
     lines = [
         f"{quote_ident('schema_name')} text PRIMARY KEY",
@@ -668,6 +688,8 @@ def render_ddl(compiled: CompiledSchema) -> str:
             parts.append("-- The history by event time (a time window's rows, the newest event).\n" + by_time)
         parts += [
             "-- Rejected rows: raw payload, every error, and lineage.\n" + _rejects_table(compiled),
+            "-- The rejects by run (keyset order) and by error (errors @> '[{\"rule\": ...}]').\n"
+            + rejects_indexes(schema),
         ]
         if schema.aggregations is not None:
             parts.append(

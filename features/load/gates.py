@@ -8,6 +8,8 @@ hashes overwritten by newer events, aggregates and tiles recomputed would all ne
 while the validation pass costs one more read and validation of the input, a fraction of a
 load (bench/RESULTS.md, "Quality gates").
 
+Unless ``dry_run``, the verdict (every gate: measured, limit, breached, whether the load
+was refused) is recorded per run in ``featureline_gate_verdicts`` (the UI shows it).
 On a breached ``fail`` gate it stores the rejects of the whole input in the rejects table
 (the evidence, under the run's id, the stores' ledger untouched: no unit is committed, so
 the same files load once fixed) and raises :class:`~features.errors.GateBreached`. With
@@ -21,6 +23,7 @@ import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from features.compile import CompiledSchema
 from features.compile.postgres import rejects_table_name
@@ -31,6 +34,7 @@ from features.lineage import RunContext
 from features.observe.metrics import RunMetrics
 from features.pipeline.gates import GateVerdict, evaluate, measure, rejects_transforms
 from features.pipeline.prepare import process_batch
+from features.sinks.postgres import PostgresSink
 from features.sinks.stores import store_sinks
 from features.sources.parquet import DEFAULT_BATCH_ROWS, ParquetSource
 
@@ -66,10 +70,13 @@ def check_gates(paths: Sequence[str | Path], compiled: CompiledSchema, settings:
     for r in verdict.warned:
         log.warning("quality gate breached (warn: the load is stored): %s", r.describe(verdict.counts.read),
                     extra={"schema": compiled.name, "gate": r.gate.name})
-    if dry_run or not verdict.failed:
+    if dry_run:
         return verdict
-    stored = _store_rejects(source, compiled, settings, program, run_id, now, search_path=search_path,
-                            key_prefix=key_prefix)
+    if not verdict.failed:
+        _record_verdict(compiled, settings, run_id, verdict, search_path=search_path)
+        return verdict
+    stored = _store_rejects(source, compiled, settings, program, run_id, now, verdict,
+                            search_path=search_path, key_prefix=key_prefix)
     message = refusal_message(verdict, run_id=run_id, rejects_stored=stored,
                               rejects_table=rejects_table_name(compiled.schema))
     log.error("load refused: %s", "; ".join(r.describe(verdict.counts.read) for r in verdict.failed),
@@ -78,12 +85,35 @@ def check_gates(paths: Sequence[str | Path], compiled: CompiledSchema, settings:
                        gates=[r.gate.name for r in verdict.failed], rejects_stored=stored, verdict=verdict)
 
 
+def verdict_rows(verdict: GateVerdict) -> list[dict[str, Any]]:
+    """``verdict`` as the rows of ``featureline_gate_verdicts`` (one per gate judged)."""
+    refused = bool(verdict.failed)
+    return [{"gate": r.gate.name, "kind": r.gate.kind, "rule": r.gate.rule, "measured": float(r.measured),
+             "rows": r.rows, "limit": float(r.gate.limit), "on_breach": r.gate.on_breach,
+             "breached": r.breached, "refused": refused, "read": verdict.counts.read,
+             "rejected": verdict.counts.rejected}
+            for r in verdict.results]
+
+
+def _record_verdict(compiled: CompiledSchema, settings: Settings, run_id: str, verdict: GateVerdict, *,
+                    search_path: str | None) -> None:
+    """A passed load's verdict, recorded before its first unit (``featureline_gate_verdicts``)."""
+    cold = PostgresSink(settings.postgres_dsn, compiled, search_path=search_path,
+                        retries=settings.store_retries, backoff_s=settings.store_backoff_s)
+    cold.open()
+    try:
+        cold.record_gate_verdict(run_id, verdict_rows(verdict))
+    finally:
+        cold.close()
+
+
 def _store_rejects(source: ParquetSource, compiled: CompiledSchema, settings: Settings,
-                   program: TransformProgram | None,
-                   run_id: str, now: dt.datetime, *, search_path: str | None, key_prefix: str) -> int:
+                   program: TransformProgram | None, run_id: str, now: dt.datetime, verdict: GateVerdict, *,
+                   search_path: str | None, key_prefix: str) -> int:
     """The rejects of every batch of ``source``, as the load would store them (same rows,
-    errors, raw values and lineage), inserted into the rejects table alone: the refused
-    path, so it prepares the batches again rather than keeping them from the measure."""
+    errors, raw values and lineage), inserted into the rejects table alone, then the
+    verdict (refused) in ``featureline_gate_verdicts``: the refused path, so it prepares
+    the batches again rather than keeping them from the measure."""
     cold, _ = store_sinks(compiled, settings, search_path=search_path, key_prefix=key_prefix)
     ctx = RunContext(compiled.name, compiled.schema.version_str, compiled.fingerprint, run_id, now)
     stored = 0
@@ -92,6 +122,7 @@ def _store_rejects(source: ParquetSource, compiled: CompiledSchema, settings: Se
         for sb in source.batches():
             prepared = process_batch(sb, compiled, program, ctx, now)
             stored += cold.insert_rejects(prepared.rejects)
+        cold.record_gate_verdict(run_id, verdict_rows(verdict))
     finally:
         cold.close()
     return stored

@@ -22,10 +22,11 @@ import pyarrow.compute as pc
 from features.schema.model import LIST_ELEMENT_KINDS, LIST_MAX_LENGTH, FieldType, ListItems, TypeKind
 
 __all__ = [
-    "AGGREGATES_SUFFIX", "CHECK_SUFFIX", "IDENTIFIER_RE", "MAX_DURATION_S", "MAX_IDENTIFIER",
-    "MAX_SCHEMA_NAME", "PKEY_SUFFIX", "POSIX_CLASSES", "REJECTS_SUFFIX", "RESERVED_PREFIXES",
-    "RESERVED_SUFFIXES", "RESERVED_WORDS", "SOURCE_KEY_SUFFIX", "TILES_SUFFIX", "duration_seconds",
-    "full_match", "identifier_problem", "parse_type", "regex_problem", "reserved_name_problem", "suggest",
+    "AGGREGATES_SUFFIX", "BY_ERROR_SUFFIX", "BY_RUN_SUFFIX", "CHECK_SUFFIX", "IDENTIFIER_RE",
+    "MAX_DURATION_S", "MAX_IDENTIFIER", "MAX_SCHEMA_NAME", "PKEY_SUFFIX", "POSIX_CLASSES", "REJECTS_SUFFIX",
+    "RESERVED_PREFIXES", "RESERVED_SUFFIXES", "RESERVED_WORDS", "SOURCE_KEY_SUFFIX", "TILES_SUFFIX",
+    "duration_seconds", "full_match", "identifier_problem", "parse_type", "regex_problem",
+    "reserved_name_problem", "suggest",
 ]
 
 IDENTIFIER_RE: Final = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -47,8 +48,11 @@ CHECK_SUFFIX: Final = "__check"
 PKEY_SUFFIX: Final = "__pkey"
 #: the rejects table's unique index on (``_source``, fingerprint)
 SOURCE_KEY_SUFFIX: Final = "__source_key"
+#: the rejects table's indexes by run and by error (relations of the namespace)
+BY_RUN_SUFFIX: Final = "__by_run"
+BY_ERROR_SUFFIX: Final = "__by_error"
 RESERVED_SUFFIXES: Final = (REJECTS_SUFFIX, AGGREGATES_SUFFIX, TILES_SUFFIX, CHECK_SUFFIX, PKEY_SUFFIX,
-                             SOURCE_KEY_SUFFIX)
+                             SOURCE_KEY_SUFFIX, BY_RUN_SUFFIX, BY_ERROR_SUFFIX)
 #: featureline's own tables (``featureline_schemas``, ``featureline_ledger``) and any
 #: it may add
 RESERVED_PREFIXES: Final = ("featureline_",)

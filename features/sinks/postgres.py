@@ -49,8 +49,9 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -73,6 +74,8 @@ from features.compile.postgres import (
     event_time_index_name,
     quote_ident,
     record_version,
+    rejects_index_names,
+    rejects_indexes,
     rejects_table_name,
     versions_table,
 )
@@ -106,7 +109,37 @@ CREATE INDEX IF NOT EXISTS {quote_ident(LEDGER_TABLE + "__content")} ON {quote_i
     ("schema_name", "fingerprint", "content") WHERE "content" IS NOT NULL
 """
 
+#: The batch quality gates' verdict of each run they judged (``features.load.gates``): one
+#: row per (run, gate): the rate (or rows) measured against the limit, whether it was
+#: breached, whether the load was refused (a breached ``fail`` gate), the load's rows read
+#: and rejected. Written in one transaction per verdict: a passed load's before its first
+#: unit, a refused load's after its rejects (the evidence) are stored. The UI shows it.
+GATE_VERDICTS_TABLE = "featureline_gate_verdicts"
+GATE_VERDICTS_DDL = f"""
+CREATE TABLE IF NOT EXISTS {quote_ident(GATE_VERDICTS_TABLE)} (
+    "schema_name" text NOT NULL,
+    "run_id" text NOT NULL,
+    "gate" text NOT NULL,
+    "kind" text NOT NULL,
+    "rule" text,
+    "measured" double precision NOT NULL,
+    "rows" bigint NOT NULL,
+    "limit" double precision NOT NULL,
+    "on_breach" text NOT NULL,
+    "breached" boolean NOT NULL,
+    "refused" boolean NOT NULL,
+    "read" bigint NOT NULL,
+    "rejected" bigint NOT NULL,
+    "judged_at" timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY ("schema_name", "run_id", "gate")
+)
+"""
+#: a gate's columns in :data:`GATE_VERDICTS_TABLE` (besides the schema and the run)
+GATE_VERDICT_COLUMNS = ("gate", "kind", "rule", "measured", "rows", "limit", "on_breach", "breached",
+                        "refused", "read", "rejected")
+
 T = TypeVar("T")
+log = logging.getLogger("features.sinks")
 _CSV = pacsv.WriteOptions(include_header=False, quoting_style="needed")
 
 
@@ -374,7 +407,10 @@ class PostgresSink:
                     "SELECT to_regclass(%s) IS NOT NULL", (quote_ident(event_time_index_name(schema)),)
                     ).fetchone()[0]:
                 conn.execute(by_time)
+            if exists:
+                self._index_rejects(conn)
             conn.execute(LEDGER_DDL)
+            conn.execute(GATE_VERDICTS_DDL)
             # only when missing: an ALTER TABLE locks the ledger out of every load's unit
             if not conn.execute("SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s) "
                                 "AND attname = 'content' AND NOT attisdropped)",
@@ -399,6 +435,41 @@ class PostgresSink:
                 f"(fingerprint {fp[:12]}), but this schema is {schema.version_str} "
                 f"(fingerprint {self.compiled.fingerprint[:12]}): {mismatch_hint(schema, version)}",
                 store=self.name, address=self.address)
+
+    def _index_rejects(self, conn: Any) -> None:
+        """The rejects table's indexes (:func:`rejects_indexes`) on a store created before
+        them: built once, here, when one is missing. ``CREATE INDEX`` blocks writes to the
+        rejects table while it builds (seconds on a million rejects; docs/ui.md)."""
+        present = conn.execute("SELECT count(to_regclass(n)) FROM unnest(%s::text[]) n",
+                               ([quote_ident(n) for n in rejects_index_names(self.compiled.schema)],)
+                               ).fetchone()[0]
+        if present == 2 or not conn.execute("SELECT to_regclass(%s) IS NOT NULL",
+                                            (quote_ident(self.rejects_table),)).fetchone()[0]:
+            return
+        t0 = time.perf_counter()
+        conn.execute(rejects_indexes(self.compiled.schema))
+        log.info("rejects table indexed", extra={"table": self.rejects_table,
+                                                 "seconds": round(time.perf_counter() - t0, 3)})
+
+    def record_gate_verdict(self, run_id: str, gates: Sequence[Mapping[str, Any]]) -> None:
+        """One run's gates as judged (each a mapping of :data:`GATE_VERDICT_COLUMNS`) in
+        :data:`GATE_VERDICTS_TABLE`, in one transaction; a second record of the same run
+        replaces the first's rows."""
+        if not gates:
+            return
+        rows = [(self.compiled.name, run_id, *(g[c] for c in GATE_VERDICT_COLUMNS)) for g in gates]
+        cols = ", ".join(quote_ident(c) for c in ("schema_name", "run_id", *GATE_VERDICT_COLUMNS))
+        table = quote_ident(GATE_VERDICTS_TABLE)
+        marks = ", ".join(["%s"] * (2 + len(GATE_VERDICT_COLUMNS)))
+
+        def run(conn: Any) -> None:
+            with conn.transaction():
+                conn.execute(f"DELETE FROM {table} WHERE schema_name = %s AND run_id = %s",
+                             (self.compiled.name, run_id))
+                with conn.cursor() as cur:
+                    cur.executemany(f"INSERT INTO {table} ({cols}) VALUES ({marks})", rows)
+
+        self._retrying("gate verdict write", run)
 
     def close(self) -> None:
         if self._conn is not None:

@@ -10,8 +10,9 @@
                                        schemas folder's YAML)
 ``GET /views/{view}``                  one view: keys, request fields, the columns it reads
                                        from each schema, request-time features, fingerprint
-``GET /runs[?schema=]``                every run, newest first, with its counts
-``GET /runs/{schema}/{run}``           one run: counts, reject rate, top reasons
+``GET /runs[?schema=&page=]``          the runs, newest first, 50 a page, with their counts
+                                       and gates; with a schema, a chart of its last runs
+``GET /runs/{schema}/{run}``           one run: counts, reject rate, gates, top reasons
 ``GET /rejects?schema=&run=&rule=&     a page of rejects (keyset ``after``: the last id of
 field=&after=``                        the page before)
 ``GET /rejects/{schema}/{id}``         one reject: its errors, raw payload and lineage
@@ -43,15 +44,20 @@ from features.errors import SinkError
 from features.ops.catalog import Catalog, describe, list_all
 from features.schema.syntax import duration_text
 from features.ui import registry
+from features.ui.chart import runs_chart
 from features.ui.data import RejectFilter, UIData
 from features.ui.drift import SLICES, BadRequest, DriftRequest, category_chart, numeric_chart, read_drift
 from features.ui.pages import render
+from features.ui.runs import RUNS_PAGE
 
 log = logging.getLogger("features.ui")
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+#: runs on the chart of /runs?schema=
+CHART_RUNS = RUNS_PAGE
 
 #: No script, no font, no remote anything: styles inline, images as data: only.
 CSP = b"default-src 'none'; style-src 'unsafe-inline'; img-src data:; form-action 'self'; base-uri 'none'"
@@ -134,18 +140,14 @@ class UIApp:
                 return Page(200, render("view", title=f"View {name}", section="Registry",
                                         v=registry.view_page(self.catalog, name)))
             case ["runs"]:
-                schema = params.get("schema")
-                if schema is not None and schema not in self.data.schemas:
-                    return _not_found(f"no schema {schema!r}")
-                return Page(200, render("runs", title="Runs", section="Runs", runs=self.data.runs(schema),
-                                        schema=schema))
+                return self._runs(params)
             case ["runs", schema, run_id]:
                 if schema not in self.data.schemas:
                     return _not_found(f"no schema {schema!r}")
-                runs = self.data.runs(schema, run_id)
-                if not runs:
+                run = self.data.run(schema, run_id)
+                if run is None:
                     return _not_found(f"no run {run_id!r} of schema {schema!r}")
-                return Page(200, render("run", title=f"Run {run_id}", section="Runs", r=runs[0]))
+                return Page(200, render("run", title=f"Run {run_id}", section="Runs", r=run))
             case ["rejects"]:
                 return self._rejects(params)
             case ["rejects", schema, reject_id] if reject_id.isdigit():
@@ -206,6 +208,19 @@ class UIApp:
         return Page(200, render("drift", title=f"Drift of {name}", section="Drift", v=view, schemas=[],
                                 numeric_chart=numeric_chart, category_chart=category_chart, slices=SLICES,
                                 duration=lambda d: duration_text(int(d.total_seconds()))))
+
+    def _runs(self, params: dict[str, str]) -> Page:
+        schema = params.get("schema")
+        if schema is not None and schema not in self.data.schemas:
+            return _not_found(f"no schema {schema!r}")
+        number = params.get("page", "1")
+        if not number.isdigit() or int(number) < 1:
+            return Page(400, _error("Bad request", f"page must be a number from 1, got {number!r}"))
+        # the chart: the schema's newest runs (none without a schema)
+        p, chart_runs = self.data.runs_page(schema, int(number), chart=0 if schema is None else CHART_RUNS)
+        return Page(200, render("runs", title="Runs", section="Runs", p=p, schema=schema,
+                                schemas=list(self.data.schemas), chart=runs_chart(chart_runs),
+                                chart_runs=len(chart_runs)))
 
     def _rejects(self, params: dict[str, str]) -> Page:
         names = list(self.data.schemas)

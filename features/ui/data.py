@@ -6,13 +6,12 @@ Reads run in a read-only session (``default_transaction_read_only``): the UI nev
 writes. A store that cannot be reached raises :class:`~features.errors.SinkUnavailable`
 (the page says so), never a psycopg type.
 
-Runs: a batch load writes one ``featureline_ledger`` row per unit (file or row group) with
-its counts (read = stored + already present + rejected); a run is the sum of its units.
-A stream or HTTP ingest run writes no ledger rows: it is found in the rejects table and
-the history (``_run_id``), its rows read counted as stored + rejected.
+Runs: :mod:`features.ui.runs` (paged; each page's figures read for its runs alone).
 
 Rejects are paged by keyset on the rejects table's primary key (``id``): a page is
-``WHERE <filters> AND id > <last id of the previous page> ORDER BY id LIMIT n``.
+``WHERE <filters> AND id > <last id of the previous page> ORDER BY id LIMIT n``; the
+rejects matching are counted up to :data:`COUNT_CAP` (a bounded count: a filter by run
+reads the run's index entries, a rule or field filter the GIN index on ``errors``).
 """
 
 from __future__ import annotations
@@ -21,54 +20,21 @@ import datetime as dt
 import json
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
 from features.compile import CompiledSchema
-from features.compile.postgres import cold_table_name, rejects_table_name
+from features.compile.postgres import rejects_table_name
 from features.sinks import pg
-from features.sinks.postgres import LEDGER_TABLE
+from features.ui.runs import RUNS_PAGE, Run, RunIndex, RunsPage
 
 #: rejects per page
 PAGE_SIZE = 50
-#: reasons shown per run
-TOP_REASONS = 5
-
-
-@dataclass
-class Run:
-    """One run of one schema: its counts (``read`` None when unknown: no ledger rows)."""
-
-    schema: str
-    run_id: str
-    kind: str  # "load" (ledger rows) or "stream" (rejects and history only)
-    read: int
-    stored: int
-    already_present: int
-    rejected: int
-    units: int
-    first: dt.datetime | None
-    last: dt.datetime | None
-    reasons: list[tuple[str, int]] = field(default_factory=list)
-
-    @property
-    def adds_up(self) -> bool:
-        """read = stored + already present + rejected."""
-        return self.read == self.stored + self.already_present + self.rejected
-
-    @property
-    def reject_rate(self) -> float | None:
-        return self.rejected / self.read if self.read else None
-
-    @property
-    def seconds(self) -> float | None:
-        """From the first unit's commit to the last's (None for one unit or none)."""
-        if self.first is None or self.last is None or self.units < 2:
-            return None
-        return (self.last - self.first).total_seconds()
+#: matching rejects counted exactly up to this many (more: "more than COUNT_CAP")
+COUNT_CAP = 10_000
 
 
 @dataclass(frozen=True)
@@ -103,8 +69,15 @@ class RejectFilter:
 @dataclass(frozen=True)
 class RejectPage:
     rejects: list[Reject]
-    total: int  # rejects matching the filter, every page
+    total: int  # rejects matching the filter, every page, counted up to COUNT_CAP + 1
     next_after: int | None  # the keyset of the next page, None on the last
+
+    cap: int = COUNT_CAP
+
+    @property
+    def capped(self) -> bool:
+        """More than ``cap`` rejects match (``total`` is then ``cap + 1``, a lower bound)."""
+        return self.total > self.cap
 
 
 _REJECT_COLUMNS = sql.SQL(", ").join(sql.Identifier(c) for c in (
@@ -126,6 +99,9 @@ class UIData:
         try:
             with pg.map_psycopg_errors(self.dsn, what):
                 conn.execute("SET default_transaction_read_only = on")
+                # short queries whose row estimates (jsonb_array_elements: 100 a row) reach the
+                # JIT's threshold: compiling cost 70 ms of a 95 ms query (bench/ui_render.py)
+                conn.execute("SET jit = off")
                 yield conn
         finally:
             conn.close()
@@ -150,57 +126,31 @@ class UIData:
         """Whether ``table`` (or an index of that name) is on the session's search_path."""
         return self._exists(conn, table)
 
-    # --- runs --------------------------------------------------------------------
+    # --- runs (features.ui.runs) -------------------------------------------------
 
-    def runs(self, schema: str | None = None, run_id: str | None = None) -> list[Run]:
-        """Every run (of ``schema`` / with ``run_id`` when given), newest first."""
-        out: list[Run] = []
+    def _chosen(self, schema: str | None) -> list[CompiledSchema]:
+        return [c for name, c in self.schemas.items() if schema is None or name == schema]
+
+    def runs_page(self, schema: str | None = None, page: int = 1, size: int = RUNS_PAGE,
+                  chart: int = 0) -> tuple[RunsPage, list[Run]]:
+        """Page ``page`` (from 1) of every run (of ``schema`` when given), newest first, and
+        the newest ``chart`` runs, oldest first (the chart's points: page 1's when it holds
+        them; their figures without the reasons otherwise)."""
         with self._session("reading the runs") as conn:
-            ledger = self._exists(conn, LEDGER_TABLE)
-            for name, c in self.schemas.items():
-                if schema is not None and name != schema:
-                    continue
-                out.extend(self._schema_runs(conn, c, ledger, run_id))
-        out.sort(key=lambda r: (r.last or dt.datetime.min.replace(tzinfo=dt.UTC), r.run_id), reverse=True)
-        return out
+            index = RunIndex(conn, self._chosen(schema))
+            shown = index.page(page, size)
+            recent = index.runs[:chart]
+            index.fill([r for r in recent if r not in shown.runs], reasons=False)
+        return shown, recent[::-1]
 
-    def _schema_runs(self, conn: psycopg.Connection[tuple[Any, ...]], c: CompiledSchema, ledger: bool,
-                     run_id: str | None) -> list[Run]:
-        runs: dict[str, Run] = {}
-        if ledger:
-            for rid, read, stored, present, rejected, units, first, last in conn.execute(sql.SQL(
-                    "SELECT run_id, sum(read)::bigint, sum(stored)::bigint, sum(already_present)::bigint, "
-                    "sum(rejected)::bigint, count(*), min(committed_at), max(committed_at) FROM {} "
-                    "WHERE schema_name = %s AND (%s::text IS NULL OR run_id = %s) GROUP BY run_id"
-                    ).format(sql.Identifier(LEDGER_TABLE)), [c.name, run_id, run_id]):
-                runs[rid] = Run(c.name, rid, "load", read, stored, present, rejected, units, first, last)
-        rejects = rejects_table_name(c.schema)
-        if not self._exists(conn, rejects):
-            return list(runs.values())
-        table = sql.Identifier(rejects)
-        # Runs without ledger rows (a stream, HTTP ingest): their rejects and stored rows.
-        ledgerless: dict[str, tuple[int, dt.datetime, dt.datetime]] = {}
-        for rid, n, first, last in conn.execute(sql.SQL(
-                "SELECT _run_id, count(*), min(_ingested_at), max(_ingested_at) FROM {} "
-                "WHERE (%s::text IS NULL OR _run_id = %s) GROUP BY _run_id").format(table), [run_id, run_id]):
-            if rid not in runs:
-                ledgerless[rid] = (n, first, last)
-        if ledgerless and self._exists(conn, cold_table_name(c.schema)):
-            stored = dict(conn.execute(sql.SQL(
-                "SELECT _run_id, count(*) FROM {} WHERE _run_id = ANY(%s) GROUP BY _run_id").format(
-                sql.Identifier(cold_table_name(c.schema))), [list(ledgerless)]).fetchall())
-        else:
-            stored = {}
-        for rid, (n, first, last) in ledgerless.items():
-            kept = int(stored.get(rid, 0))
-            runs[rid] = Run(c.name, rid, "stream", kept + n, kept, 0, n, 0, first, last)
-        for rid, rule, n in conn.execute(sql.SQL(
-                "SELECT _run_id, e->>'rule', count(*) FROM {} r, jsonb_array_elements(r.errors) e "
-                "WHERE (%s::text IS NULL OR _run_id = %s) GROUP BY 1, 2 ORDER BY 1, 3 DESC, 2"
-                ).format(table), [run_id, run_id]):
-            if rid in runs and len(runs[rid].reasons) < TOP_REASONS:
-                runs[rid].reasons.append((str(rule), int(n)))
-        return list(runs.values())
+    def run(self, schema: str, run_id: str) -> Run | None:
+        """One run of ``schema`` with its figures, reasons and gates; None when unknown.
+        KeyError for an unknown schema."""
+        c = self._compiled(schema)
+        with self._session("reading a run") as conn:
+            index = RunIndex(conn, [c], run_id)
+            index.fill(index.runs)
+        return index.runs[0] if index.runs else None
 
     # --- rejects -----------------------------------------------------------------
 
@@ -226,8 +176,8 @@ class UIData:
         with self._session("reading the rejects") as conn:
             if not self._exists(conn, rejects_table_name(c.schema)):
                 return RejectPage([], 0, None)
-            total_row = conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE {}").format(table, cond),
-                                     params).fetchone()
+            total_row = conn.execute(sql.SQL("SELECT count(*) FROM (SELECT 1 FROM {} WHERE {} LIMIT %s) m"
+                                             ).format(table, cond), [*params, COUNT_CAP + 1]).fetchone()
             rows = conn.execute(sql.SQL("SELECT {} FROM {} WHERE {} AND id > %s ORDER BY id LIMIT %s").format(
                 _REJECT_COLUMNS, table, cond), [*params, f.after, page_size + 1]).fetchall()
         page = [self._reject(c.name, r) for r in rows[:page_size]]

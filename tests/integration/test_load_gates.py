@@ -121,10 +121,12 @@ def test_a_load_over_its_reject_rate_gate_stores_nothing_then_loads_once_the_gat
     # aggregates, tiles); only the rejects, every one of them
     rows = table_rows(settings, pg_schema)
     assert rows["clicks__rejects"] == rejected
-    # (featureline_schemas and _schema_versions record the schema's version, as any load does)
-    books = ("featureline_schemas", "featureline_schema_versions")
+    # (featureline_schemas and _schema_versions record the schema's version, as any load does;
+    # featureline_gate_verdicts the verdict: one row per gate, this one refused)
+    books = ("featureline_schemas", "featureline_schema_versions", "featureline_gate_verdicts")
     kept = {n: c for n, c in rows.items() if c and n not in books}
     assert kept == {"clicks__rejects": rejected} and rows.get("featureline_ledger", 0) == 0
+    assert rows["featureline_gate_verdicts"] == 1
     assert "clicks" in rows and "clicks__aggregates" in rows  # the tables exist, empty
     assert redis_db.dbsize() == 0
     with psycopg.connect(settings.postgres_dsn, options=f"-c search_path={pg_schema}") as conn:

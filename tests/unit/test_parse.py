@@ -430,6 +430,8 @@ def test_every_suffix_of_a_derived_name_is_reserved() -> None:
         assert name.removeprefix("s") in RESERVED_SUFFIXES, name
     ddl = compile_schema(schema).ddl
     assert '"s__pkey"' in ddl and '"s__rejects__source_key"' in ddl and "__source_key" in RESERVED_SUFFIXES
+    for index in postgres.rejects_index_names(schema):  # relations too: a schema may not be named so
+        assert index in ddl and index.removeprefix("s__rejects") in RESERVED_SUFFIXES
     assert RESERVED_PREFIXES == ("featureline_",)
 
 
