@@ -8,7 +8,8 @@ batch's valid rows in arrival order while their history rows are written, and
 1. **state**: keeps, per entity, the events it accepted in the last ``horizon``
    (allowed lateness + longest window) before the entity's newest accepted event, in
    columnar arrays. An entity this process has not seen (or evicted) is read back from
-   Postgres in one query per micro-batch: the history rows that hold an aggregation row
+   Postgres (:meth:`StreamAggregator.learn`, per chunk of the micro-batch, before its
+   history rows are written): the history rows that hold an aggregation row
    (events an earlier stream run accepted, or a backfill computed) within the horizon of
    its newest one. So a stream continues a backfill, or itself after a restart, exactly;
    nothing is kept in Flink state;
@@ -135,17 +136,18 @@ class StreamAggregator:
     _applied: I64 = field(default_factory=lambda: np.zeros(0, np.int64), init=False, repr=False)
     _events: Inputs | None = field(default=None, init=False, repr=False)  # accepted events held
     _event_pos: I64 = field(default_factory=lambda: np.zeros(0, np.int64), init=False, repr=False)
+    _read_back: int = field(default=0, init=False, repr=False)  # events :meth:`learn` read back
 
     def __post_init__(self) -> None:
         if self.evict_after_us is None:
             self.evict_after_us = self.spec.horizon_us
 
     def plan(self, rows: pa.Table, ctx: RunContext) -> Plan:
-        """Everything but the writes: read back the entities not held, classify, compute.
-        It does not need this micro-batch's history rows stored (its events have no
-        aggregation rows yet, and a replayed event's history row was stored before its
-        aggregation row), so the stream runs it while they are written; :meth:`commit`
-        must come after them."""
+        """Everything but the writes: read back the entities not held (the stream did, with
+        :meth:`learn`, before it wrote their history rows), classify, compute. It does not
+        need this micro-batch's history rows stored (a replayed event's history row was
+        stored before its aggregation row), so the stream runs it while they are written;
+        :meth:`commit` must come after them."""
         t0 = time.perf_counter()
         spec = self.spec
         inp = extract(spec, rows)
@@ -153,16 +155,10 @@ class StreamAggregator:
         out = AggregateCounts(events=n)
         if n == 0:
             return Plan(out, ctx)
-        entity = inp.entity
-        if pa.types.is_dictionary(entity.type):
-            entity = entity.cast(entity.type.value_type)
-            inp = dataclasses.replace(inp, entity=entity)
-        if self._known is None:
-            self._known = entity.slice(0, 0)
-            self._events = inp.take(np.zeros(0, np.int64))
-        lanes = _lanes(inp.source)
+        inp, entity, lanes = self._take_in(inp)
         uniq = pc.unique(entity)
-        out.from_history = self._learn(uniq, lanes.take(pc.index_in(uniq, value_set=entity)))
+        first = lanes.take(pc.index_in(uniq, value_set=entity))
+        out.from_history, self._read_back = self._read_back + self._learn(uniq, first), 0
         assert self._known is not None and self._events is not None
         pos = np.asarray(pc.index_in(entity, value_set=self._known).to_numpy(zero_copy_only=False),
                          dtype=np.int64)
@@ -245,6 +241,31 @@ class StreamAggregator:
         out.seconds = time.perf_counter() - t0
         return Plan(out, ctx, merged.entity.take(part), merged.time_us[idx], merged.source.take(part), values,
                     rejects, new, pos[accepted], tiles)
+
+    def learn(self, rows: pa.Table) -> None:
+        """Read back the entities of ``rows`` (valid rows of a micro-batch) not held, before
+        their history rows are written: the state must be what earlier micro-batches stored.
+        Read after them, a record at an instant that already holds an aggregation row (a
+        tie) would be read back as applied, its offset taken for the entity's applied one,
+        and the records before it in the micro-batch skipped as replays."""
+        inp = extract(self.spec, rows)
+        if len(inp) == 0:
+            return
+        inp, entity, lanes = self._take_in(inp)
+        uniq = pc.unique(entity)
+        self._read_back += self._learn(uniq, lanes.take(pc.index_in(uniq, value_set=entity)))
+
+    def _take_in(self, inp: Inputs) -> tuple[Inputs, pa.Array, pa.Array]:
+        """``inp`` with a plain entity column, that column and each record's lane (the
+        state made on the first call)."""
+        entity = inp.entity
+        if pa.types.is_dictionary(entity.type):
+            entity = entity.cast(entity.type.value_type)
+            inp = dataclasses.replace(inp, entity=entity)
+        if self._known is None:
+            self._known = entity.slice(0, 0)
+            self._events = inp.take(np.zeros(0, np.int64))
+        return inp, entity, _lanes(inp.source)
 
     def _tiles(self, tspec: TileSpec, held: Inputs, new: Inputs, replayed: Inputs, replayed_pos: I64
                ) -> TileRows:

@@ -260,6 +260,7 @@ class StreamProcessor:
                                    self.program, ctx, now, decoder=self.decoder)
             parts.append((start, part))
             if not gated:
+                self._learn(part)
                 sent += self._write_part(part, stop - start)
             rows.append(part.prepared.rows)
             rejects.append(part.prepared.rejects)
@@ -267,6 +268,7 @@ class StreamProcessor:
             self.judge(parts, n, topics, partitions, offs)
             for i, (start, part) in enumerate(parts):
                 stop = parts[i + 1][0] if i + 1 < len(parts) else n
+                self._learn(part)
                 sent += self._write_part(part, stop - start)
         merged_rows = rows[0] if len(rows) == 1 else pa.concat_tables(rows)
         # the aggregations are computed while the last chunks' rows are written, and written
@@ -282,6 +284,12 @@ class StreamProcessor:
                 self.metrics.aggregation(accepted=done.accepted, late=done.late, duplicates=done.duplicates)
         self.last_rows, self.last_uris = merged_rows, uris
         return outcome
+
+    def _learn(self, part: PreparedRecords) -> None:
+        """The aggregations' state of the chunk's entities read back before its rows are
+        written (``StreamAggregator.learn``)."""
+        if self.aggregator is not None and part.prepared.rows.num_rows:
+            self.aggregator.learn(part.prepared.rows)
 
     def _write_part(self, part: PreparedRecords, records: int) -> int:
         """Hand one prepared chunk (``records`` records) to the writer and its rejects to the

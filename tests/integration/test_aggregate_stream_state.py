@@ -268,3 +268,38 @@ def test_moments_first_and_float_sums_in_the_micro_batch(settings: Settings, pg_
         assert float(hot[b"temp_sum"]) == 1.8 and int(hot[b"qty_first"]) == 2
     finally:
         r.close()
+
+
+def test_a_tie_with_an_aggregated_instant_after_a_restart_skips_nothing(settings: Settings, pg_schema: str,
+                                                                        redis_prefix: str) -> None:
+    """A restarted processor reads an entity's state back from Postgres while the
+    micro-batch's history rows are written. Its records, in chunks of one: two new events
+    of u1, then one at the instant of the event u1 was aggregated at before the restart
+    (a tie, other content), then records of u2, so that the tie's history row is stored
+    before the micro-batch is planned. Read back after that row, the tie counted as applied
+    (its instant holds an aggregation row) and its offset as u1's highest applied one: the
+    two records before it were skipped as replays, their values never written."""
+    e = {"uid": "u1", "kind": "a", "amount": None, "score": None, "item": None, "temp": None}
+    stream = [{**e, T: BASE_US + 60 * MINUTE_US, "qty": 1},
+              {**e, T: BASE_US + 70 * MINUTE_US, "qty": 2}, {**e, T: BASE_US + 80 * MINUTE_US, "qty": 4},
+              {**e, T: BASE_US + 60 * MINUTE_US, "qty": 8},
+              *({**e, "uid": "u2", T: BASE_US + m * MINUTE_US, "qty": m} for m in range(5))]
+    proc = _processor(settings, pg_schema, redis_prefix, "first")
+    try:
+        _process(proc, stream, [0])
+    finally:
+        proc.close()
+    proc = StreamProcessor(COMPILED, settings, run_id="after-restart", dead_letter_topic=None,
+                           search_path=pg_schema, key_prefix=redis_prefix, chunk_records=1)
+    proc.open()
+    try:
+        _process(proc, stream, list(range(1, len(stream))))
+        assert proc.aggregator is not None
+        assert (proc.aggregator.counts.accepted, proc.aggregator.counts.late) == (len(stream) - 1, 0)
+    finally:
+        proc.close()
+    with psycopg.connect(settings.postgres_dsn) as conn:
+        got = _stored(conn, pg_schema)
+    assert {k for k in got if k[0] == "u1"} == {("u1", BASE_US + m * MINUTE_US) for m in (60, 70, 80)}
+    at = {m: dict(zip(AGGS, got[("u1", BASE_US + m * MINUTE_US)], strict=True)) for m in (70, 80)}
+    assert (at[70]["n_1h"], at[80]["n_1h"], at[80]["qty_sum_2h"]) == (3, 4, 1 + 2 + 4 + 8)
