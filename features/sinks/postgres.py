@@ -71,6 +71,8 @@ from features.compile.postgres import (
     cold_table_name,
     event_time_index,
     event_time_index_name,
+    history_index_names,
+    history_indexes,
     quote_ident,
     record_version,
     rejects_table_name,
@@ -388,6 +390,8 @@ class PostgresSink:
                 # the version's YAML text, so that readers can rebuild this layout once the
                 # schema moves on (features migrate, docs/evolution.md)
                 conn.execute(record_version(schema, self.compiled.fingerprint))
+                if exists:  # a table of this version, perhaps created before its indexes
+                    self._index_history(conn)
         if row is None:
             raise SinkError(f"table {self.table!r} exists but {SCHEMAS_TABLE} has no fingerprint for "
                             f"schema {schema.name!r}; apply sql/{schema.name}.sql", store=self.name,
@@ -399,6 +403,16 @@ class PostgresSink:
                 f"(fingerprint {fp[:12]}), but this schema is {schema.version_str} "
                 f"(fingerprint {self.compiled.fingerprint[:12]}): {mismatch_hint(schema, version)}",
                 store=self.name, address=self.address)
+
+    def _index_history(self, conn: Any) -> None:
+        """The history table's indexes (:func:`history_indexes`) on a table created before
+        them: built once, here, when one is missing (``CREATE INDEX`` blocks writes to the
+        table while it builds: about a second per million rows)."""
+        names = history_index_names(self.compiled.schema)
+        present = conn.execute("SELECT count(to_regclass(n)) FROM unnest(%s::text[]) n",
+                               ([quote_ident(n) for n in names],)).fetchone()[0]
+        if present < len(names):
+            conn.execute(history_indexes(self.compiled.schema))
 
     def close(self) -> None:
         if self._conn is not None:
