@@ -3,7 +3,7 @@ schema and Redis key prefix, a real topic with a consumer group that committed o
 and a real ``features ui`` process on a free port read over HTTP (the figures against the
 stores, queried directly here), then one headless Chromium screenshot
 (``test-artifacts/ui-freshness.png``). A broker that does not answer and an unknown group
-come out as messages on the page. The slow test runs a real bounded ``features stream``
+come out as messages on the page. The last test runs a real bounded ``features stream``
 and checks the lag the page shows against the offsets its job committed."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import ROOT, search_path_dsn
 from test_report_browser import Element, find, one, parse_dom
-from test_ui import get
+from test_ui import get, num, page  # page: any site with a url
 
 from features.compile import compile_schema
 from features.config import Settings
@@ -57,18 +57,6 @@ class Site:
 
         with psycopg.connect(search_path_dsn(self.settings.postgres_dsn, self.ns), autocommit=True) as conn:
             return conn.execute(query, params).fetchall()
-
-
-def page(site: Site, path: str) -> Element:
-    status, html = get(site.url + path)
-    assert status == 200, (path, html[-2000:])
-    root = parse_dom(html)
-    assert find(root, tag="script") == [], f"a script element on {path}"
-    return root
-
-
-def num(text: str) -> int:
-    return int(text.replace(",", ""))
 
 
 def section(root: Element, schema: str) -> Element:
@@ -292,8 +280,7 @@ def test_browser_screenshot_of_the_freshness_page(site: Site) -> None:
         drv.quit()
 
 
-@pytest.mark.slow
-@pytest.mark.flink
+@pytest.mark.flink  # ~18 s: a PyFlink mini-cluster's start included
 def test_lag_of_a_real_stream_job(settings: Settings, pg_schema: str, redis_prefix: str,
                                   stream_topic: str, tmp_path: Path) -> None:
     """A bounded ``features stream`` commits its offsets with its checkpoints; records
