@@ -157,7 +157,7 @@ class FreshnessReader:
         wanted = [s for s in self.streams if s.schema in names]
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(len(wanted), 1)) as pool:
             lags = [pool.submit(self._lag, s) for s in wanted]  # beside the Postgres and Redis reads
-            with self.data._session("reading the newest event times") as conn:
+            with self.data.session("reading the newest event times") as conn:
                 found = [self._history(conn, c) for c in compiled]
             coverage = self._coverage(compiled, [f[3] for f in found])
             by_schema: dict[str, list[Lag]] = {}
@@ -177,7 +177,7 @@ class FreshnessReader:
         """(table exists, newest event time, newest ingestion time, the coverage sample:
         its distinct entities, the rows read, the recorded versions)."""
         table = cold_table_name(c.schema)
-        if not self.data._exists(conn, table):
+        if not self.data.table_exists(conn, table):
             return False, None, None, None
         t = sql.Identifier(table)
         order = sql.Identifier(c.schema.event_time or INGESTED_AT)
