@@ -136,14 +136,6 @@ class UIData:
                            ).fetchone()
         return bool(row and row[0])
 
-    def session(self, what: str) -> AbstractContextManager[psycopg.Connection[tuple[Any, ...]]]:
-        """A read-only Postgres session for the pages of other modules (``what``: named in
-        the SinkError when it fails), closed on exit."""
-        return self._session(what)
-
-    def table_exists(self, conn: psycopg.Connection[tuple[Any, ...]], table: str) -> bool:
-        return self._exists(conn, table)
-
     def _compiled(self, schema: str) -> CompiledSchema:
         if schema not in self.schemas:
             raise KeyError(schema)

@@ -177,7 +177,7 @@ class FreshnessReader:
         """(table exists, newest event time, newest ingestion time, the coverage sample:
         its distinct entities, the rows read, the recorded versions)."""
         table = cold_table_name(c.schema)
-        if not self.data.table_exists(conn, table):
+        if not self.data.exists(conn, table):
             return False, None, None, None
         t = sql.Identifier(table)
         order = sql.Identifier(c.schema.event_time or INGESTED_AT)
