@@ -42,6 +42,9 @@ CREATE TABLE IF NOT EXISTS "clicks" (
 -- The history by event time (a time window's rows, the newest event).
 CREATE INDEX IF NOT EXISTS "clicks__by_event_time" ON "clicks" ("event_time");
 
+-- The history by ingestion time (the newest ingestion: features ui).
+CREATE INDEX IF NOT EXISTS "clicks__by_ingested_at" ON "clicks" ("_ingested_at");
+
 -- Rejected rows: raw payload, every error, and lineage.
 CREATE TABLE IF NOT EXISTS "clicks__rejects" (
     "id" bigserial PRIMARY KEY,

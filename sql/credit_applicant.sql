@@ -55,6 +55,9 @@ CREATE TABLE IF NOT EXISTS "credit_applicant" (
 -- The history by event time (a time window's rows, the newest event).
 CREATE INDEX IF NOT EXISTS "credit_applicant__by_event_time" ON "credit_applicant" ("submitted_at");
 
+-- The history by ingestion time (the newest ingestion: features ui).
+CREATE INDEX IF NOT EXISTS "credit_applicant__by_ingested_at" ON "credit_applicant" ("_ingested_at");
+
 -- Rejected rows: raw payload, every error, and lineage.
 CREATE TABLE IF NOT EXISTS "credit_applicant__rejects" (
     "id" bigserial PRIMARY KEY,

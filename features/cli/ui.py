@@ -18,9 +18,11 @@ from features.cli.arguments import bind_socket, is_loopback, port_number
 from features.compile import compile_schema
 from features.config import resolve_settings
 from features.errors import ConfigError
+from features.flink.stream import default_group_id
 from features.ops.catalog import read_catalog
 from features.ui.app import UIApp
 from features.ui.data import UIData
+from features.ui.freshness import FreshnessReader, streams_of
 
 log = logging.getLogger("features.ui")
 
@@ -34,7 +36,9 @@ def add_parser(sub: Any) -> None:
         "its version history with features schema diff between versions; every view and the schemas it "
         "reads), Runs "
         "(every load and stream run: rows read, stored, rejected, reject rate, top reasons) and Rejects "
-        "(filter by run, rule and field; each reject's errors, raw payload and lineage) and Drift (per "
+        "(filter by run, rule and field; each reject's errors, raw payload and lineage), Freshness (per "
+        "schema: the newest event and ingestion times against its max_staleness, the consumer lag of each "
+        "--stream, the share of the history's entities hot in Redis) and Drift (per "
         "field, a recent window of event time against a reference window: PSI, KS and histograms as the "
         "validation report computes them). The pages load no "
         "script or font. With tokens configured (FEATURES_INGEST_TOKENS or ingest_tokens in the secrets "
@@ -50,6 +54,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--views-dir", default=None, metavar="DIR",
                    help="folder of view YAML files, listed in the registry (default: the views_dir setting, "
                    "views; a missing folder holds none)")
+    p.add_argument("--key-prefix", default="",
+                   help="text in front of every Redis key, as the loads and streams wrote them (the "
+                   "freshness page's Redis coverage; default none)")
+    p.add_argument("--stream", action="append", default=[], metavar="SCHEMA:TOPIC[:GROUP]",
+                   help="a stream whose consumer lag the freshness page shows: its schema, topic and "
+                   "consumer group (default: the group `features stream --schema SCHEMA --topic TOPIC` "
+                   "uses); repeatable")
     p.set_defaults(func=run)
 
 
@@ -65,7 +76,12 @@ def run(args: argparse.Namespace) -> int:
                           looked_in=["FEATURES_INGEST_TOKENS", "secrets file"])
     catalog = read_catalog(settings.schemas_dir, args.views_dir or settings.views_dir)
     data = UIData({name: compile_schema(s) for name, s in catalog.schemas.items()}, settings.postgres_dsn)
-    app = UIApp(catalog, data, tokens=tokens, schemas_dir=settings.schemas_dir)
+    try:
+        streams = streams_of(args.stream, {n: s.path for n, s in catalog.schemas.items()}, default_group_id)
+    except ValueError as exc:
+        raise ConfigError(str(exc), key="stream") from exc
+    freshness = FreshnessReader(data, settings, key_prefix=args.key_prefix, streams=streams)
+    app = UIApp(catalog, data, tokens=tokens, schemas_dir=settings.schemas_dir, freshness=freshness)
     sock = bind_socket(args.host, args.port)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host

@@ -524,6 +524,29 @@ def event_time_index(schema: Schema) -> str | None:
             f"{quote_ident(cold_table_name(schema))} ({quote_ident(schema.event_time)});\n")
 
 
+def ingested_at_index_name(schema: Schema) -> str:
+    """The cold table's index on ``_ingested_at``: ``<table>__by_ingested_at``."""
+    return _bounded(cold_table_name(schema), "__by_ingested_at")
+
+
+def ingested_at_index(schema: Schema) -> str:
+    """``CREATE INDEX IF NOT EXISTS`` on the cold table's ``_ingested_at`` (a btree: the newest
+    ingestion, ``max()`` from a few index pages: the UI's freshness page, docs/ui.md)."""
+    return (f"CREATE INDEX IF NOT EXISTS {quote_ident(ingested_at_index_name(schema))} ON "
+            f"{quote_ident(cold_table_name(schema))} ({quote_ident(lineage.INGESTED_AT)});\n")
+
+
+def history_index_names(schema: Schema) -> tuple[str, ...]:
+    """The history table's indexes: by event time (none for a static schema), by ingestion time."""
+    by_time = () if schema.event_time is None else (event_time_index_name(schema),)
+    return (*by_time, ingested_at_index_name(schema))
+
+
+def history_indexes(schema: Schema) -> str:
+    """Every ``CREATE INDEX IF NOT EXISTS`` of the history table (:func:`history_index_names`)."""
+    return (event_time_index(schema) or "") + ingested_at_index(schema)
+
+
 def aggregation_pg_type(schema: Schema | CompiledSchema, agg: Aggregation) -> str:
     """The Postgres type of a stored aggregation of ``schema`` (see ``AggSpec.output_type``)."""
     if not isinstance(schema, Schema):
@@ -686,6 +709,8 @@ def render_ddl(compiled: CompiledSchema) -> str:
         ]
         if (by_time := event_time_index(schema)) is not None:
             parts.append("-- The history by event time (a time window's rows, the newest event).\n" + by_time)
+        parts.append("-- The history by ingestion time (the newest ingestion: features ui).\n"
+                     + ingested_at_index(schema))
         parts += [
             "-- Rejected rows: raw payload, every error, and lineage.\n" + _rejects_table(compiled),
             "-- The rejects by run (keyset order) and by error (errors @> '[{\"rule\": ...}]').\n"

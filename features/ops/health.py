@@ -21,6 +21,7 @@ store answers and no fingerprint differs, 1 otherwise, 2 on usage errors.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -180,7 +181,6 @@ _SAMPLE_SCANS = 20
 
 def _redis_versions(settings: Any, c: Any, got: Any, timeout_s: float) -> tuple[bool, str]:
     """``ok``, or ``MISMATCH`` when a sample of the schema's Redis hashes holds another version."""
-    head = f"{c.schema.version_str} ({c.fingerprint[:12]})"
     client = redis_py_client(settings.redis_url, timeout_s)
     tally: dict[str, int] = {}
     seen = 0
@@ -198,18 +198,38 @@ def _redis_versions(settings: Any, c: Any, got: Any, timeout_s: float) -> tuple[
                     keys.extend(part)
                     if cursor == 0:
                         break
-            if not keys:
-                continue
-            pipe = client.pipeline(transaction=False)
-            for k in keys:
-                pipe.hget(k, "_schema_fingerprint")
-            for fp in pipe.execute():
-                if fp is not None:
-                    text = fp.decode()
-                    tally[text] = tally.get(text, 0) + 1
+            for fp, n in fingerprint_tally(client, keys).items():
+                tally[fp] = tally.get(fp, 0) + n
             seen += len(keys)
     finally:
         client.close()
+    return fingerprint_verdict(c, got, tally, seen)
+
+
+def fingerprint_tally(client: Any, keys: Sequence[Any]) -> dict[str, int]:
+    """How many of the Redis hashes ``keys`` hold each schema fingerprint (their
+    ``_schema_fingerprint`` field, one pipelined HGET per key; ``client`` a redis-py
+    client, a cluster one included). A key that does not exist, or holds no fingerprint,
+    is not counted."""
+    tally: dict[str, int] = {}
+    if not keys:
+        return tally
+    pipe = client.pipeline(transaction=False)
+    for k in keys:
+        pipe.hget(k, "_schema_fingerprint")
+    for fp in pipe.execute():
+        if fp is not None:
+            text = fp.decode()
+            tally[text] = tally.get(text, 0) + 1
+    return tally
+
+
+def fingerprint_verdict(c: Any, got: Any, tally: dict[str, int], seen: int) -> tuple[bool, str]:
+    """``ok``, or ``MISMATCH`` when some of the ``seen`` Redis hashes sampled hold another
+    version than the compiled schema ``c`` (``tally``: :func:`fingerprint_tally`; ``got``:
+    the versions Postgres recorded, :func:`features.sinks.versions.read_recorded`), naming
+    the command that rewrites them."""
+    head = f"{c.schema.version_str} ({c.fingerprint[:12]})"
     others = {fp: n for fp, n in tally.items() if fp != c.fingerprint}
     if not others:
         return True, f"{head}: ok" + (f" ({seen:,} Redis hashes sampled)" if seen else "")

@@ -70,8 +70,8 @@ from features.compile.postgres import (
     aggregates_table_name,
     cold_keys,
     cold_table_name,
-    event_time_index,
-    event_time_index_name,
+    history_index_names,
+    history_indexes,
     quote_ident,
     record_version,
     rejects_index_names,
@@ -401,12 +401,6 @@ class PostgresSink:
                     "move it to the new key first: features migrate <its schema file> (a dry run, then "
                     "--apply; docs/evolution.md, \"Events at one instant\")",
                     store=self.name, address=self.address)
-            # a history from before its event-time index gets it here, once (looked up first:
-            # CREATE INDEX locks the table against writers even when the index exists)
-            if exists and (by_time := event_time_index(schema)) is not None and not conn.execute(
-                    "SELECT to_regclass(%s) IS NOT NULL", (quote_ident(event_time_index_name(schema)),)
-                    ).fetchone()[0]:
-                conn.execute(by_time)
             if exists:
                 self._index_rejects(conn)
             conn.execute(LEDGER_DDL)
@@ -424,6 +418,9 @@ class PostgresSink:
                 # the version's YAML text, so that readers can rebuild this layout once the
                 # schema moves on (features migrate, docs/evolution.md)
                 conn.execute(record_version(schema, self.compiled.fingerprint))
+                if exists:  # a table of this version, perhaps created before its indexes (looked
+                    # up first: CREATE INDEX locks the table against writers even when it exists)
+                    self._index_history(conn)
         if row is None:
             raise SinkError(f"table {self.table!r} exists but {SCHEMAS_TABLE} has no fingerprint for "
                             f"schema {schema.name!r}; apply sql/{schema.name}.sql", store=self.name,
@@ -470,6 +467,16 @@ class PostgresSink:
                     cur.executemany(f"INSERT INTO {table} ({cols}) VALUES ({marks})", rows)
 
         self._retrying("gate verdict write", run)
+
+    def _index_history(self, conn: Any) -> None:
+        """The history table's indexes (:func:`history_indexes`) on a table created before
+        them: built once, here, when one is missing (``CREATE INDEX`` blocks writes to the
+        table while it builds: about a second per million rows)."""
+        names = history_index_names(self.compiled.schema)
+        present = conn.execute("SELECT count(to_regclass(n)) FROM unnest(%s::text[]) n",
+                               ([quote_ident(n) for n in names],)).fetchone()[0]
+        if present < len(names):
+            conn.execute(history_indexes(self.compiled.schema))
 
     def close(self) -> None:
         if self._conn is not None:

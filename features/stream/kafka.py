@@ -9,14 +9,29 @@ client. Each helper here takes those ``properties`` too.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicCollection,
+    TopicPartition,
+)
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    ConfigResource,
+    NewTopic,
+    OffsetSpec,
+)
 
 from features.config import Settings
 from features.errors import ServiceError, SinkError
@@ -268,3 +283,95 @@ def read_topic(bootstrap: str, topic: str, *, timeout_s: float = 30.0,
         return out
     finally:
         c.close()
+
+
+@dataclass(frozen=True)
+class PartitionLag:
+    """One partition of a consumer group's topic: its end offset (the next offset a
+    producer writes) and the offset the group committed (None: none committed)."""
+
+    partition: int
+    end: int
+    committed: int | None
+
+    @property
+    def lag(self) -> int | None:
+        """Records behind the end: end - committed (None without a commit)."""
+        return None if self.committed is None else max(self.end - self.committed, 0)
+
+
+@dataclass(frozen=True)
+class GroupLag:
+    """A consumer group's lag on one topic, per partition (``partitions``, in partition
+    order), and the group's state as the broker describes it (``state``: ``STABLE``,
+    ``EMPTY``, ``DEAD``, ... or ``UNKNOWN``; ``members``: its active members). A Flink
+    Kafka source assigns its partitions itself: its group has no members while the job
+    runs, and its committed offsets are those of its last completed checkpoint."""
+
+    group: str
+    topic: str
+    state: str
+    members: int
+    partitions: tuple[PartitionLag, ...]
+
+    @property
+    def committed(self) -> bool:
+        """Whether the group committed an offset on any partition of the topic."""
+        return any(p.committed is not None for p in self.partitions)
+
+    @property
+    def total(self) -> int:
+        """Records behind, summed over the partitions with a commit."""
+        return sum(p.lag or 0 for p in self.partitions)
+
+
+def consumer_lag(bootstrap: str, group: str, topic: str, *, timeout_s: float = 2.0,
+                 properties: Mapping[str, str] | None = None) -> GroupLag:
+    """``group``'s committed offsets on every partition of ``topic`` against the
+    partitions' end offsets, and the group's state: one admin client, the topic described
+    (``DescribeTopicPartitions``: unlike a metadata request it never auto-creates the
+    topic), then the group's offsets, the end offsets and the group's description asked
+    at once.
+
+    A group that committed nothing on the topic (unknown, or deleted) comes back with
+    ``committed`` None on each partition, never an error. Raises :class:`ServiceError`
+    when no broker answers within ``timeout_s`` seconds (:func:`unreachable`), when
+    ``topic`` does not exist, or when the broker refuses a request (an ACL), naming it."""
+    admin = AdminClient(client_config(bootstrap, properties))
+    try:
+        described = admin.describe_topics(TopicCollection([topic]), request_timeout=timeout_s)[topic]
+        parts = sorted(p.id for p in described.result(timeout_s).partitions)
+    except KafkaException as exc:
+        error = exc.args[0] if exc.args else None
+        if getattr(error, "code", lambda: None)() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            admin.poll(0)  # deliver its log lines (LibrdkafkaLog)
+            raise ServiceError(f"Kafka at {bootstrap}: no topic {topic!r}", service="kafka") from exc
+        # its log lines (one "Connect ... failed" per attempt) are dropped with it: the
+        # error says the same once
+        raise unreachable(bootstrap, error or exc) from exc
+    except concurrent.futures.TimeoutError as exc:
+        raise unreachable(bootstrap, f"no answer in {timeout_s:g} s") from exc
+    try:
+        offsets = admin.list_consumer_group_offsets(
+            [ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in parts])],
+            request_timeout=timeout_s)[group]
+        end = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+        latest = admin.list_offsets({TopicPartition(topic, p): end for p in parts},
+                                    request_timeout=timeout_s)
+        group_desc = admin.describe_consumer_groups([group], request_timeout=timeout_s)[group]
+        try:
+            committed = {tp.partition: tp.offset for tp in offsets.result(timeout_s).topic_partitions
+                         if tp.error is None and tp.offset >= 0}
+            ends = {tp.partition: f.result(timeout_s).offset for tp, f in latest.items()}
+        except Exception as exc:  # KafkaException or a future's timeout: the request failed
+            raise ServiceError(f"Kafka at {bootstrap}: cannot read the offsets of group {group!r} on "
+                               f"topic {topic!r}: {exc}", service="kafka") from exc
+        try:
+            desc = group_desc.result(timeout_s)
+            state, members = desc.state.name, len(desc.members)
+        except Exception:  # Kafka 4 may answer GROUP_ID_NOT_FOUND for a group it does not know
+            state, members = "UNKNOWN", 0
+    finally:
+        admin.poll(0)  # deliver its log lines (LibrdkafkaLog)
+    return GroupLag(group, topic, state, members,
+                    tuple(PartitionLag(p, int(ends[p]), committed.get(p)) for p in parts))

@@ -19,6 +19,8 @@ field=&after=``                        the page before)
 ``GET /drift[/{schema}]?recent=&        per field, the recent window's distribution against
 reference=&end=&reference_end=&        the reference window's (PSI, KS as the validation
 sample=``                              report computes them; 400 for a bad parameter)
+``GET /freshness[/{schema}]``          newest event and ingestion times, stream lag, Redis
+                                       coverage (every schema, or one)
 ``GET /healthz``                       200 while the process serves (no store asked)
 =====================================  ==================================================
 
@@ -47,6 +49,7 @@ from features.ui import registry
 from features.ui.chart import runs_chart
 from features.ui.data import RejectFilter, UIData
 from features.ui.drift import SLICES, BadRequest, DriftRequest, category_chart, numeric_chart, read_drift
+from features.ui.freshness import FreshnessReader
 from features.ui.pages import render
 from features.ui.runs import RUNS_PAGE
 
@@ -74,13 +77,15 @@ class UIApp:
     """The UI over ``catalog`` (the project's schemas and views) and ``data`` (their stores).
 
     ``tokens``: accepted bearer tokens, or None to serve every request (loopback only:
-    the command checks that). ``schemas_dir``: shown on the registry page.
+    the command checks that). ``schemas_dir``: shown on the registry page. ``freshness``:
+    the reader of the freshness page (None: the page says it is not configured).
     """
 
     def __init__(self, catalog: Catalog, data: UIData, *, tokens: Sequence[str] | None,
-                 schemas_dir: str | Path = "schemas") -> None:
+                 schemas_dir: str | Path = "schemas", freshness: FreshnessReader | None = None) -> None:
         self.catalog = catalog
         self.data = data
+        self.freshness = freshness
         self.tokens = None if tokens is None else [t.encode() for t in tokens]
         self.schemas_dir = str(schemas_dir)
 
@@ -163,9 +168,25 @@ class UIApp:
                                         schemas=list(self.data.schemas)))
             case ["drift", name]:
                 return self._drift(name, params)
+            case ["freshness"]:
+                return self._freshness(None)
+            case ["freshness", schema]:
+                return self._freshness(schema)
             case ["healthz"]:
                 return Page(200, "ok")
-        return _not_found(f"no page /{'/'.join(parts)}; pages: /registry, /runs, /rejects, /drift")
+        return _not_found(f"no page /{'/'.join(parts)}; pages: /registry, /runs, /rejects, /freshness, "
+                          "/drift")
+
+    def _freshness(self, schema: str | None) -> Page:
+        if schema is not None and (schema not in self.data.schemas
+                                   or not self.data.schemas[schema].schema.loadable):
+            return _not_found(f"no loadable schema {schema!r}")
+        if self.freshness is None:
+            return _not_found("the freshness page is not configured")
+        found = self.freshness.read(None if schema is None else [schema])
+        return Page(200, render("freshness", title="Freshness and lag" + (f" of {schema}" if schema else ""),
+                                section="Freshness", schemas=found, one=schema is not None,
+                                streams=self.freshness.streams, sample_rows=self.freshness.sample_rows))
 
     def _schema(self, name: str) -> Page:
         if name not in self.catalog.schemas or name not in self.data.schemas:

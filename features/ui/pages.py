@@ -52,6 +52,19 @@ def seconds(value: float | None) -> str:
     return "—" if value is None else f"{value:,.1f} s"
 
 
+def age(value: float | None) -> str:
+    """A duration in seconds as ``2 d 3 h``, ``4 h 05 min``, ``12 min 30 s`` or ``42 s`` (its
+    two largest units); a negative one (an event time ahead of the clock) as ``-42 s``;
+    None as an em dash."""
+    if value is None:
+        return "—"
+    sign, left = ("-" if value < 0 else ""), int(abs(value))
+    parts = [(left // 86400, "d"), (left // 3600 % 24, "h"), (left // 60 % 60, "min"), (left % 60, "s")]
+    first = next((i for i, (n, _) in enumerate(parts) if n), len(parts) - 1)
+    shown = [f"{n:02d} {u}" if i > first else f"{n} {u}" for i, (n, u) in enumerate(parts) if i <= first + 1]
+    return sign + " ".join(shown[first:first + 2])
+
+
 def when(value: Any) -> str:
     """A timestamp as ``2026-12-06 20:18:07 UTC``; None as an em dash."""
     if value is None:
@@ -65,7 +78,7 @@ def _env() -> jinja2.Environment:
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                              finalize=visible)
     env.filters.update(text=text, num=num, ident=ident, percent=percent, seconds=seconds, when=when,
-                       segment=segment)
+                       segment=segment, age=age)
     env.globals.update(query=query, css=markupsafe.Markup(_css()))
     return env
 
