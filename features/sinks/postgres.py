@@ -402,7 +402,8 @@ class PostgresSink:
                     "--apply; docs/evolution.md, \"Events at one instant\")",
                     store=self.name, address=self.address)
             if exists:
-                self._index_rejects(conn)
+                self._add_missing_indexes(conn, self.rejects_table, rejects_index_names(schema),
+                                          rejects_indexes(schema))
             conn.execute(LEDGER_DDL)
             conn.execute(GATE_VERDICTS_DDL)
             # only when missing: an ALTER TABLE locks the ledger out of every load's unit
@@ -420,7 +421,8 @@ class PostgresSink:
                 conn.execute(record_version(schema, self.compiled.fingerprint))
                 if exists:  # a table of this version, perhaps created before its indexes (looked
                     # up first: CREATE INDEX locks the table against writers even when it exists)
-                    self._index_history(conn)
+                    self._add_missing_indexes(conn, self.table, history_index_names(schema),
+                                              history_indexes(schema))
         if row is None:
             raise SinkError(f"table {self.table!r} exists but {SCHEMAS_TABLE} has no fingerprint for "
                             f"schema {schema.name!r}; apply sql/{schema.name}.sql", store=self.name,
@@ -433,20 +435,21 @@ class PostgresSink:
                 f"(fingerprint {self.compiled.fingerprint[:12]}): {mismatch_hint(schema, version)}",
                 store=self.name, address=self.address)
 
-    def _index_rejects(self, conn: Any) -> None:
-        """The rejects table's indexes (:func:`rejects_indexes`) on a store created before
-        them: built once, here, when one is missing. ``CREATE INDEX`` blocks writes to the
-        rejects table while it builds (seconds on a million rejects; docs/ui.md)."""
+    @staticmethod
+    def _add_missing_indexes(conn: Any, table: str, names: Sequence[str], ddl: str) -> None:
+        """``ddl`` (the ``CREATE INDEX IF NOT EXISTS`` statements of the indexes ``names``) on
+        a ``table`` created before them: run once, here, when one is missing (looked up
+        first: ``CREATE INDEX`` blocks writes to the table while it builds, about a second
+        per million rows, docs/ui.md; nothing for a table not created yet)."""
         present = conn.execute("SELECT count(to_regclass(n)) FROM unnest(%s::text[]) n",
-                               ([quote_ident(n) for n in rejects_index_names(self.compiled.schema)],)
-                               ).fetchone()[0]
-        if present == 2 or not conn.execute("SELECT to_regclass(%s) IS NOT NULL",
-                                            (quote_ident(self.rejects_table),)).fetchone()[0]:
+                               ([quote_ident(n) for n in names],)).fetchone()[0]
+        if present == len(names) or not conn.execute("SELECT to_regclass(%s) IS NOT NULL",
+                                                     (quote_ident(table),)).fetchone()[0]:
             return
         t0 = time.perf_counter()
-        conn.execute(rejects_indexes(self.compiled.schema))
-        log.info("rejects table indexed", extra={"table": self.rejects_table,
-                                                 "seconds": round(time.perf_counter() - t0, 3)})
+        conn.execute(ddl)
+        log.info("indexes added", extra={"table": table, "indexes": list(names),
+                                         "seconds": round(time.perf_counter() - t0, 3)})
 
     def record_gate_verdict(self, run_id: str, gates: Sequence[Mapping[str, Any]]) -> None:
         """One run's gates as judged (each a mapping of :data:`GATE_VERDICT_COLUMNS`) in
@@ -467,16 +470,6 @@ class PostgresSink:
                     cur.executemany(f"INSERT INTO {table} ({cols}) VALUES ({marks})", rows)
 
         self._retrying("gate verdict write", run)
-
-    def _index_history(self, conn: Any) -> None:
-        """The history table's indexes (:func:`history_indexes`) on a table created before
-        them: built once, here, when one is missing (``CREATE INDEX`` blocks writes to the
-        table while it builds: about a second per million rows)."""
-        names = history_index_names(self.compiled.schema)
-        present = conn.execute("SELECT count(to_regclass(n)) FROM unnest(%s::text[]) n",
-                               ([quote_ident(n) for n in names],)).fetchone()[0]
-        if present < len(names):
-            conn.execute(history_indexes(self.compiled.schema))
 
     def close(self) -> None:
         if self._conn is not None:

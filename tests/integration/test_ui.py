@@ -15,17 +15,17 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import ROOT, search_path_dsn
 from test_report_browser import Element, find, one, parse_dom
+from ui_server import ui_namespace
 
 from features.compile import compile_schema
 from features.config import Settings
@@ -70,7 +70,6 @@ class Site:
     settings: Settings
     runs: list[str]  # the two credit_applicant runs, in load order
     hostile_run: str
-    proc: subprocess.Popen[str]
 
     def sql(self, query: str, params: Any = ()) -> list[tuple[Any, ...]]:
         import psycopg
@@ -87,7 +86,12 @@ def get(url: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
-def page(site: Site, path: str) -> Element:
+class HasUrl(Protocol):
+    url: str
+
+
+def page(site: HasUrl, path: str) -> Element:
+    """The page at ``path`` of any site's UI: answered 200, parsed, with no script element."""
     status, html = get(site.url + path)
     assert status == 200, (path, html[-2000:])
     root = parse_dom(html)
@@ -101,12 +105,7 @@ def num(text: str) -> int:
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory, settings: Settings) -> Iterator[Site]:
-    import psycopg
-    import redis
-    from psycopg import sql
-
     tmp = tmp_path_factory.mktemp("ui")
-    ns, prefix = f"t_ui_{uuid.uuid4().hex[:10]}", f"t_ui_{uuid.uuid4().hex[:10]}:"
     schemas = tmp / "schemas"
     schemas.mkdir()
     shutil.copy(ROOT / "schemas" / "credit_applicant.yaml", schemas)
@@ -122,35 +121,12 @@ def site(tmp_path_factory: pytest.TempPathFactory, settings: Settings) -> Iterat
                              "at": pa.array([at + dt.timedelta(minutes=i) for i in range(5)],
                                             pa.timestamp("us", "UTC")),
                              "note": ["<b>n</b>", "\x07bell", None, "&amp;", "ok"]}), hostile)
-    admin = psycopg.connect(settings.postgres_dsn, autocommit=True)
-    admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(ns)))
-    proc = None
-    try:
+    with ui_namespace(settings, "ui") as (ns, prefix, serve):
         runs = [load([p], compiled["credit_applicant"], settings, search_path=ns, key_prefix=prefix).run_id
                 for p in (a, b)]
         hostile_run = load([hostile], compiled["ui_hostile"], settings, search_path=ns,
                            key_prefix=prefix).run_id
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "FEATURES_INGEST_TOKENS": "",
-               "FEATURES_POSTGRES_DSN": search_path_dsn(settings.postgres_dsn, ns)}
-        proc = subprocess.Popen([sys.executable, "-m", "features.cli", "ui", "--port", "0", "--schemas-dir",
-                                 str(schemas), "--views-dir", str(tmp / "no-views")], env=env, cwd=tmp,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("features ui: serving http://127.0.0.1:"), (line, proc.poll())
-        yield Site(line.split()[3].rstrip("/"), ns, settings, runs, hostile_run, proc)
-    finally:
-        if proc is not None:
-            proc.terminate()
-            _, err = proc.communicate(timeout=30)  # reads and closes both pipes
-            assert proc.returncode == 0, err[-2000:]
-        admin.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(ns)))
-        admin.close()
-        client = redis.Redis.from_url(settings.redis_url)
-        keys = list(client.scan_iter(match=prefix + "*", count=10_000))
-        if keys:
-            client.delete(*keys)
-        client.close()
+        yield Site(serve(schemas, tmp), ns, settings, runs, hostile_run)
 
 
 def ledger(site: Site, run_id: str) -> tuple[int, int, int, int]:

@@ -26,6 +26,7 @@ import pytest
 from conftest import ROOT, search_path_dsn
 from test_report_browser import Element, find, one, parse_dom
 from test_ui import get, num, page  # page: any site with a url
+from ui_server import start_ui, stop_ui
 
 from features.compile import compile_schema
 from features.config import Settings
@@ -71,26 +72,10 @@ def lag_block(root: Element, group: str) -> Element:
 
 def serve(schemas: Path, settings: Settings, ns: str, prefix: str, streams: list[str], cwd: Path,
           env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
-    """A real ``features ui`` on a free port; (the process, its base URL)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "FEATURES_INGEST_TOKENS": "",
-           "FEATURES_POSTGRES_DSN": search_path_dsn(settings.postgres_dsn, ns), **(env or {})}
-    args = [sys.executable, "-m", "features.cli", "ui", "--port", "0", "--schemas-dir", str(schemas),
-            "--views-dir", str(cwd / "no-views"), "--key-prefix", prefix]
-    for s in streams:
-        args += ["--stream", s]
-    proc = subprocess.Popen(args, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line.startswith("features ui: serving http://127.0.0.1:"):
-        proc.kill()
-        pytest.fail(f"features ui did not start: {line!r} {proc.communicate(timeout=30)[1][-2000:]}")
-    return proc, line.split()[3].rstrip("/")
-
-
-def stop(proc: subprocess.Popen[str]) -> None:
-    proc.terminate()
-    _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0, err[-2000:]
+    """A real ``features ui`` on a free port with ``--key-prefix`` and ``--stream``s; (the
+    process, its base URL)."""
+    args = ["--key-prefix", prefix, *(a for s in streams for a in ("--stream", s))]
+    return start_ui(search_path_dsn(settings.postgres_dsn, ns), schemas, cwd, *args, env=env)
 
 
 def schemas_with_staleness(folder: Path) -> Path:
@@ -138,7 +123,7 @@ def site(tmp_path_factory: pytest.TempPathFactory, settings: Settings) -> Iterat
         yield Site(url, ns, prefix, settings, topic, group, unknown, schemas)
     finally:
         if proc is not None:
-            stop(proc)
+            stop_ui(proc)
         admin.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(ns)))
         admin.close()
         kafka.delete_consumer_groups([group])
@@ -317,7 +302,7 @@ def test_lag_of_a_real_stream_job(settings: Settings, pg_schema: str, redis_pref
     try:
         status, html = get(url + "/freshness/credit_applicant")
     finally:
-        stop(proc)
+        stop_ui(proc)
     assert status == 200
     block = lag_block(parse_dom(html), group)
     shown = {int(tr.attrs["data-partition"]): num(one(tr, cls="lag-records").text())

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from test_evolution import V2 as EVO_V2
 from test_evolution import _parquet, _rows
 from test_report_browser import Element, find, one
 from test_ui import get, page
+from ui_server import ui_namespace
 
 from features.compile import compile_schema
 from features.compile.migration import plan_migration
@@ -78,7 +78,6 @@ class Site:
     ns: str
     settings: Settings
     files: dict[str, Path]  # v1, v2, v3 (the served folder's)
-    proc: subprocess.Popen[str]
 
     def sql(self, query: str, params: Any = ()) -> list[tuple[Any, ...]]:
         import psycopg
@@ -103,15 +102,10 @@ def cli_diff(old: Path, new: Path, refused: bool = False) -> list[str]:
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory, settings: Settings) -> Iterator[Site]:
-    import psycopg
-    import redis
-    from psycopg import sql
-
     from features.ops.migrate import apply_postgres, plan
     from features.sdk.connections import Connections
 
     tmp = tmp_path_factory.mktemp("ui_registry")
-    ns, prefix = f"t_uireg_{uuid.uuid4().hex[:10]}", f"t_uireg_{uuid.uuid4().hex[:10]}:"
     files: dict[str, Path] = {}
     for name, text in (("v1", V1), ("v2", V2), ("v3", V3)):
         (tmp / name).mkdir()
@@ -122,37 +116,14 @@ def site(tmp_path_factory: pytest.TempPathFactory, settings: Settings) -> Iterat
     views.mkdir()
     (views / "ui_reg_view.yaml").write_text(VIEW)
     data = _parquet(_rows([f"p{i}" for i in range(7)], 6, seed=5), tmp / "a.parquet")
-    admin = psycopg.connect(settings.postgres_dsn, autocommit=True)
-    admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(ns)))
-    proc = None
-    try:
+    with ui_namespace(settings, "uireg") as (ns, prefix, serve):
         load([data], compile_schema(load_schema(files["v1"])), settings, search_path=ns, key_prefix=prefix)
         with Connections(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn, search_path=ns,
                          key_prefix=prefix) as store:
             p = plan(store, compile_schema(load_schema(files["v2"])), None)
             assert p.refusal is None and p.migration is not None
             apply_postgres(store, p)
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "FEATURES_INGEST_TOKENS": "",
-               "FEATURES_POSTGRES_DSN": search_path_dsn(settings.postgres_dsn, ns)}
-        proc = subprocess.Popen([sys.executable, "-m", "features.cli", "ui", "--port", "0", "--schemas-dir",
-                                 str(tmp / "v3"), "--views-dir", str(views)], env=env, cwd=tmp,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("features ui: serving http://127.0.0.1:"), (line, proc.poll())
-        yield Site(line.split()[3].rstrip("/"), ns, settings, files, proc)
-    finally:
-        if proc is not None:
-            proc.terminate()
-            _, err = proc.communicate(timeout=30)
-            assert proc.returncode == 0, err[-2000:]
-        admin.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(ns)))
-        admin.close()
-        client = redis.Redis.from_url(settings.redis_url)
-        keys = list(client.scan_iter(match=prefix + "*", count=10_000))
-        if keys:
-            client.delete(*keys)
-        client.close()
+        yield Site(serve(tmp / "v3", tmp, views=views), ns, settings, files)
 
 
 def history_rows(root: Element) -> list[tuple[str, str]]:

@@ -7,11 +7,7 @@ refused run's page in test-artifacts/."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -19,8 +15,9 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 from conftest import ROOT, search_path_dsn
-from test_report_browser import Element, find, one, parse_dom
-from test_ui import get, num
+from test_report_browser import Element, find, one
+from test_ui import get, num, page
+from ui_server import ui_namespace
 
 from features.compile import CompiledSchema, compile_schema
 from features.config import Settings
@@ -54,12 +51,7 @@ class Site:
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory, settings: Settings) -> Iterator[Site]:
-    import psycopg
-    import redis
-    from psycopg import sql
-
     tmp = tmp_path_factory.mktemp("ui_runs")
-    ns, prefix = f"t_uir_{uuid.uuid4().hex[:10]}", f"t_uir_{uuid.uuid4().hex[:10]}:"
     schemas = tmp / "schemas"
     schemas.mkdir()
     (schemas / "credit_applicant.yaml").write_text(
@@ -71,43 +63,12 @@ def site(tmp_path_factory: pytest.TempPathFactory, settings: Settings) -> Iterat
         path = tmp / f"f{i}.parquet"
         pq.write_table(applicants(rows, seed=10 + i, first_id=10**9 + i * 10**6, invalid_share=share), path)
         files.append(path)
-    admin = psycopg.connect(settings.postgres_dsn, autocommit=True)
-    admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(ns)))
-    proc = None
-    try:
+    with ui_namespace(settings, "uir") as (ns, prefix, serve):
         ca = compiled["credit_applicant"]
         loads = [load([p], ca, settings, search_path=ns, key_prefix=prefix).run_id for p in files[:3]]
         with pytest.raises(GateBreached) as refused:
             load([files[3]], ca, settings, search_path=ns, key_prefix=prefix)
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "FEATURES_INGEST_TOKENS": "",
-               "FEATURES_POSTGRES_DSN": search_path_dsn(settings.postgres_dsn, ns)}
-        proc = subprocess.Popen([sys.executable, "-m", "features.cli", "ui", "--port", "0", "--schemas-dir",
-                                 str(schemas), "--views-dir", str(tmp / "no-views")], env=env, cwd=tmp,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("features ui: serving http://127.0.0.1:"), (line, proc.poll())
-        yield Site(line.split()[3].rstrip("/"), ns, settings, compiled, loads, refused.value.run_id)
-    finally:
-        if proc is not None:
-            proc.terminate()
-            _, err = proc.communicate(timeout=30)
-            assert proc.returncode == 0, err[-2000:]
-        admin.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(ns)))
-        admin.close()
-        client = redis.Redis.from_url(settings.redis_url)
-        keys = list(client.scan_iter(match=prefix + "*", count=10_000))
-        if keys:
-            client.delete(*keys)
-        client.close()
-
-
-def page(site: Site, path: str) -> Element:
-    status, html = get(site.url + path)
-    assert status == 200, (path, html[-2000:])
-    root = parse_dom(html)
-    assert find(root, tag="script") == [], f"a script element on {path}"
-    return root
+        yield Site(serve(schemas, tmp), ns, settings, compiled, loads, refused.value.run_id)
 
 
 def ledger_runs(site: Site) -> dict[str, tuple[int, int, int]]:

@@ -19,9 +19,10 @@ from typing import Any
 
 import pytest
 from conftest import ROOT, search_path_dsn
-from test_report_browser import Element, find, one, parse_dom
+from test_report_browser import find, one
 from test_stream import JOB, REDIS_DB
-from test_ui import get, num
+from test_ui import get, num, page
+from ui_server import start_ui, stop_ui
 
 from features.config import Settings
 from features.ops.examples import applicant_events
@@ -39,14 +40,6 @@ class StreamSite:
 
         with psycopg.connect(search_path_dsn(self.settings.postgres_dsn, self.ns), autocommit=True) as conn:
             return conn.execute(query, params).fetchall()
-
-
-def page(site: StreamSite, path: str) -> Element:
-    status, html = get(site.url + path)
-    assert status == 200, (path, html[-2000:])
-    root = parse_dom(html)
-    assert find(root, tag="script") == [], f"a script element on {path}"
-    return root
 
 
 @pytest.fixture()
@@ -72,18 +65,11 @@ def stream_site(settings: Settings, pg_schema: str, stream_topic: str,
     schemas = tmp_path / "schemas"
     schemas.mkdir()
     shutil.copy(ROOT / "schemas" / "credit_applicant.yaml", schemas)
-    proc = subprocess.Popen([sys.executable, "-m", "features.cli", "ui", "--port", "0", "--schemas-dir",
-                             str(schemas), "--views-dir", str(tmp_path / "no-views")], env=env, cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc, ui = start_ui(env["FEATURES_POSTGRES_DSN"], schemas, tmp_path, env=env)
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("features ui: serving http://127.0.0.1:"), (line, proc.poll())
-        yield StreamSite(line.split()[3].rstrip("/"), pg_schema, settings, summary, stream_topic)
+        yield StreamSite(ui, pg_schema, settings, summary, stream_topic)
     finally:
-        proc.terminate()
-        _, err = proc.communicate(timeout=30)
-        assert proc.returncode == 0, err[-2000:]
+        stop_ui(proc)
 
 
 def test_a_stream_run_shows_the_stores_counts_its_rejects_and_kafka_lineage(stream_site: StreamSite) -> None:
