@@ -13,7 +13,8 @@ real fingerprint, each migrated from the one before; the stores hold the last) a
 range of its primary key). The schemas folder holds 3.2.1, so the schema page also
 computes the diff of the held version against it. Each page is asked ``--repeat`` times
 through the ASGI application in process (the route, the queries in a worker thread, the
-rendering); it prints the median and the slowest per page. The rejects and ledger tables
+rendering), the pages taking turns round by round; it prints each round's times as
+measured, then the median, min and max per page. The rejects and ledger tables
 are not read by these pages (the runs benchmark covers those).
 """
 
@@ -99,19 +100,25 @@ def main() -> int:
                  "diff first -> last": f"/registry/credit_applicant/diff?from={names[0]}&to={names[-1]}",
                  "diff held -> file": f"/registry/credit_applicant/diff?from={names[-1]}&to=file",
                  "view": "/views/application_scoring"}
+        scopes: dict[str, dict[str, Any]] = {}
         for label, path in pages.items():
             target, _, q = path.partition("?")
-            scope = {"type": "http", "method": "GET", "path": target, "headers": [],
-                     "query_string": q.encode()}
-            times = []
-            for _ in range(args.repeat + 1):
+            scopes[label] = {"type": "http", "method": "GET", "path": target, "headers": [],
+                             "query_string": q.encode()}
+            got = asyncio.run(app.answer(scopes[label]))  # warms the caches (templates, compiled schemas)
+            assert got.status == 200, (path, got.html[-500:])
+        times: dict[str, list[float]] = {label: [] for label in pages}
+        for r in range(args.repeat):  # interleaved: every page once a round
+            for label, scope in scopes.items():
                 t = time.perf_counter()
                 got = asyncio.run(app.answer(scope))
-                times.append(time.perf_counter() - t)
-                assert got.status == 200, (path, got.html[-500:])
-            times = times[1:]  # the first warms the caches (templates, compiled schemas)
-            print(f"{label:<50} median {1000 * statistics.median(times):7.1f} ms   "
-                  f"max {1000 * max(times):7.1f} ms   ({len(got.html):,} bytes)")
+                times[label].append(time.perf_counter() - t)
+                assert got.status == 200, (pages[label], got.html[-500:])
+            print(f"round {r + 1}: " + "  ".join(f"{1000 * ts[-1]:.1f}" for ts in times.values()) + " ms",
+                  flush=True)
+        for label, ts in times.items():
+            print(f"{label:<50} median {1000 * statistics.median(ts):7.1f} ms   "
+                  f"min {1000 * min(ts):7.1f}   max {1000 * max(ts):7.1f} ms")
     finally:
         admin.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(ns)))
         admin.close()
