@@ -23,7 +23,6 @@ import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from features.compile import CompiledSchema
 from features.compile.postgres import rejects_table_name
@@ -85,16 +84,6 @@ def check_gates(paths: Sequence[str | Path], compiled: CompiledSchema, settings:
                        gates=[r.gate.name for r in verdict.failed], rejects_stored=stored, verdict=verdict)
 
 
-def verdict_rows(verdict: GateVerdict) -> list[dict[str, Any]]:
-    """``verdict`` as the rows of ``featureline_gate_verdicts`` (one per gate judged)."""
-    refused = bool(verdict.failed)
-    return [{"gate": r.gate.name, "kind": r.gate.kind, "rule": r.gate.rule, "measured": float(r.measured),
-             "rows": r.rows, "limit": float(r.gate.limit), "on_breach": r.gate.on_breach,
-             "breached": r.breached, "refused": refused, "read": verdict.counts.read,
-             "rejected": verdict.counts.rejected}
-            for r in verdict.results]
-
-
 def _record_verdict(compiled: CompiledSchema, settings: Settings, run_id: str, verdict: GateVerdict, *,
                     search_path: str | None) -> None:
     """A passed load's verdict, recorded before its first unit (``featureline_gate_verdicts``)."""
@@ -102,7 +91,7 @@ def _record_verdict(compiled: CompiledSchema, settings: Settings, run_id: str, v
                         retries=settings.store_retries, backoff_s=settings.store_backoff_s)
     cold.open()
     try:
-        cold.record_gate_verdict(run_id, verdict_rows(verdict))
+        cold.record_gate_verdict(run_id, verdict.as_rows())
     finally:
         cold.close()
 
@@ -122,7 +111,7 @@ def _store_rejects(source: ParquetSource, compiled: CompiledSchema, settings: Se
         for sb in source.batches():
             prepared = process_batch(sb, compiled, program, ctx, now)
             stored += cold.insert_rejects(prepared.rejects)
-        cold.record_gate_verdict(run_id, verdict_rows(verdict))
+        cold.record_gate_verdict(run_id, verdict.as_rows())
     finally:
         cold.close()
     return stored

@@ -175,6 +175,19 @@ class GateVerdict:
             out.append("  top reasons: " + ", ".join(f"{rule} {n:,}" for rule, n in self.top_reasons()))
         return out
 
+    def as_rows(self, *, refused: bool | None = None) -> list[dict[str, Any]]:
+        """The verdict as the rows of ``featureline_gate_verdicts`` (one per gate judged,
+        :meth:`features.sinks.postgres.PostgresSink.record_gate_verdict`). ``refused``: the
+        run stored nothing because of it (None: any ``fail`` gate breached, a batch load's
+        rule); a stream's or an HTTP worker's breaker passes False: the run's earlier
+        records are stored, its tripped micro-batch or request is not."""
+        no = bool(self.failed) if refused is None else refused
+        return [{"gate": r.gate.name, "kind": r.gate.kind, "rule": r.gate.rule, "measured": float(r.measured),
+                 "rows": r.rows, "limit": float(r.gate.limit), "on_breach": r.gate.on_breach,
+                 "breached": r.breached, "refused": no, "read": self.counts.read,
+                 "rejected": self.counts.rejected}
+                for r in self.results]
+
     def as_dict(self) -> dict[str, Any]:
         return {"schema": self.schema, "owner": self.owner, "read": self.counts.read,
                 "rejected": self.counts.rejected, "passed": not self.failed,

@@ -30,6 +30,7 @@ per schema and worker, used by one thread at a time).
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -43,7 +44,7 @@ import pyarrow.compute as pc
 
 from features.compile import CompiledSchema
 from features.config import Settings
-from features.errors import FeaturesError, Transient
+from features.errors import FeaturesError, SinkError, Transient
 from features.kernels import transform_program
 from features.lineage import RunContext
 from features.pipeline.gates import GateWindow, WindowCheck
@@ -55,6 +56,8 @@ from features.sinks.dead_letter import dead_letter_messages, producer_max_bytes
 from features.sinks.postgres import PostgresSink
 from features.sources.columnar import ColumnarDecoder
 from features.stream.kafka import dead_letter_limit
+
+log = logging.getLogger("features.serve")
 
 #: The Kafka header naming where a produced record came from (``http://<id>#<index>``).
 SOURCE_HEADER = "featureline-source"
@@ -159,6 +162,7 @@ class SchemaIngest:
         self.settings = settings
         #: every dead letter stays under this (the topic's limit, read at open)
         self.dead_letter_max_bytes = 0
+        self._breaching: set[str] = set()  # the gates breached at the last request judged
         self._decode_lock = threading.Lock()  # the decoder learns read types: one batch at a time
         self._pg_lock = threading.Lock()      # one connection
         self._queue: list[_Job] = []
@@ -301,16 +305,32 @@ class SchemaIngest:
         """Each request of ``out`` (in arrival order; ``first``: its first record's position)
         judged by the window as one micro-batch: the gates over the last N records up to each
         of its records (docs/operations.md, "Quality gates"). A request that trips a ``fail``
-        gate is not added to the window."""
+        gate is not added to the window. The verdict of the last request where a breach
+        started or that was refused is recorded in ``featureline_gate_verdicts`` under the
+        worker's run (the UI's Runs pages)."""
         at = np.asarray(entries.column("row").to_numpy(), dtype=np.int64)
         jobs = np.searchsorted(first, at, side="right") - 1
         rules = entries.column("rule").combine_chunks().cast(pa.string())
+        record = None
         for job, checked in enumerate(out):
             mask = jobs == job
             rows = at[mask] - first[job]
             flags = np.zeros(checked.records, dtype=np.bool_)
             flags[rows] = True
-            checked.gate = self.window.observe(flags, rows, rules.filter(pa.array(mask)))
+            checked.gate = check = self.window.observe(flags, rows, rules.filter(pa.array(mask)))
+            if check.verdict is None:
+                continue
+            breached = {r.gate.name for r in check.verdict.breaches}
+            if check.tripped or breached - self._breaching:
+                record = check.verdict
+            self._breaching = breached
+        if record is not None:  # a breach started or a request was refused: where the UI reads it
+            try:
+                with self._pg_lock:
+                    self.pg.record_gate_verdict(self.run_id, record.as_rows(refused=False))
+            except SinkError as exc:  # the requests' answers do not wait on it (the log has it)
+                log.warning("ingest: the quality gates' verdict was not recorded: %s", exc,
+                            extra={"schema": self.name, "run_id": self.run_id})
 
     def _errors(self, entries: pa.Table) -> tuple[list[dict[str, Any]], int]:
         """(the first ``max_errors`` field errors of one request's reject entries

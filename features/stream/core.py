@@ -308,7 +308,9 @@ class StreamProcessor:
         each chunk's first record and its prepared records) judged by the sliding window.
         A breached ``warn`` gate is counted (metrics, summary) and logged when it starts; a
         breached ``fail`` gate stores the micro-batch's rejects alone and raises
-        GateBreached, which stops the job before any of its rows is stored."""
+        GateBreached, which stops the job before any of its rows is stored. The verdict
+        of a micro-batch where a breach starts, and of the one that trips, is recorded in
+        ``featureline_gate_verdicts`` under the run (the UI's Runs pages show it)."""
         rejected = np.zeros(n, dtype=np.bool_)
         rows, rules = [], []
         for start, part in parts:
@@ -323,6 +325,7 @@ class StreamProcessor:
         assert record is not None
         if verdict is None:
             return check
+        started = any(r.breached and r.gate.name not in self._breaching for r in verdict.results)
         for r in verdict.results:
             if self.metrics is not None:
                 self.metrics.gate(r.gate.name, r.gate.on_breach, float(r.measured), breached=r.breached)
@@ -343,6 +346,8 @@ class StreamProcessor:
         if check.tripped:
             assert check.position is not None
             self._trip(check, parts, topics, partitions, offs)
+        elif started:  # a breach starts: its verdict where the UI reads a run's gates
+            self.pg.record_gate_verdict(self.run_id, verdict.as_rows(refused=False))
         return check
 
     def _trip(self, check: WindowCheck, parts: Sequence[tuple[int, PreparedRecords]], topics: pa.Array,
@@ -354,6 +359,7 @@ class StreamProcessor:
         assert verdict is not None and check.position is not None
         rejects = pa.concat_tables([p.prepared.rejects for _, p in parts])
         stored = self.pg.insert_rejects(rejects) if rejects.num_rows else 0
+        self.pg.record_gate_verdict(self.run_id, verdict.as_rows(refused=False))
         keys = pa.table({"t": topics, "p": partitions, "o": pa.array(offs)}).group_by(["t", "p"]).aggregate(
             [("o", "min"), ("o", "max")])
         spans = {f"{t}/{p}": (int(lo), int(hi)) for t, p, lo, hi in zip(

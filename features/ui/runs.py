@@ -98,11 +98,14 @@ class Run:
 
     @property
     def verdict(self) -> str | None:
-        """``refused``, ``warned`` (a ``warn`` gate breached), ``passed``, or None: not judged."""
+        """``refused`` (a load its gates refused), ``tripped`` (a stream or HTTP run whose
+        breaker stopped a micro-batch or refused a request: a ``fail`` gate breached; its
+        earlier records are stored), ``warned`` (a ``warn`` gate breached), ``passed``, or
+        None: not judged."""
         if not self.gates:
             return None
-        if self.kind == "refused" or any(g.breached and g.on_breach == "fail" for g in self.gates):
-            return "refused"
+        if any(g.breached and g.on_breach == "fail" for g in self.gates) or self.kind == "refused":
+            return "tripped" if self.kind == "stream" else "refused"
         return "warned" if any(g.breached for g in self.gates) else "passed"
 
 

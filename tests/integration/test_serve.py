@@ -910,13 +910,25 @@ def test_a_breached_fail_gate_refuses_the_request_and_stores_nothing_of_it(
         exists = conn.execute("SELECT to_regclass('credit_applicant__rejects')").fetchone()
         rejects = (conn.execute("SELECT count(*) FROM credit_applicant__rejects").fetchone()
                    if exists and exists[0] else (0,))
+        verdicts = conn.execute("SELECT run_id, gate, on_breach, breached, measured, rows, refused, read, "
+                                "rejected FROM featureline_gate_verdicts WHERE schema_name = %s "
+                                "ORDER BY gate",
+                                [SCHEMA]).fetchall()
     assert rejects is not None and rejects[0] == 0
     assert read_topic(settings.kafka_bootstrap, topics.format(schema=SCHEMA) + ".rejects") == []
+    # the refused request's verdict, under the worker's run (the later clean request breached
+    # nothing, so nothing replaced it): the window's counts, refused false (the run stored the rest)
+    assert len({v[0] for v in verdicts}) == 1, verdicts
+    assert [v[1:] for v in verdicts] == [
+        ("max_reject_rate", "fail", True, 0.21, 21, False, 100, 21),
+        ("max_rule_rate[income_monthly.min]", "warn", True, 0.21, 21, False, 100, 21)], verdicts
 
 
 def test_a_breached_warn_gate_stores_the_request_and_says_so(tmp_path: Path, env: dict[str, str],
                                                              schemas_dir: Path, topics: str,
-                                                             settings: Settings) -> None:
+                                                             settings: Settings, pg_schema: str) -> None:
+    import psycopg
+
     _with_gates(schemas_dir, "quality:\n  on_breach: warn\n  max_reject_rate: 0.2\n  window_records: 100\n"
                              "  window_min_records: 50\n")
     good = _valid_events(120, seed=22)
@@ -935,3 +947,7 @@ def test_a_breached_warn_gate_stores_the_request_and_says_so(tmp_path: Path, env
     produced = read_topic(settings.kafka_bootstrap, topics.format(schema=SCHEMA))
     assert sorted(m.value() for m in produced) == sorted(good[:30])
     assert any(x.get("gate") == "max_reject_rate" for x in server.log_lines())
+    with psycopg.connect(settings.postgres_dsn, options=f"-c search_path={pg_schema}") as conn:
+        verdicts = conn.execute("SELECT gate, on_breach, breached, measured, refused FROM "
+                                "featureline_gate_verdicts WHERE schema_name = %s", [SCHEMA]).fetchall()
+    assert verdicts == [("max_reject_rate", "warn", True, 0.4, False)]   # where the breach started

@@ -2,7 +2,8 @@
 runs) against the real Postgres and Redis: a breached ``fail`` gate stores nothing of the
 tripping micro-batch but its rejects and names the offsets a restart resumes from; the
 same micro-batch replayed with the gate raised stores exactly once; a ``warn`` gate
-stores everything and counts the breach (metrics, summary, log). The PyFlink job itself:
+stores everything and counts the breach (metrics, summary, log); both verdicts are
+recorded under the run, which ``features ui`` shows. The PyFlink job itself:
 ``tests/integration/test_stream.py``."""
 
 from __future__ import annotations
@@ -10,9 +11,14 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from types import SimpleNamespace
 
 import pyarrow as pa
 import pytest
+from conftest import search_path_dsn
+from test_report_browser import find, one
+from test_ui import page
+from ui_server import start_ui, stop_ui
 
 from features.compile import CompiledSchema, compile_schema
 from features.config import Settings
@@ -58,6 +64,16 @@ def processor(compiled: CompiledSchema, settings: Settings, pg_schema: str, redi
     return proc
 
 
+def verdicts(settings: Settings, pg_schema: str, run_id: str) -> list[tuple[object, ...]]:
+    """The run's rows of ``featureline_gate_verdicts``: gate, on_breach, breached, measured,
+    rows, refused, read, rejected."""
+    import psycopg
+
+    with psycopg.connect(settings.postgres_dsn, options=f"-c search_path={pg_schema}") as conn:
+        return conn.execute("SELECT gate, on_breach, breached, measured, rows, refused, read, rejected FROM "
+                            "featureline_gate_verdicts WHERE run_id = %s ORDER BY gate", [run_id]).fetchall()
+
+
 def stored(settings: Settings, pg_schema: str) -> tuple[list[str], list[str]]:
     """The sources of the history rows and of the rejects."""
     import psycopg
@@ -69,7 +85,7 @@ def stored(settings: Settings, pg_schema: str) -> tuple[list[str], list[str]]:
 
 
 def test_a_tripped_micro_batch_stores_only_its_rejects_and_a_replay_with_the_gate_raised_is_exact(
-        settings: Settings, pg_schema: str, redis_prefix: str) -> None:
+        settings: Settings, pg_schema: str, redis_prefix: str, tmp_path: Path) -> None:
     import redis
 
     quality = ("quality:\n  owner: risk-data\n  max_reject_rate: {}\n  window_records: 200\n"
@@ -93,6 +109,26 @@ def test_a_tripped_micro_batch_stores_only_its_rejects_and_a_replay_with_the_gat
     assert "data owner: risk-data" in message
     tripped = proc.stats.gates["tripped"] if proc.stats.gates else None
     assert tripped is not None and tripped["resume_offsets"] == {f"{TOPIC}/0": 200}
+    # the tripping verdict, under the run (the window's counts; refused false: records 0..199 are stored)
+    assert verdicts(settings, pg_schema, proc.run_id) == [
+        ("max_reject_rate", "fail", True, 0.255, 51, False, 200, 51)]
+    # features ui: the run is a stream (its rejects), badge "tripped", its gate measured vs limit
+    (tmp_path / "schemas").mkdir()
+    (tmp_path / "schemas" / "credit_applicant.yaml").write_text(
+        (ROOT / "schemas" / "credit_applicant.yaml").read_text() + quality.format(0.25))
+    ui, url = start_ui(search_path_dsn(settings.postgres_dsn, pg_schema), tmp_path / "schemas", tmp_path)
+    try:
+        site = SimpleNamespace(url=url)
+        (tr,) = [tr for tr in find(one(page(site, "/runs"), id="runs"), tag="tr")
+                 if tr.attrs.get("data-run") == proc.run_id]
+        assert tr.attrs["data-kind"] == "stream" and one(tr, cls="badge").text() == "tripped"
+        root = page(site, f"/runs/credit_applicant/{proc.run_id}")
+        assert one(root, id="verdict").text() == "tripped"
+        (gate,) = [g for g in find(one(root, id="gates"), tag="tr") if g.attrs.get("data-gate")]
+        assert gate.attrs["data-gate"] == "max_reject_rate"
+        assert (one(gate, cls="measured").text(), one(gate, cls="limit").text()) == ("25.50%", "25.00%")
+    finally:
+        stop_ui(ui)
     assert proc.stats.summary.read == 200 and proc.stats.summary.adds_up
 
     rows, rejects = stored(settings, pg_schema)
@@ -155,3 +191,6 @@ def test_a_breached_warn_gate_stores_everything_and_reports_it(settings: Setting
     assert len(warned) == 1, [r.getMessage() for r in caplog.records]   # logged when the breach starts
     rows, rejects = stored(settings, pg_schema)
     assert len(rows) == 160 and len(rejects) == 40
+    # recorded where the breach started (the first micro-batch: 20 of 100), not again while it lasted
+    assert verdicts(settings, pg_schema, proc.run_id) == [
+        ("max_rule_rate[income_monthly.min]", "warn", True, 0.2, 20, False, 100, 20)]
