@@ -72,8 +72,9 @@ def backfill(spec: AggSpec, inputs: Inputs, writer: AggregateWriter, ctx: RunCon
 
     The history table is the source of truth: for each entity of ``inputs`` (this load's
     valid rows, input order) with event times ``[lo, hi]``, the values of its events in
-    ``[lo, hi + longest window)`` are recomputed over its history in ``[lo - longest, hi +
-    longest)``: the events earlier loads stored (read back) and this load's. So loading
+    ``[lo, hi + longest window)`` are recomputed over its history in ``[lo - horizon, hi +
+    longest)`` (horizon: allowed lateness + longest window): the events earlier loads
+    stored (read back) and this load's. So loading
     January then February gives the values of one load of both, in either order, and the
     order of files and rows changes nothing. Two different events at one (entity, event
     time) are both kept and counted; an exact copy (same content digest) is one event.
@@ -98,7 +99,9 @@ def backfill(spec: AggSpec, inputs: Inputs, writer: AggregateWriter, ctx: RunCon
     np.maximum.at(hi, codes, inputs.time_us)
     firsts = np.unique(codes, return_index=True)[1]  # each entity's first row (codes are 0..k-1)
     longest = spec.longest_us
-    stored = writer.stored_inputs(spec, entity.take(pa.array(firsts)), lo - longest, hi + longest,
+    # from a horizon (lateness + longest window) before: every event a read of the tiles
+    # this load writes can reach (tiles.build), besides the longest window the values need
+    stored = writer.stored_inputs(spec, entity.take(pa.array(firsts)), lo - spec.horizon_us, hi + longest,
                                   exclude_run=None if read_own else ctx.run_id)
     counts.from_history = len(stored)
     merged = Inputs.concat([stored, inputs])

@@ -92,11 +92,13 @@ from features.aggregate.tilepack import (
     unpack_summary_set,
     variable_parts,
 )
-from features.compile.layout import MOMENT_FUNCTIONS, encode_column
+from features.compile.layout import MOMENT_FUNCTIONS, TILES_WHOLE_US, encode_column
 from features.schema.model import Window
 
 I64 = npt.NDArray[np.int64]
 _US = 1_000_000
+#: ``TileRows.complete_from_us`` of an entity whose write leaves no event out
+WHOLE_HISTORY_US = TILES_WHOLE_US
 #: tile sizes (seconds): the smallest one giving at most TILES_PER_WINDOW tiles over the
 #: longest window (whole days beyond the ladder); each divides the next and a day
 LADDER_S = (1, 5, 15, 60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400)
@@ -329,6 +331,9 @@ class TileRows:
     events: pa.Array        # string
     newest_entity: pa.Array  # one per entity of the load
     newest_us: I64
+    #: per entity (as ``newest_entity``): the time from which the tiles written, with the
+    #: tiles the hash already holds, hold every event of the entity (:func:`build`)
+    complete_from_us: I64
 
     def __len__(self) -> int:
         return len(self.start_us)
@@ -337,14 +342,23 @@ class TileRows:
 def build(tspec: TileSpec, events: Inputs, fresh: npt.NDArray[np.bool_]) -> TileRows:
     """The complete tiles holding a ``fresh`` event of ``events`` (the load's events and
     the history around them: every event of those tiles, exact copies allowed), within
-    the retention before each entity's newest event. Vectorised over events and tiles."""
+    the retention before each entity's newest event. Vectorised over events and tiles.
+
+    ``events`` must hold every event of each entity from a horizon (allowed lateness +
+    longest window) before its first fresh one: what any read the tiles serve can reach.
+    Each entity's ``complete_from_us``: the end of the last tile holding one of its events
+    that is not written (an event read back in a tile with no fresh event), else
+    :data:`WHOLE_HISTORY_US`. A writer that makes the entity's tiles hash (it was absent:
+    Redis lost it) records it as ``c``; a read whose windows reach before ``c`` computes
+    them from the history instead (:data:`~features.sinks.redis_tiles.TILES_WRITE`)."""
     h = tspec.size_us
     codes = group_codes(events.entity)
     k = int(codes.max()) + 1 if len(codes) else 0
     newest = np.full(k, np.iinfo(np.int64).min, dtype=np.int64)
     np.maximum.at(newest, codes, events.time_us)
     firsts = np.unique(codes, return_index=True)[1]
-    newest_entity, newest_us = events.entity.take(pa.array(firsts)), newest[codes[firsts]]
+    ent_codes = codes[firsts]
+    newest_entity, newest_us = events.entity.take(pa.array(firsts)), newest[ent_codes]
     # only the events within the retention before their entity's newest event
     tile = np.floor_divide(events.time_us, h)
     within = np.flatnonzero(tile >= np.floor_divide(newest - tspec.retention_us, h)[codes])
@@ -354,13 +368,18 @@ def build(tspec: TileSpec, events: Inputs, fresh: npt.NDArray[np.bool_]) -> Tile
     pair = pair.astype(np.int64)
     touched = np.zeros(int(pair.max()) + 1 if len(pair) else 0, dtype=np.bool_)
     touched[pair[fresh]] = True
+    # complete from: after the last tile holding an event that is not written
+    unwritten = np.flatnonzero(~touched[pair])
+    after = np.full(k, WHOLE_HISTORY_US, dtype=np.int64)
+    np.maximum.at(after, codes[unwritten], (tile[unwritten] + 1) * h)
+    complete_from = after[ent_codes]
     keep = np.flatnonzero(first_of_each_key(codes, events.time_us, digest_ranks(events.digest)))
     events, codes, tile, pair = events.take(keep), codes[keep], tile[keep], pair[keep]
     sel = np.flatnonzero(touched[pair])
     if len(sel) == 0:
         empty = pa.array([], pa.string())
         return TileRows(events.entity.slice(0, 0), np.zeros(0, np.int64), empty, empty, newest_entity,
-                        newest_us)
+                        newest_us, complete_from)
     ev = events.take(sel)
     ids, table = group_raw(tspec, ev, pair[sel])
     # one event per (entity, time, digest), sorted as the engine sorts them
@@ -375,7 +394,7 @@ def build(tspec: TileSpec, events: Inputs, fresh: npt.NDArray[np.bool_]) -> Tile
     values = {**ev.values, **{name: event_hashes(ev.values[name]) for name in layout.hashed}}
     blobs = pack_events(layout, offsets, ev.time_us - starts, ev.contrib, values, keys)
     return TileRows(ev.entity.take(pa.array(heads)), starts[heads], pack_summaries(layout, table), blobs,
-                    newest_entity, newest_us)
+                    newest_entity, newest_us, complete_from)
 
 
 # --------------------------------------------------------------------------- reading
@@ -394,7 +413,7 @@ def fields_to_read(tspec: TileSpec, t_us: int) -> tuple[list[int], list[int]]:
 
 def read_fields(tspec: TileSpec, t_us: int) -> tuple[list[int], list[int], list[str]]:
     """:func:`fields_to_read` and the hash fields to HMGET (``n``, ``v``, the packed
-    summaries ``s``, ``e:<start>`` of each edge tile), made once per shape of the
+    summaries ``s``, ``e:<start>`` of each edge tile, ``c``), made once per shape of the
     windows at ``t_us`` (their tiles move only when ``t_us`` crosses a tile boundary)."""
     return _fields_to_read(tspec, t_us)
 
@@ -414,7 +433,7 @@ def _fields_to_read(tspec: TileSpec, t_us: int) -> tuple[list[int], list[int], l
         full.update(_full_tiles(h, a, b))
     edges = sorted({s for a, b in ranges for s, _, _ in _edge_pieces(h, a, b)})
     starts = sorted(full)
-    got = cache[key] = (starts, edges, ["n", "v", SUMMARIES_FIELD, *(f"e:{s}" for s in edges)])
+    got = cache[key] = (starts, edges, ["n", "v", SUMMARIES_FIELD, *(f"e:{s}" for s in edges), "c"])
     return got
 
 
@@ -870,5 +889,5 @@ def _reduce(tspec: TileSpec, agg: Any, rows: _Rows, idx: I64, n_ent: int) -> dic
 _MASK31 = (1 << 31) - 1
 
 
-__all__ = ["EntityTiles", "TileRows", "TileSpec", "build", "fields_to_read", "group_raw", "read_fields",
-           "row_at", "tile_size_us", "values_at", "window_ranges"]
+__all__ = ["WHOLE_HISTORY_US", "EntityTiles", "TileRows", "TileSpec", "build", "fields_to_read", "group_raw",
+           "read_fields", "row_at", "tile_size_us", "values_at", "window_ranges"]

@@ -210,6 +210,12 @@ def aggregates_key(schema_name: str, entity: str) -> str:
     return entity_key(schema_name + AGGREGATES_SUFFIX, entity)
 
 
+#: a request-time tiles hash's "complete from" when no event is left out (features.aggregate.
+#: tiles.build, the ``c`` field features.sinks.redis_tiles writes): -2^53, exact as the
+#: double Redis's Lua reads it
+TILES_WHOLE_US = -(2**53)
+
+
 def tiles_key(schema_name: str, entity: str) -> str:
     """The hash of one entity's request-time window tiles (``features.aggregate.tiles``):
     ``features:<schema>__tiles:{<entity>}``."""
@@ -372,8 +378,8 @@ def key_slots(keys: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.int64]:
 
 
 __all__ = [
-    "ENCODING_VERSION", "KEY_PREFIX", "MOMENT_FUNCTIONS", "SLOTS", "aggregates_key", "aggregation_names",
-    "aggregation_type", "cold_columns", "declared_type", "encode_column", "entity_key", "entity_values",
-    "event_time_micros", "from_text", "hot_columns", "key_slot", "key_slots", "ledger_key", "reply_columns",
-    "rows_to_table", "stored_aggregations", "stored_fields", "tiles_key",
+    "ENCODING_VERSION", "KEY_PREFIX", "MOMENT_FUNCTIONS", "SLOTS", "TILES_WHOLE_US", "aggregates_key",
+    "aggregation_names", "aggregation_type", "cold_columns", "declared_type", "encode_column", "entity_key",
+    "entity_values", "event_time_micros", "from_text", "hot_columns", "key_slot", "key_slots", "ledger_key",
+    "reply_columns", "rows_to_table", "stored_aggregations", "stored_fields", "tiles_key",
 ]

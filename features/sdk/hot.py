@@ -306,8 +306,12 @@ class HotReader:
             # the clock behind an entity's events: its history
             late = (req.t_us + req.tiles.tspec.spec.lateness_us if req.clocked and not req.lenient
                     else None)
+            # a hash complete only from after the windows' start (made again after Redis lost
+            # it, ``c``): from the history until the windows no longer reach before that
+            reach = req.tiles.earliest_us
             absent = np.asarray([(r[0] is None and r[1] is None) or (r[1] is not None and r[1] != sig)
                                  or (late is not None and r[0] is not None and int(r[0]) > late)
+                                 or (r[-1] is not None and int(r[-1]) > reach)
                                  for r in tiles], dtype=np.bool_)
         rows = (small_rows(req.base, base) if len(req.ids) <= SMALL_CALL and not req.base.lineage
                 else None)

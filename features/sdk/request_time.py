@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow as pa
 
 from features.aggregate.engine import AggSpec
-from features.aggregate.tiles import EntityTiles, TileSpec, read_fields, row_at, values_at
+from features.aggregate.tiles import EntityTiles, TileSpec, read_fields, row_at, values_at, window_ranges
 from features.compile import CompiledSchema
 from features.compile.arrow import arrow_type
 from features.compile.layout import tiles_key
@@ -43,7 +43,9 @@ def request_time_windows(windows: str, at: Any) -> bool:
 class TileRead:
     """One request-time read's Redis part: the tiles hashes and the fields of each (the
     newest event time, the layout signature, the packed summaries, the edge tiles' events
-    at ``edges``); ``names``: the requested aggregations the tiles hold."""
+    at ``edges``, last the time ``c`` the hash is complete from); ``names``: the requested
+    aggregations the tiles hold; ``earliest_us``: where the earliest window starts (a
+    hash complete only from after it is read from the history)."""
 
     tspec: TileSpec
     keys: list[str]
@@ -51,6 +53,7 @@ class TileRead:
     edges: list[int]
     t_us: int
     names: tuple[str, ...] = ()
+    earliest_us: int = 0
 
 
 def tile_spec(c: CompiledSchema) -> TileSpec | None:
@@ -83,7 +86,8 @@ def tile_read(tspec: TileSpec, c: CompiledSchema, ids: Sequence[str], t_us: int,
     aggregations the tiles hold (what a one-entity read computes, :func:`window_row`)."""
     _, edges, fields = read_fields(tspec, t_us)
     keys = [key_prefix + tiles_key(c.name, i) for i in ids]
-    return TileRead(tspec, keys, fields, edges, t_us, tuple(names))
+    earliest = min(a for a, _ in window_ranges(tspec, t_us))
+    return TileRead(tspec, keys, fields, edges, t_us, tuple(names), earliest)
 
 
 def window_values(read: TileRead, replies: Sequence[Any], c: CompiledSchema) -> dict[str, pa.Array]:

@@ -5,8 +5,14 @@ tiles_key`: the entity's hash tag, as its other hashes, so one slot in Redis Clu
 fields ``s`` (every kept tile's summary in one value, ascending by start:
 ``features.aggregate.tilepack.pack_summary_set``, so a read fetches them all as one bulk
 reply), ``e:<tile start us>`` (a tile's events), ``n`` (the newest event time written,
-us) and ``v`` (the tiles' layout signature: a hash written with another layout is
-dropped and written anew).
+us), ``v`` (the tiles' layout signature: a hash written with another layout is
+dropped and written anew) and ``c`` (us: from when the hash holds every event of the
+entity a read can reach; absent: all of them. A writer that makes the hash again after
+Redis lost it (evicted, restarted without persistence) while older events of the entity
+are in the history sets it to the end of the last tile it knows holds one and does not
+write, ``TileRows.complete_from_us``; a read whose windows reach before it computes them
+from the history, ``features.sdk.hot.HotReader.finish_windowed``. A new entity's hash,
+and every hash written while Redis keeps it, has none).
 
 A tile is always written COMPLETE (every event of its time range, never a delta), so a
 write is idempotent and the order of two writes of one tile changes nothing.
@@ -28,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from features.compile.layout import KEY_PREFIX, encode_column, key_slots
+from features.compile.layout import KEY_PREFIX, TILES_WHOLE_US, encode_column, key_slots
 from features.errors import SinkError, SinkUnavailable
 from features.schema.syntax import TILES_SUFFIX
 from features.sinks.base import retrying
@@ -37,15 +43,28 @@ from features.sinks.redis_wire import Conn, RedisEndpoint, ReplyError, command
 
 TILES_WRITE = """
 -- KEYS[1]: one entity's tiles hash. ARGV: TTL s (0: none), layout signature, newest event
--- time of the write (us), retention (us), tile size (us), then pairs field, text
+-- time of the write (us), retention (us), tile size (us), complete from (us), then pairs
+-- field, text
 local key = KEYS[1]; local ttl = tonumber(ARGV[1]); local sig = ARGV[2]
 local cur = redis.call('HGET', key, 'v')
-if cur and cur ~= sig then redis.call('DEL', key) end
+if cur and cur ~= sig then redis.call('DEL', key); cur = false end
 local newest = tonumber(ARGV[3])
 local old = redis.call('HGET', key, 'n')
 if old and cur == sig and tonumber(old) > newest then newest = tonumber(old) end
 local h = tonumber(ARGV[5])
 local cutoff = math.floor((newest - tonumber(ARGV[4])) / h) * h
+-- 'c': from when the hash holds every event (none: all a read can reach). ARGV[6] is the
+-- end of the last tile holding an event this write knows and does not write ('': none).
+-- A hash made here (absent, or of another layout) takes it; one that has a 'c' (made
+-- again after Redis lost it) lowers it, or drops it once a write leaves no event out.
+local cover = ARGV[6]
+if not cur then
+  if cover ~= '' then redis.call('HSET', key, 'c', cover) end
+else
+  local c = redis.call('HGET', key, 'c')
+  if c and cover == '' then redis.call('HDEL', key, 'c')
+  elseif c and tonumber(cover) < tonumber(c) then redis.call('HSET', key, 'c', cover) end
+end
 redis.call('HSET', key, 'v', sig, 'n', string.format('%.0f', newest))
 -- the summaries kept: 's' = count (u32), starts (i64 each), lengths (u32 each), summaries
 local summ = {}
@@ -60,7 +79,7 @@ if packed then
   end
 end
 local written = 0
-for i = 6, #ARGV, 2 do
+for i = 7, #ARGV, 2 do
   local f = ARGV[i]
   local s = tonumber(string.sub(f, 3))
   if s >= cutoff then
@@ -184,8 +203,10 @@ class TileWriter:
                 args[index[k]].extend((f"s:{s}", summary, f"e:{s}", events))
         head = self.head
         newest = np.asarray(rows.newest_us).tolist()
-        out = [command(["EVALSHA", TILES_WRITE_SHA, "1", k, head[0], head[1], str(t), head[3], head[4], *a])
-               for k, t, a in zip(ent_keys, newest, args, strict=True)]
+        cover = ["" if c == TILES_WHOLE_US else str(c) for c in np.asarray(rows.complete_from_us).tolist()]
+        out = [command(["EVALSHA", TILES_WRITE_SHA, "1", k, head[0], head[1], str(t), head[3], head[4],
+                        c, *a])
+               for k, t, c, a in zip(ent_keys, newest, cover, args, strict=True)]
         return out, ent_keys
 
     def write(self, rows: Any) -> int:

@@ -39,7 +39,7 @@ from features import FeatureStore
 from features.aggregate.engine import AggSpec
 from features.aggregate.tilepack import SUMMARIES_FIELD, pack_summary_set, summary_blobs
 from features.aggregate.tiles import TileSpec
-from features.compile import compile_schema
+from features.compile import CompiledSchema, compile_schema
 from features.compile.layout import aggregates_key, entity_key, tiles_key
 from features.config import Settings
 from features.errors import ConfigError
@@ -277,7 +277,7 @@ def test_a_quiet_entity_decays_and_the_tiles_stay_bounded(settings: Settings, tm
     starts, blobs = summary_blobs(packed)
     assert pack_summary_set(starts, blobs) == packed
     assert starts == sorted({int(f[2:]) for f in fields if f[:2] == "e:"})
-    assert set(fields) == {"n", "v", SUMMARIES_FIELD, *(f"e:{s}" for s in starts)}
+    assert set(fields) == {"n", "v", SUMMARIES_FIELD, *(f"e:{s}" for s in starts)}  # no "c": whole
     assert starts[0] >= (last - tspec.retention_us) // tspec.size_us * tspec.size_us
     assert len(starts) <= tspec.retention_us // tspec.size_us + 1
     assert all(len(b) >= tspec.layout.fixed_bytes for b in blobs)
@@ -322,13 +322,11 @@ def test_a_quiet_entity_decays_and_the_tiles_stay_bounded(settings: Settings, tm
         assert got.column("txn_24h").to_pylist() == [72]
 
 
-def test_an_entity_without_tiles_reads_its_windows_from_the_history(
-        settings: Settings, tmp_path: Path, pg_schema: str, redis_prefix: str) -> None:
-    """A tiles hash lost (Redis restarted without persistence, or an entity loaded before
-    tiles existed) reads the windows ``historical(..., windows="request_time")`` gives at
-    ``T``, never the empty window; so does an entity Redis lost whole (the Postgres
-    fallback finds it); an entity never seen reads the empty window without a history
-    read; ``online_async`` gives the rows ``online`` gives. The tiles are not written back."""
+def _three_cards(settings: Settings, tmp_path: Path, pg_schema: str, redis_prefix: str
+                 ) -> tuple[CompiledSchema, list[str], list[int]]:
+    """The quiet schema, cards c1..c3 with an event every 20 minutes in turn for two days
+    loaded from ``tmp_path/h.parquet``, the schema in ``tmp_path/schemas``: (schema, cards,
+    the event times)."""
     c = compile_schema(parse_schema(QUIET))
     day0 = int(dt.datetime(2026, 3, 1, tzinfo=dt.UTC).timestamp()) * 1_000_000
     cards = ["c1", "c2", "c3"]
@@ -340,6 +338,17 @@ def test_an_entity_without_tiles_reads_its_windows_from_the_history(
     assert load([tmp_path / "h.parquet"], c, settings, search_path=pg_schema, key_prefix=redis_prefix).adds_up
     (tmp_path / "schemas").mkdir()
     (tmp_path / "schemas" / "quiet.yaml").write_text(QUIET)
+    return c, cards, ts
+
+
+def test_an_entity_without_tiles_reads_its_windows_from_the_history(
+        settings: Settings, tmp_path: Path, pg_schema: str, redis_prefix: str) -> None:
+    """A tiles hash lost (Redis restarted without persistence, or an entity loaded before
+    tiles existed) reads the windows ``historical(..., windows="request_time")`` gives at
+    ``T``, never the empty window; so does an entity Redis lost whole (the Postgres
+    fallback finds it); an entity never seen reads the empty window without a history
+    read; ``online_async`` gives the rows ``online`` gives. The tiles are not written back."""
+    _, cards, ts = _three_cards(settings, tmp_path, pg_schema, redis_prefix)
     client = redis.Redis.from_url(settings.redis_url)
     assert client.delete(redis_prefix + tiles_key("quiet", "c1")) == 1  # its tiles only
     lost = [redis_prefix + key("quiet", "c2") for key in (entity_key, aggregates_key, tiles_key)]
@@ -372,6 +381,87 @@ def test_an_entity_without_tiles_reads_its_windows_from_the_history(
                    if line.startswith("featureline_sdk_windows_from_history_total{")]
         assert counted == ['featureline_sdk_windows_from_history_total{schema="quiet"} 6.0'], counted
     assert client.exists(redis_prefix + tiles_key("quiet", "c1")) == 0  # a read writes no tiles
+    client.close()
+
+
+def test_a_tiles_hash_redis_lost_and_a_writer_made_again_reads_the_history_until_whole(
+        settings: Settings, tmp_path: Path, pg_schema: str, redis_prefix: str) -> None:
+    """Redis loses two entities' tiles hashes; a batch load of a new event of one and a
+    stream micro-batch of a new event of the other make them again holding only the tiles
+    they write, with ``c``: the end of the last tile holding an event they read back and
+    did not write. A read whose windows reach before ``c`` computes them from the history
+    (online == historical, one entity or several), one that does not reads the tiles; a
+    write that leaves no event out (a reload) drops ``c``. An entity whose hash Redis kept
+    gets no ``c``."""
+    from features.stream.core import StreamProcessor
+
+    c, cards, ts = _three_cards(settings, tmp_path, pg_schema, redis_prefix)
+    of = {k: [t for i, t in enumerate(ts) if cards[i % 3] == k] for k in cards}
+    client = redis.Redis.from_url(settings.redis_url)
+    keys = {k: redis_prefix + tiles_key("quiet", k) for k in cards}
+    assert client.delete(keys["c1"], keys["c2"]) == 2
+    new_t = ts[-1] + 30 * MINUTE_US
+    pq.write_table(pa.table({"card": ["c1"], "ts": pa.array([new_t], pa.timestamp("us", "UTC")),
+                             "amount": [9.5]}), tmp_path / "new.parquet")
+    assert load([tmp_path / "new.parquet"], c, settings, search_path=pg_schema,
+                key_prefix=redis_prefix).adds_up
+    proc = StreamProcessor(c, settings, run_id="lost-tiles", dead_letter_topic=None, search_path=pg_schema,
+                           key_prefix=redis_prefix)
+    proc.open()
+    try:
+        iso = dt.datetime.fromtimestamp(new_t / 1e6, dt.UTC).isoformat().replace("+00:00", "Z")
+        proc.process([f'{{"card": "c2", "ts": "{iso}", "amount": 9.5}}'.encode()], pa.array(["t"]),
+                     pa.array([0], pa.int32()), pa.array([0], pa.int64()))
+    finally:
+        proc.close()
+    tspec = TileSpec.of(AggSpec.of(c.schema))
+    assert tspec is not None
+    h = tspec.size_us
+    cover = {k: client.hget(keys[k], "c") for k in cards}
+    for k in ("c1", "c2"):  # after the tile of its last event before the new one, not after the new one's
+        assert cover[k] is not None and int(cover[k]) == (of[k][-1] // h + 1) * h <= new_t, (k, cover)
+    assert cover["c3"] is None
+    names = ["txn_24h", "amount_sum_24h", "amount_mean_24h", "amount_max_24h", "last3"]
+
+    def history_reads(fs: FeatureStore) -> float:
+        line = [x for x in fs.metrics().splitlines()
+                if x.startswith('featureline_sdk_windows_from_history_total{schema="quiet"}')]
+        return float(line[0].split()[-1]) if line else 0.0
+
+    with FeatureStore(redis_url=settings.redis_url, postgres_dsn=settings.postgres_dsn,
+                      schemas=tmp_path / "schemas", search_path=pg_schema, key_prefix=redis_prefix) as fs:
+        t = new_t + HOUR  # the 24 h window reaches back over the lost tiles
+        frame = pa.table({"card": pa.array(cards), "timestamp": pa.array([t] * 3, pa.int64()).cast(
+            pa.timestamp("us", "UTC"))})
+        want = fs.historical("quiet", frame, names, windows="request_time").select(names).to_pylist()
+        assert [w["txn_24h"] for w in want] == [
+            sum(t - DAY < x <= t for x in of[k] + ([new_t] if k != "c3" else [])) for k in cards]
+
+        def online(ids: list[str], when: int) -> list[dict[str, Any]]:
+            got = fs.online("quiet", ids, names, windows="request_time", at=at(when))
+            return got.select(names).to_pylist()
+
+        assert online(cards, t) == want
+        for i, k in enumerate(cards):  # the one-entity read too
+            assert online([k], t) == [want[i]]
+        assert history_reads(fs) == 4  # c1 and c2, then each once alone
+        # once no window reaches before c, the tiles serve
+        late = max(int(cover["c1"] or 0), int(cover["c2"] or 0)) + DAY - 1
+        frame = pa.table({"card": pa.array(cards), "timestamp": pa.array([late] * 3, pa.int64()).cast(
+            pa.timestamp("us", "UTC"))})
+        want = fs.historical("quiet", frame, names, windows="request_time").select(names).to_pylist()
+        got = online(cards, late)
+        assert got == want and [w["txn_24h"] for w in want] == [
+            sum(late - DAY < x <= late for x in of[k] + ([new_t] if k != "c3" else [])) for k in cards]
+        assert history_reads(fs) == 4
+    # a write that leaves no event of the entity out (c1: a reload of both its files) drops
+    # "c"; one that leaves one out (c2: its streamed event's tile, read back, not rewritten)
+    # never raises it
+    assert load([tmp_path / "h.parquet", tmp_path / "new.parquet"], c, settings, search_path=pg_schema,
+                key_prefix=redis_prefix).adds_up
+    assert client.hget(keys["c1"], "c") is None and client.hget(keys["c3"], "c") is None
+    left = client.hget(keys["c2"], "c")
+    assert (left is None) == (new_t // h == of["c2"][-1] // h) and (left is None or left == cover["c2"])
     client.close()
 
 
