@@ -190,8 +190,9 @@ def test_processes_read_postgres_once_each_and_fill_once(
         settings: Settings, pg_schema: str, redis_prefix: str, loaded: dict[str, tuple[Any, ...]],
         hot: Any, hot_kind: str, fill_wait_s: float) -> None:
     """4 processes x 50 threads on one cold entity. Without ``fill_wait``: one Postgres
-    read per process (single-flight; a second where a caller stalled past the first and
-    the fill was not in Redis yet) and one fill across them (the lock). With it, the
+    read per process shared by its concurrent callers (single-flight; a caller that stalled
+    past that read while the fill was not in Redis yet reads again, one whose callers all
+    come after the fill reads none) and one fill across them (the lock). With it, the
     processes that lose the lock wait for the winner's fill: one Postgres read in all."""
     if hot_kind == "redis-cluster" and fill_wait_s:
         pytest.skip("the wait is the same code on a cluster; one Redis kind is enough")
@@ -226,14 +227,16 @@ def test_processes_read_postgres_once_each_and_fill_once(
         assert sum(o["queries"] for o in outs) == 1 and scans == 1, outs
         assert sum(o["waited"] for o in outs) >= 1, outs
     else:
-        # Single-flight: a process's 50 callers share its read. A caller whose Redis read
-        # began after that read finished may not share it (it could be stale); if the fill
-        # (by the process that won the lock) is not in Redis yet either, it reads Postgres
-        # again: one extra read per process at most here, the rest shared (GIL stalls of ~250 ms between the
-        # barrier and a thread's Redis read made this happen once in a loaded suite). Without
-        # single-flight each process would read Postgres once per caller that missed.
+        # Single-flight: a process's concurrent callers share its read (49 of 50 in a quiet
+        # run). A caller whose Redis read began after that read finished may not share it
+        # (it could be stale); if the fill (by the process that won the lock) is not in Redis
+        # yet, it reads Postgres again, and a process whose callers all come after the fill
+        # reads none. Under a loaded machine one process read 4 times in one run and another
+        # none in another: timing, not a rule. Without single-flight each caller that missed
+        # would read, about 50 per process.
         queries = [o["queries"] for o in outs]
-        assert all(1 <= q <= 2 for q in queries), outs
+        assert all(q <= 10 for q in queries) and sum(queries) >= 1, outs
+        assert max(o["shared"] for o in outs) >= 25, outs  # one read served most of a process's callers
         assert scans == sum(queries)
 
 
