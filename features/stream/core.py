@@ -12,7 +12,9 @@ stores and every reject is in the rejects table and acknowledged by the dead-let
 topic, so a Flink checkpoint taken after it never covers a row that is not stored.
 Writes are idempotent (Postgres: one row per event, keyed by entity, event time and
 content digest; Redis: newest event wins; rejects: unique per source record), so a replay after a failure
-changes nothing.
+changes nothing. Each chunk's Postgres transaction also adds its counts to the run's row of
+``featureline_run_counts`` (:data:`STREAM_RUN`; a replayed chunk's rows count already
+present), the Runs page's figures.
 """
 
 from __future__ import annotations
