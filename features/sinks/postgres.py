@@ -92,13 +92,13 @@ from features.sinks.pgbinary import copy_binary
 #: read = stored + already present + rejected
 _COUNTS = ("read", "stored", "already_present", "rejected")
 _COUNTS_DDL = "".join(f"    {quote_ident(c)} bigint NOT NULL,\n" for c in _COUNTS)
+#: the ledger's and the run counts' first columns: whose rows they count
+_COUNTED_DDL = '    "schema_name" text NOT NULL,\n    "fingerprint" text NOT NULL,\n'
 
 LEDGER_TABLE = "featureline_ledger"
 LEDGER_DDL = f"""
 CREATE TABLE IF NOT EXISTS {quote_ident(LEDGER_TABLE)} (
-    "schema_name" text NOT NULL,
-    "fingerprint" text NOT NULL,
-    "unit" text NOT NULL,
+{_COUNTED_DDL}    "unit" text NOT NULL,
     "run_id" text NOT NULL,
 {_COUNTS_DDL}    "committed_at" timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY ("schema_name", "fingerprint", "unit")
@@ -121,9 +121,7 @@ CREATE INDEX IF NOT EXISTS {quote_ident(LEDGER_TABLE + "__content")} ON {quote_i
 RUN_COUNTS_TABLE = "featureline_run_counts"
 RUN_COUNTS_DDL = f"""
 CREATE TABLE IF NOT EXISTS {quote_ident(RUN_COUNTS_TABLE)} (
-    "schema_name" text NOT NULL,
-    "fingerprint" text NOT NULL,
-    "run_id" text NOT NULL,
+{_COUNTED_DDL}    "run_id" text NOT NULL,
     "kind" text NOT NULL,
     "units" bigint NOT NULL,
 {_COUNTS_DDL}    "first_at" timestamptz NOT NULL DEFAULT now(),
