@@ -10,9 +10,10 @@ out of both stores and the stores put back as if it had never run:
    entities *after* the run started (history rows with a later ``_ingested_at``) make the
    rollback refuse (:class:`LaterRuns`, naming them) unless they are rolled back too
    (``include_later``: the same closure over their entities);
-2. **delete** (one transaction): the runs' history rows, rejects and ledger rows; their
-   aggregates rows whose event no longer has a history row (an aggregates row the run
-   rewrote for an earlier event stays, and step 3 puts its value back);
+2. **delete** (one transaction): the runs' history rows, rejects, ledger rows and counts
+   (``featureline_run_counts``: a stream run's); their aggregates rows whose event no
+   longer has a history row (an aggregates row the run rewrote for an earlier event
+   stays, and step 3 puts its value back);
 3. **restore**, entity by entity in chunks, from what Postgres now holds: each touched
    entity's Redis hashes (hot features, hot aggregations, request-time tiles) are
    deleted, its aggregations computed again over its remaining history
@@ -75,7 +76,7 @@ from features.ops.recompute import feature_inputs, recompute_aggregations
 from features.sdk.columns import entity_pg_type
 from features.sinks import pg
 from features.sinks.base import WriteUnit
-from features.sinks.postgres import WRITERS_LOCK
+from features.sinks.postgres import RUN_COUNTS_TABLE, WRITERS_LOCK
 from features.sinks.redis import RedisSink
 from features.sinks.stores import aggregate_stores
 
@@ -154,6 +155,7 @@ def _names(c: CompiledSchema) -> dict[str, str]:
             "agg": quote_ident(aggregates_table_name(s)) if s.aggregations is not None else "",
             "ent": quote_ident(str(s.entity)), "et": quote_ident(str(s.event_time)),
             "type": entity_pg_type(c), "ledger": '"featureline_ledger"',
+            "counts": quote_ident(RUN_COUNTS_TABLE),
             "journal": quote_ident(JOURNAL_TABLE), "jent": quote_ident(JOURNAL_ENTITIES)}
 
 
@@ -336,6 +338,8 @@ def _delete(conn: Any, c: CompiledSchema, n: dict[str, str], runs: list[str]) ->
                      f"AND h.{n['et']} = a.{n['et']})", (runs,))
     if _exists(conn, n["ledger"]):
         conn.execute(f"DELETE FROM {n['ledger']} WHERE schema_name = %s AND run_id = ANY(%s)", (c.name, runs))
+    if _exists(conn, n["counts"]):
+        conn.execute(f"DELETE FROM {n['counts']} WHERE schema_name = %s AND run_id = ANY(%s)", (c.name, runs))
 
 
 def _forget_units(c: CompiledSchema, settings: Settings, key_prefix: str,

@@ -182,14 +182,16 @@ class BatchWriter:
         self._start(prepared, sb.batch.num_rows if isinstance(sb.batch, pa.RecordBatch) else len(sb.batch),
                     todo, unit, sb.lineage.content)
 
-    def write(self, prepared: Prepared, *, read: int) -> None:
+    def write(self, prepared: Prepared, *, read: int, counted: str | None = None) -> None:
         """Start the writes of rows prepared by the caller, outside any ledger unit (a
         stream's micro-batch: ``read`` counts its records, those that never decoded into a
-        row too, whose rejects ``prepared`` carries)."""
-        self._start(prepared, read, list(self.sinks), None, None)
+        row too, whose rejects ``prepared`` carries). ``counted``: the kind of run
+        (``stream``) whose per-run counts the stores add this write's to, in its own
+        transaction (``WriteUnit.counted``); None: not counted."""
+        self._start(prepared, read, list(self.sinks), None, None, counted)
 
     def _start(self, prepared: Prepared | None, n: int, todo: list[Sink], unit: str | None,
-               content: str | None) -> None:
+               content: str | None, counted: str | None = None) -> None:
         """Hand one unit to the sinks in ``todo`` (``prepared`` is None only when none
         is left and nothing observes the rows: the unit is counted already present)."""
         summary = self.summary
@@ -214,7 +216,7 @@ class BatchWriter:
                          self._event_time)
         if self.guard is not None:
             self.guard.enter(self.drain)
-        write = WriteUnit(prepared.rows, prepared.rejects, unit, n, content)
+        write = WriteUnit(prepared.rows, prepared.rejects, unit, n, content, counted)
         futures = {}
         for s in todo:
             futures[s.name] = self._pools[s.name].submit(s.write, write)

@@ -60,7 +60,11 @@ class WriteUnit:
     - ``read``: how many input rows the unit covers (for the ledger's counts);
     - ``content``: with a ``unit``, what names its input regardless of the run
       (``BatchLineage.content``), when the rejects' ``_source`` names the run: a store
-      that committed a unit of that content holds these rejects already.
+      that committed a unit of that content holds these rejects already;
+    - ``counted``: without a ``unit``, the kind of run (``stream``) whose per-run counts
+      a store that keeps them (Postgres' ``featureline_run_counts``) adds this unit's to,
+      in the unit's own transaction; None (the default): not counted (a rollback's or an
+      upgrade's rewrite, the SDK fallback's fill, an aggregation row).
     """
 
     rows: pa.Table
@@ -68,6 +72,7 @@ class WriteUnit:
     unit: str | None
     read: int
     content: str | None = None
+    counted: str | None = None
 
 
 @dataclass(frozen=True)

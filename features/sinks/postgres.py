@@ -11,7 +11,10 @@ Contract:
   write (SinkError) when ``featureline_schemas`` records another fingerprint for the
   schema: the message names both versions and the migration command.
 - ``write(unit)`` runs one transaction: the rows, the rejects, and (for a unit with a
-  ledger key) a ``featureline_ledger`` row. Either all of it commits or none of it.
+  ledger key) a ``featureline_ledger`` row, or (for a counted unit without one: a stream's
+  micro-batch, ``WriteUnit.counted``) its counts added to its run's
+  ``featureline_run_counts`` row. Either all of it commits or none of it: a replayed
+  micro-batch whose first write committed counts its rows already present.
   Two writers of one unit at once (two loads of one file) are serialised by a
   transaction advisory lock on the unit: the second waits, then finds the ledger row and
   returns ``skipped`` (the run counts the unit as already present).
@@ -85,18 +88,19 @@ from features.sinks import pg
 from features.sinks.base import WriteResult, WriteUnit, retrying, with_digest
 from features.sinks.pgbinary import copy_binary
 
+#: a run's counts, as the ledger (per unit) and the run counts (per run) hold them:
+#: read = stored + already present + rejected
+_COUNTS = ("read", "stored", "already_present", "rejected")
+_COUNTS_DDL = "".join(f"    {quote_ident(c)} bigint NOT NULL,\n" for c in _COUNTS)
+#: the ledger's and the run counts' first columns: whose rows they count
+_COUNTED_DDL = '    "schema_name" text NOT NULL,\n    "fingerprint" text NOT NULL,\n'
+
 LEDGER_TABLE = "featureline_ledger"
 LEDGER_DDL = f"""
 CREATE TABLE IF NOT EXISTS {quote_ident(LEDGER_TABLE)} (
-    "schema_name" text NOT NULL,
-    "fingerprint" text NOT NULL,
-    "unit" text NOT NULL,
+{_COUNTED_DDL}    "unit" text NOT NULL,
     "run_id" text NOT NULL,
-    "read" bigint NOT NULL,
-    "stored" bigint NOT NULL,
-    "already_present" bigint NOT NULL,
-    "rejected" bigint NOT NULL,
-    "committed_at" timestamptz NOT NULL DEFAULT now(),
+{_COUNTS_DDL}    "committed_at" timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY ("schema_name", "fingerprint", "unit")
 )
 """
@@ -108,6 +112,32 @@ ALTER TABLE {quote_ident(LEDGER_TABLE)} ADD COLUMN IF NOT EXISTS "content" text;
 CREATE INDEX IF NOT EXISTS {quote_ident(LEDGER_TABLE + "__content")} ON {quote_ident(LEDGER_TABLE)}
     ("schema_name", "fingerprint", "content") WHERE "content" IS NOT NULL
 """
+
+#: Each counted run's counts (a stream's micro-batches, ``WriteUnit.counted``): one row per
+#: (schema, fingerprint, run), upserted by every counted unit in the transaction that writes
+#: the unit's rows and rejects, so it holds exactly what committed: read = stored + already
+#: present + rejected, as the ledger's; ``units`` counts the writes, ``first_at`` and
+#: ``last_at`` the first's and the last's commit. The Runs page lists a stream run from it.
+RUN_COUNTS_TABLE = "featureline_run_counts"
+RUN_COUNTS_DDL = f"""
+CREATE TABLE IF NOT EXISTS {quote_ident(RUN_COUNTS_TABLE)} (
+{_COUNTED_DDL}    "run_id" text NOT NULL,
+    "kind" text NOT NULL,
+    "units" bigint NOT NULL,
+{_COUNTS_DDL}    "first_at" timestamptz NOT NULL DEFAULT now(),
+    "last_at" timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY ("schema_name", "fingerprint", "run_id")
+)
+"""
+#: one counted unit's upsert into :data:`RUN_COUNTS_TABLE` (the last statement of its
+#: transaction: the row's lock, which parallel writers of one run wait on, is held only
+#: until the commit)
+RUN_COUNTS_UPSERT = (
+    f"INSERT INTO {quote_ident(RUN_COUNTS_TABLE)} AS t (schema_name, fingerprint, run_id, kind, units, "
+    + ", ".join(quote_ident(c) for c in _COUNTS) + ") VALUES (%s, %s, %s, %s, 1, %s, %s, %s, %s) "
+    "ON CONFLICT (schema_name, fingerprint, run_id) DO UPDATE SET units = t.units + 1, "
+    + ", ".join(f"{quote_ident(c)} = t.{quote_ident(c)} + excluded.{quote_ident(c)}" for c in _COUNTS)
+    + ", last_at = excluded.last_at")
 
 #: The batch quality gates' verdict of each run they judged (``features.load.gates``): one
 #: row per (run, gate): the rate (or rows) measured against the limit, whether it was
@@ -406,6 +436,7 @@ class PostgresSink:
                                           rejects_indexes(schema))
             conn.execute(LEDGER_DDL)
             conn.execute(GATE_VERDICTS_DDL)
+            conn.execute(RUN_COUNTS_DDL)
             # only when missing: an ALTER TABLE locks the ledger out of every load's unit
             if not conn.execute("SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s) "
                                 "AND attname = 'content' AND NOT attisdropped)",
@@ -532,16 +563,20 @@ class PostgresSink:
             elif unit.rejects.num_rows:
                 rejects = unit.rejects.select(list(self.reject_columns))
                 rejects_stored, held = self._insert_rejects(conn, rejects)
+            n_held = len(held) if held is not None else 0
+            # the run's counts (pipeline.write.account): a reject held already is already present
+            counts = (unit.read, stored, rows.num_rows - stored + n_held, unit.rejects.num_rows - n_held)
             if unit.unit is not None:
-                n_held = len(held) if held is not None else 0
-                # the run's counts (pipeline.write.account): a reject held already is already present
                 conn.execute(
                     f"INSERT INTO {quote_ident(LEDGER_TABLE)} (schema_name, fingerprint, unit, run_id, "
                     "read, stored, already_present, rejected, content) "
                     "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
                     (self.compiled.name, self.compiled.fingerprint, unit.unit,
-                     _first(unit.rows, unit.rejects, "_run_id"), unit.read, stored,
-                     rows.num_rows - stored + n_held, unit.rejects.num_rows - n_held, unit.content))
+                     _first(unit.rows, unit.rejects, "_run_id"), *counts, unit.content))
+            elif unit.counted is not None and (rows.num_rows or unit.rejects.num_rows):
+                conn.execute(RUN_COUNTS_UPSERT, (self.compiled.name, self.compiled.fingerprint,
+                                                 _first(unit.rows, unit.rejects, "_run_id"), unit.counted,
+                                                 *counts))
         return WriteResult(stored, rows.num_rows - stored, rejects_stored, rejects_held=held)
 
     def _content_committed(self, conn: Any, unit: WriteUnit) -> bool:

@@ -12,7 +12,9 @@ stores and every reject is in the rejects table and acknowledged by the dead-let
 topic, so a Flink checkpoint taken after it never covers a row that is not stored.
 Writes are idempotent (Postgres: one row per event, keyed by entity, event time and
 content digest; Redis: newest event wins; rejects: unique per source record), so a replay after a failure
-changes nothing.
+changes nothing. Each chunk's Postgres transaction also adds its counts to the run's row of
+``featureline_run_counts`` (:data:`STREAM_RUN`; a replayed chunk's rows count already
+present), the Runs page's figures.
 """
 
 from __future__ import annotations
@@ -58,6 +60,9 @@ from features.stream.kafka import client_config, dead_letter_limit
 
 log = logging.getLogger("features.stream")
 
+#: The kind of run a stream's micro-batches are counted under (``featureline_run_counts``,
+#: the Runs page's ``kind``).
+STREAM_RUN = "stream"
 #: Records per chunk of a micro-batch (``StreamProcessor.chunk_records``); see bench/RESULTS.md.
 DEFAULT_CHUNK_RECORDS = 8000
 #: Latency histogram: 1 ms buckets up to 10 minutes (the last bucket holds the rest).
@@ -295,7 +300,7 @@ class StreamProcessor:
         """Hand one prepared chunk (``records`` records) to the writer and its rejects to the
         dead-letter topic; returns the dead letters sent."""
         assert self._writer is not None
-        self._writer.write(part.prepared, read=records)
+        self._writer.write(part.prepared, read=records, counted=STREAM_RUN)
         self.stats.unknown_fields.update(part.unknown_fields)
         self.stats.slow_records += part.slow
         return self._produce_dead_letters(part.prepared.rejects)

@@ -1,23 +1,29 @@
 """The Runs pages' queries: every run of the stores, paged, newest first, each page's
 figures read only for the runs it shows, from indexed queries.
 
-A run is found in three places, per schema:
+A run is found in four places, per schema:
 
 - the ledger (``featureline_ledger``): a batch load's units, summed per run (read = stored
   + already present + rejected). The ledger holds a row per unit, not per row: it is
   grouped whole.
-- the rejects table (``<schema>__rejects``), for the runs without ledger rows (a stream,
-  an HTTP ingest, a load its gates refused): its distinct ``_run_id`` values are walked
-  on the ``(_run_id, id)`` index (a skip scan: one index probe per run, never a scan of
-  the rejects), each run's first and last reject by ``id`` giving its time span.
+- the run counts (``featureline_run_counts``): a stream run's counts, one row per run
+  (and fingerprint), upserted by each micro-batch in the transaction that writes its rows
+  and rejects (read = stored + already present + rejected, exact under a replay): read
+  whole, no history scan. Its ``kind`` (``stream``) is the run's.
 - ``featureline_gate_verdicts``: a run the batch gates judged; a refused load
   (``refused``) is listed as ``refused`` with the verdict's counts (read, rejected;
   nothing stored), a load that passed has its ledger rows too.
+- the rejects table (``<schema>__rejects``), for the runs found in none of those (an HTTP
+  ingest, whose valid records the stream job stores; a stream run written before the run
+  counts existed): its distinct ``_run_id`` values are walked on the ``(_run_id, id)``
+  index (a skip scan: one index probe per run, never a scan of the rejects), each run's
+  first and last reject by ``id`` giving its time span.
 
-Then, only for the runs of one page: a ledgerless run's rejects are counted on the
-``_run_id`` index, a stream run's stored rows in the history (``<schema>._run_id``), the
-top rules from the errors of the page's rejects (on the ``_run_id`` index), and each
-run's gates (the verdicts' primary key).
+Then, only for the runs of one page: a run found by its rejects alone has them counted on
+the ``_run_id`` index and its stored rows counted in the history (``<schema>._run_id``,
+unindexed: a scan of the history, for those old runs only); the top rules from the errors
+of the page's rejects (on the ``_run_id`` index), and each run's gates (the verdicts'
+primary key).
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from psycopg import sql
 
 from features.compile import CompiledSchema
 from features.compile.postgres import cold_table_name, rejects_table_name
-from features.sinks.postgres import GATE_VERDICTS_TABLE, LEDGER_TABLE
+from features.sinks.postgres import GATE_VERDICTS_TABLE, LEDGER_TABLE, RUN_COUNTS_TABLE
 
 #: runs per page of /runs
 RUNS_PAGE = 50
@@ -64,8 +70,11 @@ class GateOutcome:
 @dataclass
 class Run:
     """One run of one schema: its counts. ``kind``: ``load`` (ledger rows), ``refused`` (a
-    load its gates refused: the verdict's counts, nothing stored) or ``stream`` (a stream
-    or HTTP run: its rejects and stored rows)."""
+    load its gates refused: the verdict's counts, nothing stored), or the kind its run
+    counts row names (``stream``: ``counted``), or ``stream`` for a run found by its
+    rejects alone (an HTTP ingest, a stream older than the run counts: its rejects and
+    stored rows, counted by :meth:`RunIndex.fill`). ``units``: ledger units, or counted
+    writes (micro-batch chunks)."""
 
     schema: str
     run_id: str
@@ -79,6 +88,8 @@ class Run:
     last: dt.datetime | None
     reasons: list[tuple[str, int]] = field(default_factory=list)
     gates: list[GateOutcome] = field(default_factory=list)
+    #: the counts are ``featureline_run_counts``' (exact, read whole)
+    counted: bool = False
 
     @property
     def adds_up(self) -> bool:
@@ -138,6 +149,7 @@ class RunIndex:
         self.schemas = {c.name: c for c in schemas}
         self.ledger = _exists(conn, LEDGER_TABLE)
         self.verdicts = _exists(conn, GATE_VERDICTS_TABLE)
+        self.counts = _exists(conn, RUN_COUNTS_TABLE)
         self.runs: list[Run] = []
         for c in schemas:
             self.runs.extend(self._schema_runs(c, run_id))
@@ -152,6 +164,15 @@ class RunIndex:
                     "WHERE schema_name = %s AND (%s::text IS NULL OR run_id = %s) GROUP BY run_id"
                     ).format(sql.Identifier(LEDGER_TABLE)), [c.name, run_id, run_id]):
                 runs[rid] = Run(c.name, rid, "load", read, stored, present, rejected, units, first, last)
+        if self.counts:  # stream runs: one row per run and fingerprint
+            for rid, kind, units, read, stored, present, rejected, first, last in self.conn.execute(sql.SQL(
+                    "SELECT run_id, min(kind), sum(units)::bigint, sum(read)::bigint, sum(stored)::bigint, "
+                    "sum(already_present)::bigint, sum(rejected)::bigint, min(first_at), max(last_at) "
+                    "FROM {} WHERE schema_name = %s AND (%s::text IS NULL OR run_id = %s) GROUP BY run_id"
+                    ).format(sql.Identifier(RUN_COUNTS_TABLE)), [c.name, run_id, run_id]):
+                if rid not in runs:
+                    runs[rid] = Run(c.name, rid, str(kind), read, stored, present, rejected, units, first,
+                                    last, counted=True)
         if self.verdicts:  # refused loads: no ledger rows, the verdict's counts
             for rid, read, rejected, judged in self.conn.execute(sql.SQL(
                     "SELECT run_id, max(read), max(rejected), max(judged_at) FROM {} WHERE schema_name = %s "
@@ -198,14 +219,14 @@ class RunIndex:
         return RunsPage(shown, len(self.runs), number, pages)
 
     def fill(self, runs: Iterable[Run], *, reasons: bool = True) -> None:
-        """Count the ledgerless ``runs`` (rejects, stored rows), and read the top rules and
-        the gates of every one of ``runs``: queries on those runs alone."""
+        """Count the ``runs`` found by their rejects alone (rejects, stored rows), and read
+        the top rules and the gates of every one of ``runs``: queries on those runs alone."""
         by_schema: dict[str, list[Run]] = {}
         for r in runs:
             by_schema.setdefault(r.schema, []).append(r)
         for name, group in by_schema.items():
             c = self.schemas[name]
-            streams = {r.run_id: r for r in group if r.kind == "stream"}
+            streams = {r.run_id: r for r in group if r.kind == "stream" and not r.counted}
             rejects = rejects_table_name(c.schema)
             has_rejects = _exists(self.conn, rejects)
             if streams and has_rejects:

@@ -65,8 +65,8 @@ def rows(compiled: CompiledSchema, items: list[tuple[str, int, str | None, str |
     })
 
 
-def rejects(compiled: CompiledSchema, n: int) -> pa.Table:
-    ctx = RunContext(compiled.name, compiled.schema.version_str, compiled.fingerprint, "run-1", _ts(28))
+def rejects(compiled: CompiledSchema, n: int, run_id: str = "run-1") -> pa.Table:
+    ctx = RunContext(compiled.name, compiled.schema.version_str, compiled.fingerprint, run_id, _ts(28))
     lineage = ctx.columns(pa.array([f"file:///contract.parquet#bad{k}" for k in range(n)]))
     return pa.table({
         "_source": lineage["_source"], "row_index": pa.array(range(n), pa.int64()),
@@ -399,5 +399,62 @@ def test_stream_unit_whose_key_another_writer_stored_meanwhile_falls_back_exactl
         assert [(r[0], r[2], r[3]) for r in _cold(settings, pg_schema)] == [
             ("x", "1.00", "file:///contract.parquet#0"), ("y", "2.00", "file:///other#0"),
             ("z", "3.00", "file:///contract.parquet#2")]
+    finally:
+        sink.close()
+
+
+def _run_counts(settings: Settings, pg_schema: str) -> dict[str, tuple[Any, ...]]:
+    """run -> (kind, units, read, stored, already present, rejected, history rows of the run)."""
+    import psycopg
+
+    with psycopg.connect(settings.postgres_dsn, options=f"-c search_path={pg_schema}") as c:
+        return {r[0]: r[1:] for r in c.execute(
+            "SELECT run_id, kind, units, read, stored, already_present, rejected, "
+            "(SELECT count(*) FROM contract_items h WHERE h._run_id = n.run_id) "
+            "FROM featureline_run_counts n WHERE schema_name = 'contract_items' ORDER BY 1").fetchall()}
+
+
+def test_a_counted_stream_unit_adds_its_counts_to_its_run_in_its_transaction(
+        settings: Settings, compiled: CompiledSchema, pg_schema: str) -> None:
+    """A counted unit without a ledger key (a stream micro-batch) adds read, stored, already
+    present and rejected to its run's ``featureline_run_counts`` row: a replay counts its
+    rows and rejects already present, a write whose transaction rolled back (a lost
+    connection, retried) counts once, an uncounted unit (a rollback's or an upgrade's
+    rewrite) counts nothing, and stored is what the history holds of the run."""
+    import psycopg
+
+    from features.sinks.postgres import PostgresSink
+
+    class LosingOnce(PostgresSink):
+        lost = 0
+
+        def _insert_rejects(self, conn: Any, data: pa.Table) -> Any:
+            out = super()._insert_rejects(conn, data)
+            if self.lost == 0:  # after the rows and rejects went in: the transaction rolls back
+                self.lost += 1
+                raise psycopg.OperationalError("server closed the connection unexpectedly")
+            return out
+
+    sink = _pg_sink(settings, compiled, pg_schema, LosingOnce)
+    sink.open()
+    try:
+        first = rows(compiled, [("a", 1, "1.00", None), ("b", 2, "2.00", None), ("b", 2, "2.00", None)],
+                     run_id="s1")
+        res = sink.write(WriteUnit(first, rejects(compiled, 1, "s1"), None, 4, counted="stream"))
+        assert sink.lost == 1 and (res.stored, res.already_present, res.rejects_stored) == (2, 1, 1)
+        assert _run_counts(settings, pg_schema) == {"s1": ("stream", 1, 4, 2, 1, 1, 2)}
+        # a replay of the same records (a restart from a checkpoint before them): nothing stored
+        sink.write(WriteUnit(first, rejects(compiled, 1, "s1"), None, 4, counted="stream"))
+        assert _run_counts(settings, pg_schema) == {"s1": ("stream", 2, 8, 2, 5, 1, 2)}
+        # a later run reading some of the same records and a new one
+        second = rows(compiled, [("a", 1, "1.00", None), ("c", 3, "3.00", None)], run_id="s2")
+        sink.write(WriteUnit(second, rejects(compiled, 1, "s2"), None, 3, counted="stream"))
+        # not counted: a write outside any run's count (the rollback's, the upgrade's)
+        sink.write(WriteUnit(rows(compiled, [("d", 4, "4.00", None)], run_id="rewrite"),
+                             rejects(compiled, 0, "rewrite"), None, 1))
+        counts = _run_counts(settings, pg_schema)
+        assert counts == {"s1": ("stream", 2, 8, 2, 5, 1, 2), "s2": ("stream", 1, 3, 1, 2, 0, 1)}
+        for _, _, read, stored, present, rejected, history in counts.values():
+            assert read == stored + present + rejected and stored == history
     finally:
         sink.close()

@@ -77,7 +77,8 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def pg_state(settings: Settings, ns: str, schema: str = "clicks") -> dict[str, list[Any]]:
-    """Every row of the schema's tables (all columns but the run's lineage), and the ledger."""
+    """Every row of the schema's tables (all columns but the run's lineage), the ledger and the
+    run counts."""
     out: dict[str, list[Any]] = {}
     tables = {schema: (), f"{schema}__rejects": ("id",), f"{schema}__aggregates": ()}
     with psycopg.connect(settings.postgres_dsn, options=f"-c search_path={ns}") as conn:
@@ -93,6 +94,9 @@ def pg_state(settings: Settings, ns: str, schema: str = "clicks") -> dict[str, l
         out["ledger"] = conn.execute(
             "SELECT unit, read, stored, already_present, rejected FROM featureline_ledger "
             "WHERE schema_name = %s ORDER BY unit", (schema,)).fetchall()
+        out["run_counts"] = conn.execute(
+            "SELECT run_id, kind, read, stored, already_present, rejected FROM featureline_run_counts "
+            "WHERE schema_name = %s ORDER BY run_id", (schema,)).fetchall()
     return out
 
 
@@ -202,7 +206,8 @@ def test_a_stream_run_rolls_back_too(
         settings: Settings, compiled: CompiledSchema, files: dict[str, Path], pg_schema: str,
         redis_prefix: str, reference: tuple[dict[str, list[Any]], dict[bytes, Any]]) -> None:
     """B's rows as Kafka records through the stream's micro-batch step (run id ``stream-b``)
-    after the batch load A: rolling the stream run back leaves A alone."""
+    after the batch load A: rolling the stream run back leaves A alone (its run counts
+    row goes with its rows)."""
     load([files["a"]], compiled, settings, search_path=pg_schema, key_prefix=redis_prefix)
     records = click_records(pq.read_table(files["b"]))
     proc = StreamProcessor(compiled, settings, run_id="stream-b", dead_letter_topic=None,
@@ -219,6 +224,11 @@ def test_a_stream_run_rolls_back_too(
     client = redis.Redis.from_url(settings.redis_url)
     ref_pg, ref_redis = reference
     assert run_users(settings, pg_schema, "stream-b") and pg_state(settings, pg_schema) != ref_pg
+    with psycopg.connect(settings.postgres_dsn, options=f"-c search_path={pg_schema}") as conn:
+        [(read, stored, present, rejected, history)] = conn.execute(
+            "SELECT read, stored, already_present, rejected, (SELECT count(*) FROM clicks WHERE _run_id = "
+            "'stream-b') FROM featureline_run_counts WHERE run_id = 'stream-b'").fetchall()
+    assert read == len(records) == stored + present + rejected and stored == history > 0
     done = rollback(compiled, settings, "stream-b", search_path=pg_schema, key_prefix=redis_prefix)
     assert done.plan.ledger_units == 0 and done.plan.rejects_rows > 0  # a stream has no ledger units
     assert pg_state(settings, pg_schema) == ref_pg

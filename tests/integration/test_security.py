@@ -239,7 +239,8 @@ def test_hostile_names_and_literals_reach_sql_only_quoted(tmp_path: Path, settin
     tables = {r[0] for r in pg_conn.execute(
         "SELECT tablename FROM pg_tables WHERE schemaname = %s", (pg_schema,)).fetchall()}
     assert tables == {"canary", "drop", "drop__rejects", "drop__aggregates", "featureline_schemas",
-                      "featureline_ledger", "featureline_schema_versions", "featureline_gate_verdicts"}
+                      "featureline_ledger", "featureline_schema_versions", "featureline_gate_verdicts",
+                      "featureline_run_counts"}
 
 
 # --------------------------------------------------------------------------- credentials

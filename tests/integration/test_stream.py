@@ -195,6 +195,24 @@ def test_sigkill_mid_stream_then_restart_from_checkpoint_is_exact(settings: Sett
     assert 0 < summary["read"] < len(values), "the restart must resume from the checkpoint, not the start"
     check_stores(settings, pg_schema, topic, want)
 
+    # the run counts: exact for the killed run too (a micro-batch it had not committed counts
+    # nothing, the restart's replay of what it committed after its checkpoint counts already
+    # present), each run's stored rows are the history's rows of that run
+    with psycopg.connect(settings.postgres_dsn, options=f"-c search_path={pg_schema}") as conn:
+        counts = {r[0]: list(r[1:]) for r in conn.execute(
+            "SELECT run_id, read, stored, already_present, rejected, "
+            "(SELECT count(*) FROM credit_applicant h WHERE h._run_id = n.run_id), "
+            "(SELECT count(*) FROM credit_applicant__rejects r WHERE r._run_id = n.run_id) "
+            "FROM featureline_run_counts n").fetchall()}
+    assert len(counts) == 2 and summary["run_id"] in counts
+    for read, stored, present, rejected, history, rejects in counts.values():
+        assert read == stored + present + rejected and (stored, rejected) == (history, rejects)
+    assert counts[summary["run_id"]][:4] == [summary[k] for k in ("read", "stored", "already_present",
+                                                                 "rejected")]
+    assert sum(c[1] for c in counts.values()) == len(want["valid"])
+    assert sum(c[3] for c in counts.values()) == len(want["rejected"])
+    assert sum(c[0] for c in counts.values()) >= len(values)  # the replay read some records twice
+
 
 @pytest.mark.slow
 def test_the_breaker_stops_a_burst_then_a_restart_with_the_gate_raised_ends_exact(

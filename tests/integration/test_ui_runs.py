@@ -214,3 +214,71 @@ def test_browser_shows_the_chart_and_a_refused_run(site: Site) -> None:
         shot("run-refused")
     finally:
         drv.quit()
+
+
+def test_stream_runs_are_listed_from_their_run_counts_and_older_ones_from_their_rejects(
+        settings: Settings, pg_schema: str) -> None:
+    """Stream micro-batches written counted (``featureline_run_counts``) are listed with
+    those counts, a run that stored no reject included, and the page reads no history row
+    for them; a run written without counts (a stream older than the table, an HTTP
+    ingest) is still found by its rejects and its stored rows counted in the history."""
+    import datetime as dt
+
+    import psycopg
+
+    from features.kernels import transform_program
+    from features.lineage import BatchLineage, RunContext
+    from features.pipeline.prepare import process_batch
+    from features.sinks.base import WriteUnit
+    from features.sinks.postgres import PostgresSink
+    from features.sources.base import SourceBatch
+    from features.ui.runs import RunIndex
+
+    ca = compile_schema(load_schemas(ROOT / "schemas")["credit_applicant"])
+    program = transform_program(ca, settings)
+    sink = PostgresSink(settings.postgres_dsn, ca, search_path=pg_schema)
+    sink.open()
+    n = 300
+
+    def write(run: str, seed: int, share: float, counted: str | None) -> None:
+        batch = applicants(n, seed=seed, first_id=10**9 + seed * 10**6, invalid_share=share).to_batches()[0]
+        now = dt.datetime.now(dt.UTC)
+        ctx = RunContext(ca.name, ca.schema.version_str, ca.fingerprint, run, now)
+        prepared = process_batch(SourceBatch(batch, BatchLineage(f"kafka://t/{seed}", 0, n)), ca, program,
+                                 ctx, now)
+        sink.write(WriteUnit(prepared.rows, prepared.rejects, None, n, counted=counted))
+
+    try:
+        write("old", 1, 0.1, None)  # no run counts: found by its rejects
+        write("mixed", 2, 0.1, "stream")
+        write("clean", 3, 0.0, "stream")
+        write("clean", 3, 0.0, "stream")  # a replay of the same records: already present
+    finally:
+        sink.close()
+
+    with psycopg.connect(settings.postgres_dsn, options=f"-c search_path={pg_schema}") as conn:
+        def history_scans() -> int:  # this transaction's reads of the history table
+            row = conn.execute("SELECT coalesce(seq_scan, 0) + coalesce(idx_scan, 0) "
+                               "FROM pg_stat_xact_user_tables WHERE relid = 'credit_applicant'::regclass"
+                               ).fetchone()
+            return int(row[0]) if row else 0
+
+        stored = dict(conn.execute("SELECT _run_id, count(*) FROM credit_applicant GROUP BY 1").fetchall())
+        rejected = dict(conn.execute("SELECT _run_id, count(*) FROM credit_applicant__rejects GROUP BY 1"
+                                     ).fetchall())
+        before = history_scans()
+        index = RunIndex(conn, [ca])
+        runs = {r.run_id: r for r in index.runs}
+        assert [r.run_id for r in index.runs if r.counted] == ["clean", "mixed"]  # newest first
+        index.fill([runs["clean"], runs["mixed"]])
+        assert history_scans() == before, "the counted runs' figures come from their run counts alone"
+        index.fill([runs["old"]])
+        assert history_scans() > before  # an uncounted run's stored rows: counted in the history
+    for r in runs.values():
+        assert r.kind == "stream" and r.adds_up
+        assert (r.stored, r.rejected) == (stored.get(r.run_id, 0), rejected.get(r.run_id, 0))
+    clean, mixed, old = runs["clean"], runs["mixed"], runs["old"]
+    assert (clean.read, clean.rejected, clean.units) == (2 * n, 0, 2) and clean.already_present >= n
+    assert (mixed.read, mixed.units) == (n, 1) and mixed.rejected > 0
+    assert (old.read, old.already_present, old.units) == (old.stored + old.rejected, 0, 0)
+    assert not old.counted and old.rejected > 0
