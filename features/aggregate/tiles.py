@@ -97,8 +97,6 @@ from features.schema.model import Window
 
 I64 = npt.NDArray[np.int64]
 _US = 1_000_000
-#: ``TileRows.complete_from_us`` of an entity whose write leaves no event out
-WHOLE_HISTORY_US = TILES_WHOLE_US
 #: tile sizes (seconds): the smallest one giving at most TILES_PER_WINDOW tiles over the
 #: longest window (whole days beyond the ladder); each divides the next and a day
 LADDER_S = (1, 5, 15, 60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400)
@@ -348,9 +346,10 @@ def build(tspec: TileSpec, events: Inputs, fresh: npt.NDArray[np.bool_]) -> Tile
     longest window) before its first fresh one: what any read the tiles serve can reach.
     Each entity's ``complete_from_us``: the end of the last tile holding one of its events
     that is not written (an event read back in a tile with no fresh event), else
-    :data:`WHOLE_HISTORY_US`. A writer that makes the entity's tiles hash (it was absent:
-    Redis lost it) records it as ``c``; a read whose windows reach before ``c`` computes
-    them from the history instead (:data:`~features.sinks.redis_tiles.TILES_WRITE`)."""
+    :data:`~features.compile.layout.TILES_WHOLE_US`. A writer that makes the entity's
+    tiles hash (it was absent: Redis lost it) records it as ``c``; a read whose windows
+    reach before ``c`` computes them from the history instead
+    (:data:`~features.sinks.redis_tiles.TILES_WRITE`)."""
     h = tspec.size_us
     codes = group_codes(events.entity)
     k = int(codes.max()) + 1 if len(codes) else 0
@@ -370,7 +369,7 @@ def build(tspec: TileSpec, events: Inputs, fresh: npt.NDArray[np.bool_]) -> Tile
     touched[pair[fresh]] = True
     # complete from: after the last tile holding an event that is not written
     unwritten = np.flatnonzero(~touched[pair])
-    after = np.full(k, WHOLE_HISTORY_US, dtype=np.int64)
+    after = np.full(k, TILES_WHOLE_US, dtype=np.int64)
     np.maximum.at(after, codes[unwritten], (tile[unwritten] + 1) * h)
     complete_from = after[ent_codes]
     keep = np.flatnonzero(first_of_each_key(codes, events.time_us, digest_ranks(events.digest)))
@@ -889,5 +888,5 @@ def _reduce(tspec: TileSpec, agg: Any, rows: _Rows, idx: I64, n_ent: int) -> dic
 _MASK31 = (1 << 31) - 1
 
 
-__all__ = ["WHOLE_HISTORY_US", "EntityTiles", "TileRows", "TileSpec", "build", "fields_to_read", "group_raw",
+__all__ = ["EntityTiles", "TileRows", "TileSpec", "build", "fields_to_read", "group_raw",
            "read_fields", "row_at", "tile_size_us", "values_at", "window_ranges"]

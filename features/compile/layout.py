@@ -210,10 +210,9 @@ def aggregates_key(schema_name: str, entity: str) -> str:
     return entity_key(schema_name + AGGREGATES_SUFFIX, entity)
 
 
-#: a request-time tiles hash's "complete from" when no event is left out (features.aggregate.
-#: tiles.build, the ``c`` field features.sinks.redis_tiles writes): -2^53, exact as the
-#: double Redis's Lua reads it
-TILES_WHOLE_US = -(2**53)
+#: ``TileRows.complete_from_us`` (features.aggregate.tiles.build) of an entity whose write
+#: leaves none of its known events out: features.sinks.redis_tiles then sends no ``c``
+TILES_WHOLE_US = -(2**63)
 
 
 def tiles_key(schema_name: str, entity: str) -> str:
