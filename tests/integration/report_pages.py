@@ -162,6 +162,18 @@ def follow(drv: Any, element: Any) -> None:
     WebDriverWait(drv, 20).until(expected_conditions.staleness_of(old))
 
 
+def save_page(drv: Any, path: Path, *, height_js: str = "return document.documentElement.scrollHeight",
+              pad: int = 40, cap: int = 4000) -> None:
+    """The page open in the Selenium driver ``drv`` as a PNG at ``path`` (an older one
+    replaced): the window first grown to the page's height (``height_js`` measures it,
+    plus ``pad``, kept within 600 and ``cap`` pixels); asserts the PNG is not blank."""
+    height = int(drv.execute_script(height_js))
+    drv.set_window_size(1280, min(max(height + pad, 600), cap))
+    path.unlink(missing_ok=True)
+    drv.save_screenshot(str(path))
+    assert path.stat().st_size > 10_000, f"{path} looks blank"
+
+
 def screenshot(page: Path, shot: Path, parts: dict[str, str] | None = None) -> dict[str, Path]:
     """A full-page PNG of ``page`` (the window grown to the page's height) at ``shot``,
     and one PNG per element of ``parts`` (file stem -> CSS selector) beside it, where

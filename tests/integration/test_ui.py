@@ -303,7 +303,7 @@ def test_browser_follows_run_rejects_rule_reject_schema(site: Site) -> None:
     """One headless Chromium session: runs -> one run -> its rejects -> filtered by its top
     rule -> one reject -> its schema; the figures in the DOM equal the stores'; a screenshot
     of each page in test-artifacts/."""
-    from report_pages import chromium_driver, follow
+    from report_pages import chromium_driver, follow, save_page
     from selenium.webdriver.common.by import By
 
     run_id = site.runs[0]
@@ -314,12 +314,7 @@ def test_browser_follows_run_rejects_rule_reject_schema(site: Site) -> None:
     drv = chromium_driver(1280, 1000)
 
     def shot(name: str) -> None:
-        height = int(drv.execute_script("return document.documentElement.scrollHeight"))
-        drv.set_window_size(1280, min(max(height + 40, 600), 4000))
-        path = ARTIFACTS / f"ui-{name}.png"
-        path.unlink(missing_ok=True)
-        drv.save_screenshot(str(path))
-        assert path.stat().st_size > 10_000, f"{path} looks blank"
+        save_page(drv, ARTIFACTS / f"ui-{name}.png")
 
     def text(css: str) -> str:
         return str(drv.find_element(By.CSS_SELECTOR, css).text)

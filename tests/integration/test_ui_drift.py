@@ -268,7 +268,7 @@ def test_a_history_without_the_index_gets_it_on_the_next_load(site: Site, tmp_pa
 
 def test_browser_screenshot(site: Site) -> None:
     """Headless Chromium: the schema's page -> its drift; the figures visible; a screenshot."""
-    from report_pages import chromium_driver, follow
+    from report_pages import chromium_driver, follow, save_page
     from selenium.webdriver.common.by import By
 
     ARTIFACTS.mkdir(exist_ok=True)
@@ -280,12 +280,7 @@ def test_browser_screenshot(site: Site) -> None:
         assert drv.find_element(By.CSS_SELECTOR, "#card-recent .n").text == f"{RECENT:,}"
         badge = drv.find_element(By.CSS_SELECTOR, 'tr[data-field="shifted"] .badge')
         assert badge.text == "FAIL" and badge.is_displayed()
-        height = int(drv.execute_script("return document.body.scrollHeight"))
-        drv.set_window_size(1280, min(max(height + 40, 600), 2400))
-        path = ARTIFACTS / "ui-drift.png"
-        path.unlink(missing_ok=True)
-        drv.save_screenshot(str(path))
-        assert path.stat().st_size > 10_000, f"{path} looks blank"
+        save_page(drv, ARTIFACTS / "ui-drift.png", height_js="return document.body.scrollHeight", cap=2400)
     finally:
         drv.quit()
 

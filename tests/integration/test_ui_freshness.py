@@ -245,7 +245,7 @@ def test_an_unknown_group_and_a_broker_down_are_messages(site: Site, tmp_path: P
 
 
 def test_browser_screenshot_of_the_freshness_page(site: Site) -> None:
-    from report_pages import chromium_driver
+    from report_pages import chromium_driver, save_page
     from selenium.webdriver.common.by import By
 
     ARTIFACTS.mkdir(exist_ok=True)
@@ -255,12 +255,7 @@ def test_browser_screenshot_of_the_freshness_page(site: Site) -> None:
         assert drv.find_element(By.ID, "title").text == "Freshness and lag"
         total = drv.find_element(By.CSS_SELECTOR, f'div.lag[data-group="{site.group}"] .lag-total').text
         assert num(total) == 40 - sum(COMMITTED.values())
-        height = int(drv.execute_script("return document.documentElement.scrollHeight"))
-        drv.set_window_size(1280, min(max(height + 40, 600), 4000))
-        path = ARTIFACTS / "ui-freshness.png"
-        path.unlink(missing_ok=True)
-        drv.save_screenshot(str(path))
-        assert path.stat().st_size > 10_000, f"{path} looks blank"
+        save_page(drv, ARTIFACTS / "ui-freshness.png")
     finally:
         drv.quit()
 

@@ -239,7 +239,7 @@ def test_views_are_listed_with_links_that_resolve(site: Site) -> None:
 def test_browser_registry_schema_diff_view(site: Site) -> None:
     """One headless Chromium session: registry -> the schema -> its diff -> back -> the view
     that reads it; a screenshot of each page in test-artifacts/."""
-    from report_pages import chromium_driver, follow
+    from report_pages import chromium_driver, follow, save_page
     from selenium.webdriver.common.by import By
 
     ARTIFACTS.mkdir(exist_ok=True)
@@ -247,12 +247,8 @@ def test_browser_registry_schema_diff_view(site: Site) -> None:
 
     def shot(name: str) -> None:
         drv.set_window_size(1280, 600)  # the page's own height, not the last page's
-        height = int(drv.execute_script("return document.body.getBoundingClientRect().height"))
-        drv.set_window_size(1280, min(max(height + 200, 600), 4000))  # + the window's own frame
-        path = ARTIFACTS / f"ui-{name}.png"
-        path.unlink(missing_ok=True)
-        drv.save_screenshot(str(path))
-        assert path.stat().st_size > 10_000, f"{path} looks blank"
+        save_page(drv, ARTIFACTS / f"ui-{name}.png",  # + 200: the window's own frame
+                  height_js="return document.body.getBoundingClientRect().height", pad=200)
 
     try:
         drv.get(site.url + "/registry")

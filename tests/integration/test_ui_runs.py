@@ -189,19 +189,14 @@ def test_the_rejects_table_is_indexed_fresh_and_once_an_old_store_reopens(site: 
 def test_browser_shows_the_chart_and_a_refused_run(site: Site) -> None:
     """One headless Chromium session: the chart of credit_applicant's runs, a click on the
     refused run, its gates; screenshots in test-artifacts/."""
-    from report_pages import chromium_driver
+    from report_pages import chromium_driver, save_page
     from selenium.webdriver.common.by import By
 
     ARTIFACTS.mkdir(exist_ok=True)
     drv = chromium_driver(1280, 1000)
 
     def shot(name: str) -> None:
-        height = int(drv.execute_script("return document.documentElement.scrollHeight"))
-        drv.set_window_size(1280, min(max(height + 40, 600), 4000))
-        path = ARTIFACTS / f"ui-{name}.png"
-        path.unlink(missing_ok=True)
-        drv.save_screenshot(str(path))
-        assert path.stat().st_size > 10_000, f"{path} looks blank"
+        save_page(drv, ARTIFACTS / f"ui-{name}.png")
 
     try:
         drv.get(site.url + "/runs?schema=credit_applicant")
